@@ -1,0 +1,53 @@
+"""The shared inference runtime (bpy-free). Every ONNX run in the add-on goes through here."""
+
+from .core import (
+    Operation,
+    Runtime,
+    RuntimeSettings,
+    SessionHandle,
+    TensorInfo,
+    env_cpu_arena_config,
+    get_runtime,
+    mark_last,
+)
+from .errors import (
+    DeviceSpecError,
+    InferenceError,
+    InferenceOutOfMemoryError,
+    InvalidImageError,
+    InvalidModelOutputError,
+    LeanImageError,
+    ModelContractError,
+    ModelFileError,
+    ModelInstallError,
+    OperationCancelled,
+    ProviderUnavailableError,
+)
+from .memory import format_snapshot, memory_snapshot
+from .providers import DeviceRequest, parse_device
+
+__all__ = [
+    "DeviceRequest",
+    "DeviceSpecError",
+    "InferenceError",
+    "InferenceOutOfMemoryError",
+    "InvalidImageError",
+    "InvalidModelOutputError",
+    "LeanImageError",
+    "ModelContractError",
+    "ModelFileError",
+    "ModelInstallError",
+    "Operation",
+    "OperationCancelled",
+    "ProviderUnavailableError",
+    "Runtime",
+    "RuntimeSettings",
+    "SessionHandle",
+    "TensorInfo",
+    "env_cpu_arena_config",
+    "format_snapshot",
+    "get_runtime",
+    "mark_last",
+    "memory_snapshot",
+    "parse_device",
+]

@@ -1,0 +1,52 @@
+"""Error types a user can read. Each message says what happened and what to do next."""
+
+
+class LeanImageError(Exception):
+    """Base of every error this add-on raises on purpose (as opposed to a bug)."""
+
+
+class ModelFileError(LeanImageError):
+    """The model file is missing, unreadable, not ONNX, or truncated."""
+
+
+class ModelContractError(LeanImageError):
+    """The model loads, but its inputs/outputs do not match what its family needs."""
+
+
+class DeviceSpecError(LeanImageError, ValueError):
+    """A device string that the runtime does not understand."""
+
+
+class ProviderUnavailableError(LeanImageError):
+    """The requested execution provider cannot be used with the installed onnxruntime."""
+
+
+class InferenceOutOfMemoryError(LeanImageError, MemoryError):
+    """A model run ran out of GPU or system memory. The failed session has been evicted."""
+
+    def __init__(self, message, *, model, device, resource, detail=""):
+        super().__init__(message)
+        self.model = model
+        self.device = device
+        self.resource = resource  # "GPU memory" or "system memory"
+        self.detail = detail
+
+
+class OperationCancelled(LeanImageError):
+    """The user cancelled the job; nothing was written."""
+
+
+class InvalidImageError(LeanImageError, ValueError):
+    """The input image cannot be processed (empty, wrong shape, unsupported dtype)."""
+
+
+class InvalidModelOutputError(LeanImageError):
+    """The model produced unusable values (NaN/Inf, wrong shape); nothing was written."""
+
+
+class ModelInstallError(LeanImageError):
+    """Downloading, verifying or installing a catalog model failed."""
+
+
+class InferenceError(LeanImageError):
+    """A model run failed for a reason other than memory (bad input shape, provider error)."""

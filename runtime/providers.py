@@ -1,0 +1,115 @@
+"""Device choice -> ONNX Runtime providers, and which arenas a session may shrink.
+
+What was *requested* only shapes session creation. Everything after creation (shrink entries,
+fallback warnings) is decided from what the session reports in `get_providers()`, because a
+CUDA request can silently land on CPU and a shrink entry naming a missing arena fails the run.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import DeviceSpecError, ProviderUnavailableError
+
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+DML = "DmlExecutionProvider"
+COREML = "CoreMLExecutionProvider"
+
+SHRINK_CONFIG_KEY = "memory.enable_memory_arena_shrinkage"
+
+# Providers whose arena ORT's shrink entry may name. DirectML and CoreML have no ORT arena,
+# TensorRT keeps engine memory outside it; anything not listed runs exactly as before.
+ARENA_DEVICE_BY_PROVIDER = {CUDA: "gpu", CPU: "cpu"}
+
+_DEVICE_RE = re.compile(r"^(auto|cpu|cuda|directml|dml|coreml)(?::(\d+))?$")
+
+
+@dataclass(frozen=True)
+class DeviceRequest:
+    kind: str  # "auto" | "cpu" | "cuda" | "directml" | "coreml"
+    index: int = 0
+
+    def __str__(self):
+        return f"{self.kind}:{self.index}" if self.kind in ("cuda", "directml") else self.kind
+
+
+def parse_device(device: str | DeviceRequest | None) -> DeviceRequest:
+    if isinstance(device, DeviceRequest):
+        return device
+    text = (device or "auto").strip().lower()
+    match = _DEVICE_RE.match(text)
+    if not match:
+        raise DeviceSpecError(
+            f"Unknown device {device!r}. Use one of: 'auto', 'cpu', 'cuda', 'cuda:N', "
+            "'directml', 'directml:N', 'coreml'."
+        )
+    kind, index = match.group(1), match.group(2)
+    kind = "directml" if kind == "dml" else kind
+    if index is not None and kind not in ("cuda", "directml"):
+        raise DeviceSpecError(f"Device {device!r}: only 'cuda' and 'directml' take an index (e.g. 'cuda:1').")
+    return DeviceRequest(kind, int(index or 0))
+
+
+def resolve_providers(
+    request: DeviceRequest, available: list[str], *, gpu_mem_limit: int | None = None
+) -> list[tuple[str, dict]]:
+    """The provider list (with options) to create a session with."""
+    if request.kind == "auto":
+        for kind, provider in (("cuda", CUDA), ("directml", DML), ("coreml", COREML)):
+            if provider in available:
+                return resolve_providers(DeviceRequest(kind, 0), available, gpu_mem_limit=gpu_mem_limit)
+        return [(CPU, {})]
+    if request.kind == "cpu":
+        return [(CPU, {})]
+    provider = {"cuda": CUDA, "directml": DML, "coreml": COREML}[request.kind]
+    if provider not in available:
+        raise ProviderUnavailableError(
+            f"Device '{request}' needs {provider}, which the installed onnxruntime does not offer "
+            f"(it offers {', '.join(available)}). Choose another device in the add-on preferences, "
+            "or install the onnxruntime build for that device."
+        )
+    if request.kind == "cuda":
+        options = {
+            "device_id": str(request.index),
+            # Every region can be returned; with kNextPowerOfTwo region 0 is never freed.
+            "arena_extend_strategy": "kSameAsRequested",
+        }
+        if gpu_mem_limit:
+            options["gpu_mem_limit"] = str(int(gpu_mem_limit))
+        return [(CUDA, options), (CPU, {})]
+    if request.kind == "directml":
+        return [(DML, {"device_id": str(request.index)}), (CPU, {})]
+    return [(COREML, {}), (CPU, {})]
+
+
+def shrink_spec(actual_providers: list[str], provider_options: dict, *, cpu_arena_shrinkable: bool) -> str:
+    """The `memory.enable_memory_arena_shrinkage` value for a session, or "" for none.
+
+    Decided by the session's *primary* provider (the first one it really got): a DirectML or
+    CoreML session also lists CPU as a fallback, but must run exactly as before.
+    """
+    if not actual_providers:
+        return ""
+    primary = actual_providers[0]
+    parts = []
+    if primary == CUDA:
+        device_id = int((provider_options.get(CUDA) or {}).get("device_id", 0))
+        parts.append(f"gpu:{device_id}")
+    elif primary != CPU:
+        return ""
+    if cpu_arena_shrinkable:
+        parts.append("cpu:0")
+    return ";".join(parts)
+
+
+def describe_providers(actual_providers: list[str]) -> str:
+    names = {
+        CUDA: "CUDA",
+        CPU: "CPU",
+        DML: "DirectML",
+        COREML: "CoreML",
+        "TensorrtExecutionProvider": "TensorRT",
+    }
+    return names.get(actual_providers[0], actual_providers[0]) if actual_providers else "none"

@@ -1,0 +1,19 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+# test helpers (onnx_builders, blender_helpers, ...) are plain modules beside the tests
+sys.path.insert(0, str(TESTS_DIR))
+REPO_ROOT = TESTS_DIR.parent
+
+
+@pytest.fixture
+def fresh_runtime():
+    """A private Runtime with the real onnxruntime (the process-wide one stays untouched)."""
+    from lean_image_ai.runtime import Runtime
+
+    runtime = Runtime()
+    yield runtime
+    runtime.clear("test teardown")

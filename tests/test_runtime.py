@@ -1,0 +1,467 @@
+"""The shared runtime against the real onnxruntime (CPU here), one test per spec scenario plus
+the cache, provider, OOM, memory and bad-input contracts of issue #2."""
+
+import json
+import logging
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from lean_image_ai.runtime import (
+    DeviceSpecError,
+    InferenceError,
+    ModelFileError,
+    OperationCancelled,
+    ProviderUnavailableError,
+    Runtime,
+    RuntimeSettings,
+    mark_last,
+    memory_snapshot,
+)
+from lean_image_ai.runtime.core import RELEASE_PROBE_MODEL
+from lean_image_ai.runtime.providers import SHRINK_CONFIG_KEY
+from onnx_builders import conv_model, release_probe_model
+
+REPO = Path(__file__).resolve().parents[1]
+CPU = "CPUExecutionProvider"
+
+
+class RecordingSession:
+    """Wraps a real CPU InferenceSession and records the shrink entry each run() receives."""
+
+    def __init__(self, real, reported_providers=None, reported_options=None):
+        self.real = real
+        self.reported_providers = reported_providers
+        self.reported_options = reported_options
+        self.shrink_entries: list[str] = []
+
+    def get_providers(self):
+        return self.reported_providers or self.real.get_providers()
+
+    def get_provider_options(self):
+        return (
+            self.reported_options if self.reported_options is not None else self.real.get_provider_options()
+        )
+
+    def get_inputs(self):
+        return self.real.get_inputs()
+
+    def get_outputs(self):
+        return self.real.get_outputs()
+
+    def run(self, names, feeds, run_options=None):
+        try:
+            entry = run_options.get_run_config_entry(SHRINK_CONFIG_KEY)
+        except Exception:  # ORT raises for a key that was never set
+            entry = ""
+        self.shrink_entries.append(entry)
+        if self.reported_providers and self.reported_providers[0] != CPU:
+            # a real CPU session would reject a gpu: entry; the recorded entry is what matters
+            return self.real.run(names, feeds)
+        return self.real.run(names, feeds, run_options)
+
+
+class RecordingFactory:
+    """Session factory that records exactly what the runtime passes to InferenceSession()."""
+
+    def __init__(self, reported_providers=None, reported_options=None):
+        self.calls = []
+        self.sessions = []
+        self.reported_providers = reported_providers
+        self.reported_options = reported_options
+
+    def __call__(self, model_path, session_options, providers):
+        config = {}
+        for key in ("session.use_env_allocators", "session.use_device_allocator_for_initializers"):
+            try:
+                config[key] = session_options.get_session_config_entry(key)
+            except Exception:  # ORT raises for a key that was never set
+                pass
+        self.calls.append({"model": model_path, "providers": providers, "config": config})
+        real = ort.InferenceSession(model_path, sess_options=session_options, providers=[CPU])
+        session = RecordingSession(real, self.reported_providers, self.reported_options)
+        self.sessions.append(session)
+        return session
+
+
+@pytest.fixture(scope="module")
+def conv(tmp_path_factory):
+    return conv_model(tmp_path_factory.mktemp("models") / "conv.onnx")
+
+
+def frame(seed=0, size=32):
+    return np.random.default_rng(seed).random((1, 3, size, size), dtype=np.float32)
+
+
+def run_op(runtime, model, frames, device="cpu", tiles=1):
+    """Runs `frames` x `tiles` model runs as one operation, marking only the final run."""
+    outputs = []
+    with runtime.operation("test") as op:
+        handle = op.session(model, device)
+        for image, last_frame in mark_last(frames):
+            for _tile, last_tile in mark_last(range(tiles)):
+                outputs.append(op.run(handle, {"x": image}, last=last_frame and last_tile)["y"])
+    return handle, outputs
+
+
+# ---- Requirement: cached model sessions survive inference cleanup ------------------------------
+
+
+def test_matching_request_reuses_the_loaded_model_after_cleanup(conv):
+    factory = RecordingFactory()
+    runtime = Runtime(session_factory=factory)
+    first, _ = run_op(runtime, conv, [frame()])
+    assert runtime.events.recent("memory_release"), "the first operation must have released memory"
+    second, _ = run_op(runtime, conv, [frame(1)])
+    assert second is first
+    assert len(factory.calls) == 1, "the model file must not be loaded again"
+    assert runtime.sessions_created == 1
+    assert [e["event"] for e in runtime.events.recent()].count("session_reuse") == 1
+
+
+def test_different_key_gets_its_own_session(conv, tmp_path):
+    runtime = Runtime()
+    other = conv_model(tmp_path / "other.onnx", seed=1)
+    a = runtime.session(conv, "cpu")
+    assert runtime.session(conv, "cpu") is a
+    assert runtime.session(other, "cpu") is not a
+    runtime.configure(cpu_arena=False)
+    assert runtime.session(conv, "cpu") is not a, "different runtime settings are a different key"
+    assert runtime.sessions_created == 3
+
+
+def test_same_key_from_many_threads_creates_one_session(conv):
+    factory = RecordingFactory()
+    runtime = Runtime(session_factory=factory)
+    handles = []
+    threads = [
+        threading.Thread(target=lambda: handles.append(runtime.session(conv, "cpu"))) for _ in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(factory.calls) == 1
+    assert len({id(h) for h in handles}) == 1
+
+
+def test_model_replaced_on_disk_gets_a_new_session(tmp_path):
+    path = conv_model(tmp_path / "m.onnx", seed=0)
+    runtime = Runtime()
+    first = runtime.session(path, "cpu")
+    conv_model(tmp_path / "m.onnx", seed=1, mid_channels=16)
+    assert runtime.session(path, "cpu") is not first
+
+
+# ---- Requirement: temporary memory is released at operation completion ------------------------
+
+
+def test_single_run_inference_releases_temporary_memory(conv):
+    factory = RecordingFactory()
+    runtime = Runtime(session_factory=factory)
+    run_op(runtime, conv, [frame()])
+    assert factory.sessions[0].shrink_entries == ["cpu:0"]
+
+
+def test_multi_frame_inference_releases_after_the_final_frame(conv):
+    factory = RecordingFactory()
+    runtime = Runtime(session_factory=factory)
+    run_op(runtime, conv, [frame(i) for i in range(4)])
+    assert factory.sessions[0].shrink_entries == ["", "", "", "cpu:0"]
+
+
+def test_tiled_inference_releases_after_the_final_tile(conv):
+    factory = RecordingFactory()
+    runtime = Runtime(session_factory=factory)
+    run_op(runtime, conv, [frame(i) for i in range(2)], tiles=3)
+    assert factory.sessions[0].shrink_entries == ["", "", "", "", "", "cpu:0"]
+    assert len(runtime.events.recent("memory_release")) == 1
+
+
+def test_a_run_after_the_final_run_is_refused(conv):
+    runtime = Runtime()
+    with pytest.raises(RuntimeError, match="already made its final run"):
+        with runtime.operation("twice") as op:
+            handle = op.session(conv, "cpu")
+            op.run(handle, {"x": frame()}, last=True)
+            op.run(handle, {"x": frame()}, last=True)
+
+
+def test_operation_without_a_final_run_still_releases(conv):
+    runtime = Runtime()
+    with runtime.operation("forgot") as op:
+        op.run(op.session(conv, "cpu"), {"x": frame()}, last=False)
+    releases = runtime.events.recent("memory_release")
+    assert [e["reason"] for e in releases] == ["no_final_run"]
+    assert runtime.events.recent("operation_end")[-1]["outcome"] == "no_final_run"
+
+
+def test_mark_last():
+    assert list(mark_last([])) == []
+    assert list(mark_last("ab")) == [("a", False), ("b", True)]
+
+
+# ---- Requirement: unsupported providers retain existing behaviour -----------------------------
+
+
+@pytest.mark.parametrize(
+    "device, available, reported",
+    [
+        ("directml", ["DmlExecutionProvider", CPU], ["DmlExecutionProvider", CPU]),
+        ("coreml", ["CoreMLExecutionProvider", CPU], ["CoreMLExecutionProvider", CPU]),
+        (
+            "auto",
+            ["SomeFutureExecutionProvider", "DmlExecutionProvider", CPU],
+            ["SomeFutureExecutionProvider", CPU],
+        ),
+    ],
+)
+def test_provider_without_arena_shrinkage_gets_no_cleanup_config(conv, device, available, reported):
+    factory = RecordingFactory(reported_providers=reported, reported_options={})
+    runtime = Runtime(session_factory=factory, available_providers=lambda: available)
+    handle, outputs = run_op(runtime, conv, [frame(), frame(1)], device=device)
+    call = factory.calls[0]
+    assert factory.sessions[0].shrink_entries == ["", ""], "no run may carry a shrink entry"
+    assert "session.use_env_allocators" not in call["config"]
+    for _name, options in call["providers"]:
+        assert "arena_extend_strategy" not in options and "gpu_mem_limit" not in options
+    assert handle.shrink == ""
+    assert outputs[1].shape == (1, 3, 32, 32) and np.isfinite(outputs[1]).all()
+    assert not runtime.events.recent("memory_release")
+
+
+def test_cpu_session_without_runtime_arena_gets_no_cleanup_config(conv):
+    factory = RecordingFactory()
+    runtime = Runtime(RuntimeSettings(cpu_arena=False), session_factory=factory)
+    handle, outputs = run_op(runtime, conv, [frame()])
+    assert factory.sessions[0].shrink_entries == [""]
+    assert "session.use_env_allocators" not in factory.calls[0]["config"]
+    assert outputs[0].shape == (1, 3, 32, 32)
+
+
+def test_cuda_request_that_falls_back_to_cpu_gets_no_gpu_entry(conv, caplog):
+    """Real fallback: this onnxruntime-gpu lists CUDA but the machine has no GPU."""
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("this onnxruntime build does not list CUDA")
+    factory = RecordingFactory()  # real session, real get_providers()
+    runtime = Runtime(session_factory=factory)
+    with caplog.at_level(logging.WARNING, logger="lean_image_ai.runtime"):
+        handle, outputs = run_op(runtime, conv, [frame()], device="cuda:0")
+    if handle.providers[0] == "CUDAExecutionProvider":
+        pytest.skip("a real GPU is present: no fallback to observe")
+    assert factory.calls[0]["providers"][0][0] == "CUDAExecutionProvider", "CUDA was really requested"
+    assert all("gpu:" not in entry for entry in factory.sessions[0].shrink_entries)
+    assert factory.sessions[0].shrink_entries == ["cpu:0"]
+    assert outputs[0].shape == (1, 3, 32, 32)
+    assert "CUDA was requested" in handle.fallback_warning
+    fallback = runtime.events.recent("provider_fallback")
+    assert fallback and fallback[0]["requested"] == "cuda:0"
+    assert any('"provider_fallback"' in r.getMessage() for r in caplog.records)
+
+
+def test_cuda_session_options_and_run_entries_are_recorded_exactly(conv):
+    """No GPU here: record what the runtime hands to InferenceSession() and run() for CUDA."""
+    factory = RecordingFactory(
+        reported_providers=["CUDAExecutionProvider", CPU],
+        reported_options={
+            "CUDAExecutionProvider": {"device_id": "1", "arena_extend_strategy": "kSameAsRequested"}
+        },
+    )
+    runtime = Runtime(
+        RuntimeSettings(gpu_mem_limit_bytes=2 << 30),
+        session_factory=factory,
+        available_providers=lambda: ["CUDAExecutionProvider", CPU],
+    )
+    handle, _ = run_op(runtime, conv, [frame(i) for i in range(3)], device="cuda:1")
+    call = factory.calls[0]
+    assert call["providers"] == [
+        (
+            "CUDAExecutionProvider",
+            {"device_id": "1", "arena_extend_strategy": "kSameAsRequested", "gpu_mem_limit": str(2 << 30)},
+        ),
+        (CPU, {}),
+    ]
+    assert call["config"] == {
+        "session.use_env_allocators": "1",
+        "session.use_device_allocator_for_initializers": "1",
+    }
+    assert factory.sessions[0].shrink_entries == ["", "", "gpu:1;cpu:0"]
+    assert handle.device_label == "CUDA:1" and handle.fallback_warning is None
+
+
+def test_cuda_session_cancelled_is_evicted_to_free_its_arena(conv):
+    factory = RecordingFactory(
+        reported_providers=["CUDAExecutionProvider", CPU],
+        reported_options={"CUDAExecutionProvider": {"device_id": "0"}},
+    )
+    runtime = Runtime(session_factory=factory, available_providers=lambda: ["CUDAExecutionProvider", CPU])
+    cancel = threading.Event()
+    with pytest.raises(OperationCancelled):
+        with runtime.operation("cancel me", cancel=cancel) as op:
+            handle = op.session(conv, "cuda")
+            for image, last in mark_last([frame(i) for i in range(3)]):
+                op.run(handle, {"x": image}, last=last)
+                cancel.set()
+    assert factory.sessions[0].shrink_entries == [""], "cancel is checked before the next run"
+    assert handle.evicted and runtime.cached_sessions() == []
+    assert runtime.events.recent("memory_release")[-1]["reason"] == "cancelled"
+
+
+# ---- Requirement: results and failure contracts stay stable -----------------------------------
+
+
+def test_cleanup_enabled_inference_returns_the_same_result(conv):
+    frames = [frame(i, size=96) for i in range(3)]
+    _, with_release = run_op(Runtime(), conv, frames)
+    _, without = run_op(Runtime(RuntimeSettings(release_memory=False)), conv, frames)
+    for a, b in zip(with_release, without, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        assert np.array_equal(a, b)
+
+
+def test_outputs_are_owned_by_numpy_not_the_arena(conv):
+    _, outputs = run_op(Runtime(), conv, [frame()])
+    assert outputs[0].flags.owndata
+
+
+def test_real_out_of_memory_gives_readable_error_and_evicts():
+    """Capped CPU arena (a real BFCArena OOM, the same code path as CUDA's gpu_mem_limit)."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "oom_job.py")], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["raised"] == "InferenceOutOfMemoryError"
+    assert "Available memory of" in report["detail"], "must be a real arena failure"
+    assert report["message"].startswith("Out of system memory while running conv.onnx on CPU")
+    assert "smaller tile" in report["message"]
+    assert report["evicted"] and report["oom_events"] == 1
+    assert report["second_ok"] and report["new_session"] and report["sessions_created"] == 2
+
+
+def _release_job(*args):
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "release_job.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_release_gives_back_real_memory():
+    """Threshold: with release the RSS kept beyond the output arrays must be under 10% of the
+    operation's peak transient memory (the issue's goal), and release-off must keep over half of
+    it (otherwise the model is too small to show anything and this test proves nothing)."""
+    off = _release_job("--release", "off", "--size", "768")
+    on = _release_job("--release", "on", "--size", "768")
+    assert off["peak_transient_bytes"] > 100 << 20
+    assert off["retained_beyond_outputs_bytes"] > 0.5 * off["peak_transient_bytes"]
+    assert on["retained_beyond_outputs_bytes"] < 0.10 * on["peak_transient_bytes"]
+
+
+@pytest.mark.parametrize("ending", ["cancel", "error"])
+def test_cancelled_or_failed_operation_releases_too(ending):
+    on = _release_job("--release", "on", "--ending", ending, "--size", "768", "--frames", "3")
+    assert on["outcome"] == {"cancel": "cancelled", "error": "error"}[ending]
+    assert on["retained_beyond_outputs_bytes"] < 0.10 * on["peak_transient_bytes"]
+    assert on["sessions_cached"] == 1, "on CPU the session (weights) stays cached"
+
+
+def test_error_in_a_run_is_distinct_from_out_of_memory(conv):
+    runtime = Runtime()
+    with pytest.raises(InferenceError, match="conv.onnx failed on CPU"):
+        with runtime.operation("bad shape") as op:
+            op.run(op.session(conv, "cpu"), {"x": np.zeros((1, 5, 8, 8), np.float32)}, last=True)
+    assert runtime.events.recent("operation_end")[-1]["outcome"] == "error"
+    assert len(runtime.cached_sessions()) == 1, "a non-memory error keeps the session"
+
+
+# ---- bad input --------------------------------------------------------------------------------
+
+
+def test_missing_model_file_is_named(tmp_path, conv):
+    runtime = Runtime()
+    missing = tmp_path / "nope.onnx"
+    with pytest.raises(ModelFileError, match="not found: .*nope.onnx"):
+        runtime.session(missing, "cpu")
+    assert runtime.session(conv, "cpu").session is not None, "cache still usable"
+
+
+def test_file_that_is_not_onnx_is_named(tmp_path):
+    bad = tmp_path / "photo.onnx"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 100)
+    with pytest.raises(ModelFileError, match="photo.onnx.*truncated or corrupt"):
+        Runtime().session(bad, "cpu")
+
+
+def test_truncated_onnx_file_is_named(tmp_path, conv):
+    data = conv.read_bytes()
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(data[: len(data) // 2])
+    runtime = Runtime()
+    with pytest.raises(ModelFileError, match="cut.onnx"):
+        runtime.session(cut, "cpu")
+    assert runtime.cached_sessions() == []
+    assert runtime.session(conv, "cpu") in runtime.cached_sessions()
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:x", "cpu:1", "vulkan", ""])
+def test_unknown_device_string_is_named(conv, device):
+    if device == "":
+        assert Runtime().session(conv, device).request.kind == "auto"
+        return
+    with pytest.raises(DeviceSpecError, match=repr(device)):
+        Runtime().session(conv, device)
+
+
+def test_unavailable_provider_is_a_distinct_error(conv):
+    runtime = Runtime(available_providers=lambda: [CPU])
+    with pytest.raises(ProviderUnavailableError, match="DmlExecutionProvider"):
+        runtime.session(conv, "directml")
+
+
+# ---- events, snapshots, probe -----------------------------------------------------------------
+
+
+def test_events_are_json_log_records_and_bounded(conv, caplog):
+    runtime = Runtime()
+    with caplog.at_level(logging.INFO, logger="lean_image_ai.runtime"):
+        run_op(runtime, conv, [frame()])
+    payloads = [json.loads(r.getMessage()) for r in caplog.records if r.name == "lean_image_ai.runtime"]
+    kinds = [p["event"] for p in payloads]
+    assert kinds == ["operation_start", "session_create", "memory_release", "operation_end"]
+    release = payloads[2]
+    assert release["reason"] == "operation_complete" and release["shrink"] == "cpu:0"
+    assert (
+        release["before"]["rss_bytes"] > 0 and release["after"]["rss_bytes"] > 0 and release["seconds"] >= 0
+    )
+    for _ in range(600):
+        runtime.events.emit("filler")
+    assert len(runtime.events.recent()) == 500
+
+
+def test_memory_snapshot_never_raises():
+    snap = memory_snapshot(gpu_device_id=0)
+    assert snap["rss_bytes"] > 0
+    assert "available" in snap["gpu"]
+    if not snap["gpu"]["available"]:
+        assert snap["gpu"]["error"]
+
+
+def test_release_probe_bytes_match_their_builder():
+    assert release_probe_model().SerializeToString() == RELEASE_PROBE_MODEL
+
+
+def test_importing_the_package_does_not_import_bpy():
+    code = (
+        "import sys, lean_image_ai, lean_image_ai.runtime, lean_image_ai.models; print('bpy' in sys.modules)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
