@@ -94,3 +94,18 @@ def release_probe_model() -> onnx.ModelProto:
     )
     model.ir_version = 8
     return model
+
+
+def weights_model(path, *, n=4096, seed=0) -> Path:
+    """A model whose cost is its weights (n x n float32 MatMul): loading it is like loading a real net."""
+    weight = numpy_helper.from_array(
+        np.random.default_rng(seed).standard_normal((n, n)).astype(np.float32), "w"
+    )
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "weights",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
+        [weight],
+    )
+    return _save(graph, path)

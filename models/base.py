@@ -1,0 +1,105 @@
+"""What every model adapter shares: job options, progress, contract checks, output checks.
+
+Adapter shape (one module per family): `run(images, model_path, options) -> result(s)`, where
+`images` is one image or a list of frames; a list is ONE runtime operation (only the final run
+of the final frame releases memory).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..runtime import Runtime, SessionHandle, get_runtime
+from ..runtime.errors import InvalidModelOutputError, ModelContractError
+
+ProgressCallback = Callable[[float, str], None]
+
+
+@dataclass
+class JobOptions:
+    device: str = "auto"
+    progress: ProgressCallback | None = None  # (fraction 0..1, stage text)
+    cancel: object = None  # threading.Event or callable -> bool; checked between runs
+    runtime: Runtime | None = None  # default: the process-wide runtime
+
+    def get_runtime(self) -> Runtime:
+        return self.runtime or get_runtime()
+
+    def report(self, fraction: float, stage: str) -> None:
+        if self.progress is not None:
+            self.progress(min(max(float(fraction), 0.0), 1.0), stage)
+
+
+def as_frames(images) -> tuple[list, bool]:
+    """(frames, was_single): one image (ndarray) or a sequence of them."""
+    if isinstance(images, np.ndarray):
+        return [images], True
+    if isinstance(images, Sequence) and not isinstance(images, (str, bytes)):
+        return list(images), False
+    return [np.asarray(images)], True
+
+
+def check_contract(
+    handle: SessionHandle, family: str, *, inputs: Sequence[dict], outputs: Sequence[dict]
+) -> None:
+    """Each spec dict may hold `rank`, `channels` (dim 1 for NCHW), `types` (allowed ORT types).
+
+    Raises a ModelContractError that names what the family expects and what the file has.
+    """
+    problems = []
+    if len(handle.inputs) < len(inputs):
+        problems.append(f"expected {len(inputs)} input(s), found {len(handle.inputs)}")
+    if len(handle.outputs) < len(outputs):
+        problems.append(f"expected at least {len(outputs)} output(s), found {len(handle.outputs)}")
+    for kind, specs, infos in (("input", inputs, handle.inputs), ("output", outputs, handle.outputs)):
+        for index, (spec, info) in enumerate(zip(specs, infos, strict=False)):
+            label = f"{kind} {index} '{info.name}'"
+            if "rank" in spec and len(info.shape) != spec["rank"]:
+                problems.append(f"{label}: expected rank {spec['rank']}, found shape {list(info.shape)}")
+            elif (
+                "channels" in spec
+                and isinstance(info.shape[1], int)
+                and info.shape[1] not in _as_tuple(spec["channels"])
+            ):
+                problems.append(f"{label}: expected {spec['channels']} channels, found {info.shape[1]}")
+            if "types" in spec and info.type not in spec["types"]:
+                problems.append(f"{label}: expected type {' or '.join(spec['types'])}, found {info.type}")
+    if problems:
+        raise ModelContractError(
+            f"{handle.model_name} does not look like a {family} model: "
+            + "; ".join(problems)
+            + ". Choose a model exported for this family (see the add-on's model list)."
+        )
+
+
+def _as_tuple(value):
+    return tuple(value) if isinstance(value, (list, tuple)) else (value,)
+
+
+def check_finite(array: np.ndarray, model_name: str, output_name: str) -> np.ndarray:
+    if not np.isfinite(array).all():
+        bad = int((~np.isfinite(array)).sum())
+        raise InvalidModelOutputError(
+            f"{model_name} produced {bad} NaN/Inf value(s) in '{output_name}'; nothing was written. "
+            "An fp16 model can overflow on unusual input: try the fp32 export or the CPU device."
+        )
+    return array
+
+
+def fixed_hw(shape: Sequence) -> tuple[int, int] | None:
+    """(H, W) when an NCHW input's spatial size is fixed in the model, else None."""
+    if (
+        len(shape) == 4
+        and isinstance(shape[2], int)
+        and isinstance(shape[3], int)
+        and shape[2] > 0
+        and shape[3] > 0
+    ):
+        return shape[2], shape[3]
+    return None
+
+
+FLOAT_TYPES = ("tensor(float)", "tensor(float16)")

@@ -1,0 +1,163 @@
+"""Image plumbing shared by every model family, in numpy only (Blender ships numpy, not Pillow).
+
+Images are HxW, HxWxC (C = 1..4) arrays: uint8, uint16 or float (float = [0, 1] display values,
+HDR allowed). Everything here returns float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from ..runtime.errors import InvalidImageError
+
+
+@dataclass
+class PreparedImage:
+    rgb: np.ndarray  # HxWx3 float32, finite; HDR values kept (callers clip when the model needs)
+    alpha: np.ndarray | None  # HxW float32 in [0, 1], or None when the source had none
+    source_dtype: np.dtype
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.rgb.shape[0], self.rgb.shape[1]
+
+
+def prepare_image(image, *, name: str = "image") -> PreparedImage:
+    """Validate and convert any supported image to float32 RGB (+ optional alpha)."""
+    array = np.asarray(image)
+    if array.ndim == 2:
+        array = array[:, :, None]
+    if array.ndim != 3 or array.shape[2] not in (1, 2, 3, 4):
+        raise InvalidImageError(
+            f"{name} has shape {array.shape}; expected HxW (grey), HxWx2 (grey+alpha), HxWx3 (RGB) or HxWx4 (RGBA)."
+        )
+    height, width, channels = array.shape
+    if height == 0 or width == 0:
+        raise InvalidImageError(f"{name} has no pixels ({width}x{height}); load or render the image first.")
+    source_dtype = array.dtype
+    if array.dtype == np.uint8:
+        data = array.astype(np.float32) / 255.0
+    elif array.dtype == np.uint16:
+        data = array.astype(np.float32) / 65535.0
+    elif np.issubdtype(array.dtype, np.floating):
+        data = array.astype(np.float32, copy=True)
+    elif array.dtype == np.bool_:
+        data = array.astype(np.float32)
+    else:
+        raise InvalidImageError(f"{name} has pixel type {array.dtype}; use uint8, uint16 or float.")
+    warnings = []
+    bad = ~np.isfinite(data)
+    if bad.any():
+        count = int(bad.any(axis=2).sum())
+        # a few NaN/Inf pixels (fireflies in a render) must not poison a whole model run
+        data = np.nan_to_num(data, nan=0.0, posinf=1.0, neginf=0.0)
+        warnings.append(
+            f"{name}: {count} pixel(s) had NaN/Inf values and were replaced (NaN/-Inf -> 0, +Inf -> 1)."
+        )
+    if channels in (1, 2):
+        rgb = np.repeat(data[:, :, :1], 3, axis=2)
+    else:
+        rgb = data[:, :, :3]
+    alpha = None
+    if channels in (2, 4):
+        alpha = np.clip(data[:, :, -1], 0.0, 1.0)
+    return PreparedImage(np.ascontiguousarray(rgb), alpha, source_dtype, warnings)
+
+
+def to_nchw(rgb: np.ndarray, dtype=np.float32) -> np.ndarray:
+    """HxWx3 -> 1x3xHxW, contiguous (what ONNX image models take)."""
+    return np.ascontiguousarray(rgb.transpose(2, 0, 1)[None], dtype=dtype)
+
+
+def from_nchw(tensor: np.ndarray) -> np.ndarray:
+    """1xCxHxW -> HxWxC float32."""
+    array = np.asarray(tensor)
+    if array.ndim == 4:
+        array = array[0]
+    return np.ascontiguousarray(array.transpose(1, 2, 0), dtype=np.float32)
+
+
+def normalize(rgb: np.ndarray, mean, std) -> np.ndarray:
+    return (rgb - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
+
+
+# ---- resampling (separable, as two matrix products) --------------------------------------------
+
+
+def _kernel(name: str):
+    if name == "lanczos3":
+        return 3.0, lambda x: np.where(np.abs(x) < 3.0, np.sinc(x) * np.sinc(x / 3.0), 0.0)
+    if name == "cubic":  # Keys, a = -0.5
+
+        def cubic(x):
+            x = np.abs(x)
+            return np.where(
+                x <= 1, (1.5 * x - 2.5) * x * x + 1, np.where(x < 2, ((-0.5 * x + 2.5) * x - 4) * x + 2, 0.0)
+            )
+
+        return 2.0, cubic
+    if name == "linear":
+        return 1.0, lambda x: np.maximum(0.0, 1.0 - np.abs(x))
+    if name == "nearest":
+        return 0.5, lambda x: ((x > -0.5) & (x <= 0.5)).astype(np.float64)
+    raise ValueError(f"unknown resampling kernel {name!r}")
+
+
+@lru_cache(maxsize=64)
+def resample_matrix(in_size: int, out_size: int, kernel: str = "lanczos3") -> np.ndarray:
+    """out_size x in_size weights; antialiased when shrinking (kernel stretched by the ratio)."""
+    support, function = _kernel(kernel)
+    scale = in_size / out_size
+    stretch = max(scale, 1.0) if kernel != "nearest" else 1.0
+    centres = (np.arange(out_size) + 0.5) * scale - 0.5
+    radius = support * stretch
+    taps = np.arange(int(np.floor(-radius)), int(np.ceil(radius)) + 1)
+    positions = np.floor(centres)[:, None] + taps[None, :]
+    weights = function((positions - centres[:, None]) / stretch)
+    weights /= np.maximum(weights.sum(axis=1, keepdims=True), 1e-12)
+    indices = np.clip(positions, 0, in_size - 1).astype(np.int64)  # clamp-to-edge
+    matrix = np.zeros((out_size, in_size), np.float64)
+    np.add.at(matrix, (np.repeat(np.arange(out_size), len(taps)), indices.ravel()), weights.ravel())
+    matrix = matrix.astype(np.float32)
+    matrix.setflags(write=False)
+    return matrix
+
+
+def resize(image: np.ndarray, size: tuple[int, int], kernel: str = "lanczos3") -> np.ndarray:
+    """Resize HxW or HxWxC float image to (height, width)."""
+    out_h, out_w = int(size[0]), int(size[1])
+    if out_h <= 0 or out_w <= 0:
+        raise ValueError(f"cannot resize to {out_w}x{out_h}")
+    array = np.asarray(image, np.float32)
+    squeeze = array.ndim == 2
+    if squeeze:
+        array = array[:, :, None]
+    in_h, in_w, channels = array.shape
+    if (in_h, in_w) == (out_h, out_w):
+        result = array.copy()
+    else:
+        rows = resample_matrix(in_h, out_h, kernel)
+        cols = resample_matrix(in_w, out_w, kernel)
+        # rows: (out_h, in_h) @ (in_h, in_w*C) then columns on the transposed layout
+        tmp = (rows @ array.reshape(in_h, in_w * channels)).reshape(out_h, in_w, channels)
+        result = np.einsum("ow,hwc->hoc", cols, tmp, optimize=True).astype(np.float32, copy=False)
+    return result[:, :, 0] if squeeze else result
+
+
+def fit_multiple(height: int, width: int, long_side: int, multiple: int) -> tuple[int, int]:
+    """Scale so the long side is `long_side`, then round each side to a multiple (at least one)."""
+    scale = long_side / max(height, width)
+    new_h = max(multiple, int(round(height * scale / multiple)) * multiple)
+    new_w = max(multiple, int(round(width * scale / multiple)) * multiple)
+    return new_h, new_w
+
+
+def merge_alpha(rgb: np.ndarray, alpha: np.ndarray | None) -> np.ndarray:
+    """HxWx3 (+ HxW alpha) -> HxWx4 float32 (alpha 1 where there was none)."""
+    if alpha is None:
+        alpha = np.ones(rgb.shape[:2], np.float32)
+    return np.concatenate([rgb, alpha[:, :, None]], axis=2).astype(np.float32, copy=False)

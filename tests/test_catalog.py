@@ -1,0 +1,246 @@
+"""The model catalog: built-in entries are sane, user models register and persist."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from lean_image_ai.models import catalog as cat
+from lean_image_ai.models.catalog import (
+    BUILTIN_ENTRIES,
+    FAMILIES,
+    Catalog,
+    CatalogEntry,
+    default_models_dir,
+    register_user_model,
+)
+from lean_image_ai.runtime.errors import LeanImageError, ModelFileError
+
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _fake_onnx(tmp_path: Path, name: str = "my_sr_x4.onnx", size: int = 64) -> Path:
+    path = tmp_path / name
+    path.write_bytes(b"\x08\x07" + bytes(range(size - 2)))
+    return path
+
+
+# -- built-in entries -----------------------------------------------------------------------
+
+
+def test_every_family_has_a_builtin_entry():
+    assert {e.family for e in BUILTIN_ENTRIES} == set(FAMILIES)
+
+
+@pytest.mark.parametrize("entry", BUILTIN_ENTRIES, ids=lambda e: e.id)
+def test_builtin_entry_is_sane(entry: CatalogEntry):
+    assert entry.family in FAMILIES
+    assert entry.sha256 is None or HEX64.match(entry.sha256)
+    assert entry.size_bytes is None or (isinstance(entry.size_bytes, int) and entry.size_bytes > 0)
+    if entry.url is not None:
+        assert entry.url.startswith("https://huggingface.co/")
+        assert "/resolve/" in entry.url
+        assert entry.url.endswith(".onnx")
+    assert entry.filename.endswith(".onnx") and "/" not in entry.filename
+    assert entry.license and entry.source and entry.title
+    assert not entry.is_user and entry.path is None
+    # A checksum is only given together with the exact size it was taken from.
+    if entry.sha256 is not None:
+        assert entry.size_bytes is not None
+    # Whatever is unknown must be said so in the notes.
+    if entry.sha256 is None or entry.size_bytes is None:
+        assert "unknown" in entry.notes.lower()
+    if entry.url is None:
+        assert "register" in entry.notes.lower()
+
+
+def test_builtin_ids_and_filenames_are_unique():
+    ids = [e.id for e in BUILTIN_ENTRIES]
+    names = [e.filename for e in BUILTIN_ENTRIES]
+    assert len(ids) == len(set(ids))
+    assert len(names) == len(set(names)), "two entries would overwrite each other's file"
+
+
+def test_family_specific_preprocessing_constants():
+    c = Catalog()
+    for e in c.entries("ben2"):
+        assert len(e.preprocess["mean"]) == 3 and len(e.preprocess["std"]) == 3
+        assert tuple(e.preprocess["input_size"]) == (1024, 1024)
+    # The two BEN2 exports document different normalisations; the catalog keeps them apart.
+    assert c.get("ben2-fp16").preprocess["mean"] == cat.IMAGENET_MEAN
+    assert c.get("ben2-base").preprocess["mean"] == (0.0, 0.0, 0.0)
+    da3 = c.get("da3-metric-large")
+    assert da3.preprocess["process_res"] == 504
+    assert tuple(da3.preprocess["input_size"]) == (280, 504)
+    for e in c.entries("moge2"):
+        assert tuple(e.preprocess["num_tokens_range"]) == (1200, 3600)
+    for e in c.entries("upscale"):
+        assert e.preprocess["scale"] == 4
+        assert e.preprocess["tile"] > 0
+
+
+def test_preprocess_mapping_is_read_only():
+    entry = BUILTIN_ENTRIES[0]
+    with pytest.raises(TypeError):
+        entry.preprocess["mean"] = (0, 0, 0)  # type: ignore[index]
+    hash(entry)  # frozen entries stay hashable despite the mapping
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"family": "sam"},
+        {"sha256": "ABC"},
+        {"sha256": "g" * 64},
+        {"size_bytes": 0},
+        {"url": "ftp://example.org/x.onnx"},
+        {"filename": "sub/dir.onnx"},
+    ],
+)
+def test_entry_validation_rejects_bad_fields(bad):
+    fields = dict(
+        id="x",
+        family="upscale",
+        variant="v",
+        title="t",
+        filename="x.onnx",
+        url=None,
+        size_bytes=None,
+        sha256=None,
+        license="MIT",
+        source="s",
+    )
+    fields.update(bad)
+    with pytest.raises(ValueError):
+        CatalogEntry(**fields)
+
+
+def test_get_unknown_id_raises_keyerror():
+    with pytest.raises(KeyError, match="nope"):
+        Catalog().get("nope")
+
+
+def test_entries_filters_by_family():
+    c = Catalog()
+    assert [e.id for e in c.entries("moge2")] == ["moge2-vits", "moge2-vitb", "moge2-vitl"]
+    assert len(c.entries()) == len(BUILTIN_ENTRIES)
+    with pytest.raises(ValueError):
+        c.entries("nope")
+
+
+# -- user models ----------------------------------------------------------------------------
+
+
+def test_register_user_model_makes_a_path_entry(tmp_path):
+    path = _fake_onnx(tmp_path)
+    entry = register_user_model("upscale", path, title="My 4x", scale=4)
+    assert entry.is_user and entry.url is None and entry.sha256 is None
+    assert Path(entry.path) == path.resolve()
+    assert entry.filename == "my_sr_x4.onnx"
+    assert entry.title == "My 4x"
+    assert entry.preprocess["scale"] == 4
+    assert entry.id.startswith("user-upscale-")
+    # The same path gives the same id (stable across sessions); another path another id.
+    assert register_user_model("upscale", path).id == entry.id
+    other = _fake_onnx(tmp_path, "other.onnx")
+    assert register_user_model("upscale", other).id != entry.id
+
+
+def test_register_user_model_rejects_bad_input(tmp_path):
+    with pytest.raises(ModelFileError, match="no file"):
+        register_user_model("upscale", tmp_path / "missing.onnx")
+    path = _fake_onnx(tmp_path)
+    with pytest.raises(ValueError, match="family"):
+        register_user_model("segment", path)
+    with pytest.raises(ValueError, match="upscale"):
+        register_user_model("ben2", path, scale=4)
+    with pytest.raises(ValueError, match="scale"):
+        register_user_model("upscale", path, scale=0)
+
+
+def test_catalog_add_get_remove_user_model(tmp_path):
+    c = Catalog()
+    entry = c.add_user_model("upscale", _fake_onnx(tmp_path), title="Mine", scale=2)
+    assert c.get(entry.id) is entry
+    assert entry in c.entries("upscale")
+    assert entry not in c.entries("ben2")
+    assert entry.id in c
+    with pytest.raises(ValueError, match="built-in"):
+        c.remove_user_model("ben2-fp16")
+    assert c.remove_user_model(entry.id) == entry
+    assert entry.id not in c
+    with pytest.raises(KeyError):
+        c.remove_user_model(entry.id)
+    # Removing a user model never deletes the user's file.
+    assert Path(entry.path).exists()
+
+
+def test_user_models_json_round_trip(tmp_path):
+    c = Catalog()
+    a = c.add_user_model("upscale", _fake_onnx(tmp_path, "a.onnx"), title="A", scale=4)
+    b = c.add_user_model(
+        "ben2", _fake_onnx(tmp_path, "b.onnx"), preprocess={"mean": (0.5, 0.5, 0.5), "std": (1, 1, 1)}
+    )
+    store = tmp_path / "prefs" / "user_models.json"
+    c.save_user_models(store)
+    data = json.loads(store.read_text())
+    assert data["format"] == 1 and len(data["user_models"]) == 2
+    assert not list(store.parent.glob("*.tmp")), "atomic save leaves no temp file"
+
+    fresh = Catalog()
+    loaded = fresh.load_user_models(store)
+    assert sorted(e.id for e in loaded) == sorted([a.id, b.id])
+    assert fresh.get(a.id) == a
+    assert fresh.get(b.id) == b
+    assert fresh.get(b.id).preprocess["mean"] == (0.5, 0.5, 0.5)
+    # Built-ins are untouched, and loading again replaces rather than duplicates.
+    fresh.load_user_models(store)
+    assert len(fresh.entries()) == len(BUILTIN_ENTRIES) + 2
+
+
+def test_load_keeps_entries_whose_file_vanished(tmp_path):
+    c = Catalog()
+    path = _fake_onnx(tmp_path)
+    entry = c.add_user_model("da3", path)
+    store = c.save_user_models(tmp_path / "u.json")
+    path.unlink()
+    fresh = Catalog()
+    fresh.load_user_models(store)
+    assert fresh.get(entry.id).path == entry.path
+
+
+def test_load_missing_or_broken_file(tmp_path):
+    c = Catalog()
+    assert c.load_user_models(tmp_path / "none.json") == []
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    with pytest.raises(LeanImageError, match="broken.json"):
+        c.load_user_models(broken)
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"format": 99, "user_models": []}))
+    with pytest.raises(LeanImageError, match="format"):
+        c.load_user_models(wrong)
+
+
+# -- models folder --------------------------------------------------------------------------
+
+
+def test_default_models_dir_honours_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("LEAN_IMAGE_AI_MODELS", str(tmp_path / "here"))
+    assert default_models_dir() == tmp_path / "here"
+
+
+def test_default_models_dir_per_user_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv("LEAN_IMAGE_AI_MODELS", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("USERPROFILE", str(tmp_path))
+    got = default_models_dir()
+    assert got.parts[-2:] == ("lean_image_ai", "models")
+    if sys.platform.startswith("linux"):
+        assert got == tmp_path / ".cache" / "lean_image_ai" / "models"
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+        assert default_models_dir() == tmp_path / "xdg" / "lean_image_ai" / "models"

@@ -1,0 +1,507 @@
+"""The installer against a real loopback HTTP server (no mocked HTTP)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from lean_image_ai.models import installer
+from lean_image_ai.models.catalog import BUILTIN_ENTRIES, Catalog, CatalogEntry
+from lean_image_ai.runtime.errors import ModelFileError, ModelInstallError, OperationCancelled
+
+PAYLOAD_SIZE = 300 * 1024
+CHUNK = 16 * 1024
+
+
+# -- a loopback server whose behaviour each test controls ------------------------------------
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _ModelServer
+
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+    def do_GET(self):  # noqa: N802 (http.server naming)
+        srv = self.server
+        srv.requests.append({"path": self.path, "range": self.headers.get("Range")})
+        if srv.delay:
+            time.sleep(srv.delay)
+        body = srv.files.get(self.path)
+        if body is None:
+            self.send_response(404)
+            self.send_header("Content-Length", "9")
+            self.end_headers()
+            self.wfile.write(b"not found")
+            return
+        start = 0
+        rng = self.headers.get("Range")
+        if rng and not srv.ignore_range:
+            start = int(rng.split("=", 1)[1].split("-", 1)[0])
+            if start >= len(body):
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{len(body)}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        else:
+            self.send_response(200)
+        rest = body[start:]
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(rest)))
+        self.end_headers()
+        if srv.truncate_after is not None:
+            cut, srv.truncate_after = srv.truncate_after, None  # only the next response is cut
+            self.wfile.write(rest[:cut])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        for i in range(0, len(rest), CHUNK):
+            self.wfile.write(rest[i : i + CHUNK])
+            if srv.throttle:
+                time.sleep(srv.throttle)
+
+
+class _ModelServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.files: dict[str, bytes] = {}
+        self.requests: list[dict] = []
+        self.ignore_range = False
+        self.truncate_after: int | None = None
+        self.delay = 0.0
+        self.throttle = 0.0
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}{path}"
+
+
+@pytest.fixture
+def server():
+    srv = _ModelServer()
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.fixture
+def payload() -> bytes:
+    return os.urandom(PAYLOAD_SIZE)
+
+
+def _entry(url: str | None, data: bytes | None, **overrides) -> CatalogEntry:
+    fields = dict(
+        id="test-model",
+        family="upscale",
+        variant="test",
+        title="Test model",
+        filename="test-model.onnx",
+        url=url,
+        size_bytes=len(data) if data is not None else None,
+        sha256=hashlib.sha256(data).hexdigest() if data is not None else None,
+        license="MIT",
+        source="loopback",
+        preprocess={"scale": 4, "tile": 64},
+        notes="test entry",
+    )
+    fields.update(overrides)
+    return CatalogEntry(**fields)
+
+
+def _tiny_onnx_bytes() -> bytes:
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, None, None])
+    y = helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 3, None, None])
+    node = helper.make_node("Resize", ["input", "", "scales"], ["output"], mode="nearest")
+    scales = helper.make_tensor("scales", TensorProto.FLOAT, [4], [1.0, 1.0, 4.0, 4.0])
+    graph = helper.make_graph([node], "sr4x", [x], [y], initializer=[scales])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def _closed_port() -> int:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
+# -- success ---------------------------------------------------------------------------------
+
+
+def test_install_verifies_and_reports_progress(server, payload, tmp_path):
+    server.files["/m.onnx"] = payload
+    entry = _entry(server.url("/m.onnx"), payload)
+    calls: list[tuple[int, int | None]] = []
+
+    path = installer.install(
+        entry, tmp_path / "models", progress=lambda d, t: calls.append((d, t)), chunk_size=CHUNK
+    )
+
+    assert path == tmp_path / "models" / "test-model.onnx" == installer.model_path(entry, tmp_path / "models")
+    assert path.read_bytes() == payload
+    assert not installer.part_path(entry, tmp_path / "models").exists()
+    done = [d for d, _ in calls]
+    assert done == sorted(done), "progress must never go backwards"
+    assert len(calls) > 3, "progress should be reported per chunk"
+    assert calls[-1] == (PAYLOAD_SIZE, PAYLOAD_SIZE)
+    assert all(t == PAYLOAD_SIZE for _, t in calls)
+    sidecar = json.loads(installer.sidecar_path(entry, tmp_path / "models").read_text())
+    assert sidecar["sha256"] == entry.sha256
+    assert sidecar["size"] == PAYLOAD_SIZE
+    assert sidecar["mtime_ns"] == path.stat().st_mtime_ns
+    assert installer.is_installed(entry, tmp_path / "models")
+
+
+def test_install_real_onnx_model_loads_in_onnxruntime(server, tmp_path):
+    import numpy as np
+    import onnxruntime as ort
+
+    data = _tiny_onnx_bytes()
+    server.files["/sr.onnx"] = data
+    entry = _entry(server.url("/sr.onnx"), data)
+    path = installer.install(entry, tmp_path)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    out = session.run(None, {"input": np.ones((1, 3, 2, 3), np.float32)})[0]
+    assert out.shape == (1, 3, 8, 12)
+
+
+def test_already_installed_model_is_not_downloaded_again(server, payload, tmp_path):
+    server.files["/m.onnx"] = payload
+    entry = _entry(server.url("/m.onnx"), payload)
+    installer.install(entry, tmp_path)
+    assert len(server.requests) == 1
+    installer.install(entry, tmp_path)
+    assert len(server.requests) == 1
+
+
+def test_entry_without_checksum_installs_and_records_what_it_got(server, payload, tmp_path):
+    server.files["/m.onnx"] = payload
+    entry = _entry(server.url("/m.onnx"), None)  # size and sha256 unknown
+    path = installer.install(entry, tmp_path)
+    assert path.read_bytes() == payload
+    sidecar = json.loads(installer.sidecar_path(entry, tmp_path).read_text())
+    assert sidecar["sha256"] == hashlib.sha256(payload).hexdigest()
+    assert sidecar["expected_sha256"] is None
+
+
+# -- failures with clear messages ------------------------------------------------------------
+
+
+def test_404_names_url_folder_and_filename(server, payload, tmp_path):
+    entry = _entry(server.url("/missing.onnx"), payload)
+    with pytest.raises(ModelInstallError) as info:
+        installer.install(entry, tmp_path / "models")
+    msg = str(info.value)
+    assert entry.url in msg
+    assert "404" in msg
+    assert str(tmp_path / "models") in msg
+    assert "test-model.onnx" in msg
+    assert not (tmp_path / "models" / "test-model.onnx").exists()
+
+
+def test_connection_refused_is_a_clear_error(payload, tmp_path):
+    url = f"http://127.0.0.1:{_closed_port()}/m.onnx"
+    entry = _entry(url, payload)
+    with pytest.raises(ModelInstallError) as info:
+        installer.install(entry, tmp_path, timeout=5)
+    msg = str(info.value)
+    assert url in msg
+    assert "refused" in msg
+    assert str(tmp_path) in msg
+
+
+def test_server_that_never_answers_times_out(server, payload, tmp_path):
+    server.files["/slow.onnx"] = payload
+    server.delay = 1.5
+    entry = _entry(server.url("/slow.onnx"), payload)
+    t0 = time.monotonic()
+    with pytest.raises(ModelInstallError, match="timed out") as info:
+        installer.install(entry, tmp_path, timeout=0.3)
+    assert time.monotonic() - t0 < 1.4
+    assert entry.url in str(info.value)
+
+
+def test_truncated_transfer_then_resume_with_range(server, payload, tmp_path):
+    server.files["/m.onnx"] = payload
+    entry = _entry(server.url("/m.onnx"), payload)
+    cut = 100 * 1024
+    server.truncate_after = cut
+
+    with pytest.raises(ModelInstallError) as info:
+        installer.install(entry, tmp_path, chunk_size=CHUNK)
+    assert "cut off" in str(info.value)
+    assert entry.url in str(info.value)
+    part = installer.part_path(entry, tmp_path)
+    assert part.stat().st_size == cut
+    assert not installer.model_path(entry, tmp_path).exists()
+
+    calls = []
+    path = installer.install(entry, tmp_path, progress=lambda d, t: calls.append(d), chunk_size=CHUNK)
+    assert server.requests[-1]["range"] == f"bytes={cut}-"
+    assert server.requests[0]["range"] is None
+    assert calls[0] == cut, "progress of a resumed download starts at the bytes already there"
+    assert path.read_bytes() == payload
+    assert not part.exists()
+
+
+def test_wrong_checksum_leaves_nothing_behind(server, payload, tmp_path):
+    server.files["/m.onnx"] = payload
+    entry = _entry(server.url("/m.onnx"), payload, sha256=hashlib.sha256(b"other").hexdigest())
+    with pytest.raises(ModelInstallError) as info:
+        installer.install(entry, tmp_path)
+    msg = str(info.value)
+    assert entry.sha256 in msg
+    assert hashlib.sha256(payload).hexdigest() in msg
+    assert not installer.model_path(entry, tmp_path).exists()
+    assert not installer.part_path(entry, tmp_path).exists()
+    assert not installer.sidecar_path(entry, tmp_path).exists()
+
+
+def test_size_mismatch_is_refused_and_cleaned_up(server, payload, tmp_path):
+    server.files["/m.onnx"] = payload
+    entry = _entry(server.url("/m.onnx"), payload, size_bytes=PAYLOAD_SIZE + 1)
+    with pytest.raises(ModelInstallError) as info:
+        installer.install(entry, tmp_path)
+    msg = str(info.value)
+    assert str(PAYLOAD_SIZE + 1) in msg and str(PAYLOAD_SIZE) in msg
+    assert not installer.part_path(entry, tmp_path).exists()
+    assert not installer.model_path(entry, tmp_path).exists()
+
+
+def test_complete_part_from_earlier_run_is_only_verified(server, payload, tmp_path):
+    server.files["/m.onnx"] = payload
+    entry = _entry(server.url("/m.onnx"), payload, sha256=None)
+    part = installer.part_path(entry, tmp_path)
+    part.write_bytes(payload)  # a complete .part from an earlier run
+    path = installer.install(entry, tmp_path)
+    assert server.requests == [], "a complete .part only needs verification"
+    assert path.read_bytes() == payload
+
+
+def test_server_ignoring_range_restarts_cleanly(server, payload, tmp_path):
+    server.files["/m.onnx"] = payload
+    server.ignore_range = True
+    entry = _entry(server.url("/m.onnx"), payload)
+    part = installer.part_path(entry, tmp_path)
+    part.write_bytes(b"\xff" * 5000)  # stale bytes that must not end up in the file
+    path = installer.install(entry, tmp_path, chunk_size=CHUNK)
+    assert server.requests[0]["range"] == "bytes=5000-"
+    assert path.read_bytes() == payload
+
+
+def test_part_larger_than_remote_file_restarts(server, payload, tmp_path):
+    server.files["/m.onnx"] = payload
+    entry = _entry(server.url("/m.onnx"), None)  # size unknown: the server's 416 tells us
+    part = installer.part_path(entry, tmp_path)
+    part.write_bytes(os.urandom(PAYLOAD_SIZE + 10))
+    path = installer.install(entry, tmp_path)
+    assert [r["range"] for r in server.requests] == [f"bytes={PAYLOAD_SIZE + 10}-", None]
+    assert path.read_bytes() == payload
+
+
+def test_html_page_instead_of_model_is_rejected(server, tmp_path):
+    page = b"<!DOCTYPE html><html><body>Sign in to continue</body></html>"
+    server.files["/m.onnx"] = page
+    entry = _entry(server.url("/m.onnx"), None)
+    with pytest.raises(ModelInstallError, match="web page"):
+        installer.install(entry, tmp_path)
+    assert not installer.model_path(entry, tmp_path).exists()
+    assert not installer.part_path(entry, tmp_path).exists()
+
+
+def test_cancel_keeps_part_and_a_later_install_resumes(server, payload, tmp_path):
+    server.files["/m.onnx"] = payload
+    server.throttle = 0.002
+    entry = _entry(server.url("/m.onnx"), payload)
+    seen: list[int] = []
+
+    def cancel() -> bool:
+        return len(seen) >= 4
+
+    with pytest.raises(OperationCancelled) as info:
+        installer.install(
+            entry, tmp_path, progress=lambda d, t: seen.append(d), cancel=cancel, chunk_size=CHUNK
+        )
+    part = installer.part_path(entry, tmp_path)
+    assert not installer.model_path(entry, tmp_path).exists()
+    kept = part.stat().st_size
+    assert 0 < kept < PAYLOAD_SIZE
+    assert str(part) in str(info.value)
+
+    path = installer.install(entry, tmp_path, chunk_size=CHUNK)
+    assert server.requests[-1]["range"] == f"bytes={kept}-"
+    assert path.read_bytes() == payload
+
+
+def test_cancel_before_start_sends_no_request(server, payload, tmp_path):
+    server.files["/m.onnx"] = payload
+    entry = _entry(server.url("/m.onnx"), payload)
+    with pytest.raises(OperationCancelled):
+        installer.install(entry, tmp_path, cancel=lambda: True)
+    assert server.requests == []
+
+
+def test_entry_without_url_tells_the_user_what_to_do(tmp_path):
+    entry = Catalog().get("upscale-realesr-general-wdn-x4v3")
+    assert entry.url is None
+    with pytest.raises(ModelInstallError) as info:
+        installer.install(entry, tmp_path / "models")
+    msg = str(info.value)
+    assert "register" in msg
+    assert str(tmp_path / "models") in msg
+    assert entry.filename in msg
+
+
+def test_user_model_install_returns_its_own_path(tmp_path):
+    own = tmp_path / "elsewhere" / "mine.onnx"
+    own.parent.mkdir()
+    own.write_bytes(b"\x08\x07onnx")
+    entry = Catalog().add_user_model("upscale", own, scale=4)
+    assert installer.install(entry, tmp_path / "models") == own.resolve()
+    assert installer.is_installed(entry, tmp_path / "models")
+    assert not installer.remove(entry, tmp_path / "models")
+    assert own.exists(), "remove() never deletes a user's own file"
+    own.unlink()
+    with pytest.raises(ModelFileError):
+        installer.install(entry, tmp_path / "models")
+
+
+# -- installed state without re-hashing ------------------------------------------------------
+
+
+def test_is_installed_does_not_rehash_unchanged_files(server, payload, tmp_path, monkeypatch):
+    server.files["/m.onnx"] = payload
+    entry = _entry(server.url("/m.onnx"), payload)
+    path = installer.install(entry, tmp_path)
+
+    hashed: list[str] = []
+    real = installer.sha256_file
+
+    def counting(p, cancel=None):
+        hashed.append(str(p))
+        return real(p, cancel=cancel)
+
+    monkeypatch.setattr(installer, "sha256_file", counting)
+    for _ in range(3):
+        assert installer.is_installed(entry, tmp_path)
+    assert hashed == []
+
+    # Same size and mtime, different bytes: not noticed (that is the point of the sidecar).
+    st = path.stat()
+    damaged = bytearray(payload)
+    damaged[1000] ^= 0xFF
+    path.write_bytes(bytes(damaged))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert installer.is_installed(entry, tmp_path)
+    assert hashed == []
+
+    # A new mtime forces one re-hash, which finds the damage.
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert not installer.is_installed(entry, tmp_path)
+    assert len(hashed) == 1
+    with pytest.raises(ModelFileError, match="sha256"):
+        installer.verify_installed(entry, tmp_path)
+
+    # A size change is caught by stat alone.
+    path.write_bytes(payload + b"x")
+    hashed.clear()
+    assert not installer.is_installed(entry, tmp_path)
+    assert hashed == []
+
+    # Restored content: one re-hash, then the refreshed sidecar avoids further ones.
+    path.write_bytes(payload)
+    hashed.clear()
+    assert installer.is_installed(entry, tmp_path)
+    assert installer.is_installed(entry, tmp_path)
+    assert len(hashed) == 1
+
+
+def test_missing_sidecar_costs_one_rehash(server, payload, tmp_path, monkeypatch):
+    server.files["/m.onnx"] = payload
+    entry = _entry(server.url("/m.onnx"), payload)
+    installer.install(entry, tmp_path)
+    installer.sidecar_path(entry, tmp_path).unlink()
+    count = []
+    real = installer.sha256_file
+    monkeypatch.setattr(
+        installer, "sha256_file", lambda p, cancel=None: count.append(1) or real(p, cancel=cancel)
+    )
+    assert installer.is_installed(entry, tmp_path)
+    assert installer.is_installed(entry, tmp_path)
+    assert len(count) == 1
+    assert installer.sidecar_path(entry, tmp_path).exists()
+
+
+def test_file_dropped_in_by_hand_is_recognised(payload, tmp_path):
+    entry = _entry("https://huggingface.co/x/y/resolve/main/m.onnx", payload)
+    assert not installer.is_installed(entry, tmp_path)
+    installer.model_path(entry, tmp_path).write_bytes(payload)
+    assert installer.is_installed(entry, tmp_path)
+    installer.model_path(entry, tmp_path).write_bytes(payload[:-1])
+    assert not installer.is_installed(entry, tmp_path)
+
+
+def test_remove_deletes_file_sidecar_and_part(server, payload, tmp_path):
+    server.files["/m.onnx"] = payload
+    entry = _entry(server.url("/m.onnx"), payload)
+    path = installer.install(entry, tmp_path)
+    part = installer.part_path(entry, tmp_path)
+    part.write_bytes(b"partial")
+    assert installer.remove(entry, tmp_path)
+    assert not path.exists()
+    assert not installer.sidecar_path(entry, tmp_path).exists()
+    assert not part.exists()
+    assert not installer.is_installed(entry, tmp_path)
+    assert not installer.remove(entry, tmp_path)
+
+
+def test_install_runs_in_worker_threads(server, payload, tmp_path):
+    """Two different models download at once from worker threads (no shared state)."""
+    other = os.urandom(PAYLOAD_SIZE // 2)
+    server.files["/a.onnx"] = payload
+    server.files["/b.onnx"] = other
+    a = _entry(server.url("/a.onnx"), payload, id="a", filename="a.onnx")
+    b = _entry(server.url("/b.onnx"), other, id="b", filename="b.onnx")
+    results: dict[str, object] = {}
+
+    def work(entry):
+        try:
+            results[entry.id] = installer.install(entry, tmp_path, chunk_size=CHUNK)
+        except Exception as exc:  # pragma: no cover - reported by the assert below
+            results[entry.id] = exc
+
+    threads = [threading.Thread(target=work, args=(e,)) for e in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert Path(results["a"]).read_bytes() == payload
+    assert Path(results["b"]).read_bytes() == other
+
+
+def test_builtin_model_paths_live_in_the_models_dir(tmp_path):
+    for entry in BUILTIN_ENTRIES:
+        assert installer.model_path(entry, tmp_path) == tmp_path / entry.filename
+        assert not installer.is_installed(entry, tmp_path)
