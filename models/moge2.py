@@ -1,0 +1,516 @@
+"""MoGe-2 monocular geometry: image -> point map, depth, normals, mask and camera intrinsics.
+
+The public export (`Ruicheng/moge-2-*-normal-onnx`) holds only MoGe's `forward()`: inputs
+`image` (1x3xHxW RGB in [0, 1]; ImageNet normalisation happens inside) and `num_tokens` (int64
+scalar), outputs `points` (1xHxWx3, an *affine* point map: the true camera-space points up to an
+unknown focal length and z-shift), `normal` (1xHxWx3), `mask` (1xHxW sigmoid) and `metric_scale`.
+The camera recovery that MoGe's `infer()` does in PyTorch + scipy is re-done here in numpy
+(Blender ships no scipy):
+
+* focal and shift: least squares `min_{f,s} sum |f * (x, y) / (z + s) - (u, v)|^2` over a
+  ~64x64 subsample of valid pixels, `(u, v)` in MoGe's normalised view plane (pixel offset from
+  the image centre divided by half the image diagonal, so `f` is relative to the half diagonal).
+  For a fixed `s` the best `f` is closed form; `s` is then a 1-D problem, solved by a log-spaced
+  scan of the nearest point's depth followed by golden-section refinement (deterministic, no
+  starting guess, never puts a valid point behind the camera).
+* intrinsics: principal point at the image centre; `fx, fy` in pixels of the SOURCE image.
+* `depth = (z + shift) * metric_scale`; points re-projected from depth and intrinsics (MoGe's
+  default `force_projection=True`), or `(xyz + [0, 0, shift]) * metric_scale` when that is off.
+
+Model input size rule (MoGe-2 `forward()`): for `T = num_tokens` and source aspect `a = W / H`,
+the ViT grid is `rows = round(sqrt(T / a))`, `cols = round(sqrt(T * a))` patches of 14 px, so the
+image is fed at `(14 * rows, 14 * cols)`: the aspect of the source (up to rounding of one patch),
+about `T` tokens, and the export's own resize to that grid becomes an identity (its ONNX mode
+resizes without antialiasing; ours antialiases). `T = int(1200 + level / 9 * 2400)` for
+`resolution_level` 0..9, as in MoGe's `infer()`.
+
+Frames: points/normals are in MoGe's camera frame (OpenCV convention: x right, y down, z
+forward). Values outside `mask` are what the model predicted there and carry no meaning.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..runtime import mark_last
+from ..runtime.errors import InvalidModelOutputError, ModelContractError
+from .base import FLOAT_TYPES, JobOptions, as_frames, check_finite, fixed_hw
+from .imaging import prepare_image, resize, to_nchw
+
+FAMILY = "MoGe-2"
+PATCH_SIZE = 14
+NUM_TOKENS_RANGE = (1200, 3600)
+RESOLUTION_LEVELS = 10
+MASK_THRESHOLD = 0.5
+INT_TYPES = ("tensor(int64)", "tensor(int32)")
+SCALE_NAMES = ("metric_scale", "scale")  # some published copies call the output 'scale'
+
+
+@dataclass
+class GeometryResult:
+    points: np.ndarray  # HxWx3 float32, camera space (OpenCV axes), metric when the model has a scale
+    depth: np.ndarray  # HxW float32, z of `points`
+    normal: np.ndarray | None  # HxWx3 float32 unit vectors, or None when the model has no normal output
+    mask: np.ndarray  # HxW bool: model mask > threshold and finite depth > 0
+    intrinsics: np.ndarray  # 3x3 float32, pixels of the source image, principal point at its centre
+    fov_x: float  # radians
+    fov_y: float  # radians
+    metric_scale: float
+    model_size: tuple[int, int]  # (h, w) the model ran at
+    warnings: list[str] = field(default_factory=list)
+    num_tokens: int = 0
+    focal: float = 0.0  # relative to half the image diagonal (MoGe's convention)
+    shift: float = 0.0  # z-shift added to the affine points, before metric scaling
+
+
+# ---- sizes and token counts --------------------------------------------------------------------
+
+
+def num_tokens_for_level(
+    resolution_level: int,
+    num_tokens_range: tuple[int, int] = NUM_TOKENS_RANGE,
+    resolution_levels: int = RESOLUTION_LEVELS,
+) -> int:
+    """MoGe's `infer()` rule: level 0..levels-1 maps linearly (truncated) onto the token range."""
+    top = resolution_levels - 1
+    if isinstance(resolution_level, bool) or not isinstance(resolution_level, (int, np.integer)):
+        raise ValueError(f"resolution_level must be an integer 0..{top}, got {resolution_level!r}")
+    if not 0 <= resolution_level <= top:
+        raise ValueError(f"resolution_level must be 0..{top}, got {resolution_level}")
+    low, high = num_tokens_range
+    return int(low + (int(resolution_level) / top) * (high - low))
+
+
+def model_input_size(
+    height: int, width: int, num_tokens: int, patch_size: int = PATCH_SIZE
+) -> tuple[int, int]:
+    """(h, w) to feed: multiples of the patch size, source aspect, about `num_tokens` patches."""
+    aspect = width / height
+    rows = max(1, round(math.sqrt(num_tokens / aspect)))
+    cols = max(1, round(math.sqrt(num_tokens * aspect)))
+    return rows * patch_size, cols * patch_size
+
+
+# ---- focal / shift recovery --------------------------------------------------------------------
+
+
+def view_plane_uv(height: int, width: int) -> np.ndarray:
+    """HxWx2 float64: pixel-centre offsets from the image centre over half the diagonal.
+
+    Same values as MoGe's `normalized_view_plane_uv` (corners at +-(W, H) / diagonal, shrunk by
+    half a pixel), so a focal `f` here is relative to half the image diagonal.
+    """
+    half_diagonal = math.hypot(height, width) / 2.0
+    u = (np.arange(width, dtype=np.float64) + 0.5 - width / 2.0) / half_diagonal
+    v = (np.arange(height, dtype=np.float64) + 0.5 - height / 2.0) / half_diagonal
+    return np.stack(np.meshgrid(u, v, indexing="xy"), axis=-1)
+
+
+def _grid_indices(size: int, samples: int) -> np.ndarray:
+    if samples >= size:
+        return np.arange(size)
+    return np.unique(((np.arange(samples) + 0.5) * (size / samples)).astype(np.int64))
+
+
+def _subsample(points, uv, mask, grid: int, min_points: int):
+    """Valid (xyz, uv) pairs on a grid x grid nearest subsample; finer grids for sparse masks."""
+    height, width = points.shape[:2]
+    total = int(mask.sum())
+    samples = grid
+    while True:
+        rows = _grid_indices(height, samples)
+        cols = _grid_indices(width, samples)
+        keep = mask[np.ix_(rows, cols)]
+        count = int(keep.sum())
+        if count >= min(min_points, total) or samples >= max(height, width):
+            return points[np.ix_(rows, cols)][keep], uv[np.ix_(rows, cols)][keep]
+        samples *= 2
+
+
+def _focal_for_shift(xy, z, uv, shift):
+    """(focal, cost) for one shift: the best focal is closed form (linear least squares)."""
+    projected = xy / (z + shift)[:, None]
+    denominator = float(np.sum(projected * projected))
+    if not denominator > 0.0 or not math.isfinite(denominator):
+        return float("nan"), float("inf")
+    focal = float(np.sum(projected * uv)) / denominator
+    residual = focal * projected - uv
+    return focal, float(np.sum(residual * residual))
+
+
+def solve_focal_shift(uv: np.ndarray, xyz: np.ndarray, *, iterations: int = 80) -> tuple[float, float]:
+    """(focal, shift) minimising sum |f * xy / (z + s) - uv|^2 with every z + s > 0.
+
+    The search runs over t = z_min + s (depth of the nearest point): a log-spaced scan over 12
+    decades around the z-range picks the basin, golden-section search in log t refines it.
+    """
+    uv = np.asarray(uv, np.float64).reshape(-1, 2)
+    xyz = np.asarray(xyz, np.float64).reshape(-1, 3)
+    xy, z = xyz[:, :2], xyz[:, 2]
+    if len(z) < 2:
+        raise ValueError(f"need at least 2 valid points to recover focal and shift, got {len(z)}")
+    z_min, z_max = float(z.min()), float(z.max())
+    magnitude = max(abs(z_min), abs(z_max))
+    span = z_max - z_min
+    if span <= 1e-9 * max(magnitude, 1e-30):
+        # fronto-parallel surface: every shift fits equally well; keep MoGe's starting shift (0)
+        shift = 0.0 if z_min > 0 else -z_min + max(magnitude, 1.0)
+        return _focal_for_shift(xy, z, uv, shift)[0], shift
+    scale = span
+
+    def cost(log_t):
+        return _focal_for_shift(xy, z, uv, math.exp(log_t) * scale - z_min)[1]
+
+    grid = np.linspace(math.log(1e-4), math.log(1e8), 121)
+    costs = np.array([cost(g) for g in grid])
+    best = int(np.argmin(costs))
+    low, high = grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)]
+    ratio = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = high - ratio * (high - low), low + ratio * (high - low)
+    cost_a, cost_b = cost(a), cost(b)
+    for _ in range(iterations):
+        if cost_a <= cost_b:
+            high, b, cost_b = b, a, cost_a
+            a = high - ratio * (high - low)
+            cost_a = cost(a)
+        else:
+            low, a, cost_a = a, b, cost_b
+            b = low + ratio * (high - low)
+            cost_b = cost(b)
+        if high - low < 1e-13:
+            break
+    log_t = (low + high) / 2.0
+    if costs[best] < min(cost_a, cost_b, cost(log_t)):
+        log_t = float(grid[best])
+    shift = math.exp(log_t) * scale - z_min
+    return _focal_for_shift(xy, z, uv, shift)[0], shift
+
+
+def recover_focal_shift(
+    points: np.ndarray, mask: np.ndarray | None = None, *, grid: int = 64, min_points: int = 1024
+) -> tuple[float, float]:
+    """(focal, shift) of an HxWx3 affine point map (principal point at the centre).
+
+    `focal` is relative to half the image diagonal (MoGe's convention; pixels = focal * diag / 2),
+    `shift` is added to z. Solved on a `grid` x `grid` nearest subsample of the valid pixels, refined
+    to a denser grid when fewer than `min_points` valid samples land on it (small masks).
+    """
+    points = np.asarray(points)
+    if points.ndim != 3 or points.shape[2] != 3:
+        raise ValueError(f"points must be HxWx3, got shape {points.shape}")
+    height, width = points.shape[:2]
+    valid = np.isfinite(points).all(axis=2)
+    if mask is not None:
+        mask = np.asarray(mask, bool)
+        if mask.shape != (height, width):
+            raise ValueError(f"mask shape {mask.shape} does not match points {points.shape[:2]}")
+        valid &= mask
+    xyz, uv = _subsample(points, view_plane_uv(height, width), valid, grid, min_points)
+    return solve_focal_shift(uv, xyz)
+
+
+# ---- model contract ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Binding:
+    image: object
+    tokens: object
+    points: object
+    normal: object | None
+    mask: object | None
+    scale: object | None
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o.name for o in (self.points, self.normal, self.mask, self.scale) if o is not None]
+
+
+def _describe(infos) -> str:
+    return ", ".join(f"'{i.name}' {i.type} {list(i.shape)}" for i in infos) or "none"
+
+
+def _pick(infos, names, predicate=None, exclude=()):
+    for info in infos:
+        if info.name in names and info not in exclude:
+            return info
+    if predicate is not None:
+        for info in infos:
+            if info not in exclude and info.name not in names and predicate(info):
+                return info
+    return None
+
+
+def _dim_is(value, expected) -> bool:
+    return not isinstance(value, int) or value in (expected, -1)
+
+
+def bind_contract(handle) -> _Binding:
+    """Find MoGe-2's inputs/outputs by name (else by rank/dtype); ModelContractError if absent."""
+    problems = []
+    image = _pick(handle.inputs, ("image",), lambda i: len(i.shape) == 4 and i.type in FLOAT_TYPES)
+    tokens = _pick(handle.inputs, ("num_tokens",), lambda i: i.type in INT_TYPES, exclude=(image,))
+    if image is None:
+        problems.append("no 'image' input (float 1x3xHxW)")
+    else:
+        if len(image.shape) != 4:
+            problems.append(
+                f"input '{image.name}': expected rank 4 (1x3xHxW), found shape {list(image.shape)}"
+            )
+        elif not _dim_is(image.shape[1], 3):
+            problems.append(f"input '{image.name}': expected 3 channels, found {image.shape[1]}")
+        if image.type not in FLOAT_TYPES:
+            problems.append(f"input '{image.name}': expected type tensor(float), found {image.type}")
+    if tokens is None:
+        problems.append("no 'num_tokens' input (int64 scalar)")
+    else:
+        if tokens.type not in INT_TYPES:
+            problems.append(f"input '{tokens.name}': expected type tensor(int64), found {tokens.type}")
+        if len(tokens.shape) > 1 or (len(tokens.shape) == 1 and not _dim_is(tokens.shape[0], 1)):
+            problems.append(f"input '{tokens.name}': expected a scalar, found shape {list(tokens.shape)}")
+    extra = [i for i in handle.inputs if i is not image and i is not tokens]
+    if extra:
+        problems.append(f"unexpected input(s) {_describe(extra)}")
+
+    outputs = handle.outputs
+    points = _pick(outputs, ("points",), lambda o: len(o.shape) == 4)
+    normal = _pick(outputs, ("normal", "normals"), lambda o: len(o.shape) == 4, exclude=(points,))
+    mask = _pick(outputs, ("mask",), lambda o: len(o.shape) == 3, exclude=(points, normal))
+    scale = _pick(outputs, SCALE_NAMES, lambda o: len(o.shape) <= 1, exclude=(points, normal, mask))
+    if points is None:
+        problems.append("no 'points' output (1xHxWx3)")
+    elif len(points.shape) != 4 or not _dim_is(points.shape[3], 3):
+        problems.append(f"output '{points.name}': expected shape 1xHxWx3, found {list(points.shape)}")
+    if normal is not None and (len(normal.shape) != 4 or not _dim_is(normal.shape[3], 3)):
+        problems.append(f"output '{normal.name}': expected shape 1xHxWx3, found {list(normal.shape)}")
+    if mask is not None and len(mask.shape) != 3:
+        problems.append(f"output '{mask.name}': expected shape 1xHxW, found {list(mask.shape)}")
+    if scale is not None and len(scale.shape) > 1:
+        problems.append(f"output '{scale.name}': expected a scalar or shape [1], found {list(scale.shape)}")
+    for info in (points, normal, mask, scale):
+        if info is not None and info.type not in FLOAT_TYPES:
+            problems.append(f"output '{info.name}': expected type tensor(float), found {info.type}")
+    if problems:
+        raise ModelContractError(
+            f"{handle.model_name} does not look like a {FAMILY} model: "
+            + "; ".join(problems)
+            + ". Expected inputs 'image' (float 1x3xHxW) and 'num_tokens' (int64 scalar) and outputs "
+            "'points' (1xHxWx3), 'normal' (1xHxWx3), 'mask' (1xHxW), 'metric_scale'; found inputs "
+            f"{_describe(handle.inputs)} and outputs {_describe(outputs)}. Choose a MoGe-2 ONNX export "
+            "with dynamic size and num_tokens (see the add-on's model list)."
+        )
+    return _Binding(image, tokens, points, normal, mask, scale)
+
+
+# ---- the adapter -------------------------------------------------------------------------------
+
+
+def resolve_num_tokens(
+    resolution_level: int = 9,
+    num_tokens: int | None = None,
+    num_tokens_range: tuple[int, int] = NUM_TOKENS_RANGE,
+    resolution_levels: int = RESOLUTION_LEVELS,
+) -> int:
+    low, high = (int(v) for v in num_tokens_range)
+    if num_tokens is None:
+        return num_tokens_for_level(resolution_level, (low, high), resolution_levels)
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)):
+        raise ValueError(f"num_tokens must be an integer in [{low}, {high}], got {num_tokens!r}")
+    if not low <= num_tokens <= high:
+        raise ValueError(
+            f"num_tokens must be in [{low}, {high}] (the range MoGe-2 was trained on), got {num_tokens}"
+        )
+    return int(num_tokens)
+
+
+def run(
+    images,
+    model_path,
+    *,
+    options: JobOptions | None = None,
+    resolution_level: int = 9,
+    num_tokens: int | None = None,
+    num_tokens_range: tuple[int, int] = NUM_TOKENS_RANGE,
+    resolution_levels: int = RESOLUTION_LEVELS,
+    patch_size: int = PATCH_SIZE,
+    mask_threshold: float = MASK_THRESHOLD,
+    force_projection: bool = True,
+) -> GeometryResult | list[GeometryResult]:
+    """Geometry for one image (-> GeometryResult) or a list of frames (-> list), one operation."""
+    options = options or JobOptions()
+    frames, single = as_frames(images)
+    tokens = resolve_num_tokens(resolution_level, num_tokens, num_tokens_range, resolution_levels)
+    if not frames:
+        return []
+    runtime = options.get_runtime()
+    results = []
+    count = len(frames)
+    options.report(0.0, "preprocessing")
+    with runtime.operation("moge2", cancel=options.cancel) as op:
+        handle = op.session(model_path, options.device)
+        binding = bind_contract(handle)
+        for index, (frame, last) in enumerate(mark_last(frames)):
+            label = "image" if single else f"frame {index + 1}"
+            prepared = prepare_image(frame, name=label)
+            warnings = list(prepared.warnings)
+            if handle.fallback_warning:
+                warnings.append(handle.fallback_warning)
+            source_h, source_w = prepared.size
+            fixed = fixed_hw(binding.image.shape)
+            if fixed is not None:
+                model_h, model_w = fixed
+                if abs(model_w / model_h - source_w / source_h) > 0.02 * source_w / source_h:
+                    warnings.append(
+                        f"{handle.model_name} takes a fixed {model_w}x{model_h} input, so the "
+                        f"{source_w}x{source_h} image is stretched; geometry may be distorted."
+                    )
+            else:
+                model_h, model_w = model_input_size(source_h, source_w, tokens, patch_size)
+            rgb = np.clip(resize(prepared.rgb, (model_h, model_w), "lanczos3"), 0.0, 1.0)
+            token_shape = (1,) * len(binding.tokens.shape)
+            feeds = {
+                binding.image.name: to_nchw(rgb, binding.image.dtype),
+                binding.tokens.name: np.array(tokens, dtype=binding.tokens.dtype).reshape(token_shape),
+            }
+            del rgb
+            options.report(index / count, f"frame {index + 1}/{count}" if not single else "inference")
+            outputs = op.run(handle, feeds, last=last, output_names=binding.output_names)
+            op.check_cancelled()
+            options.report((index + 0.8) / count, "recovering camera")
+            result = _postprocess(
+                outputs,
+                binding,
+                handle.model_name,
+                label,
+                (source_h, source_w),
+                mask_threshold=mask_threshold,
+                force_projection=force_projection,
+                warnings=warnings,
+            )
+            result.num_tokens = tokens
+            results.append(result)
+    options.report(1.0, "done")
+    return results[0] if single else results
+
+
+def _squeeze_batch(array, shape_tail: int, name: str, model_name: str) -> np.ndarray:
+    array = np.asarray(array)
+    while array.ndim > shape_tail and array.shape[0] == 1:
+        array = array[0]
+    if array.ndim != shape_tail:
+        raise InvalidModelOutputError(
+            f"{model_name} returned '{name}' with shape {list(np.shape(array))}; "
+            f"expected a batch of one ({shape_tail} dims after the batch)."
+        )
+    return array.astype(np.float32, copy=False)
+
+
+def _postprocess(
+    outputs, binding, model_name, label, source_size, *, mask_threshold, force_projection, warnings
+) -> GeometryResult:
+    points = _squeeze_batch(outputs[binding.points.name], 3, binding.points.name, model_name)
+    model_h, model_w = points.shape[:2]
+    if points.shape[2] != 3:
+        raise InvalidModelOutputError(
+            f"{model_name} returned '{binding.points.name}' with shape {list(points.shape)}; expected HxWx3."
+        )
+    check_finite(points, model_name, binding.points.name)
+    normal = None
+    if binding.normal is not None:
+        normal = _squeeze_batch(outputs[binding.normal.name], 3, binding.normal.name, model_name)
+        check_finite(normal, model_name, binding.normal.name)
+        if normal.shape != points.shape:
+            raise InvalidModelOutputError(
+                f"{model_name} returned '{binding.normal.name}' {list(normal.shape)} but points "
+                f"{list(points.shape)}; they must match."
+            )
+    if binding.mask is not None:
+        mask_prob = _squeeze_batch(outputs[binding.mask.name], 2, binding.mask.name, model_name)
+        check_finite(mask_prob, model_name, binding.mask.name)
+        if mask_prob.shape != (model_h, model_w):
+            raise InvalidModelOutputError(
+                f"{model_name} returned '{binding.mask.name}' {list(mask_prob.shape)} but points "
+                f"{[model_h, model_w]}; they must match."
+            )
+        valid = mask_prob > mask_threshold
+    else:
+        valid = np.ones((model_h, model_w), bool)
+        warnings.append(f"{model_name} has no mask output: every pixel is treated as valid.")
+    if binding.scale is not None:
+        scale_array = np.asarray(outputs[binding.scale.name], np.float64)
+        check_finite(scale_array, model_name, binding.scale.name)
+        if scale_array.size != 1 or not scale_array.reshape(-1)[0] > 0:
+            raise InvalidModelOutputError(
+                f"{model_name} returned '{binding.scale.name}' = {scale_array.ravel()[:4].tolist()}; "
+                "expected one positive number."
+            )
+        metric_scale = float(scale_array.reshape(-1)[0])
+    else:
+        metric_scale = 1.0
+        warnings.append(f"{model_name} has no metric scale output: geometry is up to an unknown scale.")
+
+    no_geometry = (
+        f"{model_name} found no valid geometry in {label}: its mask rejects every pixel (threshold "
+        f"{mask_threshold}). The image may be blank, or show only sky or background."
+    )
+    if not valid.any():
+        raise InvalidModelOutputError(no_geometry)
+    try:
+        focal, shift = recover_focal_shift(points, valid)
+    except ValueError:
+        raise InvalidModelOutputError(no_geometry) from None
+    if not (math.isfinite(focal) and focal > 0 and math.isfinite(shift)):
+        raise InvalidModelOutputError(
+            f"{model_name} produced a point map for {label} that no pinhole camera explains "
+            f"(recovered focal {focal:.4g}); nothing was written."
+        )
+    depth_model = points[:, :, 2] + np.float32(shift)
+    valid &= depth_model > 0
+    if not valid.any():
+        raise InvalidModelOutputError(no_geometry)
+
+    half_diagonal = math.hypot(model_h, model_w) / 2.0
+    fx_norm = focal * half_diagonal / model_w  # fraction of the image width
+    fy_norm = focal * half_diagonal / model_h
+    fov_x = 2.0 * math.atan(0.5 / fx_norm)
+    fov_y = 2.0 * math.atan(0.5 / fy_norm)
+    height, width = source_size
+    # the model image is the whole source stretched to (model_h, model_w): normalised intrinsics
+    # carry over, so pixels of the source are fx_norm * width (fx != fy only by the size rounding)
+    fx, fy = fx_norm * width, fy_norm * height
+    cx, cy = width / 2.0, height / 2.0
+    intrinsics = np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]], np.float32)
+
+    depth = resize(depth_model, (height, width), "linear") * np.float32(metric_scale)
+    mask = resize(valid.astype(np.float32), (height, width), "nearest") > 0.5
+    mask &= np.isfinite(depth) & (depth > 0)
+    if force_projection:
+        x = ((np.arange(width, dtype=np.float32) + 0.5 - cx) / fx)[None, :]
+        y = ((np.arange(height, dtype=np.float32) + 0.5 - cy) / fy)[:, None]
+        points_out = np.stack(np.broadcast_arrays(x * depth, y * depth, depth), axis=-1).astype(np.float32)
+    else:
+        shifted = points.copy()
+        shifted[:, :, 2] = depth_model
+        points_out = resize(shifted, (height, width), "linear") * np.float32(metric_scale)
+    if normal is not None:
+        normal = resize(normal, (height, width), "linear")
+        length = np.linalg.norm(normal, axis=2, keepdims=True)
+        # interpolation shortens the vectors between pixels; zero ones (no data) stay zero
+        normal = np.where(length > 1e-12, normal / np.maximum(length, 1e-12), 0.0).astype(np.float32)
+    return GeometryResult(
+        points=np.ascontiguousarray(points_out, np.float32),
+        depth=np.ascontiguousarray(depth, np.float32),
+        normal=normal,
+        mask=mask,
+        intrinsics=intrinsics,
+        fov_x=fov_x,
+        fov_y=fov_y,
+        metric_scale=metric_scale,
+        model_size=(model_h, model_w),
+        warnings=warnings,
+        focal=float(focal),
+        shift=float(shift),
+    )
