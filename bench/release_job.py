@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import sys
 import tempfile
 import threading
@@ -30,7 +29,7 @@ def main(argv=None) -> dict:
 
     from lean_image_ai.runtime import OperationCancelled, Runtime, RuntimeSettings, mark_last
     from lean_image_ai.runtime.errors import InferenceError
-    from lean_image_ai.runtime.memory import process_rss_bytes
+    from lean_image_ai.runtime.memory import peak_rss_bytes, process_rss_bytes, reset_peak_rss
     from onnx_builders import conv_model
 
     tmp = Path(tempfile.mkdtemp())
@@ -44,7 +43,7 @@ def main(argv=None) -> dict:
         for i in range(args.frames)
     ]
     baseline = process_rss_bytes()
-    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    reset_peak_rss()
     cancel = threading.Event()
     outputs = []
     outcome = "success"
@@ -61,7 +60,7 @@ def main(argv=None) -> dict:
     except InferenceError:
         outcome = "error"
     after = process_rss_bytes()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss_bytes()
     output_bytes = sum(o.nbytes for o in outputs)
     result = {
         "release": args.release,
@@ -71,7 +70,7 @@ def main(argv=None) -> dict:
         "retained_bytes": after - baseline,
         "retained_beyond_outputs_bytes": after - baseline - output_bytes,
         "output_bytes": output_bytes,
-        "peak_transient_bytes": max(peak, peak_before) - baseline,
+        "peak_transient_bytes": peak - baseline,
         "sessions_cached": len(runtime.cached_sessions()),
     }
     print(json.dumps(result))

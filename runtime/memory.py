@@ -118,3 +118,41 @@ def format_snapshot(snap: dict) -> str:
         else:
             text += f"; GPU stats unavailable ({gpu.get('error')})"
     return text
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def reset_peak_rss() -> bool:
+    """Start a new peak-RSS window (Linux: clear_refs 5). False where unsupported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_bytes() -> int | None:
+    """Peak RSS of this process since start or the last reset_peak_rss().
+
+    VmHWM, not getrusage's ru_maxrss: on Linux a child process inherits its parent's
+    ru_maxrss, so a benchmark subprocess of a big parent would report the parent's peak.
+    """
+    kib = _status_kib("VmHWM")
+    if kib is not None:
+        return kib * 1024
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    except Exception:
+        return None

@@ -1,0 +1,209 @@
+"""ui/preferences.py with real bpy: device list from onnxruntime, device strings, fallbacks."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import blender_helpers as bh  # noqa: E402
+
+bpy = pytest.importorskip("bpy")
+P = bh.import_submodule("ui.preferences")
+
+EXPECTED_PROVIDER = {
+    "CUDA": "CUDAExecutionProvider",
+    "DIRECTML": "DmlExecutionProvider",
+    "COREML": "CoreMLExecutionProvider",
+}
+
+
+@pytest.fixture
+def registered():
+    with bh.registered_addon() as package:
+        yield package
+
+
+def test_root_package_name():
+    assert P.ADDON_ID == "lean_image_ai"
+    assert P.LeanImageAIPreferences.bl_idname == "lean_image_ai"
+
+
+def test_device_items_match_installed_onnxruntime(registered):
+    onnxruntime = pytest.importorskip("onnxruntime")
+    providers = onnxruntime.get_available_providers()
+    items = P.device_items(None, bpy.context)
+    idents = [item[0] for item in items]
+    assert idents[:2] == ["AUTO", "CPU"]
+    for ident, provider in EXPECTED_PROVIDER.items():
+        assert (ident in idents) == (provider in providers), (ident, providers)
+    assert len(set(idents)) == len(idents)
+    # the callback hands out the same, module-held list (Blender needs the strings kept alive)
+    assert P.device_items(None, bpy.context) is items is P._device_items
+    # stable numbers: what Blender stores must not depend on which providers exist
+    numbers = {item[0]: item[4] for item in items}
+    assert numbers["AUTO"] == 0 and numbers["CPU"] == 1
+    assert numbers.get("CUDA", 2) == 2
+
+
+@pytest.mark.parametrize(
+    "providers, expected",
+    [
+        (["CPUExecutionProvider"], ["AUTO", "CPU"]),
+        ([], ["AUTO", "CPU"]),
+        (["CUDAExecutionProvider", "CPUExecutionProvider"], ["AUTO", "CPU", "CUDA"]),
+        (["DmlExecutionProvider", "CPUExecutionProvider"], ["AUTO", "CPU", "DIRECTML"]),
+        (["CoreMLExecutionProvider", "CPUExecutionProvider"], ["AUTO", "CPU", "COREML"]),
+        (
+            [
+                "TensorrtExecutionProvider",
+                "CUDAExecutionProvider",
+                "DmlExecutionProvider",
+                "CoreMLExecutionProvider",
+            ],
+            ["AUTO", "CPU", "CUDA", "DIRECTML", "COREML"],
+        ),
+    ],
+)
+def test_compute_device_items(providers, expected):
+    assert [item[0] for item in P.compute_device_items(providers)] == expected
+
+
+def test_missing_onnxruntime_still_offers_auto_and_cpu(monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import now raises ImportError
+    assert P.available_providers() == ["CPUExecutionProvider"]
+    assert [i[0] for i in P.compute_device_items()] == ["AUTO", "CPU"]
+
+
+@pytest.mark.parametrize(
+    "device, index, expected",
+    [
+        ("AUTO", 0, "auto"),
+        ("CPU", 3, "cpu"),
+        ("CUDA", 0, "cuda:0"),
+        ("CUDA", 2, "cuda:2"),
+        ("DIRECTML", 1, "directml"),
+        ("COREML", 0, "coreml"),
+        ("", 0, "auto"),  # a stored choice this onnxruntime no longer offers
+    ],
+)
+def test_get_device_string_for_every_choice(device, index, expected):
+    prefs = P.DefaultPreferences(device=device, cuda_device_index=index)
+    assert P.get_device_string(prefs) == expected
+
+
+def test_device_strings_are_understood_by_the_runtime():
+    providers = pytest.importorskip("lean_image_ai.runtime.providers")
+    for ident, *_ in P.DEVICE_CHOICES:
+        text = P.get_device_string(P.DefaultPreferences(device=ident, cuda_device_index=1))
+        assert str(providers.parse_device(text)).split(":")[0] == text.split(":")[0]
+
+
+def test_get_prefs_falls_back_to_defaults_when_not_an_enabled_addon(registered):
+    assert P.LeanImageAIPreferences.is_registered
+    assert P.ADDON_ID not in bpy.context.preferences.addons
+    assert P.get_prefs(bpy.context, fallback=False) is None
+    prefs = P.get_prefs(bpy.context)
+    assert isinstance(prefs, P.DefaultPreferences)
+    assert prefs.device == "AUTO" and prefs.models_dir == ""
+    assert (
+        prefs.release_cpu_memory is True and prefs.gpu_memory_budget_mb == 0 and prefs.cuda_device_index == 0
+    )
+    assert P.get_device_string(prefs) == "auto"
+    assert P.get_memory_budget_bytes(prefs) is None
+    assert P.get_memory_budget_bytes(P.DefaultPreferences(gpu_memory_budget_mb=3)) == 3 * 1024 * 1024
+
+
+def test_defaults_mirror_the_blender_properties():
+    annotations = P.LeanImageAIPreferences.__annotations__
+    defaults = P.DefaultPreferences()
+    for name in ("models_dir", "device", "cuda_device_index", "gpu_memory_budget_mb", "release_cpu_memory"):
+        assert name in annotations and hasattr(defaults, name)
+        prop = annotations[name]
+        if name != "device":  # dynamic enum: default is the item number 0 == AUTO
+            assert prop.keywords["default"] == getattr(defaults, name), name
+    assert annotations["device"].keywords["default"] == 0 and P.DEVICE_CHOICES[0][0] == defaults.device
+    assert annotations["models_dir"].keywords["subtype"] == "DIR_PATH"
+
+
+def test_real_preferences_object_when_enabled(registered, monkeypatch):
+    # Pretend the add-on is enabled: an AddonPreferences instance behind context.preferences.addons.
+    addon = bpy.context.preferences.addons.new()
+    addon.module = P.ADDON_ID
+    try:
+        prefs = P.get_prefs(bpy.context, fallback=False)
+        assert isinstance(prefs, P.LeanImageAIPreferences)
+        assert prefs.device == "AUTO" and prefs.release_cpu_memory is True
+        prefs.device = "CPU"
+        assert P.get_device_string(P.get_prefs(bpy.context)) == "cpu"
+        if "CUDA" in [i[0] for i in P.device_items()]:
+            prefs.device = "CUDA"
+            prefs.cuda_device_index = 1
+            assert P.get_device_string(prefs) == "cuda:1"
+        missing = [c[0] for c in P.DEVICE_CHOICES if c[0] not in [i[0] for i in P.device_items()]]
+        if missing:
+            with pytest.raises(TypeError):
+                prefs.device = missing[0]  # not offered by this onnxruntime
+    finally:
+        bpy.context.preferences.addons.remove(addon)
+
+
+def test_models_dir_resolution(registered, tmp_path, monkeypatch):
+    chosen = tmp_path / "chosen"
+    monkeypatch.delenv(P.MODELS_DIR_ENV, raising=False)
+    # explicit preference wins, and is created
+    prefs = P.DefaultPreferences(models_dir=str(chosen))
+    monkeypatch.setattr(P, "get_prefs", lambda context=None, fallback=True: prefs)
+    assert P.get_models_dir(bpy.context) == chosen and chosen.is_dir()
+    # environment override next
+    prefs.models_dir = ""
+    monkeypatch.setenv(P.MODELS_DIR_ENV, str(tmp_path / "env"))
+    assert P.get_models_dir(bpy.context, create=False) == tmp_path / "env"
+    assert not (tmp_path / "env").exists()
+    # default when not installed as an extension: Blender's user datafiles
+    monkeypatch.delenv(P.MODELS_DIR_ENV)
+    default = P.get_models_dir(bpy.context, create=False)
+    assert default.parts[-2:] == ("lean_image_ai", "models")
+    assert default.parent.parent == Path(bpy.utils.user_resource("DATAFILES"))
+
+
+class _RecordingLayout:
+    def __init__(self, log):
+        self.log = log
+        self.enabled = True
+
+    def column(self, **_kw):
+        return _RecordingLayout(self.log)
+
+    def row(self, **_kw):
+        return _RecordingLayout(self.log)
+
+    def prop(self, data, name, **_kw):
+        self.log.append(("prop", name))
+
+    def label(self, text="", **_kw):
+        self.log.append(("label", text))
+
+    def separator(self, **_kw):
+        self.log.append(("separator", ""))
+
+
+def test_draw_shows_every_property_and_calls_the_catalog_hook(registered, monkeypatch):
+    log = []
+    hook = []
+    monkeypatch.setattr(P, "draw_model_catalog", lambda layout, context, prefs: hook.append(prefs))
+    fake = P.DefaultPreferences()
+    fake.layout = _RecordingLayout(log)
+    P.LeanImageAIPreferences.draw(fake, bpy.context)
+    drawn = {name for kind, name in log if kind == "prop"}
+    assert drawn == {
+        "models_dir",
+        "device",
+        "cuda_device_index",
+        "gpu_memory_budget_mb",
+        "release_cpu_memory",
+    }
+    assert hook == [fake]
+    assert any("onnxruntime" in text for kind, text in log if kind == "label")
