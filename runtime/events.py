@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 logger = logging.getLogger("lean_image_ai.runtime")
 
-WARNING_KINDS = frozenset({"provider_fallback", "out_of_memory", "release_incomplete"})
+WARNING_KINDS = frozenset({"provider_fallback", "out_of_memory", "tile_split"})
 
 
 class EventLog:

@@ -1,0 +1,359 @@
+"""Tiled inference for image-to-image models, independent of any model family (numpy only).
+
+Vocabulary:
+- *tile size*: the side of the window a model run sees (input pixels), overlap included. For a
+  model with a fixed input size it is that size; for dynamic models it is chosen (or halved on
+  out-of-memory).
+- *overlap*: context pixels on each side of a tile that are computed and then cropped away. When
+  the overlap is at least the model's receptive radius, every output pixel sees exactly the input
+  it would see in one untiled run, so the seams disappear (crop, no blending needed).
+- *owned region*: the part of the image a tile's cropped result covers. Owned regions partition
+  the image.
+
+The whole image is treated as reflect-padded without ever building the padded copy: a window
+that reaches past the border gathers reflected rows/columns (numpy's "reflect" mode). "Untiled"
+therefore means one window covering the image plus `overlap` reflected pixels on each side, and a
+tiled run equals it up to float summation order.
+
+Split on out-of-memory: when a run raises `InferenceOutOfMemoryError` (the runtime has already
+evicted the session), the tile size is halved, the tiles not yet done are planned again with it,
+`on_split` is called (the caller re-acquires its session there) and the job continues. Tiles
+already done are kept. Below the floor (`min_tile`, and at least 2 * overlap + 8) the error is
+re-raised as it came. Models with a fixed input size cannot be fed a smaller window, so for them
+the error is re-raised at once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..runtime.errors import InferenceOutOfMemoryError, ModelContractError
+from ..runtime.memory import available_system_memory_bytes
+
+MiB = 1 << 20
+
+# --- tile size from a memory budget ------------------------------------------------------------
+
+SYSTEM_RESERVE_BYTES = 512 * MiB
+"""Left to the OS, Blender and other programs before free system RAM counts as budget."""
+GPU_RESERVE_BYTES = 384 * MiB
+"""Left for the CUDA context, cuDNN workspaces and the display before free VRAM counts."""
+BUDGET_FRACTION = 0.5
+"""Share of the remaining budget one tile may plan to use: ORT arena growth and fragmentation,
+the output copy and the estimate's own error need the rest."""
+DEFAULT_FEATURE_CHANNELS = 64  # num_feat of Real-ESRGAN (RRDB and compact) and most SR nets
+MAX_AUTO_TILE = 2048
+FALLBACK_TILE = 512  # when no memory figure can be read at all
+
+
+def estimate_bytes_per_pixel(
+    scale: int = 4, *, feature_channels: int = DEFAULT_FEATURE_CHANNELS, element_size: int = 4
+) -> int:
+    """Peak inference memory per *input* pixel of a tile, for a typical SR network.
+
+    Model: at the peak a conv net holds about three feature maps of `feature_channels` at input
+    resolution (a conv's input, its output and one residual/concat operand) plus two tensors of
+    `feature_channels` at output resolution (RRDB nets upsample features before their last convs;
+    pixel-shuffle nets need less). So `element_size * C * (3 + 2 * scale**2)` bytes: 8960 B for a
+    4x fp32 model, 2816 B for 2x. It overestimates small nets, which is the safe side.
+    """
+    scale = max(1, int(scale))
+    return int(element_size * feature_channels * (3 + 2 * scale * scale))
+
+
+def tile_floor(overlap: int, min_tile: int = 32) -> int:
+    """The smallest tile size worth running: a tile must own at least 8 pixels per side."""
+    return max(int(min_tile), 2 * int(overlap) + 8)
+
+
+def auto_tile_size(
+    bytes_per_pixel: int,
+    *,
+    budget_bytes: int | None = None,
+    free_vram_bytes: int | None = None,
+    overlap: int = 0,
+    min_tile: int = 32,
+    max_tile: int = MAX_AUTO_TILE,
+    multiple: int = 16,
+) -> int:
+    """Largest square tile whose estimated peak fits the memory budget.
+
+    Budget, first that applies: `budget_bytes` (the caller's own figure, used as given);
+    `free_vram_bytes` (a CUDA device's free memory, minus GPU_RESERVE_BYTES); free system RAM
+    (`available_system_memory_bytes()`, minus SYSTEM_RESERVE_BYTES). Then BUDGET_FRACTION of it,
+    divided by `bytes_per_pixel` (see `estimate_bytes_per_pixel`), gives the tile area.
+    """
+    if budget_bytes is not None:
+        usable = float(budget_bytes)
+    elif free_vram_bytes is not None:
+        usable = float(free_vram_bytes) - GPU_RESERVE_BYTES
+    else:
+        free = available_system_memory_bytes()
+        if free is None:
+            return max(tile_floor(overlap, min_tile), min(FALLBACK_TILE, max_tile))
+        usable = float(free) - SYSTEM_RESERVE_BYTES
+    usable = max(0.0, usable) * BUDGET_FRACTION
+    side = int(math.sqrt(usable / max(1, int(bytes_per_pixel))))
+    side -= side % max(1, int(multiple))
+    return int(min(max(side, tile_floor(overlap, min_tile)), max_tile))
+
+
+# --- planning ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tile:
+    """Owned region [y0, y1) x [x0, x1) and model window [wy0, wy1) x [wx0, wx1), image coordinates.
+
+    The window may reach outside the image (negative or past the size): that part is reflected.
+    """
+
+    y0: int
+    x0: int
+    y1: int
+    x1: int
+    wy0: int
+    wx0: int
+    wy1: int
+    wx1: int
+
+    @property
+    def owned(self) -> tuple[int, int, int, int]:
+        return self.y0, self.x0, self.y1, self.x1
+
+    @property
+    def window_shape(self) -> tuple[int, int]:
+        return self.wy1 - self.wy0, self.wx1 - self.wx0
+
+    @property
+    def area(self) -> int:
+        return (self.y1 - self.y0) * (self.x1 - self.x0)
+
+
+def _pair(size) -> tuple[int, int]:
+    if isinstance(size, (tuple, list)):
+        return int(size[0]), int(size[1])
+    return int(size), int(size)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple if multiple > 1 else value
+
+
+def _splits(start: int, stop: int, core: int) -> list[int]:
+    """Balanced cut points: as few pieces of at most `core` as possible, sizes differing by <= 1."""
+    length = stop - start
+    count = max(1, -(-length // core))
+    return [start + (k * length) // count for k in range(count + 1)]
+
+
+def plan_tiles(
+    height: int,
+    width: int,
+    tile_size,
+    overlap: int,
+    *,
+    fixed: bool = False,
+    region: tuple[int, int, int, int] | None = None,
+    multiple: int = 1,
+) -> list[Tile]:
+    """Tiles covering `region` (default: the whole image), row-major.
+
+    `tile_size` is an int, an (h, w) pair, or None for one window over the whole image. With
+    `fixed`, every window is exactly `tile_size` (a fixed-shape model); otherwise a window is the
+    owned region plus `overlap` on each side, grown at the bottom/right to a `multiple`.
+    """
+    overlap = int(overlap)
+    if overlap < 0:
+        raise ValueError(f"overlap must be >= 0, got {overlap}")
+    ry0, rx0, ry1, rx1 = region or (0, 0, int(height), int(width))
+    if tile_size is None:
+        if fixed:
+            raise ValueError("a fixed-shape model needs its tile size")
+        tile_h, tile_w = (ry1 - ry0) + 2 * overlap, (rx1 - rx0) + 2 * overlap
+    else:
+        tile_h, tile_w = _pair(tile_size)
+    core_h, core_w = tile_h - 2 * overlap, tile_w - 2 * overlap
+    if core_h <= 0 or core_w <= 0:
+        raise ValueError(f"tile size {tile_h}x{tile_w} leaves nothing inside an overlap of {overlap} px")
+    rows = _splits(ry0, ry1, core_h)
+    cols = _splits(rx0, rx1, core_w)
+    tiles = []
+    for y0, y1 in zip(rows[:-1], rows[1:], strict=True):
+        for x0, x1 in zip(cols[:-1], cols[1:], strict=True):
+            wy0, wx0 = y0 - overlap, x0 - overlap
+            if fixed:
+                wy1, wx1 = wy0 + tile_h, wx0 + tile_w
+            else:
+                wy1 = wy0 + _round_up(y1 - y0 + 2 * overlap, multiple)
+                wx1 = wx0 + _round_up(x1 - x0 + 2 * overlap, multiple)
+            tiles.append(Tile(y0, x0, y1, x1, wy0, wx0, wy1, wx1))
+    return tiles
+
+
+def reflect_indices(start: int, stop: int, size: int) -> np.ndarray:
+    """Indices of positions [start, stop) into an axis of `size`, mirrored like np.pad 'reflect'."""
+    index = np.arange(start, stop)
+    if size == 1:
+        return np.zeros_like(index)
+    period = 2 * (size - 1)
+    index = np.mod(index, period)
+    return np.where(index >= size, period - index, index)
+
+
+def cut_window(image: np.ndarray, tile: Tile) -> np.ndarray:
+    """The tile's model window from `image` (HxWxC), reflecting past the borders.
+
+    Inside the image it is a read-only view (callers convert it to a tensor anyway, which copies
+    it; one pass fewer per tile), else a new array.
+    """
+    height, width = image.shape[:2]
+    if tile.wy0 >= 0 and tile.wx0 >= 0 and tile.wy1 <= height and tile.wx1 <= width:
+        view = image[tile.wy0 : tile.wy1, tile.wx0 : tile.wx1]
+        view.flags.writeable = False
+        return view
+    rows = reflect_indices(tile.wy0, tile.wy1, height)
+    cols = reflect_indices(tile.wx0, tile.wx1, width)
+    return np.take(np.take(image, rows, axis=0), cols, axis=1)
+
+
+# --- running -------------------------------------------------------------------------------------
+
+
+@dataclass
+class TiledResult:
+    image: np.ndarray  # (H*scale) x (W*scale) x C_out float32
+    scale: int
+    tile_size: tuple[int, int]  # window size of the final plan
+    tiles_run: int  # successful runs of run_tile
+    splits: list[dict] = field(default_factory=list)  # the tile_split event payloads
+
+
+RunTile = Callable[[np.ndarray, bool], np.ndarray]
+
+
+def run_tiled(
+    image: np.ndarray,
+    run_tile: RunTile,
+    *,
+    tile_size,
+    overlap: int,
+    fixed: bool = False,
+    last: bool = True,
+    scale: int | None = None,
+    label: str = "model",
+    events=None,
+    on_split: Callable[[tuple[int, int], InferenceOutOfMemoryError], None] | None = None,
+    progress: Callable[[float, int, int], None] | None = None,
+    min_tile: int = 32,
+    multiple: int = 1,
+) -> TiledResult:
+    """Run `run_tile(window HxWxC float32, last) -> (h*s)x(w*s)xC'` over tiles and assemble.
+
+    `last`: this image holds the operation's final run; then exactly the final tile of the
+    *current* plan (re-planned after each split) is called with last=True.
+    `scale`: the known output/input ratio, or None to read it from the first tile's output.
+    `events`: a runtime EventLog; each split is emitted there as "tile_split".
+    `progress(fraction_of_area_done, tiles_done, tiles_in_plan)` after every tile.
+    """
+    image = np.asarray(image)
+    if image.ndim == 2:
+        image = image[:, :, None]
+    height, width = image.shape[:2]
+    if height == 0 or width == 0:
+        raise ValueError("cannot tile an image without pixels")
+    current = _pair(tile_size) if tile_size is not None else None
+    pending = deque(plan_tiles(height, width, current, overlap, fixed=fixed, multiple=multiple))
+    if current is None:
+        current = pending[0].window_shape
+    total_area = height * width
+    done_area = 0
+    tiles_run = 0
+    output = None
+    splits: list[dict] = []
+    while pending:
+        tile = pending[0]
+        window = cut_window(image, tile)
+        try:
+            result = run_tile(window, last and len(pending) == 1)
+        except InferenceOutOfMemoryError as exc:
+            smaller = None if fixed else _halve(current, overlap, min_tile)
+            if smaller is None:
+                raise
+            payload = {
+                "model": label,
+                "old_tile_size": max(current),
+                "new_tile_size": max(smaller),
+                "reason": "out_of_memory",
+                "resource": exc.resource,
+                "tiles_done": tiles_run,
+            }
+            current = smaller
+            pending = deque(
+                t
+                for old in pending
+                for t in plan_tiles(
+                    height, width, current, overlap, fixed=False, region=old.owned, multiple=multiple
+                )
+            )
+            payload["tiles_left"] = len(pending)
+            if events is not None:
+                events.emit("tile_split", **payload)
+            splits.append(payload)
+            if on_split is not None:
+                on_split(current, exc)
+            continue
+        result = np.asarray(result)
+        if result.ndim == 2:
+            result = result[:, :, None]
+        scale = _check_scale(result, tile, scale, label)
+        if output is None:
+            output = np.empty((height * scale, width * scale, result.shape[2]), np.float32)
+        elif result.shape[2] != output.shape[2]:
+            raise ModelContractError(
+                f"{label} returned {result.shape[2]} channel(s) for one tile and {output.shape[2]} for another."
+            )
+        oy, ox = (tile.y0 - tile.wy0) * scale, (tile.x0 - tile.wx0) * scale
+        oh, ow = (tile.y1 - tile.y0) * scale, (tile.x1 - tile.x0) * scale
+        output[tile.y0 * scale : tile.y1 * scale, tile.x0 * scale : tile.x1 * scale] = result[
+            oy : oy + oh, ox : ox + ow
+        ]
+        pending.popleft()
+        tiles_run += 1
+        done_area += tile.area
+        if progress is not None:
+            progress(done_area / total_area, tiles_run, tiles_run + len(pending))
+    return TiledResult(output, int(scale), tuple(current), tiles_run, splits)
+
+
+def _halve(current: tuple[int, int], overlap: int, min_tile: int) -> tuple[int, int] | None:
+    floor = tile_floor(overlap, min_tile)
+    side = max(current)
+    if side <= floor:
+        return None
+    new = max(side // 2, floor)  # one last try at the floor itself
+    return new, new
+
+
+def _check_scale(result: np.ndarray, tile: Tile, scale: int | None, label: str) -> int:
+    win_h, win_w = tile.window_shape
+    out_h, out_w = result.shape[:2]
+    if scale is None:
+        if out_h % win_h or out_w % win_w or out_h // win_h != out_w // win_w or out_h < win_h:
+            raise ModelContractError(
+                f"{label} turned a {win_w}x{win_h} input into {out_w}x{out_h}: expected a whole-number "
+                "scale (the same >= 1 integer for width and height). Use a super-resolution model "
+                "whose output is an integer multiple of its input."
+            )
+        return out_h // win_h
+    if (out_h, out_w) != (win_h * scale, win_w * scale):
+        raise ModelContractError(
+            f"{label} turned a {win_w}x{win_h} input into {out_w}x{out_h}; expected "
+            f"{win_w * scale}x{win_h * scale} (scale {scale})."
+        )
+    return scale

@@ -1,0 +1,236 @@
+"""Upscale family: any ONNX super-resolution model (Real-ESRGAN and friends, or the embedded
+bicubic x2 graph), tiled so that image size never decides memory use.
+
+Contract (read from the session): input rank 4, 3 channels, float or float16 (RGB in [0, 1]);
+output rank 4, 3 channels, an integer multiple of the input size. Fixed-shape exports are fed
+exactly their size; dynamic ones get tiles sized from a memory budget (see models/tiling.py).
+
+Alpha: the default `alpha_mode="model"` runs the alpha channel through the model as a grey image
+(mean of the three output channels), so transparency edges line up with the colour edges the
+model sharpened. It costs one extra run per tile, but only when the alpha is not constant:
+opaque images (the common case for renders and photos) skip it. `alpha_mode="resize"` uses a
+cubic resize instead (same kernel as the embedded bicubic model) and never runs the model twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..runtime import mark_last
+from ..runtime.errors import InferenceOutOfMemoryError, ModelContractError
+from ..runtime.memory import memory_snapshot
+from .base import FLOAT_TYPES, JobOptions, as_frames, check_contract, check_finite, fixed_hw
+from .imaging import from_nchw, prepare_image, resize, to_nchw
+from .tiling import auto_tile_size, estimate_bytes_per_pixel, run_tiled, tile_floor
+
+DEFAULT_MODEL_PATH = Path(__file__).parent / "assets" / "bicubic_x2.onnx"
+DEFAULT_OVERLAP = 16  # receptive radius of compact SR nets is well under this; RRDB's is larger but
+# its far context changes results by less than 8-bit quantisation (Real-ESRGAN's own tiler uses 10)
+FAMILY = "upscale"
+ALPHA_MODES = ("model", "resize")
+
+
+@dataclass
+class UpscaleResult:
+    image: np.ndarray  # (H*scale) x (W*scale) x C float32, C = 4 when the source had alpha, else 3
+    scale: int
+    tile_size_used: int  # window side of the final tile plan (at most the padded image's long side)
+    warnings: list[str] = field(default_factory=list)
+
+
+def run(
+    images,
+    model_path=DEFAULT_MODEL_PATH,
+    *,
+    options: JobOptions | None = None,
+    tile_size: int | str | None = "auto",
+    overlap: int | None = None,
+    alpha_mode: str = "model",
+    memory_budget_bytes: int | None = None,
+    size_multiple: int = 1,
+) -> UpscaleResult | list[UpscaleResult]:
+    """Upscale one image (HxW[xC] uint8/uint16/float) or a list of frames (one operation).
+
+    `tile_size`: "auto" (from the memory budget: `memory_budget_bytes`, else free VRAM on CUDA,
+    else free system RAM), an int (window side in input pixels, overlap included), or None for
+    one window over the whole image. Whatever is chosen is halved on out-of-memory. Ignored for
+    fixed-shape models, which get exactly their input size.
+    `overlap`: context pixels cropped from each tile side (default 16).
+    `size_multiple`: round dynamic windows up to this (models that need even sizes, say).
+    """
+    if alpha_mode not in ALPHA_MODES:
+        raise ValueError(f"alpha_mode must be one of {ALPHA_MODES}, got {alpha_mode!r}")
+    if isinstance(tile_size, str) and tile_size != "auto":
+        raise ValueError(f"tile_size must be 'auto', an int or None, got {tile_size!r}")
+    if isinstance(tile_size, (bool, float)):
+        raise ValueError(f"tile_size must be 'auto', an int or None, got {tile_size!r}")
+    options = options or JobOptions()
+    overlap = DEFAULT_OVERLAP if overlap is None else int(overlap)
+    if overlap < 0:
+        raise ValueError(f"overlap must be >= 0, got {overlap}")
+    frames, was_single = as_frames(images)
+    runtime = options.get_runtime()
+    results: list[UpscaleResult] = []
+    with runtime.operation(FAMILY, cancel=options.cancel) as op:
+        options.report(0.0, "loading model")
+        job = _Job(op, model_path, options.device)
+        in_info = job.handle.inputs[0]
+        dtype = in_info.dtype
+        fixed = fixed_hw(in_info.shape)
+        scale = _static_scale(job.handle)
+        plan_warnings: list[str] = []
+        if fixed is not None:
+            tile = fixed
+            if isinstance(tile_size, int) and (tile_size, tile_size) != fixed:
+                plan_warnings.append(
+                    f"{job.handle.model_name} takes a fixed {fixed[1]}x{fixed[0]} input; "
+                    f"tile size {tile_size} was ignored."
+                )
+            if 2 * overlap + 8 > min(fixed):
+                overlap = max(0, (min(fixed) - 8) // 2)
+                plan_warnings.append(
+                    f"Overlap reduced to {overlap} px to fit the model's {fixed[1]}x{fixed[0]} input."
+                )
+        elif tile_size == "auto":
+            tile = _auto_tile(job.handle, scale, dtype, overlap, memory_budget_bytes)
+        elif tile_size is None:
+            tile = None
+        else:
+            tile = int(tile_size)
+            floor = tile_floor(overlap)
+            if tile < floor:
+                plan_warnings.append(
+                    f"Tile size {tile} is below the minimum for a {overlap} px overlap; using {floor}."
+                )
+                tile = floor
+
+        count = len(frames)
+        for index, (frame, last_frame) in enumerate(mark_last(frames)):
+            name = "image" if was_single else f"frame {index + 1}"
+            prefix = "" if was_single else f"frame {index + 1}/{count}, "
+            options.report(index / count, prefix + "preprocessing")
+            prepared = prepare_image(frame, name=name)
+            warnings = list(plan_warnings) + list(prepared.warnings)
+            rgb, alpha, size = prepared.rgb, prepared.alpha, prepared.size
+            outside = int(((rgb < 0.0) | (rgb > 1.0)).any(axis=2).sum())
+            if outside:
+                np.clip(rgb, 0.0, 1.0, out=rgb)  # prepare_image's array is always our own copy
+                warnings.append(
+                    f"{name}: {outside} pixel(s) outside [0, 1] (HDR or negative) were clipped for the model."
+                )
+            alpha_constant = None
+            if alpha is not None and float(alpha.min()) == float(alpha.max()):
+                alpha_constant = float(alpha.min())  # no run needed to upscale a flat alpha
+            model_alpha = alpha is not None and alpha_constant is None and alpha_mode == "model"
+            source = np.concatenate([rgb, alpha[:, :, None]], axis=2) if model_alpha else rgb
+            del rgb, prepared  # only `source` (and `alpha`) are needed from here on
+
+            def run_tile(window, last, _model_alpha=model_alpha):
+                colour = job.infer(to_nchw(window[:, :, :3], dtype), last=last and not _model_alpha)
+                if not _model_alpha:
+                    return colour
+                grey = np.repeat(window[:, :, 3:4], 3, axis=2)
+                matte = job.infer(to_nchw(grey, dtype), last=last)
+                return np.concatenate([colour, matte.mean(axis=2, keepdims=True)], axis=2)
+
+            def progress(fraction, done, total, _index=index, _prefix=prefix):
+                options.report((_index + fraction) / count, f"{_prefix}tile {done}/{total}")
+
+            tiled = run_tiled(
+                source,
+                run_tile,
+                tile_size=tile,
+                overlap=overlap,
+                fixed=fixed is not None,
+                last=last_frame,
+                scale=scale,
+                label=job.handle.model_name,
+                events=runtime.events,
+                on_split=job.reacquire,
+                progress=progress,
+                multiple=size_multiple,
+            )
+            del source
+            op.check_cancelled()
+            scale = tiled.scale  # known from here on, for the next frames too
+            if tiled.splits:
+                tile = tiled.tile_size  # the size that fitted; no use retrying the bigger one
+                warnings.append(
+                    f"Ran out of memory; tiles were split {len(tiled.splits)} time(s), down to "
+                    f"{max(tiled.tile_size)} px."
+                )
+            image = tiled.image
+            np.clip(image, 0.0, 1.0, out=image)
+            if alpha is not None and not model_alpha:
+                out_h, out_w = image.shape[:2]
+                if alpha_constant is not None:
+                    matte = np.full((out_h, out_w, 1), alpha_constant, np.float32)
+                else:
+                    matte = np.clip(resize(alpha, (out_h, out_w), "cubic"), 0.0, 1.0)[:, :, None]
+                image = np.concatenate([image, matte], axis=2)
+            used = max(tiled.tile_size)
+            if fixed is None:  # a tile larger than the image ran as one window of the image's size
+                used = min(used, max(size) + 2 * overlap)
+            results.append(UpscaleResult(image, int(scale), int(used), warnings))
+        options.report(1.0, "done")
+    return results[0] if was_single else results
+
+
+class _Job:
+    """The session of one upscale operation, re-acquired after an out-of-memory eviction."""
+
+    def __init__(self, op, model_path, device):
+        self.op = op
+        self.model_path = model_path
+        self.device = device
+        self.handle = op.session(model_path, device)
+        check_contract(
+            self.handle,
+            FAMILY,
+            inputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}],
+            outputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}],
+        )
+
+    def reacquire(self, _tile, _error: InferenceOutOfMemoryError) -> None:
+        self.handle = self.op.session(self.model_path, self.device)
+
+    def infer(self, feed: np.ndarray, *, last: bool) -> np.ndarray:
+        handle = self.handle
+        in_name, out_name = handle.inputs[0].name, handle.outputs[0].name
+        output = self.op.run(handle, {in_name: feed}, last=last, output_names=[out_name])[out_name]
+        if output.ndim != 4 or output.shape[1] != 3:
+            raise ModelContractError(
+                f"{handle.model_name} returned '{out_name}' with shape {list(output.shape)}; an upscale "
+                "model must return 1x3xHxW."
+            )
+        check_finite(output, handle.model_name, out_name)
+        return from_nchw(output)
+
+
+def _static_scale(handle) -> int | None:
+    """The scale from fixed input/output shapes, when the model declares both."""
+    fixed_in, fixed_out = fixed_hw(handle.inputs[0].shape), fixed_hw(handle.outputs[0].shape)
+    if fixed_in is None or fixed_out is None:
+        return None
+    (in_h, in_w), (out_h, out_w) = fixed_in, fixed_out
+    if out_h % in_h or out_w % in_w or out_h // in_h != out_w // in_w or out_h < in_h:
+        raise ModelContractError(
+            f"{handle.model_name} maps {in_w}x{in_h} to {out_w}x{out_h}: expected a whole-number scale "
+            "(the same >= 1 integer for width and height). Use a super-resolution model whose output "
+            "is an integer multiple of its input."
+        )
+    return out_h // in_h
+
+
+def _auto_tile(handle, scale, dtype, overlap, budget) -> int:
+    free_vram = None
+    if budget is None and handle.gpu_device_id is not None:
+        gpu = memory_snapshot(handle.gpu_device_id).get("gpu") or {}
+        free_vram = gpu.get("free_bytes") if gpu.get("available") else None
+        if free_vram is None:
+            return 512  # no NVML: a size that fits consumer GPUs; a split handles the rest
+    cost = estimate_bytes_per_pixel(scale or 4, element_size=np.dtype(dtype).itemsize)
+    return auto_tile_size(cost, budget_bytes=budget, free_vram_bytes=free_vram, overlap=overlap)
