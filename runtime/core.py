@@ -25,7 +25,7 @@ from .errors import (
     OperationCancelled,
 )
 from .events import EventLog
-from .memory import memory_snapshot
+from .memory import memory_snapshot, nvidia_gpu_count
 from .oom import out_of_memory_resource
 from .providers import (
     CPU,
@@ -186,6 +186,7 @@ class Runtime:
         self._sessions: dict[tuple, SessionHandle] = {}
         self._probe = None
         self._dlls_preloaded = False
+        self._cuda_usable_cache: bool | None = None
         self.sessions_created = 0
 
     # ---- settings -------------------------------------------------------------------------
@@ -218,9 +219,11 @@ class Runtime:
         request = parse_device(device)
         path, identity = self._model_identity(model_path)
         settings = self.settings
-        providers = resolve_providers(
-            request, self._available_providers(), gpu_mem_limit=settings.gpu_mem_limit_bytes
-        )
+        available = self._available_providers()
+        if request.kind == "auto" and CUDA in available and not self._cuda_usable():
+            # onnxruntime-gpu lists CUDA even with no GPU; "auto" should quietly mean CPU there
+            available = [p for p in available if p != CUDA]
+        providers = resolve_providers(request, available, gpu_mem_limit=settings.gpu_mem_limit_bytes)
         # DirectML/CoreML sessions run exactly as before: no shared arena for them
         cpu_arena = settings.cpu_arena and providers[0][0] in (CPU, CUDA)
         key = (identity, str(request), settings.gpu_mem_limit_bytes, cpu_arena, settings.intra_op_threads)
@@ -286,6 +289,12 @@ class Runtime:
                 message=handle.fallback_warning,
             )
         return handle
+
+    def _cuda_usable(self) -> bool:
+        if self._cuda_usable_cache is None:
+            count = nvidia_gpu_count()
+            self._cuda_usable_cache = count is None or count > 0  # unknown: let ORT try
+        return self._cuda_usable_cache
 
     def _preload_cuda_dlls(self):
         if self._dlls_preloaded:
@@ -361,6 +370,7 @@ class Operation:
         self._finished: set[int] = set()
         self._started = None
         self.release_events: list[dict] = []
+        self._before: dict[int, dict] = {}  # by id(handle): memory before its first run here
 
     def __enter__(self):
         self._started = time.perf_counter()
@@ -392,10 +402,11 @@ class Operation:
         release_now = last and settings.release_memory and bool(handle.shrink)
         ort = _ort()
         run_options = ort.RunOptions()
-        before = None
         if release_now:
             run_options.add_run_config_entry(SHRINK_CONFIG_KEY, handle.shrink)
-            before = memory_snapshot(handle.gpu_device_id)
+        if handle.shrink and settings.release_memory and id(handle) not in self._before:
+            # releases are reported against the memory before this job first ran the session
+            self._before[id(handle)] = memory_snapshot(handle.gpu_device_id)
         names = list(output_names) if output_names else [o.name for o in handle.outputs]
         self.runs += 1
         self._dirty[id(handle)] = handle
@@ -441,13 +452,13 @@ class Operation:
                 self.runtime.release_cpu_arena()  # regions the outputs pinned during the run
             self._dirty.pop(id(handle), None)
             self.shrink_runs += 1
-            self._emit_release("operation_complete", handle, before, started, in_run=True)
+            self._emit_release("operation_complete", handle, started, in_run=True)
         elif last:
             self._dirty.pop(id(handle), None)
         return dict(zip(names, outputs, strict=True))
 
-    def _emit_release(self, reason, handle, before, started, *, in_run):
-        after = memory_snapshot(handle.gpu_device_id if not handle.evicted else None)
+    def _emit_release(self, reason, handle, started, *, in_run, at_release=None):
+        after = memory_snapshot(handle.gpu_device_id)
         event = self.runtime.events.emit(
             "memory_release",
             operation=self.name,
@@ -457,7 +468,8 @@ class Operation:
             shrink=handle.shrink,
             in_run=in_run,
             seconds=round(time.perf_counter() - started, 6),
-            before=before,
+            before=self._before.get(id(handle)),
+            at_release=at_release,
             after=after,
         )
         self.release_events.append(event)
@@ -490,13 +502,13 @@ class Operation:
             if not handle.shrink:
                 continue  # providers without a shrinkable arena run exactly as before
             started = time.perf_counter()
-            before = memory_snapshot(handle.gpu_device_id)
+            at_release = memory_snapshot(handle.gpu_device_id)
             if handle.gpu_device_id is not None:
                 self.runtime.evict(handle, reason=f"release_after_{reason}")
             if handle.cpu_arena and not cpu_done:
                 self.runtime.release_cpu_arena()
                 cpu_done = True
-            self._emit_release(reason, handle, before, started, in_run=False)
+            self._emit_release(reason, handle, started, in_run=False, at_release=at_release)
 
 
 def _as_cancel_check(cancel) -> Callable[[], bool]:

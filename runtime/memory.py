@@ -64,6 +64,21 @@ def _nvml():
             return None
 
 
+def nvidia_gpu_count() -> int | None:
+    """How many NVIDIA GPUs the driver sees; None when that can't be known (no nvidia-ml-py)."""
+    try:
+        import pynvml  # noqa: F401
+    except ImportError:
+        return None
+    nvml = _nvml()
+    if nvml is None:
+        return 0  # the package is there but the driver is not: no usable GPU
+    try:
+        return int(nvml.nvmlDeviceGetCount())
+    except Exception:
+        return 0
+
+
 def gpu_snapshot(device_id: int = 0) -> dict:
     nvml = _nvml()
     if nvml is None:

@@ -465,3 +465,25 @@ def test_importing_the_package_does_not_import_bpy():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+def test_auto_on_a_machine_without_a_usable_gpu_quietly_means_cpu(conv):
+    """onnxruntime-gpu lists CUDA even without a GPU; 'auto' must not try it (no fallback noise)."""
+    from lean_image_ai.runtime.memory import nvidia_gpu_count
+
+    if nvidia_gpu_count() != 0:
+        pytest.skip("a GPU is visible (or NVML is not installed): nothing to check here")
+    factory = RecordingFactory()
+    runtime = Runtime(session_factory=factory)
+    handle = runtime.session(conv, "auto")
+    assert factory.calls[0]["providers"] == [(CPU, {})]
+    assert handle.fallback_warning is None and not runtime.events.recent("provider_fallback")
+
+
+def test_release_event_compares_memory_before_the_job_with_after_release(conv):
+    runtime = Runtime()
+    run_op(runtime, conv, [frame(i, size=256) for i in range(2)])
+    release = runtime.events.recent("memory_release")[-1]
+    assert release["before"]["rss_bytes"] > 0 and release["after"]["rss_bytes"] > 0
+    # after release, the job keeps at most its two 0.75 MiB outputs (plus allocator noise)
+    assert release["after"]["rss_bytes"] - release["before"]["rss_bytes"] < 16 << 20
