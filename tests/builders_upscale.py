@@ -6,8 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
-from lean_image_ai.runtime.providers import CPU, SHRINK_CONFIG_KEY
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17
@@ -51,50 +49,3 @@ def resize_model(path, *, factor=2.0, channels=3, tile=None, out_shape=None, nan
         initializers,
     )
     return _save(graph, path)
-
-
-class RecordingSession:
-    """A real CPU InferenceSession that records the shrink entry and input shape of each run()."""
-
-    def __init__(self, real, log: list):
-        self.real = real
-        self.log = log
-
-    def get_providers(self):
-        return self.real.get_providers()
-
-    def get_provider_options(self):
-        return self.real.get_provider_options()
-
-    def get_inputs(self):
-        return self.real.get_inputs()
-
-    def get_outputs(self):
-        return self.real.get_outputs()
-
-    def run(self, names, feeds, run_options=None):
-        try:
-            entry = run_options.get_run_config_entry(SHRINK_CONFIG_KEY)
-        except Exception:  # ORT raises for a key that was never set
-            entry = ""
-        shape = next(iter(feeds.values())).shape
-        record = {"session": id(self), "shrink": entry, "shape": list(shape), "ok": False}
-        self.log.append(record)
-        outputs = self.real.run(names, feeds, run_options)
-        record["ok"] = True
-        return outputs
-
-
-class RecordingFactory:
-    """Session factory for Runtime(session_factory=...): real sessions, every run recorded in order."""
-
-    def __init__(self):
-        self.runs: list[dict] = []
-
-    def __call__(self, model_path, session_options, providers):
-        real = ort.InferenceSession(model_path, sess_options=session_options, providers=[CPU])
-        return RecordingSession(real, self.runs)
-
-    @property
-    def shrink_entries(self) -> list[str]:
-        return [r["shrink"] for r in self.runs]

@@ -4,7 +4,7 @@ import threading
 
 import numpy as np
 import pytest
-from builders_families import RecordingFactory, ben2_like_model
+from builders_families import ben2_like_model
 from lean_image_ai.models import ben2
 from lean_image_ai.models.base import JobOptions
 from lean_image_ai.models.imaging import resize
@@ -15,6 +15,7 @@ from lean_image_ai.runtime import (
     OperationCancelled,
     Runtime,
 )
+from recording import RecordingFactory
 
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406])
 IMAGENET_STD = np.array([0.229, 0.224, 0.225])
@@ -128,7 +129,7 @@ def test_rank3_matte_output_is_accepted(models, runtime):
 def test_fp16_model_gets_float16_feeds_and_works(models, runtime, factory):
     image = photo(37, 53, seed=2)
     result = ben2.run(image, models["fp16"], options=opts(runtime))
-    (feed,) = factory.runs
+    (feed,) = factory.fed
     assert feed == {"input": ((1, 3, 1024, 1024), np.dtype(np.float16))}
     assert result.matte.shape == (37, 53) and result.matte.dtype == np.float32
     expected = reference_matte(image / 255.0, (1024, 1024))
@@ -140,14 +141,14 @@ def test_fp16_model_gets_float16_feeds_and_works(models, runtime, factory):
 
 def test_fixed_model_size_wins_over_input_size(models, runtime, factory):
     ben2.run(photo(10, 10), models["fixed"], options=opts(runtime), input_size=128)
-    assert factory.runs[0]["input"] == ((1, 3, 64, 64), np.dtype(np.float32))
+    assert factory.fed[0]["input"] == ((1, 3, 64, 64), np.dtype(np.float32))
 
 
 @pytest.mark.parametrize("input_size, fed", [((40, 56), (40, 56)), (48, (48, 48)), (None, (1024, 1024))])
 def test_dynamic_model_uses_input_size_or_1024(models, runtime, factory, input_size, fed):
     image = photo(30, 20, seed=4)
     result = ben2.run(image, models["dynamic"], options=opts(runtime), input_size=input_size)
-    assert factory.runs[0]["input"][0] == (1, 3, *fed)
+    assert factory.fed[0]["input"][0] == (1, 3, *fed)
     assert result.matte.shape == (30, 20)
     np.testing.assert_allclose(result.matte, reference_matte(image / 255.0, fed), atol=TOL)
 
@@ -229,7 +230,7 @@ def test_wrong_contract_names_expected_and_found(models, runtime, factory, model
         ben2.run(photo(9, 11), models[model], options=opts(runtime))
     message = str(info.value)
     assert expected in message and found in message and "BEN2" in message
-    assert factory.runs == []  # rejected before any run
+    assert factory.fed == []  # rejected before any run
 
 
 # ---- operations: frames, release, reuse, cancel, progress --------------------------------------
@@ -268,7 +269,7 @@ def test_cancel_after_first_frame_stops_before_the_second_run(models, runtime, f
             models["fixed"],
             options=opts(runtime, cancel=cancel, progress=progress),
         )
-    assert len(factory.runs) == 1
+    assert len(factory.fed) == 1
     assert runtime.events.recent("operation_end")[-1]["outcome"] == "cancelled"
 
 

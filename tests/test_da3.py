@@ -4,7 +4,7 @@ import threading
 
 import numpy as np
 import pytest
-from builders_families import SKY_WEIGHTS, RecordingFactory, da3_like_model
+from builders_families import SKY_WEIGHTS, da3_like_model
 from lean_image_ai.models import da3
 from lean_image_ai.models.base import JobOptions
 from lean_image_ai.models.imaging import resize
@@ -15,6 +15,7 @@ from lean_image_ai.runtime import (
     OperationCancelled,
     Runtime,
 )
+from recording import RecordingFactory
 
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406])
 IMAGENET_STD = np.array([0.229, 0.224, 0.225])
@@ -104,7 +105,7 @@ def test_fixed_shape_model_gets_exactly_its_size(models, runtime, factory):
     image = photo(37, 53)
     result = da3.run(image, models["fixed"], options=opts(runtime))
     assert isinstance(result, da3.DepthResult)
-    assert factory.runs == [{"pixel_values": ((1, 3, 280, 504), np.dtype(np.float32))}]
+    assert factory.fed == [{"pixel_values": ((1, 3, 280, 504), np.dtype(np.float32))}]
     assert result.model_size == (280, 504)
     assert result.depth.shape == (37, 53) and result.depth.dtype == np.float32
     np.testing.assert_allclose(result.depth, reference_depth(image / 255.0, (280, 504)), atol=TOL)
@@ -128,7 +129,7 @@ def test_fixed_shape_model_does_not_warn_for_a_matching_aspect(models, runtime):
 def test_dynamic_model_long_side_504_in_multiples_of_14(models, runtime, factory, source, fed):
     image = photo(*source, seed=1)
     result = da3.run(image, models["dynamic"], options=opts(runtime))
-    assert factory.runs[0]["pixel_values"][0] == (1, 3, *fed)
+    assert factory.fed[0]["pixel_values"][0] == (1, 3, *fed)
     assert result.model_size == fed and fed[0] % 14 == 0 and fed[1] % 14 == 0 and max(fed) == 504
     assert result.depth.shape == source
     np.testing.assert_allclose(result.depth, reference_depth(image / 255.0, fed), atol=TOL)
@@ -137,7 +138,7 @@ def test_dynamic_model_long_side_504_in_multiples_of_14(models, runtime, factory
 def test_process_res_and_multiple_are_honoured(models, runtime, factory):
     # 37x53 -> long side 112: 37 * 112 / 53 = 78.2 -> 5 x 16 = 80; 53 -> 112 = 7 x 16
     result = da3.run(photo(37, 53), models["dynamic"], options=opts(runtime), process_res=112, multiple=16)
-    assert factory.runs[0]["pixel_values"][0] == (1, 3, 80, 112)
+    assert factory.fed[0]["pixel_values"][0] == (1, 3, 80, 112)
     assert result.model_size == (80, 112)
 
 
@@ -202,7 +203,7 @@ def test_multichannel_output_is_skipped_with_a_warning(models, runtime):
 def test_fp16_model_gets_float16_feeds(models, runtime, factory):
     image = photo(37, 53, seed=7)
     result = da3.run(image, models["fp16"], options=opts(runtime))
-    assert factory.runs[0]["pixel_values"] == ((1, 3, 350, 504), np.dtype(np.float16))
+    assert factory.fed[0]["pixel_values"] == ((1, 3, 350, 504), np.dtype(np.float16))
     assert result.depth.dtype == np.float32 and result.extras["sky"].dtype == np.float32
     np.testing.assert_allclose(result.depth, reference_depth(image / 255.0, (350, 504)), atol=TOL_FP16)
 
@@ -259,7 +260,7 @@ def test_wrong_channel_count_names_expected_and_found(models, runtime, factory):
         da3.run(photo(9, 11), models["four_channels"], options=opts(runtime))
     message = str(info.value)
     assert "expected 3 channels" in message and "found 4" in message and "Depth Anything 3" in message
-    assert factory.runs == []
+    assert factory.fed == []
 
 
 def test_bad_arguments_are_rejected_before_loading(models, runtime, factory):
@@ -301,7 +302,7 @@ def test_cancel_after_first_frame_stops_before_the_second_run(models, runtime, f
             models["small"],
             options=opts(runtime, cancel=cancel, progress=progress),
         )
-    assert len(factory.runs) == 1
+    assert len(factory.fed) == 1
     assert runtime.events.recent("operation_end")[-1]["outcome"] == "cancelled"
 
 

@@ -7,7 +7,6 @@ import math
 import threading
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from builders_moge2 import PLANE, expected_depth, moge2_like_model
 from lean_image_ai.models import moge2
@@ -18,6 +17,7 @@ from lean_image_ai.runtime.errors import (
     ModelContractError,
     OperationCancelled,
 )
+from recording import RecordingFactory
 from scipy.optimize import least_squares
 
 SHRINK_KEY = "memory.enable_memory_arena_shrinkage"
@@ -25,49 +25,6 @@ FOCAL, SHIFT, SCALE = 1.2, -1.5, 2.5  # the builder's defaults
 
 
 # ---- helpers ------------------------------------------------------------------------------------
-
-
-class RecordingSession:
-    """A real CPU InferenceSession that records each run's shrink entry and feeds."""
-
-    def __init__(self, real):
-        self.real = real
-        self.shrink_entries: list[str] = []
-        self.feeds: list[dict] = []
-
-    def get_providers(self):
-        return self.real.get_providers()
-
-    def get_provider_options(self):
-        return self.real.get_provider_options()
-
-    def get_inputs(self):
-        return self.real.get_inputs()
-
-    def get_outputs(self):
-        return self.real.get_outputs()
-
-    def run(self, names, feeds, run_options=None):
-        try:
-            entry = run_options.get_run_config_entry(SHRINK_KEY)
-        except Exception:  # ORT raises for a key that was never set
-            entry = ""
-        self.shrink_entries.append(entry)
-        self.feeds.append({k: np.array(v, copy=True) for k, v in feeds.items()})
-        return self.real.run(names, feeds, run_options)
-
-
-class RecordingFactory:
-    def __init__(self):
-        self.sessions: list[RecordingSession] = []
-
-    def __call__(self, model_path, session_options, providers):
-        real = ort.InferenceSession(
-            model_path, sess_options=session_options, providers=["CPUExecutionProvider"]
-        )
-        session = RecordingSession(real)
-        self.sessions.append(session)
-        return session
 
 
 @pytest.fixture

@@ -23,69 +23,11 @@ from lean_image_ai.runtime import (
     memory_snapshot,
 )
 from lean_image_ai.runtime.core import RELEASE_PROBE_MODEL
-from lean_image_ai.runtime.providers import SHRINK_CONFIG_KEY
 from onnx_builders import conv_model, release_probe_model
+from recording import RecordingFactory
 
 REPO = Path(__file__).resolve().parents[1]
 CPU = "CPUExecutionProvider"
-
-
-class RecordingSession:
-    """Wraps a real CPU InferenceSession and records the shrink entry each run() receives."""
-
-    def __init__(self, real, reported_providers=None, reported_options=None):
-        self.real = real
-        self.reported_providers = reported_providers
-        self.reported_options = reported_options
-        self.shrink_entries: list[str] = []
-
-    def get_providers(self):
-        return self.reported_providers or self.real.get_providers()
-
-    def get_provider_options(self):
-        return (
-            self.reported_options if self.reported_options is not None else self.real.get_provider_options()
-        )
-
-    def get_inputs(self):
-        return self.real.get_inputs()
-
-    def get_outputs(self):
-        return self.real.get_outputs()
-
-    def run(self, names, feeds, run_options=None):
-        try:
-            entry = run_options.get_run_config_entry(SHRINK_CONFIG_KEY)
-        except Exception:  # ORT raises for a key that was never set
-            entry = ""
-        self.shrink_entries.append(entry)
-        if self.reported_providers and self.reported_providers[0] != CPU:
-            # a real CPU session would reject a gpu: entry; the recorded entry is what matters
-            return self.real.run(names, feeds)
-        return self.real.run(names, feeds, run_options)
-
-
-class RecordingFactory:
-    """Session factory that records exactly what the runtime passes to InferenceSession()."""
-
-    def __init__(self, reported_providers=None, reported_options=None):
-        self.calls = []
-        self.sessions = []
-        self.reported_providers = reported_providers
-        self.reported_options = reported_options
-
-    def __call__(self, model_path, session_options, providers):
-        config = {}
-        for key in ("session.use_env_allocators", "session.use_device_allocator_for_initializers"):
-            try:
-                config[key] = session_options.get_session_config_entry(key)
-            except Exception:  # ORT raises for a key that was never set
-                pass
-        self.calls.append({"model": model_path, "providers": providers, "config": config})
-        real = ort.InferenceSession(model_path, sess_options=session_options, providers=[CPU])
-        session = RecordingSession(real, self.reported_providers, self.reported_options)
-        self.sessions.append(session)
-        return session
 
 
 @pytest.fixture(scope="module")

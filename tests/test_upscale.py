@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from builders_upscale import RecordingFactory, resize_model
+from builders_upscale import resize_model
 from lean_image_ai.models import upscale
 from lean_image_ai.models.base import JobOptions
 from lean_image_ai.models.imaging import resize
@@ -29,6 +29,7 @@ from lean_image_ai.runtime.errors import (
     OperationCancelled,
 )
 from onnx_builders import sr_model
+from recording import RecordingFactory
 
 ATOL = 1e-5
 TESTS_DIR = Path(__file__).resolve().parent
@@ -316,7 +317,7 @@ OOM_SCRIPT = r"""
 import json, sys
 import numpy as np
 sys.path.insert(0, sys.argv[1])
-from builders_upscale import RecordingFactory
+from recording import RecordingFactory
 from lean_image_ai.models import upscale
 from lean_image_ai.models.base import JobOptions
 from lean_image_ai.models.imaging import to_nchw
