@@ -43,9 +43,8 @@ def time_operation(runtime, handle, frames) -> float:
 
 
 def main() -> dict:
-    from onnx_builders import conv_model, weights_model
-
     from lean_image_ai.runtime import Runtime
+    from onnx_builders import conv_model, weights_model
 
     figures = {}
     print("1) RSS retained after one operation (1024x1024 conv, 32 mid channels), fresh process each")

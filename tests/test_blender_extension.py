@@ -271,7 +271,7 @@ def test_failed_register_rolls_back(monkeypatch):
         bl_idname = "LEANIMAGEAI_PT_broken_for_test"
         bl_label = "Broken"
 
-    monkeypatch.setattr(ui, "classes", (preferences.LeanImageAIPreferences, BrokenPanel))
+    monkeypatch.setattr(ui, "_classes", lambda: (preferences.LeanImageAIPreferences, BrokenPanel))
     with pytest.raises((AttributeError, RuntimeError, ValueError)):
         ui.register()
     assert not preferences.LeanImageAIPreferences.is_registered

@@ -3,19 +3,26 @@
 Imported only from the add-on's ``register()``/``unregister()``, never on package import.
 """
 
+import importlib
+
 import bpy
 
-from . import preferences
+# Submodules with a module-level `classes` tuple; registered in this order, unregistered in reverse.
+_MODULES = ("preferences", "settings", "panels")
 
-# Classes registered in this order and unregistered in reverse. Add panels after the
-# preferences, e.g. ``*panels.classes`` once a ``panels`` submodule exists.
-classes = (preferences.LeanImageAIPreferences,)
+
+def _modules():
+    return [importlib.import_module(f".{name}", __name__) for name in _MODULES]
+
+
+def _classes():
+    return tuple(cls for module in _modules() for cls in module.classes)
 
 
 def register():
     done = []
     try:
-        for cls in classes:
+        for cls in _classes():
             if not getattr(cls, "is_registered", False):
                 bpy.utils.register_class(cls)
                 done.append(cls)
@@ -23,10 +30,17 @@ def register():
         for cls in reversed(done):
             bpy.utils.unregister_class(cls)
         raise
+    # optional hooks, e.g. a PointerProperty on bpy.types.Scene once its PropertyGroup exists
+    for module in _modules():
+        if hasattr(module, "post_register"):
+            module.post_register()
 
 
 def unregister():
+    for module in reversed(_modules()):
+        if hasattr(module, "pre_unregister"):
+            module.pre_unregister()
     # Tolerates a second call (or a partial register): only registered classes are removed.
-    for cls in reversed(classes):
+    for cls in reversed(_classes()):
         if getattr(cls, "is_registered", False):
             bpy.utils.unregister_class(cls)

@@ -1,0 +1,236 @@
+"""Reconstruct geometry (MoGe-2): a mesh, a material, a normal map and a matching camera (bpy).
+
+The mesh is built from MoGe-2's point map in the worker thread (numpy only) and turned into
+Blender data on the main thread with ``foreach_set``:
+
+- one vertex per valid pixel. Images larger than ``MAX_GRID_SIDE`` pixels on their long side
+  are sampled every n-th pixel (n = ceil(long side / MAX_GRID_SIDE)), which keeps a 4K photo
+  near 512 x 288 = 147k vertices instead of 8.8M; the UVs still address the full image;
+- a quad wherever all four corners are valid and the depth jump is small:
+  ``max(depth) / min(depth) - 1 < discontinuity`` over the four corners (no sheets stretched
+  between a foreground edge and the background behind it);
+- MoGe-2's camera axes (OpenCV: x right, y down, z forward) become Blender camera axes
+  (x right, y up, looking down -z): (x, y, z) -> (x, -y, -z). With the camera object at the
+  origin and unrotated, the mesh sits in front of it exactly as in the photo.
+"""
+
+# No ``from __future__ import annotations``: Blender reads property annotations as objects.
+import math
+from dataclasses import dataclass, field
+
+import bpy
+import numpy as np
+from bpy.props import BoolProperty, FloatProperty, IntProperty
+
+from ..models import moge2
+from ..runtime.errors import InvalidModelOutputError
+from . import common, image_io
+from .jobs import JobOperator
+
+MAX_GRID_SIDE = 512
+
+
+@dataclass
+class MeshArrays:
+    vertices: np.ndarray  # N x 3 float32, Blender camera space
+    quads: np.ndarray  # M x 4 int32, counter-clockwise seen from the camera
+    uv: np.ndarray  # N x 2 float32, source pixel centres (0..1, v up)
+    stride: int  # 1: every pixel; n: every n-th pixel in both directions
+
+
+@dataclass
+class Reconstruction:
+    geometry: object  # moge2.GeometryResult
+    mesh: MeshArrays
+    normal_rgba: np.ndarray | None  # H x W x 4 in 0..1, or None when the model has no normals
+    warnings: list = field(default_factory=list)
+
+
+def opencv_to_blender(xyz: np.ndarray) -> np.ndarray:
+    """Camera axes: OpenCV (x right, y down, z forward) -> Blender (x right, y up, -z forward)."""
+    out = np.array(xyz, dtype=np.float32, copy=True)
+    out[..., 1:] *= -1.0
+    return out
+
+
+def mesh_arrays(points, mask, *, discontinuity: float, max_side: int = MAX_GRID_SIDE) -> MeshArrays:
+    """Vertices, quads and UVs from a point map (H x W x 3, OpenCV axes) and its valid mask."""
+    height, width = mask.shape
+    stride = max(1, math.ceil(max(height, width) / max_side))
+    rows = np.arange(0, height, stride)
+    cols = np.arange(0, width, stride)
+    grid_points = points[rows][:, cols]
+    depth = grid_points[..., 2]
+    valid = mask[rows][:, cols] & np.isfinite(depth) & (depth > 0)
+    index = np.full(valid.shape, -1, np.int64)
+    count = int(valid.sum())
+    index[valid] = np.arange(count)
+
+    vertices = opencv_to_blender(grid_points[valid])
+    vv, uu = np.meshgrid((rows + 0.5) / height, (cols + 0.5) / width, indexing="ij")
+    uv = np.stack([uu[valid], 1.0 - vv[valid]], axis=1).astype(np.float32)
+
+    # corners of each cell: top-left, bottom-left, bottom-right, top-right (image rows go down),
+    # which is counter-clockwise seen from the camera once y points up: faces face the camera
+    corners = [(slice(None, -1), slice(None, -1)), (slice(1, None), slice(None, -1))]
+    corners += [(slice(1, None), slice(1, None)), (slice(None, -1), slice(1, None))]
+    corner_index = np.stack([index[r, c] for r, c in corners], axis=-1)
+    corner_depth = np.stack([depth[r, c] for r, c in corners], axis=-1)
+    ok = (corner_index >= 0).all(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        jump = corner_depth.max(axis=-1) / corner_depth.min(axis=-1) - 1.0
+    ok &= jump < float(discontinuity)
+    quads = corner_index[ok].astype(np.int32)
+    return MeshArrays(vertices.astype(np.float32), quads, uv, stride)
+
+
+def normal_map(normal, mask) -> np.ndarray:
+    """Normals (OpenCV axes) as an RGBA normal map in Blender camera space, 0..1 (alpha 1).
+    Pixels without geometry get the flat, camera-facing normal."""
+    n = opencv_to_blender(normal)
+    n[~mask] = (0.0, 0.0, 1.0)
+    rgba = np.empty((*mask.shape, 4), np.float32)
+    rgba[..., :3] = np.clip(n * 0.5 + 0.5, 0.0, 1.0)
+    rgba[..., 3] = 1.0
+    return rgba
+
+
+class LEAN_IMAGE_AI_OT_reconstruct_geometry(common.ModelOperatorProperties, JobOperator, bpy.types.Operator):
+    """Reconstruct the scene of a photo as a 3D mesh with MoGe-2"""
+
+    bl_idname = "lean_image_ai.reconstruct_geometry"
+    bl_label = "Reconstruct Geometry"
+    bl_description = (
+        "Turn the image into a textured 3D mesh with MoGe-2 (metric scale), with its normal map "
+        "and a camera matching the photo's field of view"
+    )
+    bl_options = {"REGISTER", "UNDO"}
+    job_title = "Reconstruct Geometry"
+
+    resolution_level: IntProperty(
+        name="Resolution Level",
+        description="Detail the model works at: 0 fastest, 9 finest",
+        default=9,
+        min=0,
+        max=9,
+    )
+    make_camera: BoolProperty(
+        name="Make Camera",
+        description="Add a camera at the origin whose field of view matches the photo, and make it the scene camera",
+        default=True,
+    )
+    discontinuity: FloatProperty(
+        name="Discontinuity",
+        description="Relative depth jump above which no face joins neighbouring pixels (0.04 = 4%)",
+        default=0.04,
+        min=0.0,
+        soft_max=1.0,
+    )
+
+    def gather(self, context):
+        inputs = common.gather_job(self, context, "moge2", moge2.run, keep_source=True)
+        inputs["resolution_level"] = int(self.resolution_level)
+        inputs["make_camera"] = bool(self.make_camera)
+        inputs["discontinuity"] = float(self.discontinuity)
+        return inputs
+
+    def work(self, inputs, options):
+        geometry = moge2.run(
+            inputs["model_rgba"],
+            inputs["model_path"],
+            options=options,
+            resolution_level=inputs["resolution_level"],
+            **inputs["adapter_options"],
+        )
+        options.report(0.9, "building mesh")
+        mesh = mesh_arrays(geometry.points, geometry.mask, discontinuity=inputs["discontinuity"])
+        normals = None if geometry.normal is None else normal_map(geometry.normal, geometry.mask)
+        options.report(1.0, "done")
+        return Reconstruction(geometry, mesh, normals, list(geometry.warnings))
+
+    def apply(self, context, inputs, result):
+        stem = inputs["stem"]
+        geometry, arrays = result.geometry, result.mesh
+        if len(arrays.vertices) == 0:
+            raise InvalidModelOutputError(f"MoGe-2 found no geometry in '{stem}'; nothing was made.")
+        height, width = geometry.mask.shape
+        note = ""
+        with common.created_data() as created:
+            mesh = created.add(
+                bpy.data.meshes,
+                common.build_mesh(f"{stem}_geometry", arrays.vertices, arrays.quads, arrays.uv),
+            )
+            mesh.materials.append(
+                created.add(bpy.data.materials, make_material(f"{stem}_geometry", inputs["source"]))
+            )
+            obj = created.add(bpy.data.objects, bpy.data.objects.new(f"{stem}_geometry", mesh))
+            normal_image = None
+            if result.normal_rgba is not None:
+                normal_image = created.add(
+                    bpy.data.images,
+                    image_io.array_to_new_image(
+                        f"{stem}_normal", result.normal_rgba, float_buffer=True, colorspace="Non-Color"
+                    ),
+                )
+            if inputs.get("output"):
+                if normal_image is None:
+                    note = "; not saved: this model gives no normal map"
+                else:
+                    note = common.save_output(normal_image, inputs)
+            camera = None
+            if inputs["make_camera"]:
+                camera = created.add(bpy.data.objects, make_camera(f"{stem}_camera", geometry, created))
+            if camera is not None:
+                collection = getattr(context, "collection", None) or context.scene.collection
+                collection.objects.link(camera)
+            common.link_object(context, obj)
+        if camera is not None:  # scene settings last: nothing can fail after them
+            scene = context.scene
+            scene.render.resolution_x, scene.render.resolution_y = width, height
+            scene.camera = camera
+        summary = f"Reconstructed '{obj.name}': {len(mesh.vertices)} vertices, {len(mesh.polygons)} faces"
+        if arrays.stride > 1:
+            summary += f" (every {arrays.stride}th pixel)"
+        if camera is not None:
+            summary += f"; camera '{camera.name}' with a {math.degrees(geometry.fov_x):.1f} deg field of view"
+        return summary + note
+
+
+def make_material(name, image):
+    """A material whose base colour is ``image`` through the mesh's UV map."""
+    material = bpy.data.materials.new(name)
+    try:
+        if not material.node_tree:  # Blender < 5.0 makes the node tree only on request
+            material.use_nodes = True
+        nodes = material.node_tree.nodes
+        bsdf = next((n for n in nodes if n.type == "BSDF_PRINCIPLED"), None)
+        if bsdf is None:
+            bsdf = nodes.new("ShaderNodeBsdfPrincipled")
+            output = next((n for n in nodes if n.type == "OUTPUT_MATERIAL"), None) or nodes.new(
+                "ShaderNodeOutputMaterial"
+            )
+            material.node_tree.links.new(bsdf.outputs["BSDF"], output.inputs["Surface"])
+        texture = nodes.new("ShaderNodeTexImage")
+        texture.image = image
+        texture.location = (bsdf.location.x - 400, bsdf.location.y)
+        material.node_tree.links.new(texture.outputs["Color"], bsdf.inputs["Base Color"])
+        nodes.active = texture
+    except BaseException:
+        bpy.data.materials.remove(material)
+        raise
+    return material
+
+
+def make_camera(name, geometry, created):
+    """A camera object at the origin looking down -Z with the recovered horizontal field of view."""
+    data = created.add(bpy.data.cameras, bpy.data.cameras.new(name))
+    data.sensor_fit = "HORIZONTAL"  # the angle below is across the image width, whatever its aspect
+    data.angle_x = float(geometry.fov_x)
+    depth = geometry.depth[geometry.mask]
+    far = float(depth.max()) if depth.size else 100.0
+    data.clip_start = min(0.1, max(1e-3, float(depth.min()) * 0.5)) if depth.size else 0.1
+    data.clip_end = max(100.0, far * 2.0)
+    return bpy.data.objects.new(name, data)
+
+
+classes = (LEAN_IMAGE_AI_OT_reconstruct_geometry,)

@@ -1,0 +1,232 @@
+"""Image operators: remove background (BEN2), estimate depth (DA3), upscale (bpy).
+
+Each is a `JobOperator`: `gather` reads the source image into numpy (main thread), `work` calls
+the family's adapter only (worker thread), `apply` creates the result image (main thread).
+"""
+
+# No ``from __future__ import annotations``: Blender reads property annotations as objects.
+import math
+
+import bpy
+import numpy as np
+from bpy.props import BoolProperty, IntProperty
+
+from ..models import ben2, da3, upscale
+from ..runtime.errors import InvalidImageError
+from . import common, image_io
+from .jobs import JobOperator, discard_inputs
+
+# The depth plane: grid resolution on its long side, and how far the nearest point stands out
+# of it, as a fraction of the plane's long side (2 m).
+PLANE_SEGMENTS = 256
+PLANE_SIZE = 2.0
+PLANE_RELIEF = 0.25
+
+
+class LEAN_IMAGE_AI_OT_remove_background(common.ModelOperatorProperties, JobOperator, bpy.types.Operator):
+    """Cut the subject out of an image with BEN2 (the background becomes transparent)"""
+
+    bl_idname = "lean_image_ai.remove_background"
+    bl_label = "Remove Background"
+    bl_description = (
+        "Cut the subject out of the image with BEN2: a new '<image>_cutout' image whose alpha is "
+        "the subject's matte (or the source image itself with Replace)"
+    )
+    bl_options = {"REGISTER", "UNDO"}
+    job_title = "Remove Background"
+
+    replace: BoolProperty(
+        name="Replace",
+        description="Write the cut-out into the source image instead of a new image",
+        default=False,
+    )
+
+    def gather(self, context):
+        inputs = common.gather_job(self, context, "ben2", ben2.run, keep_source=self.replace)
+        inputs["replace"] = bool(self.replace)
+        if self.replace and inputs["info"].channels < 4:
+            discard_inputs(inputs)
+            raise InvalidImageError(
+                f"Image '{inputs['info'].name}' has no alpha channel, so Replace cannot store the "
+                "cut-out in it. Turn Replace off to get a new image with alpha."
+            )
+        return inputs
+
+    def work(self, inputs, options):
+        return ben2.run(
+            inputs["model_rgba"], inputs["model_path"], options=options, **inputs["adapter_options"]
+        )
+
+    def apply(self, context, inputs, result):
+        info = inputs["info"]
+        source_rgba = inputs["rgba"]
+        straight = image_io.unpremultiply(source_rgba) if info.premultiplied else source_rgba.copy()
+        straight[..., 3] = result.rgba[..., 3]
+        if inputs["replace"]:
+            image = inputs["source"]
+            out = image_io.premultiply(straight) if info.premultiplied else straight
+            image_io.write_array_to_image(image, out)
+            try:
+                note = common.save_output(image, inputs)
+            except BaseException:
+                image_io.write_array_to_image(image, source_rgba)  # as it was
+                raise
+            image.update()
+            return f"Removed the background of '{image.name}' in place{note}"
+        with common.created_data() as created:
+            image = created.add(
+                bpy.data.images, common.new_image_like(f"{inputs['stem']}_cutout", straight, info)
+            )
+            note = common.save_output(image, inputs)
+        kept = float((result.matte > 0.5).mean())
+        return f"Removed the background: '{image.name}' ({kept:.0%} of the pixels kept){note}"
+
+
+class LEAN_IMAGE_AI_OT_estimate_depth(common.ModelOperatorProperties, JobOperator, bpy.types.Operator):
+    """Estimate a depth map with Depth Anything 3"""
+
+    bl_idname = "lean_image_ai.estimate_depth"
+    bl_label = "Estimate Depth"
+    bl_description = (
+        "Estimate depth with Depth Anything 3: a float 'Non-Color' image '<image>_depth' (depth in "
+        "every colour channel), optionally a displaced plane that shows it in 3D"
+    )
+    bl_options = {"REGISTER", "UNDO"}
+    job_title = "Estimate Depth"
+
+    make_plane: BoolProperty(
+        name="Make Plane",
+        description="Also add a plane with the image's aspect, displaced by the depth map",
+        default=False,
+    )
+
+    def gather(self, context):
+        inputs = common.gather_job(self, context, "da3", da3.run)
+        inputs["make_plane"] = bool(self.make_plane)
+        return inputs
+
+    def work(self, inputs, options):
+        return da3.run(
+            inputs["model_rgba"], inputs["model_path"], options=options, **inputs["adapter_options"]
+        )
+
+    def apply(self, context, inputs, result):
+        depth = np.asarray(result.depth, np.float32)
+        rgba = np.empty((*depth.shape, 4), np.float32)
+        rgba[..., :3] = depth[..., None]
+        rgba[..., 3] = 1.0
+        stem = inputs["stem"]
+        with common.created_data() as created:
+            image = created.add(
+                bpy.data.images,
+                image_io.array_to_new_image(f"{stem}_depth", rgba, float_buffer=True, colorspace="Non-Color"),
+            )
+            note = common.save_output(image, inputs)
+            plane = None
+            if inputs["make_plane"]:
+                plane = make_depth_plane(context, created, f"{stem}_depth_plane", image, depth)
+        low, high = float(depth.min()), float(depth.max())
+        summary = f"Depth '{image.name}' ({depth.shape[1]}x{depth.shape[0]}, {low:.3g} to {high:.3g})"
+        if plane is not None:
+            summary += f", plane '{plane.name}'"
+        return summary + note
+
+
+def grid_mesh(name: str, width: float, height: float, nx: int, ny: int):
+    """A flat grid in XY centred on the origin, (nx x ny) quads, UVs spanning 0..1 (numpy)."""
+    xs = np.linspace(-width / 2, width / 2, nx + 1, dtype=np.float32)
+    ys = np.linspace(-height / 2, height / 2, ny + 1, dtype=np.float32)
+    gx, gy = np.meshgrid(xs, ys)  # row r = y index (bottom to top)
+    co = np.stack([gx.ravel(), gy.ravel(), np.zeros(gx.size, np.float32)], axis=1)
+    index = np.arange((nx + 1) * (ny + 1), dtype=np.int32).reshape(ny + 1, nx + 1)
+    # counter-clockwise seen from +Z: the face normals point up
+    quads = np.stack([index[:-1, :-1], index[:-1, 1:], index[1:, 1:], index[1:, :-1]], axis=-1).reshape(-1, 4)
+    uv = np.stack([(gx.ravel() + width / 2) / width, (gy.ravel() + height / 2) / height], axis=1)
+    return common.build_mesh(name, co, quads, uv.astype(np.float32))
+
+
+def make_depth_plane(context, created, name, depth_image, depth):
+    """A grid with the image's aspect and a Displace modifier reading the depth image by UV.
+
+    Depth grows away from the viewer, so the displacement is inverted: the farthest depth stays
+    in the plane and the nearest stands PLANE_RELIEF * PLANE_SIZE above it.
+    """
+    height_px, width_px = depth.shape
+    long_px = max(width_px, height_px)
+    width, height = PLANE_SIZE * width_px / long_px, PLANE_SIZE * height_px / long_px
+    segments = min(PLANE_SEGMENTS, long_px)
+    nx = max(1, round(segments * width_px / long_px))
+    ny = max(1, round(segments * height_px / long_px))
+    mesh = created.add(bpy.data.meshes, grid_mesh(name, width, height, nx, ny))
+    obj = created.add(bpy.data.objects, bpy.data.objects.new(name, mesh))
+    texture = created.add(bpy.data.textures, bpy.data.textures.new(name, type="IMAGE"))
+    texture.image = depth_image
+    texture.extension = "EXTEND"  # no wrap-around at the plane's border
+    modifier = obj.modifiers.new("Depth", "DISPLACE")
+    modifier.texture = texture
+    modifier.texture_coords = "UV"
+    modifier.uv_layer = mesh.uv_layers[0].name
+    modifier.direction = "Z"
+    low, high = float(depth.min()), float(depth.max())
+    span = high - low
+    modifier.mid_level = high
+    modifier.strength = -PLANE_RELIEF * PLANE_SIZE / span if span > 0 and math.isfinite(span) else 0.0
+    common.link_object(context, obj)
+    return obj
+
+
+class LEAN_IMAGE_AI_OT_upscale(common.ModelOperatorProperties, JobOperator, bpy.types.Operator):
+    """Upscale an image with a super-resolution model"""
+
+    bl_idname = "lean_image_ai.upscale"
+    bl_label = "Upscale Image"
+    bl_description = (
+        "Upscale the image with a super-resolution model (Real-ESRGAN or your own; the built-in "
+        "bicubic x2 when none is installed): a new '<image>_x<scale>' image"
+    )
+    bl_options = {"REGISTER", "UNDO"}
+    job_title = "Upscale"
+
+    tile_size: IntProperty(
+        name="Tile Size",
+        description="Side of the tiles the image is cut into, in pixels. 0: from the free memory",
+        default=0,
+        min=0,
+        soft_max=2048,
+    )
+
+    def gather(self, context):
+        inputs = common.gather_job(self, context, "upscale", upscale.run, fallback=upscale.DEFAULT_MODEL_PATH)
+        inputs["tile_size"] = int(self.tile_size)
+        return inputs
+
+    def work(self, inputs, options):
+        tile = inputs["tile_size"] or "auto"
+        return upscale.run(
+            inputs["model_rgba"],
+            inputs["model_path"],
+            options=options,
+            tile_size=tile,
+            memory_budget_bytes=inputs["memory_budget"],
+            **inputs["adapter_options"],
+        )
+
+    def apply(self, context, inputs, result):
+        info = inputs["info"]
+        model_rgba = image_io.to_rgba(result.image)  # 3 channels when the source had no alpha
+        straight = image_io.from_model_rgb(model_rgba, info.is_linear)
+        with common.created_data() as created:
+            image = created.add(
+                bpy.data.images,
+                common.new_image_like(f"{inputs['stem']}_x{result.scale}", straight, info),
+            )
+            note = common.save_output(image, inputs)
+        width, height = image.size
+        return f"Upscaled x{result.scale} to '{image.name}' ({width}x{height}){note}"
+
+
+classes = (
+    LEAN_IMAGE_AI_OT_remove_background,
+    LEAN_IMAGE_AI_OT_estimate_depth,
+    LEAN_IMAGE_AI_OT_upscale,
+)

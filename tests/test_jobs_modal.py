@@ -1,0 +1,411 @@
+"""The modal path of the job operators (invoke / modal / cancel, Esc, unregister mid-job).
+
+Background-mode Blender (the bpy module) cannot run a modal operator: `bpy.ops` calls `execute`
+even for 'INVOKE_DEFAULT', there is no event loop, and an operator instance exists only while
+Blender is calling into it. So these tests drive the modal protocol themselves:
+
+- A test-only operator is registered with the real upscale operator's bases, properties and
+  gather/work/apply (copied from its class dict: registering a *subclass* of a registered
+  operator breaks Blender's lookup of the parent's Python class). Its `execute` is the one place
+  where a live operator instance exists (real properties, real `report`); there it calls the
+  real `invoke` and then `modal` with stand-in events, exactly the calls Blender makes.
+- Stand-ins for what background mode lacks: events (objects with `.type`/`.value`), and a context
+  whose window manager and workspace record `event_timer_add/remove`, `modal_handler_add`,
+  `progress_*` and `status_text_set` (everything else comes from the real `bpy.context`).
+  `jobs.modal_events_available` is patched to True: it is what tells `invoke` that Blender will
+  deliver timer events.
+- The worker runs the real upscale adapter on the real onnxruntime. To make "mid-job" exact
+  instead of a race, `Job.report` (the progress callback the worker calls after each tile) is
+  wrapped by a gate that holds the worker after its first tile until the test lets it go, or
+  until the job is cancelled.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import blender_helpers as bh  # noqa: E402
+
+bpy = pytest.importorskip("bpy")
+bh.import_package()
+
+from lean_image_ai import operators  # noqa: E402
+from lean_image_ai.operators import geometry_ops, image_io, image_ops, jobs  # noqa: E402
+from lean_image_ai.runtime import get_runtime  # noqa: E402
+from lean_image_ai.ui import preferences  # noqa: E402
+from onnx_builders import sr_model  # noqa: E402
+
+SIZE = 96  # with 48 px tiles (16 px overlap): several tiles, so there is a "between runs"
+TILE = 48
+
+
+# --- stand-ins ----------------------------------------------------------------------------------
+
+
+class Event:
+    def __init__(self, type, value="NOTHING"):
+        self.type, self.value = type, value
+
+
+TIMER = Event("TIMER")
+ESC = Event("ESC", "PRESS")
+
+
+class RecordingWindowManager:
+    """Records what the operator asks of the window manager (see module doc)."""
+
+    def __init__(self):
+        self.calls = []
+        self.timers_added = []
+        self.timers_removed = []
+        self.handlers = []
+        self.progress = []
+
+    def event_timer_add(self, interval, window=None):
+        timer = object()
+        self.timers_added.append(timer)
+        self.calls.append(("event_timer_add", interval))
+        return timer
+
+    def event_timer_remove(self, timer):
+        assert timer in self.timers_added and timer not in self.timers_removed
+        self.timers_removed.append(timer)
+        self.calls.append(("event_timer_remove",))
+
+    def modal_handler_add(self, operator):
+        self.handlers.append(operator)
+        self.calls.append(("modal_handler_add",))
+        return True
+
+    def progress_begin(self, low, high):
+        self.calls.append(("progress_begin", low, high))
+
+    def progress_update(self, value):
+        self.progress.append(value)
+        self.calls.append(("progress_update", value))
+
+    def progress_end(self):
+        self.calls.append(("progress_end",))
+
+    @property
+    def live_timers(self):
+        return [t for t in self.timers_added if t not in self.timers_removed]
+
+
+class RecordingWorkspace:
+    def __init__(self):
+        self.status = []
+
+    def status_text_set(self, text):
+        self.status.append(text)
+
+
+class StandInContext:
+    """The real context, except for the window manager, window and workspace (see module doc)."""
+
+    def __init__(self):
+        self.window_manager = RecordingWindowManager()
+        self.window = object()
+        self.workspace = RecordingWorkspace()
+        self.screen = None
+
+    def __getattr__(self, name):
+        return getattr(bpy.context, name)
+
+
+class Gate:
+    """Holds the worker in its first tile-progress report until released or cancelled."""
+
+    def __init__(self):
+        self.reached = threading.Event()
+        self.release = threading.Event()
+        self.reports = []
+
+    def install(self, monkeypatch):
+        gate = self
+
+        def report(job, fraction, stage):
+            job.progress, job.stage = fraction, stage
+            gate.reports.append((fraction, stage))
+            if "tile" in stage and not gate.reached.is_set():
+                gate.reached.set()
+                while not gate.release.wait(0.005) and not job.cancel_event.is_set():
+                    pass
+
+        monkeypatch.setattr(jobs.Job, "report", report)
+        return self
+
+
+# --- the driver ---------------------------------------------------------------------------------
+
+SCRIPT = {}
+
+
+def _driver_execute(self, context):
+    return SCRIPT.pop("script")(self)
+
+
+def _driver_class(real):
+    """A registered operator with ``real``'s bases, properties and gather/work/apply, whose
+    ``execute`` runs the test's script (see module doc). Built from the real class's own dict
+    rather than by subclassing it: registering a subclass of a registered operator breaks
+    Blender's lookup of the parent's Python class."""
+    own = {
+        key: value
+        for key, value in vars(real).items()
+        if key not in ("__dict__", "__weakref__", "bl_rna", "execute")
+    }
+    own.update(
+        bl_idname="lean_image_ai_test.drive_upscale",
+        bl_label="Drive Upscale (test)",
+        execute=_driver_execute,
+    )
+    own["__annotations__"] = dict(own.get("__annotations__", {}))
+    return type("LEANTEST_OT_drive_upscale", real.__bases__, own)
+
+
+LEANTEST_OT_drive_upscale = _driver_class(image_ops.LEAN_IMAGE_AI_OT_upscale)
+
+
+def drive(script, **props):
+    """Run ``script(operator)`` inside a live operator; returns what the script returned."""
+    outcome = {}
+
+    def wrapped(op):
+        outcome["value"] = script(op)
+        return {"FINISHED"}
+
+    SCRIPT["script"] = wrapped
+    bpy.ops.lean_image_ai_test.drive_upscale(**props)
+    return outcome["value"]
+
+
+def pump(op, ctx, *, until_done=True, timeout=20.0):
+    """Send TIMER events like Blender's timer would, until modal stops running."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = op.modal(ctx, TIMER)
+        if result != {"RUNNING_MODAL"}:
+            return result
+        time.sleep(0.005)
+    raise AssertionError("the job did not end in time")
+
+
+# --- fixtures -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    classes = [*jobs.classes, *image_ops.classes, *geometry_ops.classes]
+    mine = [cls for cls in classes if not cls.is_registered]
+    for cls in mine:
+        bpy.utils.register_class(cls)
+    bpy.utils.register_class(LEANTEST_OT_drive_upscale)
+    yield
+    if LEANTEST_OT_drive_upscale.is_registered:
+        bpy.utils.unregister_class(LEANTEST_OT_drive_upscale)
+    for cls in reversed(mine):
+        if cls.is_registered:
+            bpy.utils.unregister_class(cls)
+
+
+@pytest.fixture(autouse=True)
+def clean(tmp_path, monkeypatch):
+    monkeypatch.setenv(preferences.MODELS_DIR_ENV, str(tmp_path / "models"))
+    monkeypatch.setattr(jobs, "modal_events_available", lambda context: True)
+    bh.reset_blender()
+    yield
+    jobs.manager.cancel_all()  # never leave a worker behind, even when a test failed
+    bh.reset_blender()
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return sr_model(tmp_path_factory.mktemp("modal_models") / "sr.onnx", scale=2)
+
+
+@pytest.fixture
+def source(tmp_path):
+    from PIL import Image as PILImage
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "src.png"
+    PILImage.fromarray((rng.random((SIZE, SIZE, 4)) * 255).astype(np.uint8), "RGBA").save(path)
+    return path
+
+
+def release_events_since(mark):
+    return get_runtime().events.recent("memory_release")[mark:]
+
+
+# --- tests --------------------------------------------------------------------------------------
+
+
+def test_modal_job_reports_progress_and_finishes(monkeypatch, model, source):
+    gate = Gate().install(monkeypatch)
+    ctx = StandInContext()
+    wm = ctx.window_manager
+    mark = len(get_runtime().events.recent("memory_release"))
+
+    def script(op):
+        started = op.invoke(ctx, Event("LEFTMOUSE", "PRESS"))
+        assert started == {"RUNNING_MODAL"}
+        assert wm.handlers == [op] and len(wm.live_timers) == 1
+        assert jobs.manager.current is not None and jobs.manager.current.thread.is_alive()
+        assert op.modal(ctx, Event("MOUSEMOVE")) == {"PASS_THROUGH"}  # other events are not ours
+        assert gate.reached.wait(10)
+        assert op.modal(ctx, TIMER) == {"RUNNING_MODAL"}  # the worker is held after tile 1
+        gate.release.set()
+        return pump(op, ctx)
+
+    result = drive(script, filepath=str(source), model_path=str(model), tile_size=TILE)
+
+    assert result == {"FINISHED"}
+    assert 0 < wm.progress[0] < 100  # the update sent while the worker was held mid-job
+    assert wm.progress == sorted(wm.progress)
+    assert wm.calls[0] == ("event_timer_add", jobs.TIMER_INTERVAL) and ("progress_begin", 0, 100) in wm.calls
+    assert wm.live_timers == [] and wm.calls[-1] == ("progress_end",)
+    assert ctx.workspace.status[-1] is None and "Esc to cancel" in ctx.workspace.status[0]
+    assert len([s for _, s in gate.reports if "tile" in s]) > 2
+    image = bpy.data.images["src_x2"]
+    assert tuple(image.size) == (2 * SIZE, 2 * SIZE)
+    assert jobs.manager.current is None and jobs.manager.last.state == "finished"
+    assert release_events_since(mark)[-1]["reason"] == "operation_complete"
+
+
+def test_esc_cancels_between_runs(monkeypatch, model, source):
+    gate = Gate().install(monkeypatch)
+    ctx = StandInContext()
+    wm = ctx.window_manager
+    mark = len(get_runtime().events.recent("memory_release"))
+
+    def script(op):
+        images_before = len(bpy.data.images)
+        assert op.invoke(ctx, Event("LEFTMOUSE", "PRESS")) == {"RUNNING_MODAL"}
+        assert gate.reached.wait(10)
+        job = jobs.manager.current
+        assert op.modal(ctx, ESC) == {"RUNNING_MODAL"}  # Esc is consumed, the job winds down
+        assert job.cancel_event.is_set() and job.stage == "cancelling..."
+        result = pump(op, ctx)
+        return result, job, images_before
+
+    result, job, images_before = drive(script, filepath=str(source), model_path=str(model), tile_size=TILE)
+
+    assert result == {"CANCELLED"}
+    assert job.state == "cancelled" and job.progress < 1.0
+    assert len(bpy.data.images) == images_before == 0  # no result, and the loaded source is gone
+    assert not job.thread.is_alive() and jobs.manager.current is None
+    assert wm.live_timers == [] and ("progress_end",) in wm.calls
+    released = release_events_since(mark)
+    assert released and released[-1]["reason"] == "cancelled" and released[-1]["operation"] == "upscale"
+
+
+def test_second_job_refused_and_cancel_job_operator(monkeypatch, model, source):
+    gate = Gate().install(monkeypatch)
+    ctx = StandInContext()
+
+    def script(op):
+        assert op.invoke(ctx, Event("LEFTMOUSE", "PRESS")) == {"RUNNING_MODAL"}
+        assert gate.reached.wait(10)
+        refused = None
+        try:
+            bpy.ops.lean_image_ai.remove_background(filepath=str(source), model_path=str(model))
+        except RuntimeError as exc:
+            refused = str(exc)
+        cancelled = bpy.ops.lean_image_ai.cancel_job()
+        return refused, cancelled, pump(op, ctx)
+
+    refused, cancelled, result = drive(script, filepath=str(source), model_path=str(model), tile_size=TILE)
+
+    assert refused is not None and "'Upscale' is still running" in refused and "cancel it" in refused
+    assert cancelled == {"FINISHED"} and result == {"CANCELLED"}
+    assert jobs.manager.last.state == "cancelled" and len(bpy.data.images) == 0
+
+
+def test_blender_cancelling_the_modal_operator(monkeypatch, model, source):
+    """`cancel()` (Blender ending the modal operator, e.g. on file load) stops and joins."""
+    gate = Gate().install(monkeypatch)
+    ctx = StandInContext()
+
+    def script(op):
+        assert op.invoke(ctx, Event("LEFTMOUSE", "PRESS")) == {"RUNNING_MODAL"}
+        assert gate.reached.wait(10)
+        job = jobs.manager.current
+        op.cancel(ctx)
+        return job
+
+    job = drive(script, filepath=str(source), model_path=str(model), tile_size=TILE)
+
+    assert not job.thread.is_alive() and job.state == "cancelled"
+    assert jobs.manager.current is None and ctx.window_manager.live_timers == []
+    assert len(bpy.data.images) == 0
+
+
+def test_unregister_while_worker_runs_joins_it(monkeypatch, model, source):
+    gate = Gate().install(monkeypatch)
+    ctx = StandInContext()
+
+    def script(op):
+        assert op.invoke(ctx, Event("LEFTMOUSE", "PRESS")) == {"RUNNING_MODAL"}
+        assert gate.reached.wait(10)
+        return jobs.manager.current
+
+    # the driver's execute returns with the job still running (its instance is gone: the worker
+    # must not need it); then the add-on's operators are unregistered, as on disabling the add-on
+    job = drive(script, filepath=str(source), model_path=str(model), tile_size=TILE)
+    assert job.thread.is_alive() and jobs.manager.current is job
+    bpy.utils.unregister_class(LEANTEST_OT_drive_upscale)
+    registered_before = {cls for cls in operators._classes() if cls.is_registered}
+    try:
+        operators.unregister()
+        assert not job.thread.is_alive()
+        assert jobs.manager.current is None and job.state == "cancelled"
+        assert ctx.window_manager.live_timers == [] and ("progress_end",) in ctx.window_manager.calls
+        assert not image_ops.LEAN_IMAGE_AI_OT_upscale.is_registered
+        assert len(bpy.data.images) == 0
+    finally:
+        operators.register()
+        for cls in operators._classes():  # back to what this module registered itself
+            if cls not in registered_before and cls.is_registered:
+                bpy.utils.unregister_class(cls)
+        bpy.utils.register_class(LEANTEST_OT_drive_upscale)
+    assert image_ops.LEAN_IMAGE_AI_OT_upscale.is_registered and jobs.manager.current is None
+
+
+def test_cancel_all_without_a_job_is_harmless():
+    jobs.manager.cancel_all()
+    assert jobs.manager.current is None
+
+
+def test_failed_gather_in_invoke_ends_the_job(tmp_path):
+    ctx = StandInContext()
+
+    def script(op):
+        return op.invoke(ctx, Event("LEFTMOUSE", "PRESS"))
+
+    with pytest.raises(RuntimeError, match="Image file not found"):
+        drive(script, filepath=str(tmp_path / "missing.png"))
+    assert jobs.manager.current is None and jobs.manager.last.state == "failed"
+    assert ctx.window_manager.timers_added == []  # nothing was started
+
+
+def test_result_values_match_a_synchronous_run(monkeypatch, model, source):
+    """The modal path and `execute` produce the same image."""
+    ctx = StandInContext()
+
+    def script(op):
+        assert op.invoke(ctx, Event("LEFTMOUSE", "PRESS")) == {"RUNNING_MODAL"}
+        return pump(op, ctx)
+
+    assert drive(script, filepath=str(source), model_path=str(model), tile_size=TILE) == {"FINISHED"}
+    modal = image_io.image_to_array(bpy.data.images["src_x2"])
+    bpy.data.images.remove(bpy.data.images["src_x2"])
+    bpy.ops.lean_image_ai.upscale(filepath=str(source), model_path=str(model), tile_size=TILE)
+    np.testing.assert_array_equal(image_io.image_to_array(bpy.data.images["src_x2"]), modal)

@@ -1,0 +1,426 @@
+"""operators/model_ops.py and the preferences' model list with real bpy, a real loopback HTTP
+server (127.0.0.1) and real tiny ONNX models: install, cancel/resume, 404, remove, register
+your own ONNX (persisted to user_models.json), clear sessions.
+
+The model list is drawn with the recording stand-in layout (tests/recording_layout.py):
+background Blender has no UI regions, so no real UILayout exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import blender_helpers as bh  # noqa: E402
+import onnx_builders as ob  # noqa: E402
+from recording_layout import RecordingLayout  # noqa: E402
+
+bpy = pytest.importorskip("bpy")
+M = bh.import_submodule("operators.model_ops")
+P = bh.import_submodule("ui.preferences")
+S = bh.import_submodule("ui.settings")
+jobs = bh.import_submodule("operators.jobs")
+from lean_image_ai.models import installer  # noqa: E402
+from lean_image_ai.models.catalog import Catalog, CatalogEntry  # noqa: E402
+from lean_image_ai.runtime import get_runtime  # noqa: E402
+
+CHUNK = 16 * 1024
+
+
+# -- a loopback server (same idea as tests/test_installer.py) ------------------------------------
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):  # noqa: N802 (http.server naming)
+        srv = self.server
+        srv.requests.append({"path": self.path, "range": self.headers.get("Range")})
+        body = srv.files.get(self.path)
+        if body is None:
+            self.send_response(404)
+            self.send_header("Content-Length", "9")
+            self.end_headers()
+            self.wfile.write(b"not found")
+            return
+        start = 0
+        rng = self.headers.get("Range")
+        if rng:
+            start = int(rng.split("=", 1)[1].split("-", 1)[0])
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        else:
+            self.send_response(200)
+        rest = body[start:]
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(rest)))
+        self.end_headers()
+        try:
+            for i in range(0, len(rest), CHUNK):
+                self.wfile.write(rest[i : i + CHUNK])
+                if srv.throttle:
+                    time.sleep(srv.throttle)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client cancelled
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.files: dict[str, bytes] = {}
+        self.requests: list[dict] = []
+        self.throttle = 0.0
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}{path}"
+
+
+@pytest.fixture
+def server():
+    srv = _Server()
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(timeout=5)
+
+
+# -- fixtures ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def registered():
+    with bh.registered_addon() as package:
+        yield package
+
+
+@pytest.fixture
+def models_dir(tmp_path, monkeypatch, registered):
+    path = tmp_path / "models"
+    monkeypatch.setenv(P.MODELS_DIR_ENV, str(path))
+    monkeypatch.setattr(M, "DOWNLOAD_CHUNK_SIZE", CHUNK)  # small chunks: cancel lands mid-download
+    system = bpy.context.preferences.system
+    online = system.use_online_access
+    system.use_online_access = True  # bpy as a module starts offline, like `blender --offline-mode`
+    M.downloads.current = M.downloads.last = None
+    yield path
+    system.use_online_access = online
+    M.downloads.cancel_all()
+    M.downloads.current = M.downloads.last = None
+
+
+def tiny_onnx(path: Path) -> Path:
+    return ob.sr_model(path, scale=2, mid_channels=2)
+
+
+def entry_for(url: str | None, data: bytes | None, **overrides) -> CatalogEntry:
+    fields = dict(
+        id="test-sr",
+        family="upscale",
+        variant="test",
+        title="Test SR x2",
+        filename="test-sr.onnx",
+        url=url,
+        size_bytes=len(data) if data is not None else None,
+        sha256=hashlib.sha256(data).hexdigest() if data is not None else None,
+        license="MIT",
+        source="loopback",
+    )
+    fields.update(overrides)
+    return CatalogEntry(**fields)
+
+
+@pytest.fixture
+def catalog(monkeypatch):
+    """Inject a test catalog everywhere the add-on asks for one."""
+    cat = Catalog(builtin=[])
+    monkeypatch.setattr(P, "get_catalog", lambda context=None: cat)
+    return cat
+
+
+def use_entries(catalog_, *entries) -> Catalog:
+    for entry in entries:
+        catalog_._builtin[entry.id] = entry
+    return catalog_
+
+
+# -- install / remove -------------------------------------------------------------------------------
+
+
+def test_install_downloads_verifies_and_remove_deletes(server, models_dir, catalog, tmp_path):
+    data = tiny_onnx(tmp_path / "src.onnx").read_bytes()
+    server.files["/sr.onnx"] = data
+    entry = entry_for(server.url("/sr.onnx"), data)
+    use_entries(catalog, entry)
+    assert P.model_status(entry, models_dir) == P.MISSING
+
+    assert bpy.ops.lean_image_ai.install_model(model_id="test-sr") == {"FINISHED"}
+    dest = models_dir / "test-sr.onnx"
+    assert dest.read_bytes() == data
+    assert P.model_status(entry, models_dir) == P.INSTALLED  # sha256 recorded in the sidecar
+    assert M.downloads.current is None and M.downloads.last.state == "finished"
+    assert M.downloads.last.done == M.downloads.last.total == len(data)
+    # the panel's upscale menu now offers it first
+    assert [i[0] for i in S.compute_model_items("upscale")] == ["test-sr", S.BICUBIC_ID]
+
+    handle = get_runtime().session(dest, "cpu")  # a cached session of the file goes with it
+    assert bpy.ops.lean_image_ai.remove_model(model_id="test-sr") == {"FINISHED"}
+    assert not dest.exists() and not installer.sidecar_path(entry, models_dir).exists()
+    assert handle.evicted
+    assert P.model_status(entry, models_dir) == P.MISSING
+    assert bpy.ops.lean_image_ai.remove_model(model_id="test-sr") == {"CANCELLED"}  # nothing left
+
+
+def test_install_404_names_url_and_folder(server, models_dir, catalog):
+    url = server.url("/gone.onnx")
+    use_entries(catalog, entry_for(url, b"whatever"))
+    with pytest.raises(RuntimeError) as err:  # bpy.ops raises on an ERROR report ({'CANCELLED'})
+        bpy.ops.lean_image_ai.install_model(model_id="test-sr")
+    message = str(err.value)
+    assert "404" in message and url in message and str(models_dir) in message and "test-sr.onnx" in message
+    assert M.downloads.last.state == "failed" and url in M.downloads.last.error_text
+    assert not (models_dir / "test-sr.onnx").exists()
+
+
+def test_checksum_mismatch_is_reported_and_nothing_installed(server, models_dir, catalog):
+    server.files["/sr.onnx"] = b"x" * 1000
+    use_entries(catalog, entry_for(server.url("/sr.onnx"), b"y" * 1000))
+    with pytest.raises(RuntimeError, match="checksum"):
+        bpy.ops.lean_image_ai.install_model(model_id="test-sr")
+    assert not any(models_dir.iterdir())
+
+
+def test_install_refused_while_offline_and_unknown_id(server, models_dir, catalog):
+    server.files["/sr.onnx"] = b"x" * 100
+    use_entries(catalog, entry_for(server.url("/sr.onnx"), b"x" * 100))
+    bpy.context.preferences.system.use_online_access = False
+    with pytest.raises(RuntimeError, match="Online access is disabled"):
+        bpy.ops.lean_image_ai.install_model(model_id="test-sr")
+    assert server.requests == []
+    bpy.context.preferences.system.use_online_access = True
+    with pytest.raises(RuntimeError, match="No model with id 'nope'"):
+        bpy.ops.lean_image_ai.install_model(model_id="nope")
+
+
+def test_cancel_keeps_part_and_install_resumes(server, models_dir, catalog):
+    data = bytes(range(256)) * 1200  # 300 KiB, ~19 chunks
+    server.files["/big.onnx"] = data
+    server.throttle = 0.01
+    entry = entry_for(server.url("/big.onnx"), data)
+    use_entries(catalog, entry)
+
+    def cancel_when_started():
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            current = M.downloads.current
+            if current is not None and current.done > 0:
+                current.cancel()
+                return
+            time.sleep(0.005)
+
+    canceller = threading.Thread(target=cancel_when_started)
+    canceller.start()
+    assert bpy.ops.lean_image_ai.install_model(model_id="test-sr") == {"CANCELLED"}  # a WARNING
+    canceller.join()
+    part = installer.part_path(entry, models_dir)
+    assert M.downloads.last.state == "cancelled" and str(part) in M.downloads.last.error_text
+    kept = part.stat().st_size
+    assert 0 < kept < len(data)
+    assert P.model_status(entry, models_dir) == P.PARTIAL
+
+    server.throttle = 0.0
+    assert bpy.ops.lean_image_ai.install_model(model_id="test-sr") == {"FINISHED"}
+    assert server.requests[-1]["range"] == f"bytes={kept}-"  # resumed, not restarted
+    assert (models_dir / "test-sr.onnx").read_bytes() == data
+
+
+def test_worker_download_shows_progress_in_preferences_and_cancel_button(server, models_dir, catalog):
+    # The interactive path: run_download on a worker thread, the list draws its progress, and
+    # the list's Cancel button (an operator) stops it.
+    data = bytes(range(256)) * 1200
+    server.files["/big.onnx"] = data
+    server.throttle = 0.01
+    entry = entry_for(server.url("/big.onnx"), data)
+    use_entries(catalog, entry)
+    download = M.downloads.begin(entry)
+    download.thread = threading.Thread(target=M.run_download, args=(download, entry, models_dir))
+    download.thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while download.done == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        layout = RecordingLayout()
+        P.draw_model_catalog(layout, bpy.context, P.get_prefs())
+        (bar,) = layout.calls("progress")
+        assert 0 < bar.factor < 1 and f"/ {P.format_bytes(len(data))}" in bar.text
+        assert layout.operators("lean_image_ai.cancel_download")
+        assert not layout.operators("lean_image_ai.install_model")
+        with pytest.raises(RuntimeError, match="still downloading"):  # one download at a time
+            bpy.ops.lean_image_ai.install_model(model_id="test-sr")
+        assert bpy.ops.lean_image_ai.cancel_download() == {"FINISHED"}
+    finally:
+        download.thread.join(10)
+        M.downloads.end(download)
+    assert download.state == "cancelled"
+    assert installer.part_path(entry, models_dir).stat().st_size < len(data)
+    assert bpy.ops.lean_image_ai.cancel_download.poll() is False
+
+
+def test_file_copied_by_hand_is_verified_offline(server, models_dir, catalog):
+    data = b"hand-copied model" * 10
+    good = entry_for(server.url("/h.onnx"), data)
+    bad = entry_for(None, data, id="bad", filename="bad.onnx")
+    use_entries(catalog, good, bad)
+    models_dir.mkdir(parents=True)
+    (models_dir / "test-sr.onnx").write_bytes(data)
+    (models_dir / "bad.onnx").write_bytes(data[::-1])  # right size, wrong content
+    bpy.context.preferences.system.use_online_access = False
+    assert P.model_status(good, models_dir) == P.UNVERIFIED
+    assert bpy.ops.lean_image_ai.install_model(model_id="test-sr") == {"FINISHED"}
+    assert P.model_status(good, models_dir) == P.INSTALLED and server.requests == []
+    with pytest.raises(RuntimeError, match="expected " + bad.sha256):
+        bpy.ops.lean_image_ai.install_model(model_id="bad")
+    assert P.model_status(bad, models_dir) == P.UNVERIFIED
+
+
+# -- the model list in the preferences --------------------------------------------------------------
+
+
+def test_model_list_shows_every_entry_with_its_actions(models_dir, catalog, tmp_path):
+    installed = entry_for(
+        "https://example.invalid/a.onnx", None, id="inst", title="Installed one", filename="inst.onnx"
+    )
+    downloadable = entry_for(
+        "https://example.invalid/b.onnx",
+        None,
+        id="dl",
+        family="ben2",
+        title="Downloadable one",
+        filename="dl.onnx",
+        approx_size_bytes=219_000_000,
+    )
+    manual = entry_for(None, None, id="manual", family="da3", title="Manual one", filename="manual.onnx")
+    use_entries(catalog, installed, downloadable, manual)
+    mine = catalog.add_user_model("moge2", tiny_onnx(tmp_path / "mine.onnx"))
+    models_dir.mkdir(parents=True)
+    (models_dir / "inst.onnx").write_bytes(b"abc")
+
+    layout = RecordingLayout()
+    P.draw_model_catalog(layout, bpy.context, P.get_prefs())
+    text = layout.joined_text()
+    for entry in (installed, downloadable, manual, mine):
+        assert entry.title in layout.texts()
+    assert "upscale  |  size unknown  |  license: MIT" in text
+    assert "ben2  |  ~219.0 MB  |  license: MIT" in text
+    assert f"download it yourself into {models_dir} as manual.onnx, or register your own ONNX" in text
+    assert [c.props["model_id"] for c in layout.operators("lean_image_ai.install_model")] == ["dl"]
+    removes = {c.props["model_id"]: c.text for c in layout.operators("lean_image_ai.remove_model")}
+    assert removes == {"inst": "Remove", mine.id: "Remove (keeps your file)"}
+    (register,) = layout.calls("operator_menu_enum")
+    assert register.name == "lean_image_ai.register_user_model" and register.props == {"property": "family"}
+    assert "Register your own ONNX model" in register.text
+
+    # a failed download's message stays under its entry
+    failed = M.Download("dl", "Downloadable one", state="failed", error_text="HTTP 404 Not Found at b.onnx")
+    M.downloads.end(failed)
+    layout = RecordingLayout()
+    P.draw_model_catalog(layout, bpy.context, P.get_prefs())
+    assert any(c.alert and "HTTP 404" in c.text for c in layout.calls("label"))
+
+
+def test_model_status_without_hashing(models_dir, tmp_path):
+    data = b"0123456789"
+    entry = entry_for("https://example.invalid/x.onnx", data)
+    models_dir.mkdir(parents=True)
+    assert P.model_status(entry, models_dir) == P.MISSING
+    installer.part_path(entry, models_dir).write_bytes(data[:4])
+    assert P.model_status(entry, models_dir) == P.PARTIAL
+    (models_dir / "test-sr.onnx").write_bytes(data[:9])
+    assert P.model_status(entry, models_dir) == P.WRONG_SIZE
+    (models_dir / "test-sr.onnx").write_bytes(data)
+    assert P.model_status(entry, models_dir) == P.UNVERIFIED  # present, sha256 never checked
+    installer.verify_installed(entry, models_dir)  # hashes once, writes the sidecar
+    assert P.model_status(entry, models_dir) == P.INSTALLED
+    user = Catalog(builtin=[]).add_user_model("upscale", tiny_onnx(tmp_path / "u.onnx"))
+    assert P.model_status(user, models_dir) == P.USER_FILE
+    (tmp_path / "u.onnx").unlink()
+    assert P.model_status(user, models_dir) == P.USER_FILE_MISSING
+
+
+# -- register your own ONNX -------------------------------------------------------------------------
+
+
+def test_register_user_model_persists_to_json_and_unregister_keeps_file(models_dir, tmp_path):
+    P._catalog_cache.update(key=None, catalog=None, error=None)  # the real catalog, from disk
+    model = tiny_onnx(tmp_path / "my upscaler.onnx")
+    runtime = get_runtime()
+    sessions_before = len(runtime.cached_sessions())
+
+    assert bpy.ops.lean_image_ai.register_user_model(family="upscale", filepath=str(model)) == {"FINISHED"}
+    store = models_dir / "user_models.json"
+    saved = json.loads(store.read_text())["user_models"]
+    assert [(e["family"], e["path"]) for e in saved] == [("upscale", str(model.resolve()))]
+    assert len(runtime.cached_sessions()) == sessions_before  # the check's session was evicted
+
+    P._catalog_cache.update(key=None, catalog=None, error=None)  # as after a Blender restart
+    fresh = P.get_catalog()
+    (entry,) = fresh.user_entries()
+    assert entry.id == saved[0]["id"] and len(fresh.entries()) == len(P.Catalog().entries()) + 1
+    assert entry.id in [i[0] for i in S.compute_model_items("upscale")]
+
+    assert bpy.ops.lean_image_ai.remove_model(model_id=entry.id) == {"FINISHED"}
+    assert model.is_file()  # the user's own file is never deleted
+    assert json.loads(store.read_text())["user_models"] == []
+    assert P.get_catalog().user_entries() == []
+
+
+def test_register_rejects_missing_and_non_onnx_files(models_dir, tmp_path):
+    P._catalog_cache.update(key=None, catalog=None, error=None)
+    not_onnx = tmp_path / "notes.onnx"
+    not_onnx.write_text("this is not a model\n" * 10)
+    with pytest.raises(RuntimeError) as err:
+        bpy.ops.lean_image_ai.register_user_model(family="ben2", filepath=str(not_onnx))
+    assert "Cannot register notes.onnx as a ben2 model" in str(err.value)
+    assert "onnxruntime cannot load it as an ONNX model" in str(err.value)
+    with pytest.raises(RuntimeError, match="there is no file at that path"):
+        bpy.ops.lean_image_ai.register_user_model(family="ben2", filepath=str(tmp_path / "missing.onnx"))
+    with pytest.raises(RuntimeError, match="Choose the .onnx file"):
+        bpy.ops.lean_image_ai.register_user_model(family="ben2", filepath="")
+    assert not (models_dir / "user_models.json").exists()
+    assert P.get_catalog().user_entries() == []
+
+
+# -- clear sessions ---------------------------------------------------------------------------------
+
+
+def test_clear_sessions_drops_every_session(registered, tmp_path):
+    runtime = get_runtime()
+    runtime.clear("test setup")
+    handles = [runtime.session(tiny_onnx(tmp_path / f"m{i}.onnx"), "cpu") for i in range(2)]
+    saved = jobs.manager.current
+    jobs.manager.current = jobs.Job("Depth")  # a running job keeps its sessions
+    try:
+        with pytest.raises(RuntimeError, match="'Depth' is using the loaded models"):
+            bpy.ops.lean_image_ai.clear_sessions()
+        assert len(runtime.cached_sessions()) == 2
+    finally:
+        jobs.manager.current = saved
+    seen = len(runtime.events.recent("session_evict"))
+    assert bpy.ops.lean_image_ai.clear_sessions() == {"FINISHED"}
+    assert runtime.cached_sessions() == [] and all(h.evicted for h in handles)
+    evictions = runtime.events.recent("session_evict")[seen:]
+    assert [e["reason"] for e in evictions] == ["user request", "user request"]

@@ -1,0 +1,470 @@
+"""The image operators (remove_background, estimate_depth, upscale) with real bpy 5.0.1 in
+background mode, small contract ONNX models and the real onnxruntime.
+
+`bpy.ops.lean_image_ai.<op>(...)` runs `execute` synchronously here (no UI). An operator that
+reports an ERROR makes the bpy.ops call raise RuntimeError with the message, which is how the
+error tests read what the user would see. Expected results come from calling the models layer
+directly on the same pixels.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image as PILImage
+
+sys.path.insert(0, str(Path(__file__).parent))
+import blender_helpers as bh  # noqa: E402
+
+bpy = pytest.importorskip("bpy")
+bh.import_package()
+
+from builders_families import ben2_like_model, da3_like_model  # noqa: E402
+from builders_upscale import resize_model  # noqa: E402
+from lean_image_ai.models import ben2, catalog, da3, moge2, upscale  # noqa: E402
+from lean_image_ai.models.base import JobOptions  # noqa: E402
+from lean_image_ai.operators import common, geometry_ops, image_io, image_ops, jobs  # noqa: E402
+from lean_image_ai.runtime import Runtime, get_runtime  # noqa: E402
+from lean_image_ai.ui import preferences  # noqa: E402
+from onnx_builders import sr_model  # noqa: E402
+
+W, H = 48, 32  # not square, not a tile multiple: catches width/height mix-ups
+IMAGENET = {"mean": catalog.IMAGENET_MEAN, "std": catalog.IMAGENET_STD}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    classes = [*jobs.classes, *image_ops.classes, *geometry_ops.classes]
+    mine = [cls for cls in classes if not cls.is_registered]
+    for cls in mine:
+        bpy.utils.register_class(cls)
+    yield
+    for cls in reversed(mine):
+        bpy.utils.unregister_class(cls)
+
+
+@pytest.fixture(autouse=True)
+def clean_blender(tmp_path, monkeypatch):
+    # an empty models folder of our own: no catalog model counts as installed unless a test says so
+    models_dir = tmp_path / "models"
+    models_dir.mkdir()
+    monkeypatch.setenv(preferences.MODELS_DIR_ENV, str(models_dir))
+    bh.reset_blender()
+    yield models_dir
+    assert jobs.manager.current is None, "a job was left running"
+    bh.reset_blender()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("op_models")
+    return {
+        "ben2": ben2_like_model(root / "ben2.onnx", size=64),
+        "ben2_nan": ben2_like_model(root / "ben2_nan.onnx", size=64, output="nan"),
+        "da3": da3_like_model(root / "da3.onnx", fixed_hw=(28, 42)),
+        "sr": sr_model(root / "sr.onnx", scale=2),
+        "nearest2": resize_model(root / "nearest2.onnx", factor=2.0),
+    }
+
+
+@pytest.fixture
+def private_runtime():
+    runtime = Runtime()
+    yield runtime
+    runtime.clear("test teardown")
+
+
+def source_pixels(seed=3, *, alpha=True):
+    """(H, W, 4) uint8 RGBA, top row first: a smooth gradient plus noise, partial alpha."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:H, 0:W].astype(np.float32)
+    rgb = np.stack([x / W, y / H, 0.5 + 0.3 * np.sin(x / 5)], axis=-1) * 200 + rng.random((H, W, 3)) * 40
+    a = np.where(x < W // 2, 255, 128) if alpha else np.full((H, W), 255)
+    return np.concatenate([rgb, a[..., None]], axis=-1).clip(0, 255).astype(np.uint8)
+
+
+def write_png(path, pixels) -> Path:
+    PILImage.fromarray(pixels, "RGBA").save(path)
+    return Path(path)
+
+
+def counts():
+    return len(bpy.data.images), len(bpy.data.objects), len(bpy.data.meshes), len(bpy.data.textures)
+
+
+def releases_since(mark):
+    return get_runtime().events.recent("memory_release")[mark:]
+
+
+def release_mark():
+    return len(get_runtime().events.recent("memory_release"))
+
+
+# --- remove_background ------------------------------------------------------------------------
+
+
+def test_remove_background_from_file_makes_cutout(tmp_path, models, private_runtime):
+    pixels = source_pixels()
+    src = write_png(tmp_path / "photo.png", pixels)
+    out = tmp_path / "cut.png"
+    mark = release_mark()
+
+    result = bpy.ops.lean_image_ai.remove_background(
+        filepath=str(src), model_path=str(models["ben2"]), output_path=str(out)
+    )
+
+    assert result == {"FINISHED"}
+    # the file-loaded source was only read: the cut-out is the one new image
+    assert [im.name for im in bpy.data.images] == ["photo_cutout"]
+    image = bpy.data.images["photo_cutout"]
+    assert tuple(image.size) == (W, H) and not image.is_float and image.channels == 4
+    got = image_io.image_to_array(image)
+    expected = ben2.run(
+        pixels,
+        models["ben2"],
+        options=JobOptions(runtime=private_runtime),
+        input_size=(1024, 1024),
+        **IMAGENET,
+    )
+    assert np.abs(got[..., 3] - expected.rgba[..., 3]).max() <= 1 / 255 + 1e-6
+    # the source alpha is multiplied in: the half-transparent right half stays at most half
+    assert got[:, W // 2 :, 3].max() <= 0.51 and got[:, : W // 2, 3].max() > 0.6
+    assert np.abs(got[..., :3] - pixels[..., :3] / 255).max() <= 1e-6  # colour untouched
+    assert releases_since(mark)[-1]["reason"] == "operation_complete"
+    saved = np.asarray(PILImage.open(out).convert("RGBA"))
+    assert saved.shape == (H, W, 4)
+    assert np.abs(saved[..., 3] / 255 - got[..., 3]).max() <= 1 / 255 + 1e-6
+
+
+def test_remove_background_replace_in_image_editor(models):
+    pixels = source_pixels(alpha=False).astype(np.float32) / 255
+    image = bh.make_image("editor", W, H, pixels=pixels)
+    window = bpy.context.window_manager.windows[0]
+    area = window.screen.areas[0]
+    area.type = "IMAGE_EDITOR"
+    area.spaces.active.image = image
+    before = counts()
+
+    with bpy.context.temp_override(window=window, area=area):
+        result = bpy.ops.lean_image_ai.remove_background(model_path=str(models["ben2"]), replace=True)
+
+    assert result == {"FINISHED"}
+    assert counts() == before  # written into the editor's image, nothing new
+    got = image_io.image_to_array(image)
+    assert got[..., 3].min() < 0.9  # the matte went into its alpha
+    assert np.abs(got[..., :3] - pixels[..., :3]).max() <= 1 / 255
+
+
+# --- estimate_depth ---------------------------------------------------------------------------
+
+
+def test_estimate_depth_from_texture_node_with_plane(tmp_path, models, private_runtime):
+    pixels = source_pixels()
+    image = bh.make_image("tex", W, H, pixels=pixels.astype(np.float32) / 255)
+    mesh = bpy.data.meshes.new("holder")
+    obj = bpy.data.objects.new("holder", mesh)
+    bpy.context.scene.collection.objects.link(obj)
+    bpy.context.view_layer.objects.active = obj
+    material = bpy.data.materials.new("mat")
+    if not material.node_tree:
+        material.use_nodes = True
+    node = material.node_tree.nodes.new("ShaderNodeTexImage")
+    node.image = image
+    material.node_tree.nodes.active = node
+    obj.data.materials.append(material)
+    out = tmp_path / "depth.png"
+
+    result = bpy.ops.lean_image_ai.estimate_depth(
+        model_path=str(models["da3"]), make_plane=True, output_path=str(out)
+    )
+
+    assert result == {"FINISHED"}
+    depth_image = bpy.data.images["tex_depth"]
+    assert depth_image.is_float and depth_image.colorspace_settings.name == "Non-Color"
+    assert tuple(depth_image.size) == (W, H)
+    got = image_io.image_to_array(depth_image)
+    expected = da3.run(
+        pixels,
+        models["da3"],
+        options=JobOptions(runtime=private_runtime),
+        process_res=504,
+        multiple=14,
+        **IMAGENET,
+    ).depth
+    for channel in range(3):
+        np.testing.assert_allclose(got[..., channel], expected, rtol=1e-5, atol=1e-5)
+    assert np.all(got[..., 3] == 1.0)
+    assert PILImage.open(out).size == (W, H)
+
+    plane = bpy.data.objects["tex_depth_plane"]
+    assert plane.dimensions.x / plane.dimensions.y == pytest.approx(W / H, rel=1e-3)
+    modifier = plane.modifiers["Depth"]
+    assert modifier.type == "DISPLACE" and modifier.texture_coords == "UV"
+    assert modifier.texture.image == depth_image
+    evaluated = plane.evaluated_get(bpy.context.evaluated_depsgraph_get()).to_mesh()
+    z = np.empty(len(evaluated.vertices) * 3, np.float32)
+    evaluated.vertices.foreach_get("co", z)
+    relief = np.ptp(z.reshape(-1, 3)[:, 2])
+    plane.evaluated_get(bpy.context.evaluated_depsgraph_get()).to_mesh_clear()
+    # the nearest depth stands PLANE_RELIEF * PLANE_SIZE out of the plane (sampled at vertices)
+    assert 0.25 < relief <= image_ops.PLANE_RELIEF * image_ops.PLANE_SIZE + 1e-4
+
+
+def test_estimate_depth_uses_installed_catalog_model(clean_blender, tmp_path, models):
+    """Family default: the first installed catalog entry, with its preprocess constants."""
+    entry = catalog.Catalog().get("da3-metric-large")  # no size/sha256 known: a present file counts
+    (clean_blender / entry.filename).write_bytes(Path(models["da3"]).read_bytes())
+    src = write_png(tmp_path / "p.png", source_pixels())
+
+    result = bpy.ops.lean_image_ai.estimate_depth(filepath=str(src))
+
+    assert result == {"FINISHED"}
+    assert "p_depth" in bpy.data.images
+
+
+def test_user_model_counts_as_installed(clean_blender, tmp_path, models):
+    user_catalog = catalog.Catalog()
+    user_catalog.add_user_model("upscale", models["sr"], title="My SR")
+    user_catalog.save_user_models(clean_blender / preferences.USER_MODELS_FILE)
+    choice = common.resolve_model(bpy.context, "upscale", fallback=upscale.DEFAULT_MODEL_PATH)
+    assert choice.title == "My SR" and Path(choice.path) == Path(models["sr"]).resolve()
+
+
+def test_adapter_options_follow_catalog_keys():
+    entries = catalog.Catalog()
+    da3_options = common.adapter_options("da3", entries.get("da3-metric-large").preprocess, da3.run)
+    assert da3_options == {
+        "process_res": 504,
+        "multiple": 14,
+        "mean": catalog.IMAGENET_MEAN,
+        "std": catalog.IMAGENET_STD,
+    }
+    moge_options = common.adapter_options("moge2", entries.get("moge2-vits").preprocess, moge2.run)
+    assert moge_options == {
+        "num_tokens_range": (1200, 3600),
+        "resolution_levels": 10,
+        "patch_size": 14,
+        "mask_threshold": 0.5,
+    }
+    up = common.adapter_options(
+        "upscale", entries.get("upscale-realesr-general-x4v3").preprocess, upscale.run
+    )
+    assert up == {"overlap": 16}
+    ben = common.adapter_options("ben2", entries.get("ben2-base").preprocess, ben2.run)
+    assert ben == {"mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0), "input_size": (1024, 1024)}
+
+
+# --- upscale ----------------------------------------------------------------------------------
+
+
+def test_upscale_byte_image_from_file(tmp_path, models):
+    """A nearest-neighbour x2 model: the result must be the source pixels, each repeated 2x2,
+    colour and alpha alike (byte in, byte out, straight alpha, no colour conversion drift)."""
+    pixels = source_pixels()
+    src = write_png(tmp_path / "small.png", pixels)
+    out = tmp_path / "big.png"
+
+    result = bpy.ops.lean_image_ai.upscale(
+        filepath=str(src), model_path=str(models["nearest2"]), output_path=str(out), tile_size=40
+    )
+
+    assert result == {"FINISHED"}
+    assert [im.name for im in bpy.data.images] == ["small_x2"]
+    image = bpy.data.images["small_x2"]
+    assert tuple(image.size) == (2 * W, 2 * H) and not image.is_float
+    got = image_io.image_to_array(image)
+    expected = np.repeat(np.repeat(pixels, 2, axis=0), 2, axis=1) / 255
+    assert np.abs(got - expected).max() <= 1 / 255 + 1e-6
+    saved = np.asarray(PILImage.open(out).convert("RGBA"))
+    assert saved.shape == (2 * H, 2 * W, 4)
+    assert np.abs(saved.astype(int) - np.round(expected * 255).astype(int)).max() <= 1
+
+
+def test_upscale_reads_the_model_scale(tmp_path, models, private_runtime):
+    src = write_png(tmp_path / "s.png", source_pixels())
+    assert bpy.ops.lean_image_ai.upscale(filepath=str(src), model_path=str(models["sr"])) == {"FINISHED"}
+    got = image_io.image_to_array(bpy.data.images["s_x2"])
+    expected = upscale.run(source_pixels(), models["sr"], options=JobOptions(runtime=private_runtime)).image
+    assert got.shape == (2 * H, 2 * W, 4)
+    assert np.abs(got - expected).max() <= 1 / 255 + 1e-6
+
+
+def test_upscale_float_image_keeps_linear_colour():
+    """Default model (the embedded bicubic x2; nothing installed), float source: the result is a
+    float image in the same linear encoding, so a smooth gradient keeps its values."""
+    y, x = np.mgrid[0:H, 0:W].astype(np.float32)
+    linear = np.stack([x / W, y / H, np.full_like(x, 0.2), np.ones_like(x)], axis=-1) ** 2.2
+    image = bh.make_image("lin", W, H, float_buffer=True, pixels=linear)
+    window = bpy.context.window_manager.windows[0]
+    area = window.screen.areas[0]
+    area.type = "IMAGE_EDITOR"
+    area.spaces.active.image = image
+
+    with bpy.context.temp_override(window=window, area=area):
+        result = bpy.ops.lean_image_ai.upscale()
+
+    assert result == {"FINISHED"}
+    big = bpy.data.images["lin_x2"]
+    assert big.is_float and tuple(big.size) == (2 * W, 2 * H)
+    got = image_io.image_to_array(big)
+    # compare away from the border (bicubic overshoot there); a missing sRGB->linear step would be
+    # off by ~0.2 in the mid-tones
+    inner = got[8:-8:2, 8:-8:2, :3]
+    np.testing.assert_allclose(inner, linear[4:-4, 4:-4, :3], atol=0.03)
+    assert np.all(got[..., 3] == 1.0)
+
+
+# --- errors: clear message, nothing changed ---------------------------------------------------
+
+
+@pytest.mark.parametrize("op", ["remove_background", "estimate_depth", "reconstruct_geometry", "upscale"])
+def test_no_source_image_is_a_clear_error(op):
+    """Said first, even with no model installed (the more basic problem)."""
+    before = counts()
+    with pytest.raises(RuntimeError, match="Open an image in the Image Editor, select an Image Texture node"):
+        getattr(bpy.ops.lean_image_ai, op)()
+    assert counts() == before
+
+
+@pytest.mark.parametrize(
+    "op, model_id, expected",
+    [
+        (
+            "remove_background",
+            "",
+            r"No BEN2 background removal model is installed\. Install one in "
+            r"Preferences > Add-ons > Lean Image AI \(for example 'BEN2",
+        ),
+        (
+            "estimate_depth",
+            "da3-metric-large",
+            r"Model 'Depth Anything 3 Metric Large \(fixed 280x504\)' "
+            r"\(da3-metric-large\) is not installed\. Install it in Preferences > Add-ons > Lean Image AI",
+        ),
+        ("reconstruct_geometry", "", r"No MoGe-2 model is installed"),
+        (
+            "upscale",
+            "ben2-base",
+            r"'BEN2 Base \(official ONNX, PramaLLC\)' is a BEN2 background removal model",
+        ),
+        ("upscale", "nope", r"Unknown model 'nope'"),
+    ],
+)
+def test_model_not_installed_is_a_clear_error(tmp_path, op, model_id, expected):
+    src = write_png(tmp_path / "p.png", source_pixels())
+    before = counts()
+    with pytest.raises(RuntimeError, match=expected):
+        getattr(bpy.ops.lean_image_ai, op)(filepath=str(src), model_id=model_id)
+    assert counts() == before
+
+
+def test_missing_model_path_is_a_clear_error(tmp_path):
+    src = write_png(tmp_path / "p.png", source_pixels())
+    with pytest.raises(RuntimeError, match=r"Model file not found: '.*nowhere\.onnx'"):
+        bpy.ops.lean_image_ai.upscale(filepath=str(src), model_path=str(tmp_path / "nowhere.onnx"))
+    assert counts() == (0, 0, 0, 0)
+
+
+def test_unreadable_image_file_is_named(tmp_path, models):
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n this is not really a PNG")
+    with pytest.raises(RuntimeError, match=r"cannot read '.*broken\.png'"):
+        bpy.ops.lean_image_ai.remove_background(filepath=str(broken), model_path=str(models["ben2"]))
+    assert counts() == (0, 0, 0, 0)
+
+
+def test_bad_output_suffix_fails_before_any_model_run(tmp_path, models):
+    src = write_png(tmp_path / "p.png", source_pixels())
+    runs_before = len(get_runtime().events.recent("operation_start"))
+    with pytest.raises(RuntimeError, match=r"unknown image format '\.gif'.*Use \.png, \.exr, \.jpg or \.tif"):
+        bpy.ops.lean_image_ai.upscale(
+            filepath=str(src), model_path=str(models["sr"]), output_path=str(tmp_path / "x.gif")
+        )
+    assert len(get_runtime().events.recent("operation_start")) == runs_before
+    assert counts() == (0, 0, 0, 0)
+    with pytest.raises(RuntimeError, match=r"the folder '.*missing' does not exist"):
+        bpy.ops.lean_image_ai.upscale(
+            filepath=str(src), model_path=str(models["sr"]), output_path=str(tmp_path / "missing" / "x.png")
+        )
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_failing_job_changes_nothing(tmp_path, models, replace):
+    """A model producing NaN fails after the run: no image, the loaded source removed again."""
+    src = write_png(tmp_path / "p.png", source_pixels())
+    before = counts()
+    with pytest.raises(RuntimeError, match="NaN"):
+        bpy.ops.lean_image_ai.remove_background(
+            filepath=str(src), model_path=str(models["ben2_nan"]), replace=replace
+        )
+    assert counts() == before
+
+
+def test_wrong_model_family_fails_and_changes_nothing(tmp_path, models):
+    src = write_png(tmp_path / "p.png", source_pixels())
+    with pytest.raises(RuntimeError, match="does not look like a"):
+        bpy.ops.lean_image_ai.estimate_depth(filepath=str(src), model_path=str(models["sr"]), make_plane=True)
+    assert counts() == (0, 0, 0, 0)
+
+
+def test_failed_save_removes_the_result(tmp_path, models, monkeypatch):
+    src = write_png(tmp_path / "p.png", source_pixels())
+
+    def refuse(image, path, file_format):
+        raise image_io.ImageSaveError(f"Cannot save '{path}': disk full (test)")
+
+    monkeypatch.setattr(image_io, "save_image_atomically", refuse)
+    with pytest.raises(RuntimeError, match="disk full"):
+        bpy.ops.lean_image_ai.estimate_depth(
+            filepath=str(src),
+            model_path=str(models["da3"]),
+            make_plane=True,
+            output_path=str(tmp_path / "d.exr"),
+        )
+    assert counts() == (0, 0, 0, 0)
+
+
+def test_second_job_is_refused_while_one_runs(tmp_path, models):
+    src = write_png(tmp_path / "p.png", source_pixels())
+    job = jobs.manager.begin("Upscale")
+    try:
+        with pytest.raises(RuntimeError, match=r"'Upscale' is still running.*cancel it"):
+            bpy.ops.lean_image_ai.remove_background(filepath=str(src), model_path=str(models["ben2"]))
+    finally:
+        jobs.manager.end(job)
+    assert counts() == (0, 0, 0, 0)
+
+
+def test_cancel_job_operator(tmp_path):
+    assert bpy.ops.lean_image_ai.cancel_job() == {"CANCELLED"}  # nothing running: says so
+    job = jobs.manager.begin("Estimate Depth")
+    try:
+        assert bpy.ops.lean_image_ai.cancel_job() == {"FINISHED"}
+        assert job.cancel_event.is_set() and job.stage == "cancelling..."
+    finally:
+        jobs.manager.end(job)
+
+
+def test_operator_contract():
+    for cls in (*image_ops.classes, *geometry_ops.classes):
+        assert cls.bl_options == {"REGISTER", "UNDO"}
+        assert cls.bl_label and cls.bl_description
+        props = getattr(bpy.ops.lean_image_ai, cls.bl_idname.split(".")[1]).get_rna_type().properties
+        for name in ("filepath", "output_path", "model_id", "model_path"):
+            assert props[name].type == "STRING", (cls.bl_idname, name)
+    rna = bpy.ops.lean_image_ai.upscale.get_rna_type().properties
+    assert rna["tile_size"].default == 0
+    geo = bpy.ops.lean_image_ai.reconstruct_geometry.get_rna_type().properties
+    assert (
+        geo["resolution_level"].default,
+        geo["resolution_level"].hard_min,
+        geo["resolution_level"].hard_max,
+    ) == (
+        9,
+        0,
+        9,
+    )
+    assert geo["make_camera"].default is True and geo["discontinuity"].default == pytest.approx(0.04)

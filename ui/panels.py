@@ -1,0 +1,306 @@
+"""The "Lean Image AI" sidebar tab (N-panel) in the Image Editor and the 3D Viewport.
+
+Both editors show the same panel and the same "Memory" sub-panel: the classes differ only in
+``bl_space_type`` and share one draw function each (:func:`draw_main`, :func:`draw_memory`).
+Drawing never raises: a section that fails shows its error as text instead.
+"""
+
+import time
+import traceback
+
+import bpy
+
+from ..operators.jobs import manager
+from ..runtime import get_runtime, memory_snapshot
+from . import preferences
+from . import settings as scene_settings
+
+CATEGORY = "Lean Image AI"
+SNAPSHOT_TTL = 1.0  # seconds: NVML queries are not free and panels redraw often
+RECENT_RELEASES = 4
+
+_snapshot_cache = {"at": None, "gpu": None, "snap": None}
+
+
+def cached_memory_snapshot(gpu_device_id, *, now=None) -> dict:
+    """``memory_snapshot(gpu_device_id)``, re-read at most once per :data:`SNAPSHOT_TTL`."""
+    now = time.monotonic() if now is None else now
+    cache = _snapshot_cache
+    if cache["snap"] is None or cache["gpu"] != gpu_device_id or now - cache["at"] >= SNAPSHOT_TTL:
+        cache.update(at=now, gpu=gpu_device_id, snap=memory_snapshot(gpu_device_id))
+    return cache["snap"]
+
+
+def invalidate_memory_snapshot() -> None:
+    _snapshot_cache.update(at=None, gpu=None, snap=None)
+
+
+def _mb(value) -> str:
+    return "n/a" if value is None else f"{value / 2**20:.0f} MB"
+
+
+def _section(layout, title, draw, *args) -> None:
+    try:
+        draw(layout, *args)
+    except Exception as exc:
+        traceback.print_exc()
+        layout.label(text=f"{title} unavailable: {type(exc).__name__}: {exc}", icon="ERROR")
+
+
+def _operator(layout, idname, *, text, icon, **props):
+    """``layout.operator`` with its properties set; a property the operator lacks is shown as an
+    error row instead of breaking the panel."""
+    op = layout.operator(idname, text=text, icon=icon)
+    if op is None:  # operator not registered (partial install)
+        return None
+    for name, value in props.items():
+        try:
+            setattr(op, name, value)
+        except (AttributeError, TypeError, ValueError) as exc:
+            layout.label(text=f"{idname}: cannot set {name}: {exc}", icon="ERROR")
+    return op
+
+
+# ---- main panel -----------------------------------------------------------------------------
+
+
+def draw_main(layout, context) -> None:
+    """Everything of the main panel: the four actions, the job, the device."""
+    _section(layout, "Actions", _draw_actions, context)
+    _section(layout, "Job status", _draw_job, context)
+    _section(layout, "Device", _draw_device, context)
+
+
+def _job_busy() -> bool:
+    job = manager.current
+    return job is not None and not job.done
+
+
+def _draw_actions(layout, context) -> None:
+    s = scene_settings.get_settings(context)
+    if s is None:
+        layout.label(text="Scene settings are not available (add-on not fully registered).", icon="ERROR")
+        return
+    col = layout.column()
+    col.enabled = not _job_busy()  # one job at a time; the operator refuses a second one anyway
+
+    box = col.box()
+    box.label(text="Remove Background", icon="IMAGE_RGB_ALPHA")
+    box.prop(s, "ben2_model", text="")
+    box.prop(s, "replace")
+    model_id, model_path = scene_settings.selected_model(s, "ben2", context)
+    _operator(
+        box,
+        "lean_image_ai.remove_background",
+        text="Remove Background",
+        icon="IMAGE_RGB_ALPHA",
+        model_id=model_id,
+        model_path=model_path,
+        replace=s.replace,
+    )
+
+    box = col.box()
+    box.label(text="Depth", icon="IMAGE_ZDEPTH")
+    box.prop(s, "da3_model", text="")
+    box.prop(s, "make_plane")
+    model_id, model_path = scene_settings.selected_model(s, "da3", context)
+    _operator(
+        box,
+        "lean_image_ai.estimate_depth",
+        text="Estimate Depth",
+        icon="IMAGE_ZDEPTH",
+        model_id=model_id,
+        model_path=model_path,
+        make_plane=s.make_plane,
+    )
+
+    box = col.box()
+    box.label(text="Geometry", icon="MESH_GRID")
+    box.prop(s, "moge2_model", text="")
+    box.prop(s, "resolution_level")
+    box.prop(s, "discontinuity")
+    box.prop(s, "make_camera")
+    model_id, model_path = scene_settings.selected_model(s, "moge2", context)
+    _operator(
+        box,
+        "lean_image_ai.reconstruct_geometry",
+        text="Reconstruct Geometry",
+        icon="MESH_GRID",
+        model_id=model_id,
+        model_path=model_path,
+        resolution_level=s.resolution_level,
+        make_camera=s.make_camera,
+        discontinuity=s.discontinuity,
+    )
+
+    box = col.box()
+    box.label(text="Upscale", icon="FULLSCREEN_ENTER")
+    box.prop(s, "upscale_model", text="")
+    box.prop(s, "tile_size")
+    model_id, model_path = scene_settings.selected_model(s, "upscale", context)
+    _operator(
+        box,
+        "lean_image_ai.upscale",
+        text="Upscale",
+        icon="FULLSCREEN_ENTER",
+        model_id=model_id,
+        model_path=model_path,
+        tile_size=s.tile_size,
+    )
+
+
+_STATE_ICONS = {"finished": "CHECKMARK", "failed": "ERROR", "cancelled": "CANCEL", "running": "SORTTIME"}
+
+
+def _draw_job(layout, context) -> None:
+    box = layout.box()
+    job = manager.current
+    if job is not None and not job.done:
+        box.label(text=f"Running: {job.name}", icon="SORTTIME")
+        text = f"{job.stage} ({job.progress:.0%})"
+        row = box.row()
+        try:
+            row.progress(factor=float(job.progress), type="BAR", text=text)
+        except (AttributeError, TypeError):  # Blender before 4.0 has no progress widget
+            row.label(text=text)
+        _operator(row, "lean_image_ai.cancel_job", text="Cancel", icon="CANCEL")
+    last = manager.last
+    if last is not None:
+        box.label(text=f"Last job: {last.name}: {last.state}", icon=_STATE_ICONS.get(last.state, "INFO"))
+        if last.error_text:
+            preferences.wrapped_labels(box, last.error_text, width=60, alert=last.state == "failed")
+    elif job is None:
+        box.label(text="No job has run yet.")
+
+
+def _draw_device(layout, context) -> None:
+    box = layout.box()
+    prefs = preferences.get_prefs(context)
+    box.label(text=f"Device setting: {preferences.get_device_string(prefs)}", icon="PREFERENCES")
+    handles = get_runtime().cached_sessions()
+    if not handles:
+        box.label(text="No model loaded.")
+    for handle in handles:
+        box.label(text=f"{handle.model_name}: {handle.device_label}")
+        if handle.fallback_warning:
+            preferences.wrapped_labels(box, handle.fallback_warning, width=60, icon="ERROR", alert=True)
+
+
+# ---- memory sub-panel -----------------------------------------------------------------------
+
+
+def dashboard_gpu_device_id(context=None) -> int:
+    """The GPU the dashboard watches: a loaded CUDA session's, else the preferred CUDA index."""
+    for handle in get_runtime().cached_sessions():
+        if handle.gpu_device_id is not None:
+            return handle.gpu_device_id
+    prefs = preferences.get_prefs(context)
+    return max(0, int(getattr(prefs, "cuda_device_index", 0) or 0))
+
+
+def draw_memory(layout, context) -> None:
+    _section(layout, "Memory stats", _draw_memory_stats, context)
+    _section(layout, "Memory releases", _draw_releases, context)
+    _section(layout, "Sessions", _draw_sessions, context)
+
+
+def _draw_memory_stats(layout, context) -> None:
+    snap = cached_memory_snapshot(dashboard_gpu_device_id(context))
+    col = layout.column(align=True)
+    col.label(text=f"Blender process memory (RSS): {_mb(snap.get('rss_bytes'))}")
+    gpu = snap.get("gpu") or {}
+    if gpu.get("available"):
+        col.label(text=f"GPU {gpu.get('device_id', 0)}: {gpu.get('name')}")
+        col.label(
+            text=f"Used {_mb(gpu.get('used_bytes'))} of {_mb(gpu.get('total_bytes'))}, free {_mb(gpu.get('free_bytes'))}"
+        )
+        col.label(text=f"This process on the GPU: {_mb(gpu.get('process_used_bytes'))}")
+    else:
+        preferences.wrapped_labels(
+            col, f"GPU stats unavailable: {gpu.get('error') or 'not queried'}", width=60
+        )
+
+
+def _release_line(event) -> str:
+    before, after = event.get("before") or {}, event.get("after") or {}
+    text = f"{event.get('reason')}: RSS {_mb(before.get('rss_bytes'))} -> {_mb(after.get('rss_bytes'))}"
+    gpu_before, gpu_after = before.get("gpu") or {}, after.get("gpu") or {}
+    if gpu_before.get("available") or gpu_after.get("available"):
+        key = "process_used_bytes" if gpu_before.get("process_used_bytes") is not None else "used_bytes"
+        text += f", GPU {_mb(gpu_before.get(key))} -> {_mb(gpu_after.get(key))}"
+    seconds = event.get("seconds")
+    if seconds is not None:
+        text += f", {seconds * 1000:.1f} ms"
+    return text
+
+
+def _draw_releases(layout, context) -> None:
+    events = get_runtime().events.recent("memory_release", limit=RECENT_RELEASES)
+    col = layout.column(align=True)
+    col.label(text="Recent memory releases:")
+    if not events:
+        col.label(text="None yet (one follows every job).")
+    for event in reversed(events):  # newest first
+        col.label(text=f"{event.get('operation')} / {event.get('model')}")
+        col.label(text="  " + _release_line(event))
+
+
+def _draw_sessions(layout, context) -> None:
+    count = len(get_runtime().cached_sessions())
+    row = layout.row()
+    row.label(text=f"Cached sessions: {count}")
+    sub = row.row()
+    sub.enabled = count > 0 and not _job_busy()
+    _operator(sub, "lean_image_ai.clear_sessions", text="Free", icon="TRASH")
+
+
+# ---- classes ----------------------------------------------------------------------------------
+
+
+class _MainPanel:
+    bl_label = "Lean Image AI"
+    bl_region_type = "UI"
+    bl_category = CATEGORY
+
+    def draw(self, context):
+        draw_main(self.layout, context)
+
+
+class _MemoryPanel:
+    bl_label = "Memory"
+    bl_region_type = "UI"
+    bl_category = CATEGORY
+    bl_options = {"DEFAULT_CLOSED"}
+
+    def draw(self, context):
+        draw_memory(self.layout, context)
+
+
+class LEAN_IMAGE_AI_PT_image_editor(_MainPanel, bpy.types.Panel):
+    bl_idname = "LEAN_IMAGE_AI_PT_image_editor"
+    bl_space_type = "IMAGE_EDITOR"
+
+
+class LEAN_IMAGE_AI_PT_view3d(_MainPanel, bpy.types.Panel):
+    bl_idname = "LEAN_IMAGE_AI_PT_view3d"
+    bl_space_type = "VIEW_3D"
+
+
+class LEAN_IMAGE_AI_PT_image_editor_memory(_MemoryPanel, bpy.types.Panel):
+    bl_idname = "LEAN_IMAGE_AI_PT_image_editor_memory"
+    bl_space_type = "IMAGE_EDITOR"
+    bl_parent_id = LEAN_IMAGE_AI_PT_image_editor.bl_idname
+
+
+class LEAN_IMAGE_AI_PT_view3d_memory(_MemoryPanel, bpy.types.Panel):
+    bl_idname = "LEAN_IMAGE_AI_PT_view3d_memory"
+    bl_space_type = "VIEW_3D"
+    bl_parent_id = LEAN_IMAGE_AI_PT_view3d.bl_idname
+
+
+classes = (
+    LEAN_IMAGE_AI_PT_image_editor,
+    LEAN_IMAGE_AI_PT_view3d,
+    LEAN_IMAGE_AI_PT_image_editor_memory,
+    LEAN_IMAGE_AI_PT_view3d_memory,
+)
