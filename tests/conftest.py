@@ -17,3 +17,12 @@ def fresh_runtime():
     runtime = Runtime()
     yield runtime
     runtime.clear("test teardown")
+
+
+@pytest.fixture
+def server():
+    """A loopback model server (tests/model_server.py) for installer and download tests."""
+    from model_server import serving
+
+    with serving() as srv:
+        yield srv

@@ -13,7 +13,6 @@ import json
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -36,67 +35,6 @@ CHUNK = 16 * 1024
 
 
 # -- a loopback server (same idea as tests/test_installer.py) ------------------------------------
-
-
-class _Handler(BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-    def do_GET(self):  # noqa: N802 (http.server naming)
-        srv = self.server
-        srv.requests.append({"path": self.path, "range": self.headers.get("Range")})
-        body = srv.files.get(self.path)
-        if body is None:
-            self.send_response(404)
-            self.send_header("Content-Length", "9")
-            self.end_headers()
-            self.wfile.write(b"not found")
-            return
-        start = 0
-        rng = self.headers.get("Range")
-        if rng:
-            start = int(rng.split("=", 1)[1].split("-", 1)[0])
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
-        else:
-            self.send_response(200)
-        rest = body[start:]
-        self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Length", str(len(rest)))
-        self.end_headers()
-        try:
-            for i in range(0, len(rest), CHUNK):
-                self.wfile.write(rest[i : i + CHUNK])
-                if srv.throttle:
-                    time.sleep(srv.throttle)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client cancelled
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self):
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.files: dict[str, bytes] = {}
-        self.requests: list[dict] = []
-        self.throttle = 0.0
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}{path}"
-
-
-@pytest.fixture
-def server():
-    srv = _Server()
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield srv
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        thread.join(timeout=5)
 
 
 # -- fixtures ---------------------------------------------------------------------------------------

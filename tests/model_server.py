@@ -1,0 +1,93 @@
+"""A loopback HTTP server whose behaviour each test controls (404, Range, truncation, throttle).
+
+Used through the `server` fixture in conftest.py; it only ever listens on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+CHUNK = 16 * 1024
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: ModelServer
+
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+    def do_GET(self):  # noqa: N802 (http.server naming)
+        srv = self.server
+        srv.requests.append({"path": self.path, "range": self.headers.get("Range")})
+        if srv.delay:
+            time.sleep(srv.delay)
+        body = srv.files.get(self.path)
+        if body is None:
+            self.send_response(404)
+            self.send_header("Content-Length", "9")
+            self.end_headers()
+            self.wfile.write(b"not found")
+            return
+        start = 0
+        rng = self.headers.get("Range")
+        if rng and not srv.ignore_range:
+            start = int(rng.split("=", 1)[1].split("-", 1)[0])
+            if start >= len(body):
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{len(body)}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        else:
+            self.send_response(200)
+        rest = body[start:]
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(rest)))
+        self.end_headers()
+        if srv.truncate_after is not None:
+            cut, srv.truncate_after = srv.truncate_after, None  # only the next response is cut
+            self.wfile.write(rest[:cut])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        try:
+            for i in range(0, len(rest), CHUNK):
+                self.wfile.write(rest[i : i + CHUNK])
+                if srv.throttle:
+                    time.sleep(srv.throttle)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client cancelled
+
+
+class ModelServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.files: dict[str, bytes] = {}
+        self.requests: list[dict] = []
+        self.ignore_range = False
+        self.truncate_after: int | None = None
+        self.delay = 0.0
+        self.throttle = 0.0
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}{path}"
+
+
+@contextlib.contextmanager
+def serving():
+    srv = ModelServer()
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(timeout=5)
