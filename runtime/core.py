@@ -47,6 +47,9 @@ RELEASE_PROBE_MODEL = bytes.fromhex(
     "0112040a020801620f0a0178120a0a08080112040a02080142040a001011"
 )
 
+# ORT's answer when a shrink entry names a device the session has no arena for
+_ARENA_NOT_FOUND = "Did not find an arena based allocator"
+
 _ENV_CPU_ARENA_LOCK = threading.Lock()
 _env_cpu_arena: dict | None = None  # the config it was registered with; once per process
 
@@ -411,7 +414,22 @@ class Operation:
         self.runs += 1
         self._dirty[id(handle)] = handle
         try:
-            outputs = handle.session.run(names, feeds, run_options)
+            try:
+                outputs = handle.session.run(names, feeds, run_options)
+            except Exception as exc:
+                if not (release_now and _ARENA_NOT_FOUND in str(exc)):
+                    raise
+                # the session has no arena for that device after all: keep it running as before
+                self.runtime.events.emit(
+                    "release_unsupported",
+                    model=handle.model_name,
+                    device=handle.device_label,
+                    shrink=handle.shrink,
+                    detail=_first_line(exc),
+                )
+                handle.shrink = ""
+                release_now = False
+                outputs = handle.session.run(names, feeds, ort.RunOptions())
         except Exception as exc:
             resource = out_of_memory_resource(exc, on_gpu=handle.gpu_device_id is not None)
             if resource is None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 logger = logging.getLogger("lean_image_ai.runtime")
 
-WARNING_KINDS = frozenset({"provider_fallback", "out_of_memory", "tile_split"})
+WARNING_KINDS = frozenset({"provider_fallback", "out_of_memory", "tile_split", "release_unsupported"})
 
 
 class EventLog:

@@ -85,23 +85,21 @@ def resolve_providers(
 
 
 def shrink_spec(actual_providers: list[str], provider_options: dict, *, cpu_arena_shrinkable: bool) -> str:
-    """The `memory.enable_memory_arena_shrinkage` value for a session, or "" for none.
+    """The `memory.enable_memory_arena_shrinkage` value for a session's final run, or "".
 
     Decided by the session's *primary* provider (the first one it really got): a DirectML or
-    CoreML session also lists CPU as a fallback, but must run exactly as before.
+    CoreML session also lists CPU as a fallback, but must run exactly as before. A CUDA session
+    names only its own GPU arena; the shared CPU arena is released separately by the runtime's
+    probe run, so a CUDA run never depends on how its host-side allocator was set up.
     """
     if not actual_providers:
         return ""
     primary = actual_providers[0]
-    parts = []
     if primary == CUDA:
-        device_id = int((provider_options.get(CUDA) or {}).get("device_id", 0))
-        parts.append(f"gpu:{device_id}")
-    elif primary != CPU:
-        return ""
-    if cpu_arena_shrinkable:
-        parts.append("cpu:0")
-    return ";".join(parts)
+        return f"gpu:{int((provider_options.get(CUDA) or {}).get('device_id', 0))}"
+    if primary == CPU and cpu_arena_shrinkable:
+        return "cpu:0"
+    return ""
 
 
 def describe_providers(actual_providers: list[str]) -> str:

@@ -231,7 +231,7 @@ def test_cuda_session_options_and_run_entries_are_recorded_exactly(conv):
         "session.use_env_allocators": "1",
         "session.use_device_allocator_for_initializers": "1",
     }
-    assert factory.sessions[0].shrink_entries == ["", "", "gpu:1;cpu:0"]
+    assert factory.sessions[0].shrink_entries == ["", "", "gpu:1"]
     assert handle.device_label == "CUDA:1" and handle.fallback_warning is None
 
 
@@ -429,3 +429,28 @@ def test_release_event_compares_memory_before_the_job_with_after_release(conv):
     assert release["before"]["rss_bytes"] > 0 and release["after"]["rss_bytes"] > 0
     # after release, the job keeps at most its two 0.75 MiB outputs (plus allocator noise)
     assert release["after"]["rss_bytes"] - release["before"]["rss_bytes"] < 16 << 20
+
+
+class _PassThroughFactory(RecordingFactory):
+    """Reports CUDA but is a real CPU session that really receives the run options."""
+
+    def __call__(self, model_path, session_options, providers):
+        session = super().__call__(model_path, session_options, providers)
+        session.reported_providers = None  # the wrapper now passes run_options through ...
+        session.get_providers = lambda: ["CUDAExecutionProvider", CPU]  # ... yet reports CUDA
+        session.get_provider_options = lambda: {"CUDAExecutionProvider": {"device_id": "0"}}
+        return session
+
+
+def test_a_shrink_entry_the_session_rejects_is_dropped_and_the_run_still_succeeds(conv):
+    """The real ORT error for an entry naming a missing arena must not fail the user's job."""
+    factory = _PassThroughFactory()
+    runtime = Runtime(session_factory=factory, available_providers=lambda: ["CUDAExecutionProvider", CPU])
+    handle, outputs = run_op(runtime, conv, [frame(), frame(1)], device="cuda")
+    assert factory.sessions[0].shrink_entries == ["", "gpu:0", ""], "tried once, then ran without"
+    assert outputs[1].shape == (1, 3, 32, 32)
+    unsupported = runtime.events.recent("release_unsupported")
+    assert unsupported and "Did not find an arena based allocator" in unsupported[0]["detail"]
+    assert handle.shrink == ""
+    _, again = run_op(runtime, conv, [frame()], device="cuda")
+    assert factory.sessions[0].shrink_entries[-1] == "", "later jobs run exactly as before"
