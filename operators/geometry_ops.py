@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 
 import bpy
 import numpy as np
-from bpy.props import BoolProperty, FloatProperty, IntProperty
 
 from ..models import moge2
 from ..runtime.errors import InvalidModelOutputError
-from . import common, image_io
+from . import common, image_io, options
 from .jobs import JobOperator
 
 MAX_GRID_SIDE = 512
@@ -107,25 +106,9 @@ class LEAN_IMAGE_AI_OT_reconstruct_geometry(common.ModelOperatorProperties, JobO
     bl_options = {"REGISTER", "UNDO"}
     job_title = "Reconstruct Geometry"
 
-    resolution_level: IntProperty(
-        name="Resolution Level",
-        description="Detail the model works at: 0 fastest, 9 finest",
-        default=9,
-        min=0,
-        max=9,
-    )
-    make_camera: BoolProperty(
-        name="Make Camera",
-        description="Add a camera at the origin whose field of view matches the photo, and make it the scene camera",
-        default=True,
-    )
-    discontinuity: FloatProperty(
-        name="Discontinuity",
-        description="Relative depth jump above which no face joins neighbouring pixels (0.04 = 4%)",
-        default=0.04,
-        min=0.0,
-        soft_max=1.0,
-    )
+    resolution_level: options.resolution_level()
+    make_camera: options.make_camera()
+    discontinuity: options.discontinuity()
 
     def gather(self, context):
         inputs = common.gather_job(self, context, "moge2", moge2.run, keep_source=True)

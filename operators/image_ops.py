@@ -9,11 +9,10 @@ import math
 
 import bpy
 import numpy as np
-from bpy.props import BoolProperty, IntProperty
 
 from ..models import ben2, da3, upscale
 from ..runtime.errors import InvalidImageError
-from . import common, image_io
+from . import common, image_io, options
 from .jobs import JobOperator, discard_inputs
 
 # The depth plane: grid resolution on its long side, and how far the nearest point stands out
@@ -35,11 +34,7 @@ class LEAN_IMAGE_AI_OT_remove_background(common.ModelOperatorProperties, JobOper
     bl_options = {"REGISTER", "UNDO"}
     job_title = "Remove Background"
 
-    replace: BoolProperty(
-        name="Replace",
-        description="Write the cut-out into the source image instead of a new image",
-        default=False,
-    )
+    replace: options.replace()
 
     def gather(self, context):
         inputs = common.gather_job(self, context, "ben2", ben2.run, keep_source=self.replace)
@@ -94,11 +89,7 @@ class LEAN_IMAGE_AI_OT_estimate_depth(common.ModelOperatorProperties, JobOperato
     bl_options = {"REGISTER", "UNDO"}
     job_title = "Estimate Depth"
 
-    make_plane: BoolProperty(
-        name="Make Plane",
-        description="Also add a plane with the image's aspect, displaced by the depth map",
-        default=False,
-    )
+    make_plane: options.make_plane()
 
     def gather(self, context):
         inputs = common.gather_job(self, context, "da3", da3.run)
@@ -187,13 +178,7 @@ class LEAN_IMAGE_AI_OT_upscale(common.ModelOperatorProperties, JobOperator, bpy.
     bl_options = {"REGISTER", "UNDO"}
     job_title = "Upscale"
 
-    tile_size: IntProperty(
-        name="Tile Size",
-        description="Side of the tiles the image is cut into, in pixels. 0: from the free memory",
-        default=0,
-        min=0,
-        soft_max=2048,
-    )
+    tile_size: options.tile_size()
 
     def gather(self, context):
         inputs = common.gather_job(self, context, "upscale", upscale.run, fallback=upscale.DEFAULT_MODEL_PATH)

@@ -10,6 +10,7 @@ import traceback
 
 import bpy
 
+from ..operators import options
 from ..operators.jobs import manager
 from ..runtime import get_runtime, memory_snapshot
 from . import preferences
@@ -84,69 +85,15 @@ def _draw_actions(layout, context) -> None:
     col = layout.column()
     col.enabled = not _job_busy()  # one job at a time; the operator refuses a second one anyway
 
-    box = col.box()
-    box.label(text="Remove Background", icon="IMAGE_RGB_ALPHA")
-    box.prop(s, "ben2_model", text="")
-    box.prop(s, "replace")
-    model_id, model_path = scene_settings.selected_model(s, "ben2", context)
-    _operator(
-        box,
-        "lean_image_ai.remove_background",
-        text="Remove Background",
-        icon="IMAGE_RGB_ALPHA",
-        model_id=model_id,
-        model_path=model_path,
-        replace=s.replace,
-    )
-
-    box = col.box()
-    box.label(text="Depth", icon="IMAGE_ZDEPTH")
-    box.prop(s, "da3_model", text="")
-    box.prop(s, "make_plane")
-    model_id, model_path = scene_settings.selected_model(s, "da3", context)
-    _operator(
-        box,
-        "lean_image_ai.estimate_depth",
-        text="Estimate Depth",
-        icon="IMAGE_ZDEPTH",
-        model_id=model_id,
-        model_path=model_path,
-        make_plane=s.make_plane,
-    )
-
-    box = col.box()
-    box.label(text="Geometry", icon="MESH_GRID")
-    box.prop(s, "moge2_model", text="")
-    box.prop(s, "resolution_level")
-    box.prop(s, "discontinuity")
-    box.prop(s, "make_camera")
-    model_id, model_path = scene_settings.selected_model(s, "moge2", context)
-    _operator(
-        box,
-        "lean_image_ai.reconstruct_geometry",
-        text="Reconstruct Geometry",
-        icon="MESH_GRID",
-        model_id=model_id,
-        model_path=model_path,
-        resolution_level=s.resolution_level,
-        make_camera=s.make_camera,
-        discontinuity=s.discontinuity,
-    )
-
-    box = col.box()
-    box.label(text="Upscale", icon="FULLSCREEN_ENTER")
-    box.prop(s, "upscale_model", text="")
-    box.prop(s, "tile_size")
-    model_id, model_path = scene_settings.selected_model(s, "upscale", context)
-    _operator(
-        box,
-        "lean_image_ai.upscale",
-        text="Upscale",
-        icon="FULLSCREEN_ENTER",
-        model_id=model_id,
-        model_path=model_path,
-        tile_size=s.tile_size,
-    )
+    for family, title, icon, operator_id, option_names in options.PANEL_BUTTONS:
+        box = col.box()
+        box.label(text=title, icon=icon)
+        box.prop(s, f"{family}_model", text="")
+        for name in option_names:
+            box.prop(s, name)
+        model_id, model_path = scene_settings.selected_model(s, family, context)
+        values = {name: getattr(s, name) for name in option_names}
+        _operator(box, operator_id, text=title, icon=icon, model_id=model_id, model_path=model_path, **values)
 
 
 _STATE_ICONS = {"finished": "CHECKMARK", "failed": "ERROR", "cancelled": "CANCEL", "running": "SORTTIME"}

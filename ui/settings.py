@@ -6,9 +6,10 @@ the operators directly never depends on them.
 
 # No ``from __future__ import annotations``: Blender reads the property annotations as objects.
 import bpy
-from bpy.props import BoolProperty, EnumProperty, FloatProperty, IntProperty, StringProperty
+from bpy.props import EnumProperty, StringProperty
 
 from ..models.catalog import FAMILIES
+from ..operators import options
 from . import preferences
 
 # The embedded bicubic x2 upscaler (models/assets/bicubic_x2.onnx): no catalog entry, no install.
@@ -92,44 +93,12 @@ class LeanImageAISettings(bpy.types.PropertyGroup):
     moge2_model: _model_enum("moge2", "Geometry model (installed ones only)")
     upscale_model: _model_enum("upscale", "Upscaler (installed ones, or the built-in bicubic x2)")
 
-    replace: BoolProperty(
-        name="Replace Source Image",
-        description="Write the cut-out into the source image instead of a new image",
-        default=False,
-    )
-    make_plane: BoolProperty(
-        name="Make Displaced Plane",
-        description="Also create a plane displaced by the depth map",
-        default=False,
-    )
-    resolution_level: IntProperty(
-        name="Resolution Level",
-        description="MoGe-2 detail level: 0 is fastest, 9 the most detailed",
-        default=9,
-        min=0,
-        max=9,
-    )
-    make_camera: BoolProperty(
-        name="Make Camera",
-        description="Create a camera matching the recovered field of view",
-        default=True,
-    )
-    discontinuity: FloatProperty(
-        name="Discontinuity",
-        description="Relative depth jump above which no face is made (separates foreground from background)",
-        default=0.04,
-        min=0.0,
-        soft_max=0.5,
-        precision=3,
-        step=0.5,
-    )
-    tile_size: IntProperty(
-        name="Tile Size",
-        description="Upscale in tiles of this many pixels to limit memory. 0: automatic",
-        default=0,
-        min=0,
-        soft_max=1024,
-    )
+    replace: options.replace()
+    make_plane: options.make_plane()
+    resolution_level: options.resolution_level()
+    make_camera: options.make_camera()
+    discontinuity: options.discontinuity()
+    tile_size: options.tile_size()
 
 
 def selected_model(settings, family: str, context=None) -> tuple[str, str]:
