@@ -17,7 +17,7 @@ import numpy as np
 from ..runtime import SessionHandle, TensorInfo, mark_last
 from ..runtime.errors import InvalidModelOutputError, ModelContractError
 from .base import FLOAT_TYPES, JobOptions, as_frames, check_contract, check_finite
-from .imaging import normalize, prepare_image, resize, to_nchw
+from .imaging import normalization_constants, normalize, prepare_image, resize, to_nchw
 
 FAMILY = "BEN2"
 DEFAULT_INPUT_SIZE = 1024
@@ -54,10 +54,7 @@ def run(
     frames, single = as_frames(images)
     if not frames:
         return []
-    mean = (0.0, 0.0, 0.0) if mean is None else tuple(float(v) for v in mean)
-    std = (1.0, 1.0, 1.0) if std is None else tuple(float(v) for v in std)
-    if any(v == 0 for v in std):
-        raise ValueError(f"std must not contain 0, got {std}")
+    mean, std = normalization_constants(mean, std)
     results = []
     total = len(frames)
     with options.get_runtime().operation("ben2", cancel=options.cancel) as op:

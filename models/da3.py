@@ -24,7 +24,7 @@ import numpy as np
 from ..runtime import SessionHandle, TensorInfo, mark_last
 from ..runtime.errors import InvalidModelOutputError, ModelContractError
 from .base import FLOAT_TYPES, JobOptions, as_frames, check_contract, check_finite
-from .imaging import fit_multiple, normalize, prepare_image, resize, to_nchw
+from .imaging import fit_multiple, normalization_constants, normalize, prepare_image, resize, to_nchw
 
 FAMILY = "Depth Anything 3"
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -62,10 +62,7 @@ def run(
         raise ValueError(f"process_res and multiple must be positive, got {process_res} and {multiple}")
     if sky_activation not in SKY_ACTIVATIONS:
         raise ValueError(f"sky_activation must be one of {SKY_ACTIVATIONS}, got {sky_activation!r}")
-    mean = (0.0, 0.0, 0.0) if mean is None else tuple(float(v) for v in mean)
-    std = (1.0, 1.0, 1.0) if std is None else tuple(float(v) for v in std)
-    if any(v == 0 for v in std):
-        raise ValueError(f"std must not contain 0, got {std}")
+    mean, std = normalization_constants(mean, std)
     results = []
     total = len(frames)
     with options.get_runtime().operation("da3", cancel=options.cancel) as op:

@@ -81,6 +81,15 @@ def from_nchw(tensor: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array.transpose(1, 2, 0), dtype=np.float32)
 
 
+def normalization_constants(mean, std) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean/std from a catalog entry; None means 0 and 1 (plain /255 input)."""
+    mean = (0.0, 0.0, 0.0) if mean is None else tuple(float(v) for v in mean)
+    std = (1.0, 1.0, 1.0) if std is None else tuple(float(v) for v in std)
+    if any(v == 0 for v in std):
+        raise ValueError(f"std must not contain 0, got {std}")
+    return mean, std
+
+
 def normalize(rgb: np.ndarray, mean, std) -> np.ndarray:
     return (rgb - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
 
