@@ -19,22 +19,10 @@ import math
 from pathlib import Path
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper, numpy_helper
+from onnx_builders import save_model
 
-OPSET = 17
 PLANE = (0.15, -0.1, 1.0, 2.0)  # n0, n1, n2, d: a plane tilted to the right and up, Z about 2
-
-
-def _save(graph, path) -> Path:
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="lean_image_ai-tests"
-    )
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    path = Path(path)
-    onnx.save(model, str(path))
-    return path
 
 
 def expected_depth(model_h: int, model_w: int, source_h: int, source_w: int, *, focal, plane=PLANE):
@@ -191,4 +179,4 @@ def moge2_like_model(
             node("Identity", [tensor], name)
         outputs.append(helper.make_tensor_value_info(name, elem, shapes[name]))
     graph = helper.make_graph(nodes, "moge2_like", inputs, outputs, inits)
-    return _save(graph, path)
+    return save_model(graph, path)

@@ -5,21 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper, numpy_helper
-
-OPSET = 17
-
-
-def _save(graph, path) -> Path:
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="lean_image_ai-tests"
-    )
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    path = Path(path)
-    onnx.save(model, str(path))
-    return path
+from onnx_builders import save_model
 
 
 def resize_model(path, *, factor=2.0, channels=3, tile=None, out_shape=None, nan=False) -> Path:
@@ -48,4 +35,4 @@ def resize_model(path, *, factor=2.0, channels=3, tile=None, out_shape=None, nan
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, out_shape)],
         initializers,
     )
-    return _save(graph, path)
+    return save_model(graph, path)

@@ -11,7 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 OPSET = 17
 
 
-def _save(graph, path) -> Path:
+def save_model(graph, path) -> Path:
+    """Wrap, check and write a graph (opset 17, IR 8: what the onnxruntime here reads)."""
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="lean_image_ai-tests"
     )
@@ -43,7 +44,7 @@ def conv_model(path, *, mid_channels=32, seed=0, height="H", width="W") -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, height, width])],
         [w1, w2],
     )
-    return _save(graph, path)
+    return save_model(graph, path)
 
 
 def sr_model(
@@ -78,7 +79,7 @@ def sr_model(
         [helper.make_tensor_value_info(output_name, elem, [1, 3, oh, ow])],
         [w1, w2],
     )
-    return _save(graph, path)
+    return save_model(graph, path)
 
 
 def release_probe_model() -> onnx.ModelProto:
@@ -108,4 +109,4 @@ def weights_model(path, *, n=4096, seed=0) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
         [weight],
     )
-    return _save(graph, path)
+    return save_model(graph, path)
