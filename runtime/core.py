@@ -130,7 +130,7 @@ class SessionHandle:
         self.session = session
         self.providers: list[str] = list(session.get_providers())
         self.provider_options: dict = dict(session.get_provider_options() or {})
-        self.cpu_arena = cpu_arena and self.providers[:1] in ([CPU], [CUDA])
+        self.cpu_arena = cpu_arena and self.providers[:1] == [CPU]
         self.shrink = shrink_spec(self.providers, self.provider_options, cpu_arena_shrinkable=self.cpu_arena)
         self.inputs = [TensorInfo(i.name, tuple(i.shape), i.type) for i in session.get_inputs()]
         self.outputs = [TensorInfo(o.name, tuple(o.shape), o.type) for o in session.get_outputs()]
@@ -227,8 +227,10 @@ class Runtime:
             # onnxruntime-gpu lists CUDA even with no GPU; "auto" should quietly mean CPU there
             available = [p for p in available if p != CUDA]
         providers = resolve_providers(request, available, gpu_mem_limit=settings.gpu_mem_limit_bytes)
-        # DirectML/CoreML sessions run exactly as before: no shared arena for them
-        cpu_arena = settings.cpu_arena and providers[0][0] in (CPU, CUDA)
+        # Only CPU sessions join the shared CPU arena. CUDA sessions keep their host allocators as
+        # ORT sets them up (env allocators interact with CUDA's pinned allocator: onnxruntime
+        # #25211), and DirectML/CoreML sessions run exactly as before.
+        cpu_arena = settings.cpu_arena and providers[0][0] == CPU
         key = (identity, str(request), settings.gpu_mem_limit_bytes, cpu_arena, settings.intra_op_threads)
         with self._lock:
             handle = self._sessions.get(key)

@@ -89,8 +89,7 @@ def shrink_spec(actual_providers: list[str], provider_options: dict, *, cpu_aren
 
     Decided by the session's *primary* provider (the first one it really got): a DirectML or
     CoreML session also lists CPU as a fallback, but must run exactly as before. A CUDA session
-    names only its own GPU arena; the shared CPU arena is released separately by the runtime's
-    probe run, so a CUDA run never depends on how its host-side allocator was set up.
+    names only its own GPU arena; only CPU sessions use the runtime's shared CPU arena.
     """
     if not actual_providers:
         return ""
