@@ -103,7 +103,6 @@ class LEAN_IMAGE_AI_OT_reconstruct_geometry(common.ModelOperatorProperties, JobO
         "Turn the image into a textured 3D mesh with MoGe-2 (metric scale), with its normal map "
         "and a camera matching the photo's field of view"
     )
-    bl_options = {"REGISTER", "UNDO"}
     job_title = "Reconstruct Geometry"
 
     resolution_level: options.resolution_level()

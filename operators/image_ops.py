@@ -31,7 +31,6 @@ class LEAN_IMAGE_AI_OT_remove_background(common.ModelOperatorProperties, JobOper
         "Cut the subject out of the image with BEN2: a new '<image>_cutout' image whose alpha is "
         "the subject's matte (or the source image itself with Replace)"
     )
-    bl_options = {"REGISTER", "UNDO"}
     job_title = "Remove Background"
 
     replace: options.replace()
@@ -86,7 +85,6 @@ class LEAN_IMAGE_AI_OT_estimate_depth(common.ModelOperatorProperties, JobOperato
         "Estimate depth with Depth Anything 3: a float 'Non-Color' image '<image>_depth' (depth in "
         "every colour channel), optionally a displaced plane that shows it in 3D"
     )
-    bl_options = {"REGISTER", "UNDO"}
     job_title = "Estimate Depth"
 
     make_plane: options.make_plane()
@@ -175,7 +173,6 @@ class LEAN_IMAGE_AI_OT_upscale(common.ModelOperatorProperties, JobOperator, bpy.
         "Upscale the image with a super-resolution model (Real-ESRGAN or your own; the built-in "
         "bicubic x2 when none is installed): a new '<image>_x<scale>' image"
     )
-    bl_options = {"REGISTER", "UNDO"}
     job_title = "Upscale"
 
     tile_size: options.tile_size()

@@ -199,3 +199,18 @@ def registered_addon():
         yield package
     finally:
         package.unregister()
+
+
+@contextlib.contextmanager
+def registered_classes(classes):
+    """Register whichever of `classes` are not registered yet; unregister those after."""
+    import bpy
+
+    mine = [cls for cls in classes if not cls.is_registered]
+    for cls in mine:
+        bpy.utils.register_class(cls)
+    try:
+        yield
+    finally:
+        for cls in reversed(mine):
+            bpy.utils.unregister_class(cls)

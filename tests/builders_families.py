@@ -176,3 +176,19 @@ def da3_like_model(
         outputs.append(helper.make_tensor_value_info("features", elem, [1, channels, *hw]))
     inputs = [_image_input(input_name, fp16=fp16, channels=channels, rank=4, hw=hw)]
     return _save(nodes, "da3_like", inputs, outputs, initializers, path)
+
+
+def photo(h=37, w=53, channels=3, seed=0, dtype=np.uint8):
+    """A deterministic test picture: smooth gradients plus noise, so resize kernels differ measurably."""
+    rng = np.random.default_rng(seed)
+    # smooth gradients plus noise: enough structure for resize kernels to differ measurably
+    yy, xx = np.mgrid[0:h, 0:w]
+    base = np.stack([(xx / max(w - 1, 1)), (yy / max(h - 1, 1)), ((xx + yy) % 7) / 6.0], axis=2)
+    data = np.clip(0.7 * base + 0.3 * rng.random((h, w, 3)), 0, 1)
+    if channels == 4:
+        data = np.concatenate([data, rng.random((h, w, 1))], axis=2)
+    if dtype == np.uint8:
+        return np.round(data * 255).astype(np.uint8)
+    if dtype == np.uint16:
+        return np.round(data * 65535).astype(np.uint16)
+    return data.astype(dtype)

@@ -26,3 +26,21 @@ def server():
 
     with serving() as srv:
         yield srv
+
+
+@pytest.fixture
+def factory():
+    """Records what each session and run receives (tests/recording.py)."""
+    from recording import RecordingFactory
+
+    return RecordingFactory()
+
+
+@pytest.fixture
+def runtime(factory):
+    """A private Runtime whose sessions are real CPU sessions recorded by `factory`."""
+    from lean_image_ai.runtime import Runtime
+
+    rt = Runtime(session_factory=factory)
+    yield rt
+    rt.clear("test teardown")

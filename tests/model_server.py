@@ -6,9 +6,12 @@ Used through the `server` fixture in conftest.py; it only ever listens on 127.0.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from lean_image_ai.models.catalog import CatalogEntry
 
 CHUNK = 16 * 1024
 
@@ -91,3 +94,23 @@ def serving():
         srv.shutdown()
         srv.server_close()
         thread.join(timeout=5)
+
+
+def loopback_entry(url: str | None, data: bytes | None, **overrides) -> CatalogEntry:
+    """A catalog entry for `data` served at `url`, with its real size and sha256 (None: unknown)."""
+    fields = dict(
+        id="test-model",
+        family="upscale",
+        variant="test",
+        title="Test model",
+        filename="test-model.onnx",
+        url=url,
+        size_bytes=len(data) if data is not None else None,
+        sha256=hashlib.sha256(data).hexdigest() if data is not None else None,
+        license="MIT",
+        source="loopback",
+        preprocess={"scale": 4, "tile": 64},
+        notes="test entry",
+    )
+    fields.update(overrides)
+    return CatalogEntry(**fields)

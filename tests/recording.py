@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnxruntime as ort
+from lean_image_ai.models.base import JobOptions
 
 SHRINK_CONFIG_KEY = "memory.enable_memory_arena_shrinkage"
 CPU = "CPUExecutionProvider"
@@ -103,3 +104,8 @@ class RecordingFactory:
     def fed(self) -> list[dict[str, tuple]]:
         """name -> (shape, dtype) of each run's feeds, in order."""
         return [{k: (tuple(v.shape), v.dtype) for k, v in r["feeds"].items()} for r in self.log]
+
+
+def cpu_options(runtime, **kwargs) -> JobOptions:
+    """Adapter options that run on CPU through the given (usually recording) runtime."""
+    return JobOptions(device="cpu", runtime=runtime, **kwargs)

@@ -4,18 +4,16 @@ import threading
 
 import numpy as np
 import pytest
-from builders_families import ben2_like_model
+from builders_families import ben2_like_model, photo
 from lean_image_ai.models import ben2
-from lean_image_ai.models.base import JobOptions
 from lean_image_ai.models.imaging import resize
 from lean_image_ai.runtime import (
     InvalidImageError,
     InvalidModelOutputError,
     ModelContractError,
     OperationCancelled,
-    Runtime,
 )
-from recording import RecordingFactory
+from recording import cpu_options as opts
 
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406])
 IMAGENET_STD = np.array([0.229, 0.224, 0.225])
@@ -43,37 +41,6 @@ def models(tmp_path_factory):
         "decoy_first": ben2_like_model(d / "decoy.onnx", extra_first_output=True, scale=SCALE),
         "rank3_output": ben2_like_model(d / "rank3_out.onnx", output_rank=3, scale=SCALE),
     }
-
-
-@pytest.fixture
-def factory():
-    return RecordingFactory()
-
-
-@pytest.fixture
-def runtime(factory):
-    rt = Runtime(session_factory=factory)
-    yield rt
-    rt.clear("test teardown")
-
-
-def opts(runtime, **kw):
-    return JobOptions(device="cpu", runtime=runtime, **kw)
-
-
-def photo(h=37, w=53, channels=3, seed=0, dtype=np.uint8):
-    rng = np.random.default_rng(seed)
-    # smooth gradients plus noise: enough structure for resize kernels to differ measurably
-    yy, xx = np.mgrid[0:h, 0:w]
-    base = np.stack([(xx / max(w - 1, 1)), (yy / max(h - 1, 1)), ((xx + yy) % 7) / 6.0], axis=2)
-    data = np.clip(0.7 * base + 0.3 * rng.random((h, w, 3)), 0, 1)
-    if channels == 4:
-        data = np.concatenate([data, rng.random((h, w, 1))], axis=2)
-    if dtype == np.uint8:
-        return np.round(data * 255).astype(np.uint8)
-    if dtype == np.uint16:
-        return np.round(data * 65535).astype(np.uint16)
-    return data.astype(dtype)
 
 
 def reference_matte(rgb, model_hw, *, mean=IMAGENET_MEAN, std=IMAGENET_STD, kernel="lanczos3", scale=SCALE):

@@ -4,18 +4,16 @@ import threading
 
 import numpy as np
 import pytest
-from builders_families import SKY_WEIGHTS, da3_like_model
+from builders_families import SKY_WEIGHTS, da3_like_model, photo
 from lean_image_ai.models import da3
-from lean_image_ai.models.base import JobOptions
 from lean_image_ai.models.imaging import resize
 from lean_image_ai.runtime import (
     InvalidImageError,
     InvalidModelOutputError,
     ModelContractError,
     OperationCancelled,
-    Runtime,
 )
-from recording import RecordingFactory
+from recording import cpu_options as opts
 
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406])
 IMAGENET_STD = np.array([0.229, 0.224, 0.225])
@@ -45,36 +43,6 @@ def models(tmp_path_factory):
         "four_channels": da3_like_model(d / "four.onnx", fixed_hw=(28, 42), channels=4),
         "small": da3_like_model(d / "small.onnx", fixed_hw=(28, 42)),
     }
-
-
-@pytest.fixture
-def factory():
-    return RecordingFactory()
-
-
-@pytest.fixture
-def runtime(factory):
-    rt = Runtime(session_factory=factory)
-    yield rt
-    rt.clear("test teardown")
-
-
-def opts(runtime, **kw):
-    return JobOptions(device="cpu", runtime=runtime, **kw)
-
-
-def photo(h=37, w=53, channels=3, seed=0, dtype=np.uint8):
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:h, 0:w]
-    base = np.stack([(xx / max(w - 1, 1)), (yy / max(h - 1, 1)), ((xx + yy) % 7) / 6.0], axis=2)
-    data = np.clip(0.7 * base + 0.3 * rng.random((h, w, 3)), 0, 1)
-    if channels == 4:
-        data = np.concatenate([data, rng.random((h, w, 1))], axis=2)
-    if dtype == np.uint8:
-        return np.round(data * 255).astype(np.uint8)
-    if dtype == np.uint16:
-        return np.round(data * 65535).astype(np.uint16)
-    return data.astype(dtype)
 
 
 def normalised_input(rgb, model_hw, kernel="cubic"):

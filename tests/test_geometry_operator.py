@@ -34,13 +34,8 @@ HOLE = (slice(10, 22), slice(40, 58))  # rows, cols without geometry (red 0)
 
 @pytest.fixture(scope="module", autouse=True)
 def registered():
-    classes = [*jobs.classes, *image_ops.classes, *geometry_ops.classes]
-    mine = [cls for cls in classes if not cls.is_registered]
-    for cls in mine:
-        bpy.utils.register_class(cls)
-    yield
-    for cls in reversed(mine):
-        bpy.utils.unregister_class(cls)
+    with bh.registered_classes([*jobs.classes, *image_ops.classes, *geometry_ops.classes]):
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 from lean_image_ai.models import installer
-from lean_image_ai.models.catalog import BUILTIN_ENTRIES, Catalog, CatalogEntry
+from lean_image_ai.models.catalog import BUILTIN_ENTRIES, Catalog
 from lean_image_ai.runtime.errors import ModelFileError, ModelInstallError, OperationCancelled
+from model_server import loopback_entry
 
 PAYLOAD_SIZE = 300 * 1024
 CHUNK = 16 * 1024
@@ -22,25 +23,6 @@ CHUNK = 16 * 1024
 @pytest.fixture
 def payload() -> bytes:
     return os.urandom(PAYLOAD_SIZE)
-
-
-def _entry(url: str | None, data: bytes | None, **overrides) -> CatalogEntry:
-    fields = dict(
-        id="test-model",
-        family="upscale",
-        variant="test",
-        title="Test model",
-        filename="test-model.onnx",
-        url=url,
-        size_bytes=len(data) if data is not None else None,
-        sha256=hashlib.sha256(data).hexdigest() if data is not None else None,
-        license="MIT",
-        source="loopback",
-        preprocess={"scale": 4, "tile": 64},
-        notes="test entry",
-    )
-    fields.update(overrides)
-    return CatalogEntry(**fields)
 
 
 def _tiny_onnx_bytes() -> bytes:
@@ -71,7 +53,7 @@ def _closed_port() -> int:
 
 def test_install_verifies_and_reports_progress(server, payload, tmp_path):
     server.files["/m.onnx"] = payload
-    entry = _entry(server.url("/m.onnx"), payload)
+    entry = loopback_entry(server.url("/m.onnx"), payload)
     calls: list[tuple[int, int | None]] = []
 
     path = installer.install(
@@ -99,7 +81,7 @@ def test_install_real_onnx_model_loads_in_onnxruntime(server, tmp_path):
 
     data = _tiny_onnx_bytes()
     server.files["/sr.onnx"] = data
-    entry = _entry(server.url("/sr.onnx"), data)
+    entry = loopback_entry(server.url("/sr.onnx"), data)
     path = installer.install(entry, tmp_path)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     out = session.run(None, {"input": np.ones((1, 3, 2, 3), np.float32)})[0]
@@ -108,7 +90,7 @@ def test_install_real_onnx_model_loads_in_onnxruntime(server, tmp_path):
 
 def test_already_installed_model_is_not_downloaded_again(server, payload, tmp_path):
     server.files["/m.onnx"] = payload
-    entry = _entry(server.url("/m.onnx"), payload)
+    entry = loopback_entry(server.url("/m.onnx"), payload)
     installer.install(entry, tmp_path)
     assert len(server.requests) == 1
     installer.install(entry, tmp_path)
@@ -117,7 +99,7 @@ def test_already_installed_model_is_not_downloaded_again(server, payload, tmp_pa
 
 def test_entry_without_checksum_installs_and_records_what_it_got(server, payload, tmp_path):
     server.files["/m.onnx"] = payload
-    entry = _entry(server.url("/m.onnx"), None)  # size and sha256 unknown
+    entry = loopback_entry(server.url("/m.onnx"), None)  # size and sha256 unknown
     path = installer.install(entry, tmp_path)
     assert path.read_bytes() == payload
     sidecar = json.loads(installer.sidecar_path(entry, tmp_path).read_text())
@@ -129,7 +111,7 @@ def test_entry_without_checksum_installs_and_records_what_it_got(server, payload
 
 
 def test_404_names_url_folder_and_filename(server, payload, tmp_path):
-    entry = _entry(server.url("/missing.onnx"), payload)
+    entry = loopback_entry(server.url("/missing.onnx"), payload)
     with pytest.raises(ModelInstallError) as info:
         installer.install(entry, tmp_path / "models")
     msg = str(info.value)
@@ -142,7 +124,7 @@ def test_404_names_url_folder_and_filename(server, payload, tmp_path):
 
 def test_connection_refused_is_a_clear_error(payload, tmp_path):
     url = f"http://127.0.0.1:{_closed_port()}/m.onnx"
-    entry = _entry(url, payload)
+    entry = loopback_entry(url, payload)
     with pytest.raises(ModelInstallError) as info:
         installer.install(entry, tmp_path, timeout=5)
     msg = str(info.value)
@@ -154,7 +136,7 @@ def test_connection_refused_is_a_clear_error(payload, tmp_path):
 def test_server_that_never_answers_times_out(server, payload, tmp_path):
     server.files["/slow.onnx"] = payload
     server.delay = 1.5
-    entry = _entry(server.url("/slow.onnx"), payload)
+    entry = loopback_entry(server.url("/slow.onnx"), payload)
     t0 = time.monotonic()
     with pytest.raises(ModelInstallError, match="timed out") as info:
         installer.install(entry, tmp_path, timeout=0.3)
@@ -164,7 +146,7 @@ def test_server_that_never_answers_times_out(server, payload, tmp_path):
 
 def test_truncated_transfer_then_resume_with_range(server, payload, tmp_path):
     server.files["/m.onnx"] = payload
-    entry = _entry(server.url("/m.onnx"), payload)
+    entry = loopback_entry(server.url("/m.onnx"), payload)
     cut = 100 * 1024
     server.truncate_after = cut
 
@@ -187,7 +169,7 @@ def test_truncated_transfer_then_resume_with_range(server, payload, tmp_path):
 
 def test_wrong_checksum_leaves_nothing_behind(server, payload, tmp_path):
     server.files["/m.onnx"] = payload
-    entry = _entry(server.url("/m.onnx"), payload, sha256=hashlib.sha256(b"other").hexdigest())
+    entry = loopback_entry(server.url("/m.onnx"), payload, sha256=hashlib.sha256(b"other").hexdigest())
     with pytest.raises(ModelInstallError) as info:
         installer.install(entry, tmp_path)
     msg = str(info.value)
@@ -200,7 +182,7 @@ def test_wrong_checksum_leaves_nothing_behind(server, payload, tmp_path):
 
 def test_size_mismatch_is_refused_and_cleaned_up(server, payload, tmp_path):
     server.files["/m.onnx"] = payload
-    entry = _entry(server.url("/m.onnx"), payload, size_bytes=PAYLOAD_SIZE + 1)
+    entry = loopback_entry(server.url("/m.onnx"), payload, size_bytes=PAYLOAD_SIZE + 1)
     with pytest.raises(ModelInstallError) as info:
         installer.install(entry, tmp_path)
     msg = str(info.value)
@@ -211,7 +193,7 @@ def test_size_mismatch_is_refused_and_cleaned_up(server, payload, tmp_path):
 
 def test_complete_part_from_earlier_run_is_only_verified(server, payload, tmp_path):
     server.files["/m.onnx"] = payload
-    entry = _entry(server.url("/m.onnx"), payload, sha256=None)
+    entry = loopback_entry(server.url("/m.onnx"), payload, sha256=None)
     part = installer.part_path(entry, tmp_path)
     part.write_bytes(payload)  # a complete .part from an earlier run
     path = installer.install(entry, tmp_path)
@@ -222,7 +204,7 @@ def test_complete_part_from_earlier_run_is_only_verified(server, payload, tmp_pa
 def test_server_ignoring_range_restarts_cleanly(server, payload, tmp_path):
     server.files["/m.onnx"] = payload
     server.ignore_range = True
-    entry = _entry(server.url("/m.onnx"), payload)
+    entry = loopback_entry(server.url("/m.onnx"), payload)
     part = installer.part_path(entry, tmp_path)
     part.write_bytes(b"\xff" * 5000)  # stale bytes that must not end up in the file
     path = installer.install(entry, tmp_path, chunk_size=CHUNK)
@@ -232,7 +214,7 @@ def test_server_ignoring_range_restarts_cleanly(server, payload, tmp_path):
 
 def test_part_larger_than_remote_file_restarts(server, payload, tmp_path):
     server.files["/m.onnx"] = payload
-    entry = _entry(server.url("/m.onnx"), None)  # size unknown: the server's 416 tells us
+    entry = loopback_entry(server.url("/m.onnx"), None)  # size unknown: the server's 416 tells us
     part = installer.part_path(entry, tmp_path)
     part.write_bytes(os.urandom(PAYLOAD_SIZE + 10))
     path = installer.install(entry, tmp_path)
@@ -243,7 +225,7 @@ def test_part_larger_than_remote_file_restarts(server, payload, tmp_path):
 def test_html_page_instead_of_model_is_rejected(server, tmp_path):
     page = b"<!DOCTYPE html><html><body>Sign in to continue</body></html>"
     server.files["/m.onnx"] = page
-    entry = _entry(server.url("/m.onnx"), None)
+    entry = loopback_entry(server.url("/m.onnx"), None)
     with pytest.raises(ModelInstallError, match="web page"):
         installer.install(entry, tmp_path)
     assert not installer.model_path(entry, tmp_path).exists()
@@ -253,7 +235,7 @@ def test_html_page_instead_of_model_is_rejected(server, tmp_path):
 def test_cancel_keeps_part_and_a_later_install_resumes(server, payload, tmp_path):
     server.files["/m.onnx"] = payload
     server.throttle = 0.002
-    entry = _entry(server.url("/m.onnx"), payload)
+    entry = loopback_entry(server.url("/m.onnx"), payload)
     seen: list[int] = []
 
     def cancel() -> bool:
@@ -276,7 +258,7 @@ def test_cancel_keeps_part_and_a_later_install_resumes(server, payload, tmp_path
 
 def test_cancel_before_start_sends_no_request(server, payload, tmp_path):
     server.files["/m.onnx"] = payload
-    entry = _entry(server.url("/m.onnx"), payload)
+    entry = loopback_entry(server.url("/m.onnx"), payload)
     with pytest.raises(OperationCancelled):
         installer.install(entry, tmp_path, cancel=lambda: True)
     assert server.requests == []
@@ -312,7 +294,7 @@ def test_user_model_install_returns_its_own_path(tmp_path):
 
 def test_is_installed_does_not_rehash_unchanged_files(server, payload, tmp_path, monkeypatch):
     server.files["/m.onnx"] = payload
-    entry = _entry(server.url("/m.onnx"), payload)
+    entry = loopback_entry(server.url("/m.onnx"), payload)
     path = installer.install(entry, tmp_path)
 
     hashed: list[str] = []
@@ -359,7 +341,7 @@ def test_is_installed_does_not_rehash_unchanged_files(server, payload, tmp_path,
 
 def test_missing_sidecar_costs_one_rehash(server, payload, tmp_path, monkeypatch):
     server.files["/m.onnx"] = payload
-    entry = _entry(server.url("/m.onnx"), payload)
+    entry = loopback_entry(server.url("/m.onnx"), payload)
     installer.install(entry, tmp_path)
     installer.sidecar_path(entry, tmp_path).unlink()
     count = []
@@ -374,7 +356,7 @@ def test_missing_sidecar_costs_one_rehash(server, payload, tmp_path, monkeypatch
 
 
 def test_file_dropped_in_by_hand_is_recognised(payload, tmp_path):
-    entry = _entry("https://huggingface.co/x/y/resolve/main/m.onnx", payload)
+    entry = loopback_entry("https://huggingface.co/x/y/resolve/main/m.onnx", payload)
     assert not installer.is_installed(entry, tmp_path)
     installer.model_path(entry, tmp_path).write_bytes(payload)
     assert installer.is_installed(entry, tmp_path)
@@ -384,7 +366,7 @@ def test_file_dropped_in_by_hand_is_recognised(payload, tmp_path):
 
 def test_remove_deletes_file_sidecar_and_part(server, payload, tmp_path):
     server.files["/m.onnx"] = payload
-    entry = _entry(server.url("/m.onnx"), payload)
+    entry = loopback_entry(server.url("/m.onnx"), payload)
     path = installer.install(entry, tmp_path)
     part = installer.part_path(entry, tmp_path)
     part.write_bytes(b"partial")
@@ -401,8 +383,8 @@ def test_install_runs_in_worker_threads(server, payload, tmp_path):
     other = os.urandom(PAYLOAD_SIZE // 2)
     server.files["/a.onnx"] = payload
     server.files["/b.onnx"] = other
-    a = _entry(server.url("/a.onnx"), payload, id="a", filename="a.onnx")
-    b = _entry(server.url("/b.onnx"), other, id="b", filename="b.onnx")
+    a = loopback_entry(server.url("/a.onnx"), payload, id="a", filename="a.onnx")
+    b = loopback_entry(server.url("/b.onnx"), other, id="b", filename="b.onnx")
     results: dict[str, object] = {}
 
     def work(entry):

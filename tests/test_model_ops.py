@@ -8,7 +8,6 @@ background Blender has no UI regions, so no real UILayout exists.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import threading
@@ -20,6 +19,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import blender_helpers as bh  # noqa: E402
 import onnx_builders as ob  # noqa: E402
+from model_server import loopback_entry  # noqa: E402
 from recording_layout import RecordingLayout  # noqa: E402
 
 bpy = pytest.importorskip("bpy")
@@ -66,20 +66,8 @@ def tiny_onnx(path: Path) -> Path:
 
 
 def entry_for(url: str | None, data: bytes | None, **overrides) -> CatalogEntry:
-    fields = dict(
-        id="test-sr",
-        family="upscale",
-        variant="test",
-        title="Test SR x2",
-        filename="test-sr.onnx",
-        url=url,
-        size_bytes=len(data) if data is not None else None,
-        sha256=hashlib.sha256(data).hexdigest() if data is not None else None,
-        license="MIT",
-        source="loopback",
-    )
-    fields.update(overrides)
-    return CatalogEntry(**fields)
+    fields = dict(id="test-sr", title="Test SR x2", filename="test-sr.onnx", preprocess={}, notes="")
+    return loopback_entry(url, data, **{**fields, **overrides})
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from builders_moge2 import PLANE, expected_depth, moge2_like_model
 from lean_image_ai.models import moge2
-from lean_image_ai.models.base import JobOptions
 from lean_image_ai.runtime import Runtime
 from lean_image_ai.runtime.errors import (
     InvalidModelOutputError,
@@ -18,6 +17,7 @@ from lean_image_ai.runtime.errors import (
     OperationCancelled,
 )
 from recording import RecordingFactory
+from recording import cpu_options as opts
 from scipy.optimize import least_squares
 
 SHRINK_KEY = "memory.enable_memory_arena_shrinkage"
@@ -60,10 +60,6 @@ def red_image(height, width, valid=None):
     image[..., 0] = 1.0 if valid is None else valid.astype(np.float32)
     image[..., 1] = 0.3
     return image
-
-
-def opts(runtime, **kw):
-    return JobOptions(device="cpu", runtime=runtime, **kw)
 
 
 def expected_intrinsics(model_size, source_size, focal=FOCAL):

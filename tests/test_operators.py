@@ -37,13 +37,8 @@ IMAGENET = {"mean": catalog.IMAGENET_MEAN, "std": catalog.IMAGENET_STD}
 
 @pytest.fixture(scope="module", autouse=True)
 def registered():
-    classes = [*jobs.classes, *image_ops.classes, *geometry_ops.classes]
-    mine = [cls for cls in classes if not cls.is_registered]
-    for cls in mine:
-        bpy.utils.register_class(cls)
-    yield
-    for cls in reversed(mine):
-        bpy.utils.unregister_class(cls)
+    with bh.registered_classes([*jobs.classes, *image_ops.classes, *geometry_ops.classes]):
+        yield
 
 
 @pytest.fixture(autouse=True)

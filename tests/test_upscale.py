@@ -30,6 +30,7 @@ from lean_image_ai.runtime.errors import (
 )
 from onnx_builders import sr_model
 from recording import RecordingFactory
+from recording import cpu_options as opts
 
 ATOL = 1e-5
 TESTS_DIR = Path(__file__).resolve().parent
@@ -57,10 +58,6 @@ def recorded():
     runtime = Runtime(session_factory=factory)
     yield runtime, factory
     runtime.clear("test teardown")
-
-
-def opts(runtime, **kwargs):
-    return JobOptions(device="cpu", runtime=runtime, **kwargs)
 
 
 def picture(height, width, channels=3, seed=0):
