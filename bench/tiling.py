@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -79,42 +78,19 @@ def throughput(model: Path, repeats: int = 3) -> dict:
 # ---- (b) ------------------------------------------------------------------------------------------
 
 
-def _reset_peak() -> bool:
-    """Restart the kernel's peak-RSS mark (Linux >= 4.0), so the peak is this job's alone."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _peak_rss_bytes() -> tuple[int, str]:
-    """VmHWM when the kernel has it. ru_maxrss is the fallback only: on Linux a child started by
-    subprocess inherits the parent's ru_maxrss across exec, which would hide small peaks."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024, "VmHWM"
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "ru_maxrss"  # KiB on Linux
-
-
 def child_peak(model: str, size: int, mode: str) -> dict:
     """One upscale in this (fresh) process; RSS figures relative to the post-warm-up baseline."""
     from lean_image_ai.models import upscale
     from lean_image_ai.models.base import JobOptions
     from lean_image_ai.runtime import Runtime
-    from lean_image_ai.runtime.memory import process_rss_bytes
+    from lean_image_ai.runtime.memory import peak_rss_bytes, process_rss_bytes, reset_peak_rss
 
     runtime = Runtime()
     options = JobOptions(device="cpu", runtime=runtime)
     image = (_image(size) * 255).astype(np.uint8)  # what a file gives; float copies are the job's own
     upscale.run(image[:32, :32], model, options=options, tile_size=None)  # session, arena, kernels
     baseline = process_rss_bytes()
-    _reset_peak()
+    peak_source = "VmHWM" if reset_peak_rss() else "ru_maxrss"
     started = time.perf_counter()
     if mode == "untiled":
         result = upscale.run(image, model, options=options, tile_size=None, overlap=OVERLAP)
@@ -123,7 +99,7 @@ def child_peak(model: str, size: int, mode: str) -> dict:
             image, model, options=options, tile_size="auto", overlap=OVERLAP, memory_budget_bytes=PEAK_BUDGET
         )
     seconds = time.perf_counter() - started
-    peak, source = _peak_rss_bytes()
+    peak = peak_rss_bytes()
     output_bytes = result.image.nbytes
     input_bytes = size * size * 3 * 4  # the float32 copy every job makes of its input (prepare_image)
     return {
@@ -137,7 +113,7 @@ def child_peak(model: str, size: int, mode: str) -> dict:
         # the inference working memory, the part tiling bounds
         "working_mb": (peak - baseline - output_bytes - input_bytes) / MiB,
         "output_mb": output_bytes / MiB,
-        "peak_source": source,
+        "peak_source": peak_source,
     }
 
 

@@ -15,21 +15,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from onnx_builders import save_model
 
-OPSET = 17
 SKY_WEIGHTS = np.array([-1.0, 0.5, 1.5], np.float32)  # mixed signs: the sky map has negative values
 
 
 def _save(nodes, name, inputs, outputs, initializers, path) -> Path:
-    graph = helper.make_graph(nodes, name, inputs, outputs, initializers)
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="lean_image_ai-tests"
-    )
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    path = Path(path)
-    onnx.save(model, str(path))
-    return path
+    return save_model(helper.make_graph(nodes, name, inputs, outputs, initializers), path)
 
 
 def _const(name, value) -> onnx.TensorProto:
