@@ -1,8 +1,8 @@
-"""`python -m lean_image_ai ...`: headless jobs without Blender (see models/cli.py)."""
+"""`python -m lean_image_ai ...`: headless jobs without Blender."""
 
 import sys
 
-from .models.cli import main
+from .cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

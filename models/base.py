@@ -75,6 +75,14 @@ def check_contract(
         )
 
 
+def squeeze_batch(array, ndim: int) -> np.ndarray:
+    """Drop leading batch-of-one axes until ``ndim`` axes are left (as far as they are 1)."""
+    array = np.asarray(array)
+    while array.ndim > ndim and array.shape[0] == 1:
+        array = array[0]
+    return array
+
+
 def _as_tuple(value):
     return tuple(value) if isinstance(value, (list, tuple)) else (value,)
 

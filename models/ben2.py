@@ -16,13 +16,20 @@ import numpy as np
 
 from ..runtime import SessionHandle, TensorInfo, mark_last
 from ..runtime.errors import InvalidModelOutputError, ModelContractError
-from .base import FLOAT_TYPES, JobOptions, as_frames, check_contract, check_finite
-from .imaging import normalization_constants, normalize, prepare_image, resize, to_nchw
+from .base import FLOAT_TYPES, JobOptions, as_frames, check_contract, check_finite, squeeze_batch
+from .family import Family, Option, Setting, rgb_triple_or_none, size_or_none
+from .imaging import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    normalization_constants,
+    normalize,
+    prepare_image,
+    resize,
+    to_nchw,
+)
 
-FAMILY = "BEN2"
+MODEL_NAME = "BEN2"
 DEFAULT_INPUT_SIZE = 1024
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 # Below this spread the output carries no foreground/background boundary: min-max normalising it
 # would blow float noise (an fp16 ulp near 1.0 is ~5e-4) up into a full 0..1 matte.
@@ -96,14 +103,14 @@ def _validate(handle: SessionHandle) -> TensorInfo:
     """Check the contract and pick the matte output (its name varies between exports)."""
     check_contract(
         handle,
-        FAMILY,
+        MODEL_NAME,
         inputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}],
         outputs=[{}],
     )
     if len(handle.inputs) > 1:
         extra = ", ".join(f"'{i.name}'" for i in handle.inputs[1:])
         raise ModelContractError(
-            f"{handle.model_name} does not look like a {FAMILY} model: expected 1 image input, "
+            f"{handle.model_name} does not look like a {MODEL_NAME} model: expected 1 image input, "
             f"found {len(handle.inputs)} (also {extra}). Choose a model exported for this family."
         )
     chosen = next((o for o in handle.outputs if _is_matte_shape(o.shape)), handle.outputs[0])
@@ -113,7 +120,7 @@ def _validate(handle: SessionHandle) -> TensorInfo:
     )
     if not single_channel or chosen.type not in FLOAT_TYPES:
         raise ModelContractError(
-            f"{handle.model_name} does not look like a {FAMILY} model: expected a float matte output "
+            f"{handle.model_name} does not look like a {MODEL_NAME} model: expected a float matte output "
             f"shaped Nx1xHxW or NxHxW, found output '{chosen.name}' with shape {list(chosen.shape)} "
             f"and type {chosen.type}. Choose a model exported for this family."
         )
@@ -143,9 +150,7 @@ def _model_size(info: TensorInfo, requested) -> tuple[int, int]:
 def _as_map(array: np.ndarray, model_name: str, output_name: str) -> np.ndarray:
     """Nx1xHxW / NxHxW / HxW (batch 1) -> HxW float32, finite."""
     array = np.asarray(array)
-    squeezed = array
-    while squeezed.ndim > 2 and squeezed.shape[0] == 1:
-        squeezed = squeezed[0]
+    squeezed = squeeze_batch(array, 2)
     if squeezed.ndim != 2 or min(squeezed.shape) == 0:
         raise InvalidModelOutputError(
             f"{model_name} returned '{output_name}' with shape {list(array.shape)}; expected one "
@@ -171,3 +176,30 @@ def _normalise_matte(raw: np.ndarray, model_name: str) -> tuple[np.ndarray, str 
         f"{'foreground (fully kept)' if keep else 'background (fully transparent)'}. "
         "Check the model's normalisation constants in the model list."
     )
+
+
+FAMILY = Family(
+    id="ben2",
+    title="BEN2 background removal",
+    produces="a cut-out: the image with the subject's matte as its alpha",
+    run=run,
+    settings=(
+        Setting("mean", rgb_triple_or_none),
+        Setting("std", rgb_triple_or_none),
+        Setting("input_size", size_or_none),
+    ),
+    user_defaults={"mean": IMAGENET_MEAN, "std": IMAGENET_STD},
+    options=(
+        Option(
+            "replace",
+            bool,
+            False,
+            "Replace",
+            "Write the cut-out into the source image instead of a new image",
+            to_adapter=False,
+        ),
+    ),
+    action="Remove Background",
+    icon="IMAGE_RGB_ALPHA",
+    operator="remove_background",
+)

@@ -23,12 +23,20 @@ import numpy as np
 
 from ..runtime import SessionHandle, TensorInfo, mark_last
 from ..runtime.errors import InvalidModelOutputError, ModelContractError
-from .base import FLOAT_TYPES, JobOptions, as_frames, check_contract, check_finite
-from .imaging import fit_multiple, normalization_constants, normalize, prepare_image, resize, to_nchw
+from .base import FLOAT_TYPES, JobOptions, as_frames, check_contract, check_finite, squeeze_batch
+from .family import Family, Option, Setting, one_of, positive_int, rgb_triple_or_none
+from .imaging import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    fit_multiple,
+    normalization_constants,
+    normalize,
+    prepare_image,
+    resize,
+    to_nchw,
+)
 
-FAMILY = "Depth Anything 3"
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+MODEL_NAME = "Depth Anything 3"
 SKY_ACTIVATIONS = ("auto", "sigmoid", "none")
 # a fixed-size model stretches the picture; past this aspect mismatch the user should know
 ASPECT_WARNING = 0.10
@@ -68,7 +76,7 @@ def run(
     with options.get_runtime().operation("da3", cancel=options.cancel) as op:
         handle = op.session(model_path, options.device)
         check_contract(
-            handle, FAMILY, inputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}], outputs=[{}]
+            handle, MODEL_NAME, inputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}], outputs=[{}]
         )
         depth_name = _validate(handle)
         image_input = handle.inputs[0]
@@ -137,7 +145,7 @@ def _validate(handle: SessionHandle) -> str:
         )
     if problems:
         raise ModelContractError(
-            f"{handle.model_name} does not look like a {FAMILY} model: "
+            f"{handle.model_name} does not look like a {MODEL_NAME} model: "
             + "; ".join(problems)
             + ". Choose a model exported for this family (see the add-on's model list)."
         )
@@ -160,9 +168,7 @@ def _aspect_mismatch(source_hw, model_hw) -> float:
 def _as_map(array, model_name: str, output_name: str, *, required: bool = True) -> np.ndarray | None:
     """1x1xHxW / 1xHxW / HxW -> HxW float32; None (or an error when required) for other shapes."""
     array = np.asarray(array)
-    squeezed = array
-    while squeezed.ndim > 2 and squeezed.shape[0] == 1:
-        squeezed = squeezed[0]
+    squeezed = squeeze_batch(array, 2)
     if squeezed.ndim == 2 and min(squeezed.shape) > 0 and np.issubdtype(squeezed.dtype, np.floating):
         return squeezed.astype(np.float32)
     if not required:
@@ -183,3 +189,32 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     # written on exp(-|x|) so large logits of either sign cannot overflow
     e = np.exp(-np.abs(x))
     return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(np.float32)
+
+
+FAMILY = Family(
+    id="da3",
+    title="Depth Anything 3 depth",
+    produces="a float depth map (and a displaced plane on request)",
+    run=run,
+    settings=(
+        Setting("process_res", positive_int),
+        Setting("patch_multiple", positive_int, keyword="multiple"),
+        Setting("mean", rgb_triple_or_none),
+        Setting("std", rgb_triple_or_none),
+        Setting("sky_activation", one_of(*SKY_ACTIVATIONS)),
+    ),
+    user_defaults={"process_res": 504, "patch_multiple": 14, "mean": IMAGENET_MEAN, "std": IMAGENET_STD},
+    options=(
+        Option(
+            "make_plane",
+            bool,
+            False,
+            "Make Plane",
+            "Also add a plane with the image's aspect, displaced by the depth map",
+            to_adapter=False,
+        ),
+    ),
+    action="Estimate Depth",
+    icon="IMAGE_ZDEPTH",
+    operator="estimate_depth",
+)

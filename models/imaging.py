@@ -81,6 +81,11 @@ def from_nchw(tensor: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array.transpose(1, 2, 0), dtype=np.float32)
 
 
+# ImageNet's per-channel statistics, which most vision backbones were trained with.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
 def normalization_constants(mean, std) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel mean/std from a catalog entry; None means 0 and 1 (plain /255 input)."""
     mean = (0.0, 0.0, 0.0) if mean is None else tuple(float(v) for v in mean)

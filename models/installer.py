@@ -25,7 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..runtime.errors import ModelFileError, ModelInstallError, OperationCancelled
-from .catalog import CatalogEntry
+from . import files
+from .catalog_entry import CatalogEntry
 
 ProgressCallback = Callable[[int, "int | None"], None]
 CancelCallback = Callable[[], bool]
@@ -100,16 +101,10 @@ def _write_sidecar(entry: CatalogEntry, dest: Path, sidecar: Path, sha256: str) 
         "expected_size": entry.size_bytes,
         "url": entry.url,
     }
-    tmp = sidecar.with_name(f"{sidecar.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps(payload, indent=2, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, sidecar)
+        files.write_text(sidecar, json.dumps(payload, indent=2, sort_keys=True))
     except OSError:
-        # The sidecar is only a cache: failing to write it costs a re-hash next time.
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
+        pass  # the sidecar is only a cache: failing to write it costs a re-hash next time
 
 
 def _unlink(path: Path) -> bool:
@@ -160,14 +155,7 @@ def verify_installed(
         )
     if entry.sha256 is None:
         return dest
-    sidecar = sidecar_path(entry, models_dir)
-    recorded = _read_sidecar(sidecar)
-    if (
-        recorded is not None
-        and recorded.get("size") == st.st_size
-        and recorded.get("mtime_ns") == st.st_mtime_ns
-        and recorded.get("sha256") == entry.sha256
-    ):
+    if _sidecar_vouches(entry, st, sidecar_path(entry, models_dir)):
         return dest
     got = sha256_file(dest, cancel=cancel)
     if got != entry.sha256:
@@ -175,8 +163,28 @@ def verify_installed(
             f"{entry.title}: {str(dest)!r} has sha256 {got}, expected {entry.sha256}. "
             "The file is damaged or a different version; remove it and install again."
         )
-    _write_sidecar(entry, dest, sidecar, got)
+    _write_sidecar(entry, dest, sidecar_path(entry, models_dir), got)
     return dest
+
+
+def _sidecar_vouches(entry: CatalogEntry, st: os.stat_result, sidecar: Path) -> bool:
+    """The sidecar recorded this very file (size, mtime) with the catalog's sha256."""
+    recorded = _read_sidecar(sidecar)
+    return (
+        recorded is not None
+        and recorded.get("size") == st.st_size
+        and recorded.get("mtime_ns") == st.st_mtime_ns
+        and recorded.get("sha256") == entry.sha256
+    )
+
+
+def is_verified(entry: CatalogEntry, models_dir: str | os.PathLike) -> bool:
+    """The file was hashed and matched since it last changed (no hashing here)."""
+    try:
+        st = model_path(entry, models_dir).stat()
+    except OSError:
+        return False
+    return _sidecar_vouches(entry, st, sidecar_path(entry, models_dir))
 
 
 def is_installed(entry: CatalogEntry, models_dir: str | os.PathLike) -> bool:
@@ -329,7 +337,7 @@ def install(
     # Drop any stale sidecar before the file changes underneath it.
     _unlink(sidecar_path(entry, models_dir))
     try:
-        os.replace(part, dest)
+        files.replace_into(part, dest)
     except OSError as exc:
         raise ModelInstallError(
             f"{entry.title} was downloaded and verified, but moving {str(part)!r} to {str(dest)!r} "

@@ -37,10 +37,11 @@ import numpy as np
 
 from ..runtime import mark_last
 from ..runtime.errors import InvalidModelOutputError, ModelContractError
-from .base import FLOAT_TYPES, JobOptions, as_frames, check_finite, fixed_hw
+from .base import FLOAT_TYPES, JobOptions, as_frames, check_finite, fixed_hw, squeeze_batch
+from .family import Family, Option, Setting, int_range, positive_int, unit_interval
 from .imaging import prepare_image, resize, to_nchw
 
-FAMILY = "MoGe-2"
+MODEL_NAME = "MoGe-2"
 PATCH_SIZE = 14
 NUM_TOKENS_RANGE = (1200, 3600)
 RESOLUTION_LEVELS = 10
@@ -295,7 +296,7 @@ def bind_contract(handle) -> _Binding:
             problems.append(f"output '{info.name}': expected type tensor(float), found {info.type}")
     if problems:
         raise ModelContractError(
-            f"{handle.model_name} does not look like a {FAMILY} model: "
+            f"{handle.model_name} does not look like a {MODEL_NAME} model: "
             + "; ".join(problems)
             + ". Expected inputs 'image' (float 1x3xHxW) and 'num_tokens' (int64 scalar) and outputs "
             "'points' (1xHxWx3), 'normal' (1xHxWx3), 'mask' (1xHxW), 'metric_scale'; found inputs "
@@ -397,9 +398,7 @@ def run(
 
 
 def _squeeze_batch(array, shape_tail: int, name: str, model_name: str) -> np.ndarray:
-    array = np.asarray(array)
-    while array.ndim > shape_tail and array.shape[0] == 1:
-        array = array[0]
+    array = squeeze_batch(array, shape_tail)
     if array.ndim != shape_tail:
         raise InvalidModelOutputError(
             f"{model_name} returned '{name}' with shape {list(np.shape(array))}; "
@@ -514,3 +513,55 @@ def _postprocess(
         focal=float(focal),
         shift=float(shift),
     )
+
+
+FAMILY = Family(
+    id="moge2",
+    title="MoGe-2 geometry",
+    produces="a metric mesh of the photo, its normal map and a matching camera",
+    run=run,
+    settings=(
+        Setting("num_tokens_range", int_range),
+        Setting("resolution_levels", positive_int),
+        Setting("patch_size", positive_int),
+        Setting("mask_threshold", unit_interval),
+    ),
+    user_defaults={
+        "num_tokens_range": NUM_TOKENS_RANGE,
+        "resolution_levels": RESOLUTION_LEVELS,
+        "patch_size": PATCH_SIZE,
+        "mask_threshold": MASK_THRESHOLD,
+    },
+    options=(
+        Option(
+            "resolution_level",
+            int,
+            9,
+            "Resolution Level",
+            "Detail the model works at: 0 fastest, 9 finest",
+            min=0,
+            max=RESOLUTION_LEVELS - 1,
+        ),
+        Option(
+            "discontinuity",
+            float,
+            0.04,
+            "Discontinuity",
+            "Relative depth jump above which no face joins neighbouring pixels (0.04 = 4%)",
+            min=0.0,
+            soft_max=1.0,
+            to_adapter=False,
+        ),
+        Option(
+            "make_camera",
+            bool,
+            True,
+            "Make Camera",
+            "Add a camera at the origin whose field of view matches the photo, and make it the scene camera",
+            to_adapter=False,
+        ),
+    ),
+    action="Reconstruct Geometry",
+    icon="MESH_GRID",
+    operator="reconstruct_geometry",
+)

@@ -340,20 +340,25 @@ def _halve(current: tuple[int, int], overlap: int, min_tile: int) -> tuple[int, 
     return new, new
 
 
+def whole_scale(in_hw, out_hw, label: str) -> int:
+    """The integer factor that maps ``in_hw`` to ``out_hw``; ModelContractError when there is none."""
+    (in_h, in_w), (out_h, out_w) = in_hw, out_hw
+    if out_h % in_h or out_w % in_w or out_h // in_h != out_w // in_w or out_h < in_h:
+        raise ModelContractError(
+            f"{label} maps {in_w}x{in_h} to {out_w}x{out_h}: expected a whole-number "
+            "scale (the same >= 1 integer for width and height). Use a super-resolution model "
+            "whose output is an integer multiple of its input."
+        )
+    return out_h // in_h
+
+
 def _check_scale(result: np.ndarray, tile: Tile, scale: int | None, label: str) -> int:
-    win_h, win_w = tile.window_shape
-    out_h, out_w = result.shape[:2]
-    if scale is None:
-        if out_h % win_h or out_w % win_w or out_h // win_h != out_w // win_w or out_h < win_h:
-            raise ModelContractError(
-                f"{label} turned a {win_w}x{win_h} input into {out_w}x{out_h}: expected a whole-number "
-                "scale (the same >= 1 integer for width and height). Use a super-resolution model "
-                "whose output is an integer multiple of its input."
-            )
-        return out_h // win_h
-    if (out_h, out_w) != (win_h * scale, win_w * scale):
+    found = whole_scale(tile.window_shape, result.shape[:2], label)
+    if scale is not None and found != scale:
+        win_h, win_w = tile.window_shape
+        out_h, out_w = result.shape[:2]
         raise ModelContractError(
             f"{label} turned a {win_w}x{win_h} input into {out_w}x{out_h}; expected "
             f"{win_w * scale}x{win_h * scale} (scale {scale})."
         )
-    return scale
+    return found

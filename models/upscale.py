@@ -23,13 +23,14 @@ from ..runtime import mark_last
 from ..runtime.errors import InferenceOutOfMemoryError, ModelContractError
 from ..runtime.memory import memory_snapshot
 from .base import FLOAT_TYPES, JobOptions, as_frames, check_contract, check_finite, fixed_hw
+from .family import Family, Option, Setting, non_negative_int, one_of, positive_int
 from .imaging import from_nchw, prepare_image, resize, to_nchw
-from .tiling import auto_tile_size, estimate_bytes_per_pixel, run_tiled, tile_floor
+from .tiling import auto_tile_size, estimate_bytes_per_pixel, run_tiled, tile_floor, whole_scale
 
 DEFAULT_MODEL_PATH = Path(__file__).parent / "assets" / "bicubic_x2.onnx"
 DEFAULT_OVERLAP = 16  # receptive radius of compact SR nets is well under this; RRDB's is larger but
 # its far context changes results by less than 8-bit quantisation (Real-ESRGAN's own tiler uses 10)
-FAMILY = "upscale"
+OPERATION_NAME = "upscale"
 ALPHA_MODES = ("model", "resize")
 
 
@@ -54,7 +55,7 @@ def run(
 ) -> UpscaleResult | list[UpscaleResult]:
     """Upscale one image (HxW[xC] uint8/uint16/float) or a list of frames (one operation).
 
-    `tile_size`: "auto" (from the memory budget: `memory_budget_bytes`, else free VRAM on CUDA,
+    `tile_size`: "auto" or 0 (from the memory budget: `memory_budget_bytes`, else free VRAM on CUDA,
     else free system RAM), an int (window side in input pixels, overlap included), or None for
     one window over the whole image. Whatever is chosen is halved on out-of-memory. Ignored for
     fixed-shape models, which get exactly their input size.
@@ -67,6 +68,8 @@ def run(
         raise ValueError(f"tile_size must be 'auto', an int or None, got {tile_size!r}")
     if isinstance(tile_size, (bool, float)):
         raise ValueError(f"tile_size must be 'auto', an int or None, got {tile_size!r}")
+    if tile_size == 0:  # what the artist's "Tile Size 0" means
+        tile_size = "auto"
     options = options or JobOptions()
     overlap = DEFAULT_OVERLAP if overlap is None else int(overlap)
     if overlap < 0:
@@ -74,7 +77,7 @@ def run(
     frames, was_single = as_frames(images)
     runtime = options.get_runtime()
     results: list[UpscaleResult] = []
-    with runtime.operation(FAMILY, cancel=options.cancel) as op:
+    with runtime.operation(OPERATION_NAME, cancel=options.cancel) as op:
         options.report(0.0, "loading model")
         job = _Job(op, model_path, options.device)
         in_info = job.handle.inputs[0]
@@ -189,7 +192,7 @@ class _Job:
         self.handle = op.session(model_path, device)
         check_contract(
             self.handle,
-            FAMILY,
+            OPERATION_NAME,
             inputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}],
             outputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}],
         )
@@ -215,14 +218,7 @@ def _static_scale(handle) -> int | None:
     fixed_in, fixed_out = fixed_hw(handle.inputs[0].shape), fixed_hw(handle.outputs[0].shape)
     if fixed_in is None or fixed_out is None:
         return None
-    (in_h, in_w), (out_h, out_w) = fixed_in, fixed_out
-    if out_h % in_h or out_w % in_w or out_h // in_h != out_w // in_w or out_h < in_h:
-        raise ModelContractError(
-            f"{handle.model_name} maps {in_w}x{in_h} to {out_w}x{out_h}: expected a whole-number scale "
-            "(the same >= 1 integer for width and height). Use a super-resolution model whose output "
-            "is an integer multiple of its input."
-        )
-    return out_h // in_h
+    return whole_scale(fixed_in, fixed_out, handle.model_name)
 
 
 def _auto_tile(handle, scale, dtype, overlap, budget) -> int:
@@ -234,3 +230,32 @@ def _auto_tile(handle, scale, dtype, overlap, budget) -> int:
             return 512  # no NVML: a size that fits consumer GPUs; a split handles the rest
     cost = estimate_bytes_per_pixel(scale or 4, element_size=np.dtype(dtype).itemsize)
     return auto_tile_size(cost, budget_bytes=budget, free_vram_bytes=free_vram, overlap=overlap)
+
+
+FAMILY = Family(
+    id="upscale",
+    title="upscale",
+    produces="the image at the model's scale (x2 with the built-in bicubic model)",
+    run=run,
+    settings=(
+        Setting("tile_overlap", non_negative_int, keyword="overlap"),
+        Setting("alpha_mode", one_of(*ALPHA_MODES)),
+        Setting("size_multiple", positive_int),
+    ),
+    user_defaults={"tile_overlap": DEFAULT_OVERLAP},
+    options=(
+        Option(
+            "tile_size",
+            int,
+            0,
+            "Tile Size",
+            "Side of the tiles the image is cut into, in pixels. 0: from the free memory",
+            min=0,
+            soft_max=2048,
+        ),
+    ),
+    action="Upscale",
+    icon="FULLSCREEN_ENTER",
+    operator="upscale",
+    fallback_model=DEFAULT_MODEL_PATH,
+)

@@ -1,7 +1,9 @@
 """Blender operators: thin wrappers that read Blender data, start a job and apply results (bpy).
 
 Imported only from the add-on's ``register()``/``unregister()``, never on package import.
-``image_io`` and ``common`` hold helpers the operators share (no classes to register).
+Helpers without classes: ``image_io`` (pixels), ``sources`` (input image, output path),
+``results`` (what operators create), ``prefs`` (reading the preferences), ``options`` (properties
+from the family records), ``model_job`` (the model operators' base), ``jobs`` (the job engine).
 """
 
 from .. import registration
@@ -16,9 +18,10 @@ def _classes():
 
 def cancel_running_jobs():
     """Cancel the running job and join its worker, so nothing touches unregistered classes."""
-    from .jobs import manager
+    from .jobs import downloads, manager
 
     manager.cancel_all()
+    downloads.cancel_all()
 
 
 def register():

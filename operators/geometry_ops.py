@@ -23,8 +23,9 @@ import numpy as np
 
 from ..models import moge2
 from ..runtime.errors import InvalidModelOutputError
-from . import common, image_io, options
-from .jobs import JobOperator
+from . import image_io, results
+from .model_job import ModelJobOperator
+from .options import operator_idname, with_family_options
 
 MAX_GRID_SIDE = 512
 
@@ -94,56 +95,43 @@ def normal_map(normal, mask) -> np.ndarray:
     return rgba
 
 
-class LEAN_IMAGE_AI_OT_reconstruct_geometry(common.ModelOperatorProperties, JobOperator, bpy.types.Operator):
+@with_family_options(moge2.FAMILY)
+class LEAN_IMAGE_AI_OT_reconstruct_geometry(ModelJobOperator, bpy.types.Operator):
     """Reconstruct the scene of a photo as a 3D mesh with MoGe-2"""
 
-    bl_idname = "lean_image_ai.reconstruct_geometry"
-    bl_label = "Reconstruct Geometry"
+    bl_idname = operator_idname(moge2.FAMILY)
+    bl_label = moge2.FAMILY.action
     bl_description = (
         "Turn the image into a textured 3D mesh with MoGe-2 (metric scale), with its normal map "
         "and a camera matching the photo's field of view"
     )
-    job_title = "Reconstruct Geometry"
+    job_title = moge2.FAMILY.action
 
-    resolution_level: options.resolution_level()
-    make_camera: options.make_camera()
-    discontinuity: options.discontinuity()
-
-    def gather(self, context):
-        inputs = common.gather_job(self, context, "moge2", moge2.run, keep_source=True)
-        inputs["resolution_level"] = int(self.resolution_level)
-        inputs["make_camera"] = bool(self.make_camera)
-        inputs["discontinuity"] = float(self.discontinuity)
-        return inputs
+    def keeps_source(self):
+        return True  # the mesh's material shows it
 
     def work(self, inputs, options):
-        geometry = moge2.run(
-            inputs["model_rgba"],
-            inputs["model_path"],
-            options=options,
-            resolution_level=inputs["resolution_level"],
-            **inputs["adapter_options"],
-        )
+        geometry = super().work(inputs, options)
         options.report(0.9, "building mesh")
-        mesh = mesh_arrays(geometry.points, geometry.mask, discontinuity=inputs["discontinuity"])
+        mesh = mesh_arrays(geometry.points, geometry.mask, discontinuity=inputs.options["discontinuity"])
         normals = None if geometry.normal is None else normal_map(geometry.normal, geometry.mask)
         options.report(1.0, "done")
         return Reconstruction(geometry, mesh, normals, list(geometry.warnings))
 
     def apply(self, context, inputs, result):
-        stem = inputs["stem"]
+        stem = inputs.stem
         geometry, arrays = result.geometry, result.mesh
         if len(arrays.vertices) == 0:
             raise InvalidModelOutputError(f"MoGe-2 found no geometry in '{stem}'; nothing was made.")
         height, width = geometry.mask.shape
         note = ""
-        with common.created_data() as created:
+        with results.created_data() as created:
             mesh = created.add(
                 bpy.data.meshes,
-                common.build_mesh(f"{stem}_geometry", arrays.vertices, arrays.quads, arrays.uv),
+                results.build_mesh(f"{stem}_geometry", arrays.vertices, arrays.quads, arrays.uv),
             )
             mesh.materials.append(
-                created.add(bpy.data.materials, make_material(f"{stem}_geometry", inputs["source"]))
+                created.add(bpy.data.materials, make_material(f"{stem}_geometry", inputs.source))
             )
             obj = created.add(bpy.data.objects, bpy.data.objects.new(f"{stem}_geometry", mesh))
             normal_image = None
@@ -154,18 +142,18 @@ class LEAN_IMAGE_AI_OT_reconstruct_geometry(common.ModelOperatorProperties, JobO
                         f"{stem}_normal", result.normal_rgba, float_buffer=True, colorspace="Non-Color"
                     ),
                 )
-            if inputs.get("output"):
+            if inputs.output:
                 if normal_image is None:
                     note = "; not saved: this model gives no normal map"
                 else:
-                    note = common.save_output(normal_image, inputs)
+                    note = results.save_output(normal_image, inputs.output)
             camera = None
-            if inputs["make_camera"]:
+            if inputs.options["make_camera"]:
                 camera = created.add(bpy.data.objects, make_camera(f"{stem}_camera", geometry, created))
             if camera is not None:
                 collection = getattr(context, "collection", None) or context.scene.collection
                 collection.objects.link(camera)
-            common.link_object(context, obj)
+            results.link_object(context, obj)
         if camera is not None:  # scene settings last: nothing can fail after them
             scene = context.scene
             scene.render.resolution_x, scene.render.resolution_y = width, height

@@ -30,14 +30,13 @@ faster than ``pixels[:]`` (see ``bench/blender_io.py``).
 from __future__ import annotations
 
 import os
-import secrets
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import bpy
 import numpy as np
 
+from ..models import files
 from ..runtime.errors import InvalidImageError, LeanImageError
 
 __all__ = [
@@ -411,8 +410,8 @@ def _write_image_file(image, filepath: str, file_format: str) -> None:
 def save_image_atomically(image, path, file_format: str) -> Path:
     """Save ``image`` to ``path`` as ``file_format`` (e.g. "PNG", "OPEN_EXR") all-or-nothing.
 
-    Blender writes to a temporary file in the same folder, which then replaces ``path`` with
-    ``os.replace``: a failed save never leaves a half-written file, and an existing file at
+    Blender writes to a temporary file in the same folder, which then replaces ``path``
+    (models/files.py): a failed save never leaves a half-written file, and an existing file at
     ``path`` is only replaced by a complete one. The image keeps its own file path and format
     (``save_copy``). Colour images saved as OpenEXR go through ``save_render`` (linear,
     premultiplied); EXR uses 16-bit half floats when ``image.use_half_precision`` is set.
@@ -425,31 +424,22 @@ def save_image_atomically(image, path, file_format: str) -> Path:
         raise ImageSaveError(f"Cannot save '{target}': the folder '{folder}' does not exist.")
     if target.is_dir():
         raise ImageSaveError(f"Cannot save to '{target}': it is a folder, not a file name.")
-    tmp = folder / f".{target.name}.{secrets.token_hex(6)}.tmp{target.suffix}"
     try:
-        try:
-            _write_image_file(image, str(tmp), file_format)
-        except (RuntimeError, TypeError, ValueError) as ex:
-            detail = str(ex).strip()
-            raise ImageSaveError(
-                f"Blender could not save image {_image_label(image)} to '{target}': {detail}"
-            ) from ex
-        if not tmp.is_file() or tmp.stat().st_size == 0:
-            raise ImageSaveError(f"Blender did not write image {_image_label(image)} to '{target}'.")
-        if target.is_file():
+        with files.atomic_path(target) as tmp:
             try:
-                shutil.copymode(target, tmp)
-            except OSError:
-                pass
-        try:
-            os.replace(tmp, target)
-        except OSError as ex:
-            raise ImageSaveError(f"Could not move the saved image into place at '{target}': {ex}") from ex
-        if not _save_supports_copy() and image.filepath_raw == str(tmp):  # pragma: no cover
-            image.filepath_raw = str(target)
+                _write_image_file(image, str(tmp), file_format)
+            except (RuntimeError, TypeError, ValueError) as ex:
+                detail = str(ex).strip()
+                raise ImageSaveError(
+                    f"Blender could not save image {_image_label(image)} to '{target}': {detail}"
+                ) from ex
+            if not tmp.is_file() or tmp.stat().st_size == 0:
+                raise ImageSaveError(f"Blender did not write image {_image_label(image)} to '{target}'.")
+    except ImageSaveError:
+        raise
+    except OSError as ex:
+        raise ImageSaveError(f"Could not move the saved image into place at '{target}': {ex}") from ex
     finally:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass  # already moved into place (or a folder that isn't ours to remove)
+        if not _save_supports_copy() and image.filepath_raw.endswith(".tmp" + target.suffix):  # pragma: no cover
+            image.filepath_raw = str(target)
     return target

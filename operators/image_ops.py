@@ -1,7 +1,7 @@
 """Image operators: remove background (BEN2), estimate depth (DA3), upscale (bpy).
 
-Each is a `JobOperator`: `gather` reads the source image into numpy (main thread), `work` calls
-the family's adapter only (worker thread), `apply` creates the result image (main thread).
+Each is a `ModelJobOperator` (operators/model_job.py) that adds only what its result needs:
+`apply` creates the result image (main thread).
 """
 
 # No ``from __future__ import annotations``: Blender reads property annotations as objects.
@@ -12,8 +12,9 @@ import numpy as np
 
 from ..models import ben2, da3, upscale
 from ..runtime.errors import InvalidImageError
-from . import common, image_io, options
-from .jobs import JobOperator, discard_inputs
+from . import image_io, results
+from .model_job import ModelJobOperator
+from .options import operator_idname, with_family_options
 
 # The depth plane: grid resolution on its long side, and how far the nearest point stands out
 # of it, as a fraction of the plane's long side (2 m).
@@ -22,97 +23,79 @@ PLANE_SIZE = 2.0
 PLANE_RELIEF = 0.25
 
 
-class LEAN_IMAGE_AI_OT_remove_background(common.ModelOperatorProperties, JobOperator, bpy.types.Operator):
+@with_family_options(ben2.FAMILY)
+class LEAN_IMAGE_AI_OT_remove_background(ModelJobOperator, bpy.types.Operator):
     """Cut the subject out of an image with BEN2 (the background becomes transparent)"""
 
-    bl_idname = "lean_image_ai.remove_background"
-    bl_label = "Remove Background"
+    bl_idname = operator_idname(ben2.FAMILY)
+    bl_label = ben2.FAMILY.action
     bl_description = (
         "Cut the subject out of the image with BEN2: a new '<image>_cutout' image whose alpha is "
         "the subject's matte (or the source image itself with Replace)"
     )
-    job_title = "Remove Background"
+    job_title = ben2.FAMILY.action
 
-    replace: options.replace()
+    def keeps_source(self):
+        return self.replace
 
-    def gather(self, context):
-        inputs = common.gather_job(self, context, "ben2", ben2.run, keep_source=self.replace)
-        inputs["replace"] = bool(self.replace)
-        if self.replace and inputs["info"].channels < 4:
-            discard_inputs(inputs)
+    def gather(self, context, job):
+        inputs = super().gather(context, job)
+        if self.replace and inputs.info.channels < 4:
             raise InvalidImageError(
-                f"Image '{inputs['info'].name}' has no alpha channel, so Replace cannot store the "
+                f"Image '{inputs.info.name}' has no alpha channel, so Replace cannot store the "
                 "cut-out in it. Turn Replace off to get a new image with alpha."
             )
         return inputs
 
-    def work(self, inputs, options):
-        return ben2.run(
-            inputs["model_rgba"], inputs["model_path"], options=options, **inputs["adapter_options"]
-        )
-
     def apply(self, context, inputs, result):
-        info = inputs["info"]
-        source_rgba = inputs["rgba"]
+        info = inputs.info
+        source_rgba = inputs.rgba
         straight = image_io.unpremultiply(source_rgba) if info.premultiplied else source_rgba.copy()
         straight[..., 3] = result.rgba[..., 3]
-        if inputs["replace"]:
-            image = inputs["source"]
+        if inputs.options["replace"]:
+            image = inputs.source
             out = image_io.premultiply(straight) if info.premultiplied else straight
             image_io.write_array_to_image(image, out)
             try:
-                note = common.save_output(image, inputs)
+                note = results.save_output(image, inputs.output)
             except BaseException:
                 image_io.write_array_to_image(image, source_rgba)  # as it was
                 raise
             image.update()
             return f"Removed the background of '{image.name}' in place{note}"
-        with common.created_data() as created:
-            image = created.add(
-                bpy.data.images, common.new_image_like(f"{inputs['stem']}_cutout", straight, info)
-            )
-            note = common.save_output(image, inputs)
+        with results.created_data() as created:
+            image = created.add(bpy.data.images, results.new_image_like(f"{inputs.stem}_cutout", straight, info))
+            note = results.save_output(image, inputs.output)
         kept = float((result.matte > 0.5).mean())
         return f"Removed the background: '{image.name}' ({kept:.0%} of the pixels kept){note}"
 
 
-class LEAN_IMAGE_AI_OT_estimate_depth(common.ModelOperatorProperties, JobOperator, bpy.types.Operator):
+@with_family_options(da3.FAMILY)
+class LEAN_IMAGE_AI_OT_estimate_depth(ModelJobOperator, bpy.types.Operator):
     """Estimate a depth map with Depth Anything 3"""
 
-    bl_idname = "lean_image_ai.estimate_depth"
-    bl_label = "Estimate Depth"
+    bl_idname = operator_idname(da3.FAMILY)
+    bl_label = da3.FAMILY.action
     bl_description = (
         "Estimate depth with Depth Anything 3: a float 'Non-Color' image '<image>_depth' (depth in "
         "every colour channel), optionally a displaced plane that shows it in 3D"
     )
-    job_title = "Estimate Depth"
-
-    make_plane: options.make_plane()
-
-    def gather(self, context):
-        inputs = common.gather_job(self, context, "da3", da3.run)
-        inputs["make_plane"] = bool(self.make_plane)
-        return inputs
-
-    def work(self, inputs, options):
-        return da3.run(
-            inputs["model_rgba"], inputs["model_path"], options=options, **inputs["adapter_options"]
-        )
+    job_title = da3.FAMILY.action
 
     def apply(self, context, inputs, result):
         depth = np.asarray(result.depth, np.float32)
         rgba = np.empty((*depth.shape, 4), np.float32)
         rgba[..., :3] = depth[..., None]
         rgba[..., 3] = 1.0
-        stem = inputs["stem"]
-        with common.created_data() as created:
+        stem = inputs.stem
+        with results.created_data() as created:
             image = created.add(
                 bpy.data.images,
                 image_io.array_to_new_image(f"{stem}_depth", rgba, float_buffer=True, colorspace="Non-Color"),
             )
-            note = common.save_output(image, inputs)
+            note = results.save_output(image, inputs.output)
             plane = None
-            if inputs["make_plane"]:
+            if inputs.options["make_plane"]:
                 plane = make_depth_plane(context, created, f"{stem}_depth_plane", image, depth)
         low, high = float(depth.min()), float(depth.max())
         summary = f"Depth '{image.name}' ({depth.shape[1]}x{depth.shape[0]}, {low:.3g} to {high:.3g})"
@@ -131,7 +114,7 @@ def grid_mesh(name: str, width: float, height: float, nx: int, ny: int):
     # counter-clockwise seen from +Z: the face normals point up
     quads = np.stack([index[:-1, :-1], index[:-1, 1:], index[1:, 1:], index[1:, :-1]], axis=-1).reshape(-1, 4)
     uv = np.stack([(gx.ravel() + width / 2) / width, (gy.ravel() + height / 2) / height], axis=1)
-    return common.build_mesh(name, co, quads, uv.astype(np.float32))
+    return results.build_mesh(name, co, quads, uv.astype(np.float32))
 
 
 def make_depth_plane(context, created, name, depth_image, depth):
@@ -160,49 +143,40 @@ def make_depth_plane(context, created, name, depth_image, depth):
     span = high - low
     modifier.mid_level = high
     modifier.strength = -PLANE_RELIEF * PLANE_SIZE / span if span > 0 and math.isfinite(span) else 0.0
-    common.link_object(context, obj)
+    results.link_object(context, obj)
     return obj
 
 
-class LEAN_IMAGE_AI_OT_upscale(common.ModelOperatorProperties, JobOperator, bpy.types.Operator):
+@with_family_options(upscale.FAMILY)
+class LEAN_IMAGE_AI_OT_upscale(ModelJobOperator, bpy.types.Operator):
     """Upscale an image with a super-resolution model"""
 
-    bl_idname = "lean_image_ai.upscale"
+    bl_idname = operator_idname(upscale.FAMILY)
     bl_label = "Upscale Image"
     bl_description = (
         "Upscale the image with a super-resolution model (Real-ESRGAN or your own; the built-in "
         "bicubic x2 when none is installed): a new '<image>_x<scale>' image"
     )
-    job_title = "Upscale"
-
-    tile_size: options.tile_size()
-
-    def gather(self, context):
-        inputs = common.gather_job(self, context, "upscale", upscale.run, fallback=upscale.DEFAULT_MODEL_PATH)
-        inputs["tile_size"] = int(self.tile_size)
-        return inputs
+    job_title = upscale.FAMILY.action
 
     def work(self, inputs, options):
-        tile = inputs["tile_size"] or "auto"
         return upscale.run(
-            inputs["model_rgba"],
-            inputs["model_path"],
+            inputs.model_rgba,
+            inputs.model.path,
             options=options,
-            tile_size=tile,
-            memory_budget_bytes=inputs["memory_budget"],
-            **inputs["adapter_options"],
+            memory_budget_bytes=inputs.memory_budget,
+            **inputs.adapter_kwargs,
         )
 
     def apply(self, context, inputs, result):
-        info = inputs["info"]
+        info = inputs.info
         model_rgba = image_io.to_rgba(result.image)  # 3 channels when the source had no alpha
         straight = image_io.from_model_rgb(model_rgba, info.is_linear)
-        with common.created_data() as created:
+        with results.created_data() as created:
             image = created.add(
-                bpy.data.images,
-                common.new_image_like(f"{inputs['stem']}_x{result.scale}", straight, info),
+                bpy.data.images, results.new_image_like(f"{inputs.stem}_x{result.scale}", straight, info)
             )
-            note = common.save_output(image, inputs)
+            note = results.save_output(image, inputs.output)
         width, height = image.size
         return f"Upscaled x{result.scale} to '{image.name}' ({width}x{height}){note}"
 

@@ -1,21 +1,25 @@
-"""Jobs: model work on a worker thread, Blender data touched only on the main thread.
+"""The one job engine: work on a worker thread, Blender data touched only on the main thread.
 
-An operator built on `JobOperator` splits its work in three:
-  gather(context)            main thread: read Blender data into plain Python/numpy
-  work(inputs, job_options)  worker thread (or inline in background mode): models/ only, no bpy,
-                             and nothing read from the operator itself (`self` is a Blender
-                             struct: only `inputs` may be used)
-  apply(context, inputs, result)  main thread: create images/meshes; the operator's UNDO flag
-                             makes Blender push one undo step when it returns FINISHED.
-With a UI, `invoke` starts the worker and a modal timer; Esc (or the panel's Cancel) sets the
-job's cancel event, which the runtime checks before every model run. In background mode
-(`bpy.app.background`, headless scripts) Blender calls `execute` even for 'INVOKE_DEFAULT', and
-`execute` runs the same three steps synchronously.
-One job runs at a time; a second request is refused with a message naming the running one.
+Model jobs and model downloads both run through it. An operator built on :class:`WorkerOperator`
+splits its work in three:
 
-Whatever gather creates for the job (say an image loaded from a file) can be registered in
-`inputs["on_discard"]` (callables): they run on the main thread whenever the job ends without
-applying (failure, cancellation, unregister), so a failed job leaves Blender's data as it was.
+  prepare(context, job)  main thread: read Blender data; returns the work, a callable
+                         ``work(job) -> result`` that uses no bpy and nothing of the operator
+                         (``self`` is a Blender struct)
+  work(job)              worker thread (or inline in background mode); reports progress with
+                         ``job.report`` and stops when ``job.cancel_event`` is set
+  finish(context, job)   main thread, whatever the outcome: apply or report; returns the
+                         operator's result set
+
+With a UI, ``invoke`` starts the worker under a modal timer (progress bar, status text, Esc
+cancels). In background mode (``bpy.app.background``, headless scripts) Blender calls ``execute``
+even for 'INVOKE_DEFAULT', and ``execute`` runs the same three steps synchronously.
+
+Each lane (:data:`manager` for model jobs, :data:`downloads` for downloads) runs one job at a time
+and refuses a second with a message naming the running one; the two lanes run side by side, as a
+download never touches the runtime. Whatever ``prepare`` creates for the job (an image loaded
+from a file, say) is registered with ``job.on_discard``: it is removed whenever the job ends
+without being applied (failure, cancel, unregister), so Blender's data stays as it was.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ from dataclasses import dataclass, field
 
 import bpy
 
-from ..models.base import JobOptions
 from ..runtime.errors import LeanImageError, OperationCancelled
 
 TIMER_INTERVAL = 0.1
@@ -38,6 +41,7 @@ JOIN_TIMEOUT = 30.0
 @dataclass
 class Job:
     name: str
+    key: str = ""  # what the job works on (a catalog id for a download)
     cancel_event: threading.Event = field(default_factory=threading.Event)
     progress: float = 0.0
     stage: str = "starting"
@@ -47,10 +51,10 @@ class Job:
     error_text: str = ""
     thread: threading.Thread | None = None
     started: float = field(default_factory=time.monotonic)
-    # Set while a modal handler drives the job: removes its timer, progress bar and status text.
-    # Held by the job (not the operator) so that cancel_all() can tidy up without the operator.
-    teardown: Callable[[], None] | None = None
-    inputs: dict | None = None
+    # Held by the job (not the operator) so that cancel_all() can tidy up without the operator:
+    teardown: Callable[[], None] | None = None  # removes the modal timer, progress bar, status
+    on_discard: list[Callable[[], None]] = field(default_factory=list)
+    inputs: object = None  # what prepare() read for the job, for finish()
 
     def report(self, fraction: float, stage: str) -> None:
         self.progress, self.stage = fraction, stage
@@ -64,24 +68,47 @@ class Job:
     def done(self) -> bool:
         return self.state != "running"
 
+    def discard(self) -> None:
+        """Undo what was prepared for the job (main thread; once)."""
+        callbacks, self.on_discard = self.on_discard, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # a datablock the user already removed: nothing left to undo
+                traceback.print_exc()
+
+    def mark_cancelled(self) -> None:
+        """A job ended from outside before it was applied counts as cancelled, whatever its
+        worker got to (a worker that did not stop in time included)."""
+        if self.state in ("running", "finished"):
+            self.state, self.error_text = "cancelled", f"{self.name} was cancelled; nothing was changed."
+
+
+class JobBusyError(LeanImageError):
+    pass
+
 
 class JobManager:
-    """Process-wide: the one running job (what the panel shows and unregister cancels)."""
+    """One lane of jobs: the running one (``current``) and the outcome of the latest (``last``)."""
 
-    def __init__(self):
+    def __init__(self, busy_hint: str):
         self._lock = threading.Lock()
+        self._busy_hint = busy_hint
         self.current: Job | None = None
         self.last: Job | None = None
 
-    def begin(self, name: str) -> Job:
+    def begin(self, name: str, key: str = "") -> Job:
         with self._lock:
             if self.current is not None and not self.current.done:
                 raise JobBusyError(
-                    f"'{self.current.name}' is still running ({self.current.stage}). "
-                    "Wait for it to finish or cancel it (Esc, or Cancel in the Lean Image AI panel)."
+                    f"'{self.current.name}' is still running ({self.current.stage}). {self._busy_hint}"
                 )
-            self.current = Job(name)
+            self.current = Job(name, key)
             return self.current
+
+    def running(self) -> Job | None:
+        job = self.current
+        return job if job is not None and not job.done else None
 
     def end(self, job: Job) -> None:
         with self._lock:
@@ -90,75 +117,47 @@ class JobManager:
             self.last = job
 
     def cancel_all(self, *, join_timeout: float = JOIN_TIMEOUT) -> None:
-        """Cancel the current job, wait for its worker, and undo what the job left behind (its
-        modal timer and progress bar, data gathered for it). Main thread only."""
+        """Cancel the current job, wait for its worker, and undo what it left behind (its modal
+        timer and progress bar, data prepared for it). Main thread only."""
         job = self.current
         if job is None:
             return
-        job.cancel()
-        if job.thread is not None and job.thread is not threading.current_thread():
-            job.thread.join(join_timeout)
-        if job.teardown is not None:
-            job.teardown()
-        if job.inputs is not None:  # never applied (even if its worker finished): keep nothing
-            discard_inputs(job.inputs)
-            job.inputs = None
-        _mark_cancelled(job)
+        stop(job, join_timeout)
         self.end(job)
 
 
-class JobBusyError(LeanImageError):
-    pass
+manager = JobManager("Wait for it to finish or cancel it (Esc, or Cancel in the Lean Image AI panel).")
+downloads = JobManager("Wait for it to finish or cancel it in the add-on preferences.")
 
 
-manager = JobManager()
+def stop(job: Job, join_timeout: float = JOIN_TIMEOUT) -> None:
+    job.cancel()
+    if job.thread is not None and job.thread is not threading.current_thread():
+        job.thread.join(join_timeout)
+    if job.teardown is not None:
+        job.teardown()
+    job.discard()
+    job.mark_cancelled()
 
 
-def _mark_cancelled(job: Job) -> None:
-    """A job ended from outside before its result was applied counts as cancelled, whatever
-    its worker got to (a worker that did not stop in time included)."""
-    if job.state in ("running", "finished"):
-        job.state, job.error_text = "cancelled", f"{job.name} was cancelled; nothing was changed."
-
-
-def discard_inputs(inputs: dict) -> None:
-    """Run the job's `on_discard` callables once (main thread)."""
-    callbacks = inputs.pop("on_discard", None) or ()
-    for callback in callbacks:
-        try:
-            callback()
-        except Exception:  # a datablock the user already removed: nothing left to undo
-            traceback.print_exc()
-
-
-def run_work(work: Callable, job: Job, inputs) -> None:
-    """The worker body: `work` is the operator's bound `work`, looked up on the main thread.
-    Everything it touches is numpy/models/runtime, never bpy."""
-    options = JobOptions(device=inputs.get("device", "auto"), progress=job.report, cancel=job.cancel_event)
+def run_job(job: Job, work: Callable[[Job], object]) -> None:
+    """The worker body: runs ``work(job)`` and records the outcome in ``job``."""
     try:
-        result = work(inputs, options)
+        result = work(job)
     except OperationCancelled as exc:
         job.error, job.error_text, job.state = exc, str(exc), "cancelled"
     except LeanImageError as exc:
         job.error, job.error_text, job.state = exc, str(exc), "failed"
-    except Exception as exc:  # a bug: keep the traceback for the console, a short line for the user
+    except Exception as exc:  # a bug: the traceback to the console, a short line for the user
         traceback.print_exc()
         job.error, job.error_text, job.state = exc, f"Unexpected error: {type(exc).__name__}: {exc}", "failed"
     else:
         # result before state: the main thread reads the result once it sees the state change
         job.result = result
-        if job.cancel_event.is_set():  # cancelled after the last run: still nothing is applied
+        if job.cancel_event.is_set():  # cancelled after the last step: still nothing is applied
             job.error_text, job.state = f"{job.name} was cancelled; nothing was changed.", "cancelled"
         else:
             job.state = "finished"
-
-
-def modal_events_available(context) -> bool:
-    """Whether Blender delivers timer events to modal handlers: never in background mode.
-
-    (Blender itself calls `execute` for 'INVOKE_DEFAULT' in background mode; this guards direct
-    `invoke` calls from scripts. Tests replace it to drive the modal path with stand-ins.)"""
-    return not bpy.app.background
 
 
 class _ModalTeardown:
@@ -180,58 +179,49 @@ class _ModalTeardown:
             pass
 
 
-class JobOperator:
-    """Mixin for bpy.types.Operator subclasses. Subclasses define gather/work/apply."""
+class WorkerOperator:
+    """Mixin for bpy.types.Operator subclasses that run one job (see module doc)."""
 
-    bl_options = {"REGISTER", "UNDO"}
+    lane: JobManager = manager
     job_title = "Lean Image AI"
+    redraw_areas = frozenset({"IMAGE_EDITOR", "VIEW_3D"})
 
     _job: Job | None = None
-    _inputs: dict | None = None
 
-    # -- to override --------------------------------------------------------------------------
-    def gather(self, context) -> dict:
+    def prepare(self, context, job: Job) -> Callable[[Job], object]:
         raise NotImplementedError
 
-    def work(self, inputs: dict, options: JobOptions):
+    def finish(self, context, job: Job) -> set:
         raise NotImplementedError
 
-    def apply(self, context, inputs: dict, result) -> str:
-        """Create Blender data from the result; returns a one-line summary for the report.
-        On failure it must remove what it created before raising."""
-        raise NotImplementedError
+    def job_key(self) -> str:
+        return ""
 
     # -- synchronous path (background mode, scripts, and `execute` calls) ----------------------
     def execute(self, context):
-        try:
-            job = manager.begin(self.job_title)
-        except JobBusyError as exc:
-            self.report({"ERROR"}, str(exc))
+        started = self._begin(context)
+        if started is None:
             return {"CANCELLED"}
+        job, work = started
         try:
-            inputs = self._gather(context, job)
-            if inputs is None:
-                return {"CANCELLED"}
-            job.inputs = inputs
-            run_work(self.work, job, inputs)
-            return self._finish(context, job, inputs)
+            run_job(job, work)
+            return self.finish(context, job)
         finally:
-            manager.end(job)
+            job.discard()  # finish() empties it when it applied the job
+            self.lane.end(job)
 
     # -- modal path (interactive Blender) --------------------------------------------------------
     def invoke(self, context, event):
-        if not modal_events_available(context):
+        if bpy.app.background:
             return self.execute(context)
-        try:
-            job = manager.begin(self.job_title)
-        except JobBusyError as exc:
-            self.report({"ERROR"}, str(exc))
+        return self.start_modal(context)
+
+    def start_modal(self, context):
+        """Start the worker under a modal timer; what ``invoke`` does when Blender has a UI."""
+        started = self._begin(context)
+        if started is None:
             return {"CANCELLED"}
-        inputs = self._gather(context, job)
-        if inputs is None:
-            manager.end(job)
-            return {"CANCELLED"}
-        job.inputs = inputs
+        job, work = started
         wm = context.window_manager
         try:
             timer = wm.event_timer_add(TIMER_INTERVAL, window=context.window)
@@ -246,15 +236,14 @@ class JobOperator:
         if not handler_added:
             if job.teardown is not None:
                 job.teardown()
-            discard_inputs(inputs)
+            job.discard()
             job.state, job.error_text = "failed", f"Blender could not start the job ({problem})."
-            manager.end(job)
+            self.lane.end(job)
             self.report({"ERROR"}, job.error_text)
             return {"CANCELLED"}
-        self._job, self._inputs = job, inputs
-        # bound here: the worker must not look anything up on the operator (a Blender struct)
+        self._job = job
         job.thread = threading.Thread(
-            target=run_work, args=(self.work, job, inputs), name=f"lean_image_ai:{job.name}", daemon=True
+            target=run_job, args=(job, work), name=f"lean_image_ai:{job.name}", daemon=True
         )
         job.thread.start()
         return {"RUNNING_MODAL"}
@@ -271,96 +260,60 @@ class JobOperator:
         if not job.done:
             context.window_manager.progress_update(int(job.progress * 100))
             _set_status(context, f"{job.name}: {job.stage} ({job.progress:.0%}) - Esc to cancel")
-            _redraw_panels(context)
+            self._redraw(context)
             return {"RUNNING_MODAL"}
         if job.teardown is not None:
             job.teardown()
-        _redraw_panels(context)
+        self._redraw(context)
         try:
-            if manager.current is not job and job.inputs is None:
-                # cancel_all() already ended it (and discarded its inputs)
-                return {"CANCELLED"}
-            return self._finish(context, job, self._inputs)
+            if self.lane.current is not job and job.state == "cancelled":
+                return {"CANCELLED"}  # cancel_all() already ended it and discarded its data
+            return self.finish(context, job)
         finally:
-            manager.end(job)
+            job.discard()
+            self.lane.end(job)
 
     def cancel(self, context):
-        """Blender calls this when the modal operator is cancelled from outside (e.g. file load)."""
+        """Blender calls this when the modal operator is stopped from outside (e.g. file load)."""
         job = self._job
         if job is None:
             return
-        job.cancel()
-        if job.thread is not None:
-            job.thread.join(JOIN_TIMEOUT)
-        if job.teardown is not None:
-            job.teardown()
-        if job.inputs is not None:
-            discard_inputs(job.inputs)
-            job.inputs = None
-        _mark_cancelled(job)
-        manager.end(job)
+        stop(job)
+        self.lane.end(job)
 
     # -- shared ----------------------------------------------------------------------------------
-    def _gather(self, context, job: Job) -> dict | None:
+    def _begin(self, context) -> tuple[Job, Callable[[Job], object]] | None:
+        """Claim the lane and prepare the job: (job, work), or None after reporting why not."""
         try:
-            return self.gather(context)
+            job = self.lane.begin(self.job_title, self.job_key())
+        except JobBusyError as exc:
+            self.report({"ERROR"}, str(exc))
+            return None
+        try:
+            return job, self.prepare(context, job)
         except LeanImageError as exc:
             job.state, job.error_text = "failed", str(exc)
         except Exception as exc:  # a bug: traceback to the console, a line to the user
             traceback.print_exc()
             job.state, job.error_text = "failed", f"Unexpected error: {type(exc).__name__}: {exc}"
+        job.discard()
+        self.lane.end(job)
         self.report({"ERROR"}, job.error_text)
         return None
 
-    def _finish(self, context, job: Job, inputs):
-        job.inputs = None  # from here on this method owns the cleanup
-        if job.state in ("cancelled", "failed"):
-            discard_inputs(inputs)
-            if job.state == "cancelled":
-                self.report({"WARNING"}, job.error_text or f"{job.name} cancelled; nothing was changed.")
-            else:
-                self.report({"ERROR"}, job.error_text)
-            return {"CANCELLED"}
-        try:
-            summary = self.apply(context, inputs, job.result)
-        except Exception as exc:
-            if not isinstance(exc, LeanImageError):
-                traceback.print_exc()
-            discard_inputs(inputs)
-            text = (
-                str(exc)
-                if isinstance(exc, LeanImageError)
-                else f"Unexpected error: {type(exc).__name__}: {exc}"
-            )
-            job.state, job.error_text = "failed", text
-            self.report({"ERROR"}, text)
-            return {"CANCELLED"}
-        inputs.pop("on_discard", None)
-        for warning in _all_warnings(job.result):
-            self.report({"WARNING"}, warning)
-        self.report({"INFO"}, summary)
-        return {"FINISHED"}
-
-
-def _all_warnings(result) -> list[str]:
-    if isinstance(result, list):
-        return [w for r in result for w in getattr(r, "warnings", None) or []]
-    return list(getattr(result, "warnings", None) or [])
+    def _redraw(self, context):
+        wm = getattr(context, "window_manager", None)
+        screens = [w.screen for w in getattr(wm, "windows", ())] or [getattr(context, "screen", None)]
+        for screen in screens:
+            for area in getattr(screen, "areas", ()):
+                if area.type in self.redraw_areas:
+                    area.tag_redraw()
 
 
 def _set_status(context, text):
     workspace = getattr(context, "workspace", None)
     if workspace is not None:
         workspace.status_text_set(text)
-
-
-def _redraw_panels(context):
-    screen = getattr(context, "screen", None)
-    if screen is None:
-        return
-    for area in screen.areas:
-        if area.type in {"IMAGE_EDITOR", "VIEW_3D"}:
-            area.tag_redraw()
 
 
 class LEAN_IMAGE_AI_OT_cancel_job(bpy.types.Operator):
@@ -372,8 +325,8 @@ class LEAN_IMAGE_AI_OT_cancel_job(bpy.types.Operator):
     bl_options = {"REGISTER"}
 
     def execute(self, context):
-        job = manager.current
-        if job is None or job.done:
+        job = manager.running()
+        if job is None:
             self.report({"INFO"}, "No Lean Image AI job is running.")
             return {"CANCELLED"}
         job.cancel()

@@ -23,6 +23,7 @@ from .errors import (
     InferenceOutOfMemoryError,
     ModelFileError,
     OperationCancelled,
+    first_line,
 )
 from .events import EventLog
 from .memory import memory_snapshot, nvidia_gpu_count
@@ -271,7 +272,7 @@ class Runtime:
             if not type(exc).__module__.startswith("onnxruntime"):
                 raise
             raise ModelFileError(
-                f"Could not load {path} as an ONNX model ({_first_line(exc)}). The file may be "
+                f"Could not load {path} as an ONNX model ({first_line(exc)}). The file may be "
                 "truncated or corrupt: remove it and install it again."
             ) from exc
         handle = SessionHandle(key, path, request, session, cpu_arena=cpu_arena)
@@ -308,7 +309,7 @@ class Runtime:
         try:  # loads NVIDIA's CUDA/cuDNN wheels when installed; harmless otherwise
             _ort().preload_dlls()
         except Exception as exc:
-            self.events.emit("cuda_preload_failed", error=_first_line(exc))
+            self.events.emit("cuda_preload_failed", error=first_line(exc))
 
     def cached_sessions(self) -> list[SessionHandle]:
         with self._lock:
@@ -427,7 +428,7 @@ class Operation:
                     model=handle.model_name,
                     device=handle.device_label,
                     shrink=handle.shrink,
-                    detail=_first_line(exc),
+                    detail=first_line(exc),
                 )
                 handle.shrink = ""
                 release_now = False
@@ -436,7 +437,7 @@ class Operation:
             resource = out_of_memory_resource(exc, on_gpu=handle.gpu_device_id is not None)
             if resource is None:
                 raise InferenceError(
-                    f"{handle.model_name} failed on {handle.device_label}: {_first_line(exc)}"
+                    f"{handle.model_name} failed on {handle.device_label}: {first_line(exc)}"
                 ) from exc
             self._dirty.pop(id(handle), None)
             self.runtime.evict(handle, reason="out_of_memory")
@@ -446,7 +447,7 @@ class Operation:
                 model=handle.model_name,
                 device=handle.device_label,
                 resource=resource,
-                detail=_first_line(exc),
+                detail=first_line(exc),
             )
             raise InferenceOutOfMemoryError(
                 f"Out of {resource} while running {handle.model_name} on {handle.device_label}. "
@@ -539,11 +540,6 @@ def _as_cancel_check(cancel) -> Callable[[], bool]:
     if callable(cancel):
         return lambda: bool(cancel())
     raise TypeError("cancel must be None, a threading.Event or a callable returning bool")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:300]
 
 
 _runtime: Runtime | None = None

@@ -1,6 +1,12 @@
 """Error types a user can read. Each message says what happened and what to do next."""
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception as one short line for a message (ORT's texts run to many lines)."""
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
+
+
 class LeanImageError(Exception):
     """Base of every error this add-on raises on purpose (as opposed to a bug)."""
 

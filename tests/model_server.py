@@ -109,7 +109,7 @@ def loopback_entry(url: str | None, data: bytes | None, **overrides) -> CatalogE
         sha256=hashlib.sha256(data).hexdigest() if data is not None else None,
         license="MIT",
         source="loopback",
-        preprocess={"scale": 4, "tile": 64},
+        settings={"tile_overlap": 8},
         notes="test entry",
     )
     fields.update(overrides)

@@ -127,11 +127,12 @@ out["enabled"] = name in bpy.context.preferences.addons.keys()
 module = importlib.import_module(name)
 out["module_file"] = module.__file__
 from bl_ext.user_default.lean_image_ai.ui import preferences as P
-out["addon_id"] = P.ADDON_ID
-prefs = P.get_prefs(bpy.context, fallback=False)
-out["prefs_class"] = type(prefs).__name__ if prefs is not None else None
-out["device_string"] = P.get_device_string(prefs)
-out["models_dir"] = str(P.get_models_dir(bpy.context))
+from bl_ext.user_default.lean_image_ai.operators import prefs as R
+out["addon_id"] = R.ADDON_ID
+prefs = R.get_prefs(bpy.context)
+out["prefs_class"] = type(prefs).__name__
+out["device_string"] = R.device_string(prefs)
+out["models_dir"] = str(R.models_folder(bpy.context, create=True))
 out["prefs_registered"] = P.LeanImageAIPreferences.is_registered
 bpy.ops.preferences.addon_disable(module=name)
 out["enabled_after_disable"] = name in bpy.context.preferences.addons.keys()
@@ -226,10 +227,11 @@ def test_register_unregister_register_again():
     import bpy  # noqa: F401  (real Blender in this process)
 
     package = bh.import_package()
+    from lean_image_ai.operators import prefs
     from lean_image_ai.ui import preferences
 
     cls = preferences.LeanImageAIPreferences
-    assert preferences.ADDON_ID == bh.PACKAGE
+    assert prefs.ADDON_ID == bh.PACKAGE
     try:
         package.register()
         assert cls.is_registered

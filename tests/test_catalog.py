@@ -8,16 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from lean_image_ai.models import catalog as cat
-from lean_image_ai.models.catalog import (
-    BUILTIN_ENTRIES,
-    FAMILIES,
-    Catalog,
-    CatalogEntry,
-    default_models_dir,
-    register_user_model,
-)
+from lean_image_ai.models import families, library
+from lean_image_ai.models.catalog import BUILTIN_ENTRIES, Catalog, CatalogEntry, register_user_model
 from lean_image_ai.runtime.errors import LeanImageError, ModelFileError
+
+FAMILIES = families.IDS
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -64,28 +59,63 @@ def test_builtin_ids_and_filenames_are_unique():
     assert len(names) == len(set(names)), "two entries would overwrite each other's file"
 
 
-def test_family_specific_preprocessing_constants():
+def entry_fields(**overrides) -> dict:
+    fields = dict(
+        id="x",
+        family="upscale",
+        variant="v",
+        title="t",
+        filename="x.onnx",
+        url=None,
+        size_bytes=None,
+        sha256=None,
+        license="MIT",
+        source="s",
+    )
+    fields.update(overrides)
+    return fields
+
+
+@pytest.mark.parametrize(
+    "family, settings, problem",
+    [
+        ("upscale", {"tile": 128}, "unknown upscale setting 'tile'"),  # read by no code: gone
+        ("upscale", {"tile_overlap": -1}, "tile_overlap"),
+        ("ben2", {"mean": (0.5, 0.5)}, "mean"),
+        ("da3", {"process_res": "504"}, "process_res"),
+        ("moge2", {"num_tokens_range": (3600, 1200)}, "num_tokens_range"),
+        ("moge2", {"mask_threshold": 2}, "mask_threshold"),
+    ],
+)
+def test_entry_settings_are_checked_against_the_family(family, settings, problem):
+    with pytest.raises(ValueError, match=re.escape(problem)) as err:
+        CatalogEntry(**entry_fields(id="bad-entry", family=family, settings=settings))
+    assert "bad-entry" in str(err.value)  # the message names the entry
+
+
+def test_settings_become_the_adapters_keywords():
+    """Each built-in entry's settings map onto keywords its adapter's run() really takes, with
+    the artist's adapter options added and front-end-only options left out."""
+    import inspect
+
     c = Catalog()
-    for e in c.entries("ben2"):
-        assert len(e.preprocess["mean"]) == 3 and len(e.preprocess["std"]) == 3
-        assert tuple(e.preprocess["input_size"]) == (1024, 1024)
-    # The two BEN2 exports document different normalisations; the catalog keeps them apart.
-    assert c.get("ben2-fp16").preprocess["mean"] == cat.IMAGENET_MEAN
-    assert c.get("ben2-base").preprocess["mean"] == (0.0, 0.0, 0.0)
-    da3 = c.get("da3-metric-large")
-    assert da3.preprocess["process_res"] == 504
-    assert tuple(da3.preprocess["input_size"]) == (280, 504)
-    for e in c.entries("moge2"):
-        assert tuple(e.preprocess["num_tokens_range"]) == (1200, 3600)
-    for e in c.entries("upscale"):
-        assert e.preprocess["scale"] == 4
-        assert e.preprocess["tile"] > 0
+    for entry in c.entries():
+        family = families.get(entry.family)
+        accepted = set(inspect.signature(family.run).parameters)
+        values = {o.name: o.default for o in family.options}
+        kwargs = entry.adapter_kwargs(**values)
+        assert set(kwargs) <= accepted, (entry.id, set(kwargs) - accepted)
+        assert not {o.name for o in family.options if not o.to_adapter} & set(kwargs)
+    # the two BEN2 exports keep their different normalisations apart
+    assert c.get("ben2-fp16").adapter_kwargs()["mean"] == (0.485, 0.456, 0.406)
+    assert c.get("ben2-base").adapter_kwargs()["mean"] == (0.0, 0.0, 0.0)
+    assert c.get("da3-metric-large").adapter_kwargs()["multiple"] == 14  # renamed keyword
 
 
-def test_preprocess_mapping_is_read_only():
+def test_settings_mapping_is_read_only():
     entry = BUILTIN_ENTRIES[0]
     with pytest.raises(TypeError):
-        entry.preprocess["mean"] = (0, 0, 0)  # type: ignore[index]
+        entry.settings["mean"] = (0, 0, 0)  # type: ignore[index]
     hash(entry)  # frozen entries stay hashable despite the mapping
 
 
@@ -101,21 +131,8 @@ def test_preprocess_mapping_is_read_only():
     ],
 )
 def test_entry_validation_rejects_bad_fields(bad):
-    fields = dict(
-        id="x",
-        family="upscale",
-        variant="v",
-        title="t",
-        filename="x.onnx",
-        url=None,
-        size_bytes=None,
-        sha256=None,
-        license="MIT",
-        source="s",
-    )
-    fields.update(bad)
     with pytest.raises(ValueError):
-        CatalogEntry(**fields)
+        CatalogEntry(**entry_fields(**bad))
 
 
 def test_get_unknown_id_raises_keyerror():
@@ -136,12 +153,12 @@ def test_entries_filters_by_family():
 
 def test_register_user_model_makes_a_path_entry(tmp_path):
     path = _fake_onnx(tmp_path)
-    entry = register_user_model("upscale", path, title="My 4x", scale=4)
+    entry = register_user_model("upscale", path, title="My 4x", settings={"tile_overlap": 34})
     assert entry.is_user and entry.url is None and entry.sha256 is None
     assert Path(entry.path) == path.resolve()
     assert entry.filename == "my_sr_x4.onnx"
     assert entry.title == "My 4x"
-    assert entry.preprocess["scale"] == 4
+    assert dict(entry.settings) == {"tile_overlap": 34}
     assert entry.id.startswith("user-upscale-")
     # The same path gives the same id (stable across sessions); another path another id.
     assert register_user_model("upscale", path).id == entry.id
@@ -155,15 +172,13 @@ def test_register_user_model_rejects_bad_input(tmp_path):
     path = _fake_onnx(tmp_path)
     with pytest.raises(ValueError, match="family"):
         register_user_model("segment", path)
-    with pytest.raises(ValueError, match="upscale"):
-        register_user_model("ben2", path, scale=4)
-    with pytest.raises(ValueError, match="scale"):
-        register_user_model("upscale", path, scale=0)
+    with pytest.raises(ValueError, match="unknown ben2 setting 'tile_overlap'"):
+        register_user_model("ben2", path, settings={"tile_overlap": 4})
 
 
 def test_catalog_add_get_remove_user_model(tmp_path):
     c = Catalog()
-    entry = c.add_user_model("upscale", _fake_onnx(tmp_path), title="Mine", scale=2)
+    entry = c.add_user_model("upscale", _fake_onnx(tmp_path), title="Mine")
     assert c.get(entry.id) is entry
     assert entry in c.entries("upscale")
     assert entry not in c.entries("ben2")
@@ -180,14 +195,14 @@ def test_catalog_add_get_remove_user_model(tmp_path):
 
 def test_user_models_json_round_trip(tmp_path):
     c = Catalog()
-    a = c.add_user_model("upscale", _fake_onnx(tmp_path, "a.onnx"), title="A", scale=4)
+    a = c.add_user_model("upscale", _fake_onnx(tmp_path, "a.onnx"), title="A")
     b = c.add_user_model(
-        "ben2", _fake_onnx(tmp_path, "b.onnx"), preprocess={"mean": (0.5, 0.5, 0.5), "std": (1, 1, 1)}
+        "ben2", _fake_onnx(tmp_path, "b.onnx"), settings={"mean": (0.5, 0.5, 0.5), "std": (1, 1, 1)}
     )
     store = tmp_path / "prefs" / "user_models.json"
     c.save_user_models(store)
     data = json.loads(store.read_text())
-    assert data["format"] == 1 and len(data["user_models"]) == 2
+    assert data["format"] == 2 and len(data["user_models"]) == 2
     assert not list(store.parent.glob("*.tmp")), "atomic save leaves no temp file"
 
     fresh = Catalog()
@@ -195,7 +210,7 @@ def test_user_models_json_round_trip(tmp_path):
     assert sorted(e.id for e in loaded) == sorted([a.id, b.id])
     assert fresh.get(a.id) == a
     assert fresh.get(b.id) == b
-    assert fresh.get(b.id).preprocess["mean"] == (0.5, 0.5, 0.5)
+    assert fresh.get(b.id).settings["mean"] == (0.5, 0.5, 0.5)
     # Built-ins are untouched, and loading again replaces rather than duplicates.
     fresh.load_user_models(store)
     assert len(fresh.entries()) == len(BUILTIN_ENTRIES) + 2
@@ -223,24 +238,47 @@ def test_load_missing_or_broken_file(tmp_path):
     wrong.write_text(json.dumps({"format": 99, "user_models": []}))
     with pytest.raises(LeanImageError, match="format"):
         c.load_user_models(wrong)
+    typo = tmp_path / "typo.json"
+    item = c.add_user_model("da3", _fake_onnx(tmp_path)).to_dict()
+    item["settings"]["proces_res"] = 518
+    typo.write_text(json.dumps({"format": 2, "user_models": [item]}))
+    with pytest.raises(LeanImageError, match="proces_res"):  # never silently dropped
+        Catalog().load_user_models(typo)
+
+
+def test_format_1_files_load_without_the_retired_keys(tmp_path):
+    """Models registered before the settings schema still load: format 1 saved every family
+    default under 'preprocess', keys no code read included."""
+    path = _fake_onnx(tmp_path)
+    item = register_user_model("upscale", path).to_dict()
+    del item["settings"]
+    item["preprocess"] = {"channels": "RGB", "rescale": 1 / 255, "scale": 4, "tile": 256, "tile_overlap": 24}
+    store = tmp_path / "user_models.json"
+    store.write_text(json.dumps({"format": 1, "user_models": [item]}))
+    (loaded,) = Catalog().load_user_models(store)
+    assert dict(loaded.settings) == {"tile_overlap": 24}
 
 
 # -- models folder --------------------------------------------------------------------------
 
 
-def test_default_models_dir_honours_env(monkeypatch, tmp_path):
-    monkeypatch.setenv("LEAN_IMAGE_AI_MODELS", str(tmp_path / "here"))
-    assert default_models_dir() == tmp_path / "here"
+def test_models_dir_order(monkeypatch, tmp_path):
+    """An explicit choice, then the one environment variable, then the front-end's default."""
+    monkeypatch.setenv("LEAN_IMAGE_AI_MODELS_DIR", str(tmp_path / "env"))
+    assert library.models_dir(tmp_path / "chosen", tmp_path / "host") == tmp_path / "chosen"
+    assert library.models_dir("", tmp_path / "host") == tmp_path / "env"
+    monkeypatch.delenv("LEAN_IMAGE_AI_MODELS_DIR")
+    assert library.models_dir("", tmp_path / "host") == tmp_path / "host"
 
 
 def test_default_models_dir_per_user_cache(monkeypatch, tmp_path):
-    monkeypatch.delenv("LEAN_IMAGE_AI_MODELS", raising=False)
+    monkeypatch.delenv("LEAN_IMAGE_AI_MODELS_DIR", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("USERPROFILE", str(tmp_path))
-    got = default_models_dir()
+    got = library.models_dir()
     assert got.parts[-2:] == ("lean_image_ai", "models")
     if sys.platform.startswith("linux"):
         assert got == tmp_path / ".cache" / "lean_image_ai" / "models"
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-        assert default_models_dir() == tmp_path / "xdg" / "lean_image_ai" / "models"
+        assert library.models_dir() == tmp_path / "xdg" / "lean_image_ai" / "models"

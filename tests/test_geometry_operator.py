@@ -22,11 +22,10 @@ bpy = pytest.importorskip("bpy")
 bh.import_package()
 
 from builders_moge2 import moge2_like_model  # noqa: E402
-from lean_image_ai.models import moge2  # noqa: E402
+from lean_image_ai.models import library, moge2  # noqa: E402
 from lean_image_ai.models.base import JobOptions  # noqa: E402
 from lean_image_ai.operators import geometry_ops, image_io, image_ops, jobs  # noqa: E402
 from lean_image_ai.runtime import Runtime  # noqa: E402
-from lean_image_ai.ui import preferences  # noqa: E402
 
 W, H = 64, 48
 HOLE = (slice(10, 22), slice(40, 58))  # rows, cols without geometry (red 0)
@@ -40,7 +39,7 @@ def registered():
 
 @pytest.fixture(autouse=True)
 def clean(tmp_path, monkeypatch):
-    monkeypatch.setenv(preferences.MODELS_DIR_ENV, str(tmp_path / "models"))
+    monkeypatch.setenv(library.MODELS_DIR_ENV, str(tmp_path / "models"))
     bh.reset_blender()
     yield
     assert jobs.manager.current is None

@@ -15,6 +15,7 @@ import blender_helpers as bh  # noqa: E402
 
 bpy = pytest.importorskip("bpy")
 io = bh.import_submodule("operators.image_io")
+from lean_image_ai.models import files  # noqa: E402
 from lean_image_ai.runtime.errors import InvalidImageError  # noqa: E402
 
 W, H = 37, 23  # odd sizes: catch row/column mix-ups
@@ -454,7 +455,7 @@ def test_failed_blender_write_keeps_original_and_leaves_no_temp(tmp_path, monkey
     target = tmp_path / "keep.png"
     target.write_bytes(b"original")
     # Make Blender's own write fail: the temporary name it is given is already a folder.
-    monkeypatch.setattr(io.secrets, "token_hex", lambda n: "fixed")
+    monkeypatch.setattr(files.secrets, "token_hex", lambda n: "fixed")
     blocker = tmp_path / ".keep.png.fixed.tmp.png"
     blocker.mkdir()
     with pytest.raises(io.ImageSaveError, match="keep.png"):

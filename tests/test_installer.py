@@ -279,7 +279,7 @@ def test_user_model_install_returns_its_own_path(tmp_path):
     own = tmp_path / "elsewhere" / "mine.onnx"
     own.parent.mkdir()
     own.write_bytes(b"\x08\x07onnx")
-    entry = Catalog().add_user_model("upscale", own, scale=4)
+    entry = Catalog().add_user_model("upscale", own)
     assert installer.install(entry, tmp_path / "models") == own.resolve()
     assert installer.is_installed(entry, tmp_path / "models")
     assert not installer.remove(entry, tmp_path / "models")

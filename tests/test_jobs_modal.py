@@ -8,12 +8,11 @@ Blender is calling into it. So these tests drive the modal protocol themselves:
   gather/work/apply (copied from its class dict: registering a *subclass* of a registered
   operator breaks Blender's lookup of the parent's Python class). Its `execute` is the one place
   where a live operator instance exists (real properties, real `report`); there it calls the
-  real `invoke` and then `modal` with stand-in events, exactly the calls Blender makes.
+  real `start_modal` (what `invoke` does when Blender has a UI; background mode always takes
+  `execute`) and then `modal` with stand-in events, exactly the calls Blender makes.
 - Stand-ins for what background mode lacks: events (objects with `.type`/`.value`), and a context
   whose window manager and workspace record `event_timer_add/remove`, `modal_handler_add`,
   `progress_*` and `status_text_set` (everything else comes from the real `bpy.context`).
-  `jobs.modal_events_available` is patched to True: it is what tells `invoke` that Blender will
-  deliver timer events.
 - The worker runs the real upscale adapter on the real onnxruntime. To make "mid-job" exact
   instead of a race, `Job.report` (the progress callback the worker calls after each tile) is
   wrapped by a gate that holds the worker after its first tile until the test lets it go, or
@@ -37,9 +36,9 @@ bpy = pytest.importorskip("bpy")
 bh.import_package()
 
 from lean_image_ai import operators  # noqa: E402
+from lean_image_ai.models import library  # noqa: E402
 from lean_image_ai.operators import geometry_ops, image_io, image_ops, jobs  # noqa: E402
 from lean_image_ai.runtime import get_runtime  # noqa: E402
-from lean_image_ai.ui import preferences  # noqa: E402
 from onnx_builders import sr_model  # noqa: E402
 
 SIZE = 96  # with 48 px tiles (16 px overlap): several tiles, so there is a "between runs"
@@ -218,8 +217,7 @@ def registered():
 
 @pytest.fixture(autouse=True)
 def clean(tmp_path, monkeypatch):
-    monkeypatch.setenv(preferences.MODELS_DIR_ENV, str(tmp_path / "models"))
-    monkeypatch.setattr(jobs, "modal_events_available", lambda context: True)
+    monkeypatch.setenv(library.MODELS_DIR_ENV, str(tmp_path / "models"))
     bh.reset_blender()
     yield
     jobs.manager.cancel_all()  # never leave a worker behind, even when a test failed
@@ -255,7 +253,7 @@ def test_modal_job_reports_progress_and_finishes(monkeypatch, model, source):
     mark = len(get_runtime().events.recent("memory_release"))
 
     def script(op):
-        started = op.invoke(ctx, Event("LEFTMOUSE", "PRESS"))
+        started = op.start_modal(ctx)
         assert started == {"RUNNING_MODAL"}
         assert wm.handlers == [op] and len(wm.live_timers) == 1
         assert jobs.manager.current is not None and jobs.manager.current.thread.is_alive()
@@ -288,7 +286,7 @@ def test_esc_cancels_between_runs(monkeypatch, model, source):
 
     def script(op):
         images_before = len(bpy.data.images)
-        assert op.invoke(ctx, Event("LEFTMOUSE", "PRESS")) == {"RUNNING_MODAL"}
+        assert op.start_modal(ctx) == {"RUNNING_MODAL"}
         assert gate.reached.wait(10)
         job = jobs.manager.current
         assert op.modal(ctx, ESC) == {"RUNNING_MODAL"}  # Esc is consumed, the job winds down
@@ -312,7 +310,7 @@ def test_second_job_refused_and_cancel_job_operator(monkeypatch, model, source):
     ctx = StandInContext()
 
     def script(op):
-        assert op.invoke(ctx, Event("LEFTMOUSE", "PRESS")) == {"RUNNING_MODAL"}
+        assert op.start_modal(ctx) == {"RUNNING_MODAL"}
         assert gate.reached.wait(10)
         refused = None
         try:
@@ -335,7 +333,7 @@ def test_blender_cancelling_the_modal_operator(monkeypatch, model, source):
     ctx = StandInContext()
 
     def script(op):
-        assert op.invoke(ctx, Event("LEFTMOUSE", "PRESS")) == {"RUNNING_MODAL"}
+        assert op.start_modal(ctx) == {"RUNNING_MODAL"}
         assert gate.reached.wait(10)
         job = jobs.manager.current
         op.cancel(ctx)
@@ -353,7 +351,7 @@ def test_unregister_while_worker_runs_joins_it(monkeypatch, model, source):
     ctx = StandInContext()
 
     def script(op):
-        assert op.invoke(ctx, Event("LEFTMOUSE", "PRESS")) == {"RUNNING_MODAL"}
+        assert op.start_modal(ctx) == {"RUNNING_MODAL"}
         assert gate.reached.wait(10)
         return jobs.manager.current
 
@@ -388,7 +386,7 @@ def test_failed_gather_in_invoke_ends_the_job(tmp_path):
     ctx = StandInContext()
 
     def script(op):
-        return op.invoke(ctx, Event("LEFTMOUSE", "PRESS"))
+        return op.start_modal(ctx)
 
     with pytest.raises(RuntimeError, match="Image file not found"):
         drive(script, filepath=str(tmp_path / "missing.png"))
@@ -401,7 +399,7 @@ def test_result_values_match_a_synchronous_run(monkeypatch, model, source):
     ctx = StandInContext()
 
     def script(op):
-        assert op.invoke(ctx, Event("LEFTMOUSE", "PRESS")) == {"RUNNING_MODAL"}
+        assert op.start_modal(ctx) == {"RUNNING_MODAL"}
         return pump(op, ctx)
 
     assert drive(script, filepath=str(source), model_path=str(model), tile_size=TILE) == {"FINISHED"}

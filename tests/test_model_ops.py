@@ -27,7 +27,7 @@ M = bh.import_submodule("operators.model_ops")
 P = bh.import_submodule("ui.preferences")
 S = bh.import_submodule("ui.settings")
 jobs = bh.import_submodule("operators.jobs")
-from lean_image_ai.models import installer  # noqa: E402
+from lean_image_ai.models import installer, library  # noqa: E402
 from lean_image_ai.models.catalog import Catalog, CatalogEntry  # noqa: E402
 from lean_image_ai.runtime import get_runtime  # noqa: E402
 
@@ -49,7 +49,7 @@ def registered():
 @pytest.fixture
 def models_dir(tmp_path, monkeypatch, registered):
     path = tmp_path / "models"
-    monkeypatch.setenv(P.MODELS_DIR_ENV, str(path))
+    monkeypatch.setenv(library.MODELS_DIR_ENV, str(path))
     monkeypatch.setattr(M, "DOWNLOAD_CHUNK_SIZE", CHUNK)  # small chunks: cancel lands mid-download
     system = bpy.context.preferences.system
     online = system.use_online_access
@@ -66,7 +66,7 @@ def tiny_onnx(path: Path) -> Path:
 
 
 def entry_for(url: str | None, data: bytes | None, **overrides) -> CatalogEntry:
-    fields = dict(id="test-sr", title="Test SR x2", filename="test-sr.onnx", preprocess={}, notes="")
+    fields = dict(id="test-sr", title="Test SR x2", filename="test-sr.onnx", settings={}, notes="")
     return loopback_entry(url, data, **{**fields, **overrides})
 
 
@@ -74,7 +74,7 @@ def entry_for(url: str | None, data: bytes | None, **overrides) -> CatalogEntry:
 def catalog(monkeypatch):
     """Inject a test catalog everywhere the add-on asks for one."""
     cat = Catalog(builtin=[])
-    monkeypatch.setattr(P, "get_catalog", lambda context=None: cat)
+    monkeypatch.setattr(library, "catalog", lambda folder: cat)
     return cat
 
 
@@ -92,22 +92,22 @@ def test_install_downloads_verifies_and_remove_deletes(server, models_dir, catal
     server.files["/sr.onnx"] = data
     entry = entry_for(server.url("/sr.onnx"), data)
     use_entries(catalog, entry)
-    assert P.model_status(entry, models_dir) == P.MISSING
+    assert library.status(entry, models_dir) == library.MISSING
 
     assert bpy.ops.lean_image_ai.install_model(model_id="test-sr") == {"FINISHED"}
     dest = models_dir / "test-sr.onnx"
     assert dest.read_bytes() == data
-    assert P.model_status(entry, models_dir) == P.INSTALLED  # sha256 recorded in the sidecar
+    assert library.status(entry, models_dir) == library.INSTALLED  # sha256 recorded in the sidecar
     assert M.downloads.current is None and M.downloads.last.state == "finished"
-    assert M.downloads.last.done == M.downloads.last.total == len(data)
+    assert M.downloads.last.progress == 1.0 and library.format_bytes(len(data)) in M.downloads.last.stage
     # the panel's upscale menu now offers it first
-    assert [i[0] for i in S.compute_model_items("upscale")] == ["test-sr", S.BICUBIC_ID]
+    assert [i[0] for i in S.compute_model_items("upscale")] == ["test-sr", S.EMBEDDED_ID]
 
     handle = get_runtime().session(dest, "cpu")  # a cached session of the file goes with it
     assert bpy.ops.lean_image_ai.remove_model(model_id="test-sr") == {"FINISHED"}
     assert not dest.exists() and not installer.sidecar_path(entry, models_dir).exists()
     assert handle.evicted
-    assert P.model_status(entry, models_dir) == P.MISSING
+    assert library.status(entry, models_dir) == library.MISSING
     assert bpy.ops.lean_image_ai.remove_model(model_id="test-sr") == {"CANCELLED"}  # nothing left
 
 
@@ -153,7 +153,7 @@ def test_cancel_keeps_part_and_install_resumes(server, models_dir, catalog):
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             current = M.downloads.current
-            if current is not None and current.done > 0:
+            if current is not None and current.progress > 0:
                 current.cancel()
                 return
             time.sleep(0.005)
@@ -166,7 +166,7 @@ def test_cancel_keeps_part_and_install_resumes(server, models_dir, catalog):
     assert M.downloads.last.state == "cancelled" and str(part) in M.downloads.last.error_text
     kept = part.stat().st_size
     assert 0 < kept < len(data)
-    assert P.model_status(entry, models_dir) == P.PARTIAL
+    assert library.status(entry, models_dir) == library.PARTIAL
 
     server.throttle = 0.0
     assert bpy.ops.lean_image_ai.install_model(model_id="test-sr") == {"FINISHED"}
@@ -175,27 +175,32 @@ def test_cancel_keeps_part_and_install_resumes(server, models_dir, catalog):
 
 
 def test_worker_download_shows_progress_in_preferences_and_cancel_button(server, models_dir, catalog):
-    # The interactive path: run_download on a worker thread, the list draws its progress, and
-    # the list's Cancel button (an operator) stops it.
+    # The interactive path: the download's work on a worker thread of the job engine, the list
+    # draws its progress, and the list's Cancel button (an operator) stops it.
     data = bytes(range(256)) * 1200
     server.files["/big.onnx"] = data
     server.throttle = 0.01
     entry = entry_for(server.url("/big.onnx"), data)
     use_entries(catalog, entry)
-    download = M.downloads.begin(entry)
-    download.thread = threading.Thread(target=M.run_download, args=(download, entry, models_dir))
+    download = M.downloads.begin(f"Install {entry.title}", entry.id)
+
+    def work(job):
+        progress, cancel = M._download_progress(job), job.cancel_event.is_set
+        return library.fetch(entry, models_dir, progress=progress, cancel=cancel, chunk_size=M.DOWNLOAD_CHUNK_SIZE)
+
+    download.thread = threading.Thread(target=jobs.run_job, args=(download, work))
     download.thread.start()
     try:
         deadline = time.monotonic() + 10
-        while download.done == 0 and time.monotonic() < deadline:
+        while download.progress == 0 and time.monotonic() < deadline:
             time.sleep(0.005)
         layout = RecordingLayout()
-        P.draw_model_catalog(layout, bpy.context, P.get_prefs())
+        P.draw_model_catalog(layout, bpy.context)
         (bar,) = layout.calls("progress")
-        assert 0 < bar.factor < 1 and f"/ {P.format_bytes(len(data))}" in bar.text
+        assert 0 < bar.factor < 1 and f"/ {library.format_bytes(len(data))}" in bar.text
         assert layout.operators("lean_image_ai.cancel_download")
         assert not layout.operators("lean_image_ai.install_model")
-        with pytest.raises(RuntimeError, match="still downloading"):  # one download at a time
+        with pytest.raises(RuntimeError, match="'Install Test SR x2' is still running"):  # one at a time
             bpy.ops.lean_image_ai.install_model(model_id="test-sr")
         assert bpy.ops.lean_image_ai.cancel_download() == {"FINISHED"}
     finally:
@@ -215,12 +220,12 @@ def test_file_copied_by_hand_is_verified_offline(server, models_dir, catalog):
     (models_dir / "test-sr.onnx").write_bytes(data)
     (models_dir / "bad.onnx").write_bytes(data[::-1])  # right size, wrong content
     bpy.context.preferences.system.use_online_access = False
-    assert P.model_status(good, models_dir) == P.UNVERIFIED
+    assert library.status(good, models_dir) == library.UNVERIFIED
     assert bpy.ops.lean_image_ai.install_model(model_id="test-sr") == {"FINISHED"}
-    assert P.model_status(good, models_dir) == P.INSTALLED and server.requests == []
+    assert library.status(good, models_dir) == library.INSTALLED and server.requests == []
     with pytest.raises(RuntimeError, match="expected " + bad.sha256):
         bpy.ops.lean_image_ai.install_model(model_id="bad")
-    assert P.model_status(bad, models_dir) == P.UNVERIFIED
+    assert library.status(bad, models_dir) == library.UNVERIFIED
 
 
 # -- the model list in the preferences --------------------------------------------------------------
@@ -246,7 +251,7 @@ def test_model_list_shows_every_entry_with_its_actions(models_dir, catalog, tmp_
     (models_dir / "inst.onnx").write_bytes(b"abc")
 
     layout = RecordingLayout()
-    P.draw_model_catalog(layout, bpy.context, P.get_prefs())
+    P.draw_model_catalog(layout, bpy.context)
     text = layout.joined_text()
     for entry in (installed, downloadable, manual, mine):
         assert entry.title in layout.texts()
@@ -261,10 +266,10 @@ def test_model_list_shows_every_entry_with_its_actions(models_dir, catalog, tmp_
     assert "Register your own ONNX model" in register.text
 
     # a failed download's message stays under its entry
-    failed = M.Download("dl", "Downloadable one", state="failed", error_text="HTTP 404 Not Found at b.onnx")
+    failed = jobs.Job("Install Downloadable one", "dl", state="failed", error_text="HTTP 404 Not Found at b.onnx")
     M.downloads.end(failed)
     layout = RecordingLayout()
-    P.draw_model_catalog(layout, bpy.context, P.get_prefs())
+    P.draw_model_catalog(layout, bpy.context)
     assert any(c.alert and "HTTP 404" in c.text for c in layout.calls("label"))
 
 
@@ -272,26 +277,25 @@ def test_model_status_without_hashing(models_dir, tmp_path):
     data = b"0123456789"
     entry = entry_for("https://example.invalid/x.onnx", data)
     models_dir.mkdir(parents=True)
-    assert P.model_status(entry, models_dir) == P.MISSING
+    assert library.status(entry, models_dir) == library.MISSING
     installer.part_path(entry, models_dir).write_bytes(data[:4])
-    assert P.model_status(entry, models_dir) == P.PARTIAL
+    assert library.status(entry, models_dir) == library.PARTIAL
     (models_dir / "test-sr.onnx").write_bytes(data[:9])
-    assert P.model_status(entry, models_dir) == P.WRONG_SIZE
+    assert library.status(entry, models_dir) == library.WRONG_SIZE
     (models_dir / "test-sr.onnx").write_bytes(data)
-    assert P.model_status(entry, models_dir) == P.UNVERIFIED  # present, sha256 never checked
+    assert library.status(entry, models_dir) == library.UNVERIFIED  # present, sha256 never checked
     installer.verify_installed(entry, models_dir)  # hashes once, writes the sidecar
-    assert P.model_status(entry, models_dir) == P.INSTALLED
+    assert library.status(entry, models_dir) == library.INSTALLED
     user = Catalog(builtin=[]).add_user_model("upscale", tiny_onnx(tmp_path / "u.onnx"))
-    assert P.model_status(user, models_dir) == P.USER_FILE
+    assert library.status(user, models_dir) == library.USER_FILE
     (tmp_path / "u.onnx").unlink()
-    assert P.model_status(user, models_dir) == P.USER_FILE_MISSING
+    assert library.status(user, models_dir) == library.USER_FILE_MISSING
 
 
 # -- register your own ONNX -------------------------------------------------------------------------
 
 
 def test_register_user_model_persists_to_json_and_unregister_keeps_file(models_dir, tmp_path):
-    P._catalog_cache.update(key=None, catalog=None, error=None)  # the real catalog, from disk
     model = tiny_onnx(tmp_path / "my upscaler.onnx")
     runtime = get_runtime()
     sessions_before = len(runtime.cached_sessions())
@@ -302,32 +306,31 @@ def test_register_user_model_persists_to_json_and_unregister_keeps_file(models_d
     assert [(e["family"], e["path"]) for e in saved] == [("upscale", str(model.resolve()))]
     assert len(runtime.cached_sessions()) == sessions_before  # the check's session was evicted
 
-    P._catalog_cache.update(key=None, catalog=None, error=None)  # as after a Blender restart
-    fresh = P.get_catalog()
-    (entry,) = fresh.user_entries()
-    assert entry.id == saved[0]["id"] and len(fresh.entries()) == len(P.Catalog().entries()) + 1
+    fresh = Catalog()  # as after a Blender restart: only what was saved
+    (entry,) = fresh.load_user_models(store)
+    assert entry.id == saved[0]["id"] and len(fresh.entries()) == len(Catalog().entries()) + 1
+    assert library.catalog(models_dir).get(entry.id) == entry
     assert entry.id in [i[0] for i in S.compute_model_items("upscale")]
 
     assert bpy.ops.lean_image_ai.remove_model(model_id=entry.id) == {"FINISHED"}
     assert model.is_file()  # the user's own file is never deleted
     assert json.loads(store.read_text())["user_models"] == []
-    assert P.get_catalog().user_entries() == []
+    assert library.catalog(models_dir).user_entries() == []
 
 
 def test_register_rejects_missing_and_non_onnx_files(models_dir, tmp_path):
-    P._catalog_cache.update(key=None, catalog=None, error=None)
     not_onnx = tmp_path / "notes.onnx"
     not_onnx.write_text("this is not a model\n" * 10)
     with pytest.raises(RuntimeError) as err:
         bpy.ops.lean_image_ai.register_user_model(family="ben2", filepath=str(not_onnx))
-    assert "Cannot register notes.onnx as a ben2 model" in str(err.value)
+    assert "Cannot register notes.onnx as a BEN2 background removal model" in str(err.value)
     assert "onnxruntime cannot load it as an ONNX model" in str(err.value)
     with pytest.raises(RuntimeError, match="there is no file at that path"):
         bpy.ops.lean_image_ai.register_user_model(family="ben2", filepath=str(tmp_path / "missing.onnx"))
     with pytest.raises(RuntimeError, match="Choose the .onnx file"):
         bpy.ops.lean_image_ai.register_user_model(family="ben2", filepath="")
     assert not (models_dir / "user_models.json").exists()
-    assert P.get_catalog().user_entries() == []
+    assert library.catalog(models_dir).user_entries() == []
 
 
 # -- clear sessions ---------------------------------------------------------------------------------

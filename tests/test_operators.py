@@ -24,15 +24,15 @@ bh.import_package()
 
 from builders_families import ben2_like_model, da3_like_model  # noqa: E402
 from builders_upscale import resize_model  # noqa: E402
-from lean_image_ai.models import ben2, catalog, da3, moge2, upscale  # noqa: E402
+from lean_image_ai.models import ben2, catalog, da3, library, upscale  # noqa: E402
 from lean_image_ai.models.base import JobOptions  # noqa: E402
-from lean_image_ai.operators import common, geometry_ops, image_io, image_ops, jobs  # noqa: E402
+from lean_image_ai.models.imaging import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402
+from lean_image_ai.operators import geometry_ops, image_io, image_ops, jobs  # noqa: E402
 from lean_image_ai.runtime import Runtime, get_runtime  # noqa: E402
-from lean_image_ai.ui import preferences  # noqa: E402
 from onnx_builders import sr_model  # noqa: E402
 
 W, H = 48, 32  # not square, not a tile multiple: catches width/height mix-ups
-IMAGENET = {"mean": catalog.IMAGENET_MEAN, "std": catalog.IMAGENET_STD}
+IMAGENET = {"mean": IMAGENET_MEAN, "std": IMAGENET_STD}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -46,7 +46,7 @@ def clean_blender(tmp_path, monkeypatch):
     # an empty models folder of our own: no catalog model counts as installed unless a test says so
     models_dir = tmp_path / "models"
     models_dir.mkdir()
-    monkeypatch.setenv(preferences.MODELS_DIR_ENV, str(models_dir))
+    monkeypatch.setenv(library.MODELS_DIR_ENV, str(models_dir))
     bh.reset_blender()
     yield models_dir
     assert jobs.manager.current is None, "a job was left running"
@@ -209,7 +209,7 @@ def test_estimate_depth_from_texture_node_with_plane(tmp_path, models, private_r
 
 
 def test_estimate_depth_uses_installed_catalog_model(clean_blender, tmp_path, models):
-    """Family default: the first installed catalog entry, with its preprocess constants."""
+    """Family default: the first installed catalog entry, with its settings."""
     entry = catalog.Catalog().get("da3-metric-large")  # no size/sha256 known: a present file counts
     (clean_blender / entry.filename).write_bytes(Path(models["da3"]).read_bytes())
     src = write_png(tmp_path / "p.png", source_pixels())
@@ -223,33 +223,9 @@ def test_estimate_depth_uses_installed_catalog_model(clean_blender, tmp_path, mo
 def test_user_model_counts_as_installed(clean_blender, tmp_path, models):
     user_catalog = catalog.Catalog()
     user_catalog.add_user_model("upscale", models["sr"], title="My SR")
-    user_catalog.save_user_models(clean_blender / preferences.USER_MODELS_FILE)
-    choice = common.resolve_model(bpy.context, "upscale", fallback=upscale.DEFAULT_MODEL_PATH)
+    user_catalog.save_user_models(clean_blender / library.USER_MODELS_FILE)
+    choice = library.resolve("upscale", clean_blender)
     assert choice.title == "My SR" and Path(choice.path) == Path(models["sr"]).resolve()
-
-
-def test_adapter_options_follow_catalog_keys():
-    entries = catalog.Catalog()
-    da3_options = common.adapter_options("da3", entries.get("da3-metric-large").preprocess, da3.run)
-    assert da3_options == {
-        "process_res": 504,
-        "multiple": 14,
-        "mean": catalog.IMAGENET_MEAN,
-        "std": catalog.IMAGENET_STD,
-    }
-    moge_options = common.adapter_options("moge2", entries.get("moge2-vits").preprocess, moge2.run)
-    assert moge_options == {
-        "num_tokens_range": (1200, 3600),
-        "resolution_levels": 10,
-        "patch_size": 14,
-        "mask_threshold": 0.5,
-    }
-    up = common.adapter_options(
-        "upscale", entries.get("upscale-realesr-general-x4v3").preprocess, upscale.run
-    )
-    assert up == {"overlap": 16}
-    ben = common.adapter_options("ben2", entries.get("ben2-base").preprocess, ben2.run)
-    assert ben == {"mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0), "input_size": (1024, 1024)}
 
 
 # --- upscale ----------------------------------------------------------------------------------
@@ -339,7 +315,7 @@ def test_no_source_image_is_a_clear_error(op):
             r"Model 'Depth Anything 3 Metric Large \(fixed 280x504\)' "
             r"\(da3-metric-large\) is not installed\. Install it in Preferences > Add-ons > Lean Image AI",
         ),
-        ("reconstruct_geometry", "", r"No MoGe-2 model is installed"),
+        ("reconstruct_geometry", "", r"No MoGe-2 geometry model is installed"),
         (
             "upscale",
             "ben2-base",
@@ -443,23 +419,23 @@ def test_cancel_job_operator(tmp_path):
         jobs.manager.end(job)
 
 
-def test_operator_contract():
-    for cls in (*image_ops.classes, *geometry_ops.classes):
-        assert cls.bl_options == {"REGISTER", "UNDO"}
-        assert cls.bl_label and cls.bl_description
-        props = getattr(bpy.ops.lean_image_ai, cls.bl_idname.split(".")[1]).get_rna_type().properties
+def test_operators_are_built_from_the_family_records():
+    """Each family's operator takes the common properties plus exactly the options its record
+    declares, with the record's defaults and ranges (the panel and scene settings use the same)."""
+    from lean_image_ai.models import families
+
+    for family in families.ALL:
+        cls = next(c for c in (*image_ops.classes, *geometry_ops.classes) if c.family is family)
+        assert cls.bl_idname == f"lean_image_ai.{family.operator}" and cls.bl_description
+        props = getattr(bpy.ops.lean_image_ai, family.operator).get_rna_type().properties
         for name in ("filepath", "output_path", "model_id", "model_path"):
             assert props[name].type == "STRING", (cls.bl_idname, name)
-    rna = bpy.ops.lean_image_ai.upscale.get_rna_type().properties
-    assert rna["tile_size"].default == 0
-    geo = bpy.ops.lean_image_ai.reconstruct_geometry.get_rna_type().properties
-    assert (
-        geo["resolution_level"].default,
-        geo["resolution_level"].hard_min,
-        geo["resolution_level"].hard_max,
-    ) == (
-        9,
-        0,
-        9,
-    )
-    assert geo["make_camera"].default is True and geo["discontinuity"].default == pytest.approx(0.04)
+        own = {p.identifier for p in props} - {"rna_type", "filepath", "output_path", "model_id", "model_path"}
+        assert own == {o.name for o in family.options}, family.id
+        for option in family.options:
+            prop = props[option.name]
+            assert prop.default == pytest.approx(option.default), (family.id, option.name)
+            if option.min is not None:
+                assert prop.hard_min == pytest.approx(option.min)
+            if option.max is not None:
+                assert prop.hard_max == pytest.approx(option.max)

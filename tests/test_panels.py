@@ -21,8 +21,8 @@ from recording_layout import FakePanel, RecordingLayout  # noqa: E402
 bpy = pytest.importorskip("bpy")
 panels = bh.import_submodule("ui.panels")
 S = bh.import_submodule("ui.settings")
-P = bh.import_submodule("ui.preferences")
 jobs = bh.import_submodule("operators.jobs")
+from lean_image_ai.models import library  # noqa: E402
 from lean_image_ai.models.catalog import Catalog, CatalogEntry  # noqa: E402
 from lean_image_ai.models.upscale import DEFAULT_MODEL_PATH  # noqa: E402
 from lean_image_ai.runtime import get_runtime  # noqa: E402
@@ -47,7 +47,7 @@ def registered():
 def models_dir(tmp_path, monkeypatch):
     """An empty models folder for this test (nothing installed)."""
     path = tmp_path / "models"
-    monkeypatch.setenv(P.MODELS_DIR_ENV, str(path))
+    monkeypatch.setenv(library.MODELS_DIR_ENV, str(path))
     return path
 
 
@@ -116,7 +116,7 @@ def test_scene_settings_defaults_and_unregister(registered, models_dir):
     assert (props["resolution_level"].hard_min, props["resolution_level"].hard_max) == (0, 9)
     assert props["tile_size"].hard_min == 0
     # nothing installed: the upscale menu still offers the built-in bicubic
-    assert s.upscale_model == S.BICUBIC_ID and s.ben2_model == S.NONE_ID
+    assert s.upscale_model == S.EMBEDDED_ID and s.ben2_model == S.NONE_ID
     registered.unregister()  # the fixture's second unregister is tolerated
     assert not hasattr(bpy.types.Scene, "lean_image_ai")
     assert not hasattr(bpy.context.scene, "lean_image_ai")
@@ -194,14 +194,14 @@ def test_model_menus_offer_installed_entries_only(settings, models_dir, tmp_path
         )
     )
     catalog = Catalog(builtin=entries)
-    monkeypatch.setattr(P, "get_catalog", lambda context=None: catalog)
+    monkeypatch.setattr(library, "catalog", lambda folder: catalog)
     _tiny_file(models_dir / "up-a.onnx", data)
     _tiny_file(models_dir / "up-c.onnx", data)
     _tiny_file(models_dir / "ben-x.onnx", b"xyz")  # right size, never verified
 
     items = S._items_callback("upscale")(settings, bpy.context)
     assert items is S._model_items["upscale"]  # module-level list: Blender keeps the strings alive
-    assert [i[0] for i in items] == ["up-a", "up-c", S.BICUBIC_ID]
+    assert [i[0] for i in items] == ["up-a", "up-c", S.EMBEDDED_ID]
     assert len({i[4] for i in items}) == len(items)
     assert [i[0] for i in S.compute_model_items("ben2")] == ["ben-x"]  # present, unverified: usable
     assert [i[0] for i in S.compute_model_items("da3")] == [S.NONE_ID]
@@ -213,7 +213,7 @@ def test_model_menus_offer_installed_entries_only(settings, models_dir, tmp_path
     assert settings.upscale_model_id == "up-c"
     button = draw(panels.LEAN_IMAGE_AI_PT_view3d).operators("lean_image_ai.upscale")[0]
     assert (button.props["model_id"], button.props["model_path"]) == ("up-c", "")
-    settings.upscale_model = S.BICUBIC_ID
+    settings.upscale_model = S.EMBEDDED_ID
     assert S.selected_model(settings, "upscale") == ("", str(DEFAULT_MODEL_PATH))
     # a chosen model that disappears falls back to the first item instead of another model's number
     settings.upscale_model = "up-c"

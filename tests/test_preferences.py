@@ -1,4 +1,5 @@
-"""ui/preferences.py with real bpy: device list from onnxruntime, device strings, fallbacks."""
+"""ui/preferences.py and operators/prefs.py with real bpy: device list from onnxruntime, device
+strings, fallbacks, the models folder."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import blender_helpers as bh  # noqa: E402
 
 bpy = pytest.importorskip("bpy")
 P = bh.import_submodule("ui.preferences")
+R = bh.import_submodule("operators.prefs")  # what operators read of the preferences
+from lean_image_ai.models import library  # noqa: E402
 
 EXPECTED_PROVIDER = {
     "CUDA": "CUDAExecutionProvider",
@@ -90,35 +93,34 @@ def test_missing_onnxruntime_still_offers_auto_and_cpu(monkeypatch):
     ],
 )
 def test_get_device_string_for_every_choice(device, index, expected):
-    prefs = P.DefaultPreferences(device=device, cuda_device_index=index)
-    assert P.get_device_string(prefs) == expected
+    prefs = R.DefaultPreferences(device=device, cuda_device_index=index)
+    assert R.device_string(prefs) == expected
 
 
 def test_device_strings_are_understood_by_the_runtime():
     providers = pytest.importorskip("lean_image_ai.runtime.providers")
     for ident, *_ in P.DEVICE_CHOICES:
-        text = P.get_device_string(P.DefaultPreferences(device=ident, cuda_device_index=1))
+        text = R.device_string(R.DefaultPreferences(device=ident, cuda_device_index=1))
         assert str(providers.parse_device(text)).split(":")[0] == text.split(":")[0]
 
 
 def test_get_prefs_falls_back_to_defaults_when_not_an_enabled_addon(registered):
     assert P.LeanImageAIPreferences.is_registered
     assert P.ADDON_ID not in bpy.context.preferences.addons
-    assert P.get_prefs(bpy.context, fallback=False) is None
-    prefs = P.get_prefs(bpy.context)
-    assert isinstance(prefs, P.DefaultPreferences)
+    prefs = R.get_prefs(bpy.context)
+    assert isinstance(prefs, R.DefaultPreferences)
     assert prefs.device == "AUTO" and prefs.models_dir == ""
     assert (
         prefs.release_cpu_memory is True and prefs.gpu_memory_budget_mb == 0 and prefs.cuda_device_index == 0
     )
-    assert P.get_device_string(prefs) == "auto"
-    assert P.get_memory_budget_bytes(prefs) is None
-    assert P.get_memory_budget_bytes(P.DefaultPreferences(gpu_memory_budget_mb=3)) == 3 * 1024 * 1024
+    assert R.device_string(prefs) == "auto"
+    assert R.memory_budget_bytes(prefs) is None
+    assert R.memory_budget_bytes(R.DefaultPreferences(gpu_memory_budget_mb=3)) == 3 * 1024 * 1024
 
 
 def test_defaults_mirror_the_blender_properties():
     annotations = P.LeanImageAIPreferences.__annotations__
-    defaults = P.DefaultPreferences()
+    defaults = R.DefaultPreferences()
     for name in ("models_dir", "device", "cuda_device_index", "gpu_memory_budget_mb", "release_cpu_memory"):
         assert name in annotations and hasattr(defaults, name)
         prop = annotations[name]
@@ -133,15 +135,15 @@ def test_real_preferences_object_when_enabled(registered, monkeypatch):
     addon = bpy.context.preferences.addons.new()
     addon.module = P.ADDON_ID
     try:
-        prefs = P.get_prefs(bpy.context, fallback=False)
+        prefs = R.get_prefs(bpy.context)
         assert isinstance(prefs, P.LeanImageAIPreferences)
         assert prefs.device == "AUTO" and prefs.release_cpu_memory is True
         prefs.device = "CPU"
-        assert P.get_device_string(P.get_prefs(bpy.context)) == "cpu"
+        assert R.device_string(R.get_prefs(bpy.context)) == "cpu"
         if "CUDA" in [i[0] for i in P.device_items()]:
             prefs.device = "CUDA"
             prefs.cuda_device_index = 1
-            assert P.get_device_string(prefs) == "cuda:1"
+            assert R.device_string(prefs) == "cuda:1"
         missing = [c[0] for c in P.DEVICE_CHOICES if c[0] not in [i[0] for i in P.device_items()]]
         if missing:
             with pytest.raises(TypeError):
@@ -152,21 +154,26 @@ def test_real_preferences_object_when_enabled(registered, monkeypatch):
 
 def test_models_dir_resolution(registered, tmp_path, monkeypatch):
     chosen = tmp_path / "chosen"
-    monkeypatch.delenv(P.MODELS_DIR_ENV, raising=False)
-    # explicit preference wins, and is created
-    prefs = P.DefaultPreferences(models_dir=str(chosen))
-    monkeypatch.setattr(P, "get_prefs", lambda context=None, fallback=True: prefs)
-    assert P.get_models_dir(bpy.context) == chosen and chosen.is_dir()
-    # environment override next
-    prefs.models_dir = ""
-    monkeypatch.setenv(P.MODELS_DIR_ENV, str(tmp_path / "env"))
-    assert P.get_models_dir(bpy.context, create=False) == tmp_path / "env"
-    assert not (tmp_path / "env").exists()
-    # default when not installed as an extension: Blender's user datafiles
-    monkeypatch.delenv(P.MODELS_DIR_ENV)
-    default = P.get_models_dir(bpy.context, create=False)
-    assert default.parts[-2:] == ("lean_image_ai", "models")
-    assert default.parent.parent == Path(bpy.utils.user_resource("DATAFILES"))
+    monkeypatch.delenv(library.MODELS_DIR_ENV, raising=False)
+    addon = bpy.context.preferences.addons.new()
+    addon.module = R.ADDON_ID
+    try:
+        prefs = R.get_prefs(bpy.context)
+        # the explicit preference wins, and is created on request
+        prefs.models_dir = str(chosen)
+        assert R.models_folder(bpy.context, create=True) == chosen and chosen.is_dir()
+        # the environment variable next; nothing is created by asking
+        prefs.models_dir = ""
+        monkeypatch.setenv(library.MODELS_DIR_ENV, str(tmp_path / "env"))
+        assert R.models_folder(bpy.context) == tmp_path / "env"
+        assert not (tmp_path / "env").exists()
+        # default when not installed as an extension: Blender's user datafiles
+        monkeypatch.delenv(library.MODELS_DIR_ENV)
+        default = R.models_folder(bpy.context)
+        assert default.parts[-2:] == ("lean_image_ai", "models")
+        assert default.parent.parent == Path(bpy.utils.user_resource("DATAFILES"))
+    finally:
+        bpy.context.preferences.addons.remove(addon)
 
 
 class _RecordingLayout:
@@ -193,8 +200,8 @@ class _RecordingLayout:
 def test_draw_shows_every_property_and_calls_the_catalog_hook(registered, monkeypatch):
     log = []
     hook = []
-    monkeypatch.setattr(P, "draw_model_catalog", lambda layout, context, prefs: hook.append(prefs))
-    fake = P.DefaultPreferences()
+    monkeypatch.setattr(P, "draw_model_catalog", lambda layout, context: hook.append(layout))
+    fake = R.DefaultPreferences()
     fake.layout = _RecordingLayout(log)
     P.LeanImageAIPreferences.draw(fake, bpy.context)
     drawn = {name for kind, name in log if kind == "prop"}
@@ -205,5 +212,5 @@ def test_draw_shows_every_property_and_calls_the_catalog_hook(registered, monkey
         "gpu_memory_budget_mb",
         "release_cpu_memory",
     }
-    assert hook == [fake]
+    assert hook == [fake.layout]
     assert any("onnxruntime" in text for kind, text in log if kind == "label")

@@ -10,7 +10,8 @@ import traceback
 
 import bpy
 
-from ..operators import options
+from ..models import families
+from ..operators import options, prefs
 from ..operators.jobs import manager
 from ..runtime import get_runtime, memory_snapshot
 from . import preferences
@@ -73,8 +74,7 @@ def draw_main(layout, context) -> None:
 
 
 def _job_busy() -> bool:
-    job = manager.current
-    return job is not None and not job.done
+    return manager.running() is not None
 
 
 def _draw_actions(layout, context) -> None:
@@ -85,15 +85,23 @@ def _draw_actions(layout, context) -> None:
     col = layout.column()
     col.enabled = not _job_busy()  # one job at a time; the operator refuses a second one anyway
 
-    for family, title, icon, operator_id, option_names in options.PANEL_BUTTONS:
+    for family in families.ALL:
         box = col.box()
-        box.label(text=title, icon=icon)
-        box.prop(s, f"{family}_model", text="")
-        for name in option_names:
+        box.label(text=family.action, icon=family.icon)
+        box.prop(s, f"{family.id}_model", text="")
+        values = {option.name: getattr(s, option.name) for option in family.options}
+        for name in values:
             box.prop(s, name)
-        model_id, model_path = scene_settings.selected_model(s, family, context)
-        values = {name: getattr(s, name) for name in option_names}
-        _operator(box, operator_id, text=title, icon=icon, model_id=model_id, model_path=model_path, **values)
+        model_id, model_path = scene_settings.selected_model(s, family.id, context)
+        _operator(
+            box,
+            options.operator_idname(family),
+            text=family.action,
+            icon=family.icon,
+            model_id=model_id,
+            model_path=model_path,
+            **values,
+        )
 
 
 _STATE_ICONS = {"finished": "CHECKMARK", "failed": "ERROR", "cancelled": "CANCEL", "running": "SORTTIME"}
@@ -122,8 +130,7 @@ def _draw_job(layout, context) -> None:
 
 def _draw_device(layout, context) -> None:
     box = layout.box()
-    prefs = preferences.get_prefs(context)
-    box.label(text=f"Device setting: {preferences.get_device_string(prefs)}", icon="PREFERENCES")
+    box.label(text=f"Device setting: {prefs.device_string(prefs.get_prefs(context))}", icon="PREFERENCES")
     handles = get_runtime().cached_sessions()
     if not handles:
         box.label(text="No model loaded.")
@@ -141,8 +148,8 @@ def dashboard_gpu_device_id(context=None) -> int:
     for handle in get_runtime().cached_sessions():
         if handle.gpu_device_id is not None:
             return handle.gpu_device_id
-    prefs = preferences.get_prefs(context)
-    return max(0, int(getattr(prefs, "cuda_device_index", 0) or 0))
+    chosen = prefs.get_prefs(context)
+    return max(0, int(getattr(chosen, "cuda_device_index", 0) or 0))
 
 
 def draw_memory(layout, context) -> None:

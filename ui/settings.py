@@ -8,31 +8,29 @@ the operators directly never depends on them.
 import bpy
 from bpy.props import EnumProperty, StringProperty
 
-from ..models.catalog import FAMILIES
+from ..models import families, library
 from ..operators import options
-from . import preferences
+from ..operators.prefs import models_folder
 
-# The embedded bicubic x2 upscaler (models/assets/bicubic_x2.onnx): no catalog entry, no install.
-BICUBIC_ID = "BUILTIN_BICUBIC_X2"
-BICUBIC_LABEL = "Built-in bicubic x2"
+# A family's embedded model (upscale: models/assets/bicubic_x2.onnx): no catalog entry, no install.
+EMBEDDED_ID = "EMBEDDED"
+EMBEDDED_LABEL = "Built-in (no download)"
 NONE_ID = "NONE"
 
 # Blender needs the strings of dynamic enum items kept alive while the enum is in use: each
 # family's items live in these module-level lists, refreshed in place by the callbacks.
-_model_items: dict[str, list[tuple[str, str, str, str, int]]] = {family: [] for family in FAMILIES}
+_model_items: dict[str, list[tuple[str, str, str, str, int]]] = {family: [] for family in families.IDS}
 
 
 def compute_model_items(family: str, context=None) -> list[tuple[str, str, str, str, int]]:
-    """Installed catalog entries of ``family`` (plus the built-in bicubic x2 for upscale); a
-    single "No model installed" item when there is none (an enum needs at least one)."""
+    """Installed catalog entries of ``family`` (plus the family's embedded model, if it has one);
+    a single "No model installed" item when there is none (an enum needs at least one)."""
     items = [
         (entry.id, entry.title, f"{entry.title} ({entry.license})", "", 0)
-        for entry in preferences.installed_entries(family, context)
+        for entry in library.installed_entries(family, models_folder(context))
     ]
-    if family == "upscale":
-        items.append(
-            (BICUBIC_ID, BICUBIC_LABEL, "The small bicubic x2 upscaler shipped with the add-on", "", 0)
-        )
+    if families.get(family).fallback_model is not None:
+        items.append((EMBEDDED_ID, EMBEDDED_LABEL, "The small model shipped with the add-on", "", 0))
     if not items:
         items.append((NONE_ID, "No model installed", "Install one in the add-on preferences (Models)", "", 0))
     # The selection is stored by id (see _model_getter), so the numbers only need to be unique.
@@ -82,29 +80,28 @@ def _model_enum(family, description):
     )
 
 
-class LeanImageAISettings(bpy.types.PropertyGroup):
-    ben2_model_id: StringProperty(options={"HIDDEN"})
-    da3_model_id: StringProperty(options={"HIDDEN"})
-    moge2_model_id: StringProperty(options={"HIDDEN"})
-    upscale_model_id: StringProperty(options={"HIDDEN"})
+def _settings_annotations() -> dict:
+    """Per family: the chosen model's id (kept as a string, see _model_getter), the model menu,
+    and the family's job options (models/family.py)."""
+    fields = {}
+    for family in families.ALL:
+        fields[f"{family.id}_model_id"] = StringProperty(options={"HIDDEN"})
+        fields[f"{family.id}_model"] = _model_enum(family.id, f"{family.title} model (installed ones only)")
+        fields.update(options.family_properties(family))
+    return fields
 
-    ben2_model: _model_enum("ben2", "Background removal model (installed ones only)")
-    da3_model: _model_enum("da3", "Depth model (installed ones only)")
-    moge2_model: _model_enum("moge2", "Geometry model (installed ones only)")
-    upscale_model: _model_enum("upscale", "Upscaler (installed ones, or the built-in bicubic x2)")
 
-    replace: options.replace()
-    make_plane: options.make_plane()
-    resolution_level: options.resolution_level()
-    make_camera: options.make_camera()
-    discontinuity: options.discontinuity()
-    tile_size: options.tile_size()
+LeanImageAISettings = type(
+    "LeanImageAISettings",
+    (bpy.types.PropertyGroup,),
+    {"__annotations__": _settings_annotations(), "__doc__": "The N-panel's defaults for the model operators"},
+)
 
 
 def selected_model(settings, family: str, context=None) -> tuple[str, str]:
     """``(model_id, model_path)`` for the operator, from the scene's choice for ``family``.
 
-    ``("", "")`` means the family default (nothing installed); the bicubic choice is passed as
+    ``("", "")`` means the family default (nothing installed); the embedded model is passed as
     an explicit model path, everything else as a catalog id.
     """
     items = compute_model_items(family, context)
@@ -112,10 +109,8 @@ def selected_model(settings, family: str, context=None) -> tuple[str, str]:
     ident = next((item[0] for item in items if item[0] == stored), items[0][0])
     if ident == NONE_ID:
         return "", ""
-    if ident == BICUBIC_ID:
-        from ..models.upscale import DEFAULT_MODEL_PATH
-
-        return "", str(DEFAULT_MODEL_PATH)
+    if ident == EMBEDDED_ID:
+        return "", str(families.get(family).fallback_model)
     return ident, ""
 
 

@@ -12,18 +12,17 @@ add-on's operators instead. Pillow is imported only when a file is read or writt
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-from ..runtime import format_snapshot, get_runtime, memory_snapshot, parse_device
-from ..runtime.errors import LeanImageError, OperationCancelled
+from .models import files
+from .runtime import format_snapshot, get_runtime, memory_snapshot, parse_device
+from .runtime.errors import LeanImageError, OperationCancelled
 
 EXIT_OK = 0
 EXIT_ERROR = 2  # a LeanImageError: the message says what to do
@@ -105,7 +104,7 @@ def _format_for(path: Path) -> str:
 
 
 def write_image_atomic(path: Path, image: np.ndarray) -> list[str]:
-    """Write float [0, 1] HxWxC as 8-bit; a temp file in the same folder, then os.replace."""
+    """Write float [0, 1] HxWxC as 8-bit, all or nothing (models/files.py)."""
     Image = _pillow()
     image_format = _format_for(path)
     notes = []
@@ -114,22 +113,11 @@ def write_image_atomic(path: Path, image: np.ndarray) -> list[str]:
         array = array[:, :, :3]
         notes.append(f"{image_format} has no alpha channel; alpha was dropped (write .png to keep it).")
     picture = Image.fromarray(np.ascontiguousarray(array), "RGBA" if array.shape[2] == 4 else "RGB")
-    folder = path.parent
-    handle, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=folder)
     try:
-        with os.fdopen(handle, "wb") as stream:
-            picture.save(stream, format=image_format)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temp_name, path)
-    except BaseException as exc:
-        try:
-            os.unlink(temp_name)
-        except FileNotFoundError:
-            pass
-        if isinstance(exc, OSError):
-            raise CommandLineError(f"Could not write {path}: {exc.strerror or exc}.") from None
-        raise
+        with files.atomic_path(path) as temp:
+            picture.save(temp, format=image_format)
+    except OSError as exc:
+        raise CommandLineError(f"Could not write {path}: {exc.strerror or exc}.") from None
     return notes
 
 
@@ -254,7 +242,7 @@ def _add_upscale(subparsers) -> None:
 
 
 def _run_upscale(args) -> int:
-    from . import upscale
+    from .models import upscale
 
     parse_device(args.device)  # a typo fails here, before anything is loaded
     model = args.model or upscale.DEFAULT_MODEL_PATH
@@ -274,7 +262,7 @@ def _run_upscale(args) -> int:
     since = time.time()
     before = memory_snapshot(gpu_id)
     started = time.perf_counter()
-    from .base import JobOptions
+    from .models.base import JobOptions
 
     with _InterruptToCancel() as interrupt:
         options = JobOptions(

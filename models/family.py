@@ -1,0 +1,156 @@
+"""What a model family is, declared once: the record every adapter module exports as ``FAMILY``.
+
+The catalog validates its entries' ``settings`` against :attr:`Family.settings`; the Blender
+operators, the N-panel's buttons and the scene settings are built from :attr:`Family.options`;
+the adapter keywords of a job come from :meth:`Family.adapter_kwargs`. Nothing else names a
+family's knobs.
+
+Two kinds of knobs:
+
+- a :class:`Setting` is a constant of one ONNX export (its normalisation, its input size...):
+  it lives in the catalog entry, the artist never sees it;
+- an :class:`Option` is what the artist chooses per job (a resolution level, make a plane...):
+  an operator property, a scene setting the panel shows, a command-line flag.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    check: Callable[[Any], Any]  # returns the value in the adapter's form; raises ValueError
+    keyword: str = ""  # the adapter's keyword when it is spelled differently
+
+    @property
+    def adapter_keyword(self) -> str:
+        return self.keyword or self.name
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    kind: type  # bool, int or float
+    default: Any
+    label: str
+    description: str
+    min: float | None = None
+    max: float | None = None
+    soft_max: float | None = None
+    to_adapter: bool = True  # False: used by the front-end only (e.g. "make a camera")
+
+
+@dataclass(frozen=True)
+class Family:
+    id: str
+    title: str  # how every message and heading names the family
+    produces: str  # one line: what a job gives the artist
+    run: Callable  # run(images, model_path, *, options, **keywords) -> result(s)
+    settings: tuple[Setting, ...]
+    user_defaults: Mapping[str, Any]  # settings of a model the user registers by path
+    options: tuple[Option, ...] = ()
+    action: str = ""  # button and operator label
+    icon: str = "NONE"  # Blender icon name of the button
+    operator: str = ""  # the operator's name after "lean_image_ai."
+    fallback_model: Path | None = None  # used when no model of the family is installed
+    _by_name: Mapping[str, Setting] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "_by_name", {s.name: s for s in self.settings})
+        self.check_settings(self.user_defaults, f"the {self.title} defaults")
+
+    def check_settings(self, values: Mapping[str, Any], where: str) -> dict[str, Any]:
+        """``values`` checked against :attr:`settings`: an unknown or ill-typed key is an error
+        naming ``where`` (an entry id, a file), never silently dropped."""
+        checked = {}
+        for name, value in (values or {}).items():
+            setting = self._by_name.get(name)
+            if setting is None:
+                known = ", ".join(sorted(self._by_name)) or "none"
+                raise ValueError(f"{where}: unknown {self.id} setting {name!r} (known: {known})")
+            try:
+                checked[name] = setting.check(value)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{where}: setting {name!r} = {value!r}: {exc}") from None
+        return checked
+
+    def adapter_kwargs(self, settings: Mapping[str, Any], **option_values) -> dict[str, Any]:
+        """Keyword arguments of :attr:`run` for a model's settings and the job's option values."""
+        kwargs = {self._by_name[name].adapter_keyword: value for name, value in settings.items()}
+        adapter_options = {o.name for o in self.options if o.to_adapter}
+        kwargs.update({k: v for k, v in option_values.items() if k in adapter_options})
+        return kwargs
+
+    def option(self, name: str) -> Option:
+        return next(o for o in self.options if o.name == name)
+
+
+# ---- setting checks -------------------------------------------------------------------------
+
+
+def _number(value, kind=float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("expected a number")
+    return kind(value)
+
+
+def positive_int(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError("expected a positive integer")
+    return value
+
+
+def non_negative_int(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError("expected an integer >= 0")
+    return value
+
+
+def unit_interval(value) -> float:
+    number = _number(value)
+    if not 0.0 <= number <= 1.0:
+        raise ValueError("expected a number from 0 to 1")
+    return number
+
+
+def rgb_triple_or_none(value):
+    """Per-channel mean or std: three numbers, or None (0 and 1: no normalisation)."""
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or len(value) != 3:
+        raise ValueError("expected three numbers (R, G, B) or null")
+    return tuple(_number(v) for v in value)
+
+
+def size_or_none(value):
+    """An input size: one side, or (height, width), or None (the model's own)."""
+    if value is None:
+        return None
+    if isinstance(value, list | tuple):
+        if len(value) != 2:
+            raise ValueError("expected one side or (height, width)")
+        return tuple(positive_int(v) for v in value)
+    return positive_int(value)
+
+
+def int_range(value) -> tuple[int, int]:
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        raise ValueError("expected (low, high)")
+    low, high = (positive_int(v) for v in value)
+    if low > high:
+        raise ValueError("low is above high")
+    return low, high
+
+
+def one_of(*choices: str) -> Callable[[Any], str]:
+    def check(value) -> str:
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return value
+
+    return check

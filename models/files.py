@@ -1,0 +1,102 @@
+"""The one way the add-on writes a file: all or nothing.
+
+Every file the add-on writes (the user-model list, a verified download, an installer sidecar, a
+CLI result, an image Blender saves) goes through :func:`atomic_path`: the content is written to a
+temporary file in the target's own folder (so the final rename never crosses file systems),
+flushed to disk, given the permission bits the target should have, and renamed over the target.
+A failure at any step removes the temporary file and leaves an existing target untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import stat
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+_umask_lock = threading.Lock()
+
+
+def _process_umask() -> int:
+    # The only portable way to read the umask is to set it and put it back; the lock keeps two
+    # threads of this module from seeing each other's temporary value.
+    with _umask_lock:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def _target_mode(target: Path) -> int:
+    """An existing file keeps its permission bits; a new one gets what ``open()`` would give it."""
+    try:
+        return stat.S_IMODE(target.stat().st_mode)
+    except OSError:
+        return 0o666 & ~_process_umask()
+
+
+def fsync_file(path: Path) -> None:
+    with open(path, "rb+") as handle:
+        os.fsync(handle.fileno())
+
+
+def _fsync_folder(folder: Path) -> None:
+    # Makes the rename itself durable on POSIX; Windows cannot open a folder this way.
+    if os.name == "nt":
+        return
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def temp_path_for(target: Path) -> Path:
+    """A hidden, unique name beside ``target`` that keeps its suffix (writers pick formats by it)."""
+    return target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp{target.suffix}")
+
+
+def replace_into(written: Path, target: Path) -> None:
+    """Move a completely written file over ``target`` durably, with ``target``'s permission bits."""
+    mode = _target_mode(target)
+    fsync_file(written)
+    os.chmod(written, mode)
+    os.replace(written, target)
+    _fsync_folder(target.parent)
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path to write ``target``'s new content to; commit it when the block ends.
+
+    The block must create the file at the yielded path. An exception inside the block, or a
+    missing or empty file, leaves ``target`` as it was and removes the temporary file.
+    """
+    target = Path(target)
+    tmp = temp_path_for(target)
+    try:
+        yield tmp
+        if not tmp.is_file() or tmp.stat().st_size == 0:
+            raise OSError(f"nothing was written for '{target}'")
+        replace_into(tmp, target)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def write_bytes(target: str | os.PathLike, data: bytes) -> Path:
+    target = Path(target)
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(data)
+    return target
+
+
+def write_text(target: str | os.PathLike, text: str) -> Path:
+    return write_bytes(target, text.encode("utf-8"))

@@ -1,0 +1,283 @@
+"""The model library: where models live, which are installed, and which file a job uses (bpy-free).
+
+Blender's preferences, the operators and the command line all ask this module; none of them keeps
+model state of its own.
+
+Models folder, first that is set: the front-end's explicit choice (Blender's "Models Folder"
+preference, the CLI's ``--models-dir``); ``$LEAN_IMAGE_AI_MODELS_DIR``; the front-end's own default
+(Blender: the extension's user folder); a per-user cache folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..runtime import get_runtime
+from ..runtime.errors import LeanImageError, ModelFileError
+from . import families, installer
+from .catalog import Catalog, CatalogEntry
+
+MODELS_DIR_ENV = "LEAN_IMAGE_AI_MODELS_DIR"
+USER_MODELS_FILE = "user_models.json"
+PREFERENCES_HINT = "Preferences > Add-ons > Lean Image AI"
+
+
+def models_dir(choice: str | os.PathLike = "", host_default: Path | None = None) -> Path:
+    """The models folder (see module doc); nothing is created."""
+    if choice:
+        return Path(choice).expanduser()
+    if os.environ.get(MODELS_DIR_ENV):
+        return Path(os.environ[MODELS_DIR_ENV]).expanduser()
+    if host_default is not None:
+        return Path(host_default)
+    return user_cache_dir()
+
+
+def user_cache_dir() -> Path:
+    """Linux ``$XDG_CACHE_HOME`` or ``~/.cache``, macOS ``~/Library/Caches``, Windows
+    ``%LOCALAPPDATA%``; then ``lean_image_ai/models``."""
+    home = Path.home()
+    if sys.platform.startswith("win"):
+        base = os.environ.get("LOCALAPPDATA")
+        root = Path(base) if base else home / "AppData" / "Local"
+    elif sys.platform == "darwin":
+        root = home / "Library" / "Caches"
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        root = Path(xdg) if xdg and os.path.isabs(xdg) else home / ".cache"
+    return root / "lean_image_ai" / "models"
+
+
+# ---- the catalog of one models folder ---------------------------------------------------------
+
+# One Catalog per models folder, reloaded when its user_models.json changes on disk.
+_catalogs: dict[str, tuple[Any, Catalog, str | None]] = {}
+
+
+def _mtime_ns(path: Path):
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def catalog(folder: Path) -> Catalog:
+    """The built-in models plus the user's registered ONNX files saved in ``folder``."""
+    store = Path(folder) / USER_MODELS_FILE
+    stamp = _mtime_ns(store)
+    cached = _catalogs.get(str(store))
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    loaded, error = Catalog(), None
+    try:
+        loaded.load_user_models(store)
+    except LeanImageError as exc:  # a broken JSON must not hide the built-in models
+        error = str(exc)
+    _catalogs[str(store)] = (stamp, loaded, error)
+    return loaded
+
+
+def catalog_error(folder: Path) -> str | None:
+    """Why the saved user models in ``folder`` could not be read (None when they could)."""
+    cached = _catalogs.get(str(Path(folder) / USER_MODELS_FILE))
+    return cached[2] if cached is not None else None
+
+
+def save_catalog(saved: Catalog, folder: Path) -> Path:
+    """Persist ``saved``'s user models in ``folder``; returns the file written."""
+    store = saved.save_user_models(Path(folder) / USER_MODELS_FILE)
+    _catalogs[str(store)] = (_mtime_ns(store), saved, None)
+    return store
+
+
+# ---- installed state ----------------------------------------------------------------------------
+
+# USABLE states count as installed for the model menus (an unverified file is checked against its
+# sha256 when it is installed or verified).
+INSTALLED, UNVERIFIED, MISSING, PARTIAL, WRONG_SIZE, USER_FILE, USER_FILE_MISSING = (
+    "installed",
+    "unverified",
+    "missing",
+    "partial",
+    "wrong_size",
+    "user_file",
+    "user_file_missing",
+)
+USABLE = frozenset({INSTALLED, UNVERIFIED, USER_FILE})
+
+
+def status(entry: CatalogEntry, folder: Path) -> str:
+    """Installed state without hashing anything (menus call this on every redraw)."""
+    dest = installer.model_path(entry, folder)
+    if entry.is_user:
+        return USER_FILE if dest.is_file() else USER_FILE_MISSING
+    try:
+        st = dest.stat()
+    except OSError:
+        return PARTIAL if installer.part_path(entry, folder).is_file() else MISSING
+    if entry.size_bytes is not None and st.st_size != entry.size_bytes:
+        return WRONG_SIZE
+    if entry.sha256 is None:
+        return INSTALLED
+    return INSTALLED if installer.is_verified(entry, folder) else UNVERIFIED
+
+
+def installed_entries(family: str, folder: Path) -> list[CatalogEntry]:
+    """Entries of ``family`` whose file is there (catalog order: built-ins, then the user's)."""
+    return [e for e in catalog(folder).entries(family) if status(e, folder) in USABLE]
+
+
+def fetch(entry: CatalogEntry, folder: Path, *, progress=None, cancel=None, chunk_size=None) -> Path:
+    """Download ``entry`` (resuming), or only verify a file already in place when it cannot be
+    downloaded; returns the installed file."""
+    if status(entry, folder) == UNVERIFIED and entry.url is None:
+        return installer.verify_installed(entry, folder, cancel=cancel)
+    kwargs = {} if chunk_size is None else {"chunk_size": chunk_size}
+    return installer.install(entry, folder, progress=progress, cancel=cancel, **kwargs)
+
+
+# ---- which model a job uses ---------------------------------------------------------------------
+
+
+@dataclass
+class ModelChoice:
+    path: str
+    title: str
+    entry: CatalogEntry | None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def adapter_kwargs(self, family: str, **option_values) -> dict[str, Any]:
+        return families.get(family).adapter_kwargs(self.settings, **option_values)
+
+
+def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "") -> ModelChoice:
+    """``model_path``, else catalog ``model_id``, else the family default: the first installed
+    entry of the family (the user's registered models included), else the family's embedded
+    fallback model. Raises ModelFileError saying what to install, and where."""
+    record = families.get(family)
+    known = catalog(folder)
+    if model_path:
+        path = Path(model_path).expanduser()
+        if not path.is_file():
+            raise ModelFileError(
+                f"Model file not found: '{path}'. Check model_path, or leave it empty to use the "
+                f"installed {record.title} model."
+            )
+        entry = next((e for e in known.entries(family) if e.path and _same_file(e.path, path)), None)
+        if entry is not None:
+            return _choice(str(path), entry)
+        return ModelChoice(str(path), path.name, None, dict(record.user_defaults))
+    if model_id:
+        try:
+            entry = known.get(model_id)
+        except KeyError:
+            raise ModelFileError(
+                f"Unknown model '{model_id}': it is neither a built-in model nor one of your "
+                f"registered models. See the model list in {PREFERENCES_HINT}."
+            ) from None
+        if entry.family != family:
+            other = families.get(entry.family).title
+            raise ModelFileError(
+                f"'{entry.title}' is a {other} model, not a {record.title} model. "
+                f"Pick a {record.title} model."
+            )
+        if not installer.is_installed(entry, folder):  # hashes a file not verified yet, once
+            raise ModelFileError(_not_installed(entry, folder))
+        return _choice(str(installer.model_path(entry, folder)), entry)
+    entries = known.entries(family)
+    for entry in entries:
+        if installer.is_installed(entry, folder):
+            return _choice(str(installer.model_path(entry, folder)), entry)
+    if record.fallback_model is not None:
+        return ModelChoice(str(record.fallback_model), record.fallback_model.name, None, {})
+    suggestion = next((e.title for e in entries if e.downloadable), entries[0].title if entries else "")
+    raise ModelFileError(
+        f"No {record.title} model is installed. Install one in {PREFERENCES_HINT}"
+        + (f" (for example '{suggestion}')" if suggestion else "")
+        + ", or register your own ONNX file there, or give model_path."
+    )
+
+
+def _choice(path: str, entry: CatalogEntry) -> ModelChoice:
+    return ModelChoice(path, entry.title, entry, json.loads(json.dumps(dict(entry.settings))))
+
+
+def _not_installed(entry: CatalogEntry, folder: Path) -> str:
+    if entry.is_user:
+        return (
+            f"Model '{entry.title}' ({entry.id}) is registered but its file '{entry.path}' is missing. "
+            f"Put the file back, or register it again in {PREFERENCES_HINT}."
+        )
+    return (
+        f"Model '{entry.title}' ({entry.id}) is not installed. Install it in {PREFERENCES_HINT} "
+        f"(it goes to '{installer.model_path(entry, folder)}')."
+    )
+
+
+def _same_file(a, b) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+# ---- registering and removing ---------------------------------------------------------------
+
+
+def _tensor_summary(infos) -> str:
+    def dims(shape):
+        return "x".join("?" if d is None or isinstance(d, str) else str(d) for d in shape)
+
+    return ", ".join(f"{t.name} {dims(t.shape)} {t.type.removeprefix('tensor(').rstrip(')')}" for t in infos)
+
+
+def inspect_model(path: Path) -> tuple[str, str]:
+    """Load ``path`` through the shared runtime on the CPU; returns (inputs, outputs) summaries.
+
+    A session this check creates is evicted again (registering must not keep weights in memory);
+    one that was already cached for a running job is left alone.
+    """
+    runtime = get_runtime()
+    before = {id(h) for h in runtime.cached_sessions()}
+    handle = runtime.session(path, "cpu")
+    try:
+        return _tensor_summary(handle.inputs), _tensor_summary(handle.outputs)
+    finally:
+        if id(handle) not in before:
+            runtime.evict(handle, reason="registration check")
+
+
+def remove(entry: CatalogEntry, folder: Path) -> bool:
+    """Delete an installed model's file (its open sessions are dropped first, since an open
+    session keeps the file busy on Windows). False when there was nothing to delete."""
+    dest = installer.model_path(entry, folder)
+    runtime = get_runtime()
+    for handle in runtime.cached_sessions():
+        if handle.model_path == dest.resolve():
+            runtime.evict(handle, reason="model removed")
+    return installer.remove(entry, folder)
+
+
+def format_bytes(count) -> str:
+    if count is None:
+        return "?"
+    for unit, factor in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if count >= factor:
+            return f"{count / factor:.1f} {unit}"
+    return f"{count} B"
+
+
+def format_size(entry: CatalogEntry) -> str:
+    if entry.size_bytes is not None:
+        return format_bytes(entry.size_bytes)
+    if entry.approx_size_bytes is not None:
+        return "~" + format_bytes(entry.approx_size_bytes)
+    return "size unknown"
+
+
+__all__ = ["MODELS_DIR_ENV", "ModelChoice", "catalog", "models_dir", "resolve", "status"]

@@ -1,0 +1,164 @@
+"""What every model operator shares (bpy): its properties, the gather of its inputs on the main
+thread, the adapter call on the worker, and the end of the job (apply, or undo what was gathered).
+
+A model operator is ``@with_family_options(FAMILY)`` on a :class:`ModelJobOperator` subclass that
+writes ``apply``; the family record (models/family.py) gives it its options and its adapter.
+"""
+
+# No ``from __future__ import annotations``: Blender reads the property annotations of
+# `ModelOperatorProperties` as objects at registration time.
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import bpy
+import numpy as np
+from bpy.props import StringProperty
+
+from ..models import library
+from ..models.base import JobOptions
+from ..models.family import Family
+from ..models.library import ModelChoice
+from ..runtime.errors import LeanImageError
+from . import image_io, prefs, sources
+from .jobs import Job, WorkerOperator
+
+
+@dataclass
+class JobInputs:
+    """Everything the worker and ``apply`` need, read on the main thread."""
+
+    source: object  # the source Image (main thread only); None when it was loaded and let go
+    stem: str  # base of the result names
+    info: image_io.ImageInfo
+    rgba: np.ndarray  # the source pixels as Blender holds them
+    model_rgba: np.ndarray  # straight, sRGB-encoded: what models take
+    model: ModelChoice
+    adapter_kwargs: dict
+    device: str
+    memory_budget: int | None
+    output: tuple[Path, str] | None  # (path, Blender file format)
+    options: dict  # the family's option values of this call
+
+
+class ModelOperatorProperties:
+    """Properties every model operator has; Blender reads the annotations of mixins too."""
+
+    filepath: StringProperty(
+        name="Image File",
+        description="Image file to process. Empty: the Image Editor's image, else the active Image Texture node",
+        subtype="FILE_PATH",
+        default="",
+    )
+    output_path: StringProperty(
+        name="Save Result To",
+        description="Also save the result image here (.png, .exr, .jpg or .tif), written all-or-nothing",
+        subtype="FILE_PATH",
+        default="",
+    )
+    model_id: StringProperty(
+        name="Model",
+        description="Catalog model id. Empty: the first installed model of this kind",
+        default="",
+    )
+    model_path: StringProperty(
+        name="Model File",
+        description="Path of an ONNX model file to use instead of a catalog model",
+        subtype="FILE_PATH",
+        default="",
+    )
+
+
+class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
+    bl_options = {"REGISTER", "UNDO"}
+    family: Family  # set by operators.options.with_family_options
+
+    def option_values(self) -> dict:
+        return {option.name: getattr(self, option.name) for option in self.family.options}
+
+    def keeps_source(self) -> bool:
+        """Whether a source loaded from ``filepath`` stays (the result refers to it)."""
+        return False
+
+    def gather(self, context, job: Job) -> JobInputs:
+        """Read the source, the model and the preferences (see module doc). A source loaded from
+        ``filepath`` is removed again at once unless :meth:`keeps_source` (then when the job fails)."""
+        output = sources.output_target(self.output_path)
+        # side-effect-free checks first: loading a file adds a datablock that an error must remove
+        source = None if self.filepath else sources.resolve_source(context, "")
+        model_path = bpy.path.abspath(self.model_path) if self.model_path else ""
+        model = library.resolve(self.family.id, prefs.models_folder(context), self.model_id, model_path)
+        if source is None:
+            source = sources.resolve_source(context, self.filepath)
+        keep = self.keeps_source()
+        if source.loaded:
+            job.on_discard.append(sources.remove_image_later(source.image))
+        rgba, info = image_io.read_image(source.image)
+        model_rgba = image_io.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied)
+        if source.loaded and not keep:
+            job.discard()
+        device, budget = prefs.configure_runtime(context)
+        values = self.option_values()
+        return JobInputs(
+            source=source.image if (keep or not source.loaded) else None,
+            stem=source.stem,
+            info=info,
+            rgba=rgba,
+            model_rgba=model_rgba,
+            model=model,
+            adapter_kwargs=model.adapter_kwargs(self.family.id, **values),
+            device=device,
+            memory_budget=budget,
+            output=output,
+            options=values,
+        )
+
+    def prepare(self, context, job: Job):
+        inputs = job.inputs = self.gather(context, job)
+        work = self.work  # bound here: the worker must look nothing up on the operator
+
+        def run(job: Job):
+            options = JobOptions(device=inputs.device, progress=job.report, cancel=job.cancel_event)
+            return work(inputs, options)
+
+        return run
+
+    def work(self, inputs: JobInputs, options: JobOptions):
+        """Worker thread: the family's adapter on the gathered pixels (no bpy)."""
+        return self.family.run(inputs.model_rgba, inputs.model.path, options=options, **inputs.adapter_kwargs)
+
+    def apply(self, context, inputs: JobInputs, result) -> str:
+        """Create Blender data from the result; returns a one-line summary for the report.
+        On failure it must remove what it created before raising (results.created_data)."""
+        raise NotImplementedError
+
+    def finish(self, context, job: Job):
+        inputs = job.inputs
+        if job.state in ("cancelled", "failed"):
+            job.discard()
+            if job.state == "cancelled":
+                self.report({"WARNING"}, job.error_text or f"{job.name} cancelled; nothing was changed.")
+            else:
+                self.report({"ERROR"}, job.error_text)
+            return {"CANCELLED"}
+        try:
+            summary = self.apply(context, inputs, job.result)
+        except Exception as exc:
+            if not isinstance(exc, LeanImageError):
+                traceback.print_exc()
+            job.discard()
+            text = str(exc) if isinstance(exc, LeanImageError) else f"Unexpected error: {type(exc).__name__}: {exc}"
+            job.state, job.error_text = "failed", text
+            self.report({"ERROR"}, text)
+            return {"CANCELLED"}
+        job.on_discard.clear()  # applied: what was gathered now belongs to the result
+        for warning in _all_warnings(job.result):
+            self.report({"WARNING"}, warning)
+        self.report({"INFO"}, summary)
+        return {"FINISHED"}
+
+
+def _all_warnings(result) -> list[str]:
+    if isinstance(result, list):
+        return [w for r in result for w in getattr(r, "warnings", None) or []]
+    return list(getattr(result, "warnings", None) or [])

@@ -1,0 +1,82 @@
+"""The add-on preferences as the operators read them (bpy): device, memory, models folder.
+
+The preferences class itself (what the artist edits) is ui/preferences.py; this module only reads
+its values, so operators never import ui/.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import bpy
+
+from ..models import library
+from ..runtime import get_runtime
+
+# "lean_image_ai.operators" -> "lean_image_ai"; installed: "bl_ext.user_default.lean_image_ai".
+ADDON_ID = __package__.rpartition(".")[0] or __package__
+
+
+@dataclass
+class DefaultPreferences:
+    """The preferences' defaults, for when the package is registered without being an enabled
+    add-on (a script that registers it by hand)."""
+
+    models_dir: str = ""
+    device: str = "AUTO"
+    cuda_device_index: int = 0
+    gpu_memory_budget_mb: int = 0
+    release_cpu_memory: bool = True
+
+
+def get_prefs(context=None):
+    context = context or bpy.context
+    addon = context.preferences.addons.get(ADDON_ID)
+    prefs = getattr(addon, "preferences", None) if addon is not None else None
+    return prefs if prefs is not None else DefaultPreferences()
+
+
+def is_extension() -> bool:
+    return ADDON_ID.startswith("bl_ext.")
+
+
+def models_folder(context=None, *, create: bool = False) -> Path:
+    """The models folder (models/library.py's order); Blender's own default is the extension's
+    user folder, or ``<user datafiles>/lean_image_ai/models`` for a legacy add-on install."""
+    prefs = get_prefs(context)
+    choice = bpy.path.abspath(prefs.models_dir) if prefs.models_dir else ""
+    if is_extension():
+        host_default = Path(bpy.utils.extension_path_user(ADDON_ID, path="models", create=False))
+    else:
+        host_default = Path(bpy.utils.user_resource("DATAFILES", path=f"{ADDON_ID}/models", create=False))
+    folder = library.models_dir(choice, host_default)
+    if create:
+        folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def device_string(prefs) -> str:
+    """The runtime's device string for the chosen device: auto, cpu, cuda:N, directml, coreml."""
+    device = (getattr(prefs, "device", "") or "AUTO").upper()
+    if device == "CPU":
+        return "cpu"
+    if device == "CUDA":
+        return f"cuda:{max(0, int(getattr(prefs, 'cuda_device_index', 0)))}"
+    if device == "DIRECTML":
+        return "directml"
+    if device == "COREML":
+        return "coreml"
+    return "auto"  # AUTO, or a stored choice this onnxruntime no longer offers
+
+
+def memory_budget_bytes(prefs) -> int | None:
+    """``gpu_memory_budget_mb`` in bytes, None for no limit."""
+    mb = int(getattr(prefs, "gpu_memory_budget_mb", 0) or 0)
+    return mb * 1024 * 1024 if mb > 0 else None
+
+
+def configure_runtime(context) -> tuple[str, int | None]:
+    """Apply the preferences to the shared runtime; returns (device string, memory budget)."""
+    prefs = get_prefs(context)
+    budget = memory_budget_bytes(prefs)
+    get_runtime().configure(cpu_arena=bool(prefs.release_cpu_memory), gpu_mem_limit_bytes=budget)
+    return device_string(prefs), budget

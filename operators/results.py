@@ -1,0 +1,102 @@
+"""What the model operators make in Blender (bpy, main thread): images like the source, saved
+results, meshes, linked objects, and the removal of all of it when a later step fails.
+"""
+
+import contextlib
+from pathlib import Path
+
+import bpy
+import numpy as np
+
+from . import image_io
+
+
+def new_image_like(name: str, straight: np.ndarray, info: image_io.ImageInfo):
+    """A new image with the source's kind: float or byte, same colour space handling.
+
+    ``straight`` holds colour in the source's encoding (linear for float, sRGB for byte) with
+    straight alpha; float buffers get premultiplied here, as Blender keeps them.
+    """
+    if info.is_data:
+        colorspace = "Non-Color"
+    elif info.is_float:
+        colorspace = None  # Blender's scene-linear default: float pixels are linear
+    else:
+        colorspace = info.colorspace
+    array = image_io.premultiply(image_io.to_rgba(straight)) if info.is_float else straight
+    return image_io.array_to_new_image(name, array, float_buffer=info.is_float, colorspace=colorspace)
+
+
+def save_output(image, output: tuple[Path, str] | None) -> str:
+    """Save ``image`` to the job's output (if any); returns a note for the report."""
+    if not output:
+        return ""
+    path, file_format = output
+    image_io.save_image_atomically(image, path, file_format)
+    return f"; saved {path}"
+
+
+class Created:
+    """Datablocks made by one ``apply``: all removed again if it fails before the end."""
+
+    def __init__(self):
+        self._items: list[tuple[object, object]] = []
+
+    def add(self, collection, datablock):
+        self._items.append((collection, datablock))
+        return datablock
+
+    def remove_all(self) -> None:
+        for collection, datablock in reversed(self._items):
+            try:
+                collection.remove(datablock)
+            except (ReferenceError, RuntimeError):
+                pass
+        self._items.clear()
+
+
+@contextlib.contextmanager
+def created_data():
+    created = Created()
+    try:
+        yield created
+    except BaseException:
+        created.remove_all()
+        raise
+
+
+def build_mesh(name: str, vertices: np.ndarray, quads: np.ndarray, vertex_uv: np.ndarray | None = None):
+    """A mesh of quads from numpy arrays, with foreach_set (far faster than from_pydata)."""
+    mesh = bpy.data.meshes.new(name)
+    try:
+        count = len(vertices)
+        mesh.vertices.add(count)
+        mesh.vertices.foreach_set("co", np.ascontiguousarray(vertices, np.float32).ravel())
+        faces = len(quads)
+        loops = np.ascontiguousarray(quads, np.int32).ravel()
+        mesh.loops.add(len(loops))
+        mesh.loops.foreach_set("vertex_index", loops)
+        mesh.polygons.add(faces)
+        mesh.polygons.foreach_set("loop_start", np.arange(0, 4 * faces, 4, dtype=np.int32))
+        mesh.polygons.foreach_set("loop_total", np.full(faces, 4, np.int32))
+        if vertex_uv is not None:
+            layer = mesh.uv_layers.new(name="UVMap")
+            layer.data.foreach_set("uv", np.ascontiguousarray(vertex_uv[loops], np.float32).ravel())
+        mesh.update(calc_edges=True)
+    except BaseException:
+        bpy.data.meshes.remove(mesh)
+        raise
+    return mesh
+
+
+def link_object(context, obj) -> None:
+    """Link ``obj`` into the active collection and make it the active, selected object."""
+    collection = getattr(context, "collection", None) or context.scene.collection
+    collection.objects.link(obj)
+    view_layer = getattr(context, "view_layer", None)
+    if view_layer is not None:
+        for other in view_layer.objects:
+            if other is not obj and other.select_get(view_layer=view_layer):
+                other.select_set(False, view_layer=view_layer)
+        obj.select_set(True, view_layer=view_layer)
+        view_layer.objects.active = obj

@@ -1,0 +1,74 @@
+"""models/files.py, the one writer every saved file goes through: all or nothing, with the
+permission bits a user expects."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+
+import pytest
+from lean_image_ai.models import files
+
+posix_only = pytest.mark.skipif(sys.platform.startswith("win"), reason="POSIX permission bits")
+
+
+def listing(folder):
+    return sorted(p.name for p in folder.iterdir())
+
+
+@posix_only
+def test_new_file_gets_the_umask_mode(tmp_path):
+    old = os.umask(0o027)
+    try:
+        files.write_bytes(tmp_path / "new.bin", b"data")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "new.bin").stat().st_mode) == 0o640  # 0o666 & ~0o027
+    assert listing(tmp_path) == ["new.bin"]
+
+
+@posix_only
+def test_replacing_keeps_the_existing_permission_bits(tmp_path):
+    target = tmp_path / "shared.json"
+    target.write_text("old")
+    target.chmod(0o664)
+    files.write_text(target, "new")
+    assert target.read_text() == "new"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o664
+
+
+def test_failure_inside_the_block_keeps_the_old_file_and_no_temp(tmp_path):
+    target = tmp_path / "result.png"
+    target.write_bytes(b"original")
+    with pytest.raises(RuntimeError, match="writer broke"):
+        with files.atomic_path(target) as temp:
+            assert temp.parent == tmp_path and temp.suffix == ".png"  # writers pick formats by suffix
+            temp.write_bytes(b"half")
+            raise RuntimeError("writer broke")
+    assert target.read_bytes() == b"original"
+    assert listing(tmp_path) == ["result.png"]
+
+
+def test_a_writer_that_writes_nothing_is_an_error(tmp_path):
+    target = tmp_path / "empty.txt"
+    with pytest.raises(OSError, match="nothing was written"):
+        with files.atomic_path(target):
+            pass
+    with pytest.raises(OSError):
+        files.write_bytes(target, b"")
+    assert listing(tmp_path) == []
+
+
+def test_failed_rename_removes_the_temp(tmp_path, monkeypatch):
+    target = tmp_path / "keep.txt"
+    target.write_text("original")
+
+    def failing_replace(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="No space left"):
+        files.write_text(target, "new")
+    assert target.read_text() == "original"
+    assert listing(tmp_path) == ["keep.txt"]
