@@ -100,3 +100,12 @@ def write_bytes(target: str | os.PathLike, data: bytes) -> Path:
 
 def write_text(target: str | os.PathLike, text: str) -> Path:
     return write_bytes(target, text.encode("utf-8"))
+
+
+def remove_if_present(path: Path) -> bool:
+    """Delete ``path``; False when there was nothing to delete."""
+    try:
+        Path(path).unlink()
+        return True
+    except FileNotFoundError:
+        return False

@@ -14,30 +14,27 @@ would share the ``.part`` file); run one download per model.
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import os
-import re
-import socket
-import urllib.error
-import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 from ..runtime.errors import ModelFileError, ModelInstallError, OperationCancelled
 from . import files
 from .catalog_entry import CatalogEntry
-
-ProgressCallback = Callable[[int, "int | None"], None]
-CancelCallback = Callable[[], bool]
+from .download import (
+    CancelCallback,
+    ProgressCallback,
+    download_to_part,
+    install_error,
+    looks_like_text_not_model,
+    manual_hint,
+)
 
 DEFAULT_CHUNK_SIZE = 1 << 20  # 1 MiB
 HASH_CHUNK_SIZE = 1 << 20
-USER_AGENT = "lean-image-ai/0.1 (+Blender add-on; urllib)"
 SIDECAR_SUFFIX = ".verified.json"
 PART_SUFFIX = ".part"
 
-_CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
 
 
 # --------------------------------------------------------------------------------------------
@@ -105,14 +102,6 @@ def _write_sidecar(entry: CatalogEntry, dest: Path, sidecar: Path, sha256: str) 
         files.write_text(sidecar, json.dumps(payload, indent=2, sort_keys=True))
     except OSError:
         pass  # the sidecar is only a cache: failing to write it costs a re-hash next time
-
-
-def _unlink(path: Path) -> bool:
-    try:
-        path.unlink()
-        return True
-    except FileNotFoundError:
-        return False
 
 
 # --------------------------------------------------------------------------------------------
@@ -203,84 +192,15 @@ def remove(entry: CatalogEntry, models_dir: str | os.PathLike) -> bool:
     """
     removed = False
     if not entry.is_user:
-        removed |= _unlink(model_path(entry, models_dir))
-    removed |= _unlink(sidecar_path(entry, models_dir))
-    removed |= _unlink(part_path(entry, models_dir))
+        removed |= files.remove_if_present(model_path(entry, models_dir))
+    removed |= files.remove_if_present(sidecar_path(entry, models_dir))
+    removed |= files.remove_if_present(part_path(entry, models_dir))
     return removed
 
 
 # --------------------------------------------------------------------------------------------
 # Download
 # --------------------------------------------------------------------------------------------
-
-
-def _manual_hint(entry: CatalogEntry, dest: Path) -> str:
-    return (
-        f"You can download it yourself and save it as {dest.name!r} in the folder "
-        f"{str(dest.parent)!r} (full path: {str(dest)!r})."
-    )
-
-
-def _fail(entry: CatalogEntry, dest: Path, what: str) -> ModelInstallError:
-    return ModelInstallError(
-        f"Could not download {entry.title} from {entry.url}: {what}. " + _manual_hint(entry, dest)
-    )
-
-
-def _describe_url_error(exc: BaseException) -> str:
-    reason = getattr(exc, "reason", exc)
-    if isinstance(reason, TimeoutError):
-        return "the connection timed out (offline, or the server is not answering)"
-    if isinstance(reason, ConnectionRefusedError):
-        return "the connection was refused (offline, or nothing is listening at that address)"
-    if isinstance(reason, socket.gaierror):
-        return f"the host name could not be resolved (offline?): {reason}"
-    return f"network error: {reason}"
-
-
-def _describe_http_error(exc: urllib.error.HTTPError) -> str:
-    code = exc.code
-    if code == 404:
-        return "HTTP 404 Not Found (the file is not at that address any more)"
-    if code in (401, 403):
-        return (
-            f"HTTP {code} {exc.reason} (the server refused access; the file may be gated, private or removed)"
-        )
-    if code == 429:
-        return "HTTP 429 Too Many Requests (try again later)"
-    if code >= 500:
-        return f"HTTP {code} {exc.reason} (server error; try again later)"
-    return f"HTTP {code} {exc.reason}"
-
-
-def _looks_like_text_not_model(head: bytes) -> bool:
-    """True for an HTML error page or a Git LFS pointer saved instead of the model."""
-    start = head.lstrip()[:64].lower()
-    return (
-        start.startswith(b"<!doctype html")
-        or start.startswith(b"<html")
-        or start.startswith(b"version https://git-lfs")
-        or start.startswith(b'{"error"')
-    )
-
-
-def _open(url: str, offset: int, timeout: float):
-    headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
-    if offset > 0:
-        headers["Range"] = f"bytes={offset}-"
-    request = urllib.request.Request(url, headers=headers)
-    return urllib.request.urlopen(request, timeout=timeout)
-
-
-def _int_header(response, name: str) -> int | None:
-    value = response.headers.get(name)
-    if value is None:
-        return None
-    try:
-        number = int(value.strip())
-    except ValueError:
-        return None
-    return number if number >= 0 else None
 
 
 def install(
@@ -331,11 +251,11 @@ def install(
         ) from exc
 
     part = part_path(entry, models_dir)
-    _download_to_part(entry, dest, part, progress, cancel, timeout, chunk_size)
+    download_to_part(entry, dest, part, progress, cancel, timeout, chunk_size)
     digest = _verify_part(entry, dest, part, cancel)
 
     # Drop any stale sidecar before the file changes underneath it.
-    _unlink(sidecar_path(entry, models_dir))
+    files.remove_if_present(sidecar_path(entry, models_dir))
     try:
         files.replace_into(part, dest)
     except OSError as exc:
@@ -350,169 +270,30 @@ def install(
     return dest
 
 
-def _download_to_part(
-    entry: CatalogEntry,
-    dest: Path,
-    part: Path,
-    progress: ProgressCallback | None,
-    cancel: CancelCallback | None,
-    timeout: float,
-    chunk_size: int,
-) -> None:
-    expected = entry.size_bytes
-    offset = part.stat().st_size if part.exists() else 0
-    if expected is not None and offset > expected:
-        _unlink(part)
-        offset = 0
-    if expected is not None and offset == expected:
-        return  # a complete .part from an earlier run: only verification is left
-
-    restarted = False
-    while True:
-        if cancel is not None and cancel():
-            raise OperationCancelled(_cancel_message(entry, part, offset))
-        try:
-            response = _open(entry.url, offset, timeout)
-        except urllib.error.HTTPError as exc:
-            if exc.code == 416 and offset > 0 and not restarted:
-                # Our .part does not fit what the server has now: start over.
-                exc.close()
-                _unlink(part)
-                offset, restarted = 0, True
-                continue
-            raise _fail(entry, dest, _describe_http_error(exc)) from exc
-        except urllib.error.URLError as exc:
-            raise _fail(entry, dest, _describe_url_error(exc)) from exc
-        except TimeoutError as exc:
-            raise _fail(entry, dest, _describe_url_error(exc)) from exc
-        except (OSError, http.client.HTTPException) as exc:
-            raise _fail(entry, dest, f"network error: {exc}") from exc
-
-        with response:
-            status = response.status
-            length = _int_header(response, "Content-Length")
-            total: int | None
-            if offset > 0 and status == 206:
-                match = _CONTENT_RANGE_RE.match(response.headers.get("Content-Range", ""))
-                if match is None or int(match.group(1)) != offset:
-                    if restarted:
-                        raise _fail(
-                            entry, dest, "the server answered the resume request with the wrong range"
-                        )
-                    _unlink(part)
-                    offset, restarted = 0, True
-                    continue
-                total = int(match.group(3)) if match.group(3) != "*" else None
-                if total is None and length is not None:
-                    total = offset + length
-                mode = "ab"
-            elif status in (200, 203):
-                # Fresh download, or a server that ignores Range: (re)write from byte 0.
-                offset = 0
-                total = length
-                mode = "wb"
-            else:
-                raise _fail(entry, dest, f"unexpected HTTP status {status}")
-
-            if expected is not None and total is not None and total != expected:
-                _unlink(part)
-                raise _fail(
-                    entry,
-                    dest,
-                    f"the server offers {total} bytes but the catalog expects {expected} bytes "
-                    "(size mismatch: a different file is at that address)",
-                )
-            if total is None:
-                total = expected
-
-            done = offset
-            if progress is not None:
-                progress(done, total)
-            try:
-                with open(part, mode) as fh:
-                    while True:
-                        if cancel is not None and cancel():
-                            fh.flush()
-                            raise OperationCancelled(_cancel_message(entry, part, done))
-                        try:
-                            block = response.read(chunk_size)
-                        except TimeoutError as exc:
-                            raise _fail(
-                                entry, dest, f"the transfer stalled and timed out after {done} bytes"
-                            ) from exc
-                        except (OSError, http.client.HTTPException) as exc:
-                            raise _fail(
-                                entry, dest, f"the transfer broke off after {done} bytes ({exc})"
-                            ) from exc
-                        if not block:
-                            break
-                        fh.write(block)
-                        done += len(block)
-                        if expected is not None and done > expected:
-                            raise _SizeOverrun(done)
-                        if progress is not None:
-                            progress(done, total)
-            except _SizeOverrun as overrun:
-                _unlink(part)
-                raise _fail(
-                    entry,
-                    dest,
-                    f"the server sent more than the expected {expected} bytes "
-                    f"(got at least {overrun.done}; size mismatch)",
-                ) from None
-            except OSError as exc:
-                raise ModelInstallError(
-                    f"Could not write {str(part)!r} while downloading {entry.title}: {exc}. "
-                    "Check free disk space and write permission of the models folder."
-                ) from exc
-
-        if total is not None and done < total:
-            raise _fail(
-                entry,
-                dest,
-                f"the transfer was cut off after {done} of {total} bytes; install again to resume "
-                f"from {str(part)!r}",
-            )
-        return
-
-
-class _SizeOverrun(Exception):
-    def __init__(self, done: int):
-        super().__init__(done)
-        self.done = done
-
-
-def _cancel_message(entry: CatalogEntry, part: Path, done: int) -> str:
-    return (
-        f"Download of {entry.title} cancelled after {done} bytes. The partial file "
-        f"{str(part)!r} was kept; installing again resumes from there."
-    )
-
-
 def _verify_part(entry: CatalogEntry, dest: Path, part: Path, cancel: CancelCallback | None) -> str:
     """Check the finished .part against the catalog; delete it on mismatch. Returns its sha256."""
     size = part.stat().st_size
     if entry.size_bytes is not None and size != entry.size_bytes:
-        _unlink(part)
+        files.remove_if_present(part)
         raise ModelInstallError(
             f"Download of {entry.title} from {entry.url} has the wrong size: expected "
             f"{entry.size_bytes} bytes, got {size}. The partial file was deleted. "
-            + _manual_hint(entry, dest)
+            + manual_hint(entry, dest)
         )
     if size == 0:
-        _unlink(part)
-        raise _fail(entry, dest, "the server sent an empty file")
+        files.remove_if_present(part)
+        raise install_error(entry, dest, "the server sent an empty file")
     with open(part, "rb") as fh:
         head = fh.read(256)
-    if _looks_like_text_not_model(head):
-        _unlink(part)
-        raise _fail(entry, dest, "the server sent a web page or a Git LFS pointer, not the model file")
+    if looks_like_text_not_model(head):
+        files.remove_if_present(part)
+        raise install_error(entry, dest, "the server sent a web page or a Git LFS pointer, not the model file")
     digest = sha256_file(part, cancel=cancel)
     if entry.sha256 is not None and digest != entry.sha256:
-        _unlink(part)
+        files.remove_if_present(part)
         raise ModelInstallError(
             f"Download of {entry.title} from {entry.url} failed the checksum: expected sha256 "
-            f"{entry.sha256}, got {digest}. The partial file was deleted. " + _manual_hint(entry, dest)
+            f"{entry.sha256}, got {digest}. The partial file was deleted. " + manual_hint(entry, dest)
         )
     return digest
 

@@ -7,12 +7,7 @@ unknown focal length and z-shift), `normal` (1xHxWx3), `mask` (1xHxW sigmoid) an
 The camera recovery that MoGe's `infer()` does in PyTorch + scipy is re-done here in numpy
 (Blender ships no scipy):
 
-* focal and shift: least squares `min_{f,s} sum |f * (x, y) / (z + s) - (u, v)|^2` over a
-  ~64x64 subsample of valid pixels, `(u, v)` in MoGe's normalised view plane (pixel offset from
-  the image centre divided by half the image diagonal, so `f` is relative to the half diagonal).
-  For a fixed `s` the best `f` is closed form; `s` is then a 1-D problem, solved by a log-spaced
-  scan of the nearest point's depth followed by golden-section refinement (deterministic, no
-  starting guess, never puts a valid point behind the camera).
+* focal and shift: least squares over a subsample of valid pixels (models/moge2_solver.py).
 * intrinsics: principal point at the image centre; `fx, fy` in pixels of the SOURCE image.
 * `depth = (z + shift) * metric_scale`; points re-projected from depth and intrinsics (MoGe's
   default `force_projection=True`), or `(xyz + [0, 0, shift]) * metric_scale` when that is off.
@@ -40,6 +35,7 @@ from ..runtime.errors import InvalidModelOutputError, ModelContractError
 from .base import FLOAT_TYPES, JobOptions, as_frames, check_finite, fixed_hw, squeeze_batch
 from .family import Family, Option, Setting, int_range, positive_int, unit_interval
 from .imaging import prepare_image, resize, to_nchw
+from .moge2_solver import recover_focal_shift
 
 MODEL_NAME = "MoGe-2"
 PATCH_SIZE = 14
@@ -93,124 +89,6 @@ def model_input_size(
     rows = max(1, round(math.sqrt(num_tokens / aspect)))
     cols = max(1, round(math.sqrt(num_tokens * aspect)))
     return rows * patch_size, cols * patch_size
-
-
-# ---- focal / shift recovery --------------------------------------------------------------------
-
-
-def view_plane_uv(height: int, width: int) -> np.ndarray:
-    """HxWx2 float64: pixel-centre offsets from the image centre over half the diagonal.
-
-    Same values as MoGe's `normalized_view_plane_uv` (corners at +-(W, H) / diagonal, shrunk by
-    half a pixel), so a focal `f` here is relative to half the image diagonal.
-    """
-    half_diagonal = math.hypot(height, width) / 2.0
-    u = (np.arange(width, dtype=np.float64) + 0.5 - width / 2.0) / half_diagonal
-    v = (np.arange(height, dtype=np.float64) + 0.5 - height / 2.0) / half_diagonal
-    return np.stack(np.meshgrid(u, v, indexing="xy"), axis=-1)
-
-
-def _grid_indices(size: int, samples: int) -> np.ndarray:
-    if samples >= size:
-        return np.arange(size)
-    return np.unique(((np.arange(samples) + 0.5) * (size / samples)).astype(np.int64))
-
-
-def _subsample(points, uv, mask, grid: int, min_points: int):
-    """Valid (xyz, uv) pairs on a grid x grid nearest subsample; finer grids for sparse masks."""
-    height, width = points.shape[:2]
-    total = int(mask.sum())
-    samples = grid
-    while True:
-        rows = _grid_indices(height, samples)
-        cols = _grid_indices(width, samples)
-        keep = mask[np.ix_(rows, cols)]
-        count = int(keep.sum())
-        if count >= min(min_points, total) or samples >= max(height, width):
-            return points[np.ix_(rows, cols)][keep], uv[np.ix_(rows, cols)][keep]
-        samples *= 2
-
-
-def _focal_for_shift(xy, z, uv, shift):
-    """(focal, cost) for one shift: the best focal is closed form (linear least squares)."""
-    projected = xy / (z + shift)[:, None]
-    denominator = float(np.sum(projected * projected))
-    if not denominator > 0.0 or not math.isfinite(denominator):
-        return float("nan"), float("inf")
-    focal = float(np.sum(projected * uv)) / denominator
-    residual = focal * projected - uv
-    return focal, float(np.sum(residual * residual))
-
-
-def solve_focal_shift(uv: np.ndarray, xyz: np.ndarray, *, iterations: int = 80) -> tuple[float, float]:
-    """(focal, shift) minimising sum |f * xy / (z + s) - uv|^2 with every z + s > 0.
-
-    The search runs over t = z_min + s (depth of the nearest point): a log-spaced scan over 12
-    decades around the z-range picks the basin, golden-section search in log t refines it.
-    """
-    uv = np.asarray(uv, np.float64).reshape(-1, 2)
-    xyz = np.asarray(xyz, np.float64).reshape(-1, 3)
-    xy, z = xyz[:, :2], xyz[:, 2]
-    if len(z) < 2:
-        raise ValueError(f"need at least 2 valid points to recover focal and shift, got {len(z)}")
-    z_min, z_max = float(z.min()), float(z.max())
-    magnitude = max(abs(z_min), abs(z_max))
-    span = z_max - z_min
-    if span <= 1e-9 * max(magnitude, 1e-30):
-        # fronto-parallel surface: every shift fits equally well; keep MoGe's starting shift (0)
-        shift = 0.0 if z_min > 0 else -z_min + max(magnitude, 1.0)
-        return _focal_for_shift(xy, z, uv, shift)[0], shift
-    scale = span
-
-    def cost(log_t):
-        return _focal_for_shift(xy, z, uv, math.exp(log_t) * scale - z_min)[1]
-
-    grid = np.linspace(math.log(1e-4), math.log(1e8), 121)
-    costs = np.array([cost(g) for g in grid])
-    best = int(np.argmin(costs))
-    low, high = grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)]
-    ratio = (math.sqrt(5.0) - 1.0) / 2.0
-    a, b = high - ratio * (high - low), low + ratio * (high - low)
-    cost_a, cost_b = cost(a), cost(b)
-    for _ in range(iterations):
-        if cost_a <= cost_b:
-            high, b, cost_b = b, a, cost_a
-            a = high - ratio * (high - low)
-            cost_a = cost(a)
-        else:
-            low, a, cost_a = a, b, cost_b
-            b = low + ratio * (high - low)
-            cost_b = cost(b)
-        if high - low < 1e-13:
-            break
-    log_t = (low + high) / 2.0
-    if costs[best] < min(cost_a, cost_b, cost(log_t)):
-        log_t = float(grid[best])
-    shift = math.exp(log_t) * scale - z_min
-    return _focal_for_shift(xy, z, uv, shift)[0], shift
-
-
-def recover_focal_shift(
-    points: np.ndarray, mask: np.ndarray | None = None, *, grid: int = 64, min_points: int = 1024
-) -> tuple[float, float]:
-    """(focal, shift) of an HxWx3 affine point map (principal point at the centre).
-
-    `focal` is relative to half the image diagonal (MoGe's convention; pixels = focal * diag / 2),
-    `shift` is added to z. Solved on a `grid` x `grid` nearest subsample of the valid pixels, refined
-    to a denser grid when fewer than `min_points` valid samples land on it (small masks).
-    """
-    points = np.asarray(points)
-    if points.ndim != 3 or points.shape[2] != 3:
-        raise ValueError(f"points must be HxWx3, got shape {points.shape}")
-    height, width = points.shape[:2]
-    valid = np.isfinite(points).all(axis=2)
-    if mask is not None:
-        mask = np.asarray(mask, bool)
-        if mask.shape != (height, width):
-            raise ValueError(f"mask shape {mask.shape} does not match points {points.shape[:2]}")
-        valid &= mask
-    xyz, uv = _subsample(points, view_plane_uv(height, width), valid, grid, min_points)
-    return solve_focal_shift(uv, xyz)
 
 
 # ---- model contract ----------------------------------------------------------------------------

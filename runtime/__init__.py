@@ -1,15 +1,6 @@
 """The shared inference runtime (bpy-free). Every ONNX run in the add-on goes through here."""
 
-from .core import (
-    Operation,
-    Runtime,
-    RuntimeSettings,
-    SessionHandle,
-    TensorInfo,
-    env_cpu_arena_config,
-    get_runtime,
-    mark_last,
-)
+from .core import Runtime, RuntimeSettings, env_cpu_arena_config, get_runtime
 from .errors import (
     DeviceSpecError,
     InferenceError,
@@ -24,7 +15,9 @@ from .errors import (
     ProviderUnavailableError,
 )
 from .memory import format_snapshot, memory_snapshot
+from .operation import Operation
 from .providers import DeviceRequest, parse_device
+from .session import SessionHandle, TensorInfo, mark_last
 
 __all__ = [
     "DeviceRequest",

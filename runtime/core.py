@@ -11,33 +11,30 @@ import gc
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TypeVar
 
 import numpy as np
 
 from .errors import (
-    InferenceError,
     InferenceOutOfMemoryError,
     ModelFileError,
-    OperationCancelled,
     first_line,
 )
 from .events import EventLog
-from .memory import memory_snapshot, nvidia_gpu_count
+from .memory import nvidia_gpu_count
 from .oom import out_of_memory_resource
+from .operation import Operation
 from .providers import (
     CPU,
     CUDA,
     SHRINK_CONFIG_KEY,
     DeviceRequest,
-    describe_providers,
     parse_device,
     resolve_providers,
-    shrink_spec,
 )
+from .session import SessionHandle, onnxruntime_module
 
 # A passthrough graph (input "x" float[1] is also the output, no nodes). Its run allocates
 # nothing from the arena, so a run of it carrying `cpu:0` can free every region of the shared
@@ -47,9 +44,6 @@ RELEASE_PROBE_MODEL = bytes.fromhex(
     "0808120d6c65616e5f696d6167655f61693a31120d72656c656173655f70726f62655a0f0a0178120a0a0808"
     "0112040a020801620f0a0178120a0a08080112040a02080142040a001011"
 )
-
-# ORT's answer when a shrink entry names a device the session has no arena for
-_ARENA_NOT_FOUND = "Did not find an arena based allocator"
 
 _ENV_CPU_ARENA_LOCK = threading.Lock()
 _env_cpu_arena: dict | None = None  # the config it was registered with; once per process
@@ -68,18 +62,12 @@ class RuntimeSettings:
     intra_op_threads: int = 0
 
 
-def _ort():
-    import onnxruntime
-
-    return onnxruntime
-
-
 def _register_env_cpu_arena(max_bytes: int | None) -> bool:
     """Register the shared kSameAsRequested CPU arena once; True when it is usable."""
     global _env_cpu_arena
     with _ENV_CPU_ARENA_LOCK:
         if _env_cpu_arena is None:
-            ort = _ort()
+            ort = onnxruntime_module()
             config = {"arena_extend_strategy": 1}  # kSameAsRequested: every region can be freed
             if max_bytes:
                 config["max_mem"] = int(max_bytes)
@@ -96,82 +84,7 @@ def env_cpu_arena_config() -> dict | None:
 
 
 def default_session_factory(model_path: str, session_options, providers):
-    return _ort().InferenceSession(model_path, sess_options=session_options, providers=providers)
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    name: str
-    shape: tuple  # ints for fixed dims, str/None for dynamic ones
-    type: str  # e.g. "tensor(float)"
-
-    @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(
-            {
-                "tensor(float)": np.float32,
-                "tensor(float16)": np.float16,
-                "tensor(double)": np.float64,
-                "tensor(int64)": np.int64,
-                "tensor(int32)": np.int32,
-                "tensor(uint8)": np.uint8,
-                "tensor(bool)": np.bool_,
-            }.get(self.type, np.float32)
-        )
-
-
-class SessionHandle:
-    """A cached session plus what the runtime learned about it when it was created."""
-
-    def __init__(self, key, model_path: Path, request: DeviceRequest, session, *, cpu_arena: bool):
-        self.key = key
-        self.model_path = model_path
-        self.model_name = model_path.name
-        self.request = request
-        self.session = session
-        self.providers: list[str] = list(session.get_providers())
-        self.provider_options: dict = dict(session.get_provider_options() or {})
-        self.cpu_arena = cpu_arena and self.providers[:1] == [CPU]
-        self.shrink = shrink_spec(self.providers, self.provider_options, cpu_arena_shrinkable=self.cpu_arena)
-        self.inputs = [TensorInfo(i.name, tuple(i.shape), i.type) for i in session.get_inputs()]
-        self.outputs = [TensorInfo(o.name, tuple(o.shape), o.type) for o in session.get_outputs()]
-        self.fallback_warning: str | None = None
-        if request.kind == "cuda" and self.providers[:1] != [CUDA]:
-            self.fallback_warning = (
-                f"CUDA was requested for {self.model_name} but the session runs on "
-                f"{describe_providers(self.providers)}: the GPU or its CUDA/cuDNN libraries could not be used. "
-                "Check the NVIDIA driver and the onnxruntime-gpu install; results are correct but slower."
-            )
-        self.evicted = False
-
-    @property
-    def device_label(self) -> str:
-        name = describe_providers(self.providers)
-        if self.providers[:1] == [CUDA]:
-            return f"{name}:{int(self.provider_options.get(CUDA, {}).get('device_id', 0))}"
-        return name
-
-    @property
-    def gpu_device_id(self) -> int | None:
-        if self.providers[:1] == [CUDA]:
-            return int(self.provider_options.get(CUDA, {}).get("device_id", 0))
-        return None
-
-
-T = TypeVar("T")
-
-
-def mark_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
-    """Yield (item, is_last) so the owner of a loop can mark its final run explicitly."""
-    iterator = iter(items)
-    try:
-        current = next(iterator)
-    except StopIteration:
-        return
-    for following in iterator:
-        yield current, False
-        current = following
-    yield current, True
+    return onnxruntime_module().InferenceSession(model_path, sess_options=session_options, providers=providers)
 
 
 class Runtime:
@@ -185,7 +98,7 @@ class Runtime:
         self.settings = settings or RuntimeSettings()
         self.events = EventLog()
         self._session_factory = session_factory or default_session_factory
-        self._available_providers = available_providers or (lambda: list(_ort().get_available_providers()))
+        self._available_providers = available_providers or (lambda: list(onnxruntime_module().get_available_providers()))
         self._lock = threading.RLock()
         self._sessions: dict[tuple, SessionHandle] = {}
         self._probe = None
@@ -243,7 +156,7 @@ class Runtime:
             return handle
 
     def _create(self, key, path: Path, request: DeviceRequest, providers, cpu_arena: bool) -> SessionHandle:
-        ort = _ort()
+        ort = onnxruntime_module()
         options = ort.SessionOptions()
         if self.settings.intra_op_threads:
             options.intra_op_num_threads = self.settings.intra_op_threads
@@ -307,7 +220,7 @@ class Runtime:
             return
         self._dlls_preloaded = True
         try:  # loads NVIDIA's CUDA/cuDNN wheels when installed; harmless otherwise
-            _ort().preload_dlls()
+            onnxruntime_module().preload_dlls()
         except Exception as exc:
             self.events.emit("cuda_preload_failed", error=first_line(exc))
 
@@ -340,7 +253,7 @@ class Runtime:
         """Free every unused region of the shared CPU arena (a run that allocates nothing)."""
         if _env_cpu_arena is None:
             return False
-        ort = _ort()
+        ort = onnxruntime_module()
         with self._lock:
             if self._probe is None:
                 options = ort.SessionOptions()
@@ -354,192 +267,6 @@ class Runtime:
 
     def operation(self, name: str, *, cancel=None) -> Operation:
         return Operation(self, name, cancel=cancel)
-
-
-class Operation:
-    """One business inference: a button press, a batch of frames, a headless call.
-
-    Use as a context manager. Every model run goes through `run()`; the owner of the loop passes
-    `last=True` on the final run of each session it used, and only that run carries the shrink
-    entry. If the operation ends by cancellation or error (or without a final run), the memory
-    it grew is given back on exit: the shared CPU arena by a probe run, a CUDA session's arena by
-    evicting that session (the only way to free it without another model run).
-    """
-
-    def __init__(self, runtime: Runtime, name: str, *, cancel=None):
-        self.runtime = runtime
-        self.name = name
-        self._cancel = _as_cancel_check(cancel)
-        self.runs = 0
-        self.shrink_runs = 0
-        self._dirty: dict[int, SessionHandle] = {}  # by id(handle): ran since their last shrink
-        self._finished: set[int] = set()
-        self._started = None
-        self.release_events: list[dict] = []
-        self._before: dict[int, dict] = {}  # by id(handle): memory before its first run here
-
-    def __enter__(self):
-        self._started = time.perf_counter()
-        self.runtime.events.emit("operation_start", operation=self.name)
-        return self
-
-    def session(self, model_path, device="auto") -> SessionHandle:
-        return self.runtime.session(model_path, device)
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancel()
-
-    def check_cancelled(self) -> None:
-        if self._cancel():
-            raise OperationCancelled(f"{self.name} was cancelled; nothing was written.")
-
-    def run(
-        self, handle: SessionHandle, feeds: dict, *, last: bool, output_names=None
-    ) -> dict[str, np.ndarray]:
-        if self._started is None:
-            raise RuntimeError("Operation.run() called outside its `with` block")
-        if id(handle) in self._finished:
-            raise RuntimeError(f"{handle.model_name} already made its final run in operation {self.name!r}")
-        if handle.evicted or handle.session is None:
-            raise RuntimeError(f"{handle.model_name}'s session was evicted; get a new one with op.session()")
-        self.check_cancelled()
-        settings = self.runtime.settings
-        release_now = last and settings.release_memory and bool(handle.shrink)
-        ort = _ort()
-        run_options = ort.RunOptions()
-        if release_now:
-            run_options.add_run_config_entry(SHRINK_CONFIG_KEY, handle.shrink)
-        if handle.shrink and settings.release_memory and id(handle) not in self._before:
-            # releases are reported against the memory before this job first ran the session
-            self._before[id(handle)] = memory_snapshot(handle.gpu_device_id)
-        names = list(output_names) if output_names else [o.name for o in handle.outputs]
-        self.runs += 1
-        self._dirty[id(handle)] = handle
-        try:
-            try:
-                outputs = handle.session.run(names, feeds, run_options)
-            except Exception as exc:
-                if not (release_now and _ARENA_NOT_FOUND in str(exc)):
-                    raise
-                # the session has no arena for that device after all: keep it running as before
-                self.runtime.events.emit(
-                    "release_unsupported",
-                    model=handle.model_name,
-                    device=handle.device_label,
-                    shrink=handle.shrink,
-                    detail=first_line(exc),
-                )
-                handle.shrink = ""
-                release_now = False
-                outputs = handle.session.run(names, feeds, ort.RunOptions())
-        except Exception as exc:
-            resource = out_of_memory_resource(exc, on_gpu=handle.gpu_device_id is not None)
-            if resource is None:
-                raise InferenceError(
-                    f"{handle.model_name} failed on {handle.device_label}: {first_line(exc)}"
-                ) from exc
-            self._dirty.pop(id(handle), None)
-            self.runtime.evict(handle, reason="out_of_memory")
-            self.runtime.events.emit(
-                "out_of_memory",
-                operation=self.name,
-                model=handle.model_name,
-                device=handle.device_label,
-                resource=resource,
-                detail=first_line(exc),
-            )
-            raise InferenceOutOfMemoryError(
-                f"Out of {resource} while running {handle.model_name} on {handle.device_label}. "
-                "Try a smaller tile size or a lower resolution, or close other programs using the memory"
-                + (
-                    ", or switch the device to CPU in the add-on preferences."
-                    if handle.gpu_device_id is not None
-                    else "."
-                ),
-                model=handle.model_name,
-                device=handle.device_label,
-                resource=resource,
-                detail=str(exc),
-            ) from exc
-        if handle.cpu_arena:
-            # CPU outputs are views into arena regions; owning copies stop them pinning a region
-            outputs = [np.array(o, copy=True) for o in outputs]
-        if last:
-            self._finished.add(id(handle))
-        if release_now:
-            started = time.perf_counter()
-            if handle.cpu_arena:
-                self.runtime.release_cpu_arena()  # regions the outputs pinned during the run
-            self._dirty.pop(id(handle), None)
-            self.shrink_runs += 1
-            self._emit_release("operation_complete", handle, started, in_run=True)
-        elif last:
-            self._dirty.pop(id(handle), None)
-        return dict(zip(names, outputs, strict=True))
-
-    def _emit_release(self, reason, handle, started, *, in_run, at_release=None):
-        after = memory_snapshot(handle.gpu_device_id)
-        event = self.runtime.events.emit(
-            "memory_release",
-            operation=self.name,
-            reason=reason,
-            model=handle.model_name,
-            device=handle.device_label,
-            shrink=handle.shrink,
-            in_run=in_run,
-            seconds=round(time.perf_counter() - started, 6),
-            before=self._before.get(id(handle)),
-            at_release=at_release,
-            after=after,
-        )
-        self.release_events.append(event)
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc is None:
-            outcome = "no_final_run" if self._dirty else "success"
-        elif isinstance(exc, OperationCancelled):
-            outcome = "cancelled"
-        elif isinstance(exc, InferenceOutOfMemoryError):
-            outcome = "out_of_memory"
-        else:
-            outcome = "error"
-        if self._dirty and self.runtime.settings.release_memory:
-            self._release_after_abort(outcome)
-        self._dirty.clear()
-        self.runtime.events.emit(
-            "operation_end",
-            operation=self.name,
-            outcome=outcome,
-            runs=self.runs,
-            seconds=round(time.perf_counter() - (self._started or time.perf_counter()), 4),
-        )
-        return False
-
-    def _release_after_abort(self, reason: str) -> None:
-        handles = list(self._dirty.values())
-        cpu_done = False
-        for handle in handles:
-            if not handle.shrink:
-                continue  # providers without a shrinkable arena run exactly as before
-            started = time.perf_counter()
-            at_release = memory_snapshot(handle.gpu_device_id)
-            if handle.gpu_device_id is not None:
-                self.runtime.evict(handle, reason=f"release_after_{reason}")
-            if handle.cpu_arena and not cpu_done:
-                self.runtime.release_cpu_arena()
-                cpu_done = True
-            self._emit_release(reason, handle, started, in_run=False, at_release=at_release)
-
-
-def _as_cancel_check(cancel) -> Callable[[], bool]:
-    if cancel is None:
-        return lambda: False
-    if hasattr(cancel, "is_set"):
-        return cancel.is_set
-    if callable(cancel):
-        return lambda: bool(cancel())
-    raise TypeError("cancel must be None, a threading.Event or a callable returning bool")
 
 
 _runtime: Runtime | None = None

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 from builders_moge2 import PLANE, expected_depth, moge2_like_model
-from lean_image_ai.models import moge2
+from lean_image_ai.models import moge2, moge2_solver
 from lean_image_ai.runtime import Runtime
 from lean_image_ai.runtime.errors import (
     InvalidModelOutputError,
@@ -124,7 +124,7 @@ def scipy_reference(points, mask, uv):
 def test_view_plane_uv_matches_moges_definition():
     for height, width in ((7, 11), (48, 64), (101, 37)):
         np.testing.assert_allclose(
-            moge2.view_plane_uv(height, width), moge_uv_reference(height, width), atol=1e-12
+            moge2_solver.view_plane_uv(height, width), moge_uv_reference(height, width), atol=1e-12
         )
 
 
@@ -141,7 +141,7 @@ SOLVER_CASES = [  # (h, w, focal, shift): several aspects, shifts of both signs
 @pytest.mark.parametrize("noise,invalid", [(0.0, 0.0), (1e-3, 0.2), (3e-3, 0.4)])
 def test_solver_recovers_known_values_and_agrees_with_scipy(height, width, focal, shift, noise, invalid):
     points, mask, uv = synthetic_points(height, width, focal, shift, noise=noise, invalid=invalid)
-    ours_f, ours_s = moge2.recover_focal_shift(points, mask)
+    ours_f, ours_s = moge2_solver.recover_focal_shift(points, mask)
     ref_f, ref_s = scipy_reference(points, mask, uv)
     # noise-free: float32 input is the only error; noisy: 1e-3..3e-3 relative noise per point
     f_tol, s_tol = (1e-6, 1e-6) if noise == 0 else (5e-3, 1e-2)
@@ -159,7 +159,7 @@ def test_solver_sparse_mask_refines_its_grid():
     points, _, _ = synthetic_points(300, 400, 1.4, 0.7)
     mask = np.zeros((300, 400), bool)
     mask[140:150, 200:212] = True  # 120 pixels: a 64x64 grid would hit only a handful
-    focal, shift = moge2.recover_focal_shift(points, mask)
+    focal, shift = moge2_solver.recover_focal_shift(points, mask)
     assert abs(focal / 1.4 - 1) < 1e-4
     assert abs(shift - 0.7) < 1e-3
 
@@ -169,13 +169,13 @@ def test_solver_needs_two_valid_points():
     mask = np.zeros((16, 16), bool)
     mask[3, 3] = True
     with pytest.raises(ValueError, match="at least 2 valid points"):
-        moge2.recover_focal_shift(points, mask)
+        moge2_solver.recover_focal_shift(points, mask)
 
 
 def test_solver_fronto_parallel_plane_keeps_zero_shift():
-    uv = moge2.view_plane_uv(32, 48)
+    uv = moge2_solver.view_plane_uv(32, 48)
     points = np.concatenate([uv * 2.0 / 0.8, np.full((32, 48, 1), 2.0)], axis=-1)
-    focal, shift = moge2.recover_focal_shift(points)
+    focal, shift = moge2_solver.recover_focal_shift(points)
     assert shift == 0.0  # unidentifiable: MoGe's LM also stays at its start (0)
     assert abs(focal - 0.8) < 1e-9
 

@@ -1,0 +1,94 @@
+"""A loaded model: the cached ONNX Runtime session and what the runtime learned about it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+
+from .providers import CPU, CUDA, DeviceRequest, describe_providers, shrink_spec
+
+
+def onnxruntime_module():
+    """onnxruntime, imported on first use (importing the package must stay cheap)."""
+    import onnxruntime
+
+    return onnxruntime
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple  # ints for fixed dims, str/None for dynamic ones
+    type: str  # e.g. "tensor(float)"
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(
+            {
+                "tensor(float)": np.float32,
+                "tensor(float16)": np.float16,
+                "tensor(double)": np.float64,
+                "tensor(int64)": np.int64,
+                "tensor(int32)": np.int32,
+                "tensor(uint8)": np.uint8,
+                "tensor(bool)": np.bool_,
+            }.get(self.type, np.float32)
+        )
+
+
+class SessionHandle:
+    """A cached session plus what the runtime learned about it when it was created."""
+
+    def __init__(self, key, model_path: Path, request: DeviceRequest, session, *, cpu_arena: bool):
+        self.key = key
+        self.model_path = model_path
+        self.model_name = model_path.name
+        self.request = request
+        self.session = session
+        self.providers: list[str] = list(session.get_providers())
+        self.provider_options: dict = dict(session.get_provider_options() or {})
+        self.cpu_arena = cpu_arena and self.providers[:1] == [CPU]
+        self.shrink = shrink_spec(self.providers, self.provider_options, cpu_arena_shrinkable=self.cpu_arena)
+        self.inputs = [TensorInfo(i.name, tuple(i.shape), i.type) for i in session.get_inputs()]
+        self.outputs = [TensorInfo(o.name, tuple(o.shape), o.type) for o in session.get_outputs()]
+        self.fallback_warning: str | None = None
+        if request.kind == "cuda" and self.providers[:1] != [CUDA]:
+            self.fallback_warning = (
+                f"CUDA was requested for {self.model_name} but the session runs on "
+                f"{describe_providers(self.providers)}: the GPU or its CUDA/cuDNN libraries could not be used. "
+                "Check the NVIDIA driver and the onnxruntime-gpu install; results are correct but slower."
+            )
+        self.evicted = False
+
+    @property
+    def device_label(self) -> str:
+        name = describe_providers(self.providers)
+        if self.providers[:1] == [CUDA]:
+            return f"{name}:{int(self.provider_options.get(CUDA, {}).get('device_id', 0))}"
+        return name
+
+    @property
+    def gpu_device_id(self) -> int | None:
+        if self.providers[:1] == [CUDA]:
+            return int(self.provider_options.get(CUDA, {}).get("device_id", 0))
+        return None
+
+
+T = TypeVar("T")
+
+
+def mark_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
+    """Yield (item, is_last) so the owner of a loop can mark its final run explicitly."""
+    iterator = iter(items)
+    try:
+        current = next(iterator)
+    except StopIteration:
+        return
+    for following in iterator:
+        yield current, False
+        current = following
+    yield current, True
