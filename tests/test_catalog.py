@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from lean_image_ai.models import catalog as cat
 from lean_image_ai.models.catalog import (
     BUILTIN_ENTRIES,
     FAMILIES,
@@ -62,24 +61,6 @@ def test_builtin_ids_and_filenames_are_unique():
     names = [e.filename for e in BUILTIN_ENTRIES]
     assert len(ids) == len(set(ids))
     assert len(names) == len(set(names)), "two entries would overwrite each other's file"
-
-
-def test_family_specific_preprocessing_constants():
-    c = Catalog()
-    for e in c.entries("ben2"):
-        assert len(e.preprocess["mean"]) == 3 and len(e.preprocess["std"]) == 3
-        assert tuple(e.preprocess["input_size"]) == (1024, 1024)
-    # The two BEN2 exports document different normalisations; the catalog keeps them apart.
-    assert c.get("ben2-fp16").preprocess["mean"] == cat.IMAGENET_MEAN
-    assert c.get("ben2-base").preprocess["mean"] == (0.0, 0.0, 0.0)
-    da3 = c.get("da3-metric-large")
-    assert da3.preprocess["process_res"] == 504
-    assert tuple(da3.preprocess["input_size"]) == (280, 504)
-    for e in c.entries("moge2"):
-        assert tuple(e.preprocess["num_tokens_range"]) == (1200, 3600)
-    for e in c.entries("upscale"):
-        assert e.preprocess["scale"] == 4
-        assert e.preprocess["tile"] > 0
 
 
 def test_preprocess_mapping_is_read_only():
