@@ -1,7 +1,6 @@
 """The shared runtime against the real onnxruntime (CPU here), one test per spec scenario plus
 the cache, provider, OOM, memory and bad-input contracts of issue #2."""
 
-import gc
 import json
 import logging
 import subprocess
@@ -24,7 +23,6 @@ from lean_image_ai.runtime import (
     memory_snapshot,
 )
 from lean_image_ai.runtime.core import RELEASE_PROBE_MODEL
-from lean_image_ai.runtime.memory import peak_rss_bytes, process_rss_bytes, reset_peak_rss
 from onnx_builders import conv_model, release_probe_model
 from recording import RecordingFactory
 
@@ -438,29 +436,57 @@ def test_auto_on_a_machine_without_a_usable_gpu_quietly_means_cpu(conv):
     assert handle.fallback_warning is None and not runtime.events.recent("provider_fallback")
 
 
-def test_release_event_compares_memory_before_the_job_with_after_release(conv):
+RELEASE_EVENT_JOB = r"""
+import gc, json, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from onnx_builders import conv_model
+from lean_image_ai.runtime import Runtime, mark_last
+from lean_image_ai.runtime.memory import peak_rss_bytes, process_rss_bytes, reset_peak_rss
+
+if not reset_peak_rss() or peak_rss_bytes() is None:
+    print(json.dumps({"unsupported": True}))
+    sys.exit(0)
+runtime = Runtime()
+handle = runtime.session(conv_model(sys.argv[2]), "cpu")
+frames = [np.random.default_rng(i).random((1, 3, 384, 384), dtype=np.float32) for i in range(2)]
+gc.collect()
+measured_before = process_rss_bytes()
+reset_peak_rss()
+outputs = []
+with runtime.operation("measured") as op:
+    for image, last in mark_last(frames):
+        outputs.append(op.run(handle, {"x": image}, last=last)["y"])
+release = runtime.events.recent("memory_release")[-1]
+print(json.dumps({
+    "shrink": handle.shrink, "reason": release["reason"], "measured_before": measured_before,
+    "peak": peak_rss_bytes(), "before": release["before"]["rss_bytes"],
+    "after": release["after"]["rss_bytes"], "output_bytes": sum(o.nbytes for o in outputs),
+}))
+"""
+
+
+def test_release_event_compares_memory_before_the_job_with_after_release(tmp_path):
     """The release event's `before` is the RSS just before the job's first run and its `after`
     is taken once the arena was shrunk: so `after - before` is what the job kept, its outputs
-    plus under 10% of the job's own peak growth. Ratios of figures measured in this run only."""
-    if not reset_peak_rss() or peak_rss_bytes() is None or process_rss_bytes() is None:
+    plus under 10% of the job's own peak growth. A fresh process (the arena and the heap are
+    process-wide); ratios of figures measured in that one run only."""
+    proc = subprocess.run(
+        [sys.executable, "-c", RELEASE_EVENT_JOB, str(REPO / "tests"), str(tmp_path / "conv.onnx")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    job = json.loads(proc.stdout.strip().splitlines()[-1])
+    if job.get("unsupported"):
         pytest.skip("this platform has no resettable peak RSS (Linux /proc/self/clear_refs)")
-    runtime = Runtime()
-    frames = [frame(i, size=384) for i in range(2)]
-    handle = runtime.session(conv, "cpu")
-    runtime.release_cpu_arena()  # whatever earlier tests left in the shared arena goes first
-    gc.collect()
-    measured_before = process_rss_bytes()
-    reset_peak_rss()
-    _, outputs = run_op(runtime, conv, frames)
-    transient = peak_rss_bytes() - measured_before
-    release = runtime.events.recent("memory_release")[-1]
-    before, after = release["before"]["rss_bytes"], release["after"]["rss_bytes"]
-    output_bytes = sum(o.nbytes for o in outputs)
-    assert handle.shrink == "cpu:0" and release["reason"] == "operation_complete"
+    assert job["shrink"] == "cpu:0" and job["reason"] == "operation_complete"
+    transient = job["peak"] - job["measured_before"]
     # precondition: the job grew far beyond what it keeps (the 32-channel intermediates)
-    assert transient > 4 * output_bytes, (transient, output_bytes)
-    assert abs(before - measured_before) < 0.10 * transient, "`before` is taken before the first run"
-    assert after - before - output_bytes < 0.10 * transient, (after - before, output_bytes, transient)
+    assert transient > 4 * job["output_bytes"], job
+    assert abs(job["before"] - job["measured_before"]) < 0.10 * transient, "`before`: before the first run"
+    assert job["after"] - job["before"] - job["output_bytes"] < 0.10 * transient, job
 
 
 class _PassThroughFactory(RecordingFactory):
