@@ -27,6 +27,11 @@ class _Handler(BaseHTTPRequestHandler):
         srv.requests.append({"path": self.path, "range": self.headers.get("Range")})
         if srv.delay:
             time.sleep(srv.delay)
+        if srv.hold is not None:
+            # answer only once the test releases the hold (bounded, so a broken client cannot
+            # keep the server thread forever)
+            srv.held += 1
+            srv.hold.wait(srv.hold_limit)
         body = srv.files.get(self.path)
         if body is None:
             self.send_response(404)
@@ -78,6 +83,9 @@ class ModelServer(ThreadingHTTPServer):
         self.truncate_after: int | None = None
         self.delay = 0.0
         self.throttle = 0.0
+        self.hold: threading.Event | None = None  # set: requests wait for it before any answer
+        self.hold_limit = 20.0
+        self.held = 0  # requests that waited on `hold`
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}{path}"
@@ -91,6 +99,8 @@ def serving():
     try:
         yield srv
     finally:
+        if srv.hold is not None:
+            srv.hold.set()
         srv.shutdown()
         srv.server_close()
         thread.join(timeout=5)

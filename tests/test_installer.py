@@ -7,7 +7,6 @@ import json
 import os
 import socket
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -134,14 +133,20 @@ def test_connection_refused_is_a_clear_error(payload, tmp_path):
 
 
 def test_server_that_never_answers_times_out(server, payload, tmp_path):
+    """The server holds its answer until the test lets go: the install can only come back
+    before that by its own timeout (no clock is read, so a slow machine cannot fail this; an
+    installer that ignored its timeout would wait for the answer and then succeed)."""
     server.files["/slow.onnx"] = payload
-    server.delay = 1.5
+    server.hold = threading.Event()
     entry = loopback_entry(server.url("/slow.onnx"), payload)
-    t0 = time.monotonic()
-    with pytest.raises(ModelInstallError, match="timed out") as info:
-        installer.install(entry, tmp_path, timeout=0.3)
-    assert time.monotonic() - t0 < 1.4
+    try:
+        with pytest.raises(ModelInstallError, match="timed out") as info:
+            installer.install(entry, tmp_path, timeout=0.3)  # returns while the server still holds
+    finally:
+        server.hold.set()
+    assert server.held == 1 and len(server.requests) == 1, "one attempt, no silent retries"
     assert entry.url in str(info.value)
+    assert not installer.model_path(entry, tmp_path).exists()
 
 
 def test_truncated_transfer_then_resume_with_range(server, payload, tmp_path):

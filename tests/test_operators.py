@@ -9,6 +9,7 @@ directly on the same pixels.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -24,7 +25,7 @@ bh.import_package()
 
 from builders_families import ben2_like_model, da3_like_model  # noqa: E402
 from builders_upscale import resize_model  # noqa: E402
-from lean_image_ai.models import ben2, catalog, da3, library, upscale  # noqa: E402
+from lean_image_ai.models import ben2, catalog, da3, library, moge2, upscale  # noqa: E402
 from lean_image_ai.models.base import JobOptions  # noqa: E402
 from lean_image_ai.models.imaging import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402
 from lean_image_ai.operators import geometry_ops, image_io, image_ops, jobs  # noqa: E402
@@ -439,3 +440,180 @@ def test_operators_are_built_from_the_family_records():
                 assert prop.hard_min == pytest.approx(option.min)
             if option.max is not None:
                 assert prop.hard_max == pytest.approx(option.max)
+
+
+# --- what the operators hand to the model --------------------------------------------------------
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """The process-wide runtime replaced by one whose real CPU sessions record every run."""
+    from lean_image_ai.runtime import core
+    from recording import RecordingFactory
+
+    factory = RecordingFactory()
+    runtime = Runtime(session_factory=factory)
+    monkeypatch.setattr(core, "_runtime", runtime)
+    yield factory
+    runtime.clear("test teardown")
+
+
+FLAT = (200, 100, 50)  # a flat colour: every resize kernel keeps it, so the feed is exact
+
+
+def _register(models_dir, family, model, settings) -> str:
+    """A user model carrying a built-in entry's settings; returns its id."""
+    user_catalog = catalog.Catalog()
+    entry = user_catalog.add_user_model(family, model, title=f"test {family}", settings=dict(settings))
+    user_catalog.save_user_models(models_dir / library.USER_MODELS_FILE)
+    return entry.id
+
+
+# constants unlike every adapter default, so an operator that dropped them would be caught
+UNUSUAL = {
+    "ben2": {"mean": (0.25, 0.5, 0.75), "std": (0.5, 0.25, 2.0), "input_size": (40, 72)},
+    "da3": {"mean": (0.1, 0.2, 0.3), "std": (0.3, 0.2, 0.1), "process_res": 140, "patch_multiple": 10},
+    "moge2": {"num_tokens_range": (600, 1500), "patch_size": 10},
+}
+
+
+@pytest.mark.parametrize(
+    "entry_id, unusual",
+    [
+        ("ben2-fp16", False),
+        ("ben2-base", False),
+        ("da3-metric-large", False),
+        ("moge2-vits", False),
+        ("ben2-base", True),
+        ("da3-metric-large", True),
+        ("moge2-vits", True),
+    ],
+)
+def test_catalog_constants_reach_the_model_input(tmp_path, clean_blender, recorded, entry_id, unusual):
+    """A catalog entry's settings (normalisation, input size, DA3 process_res and
+    patch multiple, MoGe-2 token range and patch size) are what the model really receives
+    through the operator: the built-in entries' own constants, and constants unlike any adapter
+    default (a registered model overriding them), so dropped constants cannot go unnoticed.
+
+    BEN2/MoGe-2 entries have a verified size, so a small model of the same contract is registered
+    with the entry's constants; the DA3 entry's size is unknown, so a file under its name in the
+    models folder is the installed built-in entry itself."""
+    entry = catalog.Catalog().get(entry_id)
+    pre = {**entry.settings, **(UNUSUAL[entry.family] if unusual else {})}
+    models_dir = clean_blender
+    pixels = np.zeros((H, W, 4), np.uint8)
+    pixels[..., :3] = FLAT
+    pixels[..., 3] = 255
+    src = write_png(tmp_path / "flat.png", pixels)
+    rgb = np.asarray(FLAT, np.float64) / 255
+
+    if entry.family == "ben2":
+        model = ben2_like_model(tmp_path / "ben2.onnx", fixed=False)  # dynamic: input_size decides
+        result = bpy.ops.lean_image_ai.remove_background(
+            filepath=str(src), model_id=_register(models_dir, "ben2", model, pre)
+        )
+        mean, std = np.asarray(pre["mean"]), np.asarray(pre["std"])
+        expected_shape = (1, 3, *pre["input_size"])
+    elif entry.family == "da3":
+        if unusual:
+            model = da3_like_model(tmp_path / "da3.onnx", fixed_hw=None)
+            model_id = _register(models_dir, "da3", model, pre)
+        else:  # dynamic input: process_res decides the size
+            model_id = entry_id
+            da3_like_model(models_dir / entry.filename, fixed_hw=None)
+        result = bpy.ops.lean_image_ai.estimate_depth(filepath=str(src), model_id=model_id)
+        mean, std = np.asarray(pre["mean"]), np.asarray(pre["std"])
+        long_side, multiple = pre["process_res"], pre["patch_multiple"]
+        short_side = round(H * long_side / W / multiple) * multiple
+        expected_shape = (1, 3, short_side, long_side)  # W > H: the long side is the width
+    else:
+        from builders_moge2 import moge2_like_model
+
+        model = moge2_like_model(tmp_path / "moge2.onnx")
+        # the operator's default resolution level (the top one) must pick the top of the range
+        result = bpy.ops.lean_image_ai.reconstruct_geometry(
+            filepath=str(src), model_id=_register(models_dir, "moge2", model, pre)
+        )
+        mean, std = np.zeros(3), np.ones(3)  # the export normalises inside the graph
+        tokens = pre["num_tokens_range"][1]
+        expected_shape = (1, 3, *moge2.model_input_size(H, W, tokens, pre["patch_size"]))
+
+    assert result == {"FINISHED"}
+    assert len(recorded.runs) == 1 and recorded.shrink_entries == ["cpu:0"]
+    feeds = recorded.runs[0]["feeds"]
+    image = next(v for v in feeds.values() if v.ndim == 4)
+    assert image.shape == expected_shape and image.dtype == np.float32
+    want = (rgb - mean) / std
+    for channel in range(3):
+        np.testing.assert_allclose(image[0, channel], want[channel], atol=2e-5, err_msg=f"channel {channel}")
+    if entry.family == "moge2":
+        assert int(feeds["num_tokens"]) == pre["num_tokens_range"][1]
+
+
+def test_the_two_ben2_exports_feed_their_models_differently(tmp_path, clean_blender, recorded):
+    """The catalog keeps the BEN2 exports' normalisations apart, and that difference reaches the
+    model: the same picture gives different inputs through the two entries."""
+    src = write_png(tmp_path / "p.png", source_pixels())
+    model = ben2_like_model(tmp_path / "ben2.onnx", size=64)
+    fed = []
+    for entry_id in ("ben2-fp16", "ben2-base"):
+        model_id = _register(clean_blender, "ben2", model, catalog.Catalog().get(entry_id).settings)
+        assert bpy.ops.lean_image_ai.remove_background(filepath=str(src), model_id=model_id) == {"FINISHED"}
+        fed.append(recorded.runs[-1]["feeds"]["input"])
+    imagenet, plain = fed
+    assert imagenet.shape == plain.shape == (1, 3, 64, 64)
+    assert 0.0 <= plain.min() and plain.max() <= 1.0, "ben2-base: plain /255"
+    np.testing.assert_allclose(
+        imagenet,
+        (plain - np.reshape(IMAGENET_MEAN, (1, 3, 1, 1)))
+        / np.reshape(IMAGENET_STD, (1, 3, 1, 1)),
+        atol=2e-5,
+    )
+
+
+@pytest.mark.parametrize(
+    "op, wrong, family, problem",
+    [
+        ("remove_background", "ben2_4ch", "BEN2", r"input 0 'input': expected 3 channels, found 4"),
+        ("estimate_depth", "sr", "Depth Anything 3", r"expected a float depth output .* found 'output'"),
+        ("reconstruct_geometry", "ben2", "MoGe-2", r"no 'num_tokens' input"),
+        ("upscale", "ben2", "upscale", r"output 0 'output': expected 3 channels, found 1"),
+    ],
+)
+def test_every_operator_rejects_a_model_of_another_contract_readably(
+    tmp_path, models, recorded, op, wrong, family, problem
+):
+    """A model whose inputs/outputs do not fit the operator's family fails before any model run,
+    with a message that names the file, the family and what does not fit, and changes nothing."""
+    if wrong == "ben2_4ch":
+        model = ben2_like_model(tmp_path / "ben2_4ch.onnx", size=64, channels=4)
+    else:
+        model = models[wrong]
+    src = write_png(tmp_path / "p.png", source_pixels())
+    with pytest.raises(RuntimeError) as info:
+        getattr(bpy.ops.lean_image_ai, op)(filepath=str(src), model_path=str(model))
+    message = str(info.value)
+    assert Path(model).name in message and re.search(f"does not look like an? {family} model", message)
+    assert re.search(problem, message), message
+    assert recorded.runs == [], "the contract is checked before any run"
+    assert counts() == (0, 0, 0, 0)
+
+
+def test_upscale_tile_size_property_tiles_the_job(tmp_path, models, recorded):
+    """tile_size 0 (the default: automatic) runs this small picture in one window; a tile size
+    below the picture's size splits it into several runs, one job with one release at its end,
+    and the result is the same picture."""
+    src = write_png(tmp_path / "t.png", source_pixels(alpha=False))  # opaque: colour runs only
+    assert bpy.ops.lean_image_ai.upscale(filepath=str(src), model_path=str(models["sr"])) == {"FINISHED"}
+    untiled = image_io.image_to_array(bpy.data.images["t_x2"])
+    assert recorded.shrink_entries == ["cpu:0"]
+    bpy.data.images.remove(bpy.data.images["t_x2"])
+    assert bpy.ops.lean_image_ai.upscale(filepath=str(src), model_path=str(models["sr"]), tile_size=16) == {
+        "FINISHED"
+    }
+    tiled = image_io.image_to_array(bpy.data.images["t_x2"])
+    runs = recorded.shrink_entries[1:]
+    assert len(runs) > 1 and runs == [""] * (len(runs) - 1) + ["cpu:0"]
+    whole = recorded.runs[0]["shape"]
+    assert all(r["shape"][2] * r["shape"][3] < whole[2] * whole[3] for r in recorded.runs[1:])
+    assert np.abs(tiled - untiled).max() <= 1 / 255 + 1e-6

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 from builders_families import ben2_like_model, da3_like_model
 from builders_moge2 import moge2_like_model
@@ -52,27 +53,66 @@ def test_every_family_keeps_its_session_and_releases_only_on_the_final_run(famil
 
 
 def _arrays(result):
-    return {
-        f.name: getattr(result, f.name)
-        for f in dataclasses.fields(result)
-        if isinstance(getattr(result, f.name), np.ndarray)
-    }
+    """Every array of a result dataclass, dict fields (DA3's extras) included, by name."""
+    arrays = {}
+    for f in dataclasses.fields(result):
+        value = getattr(result, f.name)
+        if isinstance(value, np.ndarray):
+            arrays[f.name] = value
+        elif isinstance(value, dict):
+            arrays.update({f"{f.name}.{k}": v for k, v in value.items() if isinstance(v, np.ndarray)})
+    return arrays
+
+
+def _job(family_models, family, release, jobs=1):
+    """`jobs` runs of the family's whole job (three frames; upscale tiled with a tile smaller than
+    the frame) through its adapter, on a recorded runtime with release on or off."""
+    run, model, kwargs = family_models[family]
+    if family == "upscale":
+        kwargs = {**kwargs, "tile_size": 16}  # 40x56 frames in 16 px windows: several tiles each
+    factory = RecordingFactory()
+    runtime = Runtime(RuntimeSettings(release_memory=release), session_factory=factory)
+    options = JobOptions(device="cpu", runtime=runtime)
+    try:
+        products = [run(frames(3), model, options=options, **kwargs) for _ in range(jobs)]
+    finally:
+        runtime.clear("test teardown")
+    return products, factory
 
 
 @pytest.mark.parametrize("family", ["ben2", "da3", "moge2", "upscale"])
 def test_every_family_returns_the_same_result_with_release_on_and_off(family_models, family):
-    run, model, kwargs = family_models[family]
-    image = frames(1)[0]
-    results = []
-    for release in (True, False):
-        options = JobOptions(device="cpu", runtime=Runtime(RuntimeSettings(release_memory=release)))
-        results.append(_arrays(run(image, model, options=options, **kwargs)))
-    with_release, without = results
-    assert with_release.keys() == without.keys() and with_release
-    for name, array in with_release.items():
-        other = without[name]
-        assert array.shape == other.shape and array.dtype == other.dtype, name
-        assert np.array_equal(array, other, equal_nan=True), name
+    """Whole job products (every array of every frame's result) are identical with release on and
+    off; the "on" jobs really sent the shrink entry on their final run only, the "off" job never,
+    and both ran on the real onnxruntime. The second "on" job runs on the arena the first one
+    shrank, so it also shows that a release leaves later results untouched."""
+    (first_on, second_on), on = _job(family_models, family, release=True, jobs=2)
+    (off_products,), off = _job(family_models, family, release=False)
+
+    runs_per_job = len(off.runs)
+    assert runs_per_job >= 3, "three frames are at least three runs"
+    if family == "upscale":
+        assert runs_per_job >= 3 * 4, "a tile smaller than the frame: several runs per frame"
+    assert off.shrink_entries == [""] * runs_per_job, "release off: no run carries the entry"
+    assert on.shrink_entries == ([""] * (runs_per_job - 1) + ["cpu:0"]) * 2, (
+        "release on: only each job's final run carries the entry"
+    )
+    for factory in (on, off):
+        assert len(factory.sessions) == 1, "one cached session for both jobs"
+        assert isinstance(factory.sessions[0].real, ort.InferenceSession)
+        assert factory.sessions[0].real.get_providers() == ["CPUExecutionProvider"]
+        assert all(record["ok"] for record in factory.runs), "every run went through onnxruntime"
+    assert [r["shape"] for r in on.runs] == [r["shape"] for r in off.runs] * 2
+
+    for products in (first_on, second_on):
+        assert len(products) == len(off_products) == 3
+        for index, (with_release, without) in enumerate(zip(products, off_products, strict=True)):
+            a, b = _arrays(with_release), _arrays(without)
+            assert a.keys() == b.keys() and a, (family, index)
+            for name, array in a.items():
+                other = b[name]
+                assert array.shape == other.shape and array.dtype == other.dtype, (family, index, name)
+                assert np.array_equal(array, other, equal_nan=True), (family, index, name)
 
 
 UPSCALE_OOM = r"""
