@@ -31,6 +31,7 @@ DEFAULT_MODEL_PATH = Path(__file__).parent / "assets" / "bicubic_x2.onnx"
 DEFAULT_OVERLAP = 16  # receptive radius of compact SR nets is well under this; RRDB's is larger but
 # its far context changes results by less than 8-bit quantisation (Real-ESRGAN's own tiler uses 10)
 OPERATION_NAME = "upscale"
+MODEL_NAME = "super-resolution"  # as messages name the model: "a super-resolution model"
 ALPHA_MODES = ("model", "resize")
 
 
@@ -192,7 +193,7 @@ class _Job:
         self.handle = op.session(model_path, device)
         check_contract(
             self.handle,
-            OPERATION_NAME,
+            MODEL_NAME,
             inputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}],
             outputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}],
         )
@@ -234,7 +235,7 @@ def _auto_tile(handle, scale, dtype, overlap, budget) -> int:
 
 FAMILY = Family(
     id="upscale",
-    title="upscale",
+    title="super-resolution",
     produces="the image at the model's scale (x2 with the built-in bicubic model)",
     run=run,
     settings=(

@@ -577,7 +577,7 @@ def test_the_two_ben2_exports_feed_their_models_differently(tmp_path, clean_blen
         ("remove_background", "ben2_4ch", "BEN2", r"input 0 'input': expected 3 channels, found 4"),
         ("estimate_depth", "sr", "Depth Anything 3", r"expected a float depth output .* found 'output'"),
         ("reconstruct_geometry", "ben2", "MoGe-2", r"no 'num_tokens' input"),
-        ("upscale", "ben2", "upscale", r"output 0 'output': expected 3 channels, found 1"),
+        ("upscale", "ben2", "super-resolution", r"output 0 'output': expected 3 channels, found 1"),
     ],
 )
 def test_every_operator_rejects_a_model_of_another_contract_readably(

@@ -171,7 +171,7 @@ def test_non_integer_scale_is_a_contract_error(fresh_runtime, models):
 def test_wrong_input_channels_is_a_contract_error_naming_both(fresh_runtime, models):
     with pytest.raises(ModelContractError) as info:
         upscale.run(picture(8, 8), models["grey_input"], options=opts(fresh_runtime))
-    assert "expected 3 channels, found 1" in str(info.value) and "upscale" in str(info.value)
+    assert "expected 3 channels, found 1" in str(info.value) and "super-resolution model" in str(info.value)
 
 
 def test_nan_output_is_refused(fresh_runtime, models):
