@@ -1,17 +1,23 @@
-"""Command line for headless jobs: `python -m lean_image_ai <command> ...` (no Blender needed).
+"""Command line for headless jobs: `python -m lean_image_ai COMMAND INPUT [OUTPUT] ...` (no Blender).
 
-Only `upscale` exists for now. Another family adds itself by writing `_add_<name>(subparsers)`
-that registers a subparser with `set_defaults(handler=...)`, and listing it in `COMMANDS`; the
-handler gets the parsed arguments and returns an exit code. Shared plumbing (image files,
-atomic writes, progress, memory report, exit codes) lives here for all of them.
+One command per model family (its record's ``command``: remove-background, depth, geometry,
+upscale), each on one image, a folder, a numbered pattern (``shot_####.png``) or a frame range
+(``--frames 1-48:2``). Everything about the output (format, folder, existing files, the input
+itself) is checked before the model runs. A batch is one runtime operation; frames are read and
+written while the model runs (models/sequence.py). Progress goes to stdout, one line per stage;
+the last line is one JSON object with what was written, skipped and failed, the time and memory.
 
-Image files are read and written with Pillow, which Blender does not ship: inside Blender use the
-add-on's operators instead. Pillow is imported only when a file is read or written.
+Exit codes: 0 all frames written (or skipped), 2 an error or a failed frame (one line on stderr
+says why), 130 interrupted (Ctrl+C; the frames already written are kept, none is half-written).
+Image files are read and written with Pillow and OpenEXR (cli_images.py), which Blender does not
+ship: inside Blender use the add-on's operators.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import signal
 import sys
 import threading
@@ -20,34 +26,21 @@ from pathlib import Path
 
 import numpy as np
 
-from .models import files
+from . import cli_images
+from .cli_images import CommandLineError
+from .models import families, library, products, sequence
+from .models.base import JobOptions
+from .models.family import Family
 from .runtime import format_snapshot, get_runtime, memory_snapshot, parse_device
 from .runtime.errors import LeanImageError, OperationCancelled
+from .runtime.memory import peak_rss_bytes, reset_peak_rss
 
 EXIT_OK = 0
-EXIT_ERROR = 2  # a LeanImageError: the message says what to do
+EXIT_ERROR = 2  # a LeanImageError or a failed frame: the message says what to do
 EXIT_INTERRUPTED = 130
 
 DEMO_SIZE = (384, 512)  # height, width
-
-
-class CommandLineError(LeanImageError):
-    """Bad file paths, missing Pillow, unsupported formats: things the user can fix."""
-
-
-# ---- images ------------------------------------------------------------------------------------
-
-
-def _pillow():
-    try:
-        from PIL import Image
-    except ImportError:
-        raise CommandLineError(
-            "Reading and writing image files needs Pillow, which is not installed in this Python. "
-            "Install it (`pip install Pillow`), or run the job from Blender with the add-on's "
-            "operator (Blender reads and writes images itself)."
-        ) from None
-    return Image
+DEMO_NAME = "demo"
 
 
 def demo_image(height: int = DEMO_SIZE[0], width: int = DEMO_SIZE[1]) -> np.ndarray:
@@ -65,69 +58,6 @@ def demo_image(height: int = DEMO_SIZE[0], width: int = DEMO_SIZE[1]) -> np.ndar
         top = int(height * 0.08) + k * 9
         image[top : top + 1 + k // 2, int(width * 0.05) : int(width * 0.5)] = 0.0
     return (np.clip(image, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
-
-
-def read_image(path: Path) -> np.ndarray:
-    Image = _pillow()
-    try:
-        with Image.open(path) as source:
-            source.load()
-            image = source
-            if image.mode == "P":
-                image = image.convert("RGBA" if "transparency" in image.info else "RGB")
-            elif image.mode in ("CMYK", "YCbCr", "LAB", "HSV", "1"):
-                image = image.convert("RGB" if image.mode != "1" else "L")
-            elif image.mode == "PA":
-                image = image.convert("RGBA")
-            array = np.asarray(image)
-    except FileNotFoundError:
-        raise CommandLineError(f"Input image not found: {path}.") from None
-    except IsADirectoryError:
-        raise CommandLineError(f"Input path {path} is a folder; give an image file.") from None
-    except OSError as exc:  # Pillow's UnidentifiedImageError is an OSError too
-        raise CommandLineError(f"Cannot read {path} as an image: {exc}.") from None
-    if array.dtype.kind in "iu" and array.dtype != np.uint8:
-        # 16-bit PNG/TIFF greys come back as int32 ("I") or uint16 ("I;16")
-        array = np.clip(array, 0, 65535).astype(np.uint16)
-    return array
-
-
-def _format_for(path: Path) -> str:
-    Image = _pillow()
-    image_format = Image.registered_extensions().get(path.suffix.lower())
-    if image_format is None or image_format not in Image.SAVE:
-        raise CommandLineError(
-            f"Cannot write {path.name}: unknown or unsupported image file extension "
-            f"{path.suffix or '(none)'}. Use .png (keeps alpha), .tif, .webp or .jpg."
-        )
-    return image_format
-
-
-def write_image_atomic(path: Path, image: np.ndarray) -> list[str]:
-    """Write float [0, 1] HxWxC as 8-bit, all or nothing (models/files.py)."""
-    Image = _pillow()
-    image_format = _format_for(path)
-    notes = []
-    array = (np.clip(image, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
-    if array.shape[2] == 4 and image_format in ("JPEG", "BMP"):
-        array = array[:, :, :3]
-        notes.append(f"{image_format} has no alpha channel; alpha was dropped (write .png to keep it).")
-    picture = Image.fromarray(np.ascontiguousarray(array), "RGBA" if array.shape[2] == 4 else "RGB")
-    try:
-        with files.atomic_path(path) as temp:
-            picture.save(temp, format=image_format)
-    except OSError as exc:
-        raise CommandLineError(f"Could not write {path}: {exc.strerror or exc}.") from None
-    return notes
-
-
-def _check_output_path(path: Path) -> None:
-    """Fail before the model runs, not after."""
-    _format_for(path)
-    if not path.parent.is_dir():
-        raise CommandLineError(f"Output folder {path.parent} does not exist; create it first.")
-    if path.is_dir():
-        raise CommandLineError(f"Output path {path} is a folder; give a file name such as result.png.")
 
 
 # ---- progress, memory, interruption -------------------------------------------------------------
@@ -196,113 +126,188 @@ def _print_memory_report(runtime, since: float, before: dict, gpu_id: int | None
     print(f"  after the job:  {format_snapshot(after)}")
 
 
-# ---- upscale ---------------------------------------------------------------------------------------
+# ---- one command for every family -----------------------------------------------------------------
 
 
-def _tile_arg(text: str):
+def _option_type(option):
+    if option.kind is bool:
+        return lambda text: text.lower() in ("1", "true", "yes", "on")
+    return option.kind
+
+
+def _add_family(subparsers, family: Family) -> None:
+    demo = " Without INPUT a generated demo image is used." if family.fallback_model else ""
+    parser = subparsers.add_parser(
+        family.command,
+        help=f"{family.title}: {family.produces}",
+        description=f"{family.action}: {family.produces}.{demo} INPUT is an image file, a folder, a "
+        "numbered pattern (shot_####.png or shot_%%04d.png) or one frame of a numbered sequence "
+        "with --frames.",
+    )
+    parser.add_argument("input", nargs="?", help="image file, folder or pattern")
+    parser.add_argument("output", nargs="?", help="file (one image), folder or pattern (out_####.exr)")
+    parser.add_argument("--input", dest="input_opt", help=argparse.SUPPRESS)
+    parser.add_argument("--output", dest="output_opt", help="same as OUTPUT")
+    parser.add_argument("--frames", type=_frames_arg, help="frame range A-B or A-B:STEP")
+    parser.add_argument("--model", help="an ONNX file, or a catalog model id (default: the first installed)")
+    parser.add_argument("--models-dir", help=f"models folder (default: ${library.MODELS_DIR_ENV} or the user cache)")
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda:N (default: auto)")
+    parser.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    parser.add_argument("--skip-existing", action="store_true", help="keep existing outputs, do only the rest")
+    parser.add_argument("--stop-on-error", action="store_true", help="stop at the first frame that fails")
+    for option in family.options:
+        if not option.blender_only:
+            parser.add_argument(
+                "--" + option.name.replace("_", "-"),
+                type=_option_type(option),
+                default=option.default,
+                help=f"{option.description} (default: {option.default})",
+            )
+    if family.id == "upscale":
+        parser.add_argument("--tile", dest="tile_size", type=_tile_arg, help="same as --tile-size; 'auto' is 0")
+    parser.set_defaults(handler=_run, family=family)
+
+
+def _frames_arg(text: str) -> range:
+    try:
+        return sequence.parse_frames(text)
+    except LeanImageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _tile_arg(text: str) -> int:
     if text == "auto":
-        return "auto"
+        return 0
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected 'auto' or a number of pixels, got {text!r}") from None
     if value < 0:
-        raise argparse.ArgumentTypeError("tile size must be >= 0 (0 = one tile for the whole image)")
-    return None if value == 0 else value
+        raise argparse.ArgumentTypeError("tile size must be >= 0 (0 or auto: from the free memory)")
+    return value
 
 
-def _add_upscale(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "upscale",
-        help="upscale an image with a super-resolution ONNX model",
-        description=(
-            "Upscale an image with an ONNX super-resolution model (Real-ESRGAN or any 1x3xHxW model). "
-            "Without --input a generated demo image is used; without --model the embedded bicubic x2 "
-            "model is used, so this works with nothing downloaded."
-        ),
-    )
-    parser.add_argument("--input", type=Path, help="image file to upscale (default: a generated demo image)")
-    parser.add_argument(
-        "--output",
-        type=Path,
-        help="where to write the result (default: <input>_x<scale>.png beside the input, or "
-        "demo_upscaled_x<scale>.png in the current folder)",
-    )
-    parser.add_argument("--model", type=Path, help="ONNX model file (default: the embedded bicubic x2)")
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda:N (default: auto)")
-    parser.add_argument(
-        "--tile",
-        type=_tile_arg,
-        default="auto",
-        metavar="N",
-        help="tile size in pixels, 'auto' (from free memory, the default) or 0 for a single tile; "
-        "halved automatically on out-of-memory",
-    )
-    parser.set_defaults(handler=_run_upscale)
+def _resolve_model(family: Family, args) -> library.ModelChoice:
+    folder = library.models_dir(args.models_dir or "")
+    model = args.model or ""
+    as_file = model and (Path(model).expanduser().is_file() or model.endswith(".onnx"))
+    return library.resolve(family.id, folder, "" if as_file else model, model if as_file else "")
 
 
-def _run_upscale(args) -> int:
-    from .models import upscale
+def _plan(family: Family, args):
+    """(frame refs, output paths, refs to skip); every check that can fail before the model runs."""
+    source = args.input or args.input_opt
+    target = args.output or args.output_opt
+    if source is None:
+        if family.fallback_model is None:
+            raise CommandLineError(f"Give an INPUT image, folder or pattern for {family.command}.")
+        refs = [sequence.FrameRef(1, Path.cwd() / "(generated demo image)")]
+        outputs = [Path(target).expanduser() if target else Path.cwd() / products.default_name(family.id, DEMO_NAME)]
+    else:
+        refs = sequence.resolve_input(source, args.frames)
+        many = len(refs) > 1 or sequence.is_pattern(source) or Path(source).expanduser().is_dir()
 
+        def default(ref):
+            if not many:
+                return products.default_name(family.id, ref.path.stem)
+            numbered = sequence.pattern_of(ref.path)
+            stem = Path(numbered[0]).stem.rstrip("#").rstrip("_.-") if numbered else ref.path.stem
+            return products.default_name(family.id, stem or "frame", ref.number)
+
+        outputs = sequence.output_paths(refs, target, default)
+    skip = set()
+    inputs = {os.path.normcase(str(r.path.resolve())) for r in refs}
+    for ref, out in zip(refs, outputs, strict=True):
+        out = out.resolve()
+        cli_images.check_writable_format(out)
+        products.check_output(family.id, out)
+        for path in products.companion_paths(family.id, out):
+            if os.path.normcase(str(path)) in inputs:
+                raise CommandLineError(f"Output {path} is an input frame; choose another name or folder.")
+            if path.is_dir():
+                raise CommandLineError(f"Output path {path} is a folder; give a file name such as result.png.")
+            if not path.parent.is_dir():
+                raise CommandLineError(f"Output folder {path.parent} does not exist; create it first.")
+            if not os.access(path.parent, os.W_OK):
+                raise CommandLineError(f"Output folder {path.parent} is not writable.")
+        if out.exists() and not args.overwrite:
+            if not args.skip_existing:
+                raise CommandLineError(
+                    f"{out} exists. Use --overwrite to replace it, or --skip-existing to keep it and do the rest."
+                )
+            skip.add(ref)
+    return refs, [o.resolve() for o in outputs], skip
+
+
+def _run(args) -> int:
+    family: Family = args.family
     parse_device(args.device)  # a typo fails here, before anything is loaded
-    model = args.model or upscale.DEFAULT_MODEL_PATH
-    if args.output is not None:
-        _check_output_path(args.output)
-    else:
-        _pillow()  # fail before the model runs when the result could not be written
-    if args.input is None:
-        image = demo_image()
-        print(f"input: generated demo image {image.shape[1]}x{image.shape[0]}")
-    else:
-        image = read_image(args.input)
-        print(f"input: {args.input} {image.shape[1]}x{image.shape[0]} ({image.dtype})")
-    print(f"model: {model}")
+    model = _resolve_model(family, args)
+    refs, outputs, skip = _plan(family, args)
+    target = dict(zip(refs, outputs, strict=True))
+    demo = not (args.input or args.input_opt)
+    values = {o.name: getattr(args, o.name) for o in family.options if hasattr(args, o.name)}
+    kwargs = model.adapter_kwargs(family.id, **values)
+    height, width = DEMO_SIZE
+    print(f"input: generated demo image {width}x{height}" if demo else f"input: {len(refs)} frame(s) from {refs[0].path}")
+    print(f"model: {model.path}")
+
+    def read(ref):
+        image = demo_image() if demo else cli_images.read_image(ref.path)
+        if len(refs) == 1:
+            print(f"input: {image.shape[1]}x{image.shape[0]} ({image.dtype})")
+        return image
+
+    def write(ref, result):
+        out = target[ref]
+        if family.id == "moge2":
+            written, normals = products.write_geometry(out, result, discontinuity=values.get("discontinuity", 0.04))
+            if normals is not None:
+                cli_images.write_image(written[0].with_name(f"{out.stem}_normal.exr"), normals)
+        else:
+            for note in cli_images.write_image(out, products.image_product(family.id, result, out.suffix)):
+                print(f"warning: {note}")
+        shape = getattr(result, "image", getattr(result, "depth", None))
+        scale = f" ({result.scale}x)" if hasattr(result, "scale") else ""
+        size = f" {shape.shape[1]}x{shape.shape[0]}{scale}" if shape is not None else ""
+        tile = f", tile {result.tile_size_used} px" if hasattr(result, "tile_size_used") else ""
+        print(f"wrote: {out}{size}{tile}", flush=True)
+
+    def infer(frames, options):
+        return family.run(frames, model.path, options=options, **kwargs)
+
     runtime = get_runtime()
     gpu_id = _gpu_id(args.device)
     since = time.time()
     before = memory_snapshot(gpu_id)
-    started = time.perf_counter()
-    from .models.base import JobOptions
-
+    reset_peak_rss()
     with _InterruptToCancel() as interrupt:
-        options = JobOptions(
-            device=args.device, progress=_Progress(), cancel=interrupt.event, runtime=runtime
+        options = JobOptions(device=args.device, progress=_Progress(), cancel=interrupt.event, runtime=runtime)
+        batch = sequence.BatchRun(
+            refs, infer, read, write, options=options, skip=skip.__contains__, stop_on_error=args.stop_on_error
         )
-        try:
-            result = upscale.run(image, model, options=options, tile_size=args.tile)
-        except OperationCancelled:
-            if interrupt.event.is_set():
-                raise KeyboardInterrupt from None
-            raise
-    seconds = time.perf_counter() - started
-    output = args.output
-    if output is None:
-        if args.input is None:
-            output = Path.cwd() / f"demo_upscaled_x{result.scale}.png"
-        else:
-            output = args.input.with_name(f"{args.input.stem}_x{result.scale}.png")
-        _check_output_path(output)
-    recent = [e for e in runtime.events.recent() if e["time"] >= since]
-    sessions = [e for e in recent if e["event"] in ("session_create", "session_reuse")]
-    device_label = sessions[-1]["device"] if sessions else args.device
-    for event in recent:
-        if event["event"] == "provider_fallback":
+        report = batch.run()
+    for event in runtime.events.recent():
+        if event["time"] >= since and event["event"] == "provider_fallback":
             print(f"warning: {event['message']}")
-    for warning in result.warnings:
+    for warning in dict.fromkeys(report.warnings):
         print(f"warning: {warning}")
-    for note in write_image_atomic(output, result.image):
-        print(f"warning: {note}")
-    height, width = result.image.shape[:2]
-    print(
-        f"result: {width}x{height} ({result.scale}x, {result.image.shape[2]} channels) in {seconds:.2f} s "
-        f"on {device_label}, tile {result.tile_size_used} px"
-    )
-    print(f"wrote: {output}")
     _print_memory_report(runtime, since, before, gpu_id)
-    return EXIT_OK
-
-
-COMMANDS = (_add_upscale,)  # later: remove-background, depth, geometry
+    after = memory_snapshot(gpu_id)
+    summary = {
+        "command": family.command,
+        **report.as_dict(),
+        "memory": {"rss_before": before.get("rss_bytes"), "rss_peak": peak_rss_bytes(), "rss_after": after.get("rss_bytes")},
+    }
+    print(json.dumps(summary))
+    for number, error in report.failed:
+        print(f"error: frame {number}: {error}", file=sys.stderr)
+    if report.cancelled:
+        done = len(report.written)
+        kept = f"{done} frame(s) written are kept; " if done else ""
+        print(f"Interrupted; {kept}nothing was written half-way." if done else "Interrupted; nothing was written.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return EXIT_ERROR if report.failed else EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -311,8 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Lean Image AI headless jobs: run the add-on's models on image files without Blender.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in COMMANDS:
-        add(subparsers)
+    for family in families.ALL:
+        _add_family(subparsers, family)
     return parser
 
 
@@ -326,6 +331,9 @@ def main(argv=None) -> int:
         return int(args.handler(args))
     except KeyboardInterrupt:
         print("Interrupted; nothing was written.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OperationCancelled as exc:
+        print(f"Interrupted: {exc}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except LeanImageError as exc:
         print(f"error: {exc}", file=sys.stderr)

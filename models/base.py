@@ -1,13 +1,16 @@
 """What every model adapter shares: job options, progress, contract checks, output checks.
 
 Adapter shape (one module per family): `run(images, model_path, options) -> result(s)`, where
-`images` is one image or a list of frames; a list is ONE runtime operation (only the final run
-of the final frame releases memory).
+`images` is one image, a list of frames, or a lazy frame source (anything with `__len__` and
+`__iter__`, read one frame at a time, e.g. models/sequence.py's); several frames are ONE runtime
+operation (only the final run of the final frame releases memory). With `options.on_result` each
+frame's result is handed out as soon as it is ready instead of being collected, so a long
+sequence keeps memory flat.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +27,7 @@ class JobOptions:
     progress: ProgressCallback | None = None  # (fraction 0..1, stage text)
     cancel: object = None  # threading.Event or callable -> bool; checked between runs
     runtime: Runtime | None = None  # default: the process-wide runtime
+    on_result: Callable[[object], None] | None = None  # each frame's result, in order (not kept)
 
     def get_runtime(self) -> Runtime:
         return self.runtime or get_runtime()
@@ -33,13 +37,36 @@ class JobOptions:
             self.progress(min(max(float(fraction), 0.0), 1.0), stage)
 
 
-def as_frames(images) -> tuple[list, bool]:
-    """(frames, was_single): one image (ndarray) or a sequence of them."""
+def as_frames(images) -> tuple[Sized, bool]:
+    """(frames, was_single): one image (ndarray), a sequence of them, or a lazy frame source
+    (sized and iterable: iterated once, in order)."""
     if isinstance(images, np.ndarray):
         return [images], True
     if isinstance(images, Sequence) and not isinstance(images, (str, bytes)):
         return list(images), False
+    if isinstance(images, Sized) and isinstance(images, Iterable):
+        return images, False
     return [np.asarray(images)], True
+
+
+class ResultSink:
+    """Where an adapter puts each frame's result: handed to ``options.on_result`` when set (the
+    caller writes and drops it), else kept and returned."""
+
+    def __init__(self, options: JobOptions):
+        self._emit = options.on_result
+        self._kept: list = []
+
+    def add(self, result) -> None:
+        if self._emit is not None:
+            self._emit(result)
+        else:
+            self._kept.append(result)
+
+    def value(self, single: bool):
+        if single and self._kept:
+            return self._kept[0]
+        return self._kept
 
 
 def check_contract(

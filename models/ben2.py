@@ -16,7 +16,7 @@ import numpy as np
 
 from ..runtime import SessionHandle, TensorInfo, mark_last
 from ..runtime.errors import InvalidModelOutputError, ModelContractError
-from .base import FLOAT_TYPES, JobOptions, as_frames, check_contract, check_finite, squeeze_batch
+from .base import FLOAT_TYPES, JobOptions, ResultSink, as_frames, check_contract, check_finite, squeeze_batch
 from .family import Family, Option, Setting, rgb_triple_or_none, size_or_none
 from .imaging import (
     IMAGENET_MEAN,
@@ -62,7 +62,7 @@ def run(
     if not frames:
         return []
     mean, std = normalization_constants(mean, std)
-    results = []
+    results = ResultSink(options)
     total = len(frames)
     with options.get_runtime().operation("ben2", cancel=options.cancel) as op:
         handle = op.session(model_path, options.device)
@@ -94,9 +94,9 @@ def run(
                 warnings.append(handle.fallback_warning)
             if warning:
                 warnings.append(warning)
-            results.append(MatteResult(matte.astype(np.float32, copy=False), rgba, warnings))
+            results.add(MatteResult(matte.astype(np.float32, copy=False), rgba, warnings))
     options.report(1.0, "done")
-    return results[0] if single else results
+    return results.value(single)
 
 
 def _validate(handle: SessionHandle) -> TensorInfo:
@@ -197,9 +197,11 @@ FAMILY = Family(
             "Replace",
             "Write the cut-out into the source image instead of a new image",
             to_adapter=False,
+            blender_only=True,
         ),
     ),
     action="Remove Background",
     icon="IMAGE_RGB_ALPHA",
     operator="remove_background",
+    command="remove-background",
 )

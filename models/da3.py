@@ -23,7 +23,7 @@ import numpy as np
 
 from ..runtime import SessionHandle, TensorInfo, mark_last
 from ..runtime.errors import InvalidModelOutputError, ModelContractError
-from .base import FLOAT_TYPES, JobOptions, as_frames, check_contract, check_finite, squeeze_batch
+from .base import FLOAT_TYPES, JobOptions, ResultSink, as_frames, check_contract, check_finite, squeeze_batch
 from .family import Family, Option, Setting, one_of, positive_int, rgb_triple_or_none
 from .imaging import (
     IMAGENET_MEAN,
@@ -71,7 +71,7 @@ def run(
     if sky_activation not in SKY_ACTIVATIONS:
         raise ValueError(f"sky_activation must be one of {SKY_ACTIVATIONS}, got {sky_activation!r}")
     mean, std = normalization_constants(mean, std)
-    results = []
+    results = ResultSink(options)
     total = len(frames)
     with options.get_runtime().operation("da3", cancel=options.cancel) as op:
         handle = op.session(model_path, options.device)
@@ -122,9 +122,9 @@ def run(
                 warnings.append(handle.fallback_warning)
             # linear has no negative lobes: no overshoot, so depth stays within the model's range
             depth = resize(depth, prepared.size, kernel="linear")
-            results.append(DepthResult(depth, extras, tuple(model_hw), warnings))
+            results.add(DepthResult(depth, extras, tuple(model_hw), warnings))
     options.report(1.0, "done")
-    return results[0] if single else results
+    return results.value(single)
 
 
 def _validate(handle: SessionHandle) -> str:
@@ -212,9 +212,11 @@ FAMILY = Family(
             "Make Plane",
             "Also add a plane with the image's aspect, displaced by the depth map",
             to_adapter=False,
+            blender_only=True,
         ),
     ),
     action="Estimate Depth",
     icon="IMAGE_ZDEPTH",
     operator="estimate_depth",
+    command="depth",
 )

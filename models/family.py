@@ -42,7 +42,8 @@ class Option:
     min: float | None = None
     max: float | None = None
     soft_max: float | None = None
-    to_adapter: bool = True  # False: used by the front-end only (e.g. "make a camera")
+    to_adapter: bool = True  # False: used by the front-end only (e.g. the mesh's discontinuity)
+    blender_only: bool = False  # about Blender data (a camera, replacing pixels): no CLI flag
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class Family:
     action: str = ""  # button and operator label
     icon: str = "NONE"  # Blender icon name of the button
     operator: str = ""  # the operator's name after "lean_image_ai."
+    command: str = ""  # the command line's name for it
     fallback_model: Path | None = None  # used when no model of the family is installed
     _by_name: Mapping[str, Setting] = field(init=False, repr=False, compare=False)
 

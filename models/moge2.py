@@ -32,7 +32,7 @@ import numpy as np
 
 from ..runtime import mark_last
 from ..runtime.errors import InvalidModelOutputError, ModelContractError
-from .base import FLOAT_TYPES, JobOptions, as_frames, check_finite, fixed_hw, squeeze_batch
+from .base import FLOAT_TYPES, JobOptions, ResultSink, as_frames, check_finite, fixed_hw, squeeze_batch
 from .family import Family, Option, Setting, int_range, positive_int, unit_interval
 from .imaging import prepare_image, resize, to_nchw
 from .moge2_solver import recover_focal_shift
@@ -225,7 +225,7 @@ def run(
     if not frames:
         return []
     runtime = options.get_runtime()
-    results = []
+    results = ResultSink(options)
     count = len(frames)
     options.report(0.0, "preprocessing")
     with runtime.operation("moge2", cancel=options.cancel) as op:
@@ -270,9 +270,9 @@ def run(
                 warnings=warnings,
             )
             result.num_tokens = tokens
-            results.append(result)
+            results.add(result)
     options.report(1.0, "done")
-    return results[0] if single else results
+    return results.value(single)
 
 
 def _squeeze_batch(array, shape_tail: int, name: str, model_name: str) -> np.ndarray:
@@ -437,9 +437,11 @@ FAMILY = Family(
             "Make Camera",
             "Add a camera at the origin whose field of view matches the photo, and make it the scene camera",
             to_adapter=False,
+            blender_only=True,
         ),
     ),
     action="Reconstruct Geometry",
     icon="MESH_GRID",
     operator="reconstruct_geometry",
+    command="geometry",
 )

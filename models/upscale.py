@@ -22,7 +22,7 @@ import numpy as np
 from ..runtime import mark_last
 from ..runtime.errors import InferenceOutOfMemoryError, ModelContractError
 from ..runtime.memory import memory_snapshot
-from .base import FLOAT_TYPES, JobOptions, as_frames, check_contract, check_finite, fixed_hw
+from .base import FLOAT_TYPES, JobOptions, ResultSink, as_frames, check_contract, check_finite, fixed_hw
 from .family import Family, Option, Setting, non_negative_int, one_of, positive_int
 from .imaging import from_nchw, prepare_image, resize, to_nchw
 from .tiling import auto_tile_size, estimate_bytes_per_pixel, run_tiled, tile_floor, whole_scale
@@ -77,7 +77,7 @@ def run(
         raise ValueError(f"overlap must be >= 0, got {overlap}")
     frames, was_single = as_frames(images)
     runtime = options.get_runtime()
-    results: list[UpscaleResult] = []
+    results = ResultSink(options)
     with runtime.operation(OPERATION_NAME, cancel=options.cancel) as op:
         options.report(0.0, "loading model")
         job = _Job(op, model_path, options.device)
@@ -178,9 +178,9 @@ def run(
             used = max(tiled.tile_size)
             if fixed is None:  # a tile larger than the image ran as one window of the image's size
                 used = min(used, max(size) + 2 * overlap)
-            results.append(UpscaleResult(image, int(scale), int(used), warnings))
+            results.add(UpscaleResult(image, int(scale), int(used), warnings))
         options.report(1.0, "done")
-    return results[0] if was_single else results
+    return results.value(was_single)
 
 
 class _Job:
@@ -258,5 +258,6 @@ FAMILY = Family(
     action="Upscale",
     icon="FULLSCREEN_ENTER",
     operator="upscale",
+    command="upscale",
     fallback_model=DEFAULT_MODEL_PATH,
 )

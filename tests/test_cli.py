@@ -28,7 +28,7 @@ def test_default_run_needs_no_input_and_no_download(tmp_path):
         assert written.size == (1024, 768) and written.mode == "RGB"
     text = done.stdout
     assert "generated demo image 512x384" in text and "bicubic_x2.onnx" in text
-    assert "result: 1024x768 (2x" in text and "[100%]" in text
+    assert f"wrote: {out} 1024x768 (2x)" in text and "[100%]" in text
     # memory report: snapshots before/after and the runtime's release event (RSS before -> after)
     assert "before the job: process RSS" in text and "after the job:  process RSS" in text
     assert "release after upscale (bicubic_x2.onnx on CPU" in text and " -> process RSS" in text
@@ -38,7 +38,7 @@ def test_default_run_needs_no_input_and_no_download(tmp_path):
 def test_demo_output_default_name_in_the_current_folder(tmp_path):
     done = cli("upscale", "--device", "cpu", "--tile", "64", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    with Image.open(tmp_path / "demo_upscaled_x2.png") as written:
+    with Image.open(tmp_path / "demo_upscaled.png") as written:
         assert written.size == (1024, 768)
     assert "tile 64 px" in done.stdout
 
@@ -50,7 +50,7 @@ def test_rgba_file_in_rgba_file_out(tmp_path):
     Image.fromarray(rgba, "RGBA").save(tmp_path / "in.png")
     done = cli("upscale", "--input", str(tmp_path / "in.png"), "--device", "cpu", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    with Image.open(tmp_path / "in_x2.png") as written:
+    with Image.open(tmp_path / "in_upscaled.png") as written:
         assert written.size == (80, 60) and written.mode == "RGBA"
         alpha = np.asarray(written)[..., 3]
     assert alpha[20, 40] == 255 and alpha[2, 2] == 0
@@ -60,7 +60,7 @@ def test_missing_input_exits_2_with_a_message_and_writes_nothing(tmp_path):
     out = tmp_path / "never.png"
     done = cli("upscale", "--input", str(tmp_path / "missing.png"), "--output", str(out), cwd=tmp_path)
     assert done.returncode == 2
-    assert "Input image not found" in done.stderr and "Traceback" not in done.stderr
+    assert "missing.png' not found" in done.stderr and "Traceback" not in done.stderr
     assert list(tmp_path.iterdir()) == []
 
 
@@ -81,7 +81,7 @@ def test_a_failed_write_leaves_no_half_written_file(tmp_path):
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))"
     )
-    done = cli("upscale", "--device", "cpu", "--output", str(previous), cwd=tmp_path, prelude=prelude)
+    done = cli("upscale", "--device", "cpu", "--overwrite", "--output", str(previous), cwd=tmp_path, prelude=prelude)
     assert done.returncode == 2 and "Could not write" in done.stderr, done.stderr
     assert previous.read_bytes() == b"old result"
     assert [p.name for p in tmp_path.iterdir()] == ["keep.png"]
@@ -127,4 +127,4 @@ def test_ctrl_c_cancels_between_runs_and_exits_130(tmp_path):
     )
     assert done.returncode == 130, done.stderr
     assert "Cancelling after the current model run" in done.stderr and "nothing was written" in done.stderr
-    assert "result:" not in done.stdout and list(tmp_path.iterdir()) == []
+    assert "wrote:" not in done.stdout and list(tmp_path.iterdir()) == []

@@ -22,7 +22,7 @@ bpy = pytest.importorskip("bpy")
 bh.import_package()
 
 from builders_moge2 import moge2_like_model  # noqa: E402
-from lean_image_ai.models import library, moge2  # noqa: E402
+from lean_image_ai.models import library, moge2, moge2_mesh  # noqa: E402
 from lean_image_ai.models.base import JobOptions  # noqa: E402
 from lean_image_ai.operators import geometry_ops, image_io, image_ops, jobs  # noqa: E402
 from lean_image_ai.runtime import Runtime  # noqa: E402
@@ -187,7 +187,7 @@ def test_failing_model_changes_nothing(models, photo):
 def test_mesh_arrays_subsample_and_discontinuity():
     """Large images are sampled to at most MAX_GRID_SIDE per side; a depth step cuts faces."""
     height, width = 1030, 700
-    stride = math.ceil(1030 / geometry_ops.MAX_GRID_SIDE)  # 3
+    stride = math.ceil(1030 / moge2_mesh.MAX_GRID_SIDE)  # 3
     depth = np.full((height, width), 2.0, np.float32)
     depth[:, width // 2 :] = 3.0  # a 50% step between the halves
     ys, xs = np.mgrid[0:height, 0:width].astype(np.float32)
@@ -195,14 +195,14 @@ def test_mesh_arrays_subsample_and_discontinuity():
     mask = np.ones((height, width), bool)
     mask[:stride, :stride] = False  # the first sampled pixel only
 
-    arrays = geometry_ops.mesh_arrays(points, mask, discontinuity=0.04)
+    arrays = moge2_mesh.mesh_arrays(points, mask, discontinuity=0.04)
 
     rows, cols = len(range(0, height, stride)), len(range(0, width, stride))
-    assert arrays.stride == stride and max(rows, cols) <= geometry_ops.MAX_GRID_SIDE
+    assert arrays.stride == stride and max(rows, cols) <= moge2_mesh.MAX_GRID_SIDE
     assert len(arrays.vertices) == rows * cols - 1
     # cells: all but the one touching the missing corner, minus the column of cells on the step
     assert len(arrays.quads) == (rows - 1) * (cols - 1) - 1 - (rows - 1)
-    with_jump_allowed = geometry_ops.mesh_arrays(points, mask, discontinuity=0.6)
+    with_jump_allowed = moge2_mesh.mesh_arrays(points, mask, discontinuity=0.6)
     assert len(with_jump_allowed.quads) == (rows - 1) * (cols - 1) - 1
     # vertex 0 is the sampled pixel (row 0, column `stride`): OpenCV axes -> Blender axes
     x, y, z = points[0, stride]

@@ -1,0 +1,164 @@
+"""Image files for the command line: Pillow for 8/16-bit formats, OpenEXR for float EXR.
+
+Neither ships with Blender; inside Blender the operators read and write images with Blender
+itself. Both are imported only when a file is read or written, and their absence is a readable
+error. Every file is written all or nothing (models/files.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .models import files
+from .models.products import ImageProduct
+from .runtime.errors import LeanImageError
+
+
+class CommandLineError(LeanImageError):
+    """Bad file paths, missing Pillow, unsupported formats: things the user can fix."""
+
+
+def _pillow():
+    try:
+        from PIL import Image
+    except ImportError:
+        raise CommandLineError(
+            "Reading and writing image files needs Pillow, which is not installed in this Python. "
+            "Install it (`pip install Pillow`), or run the job from Blender with the add-on's "
+            "operator (Blender reads and writes images itself)."
+        ) from None
+    return Image
+
+
+def _openexr():
+    try:
+        import OpenEXR
+    except ImportError:
+        raise CommandLineError(
+            "EXR files need the OpenEXR package, which is not installed in this Python. Install it "
+            "(`pip install OpenEXR`), or write .tif (float) instead."
+        ) from None
+    return OpenEXR
+
+
+def check_writable_format(path: Path) -> None:
+    """Fail before the model runs when nothing here can write ``path``'s format."""
+    if path.suffix.lower() == ".exr":
+        _openexr()
+        return
+    if path.suffix.lower() == ".ply":
+        return
+    Image = _pillow()
+    image_format = Image.registered_extensions().get(path.suffix.lower())
+    if image_format is None or image_format not in Image.SAVE:
+        raise CommandLineError(
+            f"Cannot write {path.name}: unknown or unsupported image file extension "
+            f"{path.suffix or '(none)'}. Use .png (keeps alpha), .exr or .tif (float), .webp or .jpg."
+        )
+
+
+def read_image(path: Path) -> np.ndarray:
+    """HxWxC uint8/uint16/float32 as stored (float for EXR)."""
+    if path.suffix.lower() == ".exr":
+        return _read_exr(path)
+    Image = _pillow()
+    try:
+        with Image.open(path) as source:
+            source.load()
+            image = source
+            if image.mode == "P":
+                image = image.convert("RGBA" if "transparency" in image.info else "RGB")
+            elif image.mode in ("CMYK", "YCbCr", "LAB", "HSV", "1"):
+                image = image.convert("RGB" if image.mode != "1" else "L")
+            elif image.mode == "PA":
+                image = image.convert("RGBA")
+            array = np.asarray(image)
+    except FileNotFoundError:
+        raise CommandLineError(f"Input image not found: {path}.") from None
+    except IsADirectoryError:
+        raise CommandLineError(f"Input path {path} is a folder; give an image file.") from None
+    except OSError as exc:  # Pillow's UnidentifiedImageError is an OSError too
+        raise CommandLineError(f"Cannot read {path} as an image: {exc}.") from None
+    if array.dtype.kind in "iu" and array.dtype != np.uint8:
+        # 16-bit PNG/TIFF greys come back as int32 ("I") or uint16 ("I;16")
+        array = np.clip(array, 0, 65535).astype(np.uint16)
+    return array
+
+
+def _read_exr(path: Path) -> np.ndarray:
+    OpenEXR = _openexr()
+    try:
+        with OpenEXR.File(str(path)) as exr:
+            channels = exr.channels()
+            for name in ("RGBA", "RGB", "Y"):
+                if name in channels:
+                    return np.asarray(channels[name].pixels, np.float32)
+            first = next(iter(channels.values()))
+            return np.asarray(first.pixels, np.float32)
+    except FileNotFoundError:
+        raise CommandLineError(f"Input image not found: {path}.") from None
+    except (OSError, RuntimeError, StopIteration) as exc:
+        raise CommandLineError(f"Cannot read {path} as an EXR image: {exc}.") from None
+
+
+def write_image(path: Path, product: ImageProduct) -> list[str]:
+    """Write ``product`` to ``path`` (format from the suffix); returns notes for the user."""
+    pixels = np.asarray(product.pixels, np.float32)
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".exr":
+            _write_exr(path, pixels, product)
+            return []
+        return _write_pillow(path, pixels, product)
+    except OSError as exc:
+        raise CommandLineError(f"Could not write {path}: {exc.strerror or exc}.") from None
+
+
+def _range_note(path: Path, product: ImageProduct) -> list[str]:
+    if product.value_range is None:
+        return []
+    low, high = product.value_range
+    return [f"{path.name}: values {low:.6g}..{high:.6g} were mapped to 0..1 (write .exr or .tif to keep them)."]
+
+
+def _write_exr(path: Path, pixels: np.ndarray, product: ImageProduct) -> None:
+    OpenEXR = _openexr()
+    if pixels.ndim == 2:
+        channels = {"Y": pixels}
+    else:
+        channels = {{1: "Y", 3: "RGB", 4: "RGBA"}[pixels.shape[2]]: np.ascontiguousarray(pixels)}
+    header = {"compression": OpenEXR.ZIP_COMPRESSION, "type": OpenEXR.scanlineimage}
+    with files.atomic_path(path) as temp, OpenEXR.File(header, channels) as exr:
+        exr.write(str(temp))
+
+
+def _write_pillow(path: Path, pixels: np.ndarray, product: ImageProduct) -> list[str]:
+    Image = _pillow()
+    image_format = Image.registered_extensions().get(path.suffix.lower())
+    notes = _range_note(path, product)
+    metadata = {}
+    if pixels.ndim == 2 and image_format == "TIFF":
+        picture = Image.fromarray(np.ascontiguousarray(pixels), "F")  # 32-bit float TIFF keeps depth
+    elif pixels.ndim == 2 and image_format == "PNG":
+        grey = (np.clip(pixels, 0.0, 1.0) * 65535.0 + 0.5).astype(np.uint16)
+        picture = Image.fromarray(grey, "I;16")
+        if product.value_range is not None:
+            from PIL import PngImagePlugin
+
+            info = PngImagePlugin.PngInfo()
+            info.add_text("lean_image_ai:value_range", f"{product.value_range[0]!r} {product.value_range[1]!r}")
+            metadata["pnginfo"] = info
+    else:
+        array = (np.clip(pixels, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+        if array.ndim == 3 and array.shape[2] == 4 and image_format in ("JPEG", "BMP"):
+            array = array[:, :, :3]
+            notes.append(f"{image_format} has no alpha channel; alpha was dropped (write .png to keep it).")
+        mode = "L" if array.ndim == 2 else {3: "RGB", 4: "RGBA"}[array.shape[2]]
+        picture = Image.fromarray(np.ascontiguousarray(array), mode)
+        if product.value_range is not None and image_format == "JPEG":
+            metadata["comment"] = f"lean_image_ai:value_range {product.value_range[0]!r} {product.value_range[1]!r}"
+    with files.atomic_path(path) as temp:
+        picture.save(temp, format=image_format, **metadata)
+    return notes

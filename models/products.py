@@ -1,0 +1,130 @@
+"""What each family's result becomes as files, and which files can hold it (bpy-free).
+
+The policy, the same for Blender and the command line, single images and sequences:
+
+- a cut-out (BEN2) needs alpha: a format without it (JPEG, BMP) is refused before anything runs;
+- depth (DA3) defaults to EXR (float). A float TIFF keeps it too. An 8/16-bit format (PNG, JPEG)
+  gets the depth normalised to 0..1, and the range it was mapped from is returned with the image
+  so the writer can record it (report, and the file's metadata where the format has it);
+- geometry (MoGe-2) is a mesh file (PLY, in Blender's camera axes: x right, y up, -z forward),
+  a JSON file beside it with the camera intrinsics, and the normal map as an EXR beside it;
+- an upscaled image is written like its source (alpha kept where the format has it).
+
+The front-end encodes the images (Blender with its own writers, the command line with Pillow and
+OpenEXR); this module decides what is written and writes the non-image files.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..runtime.errors import LeanImageError
+from . import files
+from .moge2_mesh import mesh_arrays, normal_map
+
+FLOAT_SUFFIXES = frozenset({".exr", ".tif", ".tiff", ".hdr"})
+NO_ALPHA_SUFFIXES = frozenset({".jpg", ".jpeg", ".bmp", ".hdr"})
+MESH_SUFFIXES = frozenset({".ply"})
+
+DEFAULT_SUFFIX = {"ben2": ".png", "da3": ".exr", "moge2": ".ply", "upscale": ".png"}
+NAME_TAG = {"ben2": "cutout", "da3": "depth", "moge2": "geometry", "upscale": "upscaled"}
+
+
+@dataclass
+class ImageProduct:
+    pixels: np.ndarray  # HxW (one channel) or HxWxC float32
+    is_data: bool  # values, not colour: no colour transform, linear
+    value_range: tuple[float, float] | None = None  # what 0..1 stands for when normalised
+
+
+def default_name(family_id: str, stem: str, number: int | None = None) -> str:
+    tag, suffix = NAME_TAG[family_id], DEFAULT_SUFFIX[family_id]
+    return f"{stem}_{tag}{suffix}" if number is None else f"{stem}_{tag}_{number:04d}{suffix}"
+
+
+def check_output(family_id: str, path: Path) -> None:
+    """Refuse, before any model runs, a file that could not hold the family's result."""
+    suffix = path.suffix.lower()
+    if family_id == "moge2":
+        if suffix not in MESH_SUFFIXES:
+            raise LeanImageError(
+                f"Cannot write geometry to '{path.name}': give a .ply mesh file (the camera goes to "
+                "a .json file and the normal map to an .exr file beside it)."
+            )
+    elif family_id == "ben2" and suffix in NO_ALPHA_SUFFIXES:
+        raise LeanImageError(
+            f"Cannot write a cut-out to '{path.name}': {suffix} has no alpha channel, and the cut-out "
+            "is the alpha. Use .png, .tif, .webp or .exr."
+        )
+
+
+def companion_paths(family_id: str, path: Path) -> list[Path]:
+    """Every file one result writes (checked up front like the main one)."""
+    if family_id == "moge2":
+        return [path, path.with_suffix(".json"), path.with_name(f"{path.stem}_normal.exr")]
+    return [path]
+
+
+def image_product(family_id: str, result, suffix: str) -> ImageProduct:
+    """The image a family's result is written as, for a file with ``suffix``."""
+    if family_id == "ben2":
+        return ImageProduct(result.rgba, is_data=False)
+    if family_id == "upscale":
+        return ImageProduct(result.image, is_data=False)
+    if family_id == "da3":
+        depth = np.asarray(result.depth, np.float32)
+        if suffix.lower() in FLOAT_SUFFIXES:
+            return ImageProduct(depth, is_data=True)
+        low, high = float(depth.min()), float(depth.max())
+        span = high - low
+        normalised = (depth - low) / span if span > 0 else np.zeros_like(depth)
+        return ImageProduct(normalised.astype(np.float32), is_data=True, value_range=(low, high))
+    raise ValueError(f"{family_id} results are not one image")
+
+
+def write_geometry(path: Path, result, *, discontinuity: float) -> tuple[list[Path], ImageProduct | None]:
+    """The mesh (PLY) and camera (JSON) of a MoGe-2 result; returns the files written and the
+    normal map still to be written by the front-end (None when the model gives no normals)."""
+    arrays = mesh_arrays(result.points, result.mask, discontinuity=discontinuity)
+    if len(arrays.vertices) == 0:
+        raise LeanImageError(f"MoGe-2 found no geometry for '{path.name}'; nothing was written.")
+    _write_ply(path, arrays.vertices, arrays.quads, arrays.uv)
+    height, width = result.mask.shape
+    camera = {
+        "image_size": [int(width), int(height)],
+        "intrinsics_px": np.asarray(result.intrinsics, float).round(6).tolist(),
+        "fov_x_deg": round(float(np.degrees(result.fov_x)), 6),
+        "fov_y_deg": round(float(np.degrees(result.fov_y)), 6),
+        "metric_scale": float(result.metric_scale),
+        "axes": "x right, y up, camera looking down -z (Blender/OpenGL camera)",
+        "mesh_stride_px": int(arrays.stride),
+    }
+    camera_path = path.with_suffix(".json")
+    files.write_text(camera_path, json.dumps(camera, indent=2))
+    normals = None
+    if result.normal is not None:
+        normals = ImageProduct(normal_map(result.normal, result.mask)[..., :3], is_data=True)
+    return [path, camera_path], normals
+
+
+def _write_ply(path: Path, vertices: np.ndarray, quads: np.ndarray, uv: np.ndarray) -> None:
+    """Binary little-endian PLY: float xyz + uv per vertex, quads as 4-index faces."""
+    header = (
+        "ply\nformat binary_little_endian 1.0\ncomment made by Lean Image AI (MoGe-2)\n"
+        f"element vertex {len(vertices)}\nproperty float x\nproperty float y\nproperty float z\n"
+        "property float s\nproperty float t\n"
+        f"element face {len(quads)}\nproperty list uchar int vertex_indices\nend_header\n"
+    ).encode("ascii")
+    vertex = np.empty(len(vertices), [("xyz", "<f4", 3), ("uv", "<f4", 2)])
+    vertex["xyz"], vertex["uv"] = vertices, uv
+    face = np.empty(len(quads), [("n", "u1"), ("v", "<i4", 4)])
+    face["n"], face["v"] = 4, quads
+    with files.atomic_path(path) as temp:
+        with open(temp, "wb") as stream:
+            stream.write(header)
+            stream.write(vertex.tobytes())
+            stream.write(face.tobytes())
