@@ -219,9 +219,9 @@ def _plan(family: Family, args):
     inputs = {os.path.normcase(str(r.path.resolve())) for r in refs}
     for ref, out in zip(refs, outputs, strict=True):
         out = out.resolve()
-        cli_images.check_writable_format(out)
         products.check_output(family.id, out)
         for path in products.companion_paths(family.id, out):
+            cli_images.check_writable_format(path)
             if os.path.normcase(str(path)) in inputs:
                 raise CommandLineError(f"Output {path} is an input frame; choose another name or folder.")
             if path.is_dir():

@@ -48,7 +48,7 @@ def check_writable_format(path: Path) -> None:
     if path.suffix.lower() == ".exr":
         _openexr()
         return
-    if path.suffix.lower() == ".ply":
+    if path.suffix.lower() in (".ply", ".json"):  # written by models/products.py, no library needed
         return
     Image = _pillow()
     image_format = Image.registered_extensions().get(path.suffix.lower())
@@ -143,7 +143,7 @@ def _write_pillow(path: Path, pixels: np.ndarray, product: ImageProduct) -> list
         picture = Image.fromarray(np.ascontiguousarray(pixels), "F")  # 32-bit float TIFF keeps depth
     elif pixels.ndim == 2 and image_format == "PNG":
         grey = (np.clip(pixels, 0.0, 1.0) * 65535.0 + 0.5).astype(np.uint16)
-        picture = Image.fromarray(grey, "I;16")
+        picture = Image.fromarray(grey)  # uint16: a 16-bit grey PNG
         if product.value_range is not None:
             from PIL import PngImagePlugin
 

@@ -199,7 +199,7 @@ def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "")
     raise ModelFileError(
         f"No {record.title} model is installed. Install one in {PREFERENCES_HINT}"
         + (f" (for example '{suggestion}')" if suggestion else "")
-        + ", or register your own ONNX file there, or give model_path."
+        + ", or register your own ONNX file there, or give the model file (model_path; command line: --model)."
     )
 
 

@@ -358,7 +358,7 @@ class BatchRun:
                 try:
                     self._frames.put(ref, self._read(ref))
                 except Exception as exc:  # noqa: BLE001 - any unreadable frame is reported, never raised
-                    self._frame_failed(ref, exc)
+                    self._frame_failed(ref, exc, before_model=True)
                 if not self._todo:
                     self._frames.close()
                 progressed = True
@@ -385,10 +385,14 @@ class BatchRun:
             if not progressed:
                 time.sleep(0.002)
 
-    def _frame_failed(self, ref: FrameRef, exc: BaseException) -> None:
+    def _frame_failed(self, ref: FrameRef, exc: BaseException, *, before_model: bool = False) -> None:
         text = str(exc) if isinstance(exc, LeanImageError | OSError) else f"{type(exc).__name__}: {exc}"
         self.report.failed.append((ref.number, text))
-        if self._stop_on_error:
+        if not self._stop_on_error:
+            return
+        if before_model:
+            self._todo.clear()  # the frames before it still finish, the last of them releasing
+        else:
             self.cancel()
 
     def _finish(self) -> bool:

@@ -128,3 +128,131 @@ def test_ctrl_c_cancels_between_runs_and_exits_130(tmp_path):
     assert done.returncode == 130, done.stderr
     assert "Cancelling after the current model run" in done.stderr and "nothing was written" in done.stderr
     assert "wrote:" not in done.stdout and list(tmp_path.iterdir()) == []
+
+
+# ---- every family, files and folders, output policy ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def family_models(tmp_path_factory):
+    from builders_families import ben2_like_model, da3_like_model
+    from builders_moge2 import moge2_like_model
+
+    root = tmp_path_factory.mktemp("cli_models")
+    return {
+        "remove-background": ben2_like_model(root / "ben2.onnx", size=64),
+        "depth": da3_like_model(root / "da3.onnx", fixed_hw=None),
+        "geometry": moge2_like_model(root / "moge2.onnx"),
+        "upscale": None,  # the embedded bicubic x2
+    }
+
+
+def write_frames(folder, count=3, size=(30, 40)):
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(1)
+    for n in range(1, count + 1):
+        Image.fromarray((rng.random((*size, 3)) * 255).astype(np.uint8)).save(folder / f"shot_{n:04d}.png")
+    return folder
+
+
+def summary(done) -> dict:
+    import json
+
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def model_args(family_models, command):
+    model = family_models[command]
+    return [] if model is None else ["--model", str(model)]
+
+
+EXPECTED = {  # command -> (default name of frame 2 in a folder, files one frame writes)
+    "remove-background": ("shot_cutout_0002.png", 1),
+    "depth": ("shot_depth_0002.exr", 1),
+    "geometry": ("shot_geometry_0002.ply", 3),
+    "upscale": ("shot_upscaled_0002.png", 1),
+}
+
+
+@pytest.mark.parametrize("command", list(EXPECTED))
+def test_every_family_on_a_folder_and_on_one_file(tmp_path, family_models, command):
+    frames = write_frames(tmp_path / "in")
+    out = tmp_path / "out"
+    out.mkdir()
+    done = cli(command, str(frames), str(out), "--device", "cpu", *model_args(family_models, command), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = summary(done)
+    assert report["command"] == command and (report["frames"], report["written"], report["failed"]) == (3, 3, [])
+    assert report["memory"]["rss_peak"] >= report["memory"]["rss_before"] > 0
+    name, per_frame = EXPECTED[command]
+    assert (out / name).is_file() and len(list(out.iterdir())) == 3 * per_frame
+    # one file, default name beside it
+    single = frames / "shot_0001.png"
+    done = cli(command, str(single), "--device", "cpu", *model_args(family_models, command), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert summary(done)["written"] == 1
+    assert (frames / name.replace("_0002", "").replace("shot_", "shot_0001_")).is_file()
+
+
+def test_depth_keeps_floats_in_exr_and_records_the_range_in_png(tmp_path, family_models):
+    import OpenEXR
+
+    frames = write_frames(tmp_path / "in", count=1)
+    model = ["--model", str(family_models["depth"]), "--device", "cpu"]
+    assert cli("depth", str(frames / "shot_0001.png"), str(tmp_path / "d.exr"), *model, cwd=tmp_path).returncode == 0
+    with OpenEXR.File(str(tmp_path / "d.exr")) as exr:
+        depth = exr.channels()["Y"].pixels
+    assert depth.dtype == np.float32 and depth.shape == (30, 40) and depth.max() > 1.0  # not clipped
+    done = cli("depth", str(frames / "shot_0001.png"), str(tmp_path / "d.png"), *model, cwd=tmp_path)
+    assert done.returncode == 0 and "were mapped to 0..1" in done.stdout
+    with Image.open(tmp_path / "d.png") as png:
+        low, high = map(float, png.text["lean_image_ai:value_range"].split())
+        grey = np.asarray(png).astype(np.float64) / 65535
+    assert (low, high) == pytest.approx((float(depth.min()), float(depth.max())), rel=1e-6)
+    np.testing.assert_allclose(low + grey * (high - low), depth, atol=(high - low) / 65535 * 1.01)
+
+
+def test_output_checks_happen_before_the_model_runs(tmp_path, family_models):
+    frames = write_frames(tmp_path / "in", count=2)
+    ben2 = ["--model", str(family_models["remove-background"]), "--device", "cpu"]
+    cases = [
+        (("remove-background", str(frames), str(tmp_path / "c_####.jpg"), *ben2), "no alpha channel"),
+        (("upscale", str(frames / "shot_0001.png"), str(frames / "shot_0001.png")), "is an input frame"),
+        (("upscale", str(frames), str(tmp_path / "nowhere" / "o_####.png")), "does not exist"),
+        (("upscale", str(frames), str(tmp_path / "one.png")), "one file but the input has 2 frames"),
+        (("geometry", str(frames / "shot_0001.png"), str(tmp_path / "g.obj"), "--model", str(family_models["geometry"])), "give a .ply mesh file"),
+    ]
+    for args, message in cases:
+        done = cli(*args, cwd=tmp_path)
+        assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
+        assert "model:" not in done.stdout  # refused before anything ran
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
+def test_existing_outputs_are_kept_unless_asked(tmp_path):
+    frames = write_frames(tmp_path / "in", count=3)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "shot_upscaled_0001.png").write_bytes(b"earlier result")
+    done = cli("upscale", str(frames), str(out), "--device", "cpu", cwd=tmp_path)
+    assert done.returncode == 2 and "--overwrite" in done.stderr and "--skip-existing" in done.stderr
+    assert len(list(out.iterdir())) == 1
+    done = cli("upscale", str(frames), str(out), "--device", "cpu", "--skip-existing", cwd=tmp_path)
+    assert done.returncode == 0 and (summary(done)["skipped"], summary(done)["written"]) == (1, 2)
+    assert (out / "shot_upscaled_0001.png").read_bytes() == b"earlier result"
+    (out / "shot_upscaled_0001.png").chmod(0o640)
+    done = cli("upscale", str(frames), str(out), "--device", "cpu", "--overwrite", "--frames", "1-1", cwd=tmp_path)
+    assert done.returncode == 0 and summary(done)["written"] == 1
+    assert (out / "shot_upscaled_0001.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "shot_upscaled_0001.png").stat().st_mode & 0o777 == 0o640  # the file keeps its mode
+
+
+def test_a_missing_frame_fails_that_frame_and_exits_2(tmp_path):
+    frames = write_frames(tmp_path / "in", count=3)
+    (frames / "shot_0002.png").unlink()
+    out = tmp_path / "out"
+    out.mkdir()
+    done = cli("upscale", str(frames / "shot_####.png"), str(out), "--frames", "1-3", "--device", "cpu", cwd=tmp_path)
+    assert done.returncode == 2 and "frame 2" in done.stderr
+    report = summary(done)
+    assert (report["written"], [f["frame"] for f in report["failed"]]) == (2, [2])
