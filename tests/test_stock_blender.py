@@ -97,6 +97,7 @@ def stock_run(built, tmp_path_factory, timings) -> dict:
     result = json.loads(lines[-1][len("RESULT ") :])
     assert "error" not in result, result["error"] + proc.stderr[-4000:]
     result["root"] = str(root)
+    result["console"] = proc.stdout + proc.stderr
     print(f"\nstock Blender e2e timings: {json.dumps({k: round(v, 1) for k, v in timings.items()})}")
     return result
 
@@ -148,3 +149,16 @@ def test_uninstall_leaves_nothing_behind(stock_run):
     assert stock_run["addon_dir_exists_after"] is False
     assert stock_run["site_entries_after"] == []
     assert stock_run["left_under_extensions"] == []
+
+
+def test_auto_device_skips_cuda_quietly_without_an_nvidia_driver(stock_run):
+    """No nvidia-ml-py in a stock Blender: the driver's NVML library itself says there is no GPU."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+        pytest.skip("an NVIDIA driver is installed here")
+    except OSError:
+        pass
+    assert "CUDAExecutionProvider" not in stock_run["console"], stock_run["console"][-3000:]
+    assert "libcublas" not in stock_run["console"]
