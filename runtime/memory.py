@@ -1,47 +1,171 @@
 """Memory snapshots: process RSS, and on NVIDIA GPUs the device and this process's usage.
 
-psutil and nvidia-ml-py are optional; reading stats must never break inference, so every
-failure becomes a field in the snapshot instead of an exception.
+Everything here must work in a stock Blender, whose Python has neither psutil nor nvidia-ml-py:
+RSS and available RAM come from the OS directly (/proc on Linux, ctypes on Windows and macOS);
+psutil is only a last resort on other systems, and NVML stats are optional. Reading stats must
+never break inference, so every failure becomes None or a field in the snapshot, not an exception.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 import threading
 
 _nvml_lock = threading.Lock()
 _nvml_state = {"initialised": False, "error": None}
 
 
-def process_rss_bytes() -> int | None:
-    try:
-        import psutil
+# --- Windows: GetProcessMemoryInfo / GlobalMemoryStatusEx ------------------------------------------
 
-        return psutil.Process().memory_info().rss
-    except Exception:
-        pass
-    try:  # Linux without psutil
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except Exception:
+
+# DWORD is 32-bit on Windows; c_uint32 rather than c_ulong keeps the layout testable on LP64 systems.
+class _ProcessMemoryCounters(ctypes.Structure):
+    _fields_ = [
+        ("cb", ctypes.c_uint32),
+        ("PageFaultCount", ctypes.c_uint32),
+        ("PeakWorkingSetSize", ctypes.c_size_t),
+        ("WorkingSetSize", ctypes.c_size_t),
+        ("QuotaPeakPagedPoolUsage", ctypes.c_size_t),
+        ("QuotaPagedPoolUsage", ctypes.c_size_t),
+        ("QuotaPeakNonPagedPoolUsage", ctypes.c_size_t),
+        ("QuotaNonPagedPoolUsage", ctypes.c_size_t),
+        ("PagefileUsage", ctypes.c_size_t),
+        ("PeakPagefileUsage", ctypes.c_size_t),
+    ]
+
+
+class _MemoryStatusEx(ctypes.Structure):
+    _fields_ = [
+        ("dwLength", ctypes.c_uint32),
+        ("dwMemoryLoad", ctypes.c_uint32),
+        ("ullTotalPhys", ctypes.c_ulonglong),
+        ("ullAvailPhys", ctypes.c_ulonglong),
+        ("ullTotalPageFile", ctypes.c_ulonglong),
+        ("ullAvailPageFile", ctypes.c_ulonglong),
+        ("ullTotalVirtual", ctypes.c_ulonglong),
+        ("ullAvailVirtual", ctypes.c_ulonglong),
+        ("ullAvailExtendedVirtual", ctypes.c_ulonglong),
+    ]
+
+
+def _windows_counters() -> _ProcessMemoryCounters | None:
+    from ctypes import wintypes
+
+    kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
+    kernel32.GetCurrentProcess.restype = wintypes.HANDLE
+    # K32GetProcessMemoryInfo is kernel32's copy of psapi's (Windows 7+): no psapi.dll needed.
+    get_info = kernel32.K32GetProcessMemoryInfo
+    get_info.argtypes = [wintypes.HANDLE, ctypes.POINTER(_ProcessMemoryCounters), wintypes.DWORD]
+    get_info.restype = wintypes.BOOL
+    counters = _ProcessMemoryCounters()
+    counters.cb = ctypes.sizeof(counters)
+    if not get_info(kernel32.GetCurrentProcess(), ctypes.byref(counters), counters.cb):
         return None
+    return counters
+
+
+def _windows_available_bytes() -> int | None:
+    status = _MemoryStatusEx()
+    status.dwLength = ctypes.sizeof(status)
+    if not ctypes.WinDLL("kernel32").GlobalMemoryStatusEx(ctypes.byref(status)):
+        return None
+    return int(status.ullAvailPhys)
+
+
+# --- macOS: task_info(MACH_TASK_BASIC_INFO) --------------------------------------------------------
+
+
+class _MachTaskBasicInfo(ctypes.Structure):
+    _pack_ = 4  # <mach/task_info.h> declares these under #pragma pack(4)
+    _fields_ = [
+        ("virtual_size", ctypes.c_uint64),
+        ("resident_size", ctypes.c_uint64),
+        ("resident_size_max", ctypes.c_uint64),
+        ("user_time", ctypes.c_int32 * 2),
+        ("system_time", ctypes.c_int32 * 2),
+        ("policy", ctypes.c_int32),
+        ("suspend_count", ctypes.c_int32),
+    ]
+
+
+_MACH_TASK_BASIC_INFO = 20
+
+
+def _mach_task_info() -> _MachTaskBasicInfo | None:
+    libc = ctypes.CDLL("/usr/lib/libSystem.B.dylib")
+    libc.mach_task_self.restype = ctypes.c_uint32
+    libc.task_info.argtypes = [ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32)]
+    info = _MachTaskBasicInfo()
+    count = ctypes.c_uint32(ctypes.sizeof(info) // 4)  # in natural_t (32-bit) units
+    if libc.task_info(libc.mach_task_self(), _MACH_TASK_BASIC_INFO, ctypes.byref(info), ctypes.byref(count)) != 0:
+        return None
+    return info
+
+
+def _ru_maxrss_bytes() -> int | None:
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
+
+
+# --- Linux: /proc ----------------------------------------------------------------------------------
+
+
+def _statm_rss_bytes() -> int | None:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _psutil_rss_bytes() -> int | None:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def process_rss_bytes() -> int | None:
+    """Resident set size of this process now, in bytes; None when the OS won't say."""
+    if sys.platform.startswith("linux"):
+        readers = (_statm_rss_bytes, lambda: _kib(_status_kib("VmRSS")))
+    elif sys.platform == "win32":
+        readers = (lambda: _windows_counters().WorkingSetSize,)
+    elif sys.platform == "darwin":
+        readers = (lambda: _mach_task_info().resident_size,)
+    else:
+        readers = ()
+    for reader in (*readers, _psutil_rss_bytes):
+        try:
+            value = reader()
+        except Exception:  # no /proc, no symbol, no psutil: try the next one
+            continue
+        if value:
+            return int(value)
+    return None
+
+
+def _kib(value: int | None) -> int | None:
+    return None if value is None else value * 1024
 
 
 def available_system_memory_bytes() -> int | None:
+    """RAM the OS could give this process without swapping, in bytes; None when unknown."""
     try:
-        import psutil
-
-        return psutil.virtual_memory().available
-    except Exception:
-        pass
-    try:
+        if sys.platform == "win32":
+            return _windows_available_bytes()
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
     except Exception:
+        pass
+    try:  # macOS and the rest: only when psutil happens to be there; callers fall back on None
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except Exception:
         return None
-    return None
 
 
 def _nvml():
@@ -65,11 +189,16 @@ def _nvml():
 
 
 def nvidia_gpu_count() -> int | None:
-    """How many NVIDIA GPUs the driver sees; None when that can't be known (no nvidia-ml-py)."""
+    """How many NVIDIA GPUs the driver sees; None when that can't be known.
+
+    nvidia-ml-py when installed; otherwise the driver's own NVML library through ctypes, which
+    is what a stock Blender (no nvidia-ml-py) has. Without this, 'auto' would try CUDA on every
+    machine and log ORT's provider-load failure on each first session.
+    """
     try:
         import pynvml  # noqa: F401
     except ImportError:
-        return None
+        return _driver_nvml_gpu_count()
     nvml = _nvml()
     if nvml is None:
         return 0  # the package is there but the driver is not: no usable GPU
@@ -77,6 +206,49 @@ def nvidia_gpu_count() -> int | None:
         return int(nvml.nvmlDeviceGetCount())
     except Exception:
         return 0
+
+
+def _driver_nvml_library():
+    """The NVIDIA driver's NVML library, loaded; None when absent (then so is the CUDA driver)."""
+    if sys.platform == "win32":
+        system_root = os.environ.get("SystemRoot", r"C:\Windows")
+        candidates = [
+            os.path.join(system_root, "System32", "nvml.dll"),  # where current drivers put it
+            os.path.join(os.environ.get("ProgramFiles", r"C:\Program Files"), "NVIDIA Corporation", "NVSMI", "nvml.dll"),
+        ]
+    elif sys.platform.startswith("linux"):
+        candidates = ["libnvidia-ml.so.1"]  # installed with every Linux driver (and WSL's)
+    else:
+        return None
+    for name in candidates:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
+def _driver_nvml_gpu_count() -> int | None:
+    try:
+        lib = _driver_nvml_library()
+    except Exception:
+        return None
+    if lib is None:
+        # Linux and macOS: no driver library, no CUDA. Windows: old drivers kept NVML elsewhere,
+        # so "not found" is only "unknown" there and ORT may still try.
+        return None if sys.platform == "win32" else 0
+    try:
+        if lib.nvmlInit_v2() != 0:
+            return 0
+        try:
+            count = ctypes.c_uint(0)
+            if lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+                return 0
+            return int(count.value)
+        finally:
+            lib.nvmlShutdown()
+    except Exception:
+        return None
 
 
 def gpu_snapshot(device_id: int = 0) -> dict:
@@ -166,8 +338,13 @@ def peak_rss_bytes() -> int | None:
     if kib is not None:
         return kib * 1024
     try:
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        if sys.platform == "win32":
+            return int(_windows_counters().PeakWorkingSetSize)
+        if sys.platform == "darwin":
+            return int(_mach_task_info().resident_size_max)
+    except Exception:
+        pass
+    try:
+        return _ru_maxrss_bytes()
     except Exception:
         return None

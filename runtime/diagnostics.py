@@ -1,0 +1,346 @@
+"""What the user's machine offers the runtime, for bug reports and for disabling buttons (bpy-free).
+
+    report = collect()               # plain dataclass; dataclasses.asdict(report) for JSON
+    print(format_report(report))     # readable text, one fact per line
+    onnxruntime_import_error()       # None, or one line saying why onnxruntime can't be imported
+
+`collect()` creates one tiny CUDA session through the runtime (a fresh `Runtime`, so the shared
+cache is untouched) to learn what a CUDA request really gets: onnxruntime-gpu lists CUDA and
+imports fine without a GPU or without CUDA/cuDNN, and only session creation tells. ORT reports
+why CUDA failed on the process's stderr, not as an exception, so the probe captures file
+descriptor 2 for the duration of that one session creation (and echoes it back afterwards).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import io
+import os
+import platform
+import re
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+from . import memory
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# ORT's log prefix: "2026-01-01 12:00:00.000 [E:onnxruntime:Default, provider_bridge_ort.cc:2458 operator()] "
+_ORT_PREFIX = re.compile(r"^\S+ \S+ \[([EWIV]):onnxruntime:[^\]]*\]\s*")
+_REASON_PATTERNS = (
+    re.compile(r"Failed to load library .*? with error: (.+)"),
+    re.compile(r"(Failed to create CUDAExecutionProvider\..*?)(?: Please install|$)"),
+    re.compile(r"(CUDA failure \d+:.+)"),
+    re.compile(r"(no CUDA-capable device is detected.*)"),
+)
+
+
+@dataclass
+class CudaLibrary:
+    name: str  # file name ORT loads, e.g. libcudnn.so.9
+    path: str | None  # where it was found; None when not found
+    where: str  # "nvidia wheel", "system search path", "not found"
+    required: bool = True  # cuFFT and NVRTC serve only some operators
+
+
+@dataclass
+class CudaProbe:
+    attempted: bool
+    providers: list[str] = field(default_factory=list)  # what the session really got
+    ok: bool = False  # CUDA first in providers and a run succeeded
+    fallback_reason: str | None = None  # ORT's own words when it fell back (or why no probe ran)
+    ort_messages: list[str] = field(default_factory=list)  # ORT's warnings/errors during creation
+
+
+@dataclass
+class Report:
+    python: str
+    platform: str
+    onnxruntime_version: str | None = None
+    onnxruntime_package: str | None = None  # onnxruntime / onnxruntime-gpu
+    onnxruntime_location: str | None = None
+    onnxruntime_error: str | None = None
+    build_cuda_version: str | None = None  # CUDA the onnxruntime build was made for
+    available_providers: list[str] = field(default_factory=list)
+    nvml: dict = field(default_factory=dict)  # available, driver_version, cuda_driver_version, gpus, error
+    cuda_libraries: list[CudaLibrary] = field(default_factory=list)
+    cuda_libraries_note: str | None = None
+    cuda_probe: CudaProbe | None = None
+
+
+# --- onnxruntime --------------------------------------------------------------------------------
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+def onnxruntime_import_error() -> str | None:
+    """None when onnxruntime imports; else one readable line (for a disabled button's tooltip)."""
+    try:
+        import onnxruntime  # noqa: F401
+    except Exception as exc:  # ImportError, or OSError from a DLL it links against
+        return (
+            f"onnxruntime cannot be imported ({_one_line(exc)}) by Python {platform.python_version()};"
+            " install the Lean Image AI zip built for this platform and Blender version"
+        )
+    return None
+
+
+def _onnxruntime_facts(report: Report):
+    report.onnxruntime_error = onnxruntime_import_error()
+    if report.onnxruntime_error:
+        return None
+    import onnxruntime as ort
+
+    report.onnxruntime_version = getattr(ort, "__version__", None)
+    report.onnxruntime_package = getattr(ort, "package_name", None)
+    report.onnxruntime_location = os.path.dirname(os.path.abspath(ort.__file__))
+    report.build_cuda_version = getattr(ort, "cuda_version", None) or None
+    try:
+        report.available_providers = list(ort.get_available_providers())
+    except Exception as exc:
+        report.onnxruntime_error = f"onnxruntime imported but lists no providers ({_one_line(exc)})"
+    return ort
+
+
+# --- NVIDIA driver and GPUs ---------------------------------------------------------------------
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _nvml_facts() -> dict:
+    try:
+        import pynvml
+    except ImportError:
+        driver = memory._driver_nvml_library() is not None
+        return {
+            "available": False,
+            "error": "NVML not available (nvidia-ml-py is not installed)",
+            "driver_library_found": driver,
+        }
+    nvml = memory._nvml()
+    if nvml is None:
+        return {"available": False, "error": f"NVML not available ({memory._nvml_state['error']})"}
+    facts: dict = {"available": True, "gpus": []}
+    try:
+        facts["driver_version"] = _text(pynvml.nvmlSystemGetDriverVersion())
+        cuda = int(pynvml.nvmlSystemGetCudaDriverVersion())
+        facts["cuda_driver_version"] = f"{cuda // 1000}.{cuda % 1000 // 10}"  # highest CUDA the driver runs
+        for index in range(int(pynvml.nvmlDeviceGetCount())):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            facts["gpus"].append(
+                {
+                    "index": index,  # NVML's order, which need not be CUDA's (CUDA_VISIBLE_DEVICES)
+                    "name": _text(pynvml.nvmlDeviceGetName(handle)),
+                    "uuid": _text(pynvml.nvmlDeviceGetUUID(handle)),
+                    "total_bytes": int(info.total),
+                    "free_bytes": int(info.free),
+                }
+            )
+    except Exception as exc:
+        facts["error"] = _one_line(exc)
+    return facts
+
+
+# --- CUDA / cuDNN libraries ---------------------------------------------------------------------
+
+
+def _cuda_library_facts(report: Report, ort, directory: str | None) -> None:
+    """Where ORT's preload_dlls() would find each CUDA/cuDNN library (without loading from wheels)."""
+    if ort is None:
+        report.cuda_libraries_note = "onnxruntime is not importable"
+        return
+    if not report.build_cuda_version:
+        report.cuda_libraries_note = f"{report.onnxruntime_package or 'onnxruntime'} is not a CUDA build"
+        return
+    system = platform.system()
+    if system not in ("Linux", "Windows"):
+        report.cuda_libraries_note = f"CUDA is not supported on {system}"
+        return
+    paths_of = getattr(ort, "_get_nvidia_dll_paths", None)  # private; present in 1.2x-1.3x
+    if paths_of is None:
+        report.cuda_libraries_note = f"onnxruntime {report.onnxruntime_version} does not say which libraries it loads"
+        return
+    is_windows = system == "Windows"
+    wanted = paths_of(is_windows, True, True)
+    # preload_dlls() stays quiet about cuDNN too, but the CUDA provider refuses to load without it.
+    optional = {p[-1] for p in wanted if "cufft" in p[-1] or "nvrtc" in p[-1]}
+    # The same search preload_dlls() makes: a given folder (flat), else the site-packages that
+    # holds onnxruntime (nvidia/<package>/lib|bin/...), then the system loader.
+    site = os.path.normpath(os.path.join(report.onnxruntime_location, ".."))
+    for relative in wanted:
+        name = relative[-1]
+        candidate = os.path.join(directory, name) if directory else os.path.join(site, *relative)
+        if os.path.isfile(candidate):
+            where = "given folder" if directory else "nvidia wheel"
+            report.cuda_libraries.append(CudaLibrary(name, candidate, where, name not in optional))
+            continue
+        try:
+            ctypes.CDLL(name)  # what preload_dlls() tries next; a hit is loaded, as it would be
+            found = CudaLibrary(name, None, "system search path", name not in optional)
+        except OSError:
+            found = CudaLibrary(name, None, "not found", name not in optional)
+        report.cuda_libraries.append(found)
+
+
+# --- what a CUDA session really gets --------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _captured_output():
+    """Capture fd 2 (ORT's C++ log) and Python's stdout (preload_dlls' prints) into a list."""
+    lines: list[str] = []
+    stdout = io.StringIO()
+    try:
+        sys.stderr.flush()
+    except Exception:
+        pass
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            with contextlib.redirect_stdout(stdout):
+                yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            captured = sink.read().decode(errors="replace") + stdout.getvalue()
+            lines.extend(ln for ln in captured.splitlines() if ln.strip())
+            with contextlib.suppress(Exception):  # still visible in the console, as without the probe
+                sys.stderr.write(captured)
+
+
+def _clean(line: str) -> str:
+    return _ORT_PREFIX.sub("", _ANSI.sub("", line)).strip()
+
+
+def _fallback_reason(messages: list[str]) -> str | None:
+    for pattern in _REASON_PATTERNS:
+        for message in messages:
+            match = pattern.search(message)
+            if match:
+                return match.group(1).strip()
+    return None
+
+
+def probe_cuda(device: str = "cuda", runtime=None) -> CudaProbe:
+    """Create one tiny session for `device` and report what it really got (never raises)."""
+    import numpy as np
+
+    from . import core
+    from .errors import LeanImageError
+    from .providers import CUDA
+
+    runtime = runtime or core.Runtime()
+    probe = CudaProbe(attempted=True)
+    with tempfile.TemporaryDirectory(prefix="lean_image_ai_probe_") as tmp:
+        model = os.path.join(tmp, "probe.onnx")
+        with open(model, "wb") as f:
+            f.write(core.RELEASE_PROBE_MODEL)  # x -> x, no nodes: nothing to compute, nothing to allocate
+        handle = None
+        try:
+            with _captured_output() as captured:
+                handle = runtime.session(model, device)
+                probe.providers = list(handle.providers)
+                handle.session.run(None, {"x": np.zeros(1, np.float32)})
+        except LeanImageError as exc:
+            probe.fallback_reason = str(exc)
+        except Exception as exc:
+            probe.fallback_reason = _one_line(exc)
+        finally:
+            if handle is not None:
+                runtime.evict(handle, "diagnostics")
+        # Lines starting "{" are this runtime's own events (logged to stderr too), not ORT's.
+        probe.ort_messages = [c for c in map(_clean, captured) if c and not c.startswith("{")]
+    probe.ok = probe.providers[:1] == [CUDA] and probe.fallback_reason is None
+    if not probe.ok and probe.fallback_reason is None:
+        probe.fallback_reason = _fallback_reason(probe.ort_messages) or (
+            handle.fallback_warning if handle is not None else None
+        )
+    return probe
+
+
+# --- the report ---------------------------------------------------------------------------------
+
+
+def collect(*, cuda_probe: bool = True, directory: str | None = None, runtime=None) -> Report:
+    """Everything above; `directory` is a folder of CUDA/cuDNN libraries to look in instead of
+    the nvidia wheels (as preload_dlls' argument of that name)."""
+    report = Report(
+        python=f"{platform.python_version()} ({sys.executable})",
+        platform=f"{platform.system()} {platform.release()} {platform.machine()}",
+    )
+    ort = _onnxruntime_facts(report)
+    report.nvml = _nvml_facts()
+    _cuda_library_facts(report, ort, directory)
+    if ort is None:
+        report.cuda_probe = CudaProbe(attempted=False, fallback_reason="onnxruntime is not importable")
+    elif "CUDAExecutionProvider" not in report.available_providers:
+        report.cuda_probe = CudaProbe(
+            attempted=False, fallback_reason="this onnxruntime build does not offer CUDAExecutionProvider"
+        )
+    elif cuda_probe:
+        report.cuda_probe = probe_cuda("cuda", runtime)
+    return report
+
+
+def _mib(value) -> str:
+    return "?" if value is None else f"{value / 2**20:.0f} MiB"
+
+
+def format_report(report: Report) -> str:
+    lines = [f"Python: {report.python}", f"Platform: {report.platform}"]
+    if report.onnxruntime_error:
+        lines.append(f"onnxruntime: {report.onnxruntime_error}")
+    else:
+        lines.append(
+            f"onnxruntime: {report.onnxruntime_package or 'onnxruntime'} {report.onnxruntime_version}"
+            f" from {report.onnxruntime_location}"
+            + (f" (built for CUDA {report.build_cuda_version})" if report.build_cuda_version else "")
+        )
+        lines.append(f"Providers offered: {', '.join(report.available_providers) or 'none'}")
+    nvml = report.nvml
+    if nvml.get("available"):
+        lines.append(
+            f"NVIDIA driver {nvml.get('driver_version', '?')} (CUDA {nvml.get('cuda_driver_version', '?')}),"
+            f" {len(nvml.get('gpus', []))} GPU(s)"
+        )
+        for gpu in nvml.get("gpus", []):
+            lines.append(
+                f"  GPU {gpu['index']}: {gpu['name']}, {_mib(gpu['total_bytes'])} total,"
+                f" {_mib(gpu['free_bytes'])} free"
+            )
+        if nvml.get("error"):
+            lines.append(f"  NVML error: {nvml['error']}")
+    else:
+        extra = ""
+        if "driver_library_found" in nvml:
+            extra = "; NVIDIA driver library " + ("found" if nvml["driver_library_found"] else "not found")
+        lines.append(f"{nvml.get('error', 'NVML not available')}{extra}")
+    if report.cuda_libraries_note:
+        lines.append(f"CUDA/cuDNN libraries: {report.cuda_libraries_note}")
+    elif report.cuda_libraries:
+        missing = [lib.name for lib in report.cuda_libraries if lib.where == "not found" and lib.required]
+        lines.append(
+            "CUDA/cuDNN libraries: " + ("all required found" if not missing else f"missing {', '.join(missing)}")
+        )
+        for lib in report.cuda_libraries:
+            tag = "" if lib.required else " (optional)"
+            lines.append(f"  {lib.name}{tag}: {lib.where}" + (f" {lib.path}" if lib.path else ""))
+    probe = report.cuda_probe
+    if probe is not None:
+        if not probe.attempted:
+            lines.append(f"CUDA session: not tried ({probe.fallback_reason})")
+        elif probe.ok:
+            lines.append(f"CUDA session: OK ({', '.join(probe.providers)})")
+        else:
+            got = ", ".join(probe.providers) or "no session"
+            lines.append(f"CUDA session: fell back to {got}: {probe.fallback_reason or 'no reason given by ORT'}")
+    return "\n".join(lines)
