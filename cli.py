@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
@@ -215,28 +214,17 @@ def _plan(family: Family, args):
             return products.default_name(family.id, stem or "frame", ref.number)
 
         outputs = sequence.output_paths(refs, target, default)
-    skip = set()
-    inputs = {os.path.normcase(str(r.path.resolve())) for r in refs}
-    for ref, out in zip(refs, outputs, strict=True):
-        out = out.resolve()
-        products.check_output(family.id, out)
-        for path in products.companion_paths(family.id, out):
-            cli_images.check_writable_format(path)
-            if os.path.normcase(str(path)) in inputs:
-                raise CommandLineError(f"Output {path} is an input frame; choose another name or folder.")
-            if path.is_dir():
-                raise CommandLineError(f"Output path {path} is a folder; give a file name such as result.png.")
-            if not path.parent.is_dir():
-                raise CommandLineError(f"Output folder {path.parent} does not exist; create it first.")
-            if not os.access(path.parent, os.W_OK):
-                raise CommandLineError(f"Output folder {path.parent} is not writable.")
-        if out.exists() and not args.overwrite:
-            if not args.skip_existing:
-                raise CommandLineError(
-                    f"{out} exists. Use --overwrite to replace it, or --skip-existing to keep it and do the rest."
-                )
-            skip.add(ref)
-    return refs, [o.resolve() for o in outputs], skip
+    outputs = [o.resolve() for o in outputs]
+    skipped = products.plan_outputs(
+        family.id,
+        [] if source is None else [r.path for r in refs],
+        outputs,
+        overwrite=args.overwrite,
+        skip_existing=args.skip_existing,
+        check_format=cli_images.check_writable_format,
+    )
+    skip = {refs[i] for i in skipped}
+    return refs, outputs, skip
 
 
 def _run(args) -> int:

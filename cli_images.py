@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from .models import files
-from .models.products import ImageProduct
+from .models.products import ImageProduct, range_notes
 from .runtime.errors import LeanImageError
 
 
@@ -116,13 +116,6 @@ def write_image(path: Path, product: ImageProduct) -> list[str]:
         raise CommandLineError(f"Could not write {path}: {exc.strerror or exc}.") from None
 
 
-def _range_note(path: Path, product: ImageProduct) -> list[str]:
-    if product.value_range is None:
-        return []
-    low, high = product.value_range
-    return [f"{path.name}: values {low:.6g}..{high:.6g} were mapped to 0..1 (write .exr or .tif to keep them)."]
-
-
 def _write_exr(path: Path, pixels: np.ndarray, product: ImageProduct) -> None:
     OpenEXR = _openexr()
     if pixels.ndim == 2:
@@ -137,7 +130,7 @@ def _write_exr(path: Path, pixels: np.ndarray, product: ImageProduct) -> None:
 def _write_pillow(path: Path, pixels: np.ndarray, product: ImageProduct) -> list[str]:
     Image = _pillow()
     image_format = Image.registered_extensions().get(path.suffix.lower())
-    notes = _range_note(path, product)
+    notes = range_notes(path, product)
     metadata = {}
     if pixels.ndim == 2 and image_format == "TIFF":
         picture = Image.fromarray(np.ascontiguousarray(pixels), "F")  # 32-bit float TIFF keeps depth

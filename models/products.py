@@ -17,6 +17,8 @@ OpenEXR); this module decides what is written and writes the non-image files.
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +28,8 @@ from ..runtime.errors import LeanImageError
 from . import files
 from .moge2_mesh import mesh_arrays, normal_map
 
-FLOAT_SUFFIXES = frozenset({".exr", ".tif", ".tiff", ".hdr"})
+FLOAT_SUFFIXES = frozenset({".exr", ".tif", ".tiff", ".hdr"})  # Pillow/OpenEXR keep floats in these
+BLENDER_FLOAT_SUFFIXES = frozenset({".exr", ".hdr"})  # Blender's TIFF writer is 8/16-bit
 NO_ALPHA_SUFFIXES = frozenset({".jpg", ".jpeg", ".bmp", ".hdr"})
 MESH_SUFFIXES = frozenset({".ply"})
 
@@ -69,21 +72,64 @@ def companion_paths(family_id: str, path: Path) -> list[Path]:
     return [path]
 
 
-def image_product(family_id: str, result, suffix: str) -> ImageProduct:
-    """The image a family's result is written as, for a file with ``suffix``."""
+def plan_outputs(
+    family_id: str,
+    inputs: list[Path],
+    outputs: list[Path],
+    *,
+    overwrite: bool,
+    skip_existing: bool,
+    check_format: Callable[[Path], None],
+) -> set[int]:
+    """Check every output before any model runs; returns the indices to skip (existing outputs
+    kept with ``skip_existing``). LeanImageError saying what is wrong and what to do."""
+    skip = set()
+    sources = {os.path.normcase(str(p.resolve())) for p in inputs}
+    for index, out in enumerate(outputs):
+        check_output(family_id, out)
+        for path in companion_paths(family_id, out):
+            check_format(path)
+            if os.path.normcase(str(path)) in sources:
+                raise LeanImageError(f"Output {path} is an input image; choose another name or folder.")
+            if path.is_dir():
+                raise LeanImageError(f"Output path {path} is a folder; give a file name such as result.png.")
+            if not path.parent.is_dir():
+                raise LeanImageError(f"Output folder {path.parent} does not exist; create it first.")
+            if not os.access(path.parent, os.W_OK):
+                raise LeanImageError(f"Output folder {path.parent} is not writable.")
+        if out.exists() and not overwrite:
+            if not skip_existing:
+                raise LeanImageError(
+                    f"{out} exists. Ask to overwrite it (--overwrite, overwrite=True), or to skip existing "
+                    "outputs and do the rest (--skip-existing, skip_existing=True)."
+                )
+            skip.add(index)
+    return skip
+
+
+def image_product(family_id: str, result, suffix: str, float_suffixes=FLOAT_SUFFIXES) -> ImageProduct:
+    """The image a family's result is written as, for a file with ``suffix`` (the writer keeps
+    floats in ``float_suffixes``)."""
     if family_id == "ben2":
         return ImageProduct(result.rgba, is_data=False)
     if family_id == "upscale":
         return ImageProduct(result.image, is_data=False)
     if family_id == "da3":
         depth = np.asarray(result.depth, np.float32)
-        if suffix.lower() in FLOAT_SUFFIXES:
+        if suffix.lower() in float_suffixes:
             return ImageProduct(depth, is_data=True)
         low, high = float(depth.min()), float(depth.max())
         span = high - low
         normalised = (depth - low) / span if span > 0 else np.zeros_like(depth)
         return ImageProduct(normalised.astype(np.float32), is_data=True, value_range=(low, high))
     raise ValueError(f"{family_id} results are not one image")
+
+
+def range_notes(path: Path, product: ImageProduct) -> list[str]:
+    if product.value_range is None:
+        return []
+    low, high = product.value_range
+    return [f"{path.name}: values {low:.6g}..{high:.6g} were mapped to 0..1 (write .exr to keep them)."]
 
 
 def write_geometry(path: Path, result, *, discontinuity: float) -> tuple[list[Path], ImageProduct | None]:

@@ -260,7 +260,7 @@ class BatchRun:
         refs: list[FrameRef],
         infer: Callable[[FrameQueue, JobOptions], object],
         read: Callable[[FrameRef], object],
-        write: Callable[[FrameRef, object], None],
+        write: Callable[[FrameRef, object], list[str] | None],  # returns notes for the report
         *,
         options: JobOptions,
         skip: Callable[[FrameRef], bool] = lambda ref: False,
@@ -306,7 +306,12 @@ class BatchRun:
                 if self._cancel.is_set():
                     raise OperationCancelled("The batch was cancelled; the frames already written are kept.") from None
 
-    def _work(self) -> None:
+    def infer_all(self) -> BatchReport:
+        """The inference side (a worker thread): every frame fed to the adapter, results handed
+        to :meth:`pump`. Ends by telling pump() the batch is over."""
+        if not self.needs_model:  # every frame was skipped: no model to load
+            self._results.put(_END)
+            return self.report
         options = JobOptions(
             device=self._options.device,
             progress=self._progress,
@@ -318,7 +323,7 @@ class BatchRun:
             while True:
                 try:
                     self._infer(self._frames, options)
-                    return
+                    return self.report
                 except OperationCancelled:
                     raise
                 except LeanImageError as exc:
@@ -327,20 +332,23 @@ class BatchRun:
                     ref = self._frames.fail_current()
                     self._results.put((ref, exc))
                     if self._stop_on_error:
-                        return
+                        return self.report
         except BaseException as exc:  # ends the batch; pump() reports it on the caller's thread
             if not isinstance(exc, LeanImageError):
                 traceback.print_exc()
             self._worker_error = exc
         finally:
             self._results.put(_END)
+        return self.report
 
     # -- caller ----------------------------------------------------------------------------------
+    @property
+    def needs_model(self) -> bool:
+        return bool(self._todo)
+
     def start(self) -> BatchRun:
-        if not self._todo:  # every frame was skipped: no model to load
-            self._results.put(_END)
-            return self
-        self._worker = threading.Thread(target=self._work, name="lean_image_ai:batch", daemon=True)
+        """Run :meth:`infer_all` on a thread of its own (a caller without a worker thread)."""
+        self._worker = threading.Thread(target=self.infer_all, name="lean_image_ai:batch", daemon=True)
         self._worker.start()
         return self
 
@@ -374,8 +382,9 @@ class BatchRun:
                     self._frame_failed(ref, result)
                 else:
                     try:
-                        self._write(ref, result)
+                        notes = self._write(ref, result)
                         self.report.written.append(ref.number)
+                        self.report.warnings.extend(notes or [])
                         self.report.warnings.extend(getattr(result, "warnings", None) or [])
                     except Exception as exc:  # noqa: BLE001 - reported per frame
                         self._frame_failed(ref, exc)

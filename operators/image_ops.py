@@ -10,7 +10,7 @@ import math
 import bpy
 import numpy as np
 
-from ..models import ben2, da3, upscale
+from ..models import ben2, da3, products, upscale
 from ..runtime.errors import InvalidImageError
 from . import image_io, results
 from .model_job import ModelJobOperator
@@ -51,6 +51,8 @@ class LEAN_IMAGE_AI_OT_remove_background(ModelJobOperator, bpy.types.Operator):
         info = inputs.info
         source_rgba = inputs.rgba
         straight = image_io.unpremultiply(source_rgba) if info.premultiplied else source_rgba.copy()
+        # the model saw NaN/Inf replaced (see its warning); the cut-out must not keep them either
+        np.nan_to_num(straight, copy=False, nan=0.0, posinf=1.0, neginf=0.0)
         straight[..., 3] = result.rgba[..., 3]
         if inputs.options["replace"]:
             image = inputs.source
@@ -93,7 +95,7 @@ class LEAN_IMAGE_AI_OT_estimate_depth(ModelJobOperator, bpy.types.Operator):
                 bpy.data.images,
                 image_io.array_to_new_image(f"{stem}_depth", rgba, float_buffer=True, colorspace="Non-Color"),
             )
-            note = results.save_output(image, inputs.output)
+            note = _save_depth(image, depth, inputs.output)
             plane = None
             if inputs.options["make_plane"]:
                 plane = make_depth_plane(context, created, f"{stem}_depth_plane", image, depth)
@@ -102,6 +104,19 @@ class LEAN_IMAGE_AI_OT_estimate_depth(ModelJobOperator, bpy.types.Operator):
         if plane is not None:
             summary += f", plane '{plane.name}'"
         return summary + note
+
+
+def _save_depth(image, depth, output) -> str:
+    """Depth keeps its values in EXR; another format gets it normalised to 0..1, and the note
+    says from which range (models/products.py's policy)."""
+    if not output:
+        return ""
+    path, _file_format = output
+    if path.suffix.lower() in products.BLENDER_FLOAT_SUFFIXES:
+        return results.save_output(image, output)
+    product = products.image_product("da3", da3.DepthResult(depth), path.suffix, products.BLENDER_FLOAT_SUFFIXES)
+    results.save_product(path, product)
+    return f"; saved {path} ({' '.join(products.range_notes(path, product))})"
 
 
 def grid_mesh(name: str, width: float, height: float, nx: int, ny: int):

@@ -197,6 +197,11 @@ class WorkerOperator:
     def job_key(self) -> str:
         return ""
 
+    def pump(self, context, job: Job, budget: float) -> bool:
+        """Main-thread work while the worker runs (a batch reads and writes frames here, as bpy
+        is not thread safe); True once the job is over. By default: when the worker is done."""
+        return job.done
+
     # -- synchronous path (background mode, scripts, and `execute` calls) ----------------------
     def execute(self, context):
         started = self._begin(context)
@@ -204,7 +209,19 @@ class WorkerOperator:
             return {"CANCELLED"}
         job, work = started
         try:
-            run_job(job, work)
+            if type(self).pump is WorkerOperator.pump:
+                run_job(job, work)
+            else:  # the worker on its thread, this thread pumping until the job is over
+                job.thread = threading.Thread(target=run_job, args=(job, work), name=f"lean_image_ai:{job.name}")
+                job.thread.start()
+                try:
+                    while not self.pump(context, job, 0.5):
+                        pass
+                except BaseException:
+                    job.cancel()
+                    raise
+                finally:
+                    job.thread.join()
             return self.finish(context, job)
         finally:
             job.discard()  # finish() empties it when it applied the job
@@ -257,11 +274,13 @@ class WorkerOperator:
             return {"RUNNING_MODAL"}  # Esc is ours while the job runs: no other tool gets it
         if event.type != "TIMER":
             return {"PASS_THROUGH"}
-        if not job.done:
+        if not self.pump(context, job, 0.05):
             context.window_manager.progress_update(int(job.progress * 100))
             _set_status(context, f"{job.name}: {job.stage} ({job.progress:.0%}) - Esc to cancel")
             self._redraw(context)
             return {"RUNNING_MODAL"}
+        if job.thread is not None:
+            job.thread.join(JOIN_TIMEOUT)  # pump() may report the end just before the worker returns
         if job.teardown is not None:
             job.teardown()
         self._redraw(context)

@@ -11,9 +11,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-import bpy
 import numpy as np
-from bpy.props import StringProperty
+from bpy.props import BoolProperty, StringProperty
 
 from ..models import library
 from ..models.base import JobOptions
@@ -67,6 +66,11 @@ class ModelOperatorProperties:
         subtype="FILE_PATH",
         default="",
     )
+    overwrite: BoolProperty(
+        name="Overwrite",
+        description="Replace an existing file at Save Result To",
+        default=False,
+    )
 
 
 class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
@@ -83,10 +87,12 @@ class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
     def gather(self, context, job: Job) -> JobInputs:
         """Read the source, the model and the preferences (see module doc). A source loaded from
         ``filepath`` is removed again at once unless :meth:`keeps_source` (then when the job fails)."""
-        output = sources.output_target(self.output_path)
+        output = sources.output_target(
+            self.output_path, family_id=self.family.id, source_file=self.filepath, overwrite=self.overwrite
+        )
         # side-effect-free checks first: loading a file adds a datablock that an error must remove
         source = None if self.filepath else sources.resolve_source(context, "")
-        model_path = bpy.path.abspath(self.model_path) if self.model_path else ""
+        model_path = str(sources.absolute_path(self.model_path)) if self.model_path else ""
         model = library.resolve(self.family.id, prefs.models_folder(context), self.model_id, model_path)
         if source is None:
             source = sources.resolve_source(context, self.filepath)

@@ -28,13 +28,22 @@ def family_properties(family: Family) -> dict:
     return {option.name: blender_property(option) for option in family.options}
 
 
+def with_properties(properties: dict):
+    """Class decorator: add Blender properties to a class before it is registered."""
+
+    def decorate(cls):
+        cls.__annotations__ = {**cls.__dict__.get("__annotations__", {}), **properties}
+        return cls
+
+    return decorate
+
+
 def with_family_options(family: Family):
     """Class decorator: the family's options become the operator's properties."""
 
     def decorate(cls):
-        cls.__annotations__ = {**cls.__dict__.get("__annotations__", {}), **family_properties(family)}
         cls.family = family
-        return cls
+        return with_properties(family_properties(family))(cls)
 
     return decorate
 

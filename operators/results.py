@@ -8,7 +8,8 @@ from pathlib import Path
 import bpy
 import numpy as np
 
-from . import image_io
+from ..models import products
+from . import image_io, sources
 
 
 def new_image_like(name: str, straight: np.ndarray, info: image_io.ImageInfo):
@@ -100,3 +101,20 @@ def link_object(context, obj) -> None:
                 other.select_set(False, view_layer=view_layer)
         obj.select_set(True, view_layer=view_layer)
         view_layer.objects.active = obj
+
+
+def save_product(path: Path, product: products.ImageProduct) -> None:
+    """Main thread: an image product saved through a temporary datablock, all or nothing."""
+    is_float = path.suffix.lower() in products.BLENDER_FLOAT_SUFFIXES
+    pixels = product.pixels
+    if product.is_data:
+        colorspace = "Non-Color"
+    else:  # model output: sRGB-encoded, straight alpha
+        colorspace = None
+        if is_float:
+            pixels = image_io.from_model_rgb(image_io.to_rgba(pixels), True, premultiplied=True)
+    image = image_io.array_to_new_image(path.stem, pixels, float_buffer=is_float, colorspace=colorspace)
+    try:
+        image_io.save_image_atomically(image, path, sources.OUTPUT_FORMATS[path.suffix.lower()])
+    finally:
+        bpy.data.images.remove(image)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import bpy
 
+from ..models import products
 from ..runtime.errors import InvalidImageError, LeanImageError
 from . import image_io
 
@@ -73,17 +74,45 @@ def _texture_node_image(context):
     return None
 
 
+SEQUENCE_HINT = "to process every frame use Process Sequence (lean_image_ai.process_sequence) or the command line"
+
+
+def absolute_path(text: str) -> Path:
+    """A path as an artist or a script writes it: ``//`` (the .blend's folder), ``~``, or relative
+    to the working directory."""
+    path = Path(bpy.path.abspath(text)).expanduser()
+    return path if path.is_absolute() else Path.cwd() / path
+
+
 def resolve_source(context, filepath: str) -> Source:
-    """The image the operator works on (see module doc); InvalidImageError when there is none."""
+    """The image the operator works on (see module doc); InvalidImageError when there is none.
+    An image sequence gives the frame at the scene's current frame (else its own file)."""
     if filepath:
-        path = bpy.path.abspath(filepath)
+        path = absolute_path(filepath)
+        if path.is_dir():
+            raise InvalidImageError(f"'{path}' is a folder, not an image file; {SEQUENCE_HINT}.")
         before = set(bpy.data.images)
         image = image_io.load_image_file(path, check_existing=True)
         return Source(image, image not in before, image_stem(image))
     image = _editor_image(context) or _texture_node_image(context)
     if image is None:
         raise InvalidImageError(NO_SOURCE_MESSAGE)
+    if image.source == "SEQUENCE":
+        return _sequence_frame(context, image)
     return Source(image, False, image_stem(image))
+
+
+def _sequence_frame(context, image) -> Source:
+    from ..models import sequence
+
+    path = absolute_path(image.filepath_raw or image.filepath)
+    numbered = sequence.pattern_of(path)
+    frame = getattr(getattr(context, "scene", None), "frame_current", None)
+    if numbered is not None and frame is not None and sequence.frame_path(numbered[0], frame).is_file():
+        path = sequence.frame_path(numbered[0], frame)
+    before = set(bpy.data.images)
+    loaded = image_io.load_image_file(path, check_existing=False)
+    return Source(loaded, loaded not in before, image_stem(loaded))
 
 
 def remove_image_later(image) -> Callable[[], None]:
@@ -98,19 +127,28 @@ def remove_image_later(image) -> Callable[[], None]:
     return remove
 
 
-def output_target(output_path: str) -> tuple[Path, str] | None:
-    """(absolute path, Blender file format) for ``output_path``; checked before any model runs."""
+def output_target(output_path: str, *, family_id: str, source_file: str = "", overwrite: bool = False):
+    """(absolute path, Blender file format) for ``output_path``, or None; every check that can
+    fail is made here, before any model runs (models/products.py's policy for the family)."""
     if not output_path:
         return None
-    path = Path(bpy.path.abspath(output_path)).expanduser()
+    path = absolute_path(output_path)
+    if path.is_dir():
+        raise LeanImageError(f"Cannot save to '{path}': it is a folder, not a file name.")
     file_format = OUTPUT_FORMATS.get(path.suffix.lower())
     if file_format is None:
         raise LeanImageError(
             f"Cannot save to '{path}': unknown image format '{path.suffix or '(no suffix)'}'. "
             "Use .png, .exr, .jpg or .tif."
         )
-    if path.is_dir():
-        raise LeanImageError(f"Cannot save to '{path}': it is a folder, not a file name.")
+    if family_id != "moge2":  # the geometry operator saves its normal map, not a mesh
+        products.check_output(family_id, path)
     if not path.parent.is_dir():
         raise LeanImageError(f"Cannot save to '{path}': the folder '{path.parent}' does not exist.")
+    if not os.access(path.parent, os.W_OK):
+        raise LeanImageError(f"Cannot save to '{path}': the folder '{path.parent}' is not writable.")
+    if source_file and path.exists() and os.path.samefile(path, absolute_path(source_file)):
+        raise LeanImageError(f"Cannot save to '{path}': it is the input image. Choose another name.")
+    if path.exists() and not overwrite:
+        raise LeanImageError(f"'{path}' exists. Set overwrite=True to replace it, or choose another name.")
     return path, file_format

@@ -217,7 +217,7 @@ def test_output_checks_happen_before_the_model_runs(tmp_path, family_models):
     ben2 = ["--model", str(family_models["remove-background"]), "--device", "cpu"]
     cases = [
         (("remove-background", str(frames), str(tmp_path / "c_####.jpg"), *ben2), "no alpha channel"),
-        (("upscale", str(frames / "shot_0001.png"), str(frames / "shot_0001.png")), "is an input frame"),
+        (("upscale", str(frames / "shot_0001.png"), str(frames / "shot_0001.png")), "is an input image"),
         (("upscale", str(frames), str(tmp_path / "nowhere" / "o_####.png")), "does not exist"),
         (("upscale", str(frames), str(tmp_path / "one.png")), "one file but the input has 2 frames"),
         (("geometry", str(frames / "shot_0001.png"), str(tmp_path / "g.obj"), "--model", str(family_models["geometry"])), "give a .ply mesh file"),

@@ -431,7 +431,7 @@ def test_operators_are_built_from_the_family_records():
         props = getattr(bpy.ops.lean_image_ai, family.operator).get_rna_type().properties
         for name in ("filepath", "output_path", "model_id", "model_path"):
             assert props[name].type == "STRING", (cls.bl_idname, name)
-        own = {p.identifier for p in props} - {"rna_type", "filepath", "output_path", "model_id", "model_path"}
+        own = {p.identifier for p in props} - {"rna_type", "filepath", "output_path", "model_id", "model_path", "overwrite"}
         assert own == {o.name for o in family.options}, family.id
         for option in family.options:
             prop = props[option.name]

@@ -1,0 +1,185 @@
+"""Process a sequence: any family over an image sequence, a folder or a numbered pattern (bpy).
+
+One operator for the four families (``family``). The frames are read and the results written by
+Blender on the main thread (bpy is not thread safe) while the model runs on the worker, through
+models/sequence.py's BatchRun: the whole sequence is one runtime operation, each frame is written
+all or nothing, a cancelled or failed batch keeps the frames already written. Nothing is created
+in the .blend: the results are files.
+"""
+
+# No ``from __future__ import annotations``: Blender reads property annotations as objects.
+from pathlib import Path
+
+import bpy
+from bpy.props import BoolProperty, EnumProperty, StringProperty
+
+from ..models import families, library, products, sequence
+from ..models.base import JobOptions
+from ..runtime.errors import LeanImageError
+from . import image_io, options, prefs, results, sources
+from .jobs import Job, WorkerOperator
+
+
+def _blender_can_write(path: Path) -> None:
+    if path.suffix.lower() in (".ply", ".json"):  # written by models/products.py
+        return
+    if path.suffix.lower() not in sources.OUTPUT_FORMATS:
+        raise LeanImageError(f"Cannot save '{path.name}': Blender writes .png, .exr, .jpg or .tif here.")
+
+
+def sequence_refs(image, frames: range | None) -> list[sequence.FrameRef]:
+    """The frames of an Image datablock. A SEQUENCE image's file name is numbered the way Blender
+    reads sequences (the digits before the suffix): every file of that numbering, or ``frames``."""
+    path = sources.absolute_path(image.filepath_raw or image.filepath)
+    numbered = sequence.pattern_of(path)
+    if image.source == "SEQUENCE" and numbered is not None:
+        return sequence.resolve_input(numbered[0], frames)
+    return sequence.resolve_input(path, frames)
+
+
+def read_frame(ref: sequence.FrameRef):
+    """Main thread: the frame's pixels as models take them; the datablock is removed again."""
+    before = set(bpy.data.images)
+    image = image_io.load_image_file(str(ref.path), check_existing=False)
+    try:
+        rgba, info = image_io.read_image(image)
+        return image_io.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied)
+    finally:
+        if image not in before:
+            bpy.data.images.remove(image)
+
+
+def write_result(family_id: str, path: Path, result, values: dict) -> list[str]:
+    if family_id == "moge2":
+        written, normals = products.write_geometry(path, result, discontinuity=values["discontinuity"])
+        if normals is not None:
+            results.save_product(path.with_name(f"{path.stem}_normal.exr"), normals)
+        return []
+    product = products.image_product(family_id, result, path.suffix, products.BLENDER_FLOAT_SUFFIXES)
+    results.save_product(path, product)
+    return products.range_notes(path, product)
+
+
+def _batch_properties() -> dict:
+    fields = {}
+    for family in families.ALL:
+        fields.update(options.family_properties(family))
+    return fields
+
+
+@options.with_properties(_batch_properties())
+class LEAN_IMAGE_AI_OT_process_sequence(WorkerOperator, bpy.types.Operator):
+    """Run a model over every frame of an image sequence, a folder or a numbered pattern"""
+
+    bl_idname = "lean_image_ai.process_sequence"
+    bl_label = "Process Sequence"
+    bl_description = (
+        "Run a model over every frame of an image sequence, a folder or a numbered pattern "
+        "(shot_####.png), writing one file per frame; Esc cancels and keeps the frames written"
+    )
+    bl_options = {"REGISTER"}
+    job_title = "Process Sequence"
+
+    family: EnumProperty(name="Model Kind", items=[(f.id, f.action, f.produces) for f in families.ALL])
+    image_name: StringProperty(name="Image", description="An Image datablock whose source is an image sequence")
+    source: StringProperty(
+        name="Frames From",
+        description="A folder, a numbered pattern (shot_####.png) or one frame of a sequence (used when no Image is given)",
+        subtype="FILE_PATH",
+    )
+    frames: StringProperty(name="Frames", description="A-B or A-B:STEP. Empty: every frame")
+    output: StringProperty(
+        name="Save To",
+        description="A folder or a pattern (out_####.exr). Empty: default names beside the frames",
+        subtype="FILE_PATH",
+    )
+    model_id: StringProperty(name="Model", description="Catalog model id. Empty: the first installed model")
+    model_path: StringProperty(name="Model File", description="An ONNX file instead of a catalog model", subtype="FILE_PATH")
+    overwrite: BoolProperty(name="Overwrite", description="Replace existing output files")
+    skip_existing: BoolProperty(name="Skip Existing", description="Keep existing outputs and do only the rest")
+    stop_on_error: BoolProperty(name="Stop on Error", description="Stop at the first frame that fails")
+
+    def prepare(self, context, job: Job):
+        family = families.get(self.family)
+        job.name = f"{family.action} (sequence)"
+        frames = sequence.parse_frames(self.frames) if self.frames.strip() else None
+        if self.image_name:
+            image = bpy.data.images.get(self.image_name)
+            if image is None:
+                raise LeanImageError(f"There is no image called '{self.image_name}' in this file.")
+            refs = sequence_refs(image, frames)
+        elif self.source:
+            refs = sequence.resolve_input(sources.absolute_path(self.source), frames)
+        else:
+            raise LeanImageError("Give the frames: an image sequence (image_name), or a folder or pattern (source).")
+        many = len(refs) > 1
+
+        def default(ref):
+            numbered = sequence.pattern_of(ref.path)
+            stem = Path(numbered[0]).stem.rstrip("#").rstrip("_.-") if numbered and many else ref.path.stem
+            return products.default_name(family.id, stem or "frame", ref.number if many else None)
+
+        outputs = [p.resolve() for p in sequence.output_paths(refs, sources.absolute_path(self.output) if self.output else None, default)]
+        skipped = products.plan_outputs(
+            family.id,
+            [r.path for r in refs],
+            outputs,
+            overwrite=self.overwrite,
+            skip_existing=self.skip_existing,
+            check_format=_blender_can_write,
+        )
+        model_path = str(sources.absolute_path(self.model_path)) if self.model_path else ""
+        model = library.resolve(family.id, prefs.models_folder(context), self.model_id, model_path)
+        device, _budget = prefs.configure_runtime(context)
+        values = {o.name: getattr(self, o.name) for o in family.options}
+        kwargs = model.adapter_kwargs(family.id, **values)
+        target = dict(zip(refs, outputs, strict=True))
+        skip = {refs[i] for i in skipped}
+
+        def infer(frames_source, opts):
+            return family.run(frames_source, model.path, options=opts, **kwargs)
+
+        batch = sequence.BatchRun(
+            refs,
+            infer,
+            read_frame,
+            lambda ref, result: write_result(family.id, target[ref], result, values),
+            options=JobOptions(device=device, progress=job.report, cancel=job.cancel_event),
+            skip=skip.__contains__,
+            stop_on_error=self.stop_on_error,
+        )
+        job.inputs = batch
+        folder = outputs[0].parent
+        job.key = str(folder)
+        return lambda job: batch.infer_all()
+
+    def pump(self, context, job: Job, budget: float) -> bool:
+        try:
+            return job.inputs.pump(budget)
+        except LeanImageError as exc:  # the batch could not run at all (the model, the device)
+            job.error, job.error_text, job.state = exc, str(exc), "failed"
+            return True
+
+    def finish(self, context, job: Job):
+        report = job.inputs.report
+        if job.state == "failed" and job.error_text and not report.written:
+            self.report({"ERROR"}, job.error_text)
+            return {"CANCELLED"}
+        for warning in dict.fromkeys(report.warnings):
+            self.report({"WARNING"}, warning)
+        summary = f"{job.name}: {report.summary()} in {report.seconds:.1f} s; files in {job.key}"
+        if report.failed:
+            details = "; ".join(f"frame {n}: {error}" for n, error in report.failed[:3])
+            more = f" (and {len(report.failed) - 3} more)" if len(report.failed) > 3 else ""
+            job.state, job.error_text = "failed", f"{summary}. Failed: {details}{more}"
+            self.report({"ERROR"}, job.error_text)
+            return {"CANCELLED"}
+        if report.cancelled:
+            job.state = "cancelled"
+            self.report({"WARNING"}, summary)
+            return {"CANCELLED"}
+        self.report({"INFO"}, summary)
+        return {"FINISHED"}
+
+
+classes = (LEAN_IMAGE_AI_OT_process_sequence,)
