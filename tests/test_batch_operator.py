@@ -1,0 +1,180 @@
+"""lean_image_ai.process_sequence with real bpy 5.0.1 and the real onnxruntime: a 12-frame image
+sequence through every family as one runtime operation, cancel, skip-existing, failed frames; and
+the single-image operators' path and output rules."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image as PILImage
+
+sys.path.insert(0, str(Path(__file__).parent))
+import blender_helpers as bh  # noqa: E402
+
+bpy = pytest.importorskip("bpy")
+bh.import_package()
+
+from builders_families import ben2_like_model, da3_like_model  # noqa: E402
+from builders_moge2 import moge2_like_model  # noqa: E402
+from lean_image_ai.models import library  # noqa: E402
+from lean_image_ai.operators import batch_ops, geometry_ops, image_ops, jobs  # noqa: E402
+from lean_image_ai.runtime import get_runtime  # noqa: E402
+from onnx_builders import sr_model  # noqa: E402
+
+FRAMES = 12
+W, H = 40, 30
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    with bh.registered_classes([*jobs.classes, *image_ops.classes, *geometry_ops.classes, *batch_ops.classes]):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def clean(tmp_path, monkeypatch):
+    monkeypatch.setenv(library.MODELS_DIR_ENV, str(tmp_path / "models"))
+    bh.reset_blender()
+    yield
+    assert jobs.manager.current is None, "a job was left running"
+    bh.reset_blender()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("batch_models")
+    return {
+        "ben2": ben2_like_model(root / "ben2.onnx", size=64),
+        "da3": da3_like_model(root / "da3.onnx", fixed_hw=None),
+        "moge2": moge2_like_model(root / "moge2.onnx"),
+        "upscale": sr_model(root / "sr.onnx", scale=2, mid_channels=4),
+    }
+
+
+def write_sequence(folder: Path, count: int = FRAMES) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for n in range(1, count + 1):
+        rng = np.random.default_rng(n)
+        rgba = (rng.random((H, W, 4)) * 255).astype(np.uint8)
+        rgba[..., 3] = 255
+        PILImage.fromarray(rgba, "RGBA").save(folder / f"plate_{n:04d}.png")
+    return folder / "plate_0001.png"
+
+
+def releases():
+    return len(get_runtime().events.recent("memory_release"))
+
+
+EXPECTED = {"ben2": "plate_cutout_{:04d}.png", "da3": "plate_depth_{:04d}.exr", "moge2": "plate_geometry_{:04d}.ply", "upscale": "plate_upscaled_{:04d}.png"}
+
+
+@pytest.mark.parametrize("family", list(EXPECTED))
+def test_a_sequence_image_through_every_family_is_one_operation(tmp_path, models, family):
+    first = write_sequence(tmp_path / "in")
+    image = bpy.data.images.load(str(first))
+    image.source = "SEQUENCE"
+    out = tmp_path / "out"
+    out.mkdir()
+    before = releases()
+    result = bpy.ops.lean_image_ai.process_sequence(
+        family=family, image_name=image.name, output=str(out) + "/", model_path=str(models[family])
+    )
+    assert result == {"FINISHED"}
+    names = sorted(p.name for p in out.iterdir())
+    expected = {EXPECTED[family].format(n) for n in range(1, FRAMES + 1)}
+    assert expected <= set(names) and not [n for n in names if ".tmp" in n]
+    assert releases() == before + 1  # one operation, released once, after the last frame
+    assert list(bpy.data.images) == [image]  # frames were read and written without leaving datablocks
+    if family == "upscale":
+        with PILImage.open(out / "plate_upscaled_0007.png") as written:
+            assert written.size == (2 * W, 2 * H)
+
+
+def test_cancel_after_frame_five_keeps_complete_frames_only(tmp_path, models, monkeypatch):
+    write_sequence(tmp_path / "in")
+    out = tmp_path / "out"
+    out.mkdir()
+    real_write = batch_ops.write_result
+
+    def write_then_cancel(family_id, path, result, values):
+        notes = real_write(family_id, path, result, values)
+        if path.name.endswith("_0005.exr"):
+            jobs.manager.current.cancel()  # what Esc or the panel's Cancel does
+        return notes
+
+    monkeypatch.setattr(batch_ops, "write_result", write_then_cancel)
+    before = releases()
+    result = bpy.ops.lean_image_ai.process_sequence(
+        family="da3", source=str(tmp_path / "in" / "plate_####.png"), output=str(out / "d_####.exr"), model_path=str(models["da3"])
+    )
+    assert result == {"CANCELLED"}  # a warning, not an error: nothing went wrong
+    written = sorted(p.name for p in out.iterdir())
+    assert written[:5] == [f"d_{n:04d}.exr" for n in range(1, 6)]
+    assert len(written) <= 7 and all(p.stat().st_size > 0 for p in out.iterdir())  # nothing half-written
+    assert releases() == before + 1
+
+
+def test_skip_existing_resumes_and_failed_frames_are_reported(tmp_path, models):
+    write_sequence(tmp_path / "in", count=6)
+    (tmp_path / "in" / "plate_0004.png").write_bytes(b"not an image")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "u_0001.png").write_bytes(b"kept")
+    args = dict(family="upscale", source=str(tmp_path / "in"), output=str(out / "u_####.png"), model_path=str(models["upscale"]))
+    with pytest.raises(RuntimeError, match="exists"):  # existing outputs are kept unless asked
+        bpy.ops.lean_image_ai.process_sequence(**args)
+    with pytest.raises(RuntimeError, match=r"4 written, 1 skipped, 1 failed of 6.*frame 4"):
+        bpy.ops.lean_image_ai.process_sequence(**args, skip_existing=True)
+    assert (out / "u_0001.png").read_bytes() == b"kept"
+    assert sorted(p.name for p in out.iterdir()) == ["u_0001.png", "u_0002.png", "u_0003.png", "u_0005.png", "u_0006.png"]
+
+
+def test_depth_to_png_is_normalised_and_says_from_which_range(tmp_path, models):
+    src = write_sequence(tmp_path / "in", count=1)
+    out = tmp_path / "depth.png"
+    assert bpy.ops.lean_image_ai.estimate_depth(filepath=str(src), output_path=str(out), model_path=str(models["da3"])) == {"FINISHED"}
+    with PILImage.open(out) as png:
+        values = np.asarray(png.convert("L"))
+    assert values.min() == 0 and values.max() == 255  # the whole range, not clipped at 1.0
+
+
+# ---- single-image operators: paths and outputs ------------------------------------------------------
+
+
+def test_relative_and_home_paths_resolve_before_the_model_runs(tmp_path, models, monkeypatch):
+    src = write_sequence(tmp_path / "in", count=1)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert bpy.ops.lean_image_ai.upscale(filepath="~/in/plate_0001.png", output_path="up.png", model_path=str(models["upscale"])) == {"FINISHED"}
+    assert (tmp_path / "up.png").is_file() and src.is_file()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(filepath="{folder}"), "is a folder, not an image file; to process every frame use Process Sequence"),
+        (dict(output_path="{folder}"), "it is a folder, not a file name"),
+        (dict(output_path="{src}"), "it is the input image"),
+        (dict(output_path="{existing}"), "exists. Set overwrite=True"),
+    ],
+)
+def test_bad_paths_are_refused_before_the_model_runs(tmp_path, models, kwargs, message):
+    src = write_sequence(tmp_path / "in", count=1)
+    existing = tmp_path / "old.png"
+    existing.write_bytes(b"old")
+    values = {k: v.format(folder=tmp_path / "in", src=src, existing=existing) for k, v in kwargs.items()}
+    values.setdefault("filepath", str(src))
+    before = releases()
+    with pytest.raises(RuntimeError, match=message):
+        bpy.ops.lean_image_ai.upscale(model_path=str(models["upscale"]), overwrite=False, **values)
+    assert releases() == before and existing.read_bytes() == b"old"
+
+
+def test_a_cutout_is_never_written_without_alpha(tmp_path, models):
+    src = write_sequence(tmp_path / "in", count=1)
+    with pytest.raises(RuntimeError, match="has no alpha channel"):
+        bpy.ops.lean_image_ai.remove_background(filepath=str(src), output_path=str(tmp_path / "c.jpg"), model_path=str(models["ben2"]))
+    assert not (tmp_path / "c.jpg").exists()
