@@ -178,3 +178,34 @@ def test_a_cutout_is_never_written_without_alpha(tmp_path, models):
     with pytest.raises(RuntimeError, match="has no alpha channel"):
         bpy.ops.lean_image_ai.remove_background(filepath=str(src), output_path=str(tmp_path / "c.jpg"), model_path=str(models["ben2"]))
     assert not (tmp_path / "c.jpg").exists()
+
+
+# ---- the README's headless script, as a render node runs it -----------------------------------------
+
+SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "farm_sequence.py"
+
+
+def run_farm_script(*args, cwd):
+    import subprocess
+
+    # bpy as a module stands in for `blender --background --python farm_sequence.py -- ...`
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = ['blender', '--', *{list(args)!r}]\n"
+        f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=cwd)
+
+
+def test_farm_script_processes_a_range_and_exits_non_zero_on_a_failed_frame(tmp_path, models):
+    write_sequence(tmp_path / "in", count=5)
+    out = tmp_path / "out"
+    out.mkdir()
+    pattern = str(tmp_path / "in" / "plate_####.png")
+    done = run_farm_script("depth", pattern, str(out) + "/", "--frames", "2-4", "--model-path", str(models["da3"]), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in out.iterdir()) == [f"plate_depth_{n:04d}.exr" for n in (2, 3, 4)]
+    (tmp_path / "in" / "plate_0005.png").write_bytes(b"broken frame")
+    done = run_farm_script("depth", pattern, str(out) + "/", "--skip-existing", "--model-path", str(models["da3"]), cwd=tmp_path)
+    assert done.returncode == 1 and "frame 5" in done.stderr and "Traceback" not in done.stderr
+    assert (out / "plate_depth_0001.exr").is_file() and not (out / "plate_depth_0005.exr").exists()

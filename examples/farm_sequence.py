@@ -1,0 +1,78 @@
+"""Process an image sequence on a render node:
+
+    blender --background --python-exit-code 1 --python examples/farm_sequence.py -- \\
+        depth /shots/plate_####.exr /out/ --frames 1001-1100 [--skip-existing] [--model-id ID]
+
+Commands: remove-background, depth, geometry, upscale. Works in a fresh Blender process: the add-on
+is enabled here if the saved preferences did not enable it. Exits 0 when every frame was written
+(or skipped), 1 when a frame failed or the batch could not run, with the reason on stderr.
+
+How Blender reports an operator's failure to a script: the operator returns {'CANCELLED'} after an
+ERROR report, and bpy.ops turns that into a RuntimeError carrying the report's text. Blender's exit
+code stays 0 unless the script exits non-zero (sys.exit below), or --python-exit-code N is given
+and an exception escapes the script.
+"""
+
+import argparse
+import importlib.util
+import sys
+
+import bpy
+
+COMMANDS = {"remove-background": "ben2", "depth": "da3", "geometry": "moge2", "upscale": "upscale"}
+ADDON_MODULES = ("bl_ext.user_default.lean_image_ai", "lean_image_ai")  # extension, or a legacy add-on
+
+
+def enable_addon() -> str:
+    import addon_utils  # Blender's own; importable once bpy is
+
+    for module in ADDON_MODULES:
+        if module in bpy.context.preferences.addons:
+            return module
+    for module in ADDON_MODULES:
+        if _importable(module) and addon_utils.enable(module, default_set=True) is not None:
+            return module
+    raise SystemExit("Lean Image AI is not installed in this Blender (Preferences > Get Extensions).")
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package (bl_ext.user_default) is not there
+        return False
+
+
+def main(argv) -> int:
+    parser = argparse.ArgumentParser(prog="farm_sequence.py")
+    parser.add_argument("command", choices=sorted(COMMANDS))
+    parser.add_argument("source", help="a folder, a pattern like plate_####.exr, or one frame with --frames")
+    parser.add_argument("output", help="a folder, or a pattern like out_####.exr")
+    parser.add_argument("--frames", default="", help="A-B or A-B:STEP (default: every frame)")
+    parser.add_argument("--model-id", default="", help="catalog model id (default: the first installed)")
+    parser.add_argument("--model-path", default="", help="an ONNX file instead of a catalog model")
+    parser.add_argument("--skip-existing", action="store_true")
+    parser.add_argument("--overwrite", action="store_true")
+    parser.add_argument("--stop-on-error", action="store_true")
+    args = parser.parse_args(argv)
+    enable_addon()
+    try:
+        result = bpy.ops.lean_image_ai.process_sequence(
+            family=COMMANDS[args.command],
+            source=args.source,
+            output=args.output,
+            frames=args.frames,
+            model_id=args.model_id,
+            model_path=args.model_path,
+            skip_existing=args.skip_existing,
+            overwrite=args.overwrite,
+            stop_on_error=args.stop_on_error,
+        )
+    except RuntimeError as exc:  # the operator's ERROR report: which frames failed, and why
+        print(f"farm_sequence: {exc}", file=sys.stderr)
+        return 1
+    return 0 if result == {"FINISHED"} else 1
+
+
+if __name__ == "__main__":
+    argv = sys.argv[sys.argv.index("--") + 1 :] if "--" in sys.argv else []
+    sys.exit(main(argv))
