@@ -153,6 +153,29 @@ def test_buttons_pass_scene_settings_as_operator_properties(settings, models_dir
         assert {"ben2_model", "da3_model", "moge2_model", "upscale_model", "tile_size", "replace"} <= drawn
 
 
+def test_sequence_toggle_turns_every_button_into_a_sequence_job(settings, models_dir, clean_jobs, runtime):
+    settings.use_sequence = True
+    settings.sequence_source = "//plates/shot_####.exr"
+    settings.sequence_frames = "1001-1010:2"
+    settings.sequence_output = "//out/"
+    settings.skip_existing = True
+    settings.tile_size = 64
+    layout = draw(panels.LEAN_IMAGE_AI_PT_image_editor)
+    buttons = [c for c in layout.calls("operator") if c.name == "lean_image_ai.process_sequence"]
+    assert [b.props["family"] for b in buttons] == ["ben2", "da3", "moge2", "upscale"]
+    assert not [c for c in layout.calls("operator") if c.name in MODEL_OPS]
+    for button in buttons:
+        assert (button.props["source"], button.props["frames"], button.props["output"]) == (
+            "//plates/shot_####.exr",
+            "1001-1010:2",
+            "//out/",
+        )
+        assert button.props["skip_existing"] is True
+    assert buttons[3].props["tile_size"] == 64
+    drawn = {c.name for c in layout.calls("prop")}
+    assert {"use_sequence", "sequence_source", "sequence_frames", "sequence_output", "skip_existing"} <= drawn
+
+
 def _tiny_file(path: Path, data: bytes = b"\x08\x08onnx-ish") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)

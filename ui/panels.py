@@ -14,6 +14,7 @@ from ..models import families
 from ..operators import options, prefs
 from ..operators.jobs import manager
 from ..runtime import get_runtime, memory_snapshot
+from ..runtime.diagnostics import onnxruntime_import_error
 from . import preferences
 from . import settings as scene_settings
 
@@ -77,14 +78,31 @@ def _job_busy() -> bool:
     return manager.running() is not None
 
 
+def _onnxruntime_problem() -> str | None:
+    """Asked once per session: an import that failed stays failed until Blender restarts."""
+    if "problem" not in _runtime_check:
+        _runtime_check["problem"] = onnxruntime_import_error()
+    return _runtime_check["problem"]
+
+
+_runtime_check: dict = {}
+
+
 def _draw_actions(layout, context) -> None:
     s = scene_settings.get_settings(context)
     if s is None:
         layout.label(text="Scene settings are not available (add-on not fully registered).", icon="ERROR")
         return
+    problem = _onnxruntime_problem()
+    if problem:
+        preferences.wrapped_labels(layout, problem, width=60, icon="ERROR", alert=True)
     col = layout.column()
-    col.enabled = not _job_busy()  # one job at a time; the operator refuses a second one anyway
-
+    col.enabled = not _job_busy() and not problem  # one job at a time; the operator refuses a second one anyway
+    col.prop(s, "use_sequence", icon="SEQUENCE")
+    if s.use_sequence:
+        box = col.box()
+        for name in ("sequence_source", "sequence_frames", "sequence_output", "skip_existing"):
+            box.prop(s, name)
     for family in families.ALL:
         box = col.box()
         box.label(text=family.action, icon=family.icon)
@@ -93,6 +111,22 @@ def _draw_actions(layout, context) -> None:
         for name in values:
             box.prop(s, name)
         model_id, model_path = scene_settings.selected_model(s, family.id, context)
+        if s.use_sequence:
+            _operator(
+                box,
+                "lean_image_ai.process_sequence",
+                text=f"{family.action} (Sequence)",
+                icon=family.icon,
+                family=family.id,
+                **_sequence_source(s, context),
+                frames=s.sequence_frames,
+                output=s.sequence_output,
+                skip_existing=s.skip_existing,
+                model_id=model_id,
+                model_path=model_path,
+                **values,
+            )
+            continue
         _operator(
             box,
             options.operator_idname(family),
@@ -102,6 +136,14 @@ def _draw_actions(layout, context) -> None:
             model_path=model_path,
             **values,
         )
+
+
+def _sequence_source(settings, context) -> dict:
+    if settings.sequence_source:
+        return {"source": settings.sequence_source}
+    space = getattr(context, "space_data", None)
+    image = getattr(space, "image", None) if getattr(space, "type", "") == "IMAGE_EDITOR" else None
+    return {"image_name": image.name} if image is not None else {}
 
 
 _STATE_ICONS = {"finished": "CHECKMARK", "failed": "ERROR", "cancelled": "CANCEL", "running": "SORTTIME"}

@@ -6,7 +6,7 @@ the operators directly never depends on them.
 
 # No ``from __future__ import annotations``: Blender reads the property annotations as objects.
 import bpy
-from bpy.props import EnumProperty, StringProperty
+from bpy.props import BoolProperty, EnumProperty, StringProperty
 
 from ..models import families, library
 from ..operators import options
@@ -80,6 +80,10 @@ def _model_enum(family, description):
     )
 
 
+# Blender 4.5+ warns about "//" in a path property that does not declare it supports it.
+_BLEND_RELATIVE = {"PATH_SUPPORTS_BLEND_RELATIVE"} if bpy.app.version >= (4, 5, 0) else set()
+
+
 def _settings_annotations() -> dict:
     """Per family: the chosen model's id (kept as a string, see _model_getter), the model menu,
     and the family's job options (models/family.py)."""
@@ -88,6 +92,26 @@ def _settings_annotations() -> dict:
         fields[f"{family.id}_model_id"] = StringProperty(options={"HIDDEN"})
         fields[f"{family.id}_model"] = _model_enum(family.id, f"{family.title} model (installed ones only)")
         fields.update(options.family_properties(family))
+    fields.update(
+        use_sequence=BoolProperty(
+            name="Sequence",
+            description="Run the buttons below over every frame of an image sequence, a folder or a pattern",
+        ),
+        sequence_source=StringProperty(
+            name="Frames From",
+            description="A folder, a numbered pattern (shot_####.png) or one frame of a sequence. Empty: the Image Editor's image sequence",
+            subtype="FILE_PATH",
+            options=_BLEND_RELATIVE,
+        ),
+        sequence_frames=StringProperty(name="Frames", description="A-B or A-B:STEP. Empty: every frame"),
+        sequence_output=StringProperty(
+            name="Save To",
+            description="A folder or a pattern (out_####.exr). Empty: default names beside the frames",
+            subtype="FILE_PATH",
+            options=_BLEND_RELATIVE,
+        ),
+        skip_existing=BoolProperty(name="Skip Existing", description="Keep existing outputs, do only the rest"),
+    )
     return fields
 
 
