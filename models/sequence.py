@@ -355,20 +355,31 @@ class BatchRun:
     def cancel(self) -> None:
         self._cancel.set()
 
-    def pump(self, budget: float = 0.05) -> bool:
-        """Read frames into the queue and write finished results for about ``budget`` seconds;
-        True once the batch is over (then :attr:`report` is final)."""
+    def _feed_one(self) -> None:
+        ref = self._todo.popleft()
+        try:
+            self._frames.put(ref, self._read(ref))
+        except Exception as exc:  # noqa: BLE001 - any unreadable frame is reported, never raised
+            self._frame_failed(ref, exc, before_model=True)
+        if not self._todo:
+            self._frames.close()
+
+    def _feed_all(self) -> None:
+        """The reader thread of :meth:`run`: frames read as fast as the queue takes them."""
+        while self._todo and not self._cancel.is_set():
+            while not self._frames.has_room():
+                if self._cancel.wait(0.005):
+                    return
+            self._feed_one()
+
+    def pump(self, budget: float = 0.05, *, read: bool = True) -> bool:
+        """Read frames into the queue (unless a reader thread does) and write finished results
+        for about ``budget`` seconds; True once the batch is over (then :attr:`report` is final)."""
         deadline = time.monotonic() + budget
         while True:
             progressed = False
-            if self._todo and self._frames.has_room() and not self._cancel.is_set():
-                ref = self._todo.popleft()
-                try:
-                    self._frames.put(ref, self._read(ref))
-                except Exception as exc:  # noqa: BLE001 - any unreadable frame is reported, never raised
-                    self._frame_failed(ref, exc, before_model=True)
-                if not self._todo:
-                    self._frames.close()
+            if read and self._todo and self._frames.has_room() and not self._cancel.is_set():
+                self._feed_one()
                 progressed = True
             try:
                 item = self._results.get_nowait()
@@ -417,8 +428,16 @@ class BatchRun:
         return True
 
     def run(self) -> BatchReport:
-        """Start and pump until done, on this thread."""
+        """Without bpy's one-thread rule: frames read on a reader thread, the model on the worker,
+        results written on this thread, all three at once."""
         self.start()
-        while not self.pump(0.5):
-            pass
+        reader = threading.Thread(target=self._feed_all, name="lean_image_ai:read", daemon=True)
+        reader.start()
+        try:
+            while not self.pump(0.5, read=False):
+                pass
+        finally:
+            if reader.is_alive():  # the batch ended early (an error): stop reading ahead
+                self.cancel()
+            reader.join()
         return self.report
