@@ -40,6 +40,7 @@ from pathlib import Path
 from .errors import LeanImageError, OperationCancelled
 
 REQUIREMENTS_DIR = "gpu_requirements"
+FOLDER_ENV = "LEAN_IMAGE_AI_GPU_RUNTIME_DIR"  # headless/farm: a folder of libraries set up once
 MARKER = "lean_image_ai_gpu_runtime.json"  # written last, inside staging: its presence means complete
 _STAGING_SUFFIX = ".staging"
 _OLD_SUFFIX = ".old"
@@ -120,6 +121,12 @@ def requirements_path(root: str | os.PathLike, plat: str | None = None, python: 
     python = python or f"{sys.version_info.major}{sys.version_info.minor}"
     path = Path(root) / REQUIREMENTS_DIR / f"{plat}-cp{python.replace('.', '')}.txt"
     return path if path.is_file() else None
+
+
+def folder(host_default: str | os.PathLike) -> Path:
+    """The install folder: LEAN_IMAGE_AI_GPU_RUNTIME_DIR when set, else the host's default."""
+    override = os.environ.get(FOLDER_ENV, "").strip()
+    return Path(override).expanduser() if override else Path(host_default)
 
 
 def parse_requirements(path: str | os.PathLike) -> list[Requirement]:
