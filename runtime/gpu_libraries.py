@@ -361,7 +361,8 @@ def install(
         )
         _move_into_place(site, target)
     finally:
-        _rmtree(staging)
+        # Never masks the real outcome; a staging folder Windows kept locked is removed by the next install.
+        shutil.rmtree(staging, ignore_errors=True)
     report(1.0, "installed")
     return target
 
