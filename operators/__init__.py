@@ -9,7 +9,8 @@ from the family records), ``model_job`` (the model operators' base), ``jobs`` (t
 from .. import registration
 
 # Submodules with a module-level `classes` tuple; registered in this order, unregistered in reverse.
-_MODULES = ("jobs", "image_ops", "geometry_ops", "batch_ops", "model_ops")
+# gpu_ops' post_register() loads the CUDA/cuDNN libraries before any session is made.
+_MODULES = ("jobs", "image_ops", "geometry_ops", "batch_ops", "model_ops", "gpu_ops")
 
 
 def _classes():

@@ -10,10 +10,12 @@ from pathlib import Path
 import bpy
 
 from ..models import library
-from ..runtime import get_runtime
+from ..runtime import get_runtime, gpu_libraries
 
 # "lean_image_ai.operators" -> "lean_image_ai"; installed: "bl_ext.user_default.lean_image_ai".
 ADDON_ID = __package__.rpartition(".")[0] or __package__
+ADDON_ROOT = Path(__file__).resolve().parents[1]
+GPU_RUNTIME_FOLDER = "gpu_runtime"
 
 
 @dataclass
@@ -80,3 +82,25 @@ def configure_runtime(context) -> tuple[str, int | None]:
     budget = memory_budget_bytes(prefs)
     get_runtime().configure(cpu_arena=bool(prefs.release_cpu_memory), gpu_mem_limit_bytes=budget)
     return device_string(prefs), budget
+
+
+def gpu_runtime_folder(*, create_parent: bool = False) -> Path:
+    """Where the NVIDIA CUDA/cuDNN libraries go (runtime/gpu_libraries.py): the extension's user
+    folder (kept across add-on updates), or ``<user datafiles>/lean_image_ai/gpu_runtime`` for a
+    legacy add-on install; ``LEAN_IMAGE_AI_GPU_RUNTIME_DIR`` overrides both (a farm's shared copy).
+
+    Only the parent is ever created: the folder itself appears when an install is complete."""
+    if is_extension():
+        parent = Path(bpy.utils.extension_path_user(ADDON_ID, create=create_parent))
+    else:
+        parent = Path(bpy.utils.user_resource("DATAFILES", path=ADDON_ID, create=create_parent))
+    folder = gpu_libraries.folder(parent / GPU_RUNTIME_FOLDER)
+    if create_parent:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def gpu_requirements() -> Path | None:
+    """The requirements file this zip ships for this platform and Blender's Python (None on macOS,
+    or in a zip built for another platform)."""
+    return gpu_libraries.requirements_path(ADDON_ROOT)

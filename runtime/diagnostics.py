@@ -23,7 +23,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
-from . import memory
+from . import gpu_libraries, memory
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # ORT's log prefix: "2026-01-01 12:00:00.000 [E:onnxruntime:Default, provider_bridge_ort.cc:2458 operator()] "
@@ -67,6 +67,7 @@ class Report:
     cuda_libraries: list[CudaLibrary] = field(default_factory=list)
     cuda_libraries_note: str | None = None
     cuda_probe: CudaProbe | None = None
+    gpu_runtime: dict = field(default_factory=dict)  # the add-on's own CUDA/cuDNN folder, when activated
 
 
 # --- onnxruntime --------------------------------------------------------------------------------
@@ -172,14 +173,21 @@ def _cuda_library_facts(report: Report, ort, directory: str | None) -> None:
     # preload_dlls() stays quiet about cuDNN too, but the CUDA provider refuses to load without it.
     optional = {p[-1] for p in wanted if "cufft" in p[-1] or "nvrtc" in p[-1]}
     # The same search preload_dlls() makes: a given folder (flat), else the site-packages that
-    # holds onnxruntime (nvidia/<package>/lib|bin/...), then the system loader.
+    # holds onnxruntime (nvidia/<package>/lib|bin/...), then the system loader. The add-on's own
+    # folder (gpu_libraries.activate(), laid out like site-packages) is loaded before all of them.
     site = os.path.normpath(os.path.join(report.onnxruntime_location, ".."))
+    activation = gpu_libraries.active()
+    addon = activation.folder if activation is not None and activation.error is None and not directory else None
     for relative in wanted:
         name = relative[-1]
-        candidate = os.path.join(directory, name) if directory else os.path.join(site, *relative)
-        if os.path.isfile(candidate):
-            where = "given folder" if directory else "nvidia wheel"
-            report.cuda_libraries.append(CudaLibrary(name, candidate, where, name not in optional))
+        candidates = [(os.path.join(directory, name), "given folder")] if directory else []
+        if addon:
+            candidates.append((os.path.join(addon, *relative), "add-on GPU runtime"))
+        if not directory:
+            candidates.append((os.path.join(site, *relative), "nvidia wheel"))
+        hit = next(((path, where) for path, where in candidates if os.path.isfile(path)), None)
+        if hit is not None:
+            report.cuda_libraries.append(CudaLibrary(name, hit[0], hit[1], name not in optional))
             continue
         try:
             ctypes.CDLL(name)  # what preload_dlls() tries next; a hit is loaded, as it would be
@@ -279,6 +287,16 @@ def collect(*, cuda_probe: bool = True, directory: str | None = None, runtime=No
     )
     ort = _onnxruntime_facts(report)
     report.nvml = _nvml_facts()
+    activation = gpu_libraries.active()
+    if activation is not None:
+        report.gpu_runtime = {
+            "folder": activation.folder,
+            "version": gpu_libraries.installed_version(activation.folder),
+            "loaded": list(activation.loaded),
+            "missing": list(activation.missing),
+            "failed": dict(activation.failed),
+            "error": activation.error,
+        }
     _cuda_library_facts(report, ort, directory)
     if ort is None:
         report.cuda_probe = CudaProbe(attempted=False, fallback_reason="onnxruntime is not importable")
@@ -324,6 +342,16 @@ def format_report(report: Report) -> str:
         if "driver_library_found" in nvml:
             extra = "; NVIDIA driver library " + ("found" if nvml["driver_library_found"] else "not found")
         lines.append(f"{nvml.get('error', 'NVML not available')}{extra}")
+    gpu = report.gpu_runtime
+    if gpu:
+        if gpu.get("error"):
+            lines.append(f"Add-on GPU runtime: {gpu['error']}")
+        else:
+            lines.append(
+                f"Add-on GPU runtime: {gpu.get('version') or '?'} in {gpu['folder']},"
+                f" {len(gpu.get('loaded', []))} loaded"
+                + (f", failed: {', '.join(gpu['failed'])}" if gpu.get("failed") else "")
+            )
     if report.cuda_libraries_note:
         lines.append(f"CUDA/cuDNN libraries: {report.cuda_libraries_note}")
     elif report.cuda_libraries:

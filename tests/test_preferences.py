@@ -201,6 +201,7 @@ def test_draw_shows_every_property_and_calls_the_catalog_hook(registered, monkey
     log = []
     hook = []
     monkeypatch.setattr(P, "draw_model_catalog", lambda layout, context: hook.append(layout))
+    monkeypatch.setattr(P, "draw_gpu_runtime", lambda layout, context: hook.append(layout))
     fake = R.DefaultPreferences()
     fake.layout = _RecordingLayout(log)
     P.LeanImageAIPreferences.draw(fake, bpy.context)
@@ -212,5 +213,5 @@ def test_draw_shows_every_property_and_calls_the_catalog_hook(registered, monkey
         "gpu_memory_budget_mb",
         "release_cpu_memory",
     }
-    assert hook == [fake.layout]
+    assert hook == [fake.layout, fake.layout]  # the GPU runtime box and the model list
     assert any("onnxruntime" in text for kind, text in log if kind == "label")

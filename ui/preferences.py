@@ -14,8 +14,10 @@ import bpy
 from bpy.props import BoolProperty, EnumProperty, IntProperty, StringProperty
 
 from ..models import families, installer, library
+from ..operators.gpu_ops import JOB_KEY as GPU_JOB_KEY
 from ..operators.jobs import downloads
-from ..operators.prefs import ADDON_ID, models_folder
+from ..operators.prefs import ADDON_ID, gpu_requirements, gpu_runtime_folder, models_folder
+from ..runtime import diagnostics, gpu_libraries
 
 # identifier, label, description, onnxruntime provider needed (None: always offered), stable number.
 # The numbers are what Blender stores, so they must never change (a dynamic enum is saved as int).
@@ -162,6 +164,54 @@ def _draw_entry(layout, entry, folder, download) -> None:
         wrapped_labels(col, last.error_text, icon="ERROR", alert=last.state == "failed")
 
 
+def draw_gpu_runtime(layout, context) -> None:
+    """NVIDIA's CUDA/cuDNN libraries: installed or not, the download size, Install/Remove, and the
+    install's progress with Cancel (drawn from the download lane, like the model list)."""
+    try:
+        _draw_gpu_runtime(layout, context)
+    except Exception as exc:  # a drawing bug must not take the whole preferences page with it
+        traceback.print_exc()
+        layout.label(text=f"GPU runtime box unavailable: {type(exc).__name__}: {exc}", icon="ERROR")
+
+
+def _draw_gpu_runtime(layout, context) -> None:
+    requirements = gpu_requirements()
+    if requirements is None:
+        return  # no CUDA build for this platform / Python (macOS): nothing to offer
+    box = layout.box()
+    box.label(text="GPU Runtime (NVIDIA CUDA 13 + cuDNN 9)", icon="MEMORY")
+    folder = gpu_runtime_folder()
+    version = gpu_libraries.installed_version(folder)
+    if version:
+        box.label(text=f"Installed: {version}", icon="CHECKMARK")
+        wrapped_labels(box, f"Folder: {folder}")
+        activation = gpu_libraries.active()
+        if activation is not None and activation.folder == str(folder):
+            wrapped_labels(box, activation.summary(), icon="NONE" if activation.ok else "ERROR", alert=not activation.ok)
+        if not gpu_libraries.is_current(folder, requirements):
+            box.label(text="This add-on version pins other library versions: Install updates them.", icon="INFO")
+    else:
+        size = gpu_libraries.download_size(requirements)
+        box.label(text="Not installed: models run on the CPU (needed for the CUDA device).", icon="NONE")
+        box.label(text=f"Download: {library.format_bytes(size) if size else 'size unknown'}, into {folder}")
+    job = downloads.running()
+    row = box.row()
+    if job is not None and job.key == GPU_JOB_KEY:
+        row.progress(factor=job.progress, type="BAR", text=job.stage)
+        row.operator("lean_image_ai.cancel_download", text="Cancel", icon="CANCEL")
+    else:
+        sub = row.row()
+        sub.enabled = job is None  # one download at a time
+        label = "Update" if version and not gpu_libraries.is_current(folder, requirements) else "Install"
+        if not version or label == "Update":
+            sub.operator("lean_image_ai.install_gpu_runtime", text=label, icon="IMPORT")
+        if version:
+            row.operator("lean_image_ai.remove_gpu_runtime", text="Remove", icon="TRASH")
+    last = downloads.last
+    if last is not None and last.key == GPU_JOB_KEY and last.state in ("failed", "cancelled"):
+        wrapped_labels(box, last.error_text, icon="ERROR", alert=last.state == "failed")
+
+
 class LeanImageAIPreferences(bpy.types.AddonPreferences):
     bl_idname = ADDON_ID
 
@@ -206,7 +256,12 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         sub.prop(self, "cuda_device_index")
         col.prop(self, "gpu_memory_budget_mb")
         col.prop(self, "release_cpu_memory")
-        col.label(text="onnxruntime providers: " + ", ".join(available_providers()))
+        problem = diagnostics.onnxruntime_import_error()
+        if problem:  # the line already says what to do (install the zip built for this Blender)
+            wrapped_labels(col, problem, icon="ERROR", alert=True)
+        else:
+            col.label(text="onnxruntime providers: " + ", ".join(available_providers()))
+        draw_gpu_runtime(layout, context)
 
         layout.separator()
         col = layout.column()

@@ -1,0 +1,151 @@
+"""Installing and removing NVIDIA's CUDA/cuDNN libraries for onnxruntime-gpu (bpy).
+
+Install runs on the job engine's download lane (operators/jobs.py), beside a model job: progress
+in the preferences' GPU runtime box, Esc or the box's Cancel (``lean_image_ai.cancel_download``)
+stops pip and nothing is left; in background mode it runs synchronously. pip is Blender's own
+(``sys.executable`` inside Blender) with its usual configuration and PIP_* environment variables.
+What is installed, and how it is loaded, is the runtime's business (runtime/gpu_libraries.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import bpy
+from bpy.props import StringProperty
+
+from ..models import library
+from ..runtime import get_runtime, gpu_libraries
+from ..runtime.errors import LeanImageError
+from . import prefs
+from .jobs import Job, WorkerOperator, downloads, manager
+
+JOB_KEY = "gpu_runtime"  # the download lane's key for this job (the preferences draw by it)
+
+
+def _requirements(path_property: str) -> Path:
+    if path_property:
+        path = Path(bpy.path.abspath(path_property)).expanduser()
+        if not path.is_file():
+            raise LeanImageError(f"No requirements file at {path}.")
+        return path
+    shipped = prefs.gpu_requirements()
+    if shipped is None:
+        raise LeanImageError(
+            f"This add-on zip has no CUDA libraries for {sys.platform} / Python "
+            f"{sys.version_info.major}.{sys.version_info.minor}: CUDA is offered on Linux and Windows x64 "
+            "with the zip built for this Blender version."
+        )
+    return shipped
+
+
+class LEAN_IMAGE_AI_OT_install_gpu_runtime(WorkerOperator, bpy.types.Operator):
+    """Download NVIDIA's CUDA 13 and cuDNN 9 libraries (about 1.2 GB) so models can run on an NVIDIA GPU"""
+
+    bl_idname = "lean_image_ai.install_gpu_runtime"
+    bl_label = "Install GPU Runtime"
+    bl_options = {"INTERNAL"}
+
+    lane = downloads
+    job_title = "Install GPU runtime"
+    redraw_areas = frozenset({"PREFERENCES"})
+
+    requirements: StringProperty(
+        name="Requirements",
+        description="Pinned requirements file to install from. Empty: the one this zip ships for this platform",
+        subtype="FILE_PATH",
+        options={"SKIP_SAVE"},
+    )
+
+    def job_key(self) -> str:
+        return JOB_KEY
+
+    def prepare(self, context, job: Job):
+        requirements = _requirements(self.requirements)
+        if not bpy.app.online_access:
+            raise LeanImageError(
+                "Online access is disabled (Preferences > System > Network > Allow Online Access; "
+                "headless: blender --online-mode), so the GPU libraries cannot be downloaded."
+            )
+        folder = prefs.gpu_runtime_folder(create_parent=True)
+        size = gpu_libraries.download_size(requirements)
+        job.inputs = (folder, requirements)
+        python = sys.executable  # Blender's own Python inside Blender
+
+        def work(job: Job) -> Path:
+            def progress(fraction: float, stage: str) -> None:
+                total = f" of {library.format_bytes(size)}" if size else ""
+                job.report(fraction, f"{stage}{total}" if stage.startswith("downloading") else stage)
+
+            return gpu_libraries.install(
+                folder, requirements, python=python, progress=progress, cancel=job.cancel_event.is_set
+            )
+
+        return work
+
+    def finish(self, context, job: Job):
+        if job.state != "finished":
+            level = "WARNING" if job.state == "cancelled" else "ERROR"
+            self.report({level}, job.error_text or f"{job.name} did not finish.")
+            return {"CANCELLED"}
+        folder = job.result
+        activation = gpu_libraries.activate(folder)
+        # Sessions made before (a CUDA request that fell back to CPU) would be reused as they are.
+        if manager.running() is None:
+            get_runtime().clear("gpu runtime installed")
+        text = f"Installed {gpu_libraries.installed_version(folder)} in {folder}. {activation.summary()}."
+        if not activation.ok:
+            self.report({"WARNING"}, text + " Restart Blender if CUDA still falls back to the CPU.")
+        else:
+            self.report({"INFO"}, text)
+        return {"FINISHED"}
+
+
+class LEAN_IMAGE_AI_OT_remove_gpu_runtime(bpy.types.Operator):
+    """Delete the downloaded CUDA/cuDNN libraries (models then run on the CPU until they are installed again)"""
+
+    bl_idname = "lean_image_ai.remove_gpu_runtime"
+    bl_label = "Remove GPU Runtime"
+    bl_options = {"INTERNAL"}
+
+    def execute(self, context):
+        download = downloads.running()
+        if download is not None and download.key == JOB_KEY:
+            self.report({"ERROR"}, "The GPU runtime is being installed; cancel that first.")
+            return {"CANCELLED"}
+        running = manager.running()
+        if running is not None:
+            self.report({"ERROR"}, f"'{running.name}' may be running on the GPU; wait or cancel it first.")
+            return {"CANCELLED"}
+        folder = prefs.gpu_runtime_folder()
+        # CUDA sessions hold the libraries: drop every session before their files go.
+        get_runtime().clear("gpu runtime removed")
+        try:
+            removed = gpu_libraries.remove(folder)
+        except gpu_libraries.GpuRuntimeError as exc:
+            self.report({"ERROR"}, str(exc))
+            return {"CANCELLED"}
+        if not removed:
+            self.report({"WARNING"}, f"No GPU runtime is installed in {folder}; nothing was removed.")
+            return {"CANCELLED"}
+        self.report(
+            {"INFO"}, f"Removed the GPU runtime from {folder}. Libraries already loaded stay until Blender restarts."
+        )
+        return {"FINISHED"}
+
+
+def post_register():
+    """Load the installed libraries before any session is made (never fails the add-on's register)."""
+    try:
+        folder = prefs.gpu_runtime_folder()
+    except Exception as exc:  # no user folder (a read-only or odd setup): CUDA simply stays unavailable
+        print(f"Lean Image AI: GPU runtime folder unavailable: {exc}")
+        return
+    if not folder.is_dir():
+        return
+    activation = gpu_libraries.activate(folder)
+    print(f"Lean Image AI: {activation.summary()}")
+
+
+classes = (LEAN_IMAGE_AI_OT_install_gpu_runtime, LEAN_IMAGE_AI_OT_remove_gpu_runtime)

@@ -1,0 +1,563 @@
+"""NVIDIA's CUDA 13 and cuDNN 9 libraries for onnxruntime-gpu, in a folder the add-on owns (bpy-free).
+
+onnxruntime-gpu imports and runs on CPU without them, but its CUDA provider needs cudart, cuBLAS,
+cuFFT, cuRAND and cuDNN, which a Blender user rarely has. NVIDIA publishes them as wheels (the
+`cuda` and `cudnn` extras of onnxruntime-gpu name them); the add-on ships, per platform and
+Python, a requirements file pinning each wheel by version, sha256 and size
+(`gpu_requirements/<platform>-cp<XY>.txt`, written by tools/build_extension.py), and installs them
+with pip into its own folder:
+
+    size = download_size(requirements)                          # bytes, before starting
+    install(folder, requirements, progress=cb, cancel=flag)     # pip --target, all or nothing
+    activation = activate(folder)                               # preload_dlls() from that folder
+    installed_version(folder); remove(folder)
+
+pip runs as a subprocess of the given Python (Blender's own, inside Blender) with its ordinary
+configuration: the index, proxies and certificates the user set up for pip, and the standard
+PIP_* environment variables. Nothing here names an index host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import io
+import json
+import os
+import platform
+import queue
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import LeanImageError, OperationCancelled
+
+REQUIREMENTS_DIR = "gpu_requirements"
+FOLDER_ENV = "LEAN_IMAGE_AI_GPU_RUNTIME_DIR"  # headless/farm: a folder of libraries set up once
+MARKER = "lean_image_ai_gpu_runtime.json"  # written last, inside staging: its presence means complete
+_STAGING_SUFFIX = ".staging"
+_OLD_SUFFIX = ".old"
+
+# Share of the progress bar for each phase. pip reports no byte progress that every pip version
+# prints the same way, so downloads advance per wheel, weighted by the sizes the file records.
+_DOWNLOAD_SHARE = 0.9
+_INSTALL_SHARE = 0.08
+
+_LINE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)\s+--hash=sha256:([0-9a-fA-F]{64})\s*(?:#(.*))?$")
+_SIZE = re.compile(r"\bsize:\s*(\d+)")
+_COLLECTING = re.compile(r"^\s*(?:Collecting|Processing|Obtaining)\s+(\S+)")
+
+
+class GpuRuntimeError(LeanImageError):
+    """Installing, removing or loading the CUDA/cuDNN libraries failed; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Requirement:
+    name: str
+    version: str
+    sha256: str
+    size: int | None  # bytes of the wheel, from the file's "# size: N" comment
+
+
+@dataclass
+class Activation:
+    """What activate() did: which libraries onnxruntime now has from the folder, and which not."""
+
+    folder: str
+    loaded: list[str] = field(default_factory=list)  # paths of libraries now in the process
+    missing: list[str] = field(default_factory=list)  # library files not in the folder
+    failed: dict[str, str] = field(default_factory=dict)  # file name -> why it did not load
+    messages: list[str] = field(default_factory=list)  # what onnxruntime's preload_dlls() said
+    error: str | None = None  # why nothing was tried (not installed, not a CUDA build, ...)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.failed and bool(self.loaded)
+
+    def summary(self) -> str:
+        if self.error:
+            return self.error
+        text = f"{len(self.loaded)} CUDA/cuDNN librar{'y' if len(self.loaded) == 1 else 'ies'} loaded from {self.folder}"
+        if self.missing:
+            text += f"; not in the folder: {', '.join(Path(m).name for m in self.missing)}"
+        if self.failed:
+            text += "; failed: " + "; ".join(f"{name}: {why}" for name, why in self.failed.items())
+        return text
+
+
+_active: Activation | None = None
+
+
+def active() -> Activation | None:
+    """The latest activate() result in this process, or None when it was never called."""
+    return _active
+
+
+# --- requirement files ----------------------------------------------------------------------------
+
+
+def platform_name(system: str | None = None, machine: str | None = None) -> str | None:
+    """The Blender platform whose GPU libraries this machine takes ("linux-x64", "windows-x64"), or None."""
+    system = system or platform.system()
+    machine = (machine or platform.machine()).lower()
+    if machine not in ("x86_64", "amd64"):
+        return None  # NVIDIA's CUDA 13 wheels for onnxruntime-gpu: x86-64 Linux and Windows only
+    return {"Linux": "linux-x64", "Windows": "windows-x64"}.get(system)
+
+
+def requirements_path(root: str | os.PathLike, plat: str | None = None, python: str | None = None) -> Path | None:
+    """`<root>/gpu_requirements/<platform>-cp<XY>.txt` for this machine and Python, when it exists."""
+    plat = plat or platform_name()
+    if plat is None:
+        return None
+    python = python or f"{sys.version_info.major}{sys.version_info.minor}"
+    path = Path(root) / REQUIREMENTS_DIR / f"{plat}-cp{python.replace('.', '')}.txt"
+    return path if path.is_file() else None
+
+
+def folder(host_default: str | os.PathLike) -> Path:
+    """The install folder: LEAN_IMAGE_AI_GPU_RUNTIME_DIR when set, else the host's default."""
+    override = os.environ.get(FOLDER_ENV, "").strip()
+    return Path(override).expanduser() if override else Path(host_default)
+
+
+def parse_requirements(path: str | os.PathLike) -> list[Requirement]:
+    found = []
+    for number, raw in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _LINE.match(line)
+        if not match:
+            raise GpuRuntimeError(f"{path}, line {number}: expected 'name==version --hash=sha256:...', got {line!r}.")
+        name, version, digest, comment = match.groups()
+        size = _SIZE.search(comment or "")
+        found.append(Requirement(name, version, digest.lower(), int(size.group(1)) if size else None))
+    if not found:
+        raise GpuRuntimeError(f"{path} lists no libraries.")
+    return found
+
+
+def download_size(requirements: str | os.PathLike | Iterable[Requirement]) -> int | None:
+    """Total bytes pip will download, from the sizes the file records; None when one is unknown."""
+    if isinstance(requirements, (str, os.PathLike)):
+        requirements = parse_requirements(requirements)
+    sizes = [r.size for r in requirements]
+    return None if any(s is None for s in sizes) else sum(sizes)
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+# --- what is installed ----------------------------------------------------------------------------
+
+
+def installed_packages(target_dir: str | os.PathLike) -> dict[str, str]:
+    """{distribution: version} of a complete install in target_dir (empty when there is none)."""
+    target = Path(target_dir)
+    if not (target / MARKER).is_file():
+        return {}
+    packages = {}
+    for info in target.glob("*.dist-info"):
+        name, _, version = info.name[: -len(".dist-info")].partition("-")
+        packages[_normalized(name)] = version
+    return packages
+
+
+def installed_version(target_dir: str | os.PathLike) -> str | None:
+    """"CUDA 13.5.37, cuDNN 9.28.1.4" for a complete install, None when none is there."""
+    packages = installed_packages(target_dir)
+    if not packages:
+        return None
+    cuda = packages.get("nvidia-cuda-runtime")
+    cudnn = next((v for n, v in packages.items() if n.startswith("nvidia-cudnn")), None)
+    parts = [f"CUDA {cuda}" if cuda else "", f"cuDNN {cudnn}" if cudnn else ""]
+    return ", ".join(p for p in parts if p) or ", ".join(f"{n} {v}" for n, v in sorted(packages.items()))
+
+
+def installed_requirements(target_dir: str | os.PathLike) -> str | None:
+    """The sha256 of the requirements file the install in target_dir was made from."""
+    try:
+        return json.loads((Path(target_dir) / MARKER).read_text(encoding="utf-8")).get("requirements_sha256")
+    except (OSError, ValueError):
+        return None
+
+
+def _sha256_text(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def is_current(target_dir: str | os.PathLike, requirements_file: str | os.PathLike) -> bool:
+    """True when target_dir holds a complete install of exactly this requirements file."""
+    return installed_requirements(target_dir) == _sha256_text(Path(requirements_file))
+
+
+# --- install / remove -----------------------------------------------------------------------------
+
+
+def _rmtree(path: Path) -> None:
+    if path.exists():
+        shutil.rmtree(path)
+
+
+def _staging_dir(target: Path) -> Path:
+    return target.with_name(target.name + _STAGING_SUFFIX)
+
+
+def _progress_from_line(line: str, requirements: list[Requirement], state: dict) -> tuple[float, str] | None:
+    """(fraction, stage) for one line of pip's output, or None when the line says nothing new."""
+    sized = all(r.size for r in requirements)  # by bytes when every size is known, else per wheel
+    weight = {_normalized(r.name): r.size if sized else 1 for r in requirements}
+    total = sum(weight.values())
+    collecting = _COLLECTING.match(line)
+    if collecting:
+        spec = collecting.group(1)
+        name = _normalized(re.split(r"[=<>~!\[ ]", Path(spec).name.split("-")[0] if spec.endswith(".whl") else spec)[0])
+        if name in weight and name not in state["seen"]:
+            # the previous wheel is complete once pip moves on to the next one
+            state["done"] += state.pop("current_weight", 0)
+            state["seen"].add(name)
+            state["current_weight"] = weight[name]
+            return _DOWNLOAD_SHARE * state["done"] / total, f"downloading {name} ({len(state['seen'])}/{len(requirements)})"
+        return None
+    if line.startswith("Installing collected packages"):
+        state["done"] += state.pop("current_weight", 0)
+        return _DOWNLOAD_SHARE, "installing"
+    return None
+
+
+def _pip_failure(returncode: int, lines: list[str], python: str) -> GpuRuntimeError:
+    text = "\n".join(lines)
+    tail = " | ".join(ln.strip() for ln in lines[-6:] if ln.strip())
+    if "No module named pip" in text:
+        return GpuRuntimeError(
+            f"The Python at {python} has no pip, so the GPU libraries cannot be installed. Run "
+            f"'{python} -m ensurepip' once, then install again."
+        )
+    if "DO NOT MATCH THE HASHES" in text:
+        return GpuRuntimeError(
+            "A downloaded GPU library does not match the checksum this add-on version expects, so "
+            f"nothing was installed (pip: {tail}). Check pip's index settings, or update the add-on."
+        )
+    return GpuRuntimeError(
+        f"pip could not install the GPU libraries (exit {returncode}); nothing was installed. "
+        f"Check the network and pip's settings. pip said: {tail or 'nothing'}"
+    )
+
+
+def install(
+    target_dir: str | os.PathLike,
+    requirements_file: str | os.PathLike,
+    *,
+    python: str = sys.executable,
+    index_args: Iterable[str] = (),
+    progress: Callable[[float, str], None] | None = None,
+    cancel: Callable[[], bool] | None = None,
+    poll_interval: float = 0.1,
+) -> Path:
+    """Install the wheels of `requirements_file` into target_dir with pip; all or nothing.
+
+    pip installs into a staging folder beside target_dir; only a complete, verified install is
+    renamed into place (replacing an older one), so a failure, a cancel or a crash never leaves a
+    half-filled folder that activate() would load from. Raises OperationCancelled when `cancel()`
+    turns true (pip is terminated, the staging folder removed), GpuRuntimeError on failure.
+    """
+    target = Path(target_dir).resolve()
+    requirements_file = Path(requirements_file).resolve()
+    requirements = parse_requirements(requirements_file)
+    report = progress or (lambda fraction, stage: None)
+    cancelled = cancel or (lambda: False)
+    staging = _staging_dir(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _rmtree(staging)  # left by a Blender that was killed mid-install
+    site = staging / "site"
+    tmp = staging / "tmp"
+    tmp.mkdir(parents=True)
+    command = [
+        python, "-m", "pip", "install", "--target", str(site),
+        "--no-deps", "--require-hashes", "--only-binary=:all:", "--no-input",
+        "--disable-pip-version-check", "--progress-bar", "off", "--no-warn-script-location",
+        # ~1 GB of wheels: a second copy in pip's cache would double what the artist gives up
+        "--no-cache-dir",
+        *index_args, "-r", str(requirements_file),
+    ]  # fmt: skip
+    env = dict(os.environ)
+    for key in ("TMPDIR", "TEMP", "TMP"):  # pip's own temporary files go with the staging folder
+        env[key] = str(tmp)
+    env["PYTHONUNBUFFERED"] = "1"
+    report(0.0, "starting pip")
+    try:
+        try:
+            process = subprocess.Popen(
+                command,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                text=True,
+                errors="replace",
+                creationflags=getattr(subprocess, "CREATE_NO_WINDOW", 0),  # no console flashing on Windows
+            )
+        except OSError as exc:
+            raise GpuRuntimeError(f"Cannot run {python} to install the GPU libraries: {exc}.") from exc
+        lines: list[str] = []
+        output: queue.Queue = queue.Queue()
+
+        def read():  # a reader thread, so cancel is seen while pip is silent in a long download
+            for line in process.stdout:
+                output.put(line.rstrip("\n"))
+            output.put(None)
+
+        reader = threading.Thread(target=read, name="lean_image_ai:pip-output", daemon=True)
+        reader.start()
+        state = {"done": 0, "seen": set()}
+        finished = False
+        while not finished:
+            if cancelled():
+                _terminate(process)
+                reader.join(5)
+                raise OperationCancelled("Installing the GPU libraries was cancelled; nothing was installed.")
+            try:
+                line = output.get(timeout=poll_interval)
+            except queue.Empty:
+                continue
+            if line is None:
+                finished = True
+                continue
+            lines.append(line)
+            step = _progress_from_line(line, requirements, state)
+            if step is not None:
+                report(*step)
+        returncode = process.wait()
+        reader.join(5)
+        if returncode != 0:
+            raise _pip_failure(returncode, lines, python)
+        if cancelled():
+            raise OperationCancelled("Installing the GPU libraries was cancelled; nothing was installed.")
+        report(_DOWNLOAD_SHARE + _INSTALL_SHARE, "checking")
+        _check_installed(site, requirements)
+        (site / MARKER).write_text(
+            json.dumps(
+                {
+                    "requirements": requirements_file.name,
+                    "requirements_sha256": _sha256_text(requirements_file),
+                    "packages": {r.name: r.version for r in requirements},
+                    "installed": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                },
+                indent=1,
+            ),
+            encoding="utf-8",
+        )
+        _move_into_place(site, target)
+    finally:
+        # Never masks the real outcome; a staging folder Windows kept locked is removed by the next install.
+        shutil.rmtree(staging, ignore_errors=True)
+    report(1.0, "installed")
+    return target
+
+
+def _terminate(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _check_installed(site: Path, requirements: list[Requirement]) -> None:
+    """pip said it succeeded; make sure each pinned distribution is really there."""
+    have = {}
+    for info in site.glob("*.dist-info"):
+        name, _, version = info.name[: -len(".dist-info")].partition("-")
+        have[_normalized(name)] = version
+    wrong = [f"{r.name}=={r.version}" for r in requirements if have.get(_normalized(r.name)) != r.version]
+    if wrong:
+        raise GpuRuntimeError(f"pip finished but did not install {', '.join(wrong)}; nothing was installed.")
+
+
+def _move_into_place(site: Path, target: Path) -> None:
+    old = target.with_name(target.name + _OLD_SUFFIX)
+    _rmtree(old)
+    if target.exists():
+        try:
+            target.rename(old)
+        except OSError as exc:  # Windows: libraries of the old install are loaded in this Blender
+            raise GpuRuntimeError(
+                f"Cannot replace the GPU libraries in {target}: {exc}. Restart Blender, then install again."
+            ) from exc
+    site.rename(target)
+    with contextlib.suppress(OSError):
+        _rmtree(old)
+
+
+def remove(target_dir: str | os.PathLike) -> bool:
+    """Delete the installed libraries; False when there was nothing to remove.
+
+    Libraries already loaded stay in this process until Blender quits (Windows refuses to delete
+    them: that is reported as GpuRuntimeError with what to do).
+    """
+    target = Path(target_dir)
+    leftovers = [_staging_dir(target), target.with_name(target.name + _OLD_SUFFIX)]
+    present = target.exists()
+    try:
+        for path in (target, *leftovers):
+            _rmtree(path)
+    except OSError as exc:
+        raise GpuRuntimeError(
+            f"Cannot delete {target}: {exc}. The libraries are in use by this Blender: restart Blender "
+            "and remove them again (or delete the folder by hand)."
+        ) from exc
+    return present
+
+
+# --- loading --------------------------------------------------------------------------------------
+
+# What onnxruntime 1.31's preload_dlls() loads for a CUDA 13 build, for an onnxruntime that does not
+# say (its private _get_nvidia_dll_paths is used when present).
+_FALLBACK_LIBRARIES = {
+    "Linux": (
+        [("nvidia", "cu13", "lib", n) for n in ("libcublasLt.so.13", "libcublas.so.13", "libnvrtc.so.13",
+                                                "libcurand.so.10", "libcufft.so.12", "libcudart.so.13")],
+        [("nvidia", "cudnn", "lib", "libcudnn.so.9")],
+    ),
+    "Windows": (
+        [("nvidia", "cu13", "bin", "x86_64", n) for n in ("cublasLt64_13.dll", "cublas64_13.dll",
+                                                          "cufft64_12.dll", "cudart64_13.dll")],
+        [("nvidia", "cudnn", "bin", f"{n}64_9.dll") for n in ("cudnn_engines_runtime_compiled",
+         "cudnn_engines_precompiled", "cudnn_heuristic", "cudnn_ops", "cudnn_adv", "cudnn_graph",
+         "cudnn", "cudnn_engines_tensor_ir")],
+    ),
+}  # fmt: skip
+
+
+def library_paths(ort, system: str | None = None) -> tuple[list[tuple], list[tuple]]:
+    """(CUDA, cuDNN) libraries as paths relative to a site-packages folder: nvidia/<pkg>/lib|bin/..."""
+    system = system or platform.system()
+    paths_of = getattr(ort, "_get_nvidia_dll_paths", None)  # private; present in 1.2x-1.3x
+    if paths_of is not None:
+        is_windows = system == "Windows"
+        return list(paths_of(is_windows, True, False)), list(paths_of(is_windows, False, True))
+    cuda, cudnn = _FALLBACK_LIBRARIES.get(system, ([], []))
+    return list(cuda), list(cudnn)
+
+
+def _loaded_paths() -> set[str] | None:
+    """Real paths of the shared libraries in this process (Linux), or None where it cannot be read."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            return {os.path.realpath(ln.split(None, 5)[5].strip()) for ln in maps if len(ln.split(None, 5)) == 6}
+    except OSError:
+        return None
+
+
+def _is_loaded(path: Path, maps: set[str] | None) -> bool:
+    if maps is not None:
+        return os.path.realpath(path) in maps
+    if platform.system() == "Windows":
+        get_module = ctypes.windll.kernel32.GetModuleHandleW  # type: ignore[attr-defined]
+        get_module.restype = ctypes.c_void_p
+        return bool(get_module(str(path)))
+    return False
+
+
+_dll_directories: list = []  # os.add_dll_directory handles: a closed handle removes the directory
+
+
+def activate(target_dir: str | os.PathLike) -> Activation:
+    """Load the CUDA/cuDNN libraries of target_dir into this process with onnxruntime's own
+    preload_dlls(), so that the CUDA provider finds them when the first CUDA session is made.
+
+    preload_dlls(directory=D) looks for each library *directly in D* (flat), while pip lays the
+    wheels out as nvidia/cu13/lib (CUDA) and nvidia/cudnn/lib (cuDNN; bin/ on Windows). So it is
+    called once per folder, CUDA first (cuDNN links against cuBLAS). Never raises: the result says
+    what loaded, what is not in the folder and what failed.
+    """
+    global _active
+    target = Path(target_dir)
+    result = Activation(folder=str(target))
+    _active = result
+    if not (target / MARKER).is_file():  # a complete install only (install() writes it last)
+        result.error = f"No GPU libraries are installed in {target}."
+        return result
+    try:
+        import onnxruntime as ort
+    except Exception as exc:
+        result.error = f"onnxruntime cannot be imported ({type(exc).__name__}: {exc})."
+        return result
+    system = platform.system()
+    if system not in ("Linux", "Windows"):
+        result.error = f"CUDA libraries are not used on {system}."
+        return result
+    if not getattr(ort, "cuda_version", None):
+        result.error = f"{getattr(ort, 'package_name', 'onnxruntime')} is not a CUDA build: nothing to load."
+        return result
+    preload = getattr(ort, "preload_dlls", None)
+    cuda, cudnn = library_paths(ort, system)
+    groups: dict[tuple, dict] = {}
+    for kind, paths in (("cuda", cuda), ("cudnn", cudnn)):
+        for relative in paths:
+            group = groups.setdefault(tuple(relative[:-1]), {"cuda": False, "cudnn": False, "names": []})
+            group[kind] = True
+            group["names"].append(relative[-1])
+    for folder_parts, group in groups.items():
+        folder = target.joinpath(*folder_parts)
+        present = [n for n in group["names"] if (folder / n).is_file()]
+        result.missing.extend(str(folder / n) for n in group["names"] if n not in present)
+        if not present:
+            continue
+        if system == "Windows":
+            with contextlib.suppress(OSError):  # lets the provider DLL resolve these DLLs' dependencies too
+                _dll_directories.append(os.add_dll_directory(str(folder)))
+        _preload(preload, folder, group, result)
+    maps = _loaded_paths()
+    for folder_parts, group in groups.items():
+        folder = target.joinpath(*folder_parts)
+        for name in group["names"]:
+            path = folder / name
+            if not path.is_file():
+                continue
+            if _is_loaded(path, maps):
+                result.loaded.append(str(path))
+            elif name not in result.failed:
+                result.failed[name] = _reason_for(name, result.messages) or "not loaded"
+    return result
+
+
+def _preload(preload, folder: Path, group: dict, result: Activation) -> None:
+    """One preload_dlls() call for one folder, its prints and warnings kept in result.messages."""
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if preload is not None:
+                preload(cuda=group["cuda"], cudnn=group["cudnn"], msvc=group["cuda"], directory=str(folder))
+            else:  # an onnxruntime without preload_dlls: load the files the same way it would
+                for name in group["names"]:
+                    if (folder / name).is_file():
+                        try:
+                            ctypes.CDLL(str(folder / name))
+                        except OSError as exc:
+                            result.failed[name] = str(exc)
+    except Exception as exc:
+        result.messages.append(f"preload_dlls failed: {type(exc).__name__}: {exc}")
+    result.messages.extend(ln.strip() for ln in printed.getvalue().splitlines() if ln.strip())
+    result.messages.extend(str(w.message) for w in caught)
+
+
+def _reason_for(name: str, messages: list[str]) -> str | None:
+    for message in messages:
+        if name in message:
+            return re.sub(r"^Failed to load \S+:\s*", "", message)
+    return None

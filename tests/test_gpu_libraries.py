@@ -1,0 +1,166 @@
+"""runtime/gpu_libraries.py with the real pip (this venv's) and tiny real wheels from a local
+folder (``--no-index --find-links``): install, wrong hash, cancel, remove, download size, activate.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fake_wheels import build_wheel, sha256_file, write_requirements  # noqa: E402
+from lean_image_ai.runtime import diagnostics  # noqa: E402
+from lean_image_ai.runtime import gpu_libraries as G  # noqa: E402
+from lean_image_ai.runtime.errors import OperationCancelled  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def wheels(tmp_path):
+    folder = tmp_path / "index"
+    return [
+        build_wheel(folder, "nvidia-fake-lib", "1.0", {"nvidia/fake/lib/libfake.so.1": b"\x7fELF not really" * 64}),
+        build_wheel(folder, "nvidia-fake-dnn", "2.3", {"nvidia/fakednn/lib/libfakednn.so.9": b"dnn" * 1000}),
+    ]
+
+
+@pytest.fixture(autouse=True)
+def _keep_activation(monkeypatch):
+    """activate() records its result process-wide; each test starts and ends without one."""
+    monkeypatch.setattr(G, "_active", None)
+
+
+def _index(wheels):
+    return ("--no-index", "--find-links", str(wheels[0].parent))
+
+
+def test_requirements_parse_and_download_size(tmp_path, wheels):
+    req = write_requirements(tmp_path / "req.txt", wheels)
+    parsed = G.parse_requirements(req)
+    assert [(r.name, r.version) for r in parsed] == [("nvidia-fake-lib", "1.0"), ("nvidia-fake-dnn", "2.3")]
+    assert parsed[0].sha256 == sha256_file(wheels[0])
+    assert G.download_size(req) == sum(w.stat().st_size for w in wheels)
+    (tmp_path / "nosize.txt").write_text(f"a==1 --hash=sha256:{'0' * 64}\n")
+    assert G.download_size(tmp_path / "nosize.txt") is None  # unknown, never guessed
+    (tmp_path / "bad.txt").write_text("a>=1\n")
+    with pytest.raises(G.GpuRuntimeError, match="line 1"):
+        G.parse_requirements(tmp_path / "bad.txt")
+
+
+def test_install_puts_libraries_in_place_and_remove_deletes(tmp_path, wheels):
+    req = write_requirements(tmp_path / "req.txt", wheels)
+    target = tmp_path / "user" / "gpu_runtime"
+    steps = []
+    result = G.install(target, req, index_args=_index(wheels), progress=lambda f, s: steps.append((f, s)))
+    assert result == target.resolve()
+    assert (target / "nvidia/fake/lib/libfake.so.1").read_bytes() == b"\x7fELF not really" * 64
+    assert (target / "nvidia/fakednn/lib/libfakednn.so.9").is_file()
+    assert G.installed_packages(target) == {"nvidia-fake-lib": "1.0", "nvidia-fake-dnn": "2.3"}
+    assert G.is_current(target, req)
+    assert sorted(p.name for p in target.parent.iterdir()) == ["gpu_runtime"]  # staging gone
+    fractions = [f for f, _ in steps]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    assert any(s.startswith("downloading nvidia-fake-dnn") for _, s in steps)
+    # a reinstall replaces the folder as a whole
+    G.install(target, req, index_args=_index(wheels))
+    assert sorted(p.name for p in target.parent.iterdir()) == ["gpu_runtime"]
+    assert G.remove(target) is True
+    assert not target.exists() and G.installed_version(target) is None
+    assert G.remove(target) is False
+
+
+def test_installed_version_names_cuda_and_cudnn(tmp_path):
+    folder = tmp_path / "idx"
+    wheels = [
+        build_wheel(folder, "nvidia-cuda-runtime", "13.5.37", {"nvidia/cu13/lib/libcudart.so.13": b"x"}),
+        build_wheel(folder, "nvidia-cudnn-cu13", "9.28.1.4", {"nvidia/cudnn/lib/libcudnn.so.9": b"y"}),
+    ]
+    req = write_requirements(tmp_path / "req.txt", wheels)
+    G.install(tmp_path / "gpu", req, index_args=_index(wheels))
+    assert G.installed_version(tmp_path / "gpu") == "CUDA 13.5.37, cuDNN 9.28.1.4"
+
+
+def test_wrong_hash_is_refused_and_nothing_installed(tmp_path, wheels):
+    req = write_requirements(tmp_path / "req.txt", wheels, digests={"nvidia-fake-dnn": "ab" * 32})
+    target = tmp_path / "user" / "gpu_runtime"
+    with pytest.raises(G.GpuRuntimeError, match="checksum"):
+        G.install(target, req, index_args=_index(wheels))
+    assert list(target.parent.iterdir()) == []  # not even the first, correct wheel
+
+
+def test_an_existing_install_survives_a_failed_update(tmp_path, wheels):
+    target = tmp_path / "gpu_runtime"
+    G.install(target, write_requirements(tmp_path / "good.txt", wheels), index_args=_index(wheels))
+    bad = write_requirements(tmp_path / "bad.txt", wheels, digests={"nvidia-fake-lib": "cd" * 32})
+    with pytest.raises(G.GpuRuntimeError):
+        G.install(target, bad, index_args=_index(wheels))
+    assert G.installed_packages(target) == {"nvidia-fake-lib": "1.0", "nvidia-fake-dnn": "2.3"}
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("gpu_runtime")) == ["gpu_runtime"]
+
+
+def test_cancel_while_pip_runs_leaves_nothing(tmp_path, wheels):
+    req = write_requirements(tmp_path / "req.txt", wheels)
+    target = tmp_path / "user" / "gpu_runtime"
+    seen = []
+
+    def cancel():  # as soon as pip has started on the first wheel
+        return any(stage.startswith("downloading") for stage in seen)
+
+    with pytest.raises(OperationCancelled):
+        G.install(target, req, index_args=_index(wheels), progress=lambda f, s: seen.append(s), cancel=cancel)
+    assert list(target.parent.iterdir()) == []
+    assert G.installed_version(target) is None
+
+
+def test_pip_failure_names_what_pip_said(tmp_path, wheels):
+    req = tmp_path / "req.txt"
+    req.write_text(f"nvidia-not-there==1.0 --hash=sha256:{'0' * 64}  # size: 10\n")
+    with pytest.raises(G.GpuRuntimeError, match="nothing was installed") as info:
+        G.install(tmp_path / "gpu", req, index_args=_index(wheels))
+    assert "nvidia-not-there" in str(info.value)
+    assert not (tmp_path / "gpu").exists() and not (tmp_path / "gpu.staging").exists()
+
+
+def test_activate_without_libraries_reports_and_never_raises(tmp_path):
+    empty = G.activate(tmp_path / "nothing")
+    assert not empty.ok and "No GPU libraries" in empty.error
+    assert G.active() is empty
+
+
+def test_activate_reports_each_library_it_could_not_load(tmp_path):
+    """A folder that looks installed but holds broken files: every library is named, nothing raises."""
+    ort = pytest.importorskip("onnxruntime")
+    if not getattr(ort, "cuda_version", None):
+        pytest.skip("needs onnxruntime-gpu (a CUDA build)")
+    cuda, cudnn = G.library_paths(ort)
+    target = tmp_path / "gpu_runtime"
+    broken = cuda[0]  # a file that is there but is no library
+    (target.joinpath(*broken[:-1])).mkdir(parents=True)
+    target.joinpath(*broken).write_bytes(b"not a shared library")
+    (target / G.MARKER).write_text("{}")
+    result = G.activate(target)
+    assert result.error is None and not result.ok
+    assert broken[-1] in result.failed
+    assert not result.loaded
+    assert {Path(m).name for m in result.missing} == {p[-1] for p in cuda + cudnn} - {broken[-1]}
+    assert broken[-1] in result.summary()
+    # the diagnostics report looks in the add-on's folder once it was activated
+    report = diagnostics.collect(cuda_probe=False)
+    libs = {lib.name: lib for lib in report.cuda_libraries}
+    assert libs[broken[-1]].where == "add-on GPU runtime"
+    assert libs[broken[-1]].path == str(target.joinpath(*broken))
+    assert report.gpu_runtime["folder"] == str(target)
+    assert "GPU runtime" in diagnostics.format_report(report)
+
+
+def test_committed_requirement_files_are_well_formed():
+    files = sorted((REPO / G.REQUIREMENTS_DIR).glob("*.txt"))
+    assert any(f.name == "linux-x64-cp311.txt" for f in files)
+    for path in files:
+        parsed = G.parse_requirements(path)
+        names = {r.name for r in parsed}
+        assert {"nvidia-cuda-runtime", "nvidia-cublas", "nvidia-cudnn-cu13"} <= names, path
+        assert G.download_size(path) > 0, path

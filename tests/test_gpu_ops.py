@@ -1,0 +1,176 @@
+"""operators/gpu_ops.py and the preferences' GPU runtime box with real bpy and the real pip.
+
+pip is configured the way a user would, through the PIP_* environment variables pip itself reads
+(PIP_NO_INDEX, PIP_FIND_LINKS: a local folder of tiny real wheels laid out like NVIDIA's), and the
+install folder by LEAN_IMAGE_AI_GPU_RUNTIME_DIR; no network. The box is drawn with the recording
+stand-in layout (tests/recording_layout.py): background Blender has no UI regions.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import blender_helpers as bh  # noqa: E402
+from fake_wheels import build_wheel, write_requirements  # noqa: E402
+from recording_layout import RecordingLayout  # noqa: E402
+
+bpy = pytest.importorskip("bpy")
+GO = bh.import_submodule("operators.gpu_ops")
+R = bh.import_submodule("operators.prefs")
+P = bh.import_submodule("ui.preferences")
+jobs = bh.import_submodule("operators.jobs")
+from lean_image_ai.runtime import diagnostics  # noqa: E402
+from lean_image_ai.runtime import gpu_libraries as G  # noqa: E402
+
+
+@pytest.fixture
+def registered():
+    with bh.registered_addon() as package:
+        yield package
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch, registered):
+    index = tmp_path / "index"
+    wheels = [
+        build_wheel(index, "nvidia-cuda-runtime", "13.5.37", {"nvidia/cu13/lib/libfake.so.13": b"cudart" * 100}),
+        build_wheel(index, "nvidia-cudnn-cu13", "9.28.1.4", {"nvidia/cudnn/lib/libfakednn.so.9": b"dnn" * 100}),
+    ]
+    folder = tmp_path / "user" / "gpu_runtime"
+    monkeypatch.setenv(G.FOLDER_ENV, str(folder))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    monkeypatch.setattr(G, "_active", None)
+    system = bpy.context.preferences.system
+    online = system.use_online_access
+    system.use_online_access = True  # bpy as a module starts offline, like `blender --offline-mode`
+    jobs.downloads.current = jobs.downloads.last = None
+    yield {"folder": folder, "wheels": wheels, "req": write_requirements(tmp_path / "req.txt", wheels), "tmp": tmp_path}
+    system.use_online_access = online
+    jobs.downloads.cancel_all()
+
+
+def _box(context=None) -> RecordingLayout:
+    layout = RecordingLayout()
+    P.draw_gpu_runtime(layout, context or bpy.context)
+    return layout
+
+
+def test_install_through_the_operator_then_remove(setup):
+    folder, req = setup["folder"], setup["req"]
+    assert R.gpu_runtime_folder() == folder
+    before = _box()
+    assert "Not installed" in before.joined_text()
+    shipped = R.gpu_requirements()  # this checkout's file for this platform and Python
+    assert shipped is not None and shipped.name.startswith(G.platform_name())
+    assert library_size_text(shipped) in before.joined_text()  # the download size, before installing
+    assert before.operators("lean_image_ai.install_gpu_runtime")
+    assert not before.operators("lean_image_ai.remove_gpu_runtime")
+
+    assert bpy.ops.lean_image_ai.install_gpu_runtime(requirements=str(req)) == {"FINISHED"}
+    assert (folder / "nvidia/cu13/lib/libfake.so.13").read_bytes() == b"cudart" * 100
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["gpu_runtime"]  # no staging left
+    assert G.active() is not None and G.active().folder == str(folder)  # activated right away
+    after = _box()
+    assert "Installed: CUDA 13.5.37, cuDNN 9.28.1.4" in after.joined_text()
+    assert after.operators("lean_image_ai.remove_gpu_runtime")
+    # installed from another file than the shipped one: offered as an update
+    assert [c.text for c in after.operators("lean_image_ai.install_gpu_runtime")] == ["Update"]
+
+    assert bpy.ops.lean_image_ai.remove_gpu_runtime() == {"FINISHED"}
+    assert not folder.exists()
+    assert bpy.ops.lean_image_ai.remove_gpu_runtime() == {"CANCELLED"}  # nothing left to remove
+
+
+def library_size_text(requirements: Path) -> str:
+    from lean_image_ai.models import library
+
+    return library.format_bytes(G.download_size(requirements))
+
+
+def test_wrong_hash_is_refused_through_the_operator(setup):
+    bad = write_requirements(setup["tmp"] / "bad.txt", setup["wheels"], digests={"nvidia-cudnn-cu13": "ef" * 32})
+    with pytest.raises(RuntimeError, match="checksum"):
+        bpy.ops.lean_image_ai.install_gpu_runtime(requirements=str(bad))
+    assert not setup["folder"].exists()
+    assert list(setup["folder"].parent.iterdir()) == []
+    box = _box()
+    assert any(c.alert and "checksum" in c.text for c in box.calls("label"))  # the last failure stays visible
+
+
+def test_install_refused_offline(setup):
+    bpy.context.preferences.system.use_online_access = False
+    with pytest.raises(RuntimeError, match="Online access is disabled"):
+        bpy.ops.lean_image_ai.install_gpu_runtime(requirements=str(setup["req"]))
+    assert not setup["folder"].exists()
+
+
+def test_progress_bar_and_cancel_while_pip_runs(setup):
+    """The interactive path: the install on a worker thread of the download lane, the box draws its
+    progress, and its Cancel button (an operator) stops pip; nothing is left."""
+    job = jobs.downloads.begin("Install GPU runtime", GO.JOB_KEY)
+    started = threading.Event()
+
+    def progress(fraction, stage):
+        job.report(fraction, stage)
+        if stage.startswith("downloading"):
+            started.set()
+            job.cancel_event.wait(10)  # hold pip's output here until the test has clicked Cancel
+
+    def work(job):
+        return G.install(setup["folder"], setup["req"], progress=progress, cancel=job.cancel_event.is_set)
+
+    job.thread = threading.Thread(target=jobs.run_job, args=(job, work))
+    job.thread.start()
+    try:
+        assert started.wait(60)
+        box = _box()
+        (bar,) = box.calls("progress")
+        assert bar.text.startswith("downloading nvidia-cuda-runtime")
+        assert box.operators("lean_image_ai.cancel_download")
+        assert not box.operators("lean_image_ai.install_gpu_runtime")
+        with pytest.raises(RuntimeError, match="still running"):  # one download at a time
+            bpy.ops.lean_image_ai.install_gpu_runtime(requirements=str(setup["req"]))
+        with pytest.raises(RuntimeError, match="cancel that first"):
+            bpy.ops.lean_image_ai.remove_gpu_runtime()
+        assert bpy.ops.lean_image_ai.cancel_download() == {"FINISHED"}
+    finally:
+        job.thread.join(30)
+        jobs.downloads.end(job)
+    assert job.state == "cancelled"
+    assert list(setup["folder"].parent.iterdir()) == []
+
+
+def test_register_activates_an_installed_folder(setup, registered):
+    assert bpy.ops.lean_image_ai.install_gpu_runtime(requirements=str(setup["req"])) == {"FINISHED"}
+    G._active = None
+    registered.unregister()
+    registered.register()  # what enabling the add-on at Blender's start does
+    activation = G.active()
+    assert activation is not None and activation.folder == str(setup["folder"])
+    assert activation.error is None  # the fake files are not onnxruntime's libraries: all "missing"
+    report = diagnostics.collect(cuda_probe=False)
+    assert report.gpu_runtime["folder"] == str(setup["folder"])
+
+
+def test_providers_line_becomes_the_import_error_with_what_to_do(registered, monkeypatch):
+    text = (
+        "onnxruntime cannot be imported (ImportError: libfoo) by Python 3.11; install the Lean Image AI"
+        " zip built for this platform and Blender version"
+    )
+    monkeypatch.setattr(diagnostics, "onnxruntime_import_error", lambda: text)
+    # DefaultPreferences has no RNA to check property names against: record them as given
+    monkeypatch.setattr(RecordingLayout, "prop", lambda self, data, prop, **kw: self._record("prop", name=prop))
+    fake = R.DefaultPreferences()
+    fake.layout = RecordingLayout()
+    monkeypatch.setattr(P, "draw_model_catalog", lambda layout, context: None)
+    P.LeanImageAIPreferences.draw(fake, bpy.context)
+    labels = fake.layout.calls("label")
+    assert not any(c.text.startswith("onnxruntime providers") for c in labels)
+    assert all(c.alert for c in labels if "onnxruntime" in c.text or "zip built" in c.text)
+    assert text in fake.layout.joined_text()
