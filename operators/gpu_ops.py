@@ -16,7 +16,7 @@ import bpy
 from bpy.props import StringProperty
 
 from ..models import library
-from ..runtime import get_runtime, gpu_libraries
+from ..runtime import get_runtime, gpu_libraries, gpu_loading
 from ..runtime.errors import LeanImageError
 from . import prefs
 from .jobs import Job, WorkerOperator, downloads, manager
@@ -90,7 +90,7 @@ class LEAN_IMAGE_AI_OT_install_gpu_runtime(WorkerOperator, bpy.types.Operator):
             self.report({level}, job.error_text or f"{job.name} did not finish.")
             return {"CANCELLED"}
         folder = job.result
-        activation = gpu_libraries.activate(folder)
+        activation = gpu_loading.activate(folder)
         # Sessions made before (a CUDA request that fell back to CPU) would be reused as they are.
         if manager.running() is None:
             get_runtime().clear("gpu runtime installed")
@@ -144,7 +144,7 @@ def post_register():
         return
     if not folder.is_dir():
         return
-    activation = gpu_libraries.activate(folder)
+    activation = gpu_loading.activate(folder)
     print(f"Lean Image AI: {activation.summary()}")
 
 

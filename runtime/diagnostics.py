@@ -23,7 +23,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
-from . import gpu_libraries, memory
+from . import gpu_libraries, gpu_loading, memory
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # ORT's log prefix: "2026-01-01 12:00:00.000 [E:onnxruntime:Default, provider_bridge_ort.cc:2458 operator()] "
@@ -174,9 +174,9 @@ def _cuda_library_facts(report: Report, ort, directory: str | None) -> None:
     optional = {p[-1] for p in wanted if "cufft" in p[-1] or "nvrtc" in p[-1]}
     # The same search preload_dlls() makes: a given folder (flat), else the site-packages that
     # holds onnxruntime (nvidia/<package>/lib|bin/...), then the system loader. The add-on's own
-    # folder (gpu_libraries.activate(), laid out like site-packages) is loaded before all of them.
+    # folder (gpu_loading.activate(), laid out like site-packages) is loaded before all of them.
     site = os.path.normpath(os.path.join(report.onnxruntime_location, ".."))
-    activation = gpu_libraries.active()
+    activation = gpu_loading.active()
     addon = activation.folder if activation is not None and activation.error is None and not directory else None
     for relative in wanted:
         name = relative[-1]
@@ -287,7 +287,7 @@ def collect(*, cuda_probe: bool = True, directory: str | None = None, runtime=No
     )
     ort = _onnxruntime_facts(report)
     report.nvml = _nvml_facts()
-    activation = gpu_libraries.active()
+    activation = gpu_loading.active()
     if activation is not None:
         report.gpu_runtime = {
             "folder": activation.folder,

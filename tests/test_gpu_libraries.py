@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fake_wheels import build_wheel, sha256_file, write_requirements  # noqa: E402
 from lean_image_ai.runtime import diagnostics  # noqa: E402
 from lean_image_ai.runtime import gpu_libraries as G  # noqa: E402
+from lean_image_ai.runtime import gpu_loading as L  # noqa: E402
 from lean_image_ai.runtime.errors import OperationCancelled  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,7 +31,7 @@ def wheels(tmp_path):
 @pytest.fixture(autouse=True)
 def _keep_activation(monkeypatch):
     """activate() records its result process-wide; each test starts and ends without one."""
-    monkeypatch.setattr(G, "_active", None)
+    monkeypatch.setattr(L, "_active", None)
 
 
 def _index(wheels):
@@ -125,9 +126,9 @@ def test_pip_failure_names_what_pip_said(tmp_path, wheels):
 
 
 def test_activate_without_libraries_reports_and_never_raises(tmp_path):
-    empty = G.activate(tmp_path / "nothing")
+    empty = L.activate(tmp_path / "nothing")
     assert not empty.ok and "No GPU libraries" in empty.error
-    assert G.active() is empty
+    assert L.active() is empty
 
 
 def test_activate_reports_each_library_it_could_not_load(tmp_path):
@@ -135,13 +136,13 @@ def test_activate_reports_each_library_it_could_not_load(tmp_path):
     ort = pytest.importorskip("onnxruntime")
     if not getattr(ort, "cuda_version", None):
         pytest.skip("needs onnxruntime-gpu (a CUDA build)")
-    cuda, cudnn = G.library_paths(ort)
+    cuda, cudnn = L.library_paths(ort)
     target = tmp_path / "gpu_runtime"
     broken = cuda[0]  # a file that is there but is no library
     (target.joinpath(*broken[:-1])).mkdir(parents=True)
     target.joinpath(*broken).write_bytes(b"not a shared library")
     (target / G.MARKER).write_text("{}")
-    result = G.activate(target)
+    result = L.activate(target)
     assert result.error is None and not result.ok
     assert broken[-1] in result.failed
     assert not result.loaded

@@ -26,6 +26,7 @@ P = bh.import_submodule("ui.preferences")
 jobs = bh.import_submodule("operators.jobs")
 from lean_image_ai.runtime import diagnostics  # noqa: E402
 from lean_image_ai.runtime import gpu_libraries as G  # noqa: E402
+from lean_image_ai.runtime import gpu_loading as L  # noqa: E402
 
 
 @pytest.fixture
@@ -45,7 +46,7 @@ def setup(tmp_path, monkeypatch, registered):
     monkeypatch.setenv(G.FOLDER_ENV, str(folder))
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(index))
-    monkeypatch.setattr(G, "_active", None)
+    monkeypatch.setattr(L, "_active", None)
     system = bpy.context.preferences.system
     online = system.use_online_access
     system.use_online_access = True  # bpy as a module starts offline, like `blender --offline-mode`
@@ -75,7 +76,7 @@ def test_install_through_the_operator_then_remove(setup):
     assert bpy.ops.lean_image_ai.install_gpu_runtime(requirements=str(req)) == {"FINISHED"}
     assert (folder / "nvidia/cu13/lib/libfake.so.13").read_bytes() == b"cudart" * 100
     assert sorted(p.name for p in folder.parent.iterdir()) == ["gpu_runtime"]  # no staging left
-    assert G.active() is not None and G.active().folder == str(folder)  # activated right away
+    assert L.active() is not None and L.active().folder == str(folder)  # activated right away
     after = _box()
     assert "Installed: CUDA 13.5.37, cuDNN 9.28.1.4" in after.joined_text()
     assert after.operators("lean_image_ai.remove_gpu_runtime")
@@ -148,10 +149,10 @@ def test_progress_bar_and_cancel_while_pip_runs(setup):
 
 def test_register_activates_an_installed_folder(setup, registered):
     assert bpy.ops.lean_image_ai.install_gpu_runtime(requirements=str(setup["req"])) == {"FINISHED"}
-    G._active = None
+    L._active = None
     registered.unregister()
     registered.register()  # what enabling the add-on at Blender's start does
-    activation = G.active()
+    activation = L.active()
     assert activation is not None and activation.folder == str(setup["folder"])
     assert activation.error is None  # the fake files are not onnxruntime's libraries: all "missing"
     report = diagnostics.collect(cuda_probe=False)

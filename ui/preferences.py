@@ -17,7 +17,7 @@ from ..models import families, installer, library
 from ..operators.gpu_ops import JOB_KEY as GPU_JOB_KEY
 from ..operators.jobs import downloads
 from ..operators.prefs import ADDON_ID, gpu_requirements, gpu_runtime_folder, models_folder
-from ..runtime import diagnostics, gpu_libraries
+from ..runtime import diagnostics, gpu_libraries, gpu_loading
 
 # identifier, label, description, onnxruntime provider needed (None: always offered), stable number.
 # The numbers are what Blender stores, so they must never change (a dynamic enum is saved as int).
@@ -185,7 +185,7 @@ def _draw_gpu_runtime(layout, context) -> None:
     if version:
         box.label(text=f"Installed: {version}", icon="CHECKMARK")
         wrapped_labels(box, f"Folder: {folder}")
-        activation = gpu_libraries.active()
+        activation = gpu_loading.active()
         if activation is not None and activation.folder == str(folder):
             wrapped_labels(box, activation.summary(), icon="NONE" if activation.ok else "ERROR", alert=not activation.ok)
         if not gpu_libraries.is_current(folder, requirements):
