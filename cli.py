@@ -219,7 +219,7 @@ def _plan(family: Family, args):
         family.id,
         [] if source is None else [r.path for r in refs],
         outputs,
-        overwrite=args.overwrite,
+        overwrite=args.overwrite or source is None,  # the demo replaces its own earlier result
         skip_existing=args.skip_existing,
         check_format=cli_images.check_writable_format,
     )
@@ -298,6 +298,30 @@ def _run(args) -> int:
     return EXIT_ERROR if report.failed else EXIT_OK
 
 
+def _doctor(args) -> int:
+    from .runtime import diagnostics
+
+    report = diagnostics.collect(cuda_probe=not args.no_cuda_probe)
+    print(diagnostics.format_report(report))
+    if args.json:
+        import dataclasses
+
+        print(json.dumps(dataclasses.asdict(report), default=str))
+    return EXIT_OK if report.onnxruntime_error is None else EXIT_ERROR
+
+
+def _add_doctor(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "doctor",
+        help="what onnxruntime, the GPU and its CUDA/cuDNN libraries look like from here",
+        description="onnxruntime's version and where it was imported from, its providers, the NVIDIA "
+        "driver and GPUs, where each CUDA/cuDNN library was found, and what a CUDA session really gets.",
+    )
+    parser.add_argument("--no-cuda-probe", action="store_true", help="do not try a CUDA session")
+    parser.add_argument("--json", action="store_true", help="also print the report as one JSON line")
+    parser.set_defaults(handler=_doctor)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m lean_image_ai",
@@ -306,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for family in families.ALL:
         _add_family(subparsers, family)
+    _add_doctor(subparsers)
     return parser
 
 

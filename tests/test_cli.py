@@ -256,3 +256,20 @@ def test_a_missing_frame_fails_that_frame_and_exits_2(tmp_path):
     assert done.returncode == 2 and "frame 2" in done.stderr
     report = summary(done)
     assert (report["written"], [f["frame"] for f in report["failed"]]) == (2, [2])
+
+
+def test_doctor_reports_onnxruntime_and_what_cuda_got(tmp_path):
+    done = cli("doctor", "--json", cwd=tmp_path, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert "onnxruntime: onnxruntime" in done.stdout and "Providers offered:" in done.stdout
+    import json
+
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["onnxruntime_error"] is None and "CPUExecutionProvider" in report["available_providers"]
+
+
+def test_the_readme_demo_can_run_twice(tmp_path):
+    for _ in range(2):  # its own earlier result is replaced, not an error
+        done = cli("upscale", "--device", "cpu", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["demo_upscaled.png"]
