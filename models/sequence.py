@@ -158,9 +158,6 @@ def output_paths(refs: list[FrameRef], output: str | Path | None, default_name: 
 
 # ---- the batch run ----------------------------------------------------------------------------
 
-_END = object()
-
-
 class FrameQueue:
     """The lazy frame source an adapter iterates: fed by the caller, at most ``depth`` ahead.
 
@@ -174,6 +171,7 @@ class FrameQueue:
         self._count = count
         self.in_flight: collections.deque = collections.deque()  # (ref, array)
         self.replay: collections.deque = collections.deque()
+        self._closed = threading.Event()  # no frame will follow the queued ones
 
     def __len__(self) -> int:
         return self._count
@@ -184,16 +182,19 @@ class FrameQueue:
                 item = self.replay.popleft()
             else:
                 item = self._get()
-                if item is _END:
+                if item is None:
                     return
             self.in_flight.append(item)
             yield item[1]
 
     def _get(self):
+        """The next frame, or None after the last one."""
         while True:
             try:
                 return self._queue.get(timeout=0.05)
             except queue.Empty:
+                if self._closed.is_set() and self._queue.empty():
+                    return None
                 if self._cancel.is_set():
                     raise OperationCancelled("The batch was cancelled; the frames already written are kept.") from None
 
@@ -204,7 +205,7 @@ class FrameQueue:
         self._queue.put((ref, array))
 
     def close(self) -> None:
-        self._queue.put(_END)
+        self._closed.set()  # never blocks: the caller's thread may be Blender's
 
     def answered(self) -> FrameRef:
         return self.in_flight.popleft()[0]
@@ -282,6 +283,8 @@ class BatchRun:
         self._results: queue.Queue = queue.Queue(maxsize=depth)
         self._worker: threading.Thread | None = None
         self._worker_error: BaseException | None = None
+        self._over = threading.Event()  # the worker handed out everything it will
+        self._stopped = False  # a failed frame ended the batch (stop_on_error), not a cancel
         self._started = time.monotonic()
 
     # -- worker ----------------------------------------------------------------------------------
@@ -297,10 +300,12 @@ class BatchRun:
         )
 
     def _hand_out(self, result) -> None:
-        ref = self._frames.answered()
+        self._put_result((self._frames.answered(), result))
+
+    def _put_result(self, item) -> None:
         while True:
             try:
-                self._results.put((ref, result), timeout=0.05)
+                self._results.put(item, timeout=0.05)
                 return
             except queue.Full:
                 if self._cancel.is_set():
@@ -310,7 +315,7 @@ class BatchRun:
         """The inference side (a worker thread): every frame fed to the adapter, results handed
         to :meth:`pump`. Ends by telling pump() the batch is over."""
         if not self.needs_model:  # every frame was skipped: no model to load
-            self._results.put(_END)
+            self._over.set()
             return self.report
         options = JobOptions(
             device=self._options.device,
@@ -330,7 +335,7 @@ class BatchRun:
                     if not self._frames.in_flight:
                         raise  # not about one frame (the model, the device): the batch cannot go on
                     ref = self._frames.fail_current()
-                    self._results.put((ref, exc))
+                    self._put_result((ref, exc))
                     if self._stop_on_error:
                         return self.report
         except BaseException as exc:  # ends the batch; pump() reports it on the caller's thread
@@ -338,7 +343,7 @@ class BatchRun:
                 traceback.print_exc()
             self._worker_error = exc
         finally:
-            self._results.put(_END)
+            self._over.set()  # never a blocking put: the caller may have stopped pumping
         return self.report
 
     # -- caller ----------------------------------------------------------------------------------
@@ -385,8 +390,11 @@ class BatchRun:
                 item = self._results.get_nowait()
             except queue.Empty:
                 item = None
-            if item is _END:
-                return self._finish()
+                if self._over.is_set() and self._results.empty():
+                    return self._finish()
+            if item is not None and self._cancel.is_set() and not self._stopped:
+                item = None  # cancelled: nothing after the cancel is written, finished or not
+                progressed = True
             if item is not None:
                 ref, result = item
                 if isinstance(result, BaseException):
@@ -410,6 +418,7 @@ class BatchRun:
         self.report.failed.append((ref.number, text))
         if not self._stop_on_error:
             return
+        self._stopped = True
         if before_model:
             self._todo.clear()  # the frames before it still finish, the last of them releasing
         else:
@@ -420,9 +429,8 @@ class BatchRun:
             self._worker.join()
         self.report.seconds = time.monotonic() - self._started
         error = self._worker_error
-        stopped_on_error = self._stop_on_error and bool(self.report.failed)
         if isinstance(error, OperationCancelled) or self._cancel.is_set():
-            self.report.cancelled = not stopped_on_error
+            self.report.cancelled = not self._stopped
         elif error is not None:
             raise error
         return True

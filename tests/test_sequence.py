@@ -124,8 +124,8 @@ def test_cancel_after_frame_five_keeps_frames_one_to_five_and_nothing_else(tmp_p
     run, _ = batch(tmp_path, runtime, model, saver=saver, cancel=cancel)
     report = run.run()
     assert report.cancelled
-    # results finished before the cancel landed are still written whole; nothing else is there
-    assert report.written[:5] == [1, 2, 3, 4, 5] and len(report.written) <= 7
+    # frames finished after the cancel are not written: exactly 1-5, whole
+    assert report.written == [1, 2, 3, 4, 5]
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == [f"out_{n:04d}.npy" for n in report.written]
     assert len(runtime.events.recent("memory_release")) == 1  # a cancelled batch gives memory back too
@@ -174,3 +174,24 @@ def test_a_model_that_cannot_run_at_all_is_an_error_not_twelve_failures(tmp_path
     run, _ = batch(tmp_path, runtime, not_a_model)
     with pytest.raises(LeanImageError, match="broken.onnx"):
         run.run()
+
+
+def test_a_short_batch_whose_model_cannot_load_ends_instead_of_waiting(tmp_path, runtime):
+    """Two frames fill the queue before the worker fails: closing the input must not block."""
+    not_a_model = tmp_path / "broken.onnx"
+    not_a_model.write_bytes(b"not onnx at all")
+    options = JobOptions(device="cpu", runtime=runtime, cancel=threading.Event())
+    run = BatchRun(
+        refs(tmp_path, count=2),
+        lambda frames, opts: upscale.run(frames, not_a_model, options=opts),
+        lambda ref: frame(ref.number),
+        Saver(tmp_path),
+        options=options,
+    )
+    run.start()
+    with pytest.raises(LeanImageError, match="broken.onnx"):
+        for _ in range(200):  # pumped like Blender does, a slice at a time
+            if run.pump(0.05):
+                break
+        else:
+            raise AssertionError("the batch did not end")
