@@ -219,12 +219,99 @@ def test_server_ignoring_range_restarts_cleanly(server, payload, tmp_path):
 
 def test_part_larger_than_remote_file_restarts(server, payload, tmp_path):
     server.files["/m.onnx"] = payload
-    entry = loopback_entry(server.url("/m.onnx"), None)  # size unknown: the server's 416 tells us
+    # size unknown; a checksum, so the .part (with no validator record) may be resumed: the
+    # server's 416 says it does not fit
+    entry = loopback_entry(server.url("/m.onnx"), None, sha256=hashlib.sha256(payload).hexdigest())
     part = installer.part_path(entry, tmp_path)
     part.write_bytes(os.urandom(PAYLOAD_SIZE + 10))
     path = installer.install(entry, tmp_path)
     assert [r["range"] for r in server.requests] == [f"bytes={PAYLOAD_SIZE + 10}-", None]
     assert path.read_bytes() == payload
+
+
+# -- a resume proves the server still has the same file ---------------------------------------
+
+
+def _cut_download(server, entry, tmp_path, cut):
+    server.truncate_after = cut
+    with pytest.raises(ModelInstallError, match="cut off"):
+        installer.install(entry, tmp_path, chunk_size=CHUNK)
+    assert installer.part_path(entry, tmp_path).stat().st_size == cut
+
+
+@pytest.mark.parametrize("validator", ["etag", "last_modified"])
+def test_resume_after_the_server_file_changed_restarts_from_zero(server, payload, tmp_path, validator):
+    """The file at the URL changes between the cut-off request and the resume: the result is the
+    new file whole, never old start + new end (entries without size or checksum, like DA3)."""
+    server.files["/m.onnx"] = payload
+    entry = loopback_entry(server.url("/m.onnx"), None)  # no size, no sha256
+    _cut_download(server, entry, tmp_path, 100 * 1024)
+    record = json.loads((tmp_path / "test-model.onnx.part.json").read_text())
+    if validator == "last_modified":  # a server that sends no ETag: Last-Modified proves it
+        record["etag"] = None
+        (tmp_path / "test-model.onnx.part.json").write_text(json.dumps(record))
+    new = os.urandom(PAYLOAD_SIZE)  # same size: only a validator can tell them apart
+    server.files["/m.onnx"] = new
+
+    path = installer.install(entry, tmp_path, chunk_size=CHUNK)
+
+    resume = server.requests[-1]
+    assert resume["range"] == "bytes=102400-"
+    assert resume["if_range"] == (record["etag"] or record["last_modified"])
+    assert path.read_bytes() == new
+    assert not installer.part_path(entry, tmp_path).exists()
+    assert not (tmp_path / "test-model.onnx.part.json").exists()
+    sidecar = json.loads(installer.sidecar_path(entry, tmp_path).read_text())
+    assert sidecar["sha256"] == sidecar["first_sha256"] == hashlib.sha256(new).hexdigest()
+
+
+def test_resume_of_an_unchanged_file_appends(server, payload, tmp_path):
+    server.files["/m.onnx"] = payload
+    entry = loopback_entry(server.url("/m.onnx"), None)
+    _cut_download(server, entry, tmp_path, 100 * 1024)
+    path = installer.install(entry, tmp_path, chunk_size=CHUNK)
+    assert server.requests[-1]["if_range"] is not None
+    assert len(server.requests) == 2, "resumed, not restarted"
+    assert path.read_bytes() == payload
+
+
+def test_server_ignoring_if_range_is_caught_by_its_etag(server, payload, tmp_path):
+    server.files["/m.onnx"] = payload
+    server.honour_if_range = False  # sends the range of the *new* file
+    entry = loopback_entry(server.url("/m.onnx"), None)
+    _cut_download(server, entry, tmp_path, 100 * 1024)
+    new = os.urandom(PAYLOAD_SIZE)
+    server.files["/m.onnx"] = new
+    path = installer.install(entry, tmp_path, chunk_size=CHUNK)
+    assert [r["range"] for r in server.requests[1:]] == ["bytes=102400-", None]
+    assert path.read_bytes() == new
+
+
+def test_part_without_validator_or_checksum_starts_over(server, payload, tmp_path):
+    server.files["/m.onnx"] = payload
+    server.validators = False
+    entry = loopback_entry(server.url("/m.onnx"), None)
+    _cut_download(server, entry, tmp_path, 100 * 1024)
+    new = os.urandom(PAYLOAD_SIZE)
+    server.files["/m.onnx"] = new
+    path = installer.install(entry, tmp_path, chunk_size=CHUNK)
+    assert server.requests[-1]["range"] is None, "nothing proves the .part is the same file"
+    assert path.read_bytes() == new
+
+
+def test_entry_without_checksum_shows_a_later_change(server, payload, tmp_path):
+    server.files["/m.onnx"] = payload
+    entry = loopback_entry(server.url("/m.onnx"), None)
+    path = installer.install(entry, tmp_path)
+    changed = bytearray(payload)
+    changed[1000] ^= 0xFF
+    path.write_bytes(bytes(changed))
+    with pytest.raises(ModelFileError) as info:
+        installer.verify_installed(entry, tmp_path)
+    msg = str(info.value)
+    assert "changed since it was installed" in msg and hashlib.sha256(payload).hexdigest() in msg
+    assert "install again" in msg
+    assert not installer.is_installed(entry, tmp_path)
 
 
 def test_html_page_instead_of_model_is_rejected(server, tmp_path):
