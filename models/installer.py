@@ -7,8 +7,10 @@ against the catalog's size and sha256 (where known) and only then renamed into p
 :func:`is_installed` does not re-hash a 1 GB file on every run (only when its size or mtime
 changed).
 
-Two installs of the same entry into the same folder at the same time are not supported (they
-would share the ``.part`` file); run one download per model.
+Two installs of the same entry into the same folder at the same time (two Blender processes or
+farm nodes sharing a models folder) take turns on a cross-process lock (models/install_lock.py):
+the second waits, then finds the model installed; when the wait runs out it says that another
+process is installing it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from ..runtime.errors import ModelFileError, ModelInstallError, OperationCancelled
@@ -30,11 +33,13 @@ from .download import (
     looks_like_text_not_model,
     manual_hint,
 )
+from .install_lock import install_lock
 
 DEFAULT_CHUNK_SIZE = 1 << 20  # 1 MiB
 HASH_CHUNK_SIZE = 1 << 20
 SIDECAR_SUFFIX = ".verified.json"
 PART_SUFFIX = ".part"
+DEFAULT_LOCK_WAIT = 3600.0  # another process's download of a large model can take that long
 
 
 
@@ -240,6 +245,8 @@ def install(
     cancel: CancelCallback | None = None,
     timeout: float = 30,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    lock_wait: float = DEFAULT_LOCK_WAIT,
+    waiting: Callable[[str], None] | None = None,
 ) -> Path:
     """Download ``entry`` into ``models_dir`` (resuming a partial download) and return its path.
 
@@ -249,6 +256,10 @@ def install(
     Network and HTTP failures raise :class:`ModelInstallError` naming the URL, what went wrong
     and the exact file path where the model can be saved by hand. A size or checksum mismatch
     deletes the partial file. An already installed, verified model returns at once.
+
+    While another process installs the same file, this one waits up to ``lock_wait`` seconds
+    (``waiting(holder)`` is called once when that happens) and then returns the model it
+    installed, or raises :class:`ModelInstallError` saying who is installing it.
     """
     if chunk_size <= 0:
         raise ValueError("chunk_size must be positive")
@@ -279,6 +290,16 @@ def install(
             "Choose another models folder in the add-on preferences."
         ) from exc
 
+    with install_lock(dest, entry.title, wait=lock_wait, cancel=cancel, waiting=waiting):
+        if is_installed(entry, models_dir):  # another process installed it while we waited
+            size = dest.stat().st_size
+            if progress is not None:
+                progress(size, size)
+            return dest
+        return _download_and_install(entry, models_dir, dest, progress, cancel, timeout, chunk_size)
+
+
+def _download_and_install(entry, models_dir, dest, progress, cancel, timeout, chunk_size) -> Path:
     part = part_path(entry, models_dir)
     download_to_part(entry, dest, part, progress, cancel, timeout, chunk_size)
     digest = _verify_part(entry, dest, part, cancel)

@@ -6,7 +6,10 @@ import hashlib
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -498,3 +501,100 @@ def test_builtin_model_paths_live_in_the_models_dir(tmp_path):
     for entry in BUILTIN_ENTRIES:
         assert installer.model_path(entry, tmp_path) == tmp_path / entry.filename
         assert not installer.is_installed(entry, tmp_path)
+
+
+# -- two processes installing the same model into one folder ---------------------------------
+
+
+def _install_process(server, tmp_path, payload, *, sha: bool, wait: float) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("install_job.py")),
+            server.url("/m.onnx"),
+            str(tmp_path),
+            "-",
+            hashlib.sha256(payload).hexdigest() if sha else "-",
+            str(wait),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_until(condition, what: str, limit: float = 60):
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.02)
+
+
+def _outcome(proc: subprocess.Popen) -> tuple[list[str], dict]:
+    out, err = proc.communicate(timeout=120)
+    lines = out.strip().splitlines()
+    assert lines, err
+    return lines, json.loads(lines[-1])
+
+
+@pytest.mark.parametrize("sha", [True, False], ids=["with-checksum", "no-checksum"])
+def test_second_process_waits_then_finds_the_model_installed(server, payload, tmp_path, sha):
+    """Process A is held mid-request by the server (holding the install); process B starts, must
+    wait for A, then find the model installed without a download of its own."""
+    server.files["/m.onnx"] = payload
+    server.hold = threading.Event()
+    first = _install_process(server, tmp_path, payload, sha=sha, wait=60)
+    second = None
+    try:
+        _wait_until(lambda: server.held == 1, "the first install's request")
+        second = _install_process(server, tmp_path, payload, sha=sha, wait=60)
+        assert second.stdout.readline().startswith("waiting: process"), "B must wait for A"
+        server.hold.set()
+        _, a = _outcome(first)
+        lines, b = _outcome(second)
+    finally:
+        server.hold.set()
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    assert a["ok"] and b["ok"], (a, b)
+    assert len(server.requests) == 1, "the second process found the model installed"
+    dest = tmp_path / "test-model.onnx"
+    assert dest.read_bytes() == payload
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["test-model.onnx", "test-model.onnx.verified.json"]
+
+
+def test_second_process_that_cannot_wait_says_another_is_installing(server, payload, tmp_path):
+    server.files["/m.onnx"] = payload
+    server.hold = threading.Event()
+    first = _install_process(server, tmp_path, payload, sha=False, wait=60)
+    try:
+        _wait_until(lambda: server.held == 1, "the first install's request")
+        second = _install_process(server, tmp_path, payload, sha=False, wait=0.3)
+        lines, b = _outcome(second)
+        server.hold.set()
+        _, a = _outcome(first)
+    finally:
+        server.hold.set()
+        if first.poll() is None:
+            first.kill()
+    assert not b["ok"]
+    assert f"process {first.pid} on" in b["error"]
+    assert "being installed" in b["error"] and "Wait for that install to finish" in b["error"]
+    assert a["ok"] and (tmp_path / "test-model.onnx").read_bytes() == payload
+    assert len(server.requests) == 1
+
+
+def test_a_crashed_installer_releases_its_lock(server, payload, tmp_path):
+    server.files["/m.onnx"] = payload
+    server.hold = threading.Event()
+    first = _install_process(server, tmp_path, payload, sha=False, wait=60)
+    _wait_until(lambda: server.held == 1, "the first install's request")
+    first.kill()  # dies holding the lock
+    first.communicate(timeout=30)
+    server.hold.set()
+    second = _install_process(server, tmp_path, payload, sha=False, wait=5)
+    lines, b = _outcome(second)
+    assert b["ok"], b
+    assert not any(line.startswith("waiting") for line in lines)
+    assert (tmp_path / "test-model.onnx").read_bytes() == payload
