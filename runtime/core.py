@@ -20,6 +20,7 @@ import numpy as np
 from .errors import (
     InferenceOutOfMemoryError,
     ModelFileError,
+    SessionClosedError,
     first_line,
 )
 from .events import EventLog
@@ -131,8 +132,12 @@ class Runtime:
         # size + mtime: a model replaced on disk gets a new session instead of a stale one
         return path, (str(path), stat.st_size, stat.st_mtime_ns)
 
-    def session(self, model_path, device: str | DeviceRequest = "auto") -> SessionHandle:
-        """The cached session for (model file, device, runtime settings); created on first use."""
+    def session(self, model_path, device: str | DeviceRequest = "auto", *, holder=None) -> SessionHandle:
+        """The cached session for (model file, device, runtime settings); created on first use.
+
+        ``holder`` (an Operation) marks the session as in use by that job until it ends: an
+        eviction meanwhile drops it from the cache but the job keeps running on it.
+        """
         request = parse_device(device)
         path, identity = self._model_identity(model_path)
         settings = self.settings
@@ -148,12 +153,42 @@ class Runtime:
         key = (identity, str(request), settings.gpu_mem_limit_bytes, cpu_arena, settings.intra_op_threads)
         with self._lock:
             handle = self._sessions.get(key)
+            if handle is None and holder is not None:
+                # evicted while this job was using it: the job finishes on the session it began with
+                handle = holder.held_session(key)
             if handle is not None:
                 self.events.emit("session_reuse", model=handle.model_name, device=handle.device_label)
-                return handle
-            handle = self._create(key, path, request, providers, cpu_arena)
-            self._sessions[key] = handle
+            else:
+                handle = self._create(key, path, request, providers, cpu_arena)
+                self._sessions[key] = handle
+            if holder is not None:
+                self.hold(handle, holder)
             return handle
+
+    def hold(self, handle: SessionHandle, holder) -> None:
+        """Mark ``handle`` as used by ``holder`` until :meth:`unhold`; raises SessionClosedError
+        when its session was already dropped."""
+        with self._lock:
+            if handle.session is None:
+                raise SessionClosedError(
+                    f"{handle.model_name} was unloaded ({handle.evict_reason or 'evicted'}) before this "
+                    "job could run it; nothing was written. Run the job again: it loads the model anew.",
+                    model=handle.model_name,
+                )
+            handle.holders.add(id(holder))
+
+    def unhold(self, handle: SessionHandle, holder) -> None:
+        """``holder`` is done with ``handle``; an evicted session goes with its last holder."""
+        with self._lock:
+            handle.holders.discard(id(holder))
+            drop = handle.evicted and not handle.holders and handle.session is not None
+            if drop:
+                handle.session = None
+        if drop:
+            gc.collect()
+            self.events.emit(
+                "session_closed", model=handle.model_name, device=handle.device_label, reason=handle.evict_reason
+            )
 
     def _create(self, key, path: Path, request: DeviceRequest, providers, cpu_arena: bool) -> SessionHandle:
         ort = onnxruntime_module()
@@ -228,18 +263,29 @@ class Runtime:
         with self._lock:
             return list(self._sessions.values())
 
-    def evict(self, handle: SessionHandle, reason: str) -> None:
-        """Drop a session (weights and its arenas go with it)."""
+    def evict(self, handle: SessionHandle, reason: str, *, force: bool = False) -> None:
+        """Drop a session from the cache. Its weights and arenas go now, or, while operations
+        still use it, when the last of them ends (``force``: now, for the job that holds it
+        and must free its memory, such as after running out of it)."""
         with self._lock:
             if self._sessions.get(handle.key) is handle:
                 del self._sessions[handle.key]
             already = handle.evicted
             handle.evicted = True
-            handle.session = None
-        if not already:
+            if not already:
+                handle.evict_reason = reason
+            dropped = handle.session is not None and (force or not handle.holders)
+            if dropped:
+                handle.session = None
+        if dropped:
             gc.collect()
+        if not already:
             self.events.emit(
-                "session_evict", model=handle.model_name, device=handle.device_label, reason=reason
+                "session_evict",
+                model=handle.model_name,
+                device=handle.device_label,
+                reason=reason,
+                in_use=not dropped and handle.session is not None,
             )
 
     def clear(self, reason: str = "clear") -> None:
