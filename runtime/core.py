@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import load_errors
 from .errors import (
     InferenceOutOfMemoryError,
     ModelFileError,
@@ -125,10 +126,19 @@ class Runtime:
                 f"Model file not found: {path}. Install the model from the add-on preferences "
                 "(Lean Image AI > Models) or put the file at that path."
             ) from None
+        except RuntimeError as exc:  # Python < 3.13: "Symlink loop from ..."
+            raise load_errors.symlink_loop(path) from exc
         except OSError as exc:
-            raise ModelFileError(f"Cannot read model file {path}: {exc.strerror or exc}.") from exc
+            raise load_errors.os_error(path, exc) from exc
         if not path.is_file():
-            raise ModelFileError(f"Model path {path} is not a file.")
+            raise ModelFileError(
+                f"Model path {path} is not a file (a folder or a device). Choose the .onnx file "
+                "itself, or install the model again from the add-on preferences."
+            )
+        try:  # the OS's own answer (permission, busy), before onnxruntime turns it into prose
+            os.close(os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0)))
+        except OSError as exc:
+            raise load_errors.os_error(path, exc) from exc
         # size + mtime: a model replaced on disk gets a new session instead of a stale one
         return path, (str(path), stat.st_size, stat.st_mtime_ns)
 
@@ -219,10 +229,8 @@ class Runtime:
                 ) from exc
             if not type(exc).__module__.startswith("onnxruntime"):
                 raise
-            raise ModelFileError(
-                f"Could not load {path} as an ONNX model ({first_line(exc)}). The file may be "
-                "truncated or corrupt: remove it and install it again."
-            ) from exc
+            on_device = providers[0][0] != CPU
+            raise load_errors.load_failure(exc, path, device=str(request), on_device=on_device) from exc
         handle = SessionHandle(key, path, request, session, cpu_arena=cpu_arena)
         self.sessions_created += 1
         self.events.emit(
