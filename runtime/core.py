@@ -19,6 +19,7 @@ import numpy as np
 
 from . import load_errors
 from .errors import (
+    DeviceSpecError,
     InferenceOutOfMemoryError,
     ModelFileError,
     SessionClosedError,
@@ -85,6 +86,21 @@ def env_cpu_arena_config() -> dict | None:
     return None if _env_cpu_arena is None else dict(_env_cpu_arena)
 
 
+def visible_cuda_count() -> int | None:
+    """GPUs CUDA will number 0..N-1: the driver's count, narrowed by CUDA_VISIBLE_DEVICES."""
+    count = nvidia_gpu_count()
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if mask is None or count is None:
+        return count
+    listed = []
+    for item in mask.split(","):
+        item = item.strip()
+        if not item or item.startswith("-"):
+            break  # CUDA stops at the first invalid entry
+        listed.append(item)
+    return min(count, len(listed))
+
+
 def default_session_factory(model_path: str, session_options, providers):
     return onnxruntime_module().InferenceSession(model_path, sess_options=session_options, providers=providers)
 
@@ -149,6 +165,8 @@ class Runtime:
         eviction meanwhile drops it from the cache but the job keeps running on it.
         """
         request = parse_device(device)
+        if request.kind == "cuda":
+            self._check_gpu_index(request)
         path, identity = self._model_identity(model_path)
         settings = self.settings
         available = self._available_providers()
@@ -251,6 +269,19 @@ class Runtime:
                 message=handle.fallback_warning,
             )
         return handle
+
+    def _check_gpu_index(self, request: DeviceRequest) -> None:
+        """``cuda:N`` beyond the visible GPUs is a mistake to report, not a reason to run on CPU.
+        (``cuda:0`` with no GPU at all stays a fallback with a warning.)"""
+        count = visible_cuda_count()
+        if count is None or request.index < count or (count == 0 and request.index == 0):
+            return
+        visible = ", ".join(f"cuda:{i}" for i in range(count)) if count else "none"
+        raise DeviceSpecError(
+            f"Device '{request}' names GPU {request.index}, but {count} NVIDIA GPU(s) are visible "
+            f"to this process (visible: {visible}). Choose one of those, or 'auto' or 'cpu'"
+            + ("; check CUDA_VISIBLE_DEVICES." if os.environ.get("CUDA_VISIBLE_DEVICES") is not None else ".")
+        )
 
     def _cuda_usable(self) -> bool:
         if self._cuda_usable_cache is None:
