@@ -7,6 +7,8 @@ error. Every file is written all or nothing (models/files.py).
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +66,7 @@ def read_image(path: Path) -> np.ndarray:
     if path.suffix.lower() == ".exr":
         return _read_exr(path)
     Image = _pillow()
+    _apply_pixel_limit(Image)
     try:
         with Image.open(path) as source:
             source.load()
@@ -77,6 +80,8 @@ def read_image(path: Path) -> np.ndarray:
             array = np.asarray(image)
     except FileNotFoundError:
         raise CommandLineError(f"Input image not found: {path}.") from None
+    except Image.DecompressionBombError as exc:
+        raise _too_many_pixels(path, exc, Image.MAX_IMAGE_PIXELS) from None
     except IsADirectoryError:
         raise CommandLineError(f"Input path {path} is a folder; give an image file.") from None
     except OSError as exc:  # Pillow's UnidentifiedImageError is an OSError too
@@ -85,6 +90,39 @@ def read_image(path: Path) -> np.ndarray:
         # 16-bit PNG/TIFF greys come back as int32 ("I") or uint16 ("I;16")
         array = np.clip(array, 0, 65535).astype(np.uint16)
     return array
+
+
+PIXEL_LIMIT_VARIABLE = "LEAN_IMAGE_AI_MAX_PIXELS"
+
+
+def _apply_pixel_limit(Image) -> None:  # noqa: N803 (the PIL.Image module)
+    """Pillow refuses images of more than twice ``MAX_IMAGE_PIXELS`` (about 179 Mpx by default),
+    a guard against decompression bombs; LEAN_IMAGE_AI_MAX_PIXELS moves it (0: no limit)."""
+    value = os.environ.get(PIXEL_LIMIT_VARIABLE, "").strip()
+    if not value:
+        return
+    try:
+        limit = int(value.replace("_", "").replace(",", ""))
+    except ValueError:
+        raise CommandLineError(
+            f"{PIXEL_LIMIT_VARIABLE}={value!r} is not a whole number of pixels. Set it to the "
+            "largest pixel count to accept (for example 400000000), or 0 for no limit."
+        ) from None
+    Image.MAX_IMAGE_PIXELS = limit if limit > 0 else None
+
+
+def _too_many_pixels(path: Path, exc: Exception, limit: int | None) -> CommandLineError:
+    # Pillow's text: "Image size (N pixels) exceeds limit of M pixels, could be decompression bomb..."
+    numbers = [int(n) for n in re.findall(r"\d+", str(exc))]
+    pixels = numbers[0] if numbers else None
+    refused = numbers[1] if len(numbers) > 1 else (2 * limit if limit else None)
+    return CommandLineError(
+        f"{path} declares {f'{pixels:,}' if pixels else 'more'} pixels, over the "
+        f"{f'{refused:,}' if refused else ''}-pixel limit that guards against decompression bombs "
+        "(small files that expand to exhaust memory); nothing was read or written. If the image "
+        f"is genuine, raise the limit: set {PIXEL_LIMIT_VARIABLE}={pixels or 'N'} (or 0 for no "
+        "limit) and run again."
+    )
 
 
 def _read_exr(path: Path) -> np.ndarray:

@@ -64,8 +64,17 @@ class CatalogEntry:
             raise ValueError("a catalog entry needs a non-empty string id")
         if self.family not in families.IDS:
             raise ValueError(f"entry {self.id!r}: family {self.family!r} is not one of {families.IDS}")
-        if not self.filename or os.path.basename(self.filename) != self.filename:
-            raise ValueError(f"entry {self.id!r}: filename {self.filename!r} must be a bare file name")
+        if (
+            not self.filename
+            or os.path.basename(self.filename) != self.filename
+            or self.filename in (".", "..")
+            or "/" in self.filename
+            or "\\" in self.filename
+        ):
+            raise ValueError(
+                f"entry {self.id!r}: filename {self.filename!r} must be a bare file name (no folder, "
+                "not '.' or '..'); fix the entry in the catalog file"
+            )
         if self.url is not None and not (self.url.startswith("https://") or self.url.startswith("http://")):
             raise ValueError(f"entry {self.id!r}: url {self.url!r} must be http(s) or None")
         for name in ("size_bytes", "approx_size_bytes"):

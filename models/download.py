@@ -1,10 +1,19 @@
 """One model file over HTTP(S) into its ``.part`` file, resuming with a Range request (stdlib
 ``urllib`` only: Blender has no requests). Verification and the move into place are the
-installer's (models/installer.py)."""
+installer's (models/installer.py).
+
+A resume must prove the server still has the same file: when a ``.part`` is started, the
+response's validator (a strong ``ETag``, else ``Last-Modified``) is kept beside it in
+``<file>.part.json``, and the resume sends it as ``If-Range``. A server whose file changed answers
+``200`` with the whole new file, which then replaces the ``.part`` from byte 0. A ``.part`` with no
+validator is resumed only when the catalog's sha256 will catch a spliced result; otherwise the
+download starts over.
+"""
 
 from __future__ import annotations
 
 import http.client
+import json
 import re
 import socket
 import urllib.error
@@ -74,10 +83,56 @@ def looks_like_text_not_model(head: bytes) -> bool:
     )
 
 
-def _open(url: str, offset: int, timeout: float):
+def record_path(part: Path) -> Path:
+    """Where the validator of the server's file, seen when ``part`` was started, is kept."""
+    return part.with_name(part.name + ".json")
+
+
+def discard_part(part: Path) -> bool:
+    """Delete a partial download and its validator record; True if the .part was there."""
+    files.remove_if_present(record_path(part))
+    return files.remove_if_present(part)
+
+
+def _validator(headers) -> dict:
+    """The response's validators: a strong ETag (weak ones cannot be used with If-Range) and
+    Last-Modified."""
+    etag = (headers.get("ETag") or "").strip()
+    if etag.startswith("W/"):
+        etag = ""
+    return {"etag": etag or None, "last_modified": (headers.get("Last-Modified") or "").strip() or None}
+
+
+def _write_record(part: Path, url: str, validator: dict) -> None:
+    files.write_text(record_path(part), json.dumps({"url": url, **validator}, sort_keys=True))
+
+
+def _read_if_range(part: Path, url: str) -> str | None:
+    """The validator to resume ``part`` with, or None when there is none for this URL."""
+    try:
+        record = json.loads(record_path(part).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("url") != url:
+        return None
+    return record.get("etag") or record.get("last_modified") or None
+
+
+def _validator_changed(if_range: str | None, now: dict) -> bool:
+    """A 206 answer whose own validator differs from the one the resume was sent with."""
+    if if_range is None:
+        return False
+    if if_range.startswith('"'):
+        return bool(now["etag"]) and now["etag"] != if_range
+    return bool(now["last_modified"]) and now["last_modified"] != if_range
+
+
+def _open(url: str, offset: int, timeout: float, if_range: str | None = None):
     headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
     if offset > 0:
         headers["Range"] = f"bytes={offset}-"
+        if if_range:
+            headers["If-Range"] = if_range
     request = urllib.request.Request(url, headers=headers)
     return urllib.request.urlopen(request, timeout=timeout)
 
@@ -105,22 +160,28 @@ def download_to_part(
     expected = entry.size_bytes
     offset = part.stat().st_size if part.exists() else 0
     if expected is not None and offset > expected:
-        files.remove_if_present(part)
+        discard_part(part)
         offset = 0
     if expected is not None and offset == expected:
         return  # a complete .part from an earlier run: only verification is left
+    if_range = _read_if_range(part, entry.url) if offset > 0 else None
+    if offset > 0 and if_range is None and entry.sha256 is None:
+        # Nothing can prove the server still has the file this .part began, and no checksum
+        # would catch a splice of old start + new end: start over.
+        discard_part(part)
+        offset = 0
 
     restarted = False
     while True:
         if cancel is not None and cancel():
             raise OperationCancelled(_cancel_message(entry, part, offset))
         try:
-            response = _open(entry.url, offset, timeout)
+            response = _open(entry.url, offset, timeout, if_range)
         except urllib.error.HTTPError as exc:
             if exc.code == 416 and offset > 0 and not restarted:
                 # Our .part does not fit what the server has now: start over.
                 exc.close()
-                files.remove_if_present(part)
+                discard_part(part)
                 offset, restarted = 0, True
                 continue
             raise install_error(entry, dest, _describe_http_error(exc)) from exc
@@ -137,28 +198,40 @@ def download_to_part(
             total: int | None
             if offset > 0 and status == 206:
                 match = _CONTENT_RANGE_RE.match(response.headers.get("Content-Range", ""))
-                if match is None or int(match.group(1)) != offset:
+                now = _validator(response.headers)
+                changed = _validator_changed(if_range, now)
+                if match is None or int(match.group(1)) != offset or changed:
+                    # a wrong range, or a server that ignored If-Range and sent a part of a
+                    # different file (its ETag changed): the .part cannot be continued
                     if restarted:
                         raise install_error(
                             entry, dest, "the server answered the resume request with the wrong range"
                         )
-                    files.remove_if_present(part)
-                    offset, restarted = 0, True
+                    discard_part(part)
+                    offset, restarted, if_range = 0, True, None
                     continue
                 total = int(match.group(3)) if match.group(3) != "*" else None
                 if total is None and length is not None:
                     total = offset + length
                 mode = "ab"
             elif status in (200, 203):
-                # Fresh download, or a server that ignores Range: (re)write from byte 0.
+                # Fresh download, a server that ignores Range, or (If-Range) a file that changed
+                # since the .part was started: (re)write from byte 0 and remember what this is.
                 offset = 0
                 total = length
                 mode = "wb"
+                try:
+                    _write_record(part, entry.url, _validator(response.headers))
+                except OSError as exc:
+                    raise ModelInstallError(
+                        f"Could not write {str(record_path(part))!r} while downloading {entry.title}: "
+                        f"{exc}. Check free disk space and write permission of the models folder."
+                    ) from exc
             else:
                 raise install_error(entry, dest, f"unexpected HTTP status {status}")
 
             if expected is not None and total is not None and total != expected:
-                files.remove_if_present(part)
+                discard_part(part)
                 raise install_error(
                     entry,
                     dest,
@@ -196,7 +269,7 @@ def download_to_part(
                         if progress is not None:
                             progress(done, total)
             except _SizeOverrun as overrun:
-                files.remove_if_present(part)
+                discard_part(part)
                 raise install_error(
                     entry,
                     dest,

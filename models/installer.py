@@ -7,8 +7,10 @@ against the catalog's size and sha256 (where known) and only then renamed into p
 :func:`is_installed` does not re-hash a 1 GB file on every run (only when its size or mtime
 changed).
 
-Two installs of the same entry into the same folder at the same time are not supported (they
-would share the ``.part`` file); run one download per model.
+Two installs of the same entry into the same folder at the same time (two Blender processes or
+farm nodes sharing a models folder) take turns on a cross-process lock (models/install_lock.py):
+the second waits, then finds the model installed; when the wait runs out it says that another
+process is installing it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from ..runtime.errors import ModelFileError, ModelInstallError, OperationCancelled
@@ -24,16 +27,19 @@ from .catalog_entry import CatalogEntry
 from .download import (
     CancelCallback,
     ProgressCallback,
+    discard_part,
     download_to_part,
     install_error,
     looks_like_text_not_model,
     manual_hint,
 )
+from .install_lock import install_lock
 
 DEFAULT_CHUNK_SIZE = 1 << 20  # 1 MiB
 HASH_CHUNK_SIZE = 1 << 20
 SIDECAR_SUFFIX = ".verified.json"
 PART_SUFFIX = ".part"
+DEFAULT_LOCK_WAIT = 3600.0  # another process's download of a large model can take that long
 
 
 
@@ -86,9 +92,14 @@ def _read_sidecar(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def _write_sidecar(entry: CatalogEntry, dest: Path, sidecar: Path, sha256: str) -> None:
+def _write_sidecar(
+    entry: CatalogEntry, dest: Path, sidecar: Path, sha256: str, *, first_sha256: str | None = None
+) -> None:
     st = dest.stat()
     payload = {
+        # what the first install of this file got: for an entry the catalog has no checksum
+        # for, the one any later copy is compared with
+        "first_sha256": first_sha256 or sha256,
         "entry_id": entry.id,
         "filename": dest.name,
         "size": st.st_size,
@@ -142,9 +153,10 @@ def verify_installed(
             f"{entry.title}: {str(dest)!r} has {st.st_size} bytes, expected {entry.size_bytes}. "
             "The file is incomplete or a different version; remove it and install again."
         )
+    sidecar = sidecar_path(entry, models_dir)
     if entry.sha256 is None:
-        return dest
-    if _sidecar_vouches(entry, st, sidecar_path(entry, models_dir)):
+        return _verify_against_first_install(entry, dest, st, sidecar, cancel)
+    if _sidecar_vouches(entry, st, sidecar):
         return dest
     got = sha256_file(dest, cancel=cancel)
     if got != entry.sha256:
@@ -152,7 +164,29 @@ def verify_installed(
             f"{entry.title}: {str(dest)!r} has sha256 {got}, expected {entry.sha256}. "
             "The file is damaged or a different version; remove it and install again."
         )
-    _write_sidecar(entry, dest, sidecar_path(entry, models_dir), got)
+    _write_sidecar(entry, dest, sidecar, got, first_sha256=(_read_sidecar(sidecar) or {}).get("first_sha256"))
+    return dest
+
+
+def _verify_against_first_install(
+    entry: CatalogEntry, dest: Path, st: os.stat_result, sidecar: Path, cancel: CancelCallback | None
+) -> Path:
+    """No catalog checksum: a file that changed since it was installed must still have the sha256
+    recorded then (a file dropped in by hand, with no record, is taken as it is)."""
+    recorded = _read_sidecar(sidecar)
+    if recorded is None or not recorded.get("sha256"):
+        return dest
+    if recorded.get("size") == st.st_size and recorded.get("mtime_ns") == st.st_mtime_ns:
+        return dest
+    got = sha256_file(dest, cancel=cancel)
+    if got != recorded["sha256"]:
+        raise ModelFileError(
+            f"{entry.title}: {str(dest)!r} changed since it was installed (sha256 {got}, "
+            f"recorded at install {recorded['sha256']}). The catalog has no checksum for this "
+            "model, so the change cannot be checked: remove it and install again, or register "
+            "your own file by path if you replaced it on purpose."
+        )
+    _write_sidecar(entry, dest, sidecar, got, first_sha256=recorded.get("first_sha256"))
     return dest
 
 
@@ -194,7 +228,7 @@ def remove(entry: CatalogEntry, models_dir: str | os.PathLike) -> bool:
     if not entry.is_user:
         removed |= files.remove_if_present(model_path(entry, models_dir))
     removed |= files.remove_if_present(sidecar_path(entry, models_dir))
-    removed |= files.remove_if_present(part_path(entry, models_dir))
+    removed |= discard_part(part_path(entry, models_dir))
     return removed
 
 
@@ -211,6 +245,8 @@ def install(
     cancel: CancelCallback | None = None,
     timeout: float = 30,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    lock_wait: float = DEFAULT_LOCK_WAIT,
+    waiting: Callable[[str], None] | None = None,
 ) -> Path:
     """Download ``entry`` into ``models_dir`` (resuming a partial download) and return its path.
 
@@ -220,6 +256,10 @@ def install(
     Network and HTTP failures raise :class:`ModelInstallError` naming the URL, what went wrong
     and the exact file path where the model can be saved by hand. A size or checksum mismatch
     deletes the partial file. An already installed, verified model returns at once.
+
+    While another process installs the same file, this one waits up to ``lock_wait`` seconds
+    (``waiting(holder)`` is called once when that happens) and then returns the model it
+    installed, or raises :class:`ModelInstallError` saying who is installing it.
     """
     if chunk_size <= 0:
         raise ValueError("chunk_size must be positive")
@@ -250,11 +290,23 @@ def install(
             "Choose another models folder in the add-on preferences."
         ) from exc
 
+    with install_lock(dest, entry.title, wait=lock_wait, cancel=cancel, waiting=waiting):
+        if is_installed(entry, models_dir):  # another process installed it while we waited
+            size = dest.stat().st_size
+            if progress is not None:
+                progress(size, size)
+            return dest
+        return _download_and_install(entry, models_dir, dest, progress, cancel, timeout, chunk_size)
+
+
+def _download_and_install(entry, models_dir, dest, progress, cancel, timeout, chunk_size) -> Path:
     part = part_path(entry, models_dir)
     download_to_part(entry, dest, part, progress, cancel, timeout, chunk_size)
     digest = _verify_part(entry, dest, part, cancel)
 
-    # Drop any stale sidecar before the file changes underneath it.
+    # Drop any stale sidecar before the file changes underneath it (keeping what the first
+    # install got, so a server that later serves another file shows up in the record).
+    first_sha256 = (_read_sidecar(sidecar_path(entry, models_dir)) or {}).get("first_sha256")
     files.remove_if_present(sidecar_path(entry, models_dir))
     try:
         files.replace_into(part, dest)
@@ -263,7 +315,8 @@ def install(
             f"{entry.title} was downloaded and verified, but moving {str(part)!r} to {str(dest)!r} "
             f"failed: {exc}. If Blender is using the old file, restart it and install again."
         ) from exc
-    _write_sidecar(entry, dest, sidecar_path(entry, models_dir), digest)
+    discard_part(part)  # only its validator record is left
+    _write_sidecar(entry, dest, sidecar_path(entry, models_dir), digest, first_sha256=first_sha256)
     size = dest.stat().st_size
     if progress is not None:
         progress(size, size)
@@ -274,23 +327,23 @@ def _verify_part(entry: CatalogEntry, dest: Path, part: Path, cancel: CancelCall
     """Check the finished .part against the catalog; delete it on mismatch. Returns its sha256."""
     size = part.stat().st_size
     if entry.size_bytes is not None and size != entry.size_bytes:
-        files.remove_if_present(part)
+        discard_part(part)
         raise ModelInstallError(
             f"Download of {entry.title} from {entry.url} has the wrong size: expected "
             f"{entry.size_bytes} bytes, got {size}. The partial file was deleted. "
             + manual_hint(entry, dest)
         )
     if size == 0:
-        files.remove_if_present(part)
+        discard_part(part)
         raise install_error(entry, dest, "the server sent an empty file")
     with open(part, "rb") as fh:
         head = fh.read(256)
     if looks_like_text_not_model(head):
-        files.remove_if_present(part)
+        discard_part(part)
         raise install_error(entry, dest, "the server sent a web page or a Git LFS pointer, not the model file")
     digest = sha256_file(part, cancel=cancel)
     if entry.sha256 is not None and digest != entry.sha256:
-        files.remove_if_present(part)
+        discard_part(part)
         raise ModelInstallError(
             f"Download of {entry.title} from {entry.url} failed the checksum: expected sha256 "
             f"{entry.sha256}, got {digest}. The partial file was deleted. " + manual_hint(entry, dest)

@@ -178,6 +178,8 @@ def run(
             used = max(tiled.tile_size)
             if fixed is None:  # a tile larger than the image ran as one window of the image's size
                 used = min(used, max(size) + 2 * overlap)
+            if job.handle.fallback_warning:  # CUDA asked for, CPU given: the user must hear it
+                warnings.append(job.handle.fallback_warning)
             results.add(UpscaleResult(image, int(scale), int(used), warnings))
         options.report(1.0, "done")
     return results.value(was_single)

@@ -13,6 +13,7 @@ from .errors import (
     ModelInstallError,
     OperationCancelled,
     ProviderUnavailableError,
+    SessionClosedError,
 )
 from .memory import format_snapshot, memory_snapshot
 from .operation import Operation
@@ -35,6 +36,7 @@ __all__ = [
     "ProviderUnavailableError",
     "Runtime",
     "RuntimeSettings",
+    "SessionClosedError",
     "SessionHandle",
     "TensorInfo",
     "env_cpu_arena_config",

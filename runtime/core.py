@@ -17,9 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
+from . import load_errors
 from .errors import (
+    DeviceSpecError,
     InferenceOutOfMemoryError,
     ModelFileError,
+    SessionClosedError,
     first_line,
 )
 from .events import EventLog
@@ -83,6 +86,21 @@ def env_cpu_arena_config() -> dict | None:
     return None if _env_cpu_arena is None else dict(_env_cpu_arena)
 
 
+def visible_cuda_count() -> int | None:
+    """GPUs CUDA will number 0..N-1: the driver's count, narrowed by CUDA_VISIBLE_DEVICES."""
+    count = nvidia_gpu_count()
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if mask is None or count is None:
+        return count
+    listed = []
+    for item in mask.split(","):
+        item = item.strip()
+        if not item or item.startswith("-"):
+            break  # CUDA stops at the first invalid entry
+        listed.append(item)
+    return min(count, len(listed))
+
+
 def default_session_factory(model_path: str, session_options, providers):
     return onnxruntime_module().InferenceSession(model_path, sess_options=session_options, providers=providers)
 
@@ -124,16 +142,31 @@ class Runtime:
                 f"Model file not found: {path}. Install the model from the add-on preferences "
                 "(Lean Image AI > Models) or put the file at that path."
             ) from None
+        except RuntimeError as exc:  # Python < 3.13: "Symlink loop from ..."
+            raise load_errors.symlink_loop(path) from exc
         except OSError as exc:
-            raise ModelFileError(f"Cannot read model file {path}: {exc.strerror or exc}.") from exc
+            raise load_errors.os_error(path, exc) from exc
         if not path.is_file():
-            raise ModelFileError(f"Model path {path} is not a file.")
+            raise ModelFileError(
+                f"Model path {path} is not a file (a folder or a device). Choose the .onnx file "
+                "itself, or install the model again from the add-on preferences."
+            )
+        try:  # the OS's own answer (permission, busy), before onnxruntime turns it into prose
+            os.close(os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0)))
+        except OSError as exc:
+            raise load_errors.os_error(path, exc) from exc
         # size + mtime: a model replaced on disk gets a new session instead of a stale one
         return path, (str(path), stat.st_size, stat.st_mtime_ns)
 
-    def session(self, model_path, device: str | DeviceRequest = "auto") -> SessionHandle:
-        """The cached session for (model file, device, runtime settings); created on first use."""
+    def session(self, model_path, device: str | DeviceRequest = "auto", *, holder=None) -> SessionHandle:
+        """The cached session for (model file, device, runtime settings); created on first use.
+
+        ``holder`` (an Operation) marks the session as in use by that job until it ends: an
+        eviction meanwhile drops it from the cache but the job keeps running on it.
+        """
         request = parse_device(device)
+        if request.kind == "cuda":
+            self._check_gpu_index(request)
         path, identity = self._model_identity(model_path)
         settings = self.settings
         available = self._available_providers()
@@ -148,12 +181,42 @@ class Runtime:
         key = (identity, str(request), settings.gpu_mem_limit_bytes, cpu_arena, settings.intra_op_threads)
         with self._lock:
             handle = self._sessions.get(key)
+            if handle is None and holder is not None:
+                # evicted while this job was using it: the job finishes on the session it began with
+                handle = holder.held_session(key)
             if handle is not None:
                 self.events.emit("session_reuse", model=handle.model_name, device=handle.device_label)
-                return handle
-            handle = self._create(key, path, request, providers, cpu_arena)
-            self._sessions[key] = handle
+            else:
+                handle = self._create(key, path, request, providers, cpu_arena)
+                self._sessions[key] = handle
+            if holder is not None:
+                self.hold(handle, holder)
             return handle
+
+    def hold(self, handle: SessionHandle, holder) -> None:
+        """Mark ``handle`` as used by ``holder`` until :meth:`unhold`; raises SessionClosedError
+        when its session was already dropped."""
+        with self._lock:
+            if handle.session is None:
+                raise SessionClosedError(
+                    f"{handle.model_name} was unloaded ({handle.evict_reason or 'evicted'}) before this "
+                    "job could run it; nothing was written. Run the job again: it loads the model anew.",
+                    model=handle.model_name,
+                )
+            handle.holders.add(id(holder))
+
+    def unhold(self, handle: SessionHandle, holder) -> None:
+        """``holder`` is done with ``handle``; an evicted session goes with its last holder."""
+        with self._lock:
+            handle.holders.discard(id(holder))
+            drop = handle.evicted and not handle.holders and handle.session is not None
+            if drop:
+                handle.session = None
+        if drop:
+            gc.collect()
+            self.events.emit(
+                "session_closed", model=handle.model_name, device=handle.device_label, reason=handle.evict_reason
+            )
 
     def _create(self, key, path: Path, request: DeviceRequest, providers, cpu_arena: bool) -> SessionHandle:
         ort = onnxruntime_module()
@@ -184,10 +247,8 @@ class Runtime:
                 ) from exc
             if not type(exc).__module__.startswith("onnxruntime"):
                 raise
-            raise ModelFileError(
-                f"Could not load {path} as an ONNX model ({first_line(exc)}). The file may be "
-                "truncated or corrupt: remove it and install it again."
-            ) from exc
+            on_device = providers[0][0] != CPU
+            raise load_errors.load_failure(exc, path, device=str(request), on_device=on_device) from exc
         handle = SessionHandle(key, path, request, session, cpu_arena=cpu_arena)
         self.sessions_created += 1
         self.events.emit(
@@ -209,6 +270,19 @@ class Runtime:
             )
         return handle
 
+    def _check_gpu_index(self, request: DeviceRequest) -> None:
+        """``cuda:N`` beyond the visible GPUs is a mistake to report, not a reason to run on CPU.
+        (``cuda:0`` with no GPU at all stays a fallback with a warning.)"""
+        count = visible_cuda_count()
+        if count is None or request.index < count or (count == 0 and request.index == 0):
+            return
+        visible = ", ".join(f"cuda:{i}" for i in range(count)) if count else "none"
+        raise DeviceSpecError(
+            f"Device '{request}' names GPU {request.index}, but {count} NVIDIA GPU(s) are visible "
+            f"to this process (visible: {visible}). Choose one of those, or 'auto' or 'cpu'"
+            + ("; check CUDA_VISIBLE_DEVICES." if os.environ.get("CUDA_VISIBLE_DEVICES") is not None else ".")
+        )
+
     def _cuda_usable(self) -> bool:
         if self._cuda_usable_cache is None:
             count = nvidia_gpu_count()
@@ -228,18 +302,29 @@ class Runtime:
         with self._lock:
             return list(self._sessions.values())
 
-    def evict(self, handle: SessionHandle, reason: str) -> None:
-        """Drop a session (weights and its arenas go with it)."""
+    def evict(self, handle: SessionHandle, reason: str, *, force: bool = False) -> None:
+        """Drop a session from the cache. Its weights and arenas go now, or, while operations
+        still use it, when the last of them ends (``force``: now, for the job that holds it
+        and must free its memory, such as after running out of it)."""
         with self._lock:
             if self._sessions.get(handle.key) is handle:
                 del self._sessions[handle.key]
             already = handle.evicted
             handle.evicted = True
-            handle.session = None
-        if not already:
+            if not already:
+                handle.evict_reason = reason
+            dropped = handle.session is not None and (force or not handle.holders)
+            if dropped:
+                handle.session = None
+        if dropped:
             gc.collect()
+        if not already:
             self.events.emit(
-                "session_evict", model=handle.model_name, device=handle.device_label, reason=reason
+                "session_evict",
+                model=handle.model_name,
+                device=handle.device_label,
+                reason=reason,
+                in_use=not dropped and handle.session is not None,
             )
 
     def clear(self, reason: str = "clear") -> None:

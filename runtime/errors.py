@@ -56,3 +56,11 @@ class ModelInstallError(LeanImageError):
 
 class InferenceError(LeanImageError):
     """A model run failed for a reason other than memory (bad input shape, provider error)."""
+
+
+class SessionClosedError(InferenceError):
+    """A model's session was unloaded (evicted) before the job could run it; nothing was written."""
+
+    def __init__(self, message, *, model):
+        super().__init__(message)
+        self.model = model

@@ -7,7 +7,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .errors import InferenceError, InferenceOutOfMemoryError, OperationCancelled, first_line
+from .errors import (
+    InferenceError,
+    InferenceOutOfMemoryError,
+    OperationCancelled,
+    SessionClosedError,
+    first_line,
+)
 from .memory import memory_snapshot
 from .oom import out_of_memory_resource
 from .providers import SHRINK_CONFIG_KEY
@@ -38,6 +44,7 @@ class Operation:
         self._started = None
         self.release_events: list[dict] = []
         self._before: dict[int, dict] = {}  # by id(handle): memory before its first run here
+        self._held: dict[tuple, SessionHandle] = {}  # by cache key: the sessions this job uses
 
     def __enter__(self):
         self._started = time.perf_counter()
@@ -45,7 +52,15 @@ class Operation:
         return self
 
     def session(self, model_path, device="auto") -> SessionHandle:
-        return self.runtime.session(model_path, device)
+        """The session for a model; the job keeps it until it ends, even if it is evicted meanwhile."""
+        handle = self.runtime.session(model_path, device, holder=self)
+        self._held[handle.key] = handle
+        return handle
+
+    def held_session(self, key) -> SessionHandle | None:
+        """The session this job already uses for a cache key, if it is still loaded."""
+        handle = self._held.get(key)
+        return handle if handle is not None and handle.session is not None else None
 
     @property
     def cancelled(self) -> bool:
@@ -62,8 +77,17 @@ class Operation:
             raise RuntimeError("Operation.run() called outside its `with` block")
         if id(handle) in self._finished:
             raise RuntimeError(f"{handle.model_name} already made its final run in operation {self.name!r}")
-        if handle.evicted or handle.session is None:
-            raise RuntimeError(f"{handle.model_name}'s session was evicted; get a new one with op.session()")
+        if self._held.get(handle.key) is not handle:
+            self.runtime.hold(handle, self)  # a handle from runtime.session(): this job uses it now
+            self._held[handle.key] = handle
+        session = handle.session
+        if session is None:  # dropped for good (out of memory, or a forced eviction)
+            raise SessionClosedError(
+                f"{handle.model_name} was unloaded ({handle.evict_reason or 'evicted'}) while "
+                f"{self.name} was running; nothing was written. Run the job again: it loads the "
+                "model anew.",
+                model=handle.model_name,
+            )
         self.check_cancelled()
         settings = self.runtime.settings
         release_now = last and settings.release_memory and bool(handle.shrink)
@@ -79,7 +103,7 @@ class Operation:
         self._dirty[id(handle)] = handle
         try:
             try:
-                outputs = handle.session.run(names, feeds, run_options)
+                outputs = session.run(names, feeds, run_options)
             except Exception as exc:
                 if not (release_now and _ARENA_NOT_FOUND in str(exc)):
                     raise
@@ -93,7 +117,7 @@ class Operation:
                 )
                 handle.shrink = ""
                 release_now = False
-                outputs = handle.session.run(names, feeds, ort.RunOptions())
+                outputs = session.run(names, feeds, ort.RunOptions())
         except Exception as exc:
             resource = out_of_memory_resource(exc, on_gpu=handle.gpu_device_id is not None)
             if resource is None:
@@ -101,7 +125,7 @@ class Operation:
                     f"{handle.model_name} failed on {handle.device_label}: {first_line(exc)}"
                 ) from exc
             self._dirty.pop(id(handle), None)
-            self.runtime.evict(handle, reason="out_of_memory")
+            self.runtime.evict(handle, reason="out_of_memory", force=True)
             self.runtime.events.emit(
                 "out_of_memory",
                 operation=self.name,
@@ -165,6 +189,9 @@ class Operation:
             outcome = "out_of_memory"
         else:
             outcome = "error"
+        for handle in self._held.values():  # an evicted session goes with its last job
+            self.runtime.unhold(handle, self)
+        self._held.clear()
         if self._dirty and self.runtime.settings.release_memory:
             self._release_after_abort(outcome)
         self._dirty.clear()

@@ -38,6 +38,11 @@ class DeviceRequest:
 def parse_device(device: str | DeviceRequest | None) -> DeviceRequest:
     if isinstance(device, DeviceRequest):
         return device
+    if device is not None and not str(device).strip():
+        raise DeviceSpecError(
+            "The device is empty. Use one of: 'auto', 'cpu', 'cuda', 'cuda:N', 'directml', "
+            "'directml:N', 'coreml' (or leave the option out for 'auto')."
+        )
     text = (device or "auto").strip().lower()
     match = _DEVICE_RE.match(text)
     if not match:

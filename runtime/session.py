@@ -63,6 +63,10 @@ class SessionHandle:
                 "Check the NVIDIA driver and the onnxruntime-gpu install; results are correct but slower."
             )
         self.evicted = False
+        self.evict_reason: str | None = None
+        # operations that are using this session: an eviction drops it from the cache at once,
+        # but the session itself (its weights and arenas) only when the last of them ends
+        self.holders: set[int] = set()
 
     @property
     def device_label(self) -> str:

@@ -6,6 +6,7 @@ Used through the `server` fixture in conftest.py; it only ever listens on 127.0.
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import hashlib
 import threading
 import time
@@ -41,6 +42,11 @@ class _Handler(BaseHTTPRequestHandler):
             return
         start = 0
         rng = self.headers.get("Range")
+        etag, modified = _validators(body)
+        if_range = self.headers.get("If-Range")
+        srv.requests[-1]["if_range"] = if_range
+        if rng and if_range and srv.honour_if_range and if_range not in (etag, modified):
+            rng = None  # RFC 9110: the file changed since the client's copy began, send all of it
         if rng and not srv.ignore_range:
             start = int(rng.split("=", 1)[1].split("-", 1)[0])
             if start >= len(body):
@@ -54,6 +60,9 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self.send_response(200)
         rest = body[start:]
+        if srv.validators:
+            self.send_header("ETag", etag)
+            self.send_header("Last-Modified", modified)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(len(rest)))
         self.end_headers()
@@ -72,6 +81,12 @@ class _Handler(BaseHTTPRequestHandler):
             pass  # the client cancelled
 
 
+def _validators(body: bytes) -> tuple[str, str]:
+    """A strong ETag and a Last-Modified date, both of which change with the content."""
+    digest = hashlib.sha256(body).hexdigest()
+    return f'"{digest[:16]}"', email.utils.formatdate(1_600_000_000 + int(digest[:6], 16), usegmt=True)
+
+
 class ModelServer(ThreadingHTTPServer):
     daemon_threads = True
 
@@ -80,6 +95,8 @@ class ModelServer(ThreadingHTTPServer):
         self.files: dict[str, bytes] = {}
         self.requests: list[dict] = []
         self.ignore_range = False
+        self.validators = True  # send ETag and Last-Modified
+        self.honour_if_range = True  # False: a server that sends the range whatever If-Range says
         self.truncate_after: int | None = None
         self.delay = 0.0
         self.throttle = 0.0

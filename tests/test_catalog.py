@@ -282,3 +282,11 @@ def test_default_models_dir_per_user_cache(monkeypatch, tmp_path):
         assert got == tmp_path / ".cache" / "lean_image_ai" / "models"
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
         assert library.models_dir() == tmp_path / "xdg" / "lean_image_ai" / "models"
+
+
+@pytest.mark.parametrize("name", ["..", ".", "../x.onnx", "a\\\\b.onnx"])
+def test_catalog_file_name_must_stay_in_the_models_folder(name):
+    from model_server import loopback_entry
+
+    with pytest.raises(ValueError, match="must be a bare file name .*fix the entry"):
+        loopback_entry(None, None, filename=name)

@@ -273,3 +273,46 @@ def test_the_readme_demo_can_run_twice(tmp_path):
         done = cli("upscale", "--device", "cpu", cwd=tmp_path)
         assert done.returncode == 0, done.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["demo_upscaled.png"]
+
+
+def _png_header_claiming(path, width, height):
+    """A real small PNG whose IHDR is rewritten to claim width x height (a decompression bomb's
+    header: Pillow reads the size before any pixel data)."""
+    import struct
+    import zlib
+
+    Image.new("RGB", (4, 4)).save(path)
+    data = bytearray(path.read_bytes())
+    ihdr = data[12:29]  # b"IHDR" + 13 bytes
+    ihdr[4:12] = struct.pack(">II", width, height)
+    data[12:29] = ihdr
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(ihdr)))
+    path.write_bytes(bytes(data))
+
+
+def test_decompression_bomb_is_a_clear_error_and_the_limit_can_be_raised(tmp_path):
+    import os
+
+    bomb = tmp_path / "bomb.png"
+    _png_header_claiming(bomb, 40000, 40000)
+    result = cli("upscale", str(bomb), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "1,600,000,000 pixels" in result.stderr and "decompression bomb" in result.stderr
+    assert "LEAN_IMAGE_AI_MAX_PIXELS=1600000000" in result.stderr
+    assert "DecompressionBombError" not in result.stderr + result.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bomb.png"], "no partial output"
+
+    # a genuine image over a (lowered) limit is refused, then accepted once the setting allows it
+    small = tmp_path / "big.png"
+    Image.fromarray(np.zeros((30, 30, 3), np.uint8)).save(small)
+    env = {**os.environ, "LEAN_IMAGE_AI_MAX_PIXELS": "100"}
+    refused = subprocess.run(
+        [sys.executable, "-m", "lean_image_ai", "upscale", str(small)], capture_output=True, text=True, env=env
+    )
+    assert refused.returncode == 2 and "900 pixels" in refused.stderr
+    env["LEAN_IMAGE_AI_MAX_PIXELS"] = "900"
+    accepted = subprocess.run(
+        [sys.executable, "-m", "lean_image_ai", "upscale", str(small)], capture_output=True, text=True, env=env
+    )
+    assert accepted.returncode == 0, accepted.stderr
+    assert (tmp_path / "big_upscaled.png").is_file()

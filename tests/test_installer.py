@@ -6,7 +6,10 @@ import hashlib
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -219,12 +222,99 @@ def test_server_ignoring_range_restarts_cleanly(server, payload, tmp_path):
 
 def test_part_larger_than_remote_file_restarts(server, payload, tmp_path):
     server.files["/m.onnx"] = payload
-    entry = loopback_entry(server.url("/m.onnx"), None)  # size unknown: the server's 416 tells us
+    # size unknown; a checksum, so the .part (with no validator record) may be resumed: the
+    # server's 416 says it does not fit
+    entry = loopback_entry(server.url("/m.onnx"), None, sha256=hashlib.sha256(payload).hexdigest())
     part = installer.part_path(entry, tmp_path)
     part.write_bytes(os.urandom(PAYLOAD_SIZE + 10))
     path = installer.install(entry, tmp_path)
     assert [r["range"] for r in server.requests] == [f"bytes={PAYLOAD_SIZE + 10}-", None]
     assert path.read_bytes() == payload
+
+
+# -- a resume proves the server still has the same file ---------------------------------------
+
+
+def _cut_download(server, entry, tmp_path, cut):
+    server.truncate_after = cut
+    with pytest.raises(ModelInstallError, match="cut off"):
+        installer.install(entry, tmp_path, chunk_size=CHUNK)
+    assert installer.part_path(entry, tmp_path).stat().st_size == cut
+
+
+@pytest.mark.parametrize("validator", ["etag", "last_modified"])
+def test_resume_after_the_server_file_changed_restarts_from_zero(server, payload, tmp_path, validator):
+    """The file at the URL changes between the cut-off request and the resume: the result is the
+    new file whole, never old start + new end (entries without size or checksum, like DA3)."""
+    server.files["/m.onnx"] = payload
+    entry = loopback_entry(server.url("/m.onnx"), None)  # no size, no sha256
+    _cut_download(server, entry, tmp_path, 100 * 1024)
+    record = json.loads((tmp_path / "test-model.onnx.part.json").read_text())
+    if validator == "last_modified":  # a server that sends no ETag: Last-Modified proves it
+        record["etag"] = None
+        (tmp_path / "test-model.onnx.part.json").write_text(json.dumps(record))
+    new = os.urandom(PAYLOAD_SIZE)  # same size: only a validator can tell them apart
+    server.files["/m.onnx"] = new
+
+    path = installer.install(entry, tmp_path, chunk_size=CHUNK)
+
+    resume = server.requests[-1]
+    assert resume["range"] == "bytes=102400-"
+    assert resume["if_range"] == (record["etag"] or record["last_modified"])
+    assert path.read_bytes() == new
+    assert not installer.part_path(entry, tmp_path).exists()
+    assert not (tmp_path / "test-model.onnx.part.json").exists()
+    sidecar = json.loads(installer.sidecar_path(entry, tmp_path).read_text())
+    assert sidecar["sha256"] == sidecar["first_sha256"] == hashlib.sha256(new).hexdigest()
+
+
+def test_resume_of_an_unchanged_file_appends(server, payload, tmp_path):
+    server.files["/m.onnx"] = payload
+    entry = loopback_entry(server.url("/m.onnx"), None)
+    _cut_download(server, entry, tmp_path, 100 * 1024)
+    path = installer.install(entry, tmp_path, chunk_size=CHUNK)
+    assert server.requests[-1]["if_range"] is not None
+    assert len(server.requests) == 2, "resumed, not restarted"
+    assert path.read_bytes() == payload
+
+
+def test_server_ignoring_if_range_is_caught_by_its_etag(server, payload, tmp_path):
+    server.files["/m.onnx"] = payload
+    server.honour_if_range = False  # sends the range of the *new* file
+    entry = loopback_entry(server.url("/m.onnx"), None)
+    _cut_download(server, entry, tmp_path, 100 * 1024)
+    new = os.urandom(PAYLOAD_SIZE)
+    server.files["/m.onnx"] = new
+    path = installer.install(entry, tmp_path, chunk_size=CHUNK)
+    assert [r["range"] for r in server.requests[1:]] == ["bytes=102400-", None]
+    assert path.read_bytes() == new
+
+
+def test_part_without_validator_or_checksum_starts_over(server, payload, tmp_path):
+    server.files["/m.onnx"] = payload
+    server.validators = False
+    entry = loopback_entry(server.url("/m.onnx"), None)
+    _cut_download(server, entry, tmp_path, 100 * 1024)
+    new = os.urandom(PAYLOAD_SIZE)
+    server.files["/m.onnx"] = new
+    path = installer.install(entry, tmp_path, chunk_size=CHUNK)
+    assert server.requests[-1]["range"] is None, "nothing proves the .part is the same file"
+    assert path.read_bytes() == new
+
+
+def test_entry_without_checksum_shows_a_later_change(server, payload, tmp_path):
+    server.files["/m.onnx"] = payload
+    entry = loopback_entry(server.url("/m.onnx"), None)
+    path = installer.install(entry, tmp_path)
+    changed = bytearray(payload)
+    changed[1000] ^= 0xFF
+    path.write_bytes(bytes(changed))
+    with pytest.raises(ModelFileError) as info:
+        installer.verify_installed(entry, tmp_path)
+    msg = str(info.value)
+    assert "changed since it was installed" in msg and hashlib.sha256(payload).hexdigest() in msg
+    assert "install again" in msg
+    assert not installer.is_installed(entry, tmp_path)
 
 
 def test_html_page_instead_of_model_is_rejected(server, tmp_path):
@@ -411,3 +501,100 @@ def test_builtin_model_paths_live_in_the_models_dir(tmp_path):
     for entry in BUILTIN_ENTRIES:
         assert installer.model_path(entry, tmp_path) == tmp_path / entry.filename
         assert not installer.is_installed(entry, tmp_path)
+
+
+# -- two processes installing the same model into one folder ---------------------------------
+
+
+def _install_process(server, tmp_path, payload, *, sha: bool, wait: float) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("install_job.py")),
+            server.url("/m.onnx"),
+            str(tmp_path),
+            "-",
+            hashlib.sha256(payload).hexdigest() if sha else "-",
+            str(wait),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_until(condition, what: str, limit: float = 60):
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.02)
+
+
+def _outcome(proc: subprocess.Popen) -> tuple[list[str], dict]:
+    out, err = proc.communicate(timeout=120)
+    lines = out.strip().splitlines()
+    assert lines, err
+    return lines, json.loads(lines[-1])
+
+
+@pytest.mark.parametrize("sha", [True, False], ids=["with-checksum", "no-checksum"])
+def test_second_process_waits_then_finds_the_model_installed(server, payload, tmp_path, sha):
+    """Process A is held mid-request by the server (holding the install); process B starts, must
+    wait for A, then find the model installed without a download of its own."""
+    server.files["/m.onnx"] = payload
+    server.hold = threading.Event()
+    first = _install_process(server, tmp_path, payload, sha=sha, wait=60)
+    second = None
+    try:
+        _wait_until(lambda: server.held == 1, "the first install's request")
+        second = _install_process(server, tmp_path, payload, sha=sha, wait=60)
+        assert second.stdout.readline().startswith("waiting: process"), "B must wait for A"
+        server.hold.set()
+        _, a = _outcome(first)
+        lines, b = _outcome(second)
+    finally:
+        server.hold.set()
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    assert a["ok"] and b["ok"], (a, b)
+    assert len(server.requests) == 1, "the second process found the model installed"
+    dest = tmp_path / "test-model.onnx"
+    assert dest.read_bytes() == payload
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["test-model.onnx", "test-model.onnx.verified.json"]
+
+
+def test_second_process_that_cannot_wait_says_another_is_installing(server, payload, tmp_path):
+    server.files["/m.onnx"] = payload
+    server.hold = threading.Event()
+    first = _install_process(server, tmp_path, payload, sha=False, wait=60)
+    try:
+        _wait_until(lambda: server.held == 1, "the first install's request")
+        second = _install_process(server, tmp_path, payload, sha=False, wait=0.3)
+        lines, b = _outcome(second)
+        server.hold.set()
+        _, a = _outcome(first)
+    finally:
+        server.hold.set()
+        if first.poll() is None:
+            first.kill()
+    assert not b["ok"]
+    assert f"process {first.pid} on" in b["error"]
+    assert "being installed" in b["error"] and "Wait for that install to finish" in b["error"]
+    assert a["ok"] and (tmp_path / "test-model.onnx").read_bytes() == payload
+    assert len(server.requests) == 1
+
+
+def test_a_crashed_installer_releases_its_lock(server, payload, tmp_path):
+    server.files["/m.onnx"] = payload
+    server.hold = threading.Event()
+    first = _install_process(server, tmp_path, payload, sha=False, wait=60)
+    _wait_until(lambda: server.held == 1, "the first install's request")
+    first.kill()  # dies holding the lock
+    first.communicate(timeout=30)
+    server.hold.set()
+    second = _install_process(server, tmp_path, payload, sha=False, wait=5)
+    lines, b = _outcome(second)
+    assert b["ok"], b
+    assert not any(line.startswith("waiting") for line in lines)
+    assert (tmp_path / "test-model.onnx").read_bytes() == payload

@@ -19,6 +19,7 @@ from lean_image_ai.runtime import (
     ProviderUnavailableError,
     Runtime,
     RuntimeSettings,
+    core,
     mark_last,
     memory_snapshot,
 )
@@ -205,8 +206,9 @@ def test_cuda_request_that_falls_back_to_cpu_gets_no_gpu_entry(conv, caplog):
     assert any('"provider_fallback"' in r.getMessage() for r in caplog.records)
 
 
-def test_cuda_session_options_and_run_entries_are_recorded_exactly(conv):
+def test_cuda_session_options_and_run_entries_are_recorded_exactly(conv, monkeypatch):
     """No GPU here: record what the runtime hands to InferenceSession() and run() for CUDA."""
+    monkeypatch.setattr(core, "visible_cuda_count", lambda: 2)  # a machine with two GPUs
     factory = RecordingFactory(
         reported_providers=["CUDAExecutionProvider", CPU],
         reported_options={
@@ -352,7 +354,7 @@ def test_missing_model_file_is_named(tmp_path, conv):
 def test_file_that_is_not_onnx_is_named(tmp_path):
     bad = tmp_path / "photo.onnx"
     bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 100)
-    with pytest.raises(ModelFileError, match="photo.onnx.*truncated or corrupt"):
+    with pytest.raises(ModelFileError, match="photo.onnx.*not a readable ONNX model: it is truncated"):
         Runtime().session(bad, "cpu")
 
 
@@ -369,8 +371,9 @@ def test_truncated_onnx_file_is_named(tmp_path, conv):
 
 @pytest.mark.parametrize("device", ["gpu", "cuda:x", "cpu:1", "vulkan", ""])
 def test_unknown_device_string_is_named(conv, device):
-    if device == "":
-        assert Runtime().session(conv, device).request.kind == "auto"
+    if device == "":  # an empty --device is a mistake, not 'auto'
+        with pytest.raises(DeviceSpecError, match="The device is empty. Use one of"):
+            Runtime().session(conv, device)
         return
     with pytest.raises(DeviceSpecError, match=repr(device)):
         Runtime().session(conv, device)
@@ -512,3 +515,21 @@ def test_a_shrink_entry_the_session_rejects_is_dropped_and_the_run_still_succeed
     assert handle.shrink == ""
     _, again = run_op(runtime, conv, [frame()], device="cuda")
     assert factory.sessions[0].shrink_entries[-1] == "", "later jobs run exactly as before"
+
+
+def test_gpu_index_beyond_the_visible_gpus_is_an_error(conv, monkeypatch):
+    """cuda:99 used to run on CPU and exit 0. The count is this machine's real one (none here)."""
+    count = core.visible_cuda_count()
+    if count is None:
+        pytest.skip("the GPU count cannot be known here")
+    runtime = Runtime(available_providers=lambda: ["CUDAExecutionProvider", CPU])
+    with pytest.raises(DeviceSpecError) as info:
+        runtime.session(conv, "cuda:99")
+    msg = str(info.value)
+    assert "'cuda:99'" in msg and f"{count} NVIDIA GPU(s) are visible" in msg and "'auto' or 'cpu'" in msg
+    assert runtime.cached_sessions() == []
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(core, "nvidia_gpu_count", lambda: 4)  # four GPUs, all hidden by the mask
+    with pytest.raises(DeviceSpecError, match="visible: none.*CUDA_VISIBLE_DEVICES"):
+        runtime.session(conv, "cuda:1")
+    assert runtime.session(conv, "cpu").session is not None, "the next job works"

@@ -377,3 +377,19 @@ def test_out_of_memory_splits_tiles_and_matches_the_uncapped_result(tmp_path, fr
     reference = upscale.run(image, model, options=opts(fresh_runtime), tile_size=None)
     assert not fresh_runtime.events.recent("tile_split")  # uncapped: one window was enough
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), reference.image, rtol=0, atol=ATOL)
+
+
+def test_cuda_fallback_warning_reaches_the_upscale_result(models, monkeypatch):
+    """A CUDA request that lands on CPU (a real session reporting CPU only, as on a machine whose
+    CUDA libraries fail) is a warning in the result, like BEN2/DA3/MoGe-2."""
+    from lean_image_ai.runtime import core
+
+    monkeypatch.setattr(core, "visible_cuda_count", lambda: 1)
+    factory = RecordingFactory(reported_providers=["CPUExecutionProvider"])
+    runtime = Runtime(
+        session_factory=factory, available_providers=lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    )
+    result = upscale.run(
+        picture(16, 16), models["x2"], options=JobOptions(device="cuda:0", runtime=runtime), tile_size=None
+    )
+    assert any("CUDA was requested" in w and "CPU" in w for w in result.warnings), result.warnings
