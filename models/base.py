@@ -77,8 +77,9 @@ def check_contract(
     Raises a ModelContractError that names what the family expects and what the file has.
     """
     problems = []
-    if len(handle.inputs) < len(inputs):
-        problems.append(f"expected {len(inputs)} input(s), found {len(handle.inputs)}")
+    if len(handle.inputs) != len(inputs):  # an extra input would only fail later, in ORT's words
+        names = ", ".join(f"'{i.name}'" for i in handle.inputs)
+        problems.append(f"expected {len(inputs)} input(s), found {len(handle.inputs)} ({names})")
     if len(handle.outputs) < len(outputs):
         problems.append(f"expected at least {len(outputs)} output(s), found {len(handle.outputs)}")
     for kind, specs, infos in (("input", inputs, handle.inputs), ("output", outputs, handle.outputs)):

@@ -150,10 +150,15 @@ class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
         try:
             summary = self.apply(context, inputs, job.result)
         except Exception as exc:
-            if not isinstance(exc, LeanImageError):
+            if not isinstance(exc, LeanImageError | ReferenceError):
                 traceback.print_exc()
             job.discard()
-            text = str(exc) if isinstance(exc, LeanImageError) else f"Unexpected error: {type(exc).__name__}: {exc}"
+            if isinstance(exc, ReferenceError):  # Blender's word for a datablock removed meanwhile
+                text = f"Image '{inputs.info.name}' was removed while the job ran; nothing was changed. Run it again."
+            elif isinstance(exc, LeanImageError):
+                text = str(exc)
+            else:
+                text = f"Unexpected error: {type(exc).__name__}: {exc}"
             job.state, job.error_text = "failed", text
             self.report({"ERROR"}, text)
             return {"CANCELLED"}

@@ -10,6 +10,7 @@ import numpy as np
 from .errors import (
     InferenceError,
     InferenceOutOfMemoryError,
+    ModelContractError,
     OperationCancelled,
     SessionClosedError,
     first_line,
@@ -191,6 +192,9 @@ class Operation:
             outcome = "error"
         for handle in self._held.values():  # an evicted session goes with its last job
             self.runtime.unhold(handle, self)
+            if isinstance(exc, ModelContractError) and not handle.evicted:
+                # a model that does not fit the job is of no use cached: give its weights back
+                self.runtime.evict(handle, reason="model contract")
         self._held.clear()
         if self._dirty and self.runtime.settings.release_memory:
             self._release_after_abort(outcome)

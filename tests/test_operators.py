@@ -154,6 +154,29 @@ def test_remove_background_replace_in_image_editor(models):
     assert np.abs(got[..., :3] - pixels[..., :3]).max() <= 1 / 255
 
 
+def test_source_image_removed_while_the_job_ran_is_a_clear_error(models, monkeypatch):
+    from lean_image_ai.operators import model_job
+
+    pixels = source_pixels(alpha=True).astype(np.float32) / 255
+    image = bh.make_image("editor", W, H, pixels=pixels)
+    window = bpy.context.window_manager.windows[0]
+    area = window.screen.areas[0]
+    area.type = "IMAGE_EDITOR"
+    area.spaces.active.image = image
+    work = model_job.ModelJobOperator.work
+
+    def work_then_the_artist_deletes_the_image(self, inputs, options):
+        result = work(self, inputs, options)
+        bpy.data.images.remove(inputs.source)  # what deleting it in the UI during the job does
+        return result
+
+    monkeypatch.setattr(model_job.ModelJobOperator, "work", work_then_the_artist_deletes_the_image)
+    with bpy.context.temp_override(window=window, area=area):
+        with pytest.raises(RuntimeError, match="Image 'editor' was removed while the job ran; nothing was changed"):
+            bpy.ops.lean_image_ai.remove_background(model_path=str(models["ben2"]), replace=True)
+    assert counts() == (0, 0, 0, 0)
+
+
 # --- estimate_depth ---------------------------------------------------------------------------
 
 

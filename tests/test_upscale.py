@@ -393,3 +393,20 @@ def test_cuda_fallback_warning_reaches_the_upscale_result(models, monkeypatch):
         picture(16, 16), models["x2"], options=JobOptions(device="cuda:0", runtime=runtime), tile_size=None
     )
     assert any("CUDA was requested" in w and "CPU" in w for w in result.warnings), result.warnings
+
+
+def test_a_model_with_an_extra_input_is_refused_and_not_kept_cached(tmp_path, fresh_runtime):
+    """An SR graph with a second input would fail later in ORT's own words: the contract names
+    both inputs, and the session of a model that does not fit is evicted, not cached."""
+    from onnx import TensorProto, helper
+    from onnx_builders import save_model
+
+    image = helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, "H", "W"])
+    strength = helper.make_tensor_value_info("strength", TensorProto.FLOAT, [1])
+    output = helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 3, "H", "W"])
+    graph = helper.make_graph([helper.make_node("Identity", ["input"], ["output"])], "two_inputs", [image, strength], [output])
+    model = save_model(graph, tmp_path / "two_inputs.onnx")
+    with pytest.raises(ModelContractError, match=r"expected 1 input\(s\), found 2 \('input', 'strength'\)"):
+        upscale.run(np.zeros((8, 8, 3), np.float32), model, options=JobOptions(device="cpu", runtime=fresh_runtime))
+    assert fresh_runtime.cached_sessions() == []
+    assert [e["reason"] for e in fresh_runtime.events.recent("session_evict")] == ["model contract"]
