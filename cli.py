@@ -154,6 +154,12 @@ def _add_family(subparsers, family: Family) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace existing output files")
     parser.add_argument("--skip-existing", action="store_true", help="keep existing outputs, do only the rest")
     parser.add_argument("--stop-on-error", action="store_true", help="stop at the first frame that fails")
+    parser.add_argument(
+        "--shard",
+        type=_shard_arg,
+        help="I/N: only part I of N contiguous parts of the frames (render farms: N tasks cover every "
+        "frame once; use with --skip-existing so a retried task only does what is missing)",
+    )
     for option in family.options:
         if not option.blender_only:
             parser.add_argument(
@@ -170,6 +176,13 @@ def _add_family(subparsers, family: Family) -> None:
 def _frames_arg(text: str) -> range:
     try:
         return sequence.parse_frames(text)
+    except LeanImageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _shard_arg(text: str) -> tuple[int, int] | None:
+    try:
+        return sequence.parse_shard(text)
     except LeanImageError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -215,9 +228,12 @@ def _plan(family: Family, args):
 
         outputs = sequence.output_paths(refs, target, default)
     outputs = [o.resolve() for o in outputs]
+    inputs = [] if source is None else [r.path for r in refs]
+    part = sequence.shard_slice(len(refs), args.shard)  # names come from the whole list, then the split
+    refs, outputs = refs[part], outputs[part]
     skipped = products.plan_outputs(
         family.id,
-        [] if source is None else [r.path for r in refs],
+        inputs,
         outputs,
         overwrite=args.overwrite or source is None,  # the demo replaces its own earlier result
         skip_existing=args.skip_existing,
@@ -237,7 +253,11 @@ def _run(args) -> int:
     values = {o.name: getattr(args, o.name) for o in family.options if hasattr(args, o.name)}
     kwargs = model.adapter_kwargs(family.id, **values)
     height, width = DEMO_SIZE
-    print(f"input: generated demo image {width}x{height}" if demo else f"input: {len(refs)} frame(s) from {refs[0].path}")
+    shard = f" (shard {args.shard[0]}/{args.shard[1]})" if args.shard else ""
+    if demo:
+        print(f"input: generated demo image {width}x{height}{shard}")
+    else:
+        print(f"input: {len(refs)} frame(s){shard}" + (f" from {refs[0].path}" if refs else ""))
     print(f"model: {model.path}")
 
     def read(ref):
@@ -249,9 +269,9 @@ def _run(args) -> int:
     def write(ref, result):
         out = target[ref]
         if family.id == "moge2":
-            written, normals = products.write_geometry(out, result, discontinuity=values.get("discontinuity", 0.04))
-            if normals is not None:
-                cli_images.write_image(written[0].with_name(f"{out.stem}_normal.exr"), normals)
+            products.write_geometry(
+                out, result, discontinuity=values.get("discontinuity", 0.04), write_normals=cli_images.write_image
+            )
         else:
             for note in cli_images.write_image(out, products.image_product(family.id, result, out.suffix)):
                 print(f"warning: {note}")
@@ -284,6 +304,7 @@ def _run(args) -> int:
     after = memory_snapshot(gpu_id)
     summary = {
         "command": family.command,
+        **({"shard": f"{args.shard[0]}/{args.shard[1]}", "frame_numbers": [r.number for r in refs]} if args.shard else {}),
         **report.as_dict(),
         "memory": {"rss_before": before.get("rss_bytes"), "rss_peak": peak_rss_bytes(), "rss_after": after.get("rss_bytes")},
     }

@@ -1,7 +1,11 @@
 """Process an image sequence on a render node:
 
     blender --background --python-exit-code 1 --python examples/farm_sequence.py -- \\
-        depth /shots/plate_####.exr /out/ --frames 1001-1100 [--skip-existing] [--model-id ID]
+        depth /shots/plate_####.exr /out/ --frames 1001-1100 [--shard I/N] [--skip-existing] [--model-id ID]
+
+--shard I/N (a render farm's task I of N) processes only part I of N contiguous parts of the frames
+(models/sequence.py's shard_slice); with --skip-existing a retried or duplicated task redoes only
+what is missing, and every file is written all or nothing.
 
 Commands: remove-background, depth, geometry, upscale. Works in a fresh Blender process: the add-on
 is enabled here if the saved preferences did not enable it. Exits 0 when every frame was written
@@ -53,6 +57,7 @@ def main(argv) -> int:
     parser.add_argument("--skip-existing", action="store_true")
     parser.add_argument("--overwrite", action="store_true")
     parser.add_argument("--stop-on-error", action="store_true")
+    parser.add_argument("--shard", default="", help="I/N: part I of N of the frames (default: every frame)")
     args = parser.parse_args(argv)
     enable_addon()
     try:
@@ -66,6 +71,7 @@ def main(argv) -> int:
             skip_existing=args.skip_existing,
             overwrite=args.overwrite,
             stop_on_error=args.stop_on_error,
+            shard=args.shard,
         )
     except RuntimeError as exc:  # the operator's ERROR report: which frames failed, and why
         print(f"farm_sequence: {exc}", file=sys.stderr)

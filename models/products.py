@@ -132,13 +132,16 @@ def range_notes(path: Path, product: ImageProduct) -> list[str]:
     return [f"{path.name}: values {low:.6g}..{high:.6g} were mapped to 0..1 (write .exr to keep them)."]
 
 
-def write_geometry(path: Path, result, *, discontinuity: float) -> tuple[list[Path], ImageProduct | None]:
+def write_geometry(
+    path: Path, result, *, discontinuity: float, write_normals: Callable[[Path, ImageProduct], None] | None = None
+) -> tuple[list[Path], ImageProduct | None]:
     """The mesh (PLY) and camera (JSON) of a MoGe-2 result; returns the files written and the
-    normal map still to be written by the front-end (None when the model gives no normals)."""
+    normal map still to be written by the front-end (None when the model gives no normals, or when
+    ``write_normals(path, product)`` wrote it here). The mesh is written last: skip-existing looks at
+    it, so a run killed half-way through a frame never leaves a mesh whose companions are missing."""
     arrays = mesh_arrays(result.points, result.mask, discontinuity=discontinuity)
     if len(arrays.vertices) == 0:
         raise LeanImageError(f"MoGe-2 found no geometry for '{path.name}'; nothing was written.")
-    _write_ply(path, arrays.vertices, arrays.quads, arrays.uv)
     height, width = result.mask.shape
     camera = {
         "image_size": [int(width), int(height)],
@@ -154,6 +157,10 @@ def write_geometry(path: Path, result, *, discontinuity: float) -> tuple[list[Pa
     normals = None
     if result.normal is not None:
         normals = ImageProduct(normal_map(result.normal, result.mask)[..., :3], is_data=True)
+        if write_normals is not None:
+            write_normals(path.with_name(f"{path.stem}_normal.exr"), normals)
+            normals = None
+    _write_ply(path, arrays.vertices, arrays.quads, arrays.uv)
     return [path, camera_path], normals
 
 

@@ -138,6 +138,27 @@ def _describe(frames: range) -> str:
     return f"{frames.start}-{frames.stop - 1}" + (f":{frames.step}" if frames.step != 1 else "")
 
 
+def parse_shard(text: str) -> tuple[int, int] | None:
+    """``I/N``: task I (1-based) of N; empty: None (every frame)."""
+    if not (text or "").strip():
+        return None
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if match is None or not 1 <= int(match.group(1)) <= int(match.group(2)):
+        raise LeanImageError(f"Shard {text!r}: write I/N with 1 <= I <= N, e.g. 3/8 (task 3 of 8).")
+    return int(match.group(1)), int(match.group(2))
+
+
+def shard_slice(count: int, shard: tuple[int, int] | None) -> slice:
+    """THE split rule of a render farm (the Flamenco job type, farm/flamenco/lean_image_ai.js, uses
+    the same one): N contiguous parts of the resolved frame list, task I taking
+    ``[(I-1)*count // N, I*count // N)``. The N parts cover every frame exactly once, differ in size
+    by at most one frame, and depend only on the list, so a retried task gets the same frames."""
+    if shard is None:
+        return slice(0, count)
+    index, total = shard
+    return slice((index - 1) * count // total, index * count // total)
+
+
 def output_paths(refs: list[FrameRef], output: str | Path | None, default_name: Callable[[FrameRef], str]) -> list[Path]:
     """Where each frame's result goes: a pattern (``out_####.exr``), a folder (default names in
     it), or, for one frame, a file. ``None``: default names beside each input."""

@@ -51,9 +51,7 @@ def read_frame(ref: sequence.FrameRef):
 
 def write_result(family_id: str, path: Path, result, values: dict) -> list[str]:
     if family_id == "moge2":
-        written, normals = products.write_geometry(path, result, discontinuity=values["discontinuity"])
-        if normals is not None:
-            results.save_product(path.with_name(f"{path.stem}_normal.exr"), normals)
+        products.write_geometry(path, result, discontinuity=values["discontinuity"], write_normals=results.save_product)
         return []
     product = products.image_product(family_id, result, path.suffix, products.BLENDER_FLOAT_SUFFIXES)
     results.save_product(path, product)
@@ -98,11 +96,17 @@ class LEAN_IMAGE_AI_OT_process_sequence(WorkerOperator, bpy.types.Operator):
     overwrite: BoolProperty(name="Overwrite", description="Replace existing output files")
     skip_existing: BoolProperty(name="Skip Existing", description="Keep existing outputs and do only the rest")
     stop_on_error: BoolProperty(name="Stop on Error", description="Stop at the first frame that fails")
+    shard: StringProperty(
+        name="Shard",
+        description="I/N: only part I of N contiguous parts of the frames (render farms: N tasks cover "
+        "every frame once; with Skip Existing a retried task does only what is missing). Empty: every frame",
+    )
 
     def prepare(self, context, job: Job):
         family = families.get(self.family)
         job.name = f"{family.action} (sequence)"
         frames = sequence.parse_frames(self.frames) if self.frames.strip() else None
+        shard = sequence.parse_shard(self.shard)
         if self.image_name:
             image = bpy.data.images.get(self.image_name)
             if image is None:
@@ -120,9 +124,12 @@ class LEAN_IMAGE_AI_OT_process_sequence(WorkerOperator, bpy.types.Operator):
             return products.default_name(family.id, stem or "frame", ref.number if many else None)
 
         outputs = [p.resolve() for p in sequence.output_paths(refs, sources.absolute_path(self.output) if self.output else None, default)]
+        inputs = [r.path for r in refs]
+        part = sequence.shard_slice(len(refs), shard)  # names come from the whole list, then the split
+        refs, outputs = refs[part], outputs[part]
         skipped = products.plan_outputs(
             family.id,
-            [r.path for r in refs],
+            inputs,
             outputs,
             overwrite=self.overwrite,
             skip_existing=self.skip_existing,
@@ -149,8 +156,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(WorkerOperator, bpy.types.Operator):
             stop_on_error=self.stop_on_error,
         )
         job.inputs = batch
-        folder = outputs[0].parent
-        job.key = str(folder)
+        job.key = str(outputs[0].parent) if outputs else f"(shard {self.shard}: no frames)"
         return lambda job: batch.infer_all()
 
     def pump(self, context, job: Job, budget: float) -> bool:

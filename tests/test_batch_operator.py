@@ -209,3 +209,29 @@ def test_farm_script_processes_a_range_and_exits_non_zero_on_a_failed_frame(tmp_
     done = run_farm_script("depth", pattern, str(out) + "/", "--skip-existing", "--model-path", str(models["da3"]), cwd=tmp_path)
     assert done.returncode == 1 and "frame 5" in done.stderr and "Traceback" not in done.stderr
     assert (out / "plate_depth_0001.exr").is_file() and not (out / "plate_depth_0005.exr").exists()
+
+
+def test_farm_script_shards_split_the_frames_and_a_retry_only_skips(tmp_path, models):
+    write_sequence(tmp_path / "in", count=7)
+    out = tmp_path / "out"
+    out.mkdir()
+    pattern = str(tmp_path / "in" / "plate_####.png")
+    common = ("upscale", pattern, str(out) + "/", "--frames", "1-7", "--skip-existing", "--model-path", str(models["upscale"]))
+    done = run_farm_script(*common, "--shard", "2/3", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["plate_upscaled_0003.png", "plate_upscaled_0004.png"]
+    for index in (1, 3, 2):  # the other tasks, then task 2 again (a retry)
+        done = run_farm_script(*common, "--shard", f"{index}/3", cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in out.iterdir()) == [f"plate_upscaled_{n:04d}.png" for n in range(1, 8)]
+    assert "0 written, 2 skipped" in done.stdout + done.stderr
+
+
+def test_the_operator_refuses_a_bad_shard_before_the_model_runs(tmp_path, models):
+    write_sequence(tmp_path / "in", count=2)
+    before = releases()
+    with pytest.raises(RuntimeError, match="I/N"):
+        bpy.ops.lean_image_ai.process_sequence(
+            family="upscale", source=str(tmp_path / "in"), output=str(tmp_path) + "/", shard="3/2", model_path=str(models["upscale"])
+        )
+    assert releases() == before
