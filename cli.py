@@ -27,7 +27,7 @@ import numpy as np
 
 from . import cli_images
 from .cli_images import CommandLineError
-from .models import families, library, products, sequence
+from .models import families, frame_lists, library, products, sequence
 from .models.base import JobOptions
 from .models.family import Family
 from .runtime import format_snapshot, get_runtime, memory_snapshot, parse_device
@@ -175,14 +175,14 @@ def _add_family(subparsers, family: Family) -> None:
 
 def _frames_arg(text: str) -> range:
     try:
-        return sequence.parse_frames(text)
+        return frame_lists.parse_frames(text)
     except LeanImageError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _shard_arg(text: str) -> tuple[int, int] | None:
     try:
-        return sequence.parse_shard(text)
+        return frame_lists.parse_shard(text)
     except LeanImageError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -213,23 +213,23 @@ def _plan(family: Family, args):
     if source is None:
         if family.fallback_model is None:
             raise CommandLineError(f"Give an INPUT image, folder or pattern for {family.command}.")
-        refs = [sequence.FrameRef(1, Path.cwd() / "(generated demo image)")]
+        refs = [frame_lists.FrameRef(1, Path.cwd() / "(generated demo image)")]
         outputs = [Path(target).expanduser() if target else Path.cwd() / products.default_name(family.id, DEMO_NAME)]
     else:
-        refs = sequence.resolve_input(source, args.frames)
-        many = len(refs) > 1 or sequence.is_pattern(source) or Path(source).expanduser().is_dir()
+        refs = frame_lists.resolve_input(source, args.frames)
+        many = len(refs) > 1 or frame_lists.is_pattern(source) or Path(source).expanduser().is_dir()
 
         def default(ref):
             if not many:
                 return products.default_name(family.id, ref.path.stem)
-            numbered = sequence.pattern_of(ref.path)
+            numbered = frame_lists.pattern_of(ref.path)
             stem = Path(numbered[0]).stem.rstrip("#").rstrip("_.-") if numbered else ref.path.stem
             return products.default_name(family.id, stem or "frame", ref.number)
 
-        outputs = sequence.output_paths(refs, target, default)
+        outputs = frame_lists.output_paths(refs, target, default)
     outputs = [o.resolve() for o in outputs]
     inputs = [] if source is None else [r.path for r in refs]
-    part = sequence.shard_slice(len(refs), args.shard)  # names come from the whole list, then the split
+    part = frame_lists.shard_slice(len(refs), args.shard)  # names come from the whole list, then the split
     refs, outputs = refs[part], outputs[part]
     skipped = products.plan_outputs(
         family.id,

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 
 def make_frames(folder: Path, count: int, size: int) -> list:
-    from lean_image_ai.models.sequence import FrameRef
+    from lean_image_ai.models.frame_lists import FrameRef
     from PIL import Image
 
     folder.mkdir(parents=True, exist_ok=True)

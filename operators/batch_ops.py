@@ -13,7 +13,7 @@ from pathlib import Path
 import bpy
 from bpy.props import BoolProperty, EnumProperty, StringProperty
 
-from ..models import families, library, products, sequence
+from ..models import families, frame_lists, library, products, sequence
 from ..models.base import JobOptions
 from ..runtime.errors import LeanImageError
 from . import image_io, options, prefs, results, sources
@@ -27,17 +27,17 @@ def _blender_can_write(path: Path) -> None:
         raise LeanImageError(f"Cannot save '{path.name}': Blender writes .png, .exr, .jpg or .tif here.")
 
 
-def sequence_refs(image, frames: range | None) -> list[sequence.FrameRef]:
+def sequence_refs(image, frames: range | None) -> list[frame_lists.FrameRef]:
     """The frames of an Image datablock. A SEQUENCE image's file name is numbered the way Blender
     reads sequences (the digits before the suffix): every file of that numbering, or ``frames``."""
     path = sources.absolute_path(image.filepath_raw or image.filepath)
-    numbered = sequence.pattern_of(path)
+    numbered = frame_lists.pattern_of(path)
     if image.source == "SEQUENCE" and numbered is not None:
-        return sequence.resolve_input(numbered[0], frames)
-    return sequence.resolve_input(path, frames)
+        return frame_lists.resolve_input(numbered[0], frames)
+    return frame_lists.resolve_input(path, frames)
 
 
-def read_frame(ref: sequence.FrameRef):
+def read_frame(ref: frame_lists.FrameRef):
     """Main thread: the frame's pixels as models take them; the datablock is removed again."""
     before = set(bpy.data.images)
     image = image_io.load_image_file(str(ref.path), check_existing=False)
@@ -105,27 +105,27 @@ class LEAN_IMAGE_AI_OT_process_sequence(WorkerOperator, bpy.types.Operator):
     def prepare(self, context, job: Job):
         family = families.get(self.family)
         job.name = f"{family.action} (sequence)"
-        frames = sequence.parse_frames(self.frames) if self.frames.strip() else None
-        shard = sequence.parse_shard(self.shard)
+        frames = frame_lists.parse_frames(self.frames) if self.frames.strip() else None
+        shard = frame_lists.parse_shard(self.shard)
         if self.image_name:
             image = bpy.data.images.get(self.image_name)
             if image is None:
                 raise LeanImageError(f"There is no image called '{self.image_name}' in this file.")
             refs = sequence_refs(image, frames)
         elif self.source:
-            refs = sequence.resolve_input(sources.absolute_path(self.source), frames)
+            refs = frame_lists.resolve_input(sources.absolute_path(self.source), frames)
         else:
             raise LeanImageError("Give the frames: an image sequence (image_name), or a folder or pattern (source).")
         many = len(refs) > 1
 
         def default(ref):
-            numbered = sequence.pattern_of(ref.path)
+            numbered = frame_lists.pattern_of(ref.path)
             stem = Path(numbered[0]).stem.rstrip("#").rstrip("_.-") if numbered and many else ref.path.stem
             return products.default_name(family.id, stem or "frame", ref.number if many else None)
 
-        outputs = [p.resolve() for p in sequence.output_paths(refs, sources.absolute_path(self.output) if self.output else None, default)]
+        outputs = [p.resolve() for p in frame_lists.output_paths(refs, sources.absolute_path(self.output) if self.output else None, default)]
         inputs = [r.path for r in refs]
-        part = sequence.shard_slice(len(refs), shard)  # names come from the whole list, then the split
+        part = frame_lists.shard_slice(len(refs), shard)  # names come from the whole list, then the split
         refs, outputs = refs[part], outputs[part]
         skipped = products.plan_outputs(
             family.id,

@@ -103,13 +103,13 @@ def resolve_source(context, filepath: str) -> Source:
 
 
 def _sequence_frame(context, image) -> Source:
-    from ..models import sequence
+    from ..models import frame_lists
 
     path = absolute_path(image.filepath_raw or image.filepath)
-    numbered = sequence.pattern_of(path)
+    numbered = frame_lists.pattern_of(path)
     frame = getattr(getattr(context, "scene", None), "frame_current", None)
-    if numbered is not None and frame is not None and sequence.frame_path(numbered[0], frame).is_file():
-        path = sequence.frame_path(numbered[0], frame)
+    if numbered is not None and frame is not None and frame_lists.frame_path(numbered[0], frame).is_file():
+        path = frame_lists.frame_path(numbered[0], frame)
     before = set(bpy.data.images)
     loaded = image_io.load_image_file(path, check_existing=False)
     return Source(loaded, loaded not in before, image_stem(loaded))

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from lean_image_ai.models import sequence
+from lean_image_ai.models import frame_lists
 
 REPO = Path(__file__).resolve().parents[1]
 JOB_TYPE = REPO / "farm" / "flamenco" / "lean_image_ai.js"
@@ -78,7 +78,7 @@ def task_args(task) -> list[str]:
 )
 def test_the_tasks_frames_follow_the_cli_shard_rule(tmp_path, frames, chunk):
     compiled = compile_job(tmp_path, frames=frames, chunk_size=chunk)
-    numbers = list(sequence.parse_frames(frames))
+    numbers = list(frame_lists.parse_frames(frames))
     tasks = compiled["tasks"]
     total = len(tasks)
     assert total == -(-len(numbers) // chunk)  # ceil: parts of at most chunk_size frames
@@ -86,8 +86,8 @@ def test_the_tasks_frames_follow_the_cli_shard_rule(tmp_path, frames, chunk):
     for index, task in enumerate(tasks, start=1):
         args = task_args(task)
         assert args[args.index("--shard") + 1] == f"{index}/{total}"
-        assert sequence.parse_frames(args[args.index("--frames") + 1]) == sequence.parse_frames(frames)
-        mine = numbers[sequence.shard_slice(len(numbers), (index, total))]  # what the CLI will do
+        assert frame_lists.parse_frames(args[args.index("--frames") + 1]) == frame_lists.parse_frames(frames)
+        mine = numbers[frame_lists.shard_slice(len(numbers), (index, total))]  # what the CLI will do
         assert task["name"] == f"upscale-{mine[0]}-{mine[-1]}" and task["type"] == "blender"
         covered += mine
     assert covered == numbers  # every frame in exactly one task

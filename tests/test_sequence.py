@@ -1,4 +1,4 @@
-"""models/sequence.py with the real onnxruntime: frame lists, output names, and the batch run (one
+"""models/frame_lists.py and models/sequence.py with the real onnxruntime: frame lists, output names, and the batch run (one
 runtime operation, release only at the very end, cancel/skip/failure per frame)."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lean_image_ai.models import files, sequence, upscale
+from lean_image_ai.models import files, frame_lists, upscale
 from lean_image_ai.models.base import JobOptions
-from lean_image_ai.models.sequence import BatchRun, FrameRef
+from lean_image_ai.models.frame_lists import FrameRef
+from lean_image_ai.models.sequence import BatchRun
 from lean_image_ai.runtime.errors import LeanImageError
 from onnx_builders import sr_model
 
@@ -64,36 +65,36 @@ def batch(tmp_path, runtime, model, *, read=None, saver=None, cancel=None, **kwa
 
 
 def test_parse_frames():
-    assert sequence.parse_frames("3-9:3") == range(3, 10, 3)
-    assert sequence.parse_frames("7") == range(7, 8)
+    assert frame_lists.parse_frames("3-9:3") == range(3, 10, 3)
+    assert frame_lists.parse_frames("7") == range(7, 8)
     for bad in ("9-3", "1-5:0", "a-b", ""):
         with pytest.raises(LeanImageError, match="Frames"):
-            sequence.parse_frames(bad)
+            frame_lists.parse_frames(bad)
 
 
 def test_inputs_from_pattern_folder_and_numbered_file(tmp_path):
     for n in (1, 2, 3, 5):
         (tmp_path / f"shot_{n:04d}.png").write_bytes(b"x")
     (tmp_path / "notes.txt").write_text("not an image")
-    found = sequence.resolve_input(tmp_path / "shot_####.png")
+    found = frame_lists.resolve_input(tmp_path / "shot_####.png")
     assert [r.number for r in found] == [1, 2, 3, 5]
-    printf = sequence.resolve_input(str(tmp_path / "shot_%04d.png"), range(2, 6))
+    printf = frame_lists.resolve_input(str(tmp_path / "shot_%04d.png"), range(2, 6))
     assert [r.path.name for r in printf] == [f"shot_{n:04d}.png" for n in range(2, 6)]  # 4 is missing: reported later
-    assert [r.number for r in sequence.resolve_input(tmp_path)] == [1, 2, 3, 5]
-    assert [r.number for r in sequence.resolve_input(tmp_path / "shot_0002.png", range(1, 4))] == [1, 2, 3]
-    assert [r.number for r in sequence.resolve_input(tmp_path / "shot_0002.png")] == [2]
+    assert [r.number for r in frame_lists.resolve_input(tmp_path)] == [1, 2, 3, 5]
+    assert [r.number for r in frame_lists.resolve_input(tmp_path / "shot_0002.png", range(1, 4))] == [1, 2, 3]
+    assert [r.number for r in frame_lists.resolve_input(tmp_path / "shot_0002.png")] == [2]
     with pytest.raises(LeanImageError, match="not found"):
-        sequence.resolve_input(tmp_path / "nothing.png")
+        frame_lists.resolve_input(tmp_path / "nothing.png")
     with pytest.raises(LeanImageError, match="No frame"):
-        sequence.resolve_input(tmp_path / "shot_####.png", range(7, 9))
+        frame_lists.resolve_input(tmp_path / "shot_####.png", range(7, 9))
 
 
 def test_output_names(tmp_path):
     frames = [FrameRef(n, tmp_path / f"s_{n:04d}.png") for n in (1, 2)]
-    assert sequence.output_paths(frames, tmp_path / "o_###.exr", lambda r: "x")[1].name == "o_002.exr"
-    assert sequence.output_paths(frames, tmp_path, lambda r: f"d_{r.number}.exr")[0] == tmp_path / "d_1.exr"
+    assert frame_lists.output_paths(frames, tmp_path / "o_###.exr", lambda r: "x")[1].name == "o_002.exr"
+    assert frame_lists.output_paths(frames, tmp_path, lambda r: f"d_{r.number}.exr")[0] == tmp_path / "d_1.exr"
     with pytest.raises(LeanImageError, match="one file but the input has 2 frames"):
-        sequence.output_paths(frames, tmp_path / "one.exr", lambda r: "x")
+        frame_lists.output_paths(frames, tmp_path / "one.exr", lambda r: "x")
 
 
 # ---- the batch run ------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from lean_image_ai.models import products, sequence
+from lean_image_ai.models import frame_lists, products
 from lean_image_ai.runtime.errors import LeanImageError
 from PIL import Image
 
@@ -26,7 +26,7 @@ def summary(done) -> dict:
 
 
 def frames_of(count: int, total: int) -> list[list[int]]:
-    return [list(range(count))[sequence.shard_slice(count, (i, total))] for i in range(1, total + 1)]
+    return [list(range(count))[frame_lists.shard_slice(count, (i, total))] for i in range(1, total + 1)]
 
 
 @pytest.mark.parametrize("count", [0, 1, 2, 7, 12, 100, 2001])
@@ -40,11 +40,11 @@ def test_n_shards_cover_every_frame_exactly_once_in_contiguous_parts(count, tota
 
 
 def test_shard_text_is_checked():
-    assert sequence.parse_shard("") is None and sequence.parse_shard("  ") is None
-    assert sequence.parse_shard("3/8") == (3, 8) and sequence.parse_shard(" 1 / 1 ") == (1, 1)
+    assert frame_lists.parse_shard("") is None and frame_lists.parse_shard("  ") is None
+    assert frame_lists.parse_shard("3/8") == (3, 8) and frame_lists.parse_shard(" 1 / 1 ") == (1, 1)
     for bad in ("0/4", "5/4", "1/0", "2", "a/b", "1-4", "-1/4"):
         with pytest.raises(LeanImageError, match="I/N"):
-            sequence.parse_shard(bad)
+            frame_lists.parse_shard(bad)
 
 
 def write_plate(folder, count, size=(48, 64)):

@@ -7,7 +7,7 @@
 // The frames are split into tasks of about `chunk_size` frames. Every task is one
 // `blender --background <blendfile> --python farm_sequence.py -- COMMAND INPUT OUTPUT --frames F
 // --shard I/N --skip-existing` call: the add-on itself picks task I's frames with the same rule as
-// below (models/sequence.py shard_slice), so a task label and the frames the task writes agree,
+// below (models/frame_lists.py shard_slice), so a task label and the frames the task writes agree,
 // and a requeued task redoes only what is missing.
 
 const JOB_TYPE = {
@@ -62,7 +62,7 @@ const JOB_TYPE = {
     ],
 };
 
-// ---- the split rule: the same as models/sequence.py's parse_frames and shard_slice ----------------
+// ---- the split rule: the same as models/frame_lists.py's parse_frames and shard_slice ----------------
 
 // "A", "A-B" or "A-B:STEP" -> {first, last, step}, last reduced onto the step (A + k*STEP).
 function parseFrames(text) {
