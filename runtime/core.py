@@ -108,6 +108,7 @@ class Runtime:
         self.sessions_created = 0
         self.last_job_memory: dict | None = None  # the last operation's report (memory_report)
         self.last_timeline: dict | None = None  # its memory timeline (timeline.Timeline.as_dict)
+        self.working_memory: dict[tuple, int] = {}  # (model name, input shape) -> what its runs grew
         self._cuda_floor: dict[int, int] = {}  # device -> VRAM the first session added beyond its file
 
     # ---- settings -------------------------------------------------------------------------

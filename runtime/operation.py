@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .budget import remember_working
 from .errors import InferenceError, InferenceOutOfMemoryError, OperationCancelled, first_line
 from .memory import gpu_snapshot, memory_snapshot
 from .memory_report import format_job_memory, job_figures
@@ -45,6 +46,7 @@ class Operation:
         self._loaded: list[SessionHandle] = []  # sessions this job created
         self._used: dict[int, SessionHandle] = {}
         self._live_output_bytes = 0
+        self._working_key = None  # (model, input shapes) of the first run: what budget.py remembers
         self.memory: dict | None = None  # the job's memory report (memory_report), after the block
 
     def __enter__(self):
@@ -98,6 +100,8 @@ class Operation:
         self.runs += 1
         self._dirty[id(handle)] = handle
         self._used[id(handle)] = handle
+        if self._working_key is None:
+            self._working_key = (handle.model_name, tuple(getattr(v, "shape", ()) for v in feeds.values()))
         handle.last_used = time.time()
         if handle.gpu_device_id is not None:
             self.timeline.gpu_device_id = handle.gpu_device_id
@@ -238,6 +242,8 @@ class Operation:
                 "figures": rows,
             }
             job["lines"] = format_job_memory(job)
+            job["working_key"] = self._working_key
+            remember_working(self.runtime, job)
             self.memory = job
             self.runtime.last_job_memory = job
             self.runtime.last_timeline = self.timeline.as_dict()

@@ -12,7 +12,7 @@ import time
 
 from .memory import memory_snapshot, peak_rss_bytes
 
-SAMPLE_INTERVAL_S = 0.02
+SAMPLE_INTERVAL_S = 0.05
 
 
 def figures(snap: dict | None) -> dict:

@@ -148,3 +148,27 @@ def test_cli_leak_check_last_line():
     lines = proc.stdout.strip().splitlines()
     assert proc.returncode == 0 and lines[-1] == "stable", proc.stdout + proc.stderr
     assert sum(line.startswith("  run ") for line in lines) == 12
+
+
+def test_budget_remembers_working_memory_then_releases_evicts_lru_and_refuses(conv, tmp_path):
+    from lean_image_ai.runtime import budget
+    from lean_image_ai.runtime.memory import process_rss_bytes
+
+    runtime = Runtime()
+    shapes = [(1, 3, 256, 256)]
+    first = budget.check(runtime, conv, shapes, budget=None)
+    assert first.fits and not first.working_known, "an unmeasured shape is said to be unknown"
+    job(runtime, conv, size=256)
+    grew = runtime.working_memory[("conv.onnx", tuple(shapes))]
+    assert grew == runtime.last_job_memory["figures"][0]["grew"] > 0
+    older = runtime.session(conv_model(tmp_path / "older.onnx", mid_channels=4), "cpu")
+    newer = runtime.session(conv_model(tmp_path / "newer.onnx", mid_channels=4), "cpu")
+    older.last_used, newer.last_used = 1.0, 2.0
+    roomy = budget.check(runtime, conv, shapes, budget=process_rss_bytes() + 4 * grew)
+    assert roomy.fits and roomy.working_known and roomy.actions == [] and len(runtime.cached_sessions()) == 3
+    tight = budget.check(runtime, conv, shapes, budget=process_rss_bytes())  # no room at all
+    assert not tight.fits
+    assert tight.actions == ["releasing arenas", "unloading older.onnx (least recently used)",
+                             "unloading newer.onnx (least recently used)"]
+    assert [h.model_name for h in runtime.cached_sessions()] == ["conv.onnx"], "never the needed session"
+    assert tight.message().startswith("Not enough memory: this job needs about ")
