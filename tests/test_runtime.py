@@ -391,7 +391,7 @@ def test_events_are_json_log_records_and_bounded(conv, caplog):
         run_op(runtime, conv, [frame()])
     payloads = [json.loads(r.getMessage()) for r in caplog.records if r.name == "lean_image_ai.runtime"]
     kinds = [p["event"] for p in payloads]
-    assert kinds == ["operation_start", "session_create", "memory_release", "operation_end"]
+    assert kinds == ["operation_start", "session_create", "memory_release", "job_memory", "operation_end"]
     release = payloads[2]
     assert release["reason"] == "operation_complete" and release["shrink"] == "cpu:0"
     assert (
