@@ -37,6 +37,7 @@ from .runtime.memory import peak_rss_bytes, reset_peak_rss
 EXIT_OK = 0
 EXIT_ERROR = 2  # a LeanImageError or a failed frame: the message says what to do
 EXIT_INTERRUPTED = 130
+EXIT_LEAK = 1  # leak-check: memory kept growing
 
 DEMO_SIZE = (384, 512)  # height, width
 DEMO_NAME = "demo"
@@ -110,19 +111,14 @@ def _gpu_id(device: str) -> int | None:
 
 
 def _print_memory_report(runtime, since: float, before: dict, gpu_id: int | None) -> None:
-    after = memory_snapshot(gpu_id)
-    print("memory:")
-    print(f"  before the job: {format_snapshot(before)}")
-    releases = [e for e in runtime.events.recent("memory_release") if e["time"] >= since]
-    for event in releases:
-        print(
-            f"  release after {event['operation']} ({event['model']} on {event['device']}, "
-            f"{event['reason']}, shrink {event['shrink'] or 'none'}): "
-            f"{format_snapshot(event['before'])} -> {format_snapshot(event['after'])}"
-        )
-    if not releases:
-        print("  release: none (the device has no shrinkable arena, or releasing is off)")
-    print(f"  after the job:  {format_snapshot(after)}")
+    """The job's memory in the runtime's own wording (runtime/memory_report.py): what it grew,
+    what the release gave back, what stays and in which floor."""
+    jobs = [e for e in runtime.events.recent("job_memory") if e["time"] >= since]
+    if not jobs:
+        print(f"memory: {format_snapshot(memory_snapshot(gpu_id))} (no job ran)")
+    for job in jobs:
+        for line in job["lines"]:
+            print(line)
 
 
 # ---- one command for every family -----------------------------------------------------------------
@@ -343,6 +339,42 @@ def _add_doctor(subparsers) -> None:
     parser.set_defaults(handler=_doctor)
 
 
+def _leak_check(args) -> int:
+    """Same request N times; memory after each; the last line is `stable` or `growing`."""
+    from .models.leak_job import family_job
+    from .runtime.leak_check import leak_check
+    from .runtime.memory_report import mb
+
+    family = families.get(args.family_id)
+    job = family_job(family.id, device=args.device, model=args.model or "", models_dir=args.models_dir or "")
+    print(f"leak check: {family.command} on a generated image, {args.runs} runs, device {args.device}")
+
+    def after_run(index, values):
+        shown = ", ".join(f"{key.upper()} {mb(value)}" for key, value in values.items() if value is not None)
+        print(f"  run {index}: {shown}", flush=True)
+
+    result = leak_check(job, runs=args.runs, gpu_device_id=_gpu_id(args.device), after_run=after_run)
+    print(result.summary())
+    print(result.verdict)
+    return EXIT_OK if result.verdict == "stable" else EXIT_LEAK
+
+
+def _add_leak_check(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "leak-check",
+        help="run the same request N times and say whether memory is stable or growing",
+        description="Runs one family's job on the same generated image N times, records memory "
+        "(RSS; this process's VRAM on a GPU) after each, and ends with `stable` (a plateau) or "
+        "`growing` (slope per run, and which figure). Exit 0 stable, 1 growing.",
+    )
+    parser.add_argument("--family", dest="family_id", choices=families.IDS, default="upscale")
+    parser.add_argument("--runs", type=int, default=30, help="how many times (at least 8; default 30)")
+    parser.add_argument("--model", help="model id or .onnx file (default: the installed or embedded one)")
+    parser.add_argument("--models-dir", help="models folder")
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda:N")
+    parser.set_defaults(handler=_leak_check)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m lean_image_ai",
@@ -352,6 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     for family in families.ALL:
         _add_family(subparsers, family)
     _add_doctor(subparsers)
+    _add_leak_check(subparsers)
     return parser
 
 

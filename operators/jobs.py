@@ -96,6 +96,7 @@ class JobManager:
         self._busy_hint = busy_hint
         self.current: Job | None = None
         self.last: Job | None = None
+        self.on_end: list[Callable[[Job], object]] = []  # called on the main thread after a job ends
 
     def begin(self, name: str, key: str = "") -> Job:
         with self._lock:
@@ -115,6 +116,11 @@ class JobManager:
             if self.current is job:
                 self.current = None
             self.last = job
+        for listener in list(self.on_end):
+            try:
+                listener(job)
+            except Exception:  # a listener (e.g. the idle timer) must never break a job's end
+                traceback.print_exc()
 
     def cancel_all(self, *, join_timeout: float = JOIN_TIMEOUT) -> None:
         """Cancel the current job, wait for its worker, and undo what it left behind (its modal

@@ -28,6 +28,7 @@ class DefaultPreferences:
     cuda_device_index: int = 0
     gpu_memory_budget_mb: int = 0
     release_cpu_memory: bool = True
+    idle_unload_minutes: int = 0
 
 
 def get_prefs(context=None):

@@ -1,6 +1,7 @@
 """The shared inference runtime (bpy-free). Every ONNX run in the add-on goes through here."""
 
-from .core import Runtime, RuntimeSettings, env_cpu_arena_config, get_runtime
+from .core import Runtime, RuntimeSettings, get_runtime
+from .cpu_arena import env_cpu_arena_config
 from .errors import (
     DeviceSpecError,
     InferenceError,

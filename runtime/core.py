@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from . import load_errors
+from .cpu_arena import RELEASE_PROBE_MODEL, env_cpu_arena_config, register_env_cpu_arena
 from .errors import (
     DeviceSpecError,
     InferenceOutOfMemoryError,
@@ -26,7 +27,7 @@ from .errors import (
     first_line,
 )
 from .events import EventLog
-from .memory import nvidia_gpu_count
+from .memory import memory_snapshot, nvidia_gpu_count
 from .oom import out_of_memory_resource
 from .operation import Operation
 from .providers import (
@@ -37,19 +38,8 @@ from .providers import (
     parse_device,
     resolve_providers,
 )
-from .session import SessionHandle, onnxruntime_module
-
-# A passthrough graph (input "x" float[1] is also the output, no nodes). Its run allocates
-# nothing from the arena, so a run of it carrying `cpu:0` can free every region of the shared
-# CPU arena that is no longer in use. Built with onnx.helper; tests/test_runtime.py rebuilds it
-# and checks these bytes.
-RELEASE_PROBE_MODEL = bytes.fromhex(
-    "0808120d6c65616e5f696d6167655f61693a31120d72656c656173655f70726f62655a0f0a0178120a0a0808"
-    "0112040a020801620f0a0178120a0a08080112040a02080142040a001011"
-)
-
-_ENV_CPU_ARENA_LOCK = threading.Lock()
-_env_cpu_arena: dict | None = None  # the config it was registered with; once per process
+from .session import LIBRARY_RAM, SessionHandle, onnxruntime_module
+from .timeline import figures
 
 
 @dataclass(frozen=True)
@@ -63,27 +53,6 @@ class RuntimeSettings:
     gpu_mem_limit_bytes: int | None = None
     """CUDA arena budget (`gpu_mem_limit`)."""
     intra_op_threads: int = 0
-
-
-def _register_env_cpu_arena(max_bytes: int | None) -> bool:
-    """Register the shared kSameAsRequested CPU arena once; True when it is usable."""
-    global _env_cpu_arena
-    with _ENV_CPU_ARENA_LOCK:
-        if _env_cpu_arena is None:
-            ort = onnxruntime_module()
-            config = {"arena_extend_strategy": 1}  # kSameAsRequested: every region can be freed
-            if max_bytes:
-                config["max_mem"] = int(max_bytes)
-            info = ort.OrtMemoryInfo(
-                "Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT
-            )
-            ort.create_and_register_allocator(info, ort.OrtArenaCfg(config))
-            _env_cpu_arena = config
-        return True
-
-
-def env_cpu_arena_config() -> dict | None:
-    return None if _env_cpu_arena is None else dict(_env_cpu_arena)
 
 
 def visible_cuda_count() -> int | None:
@@ -123,6 +92,10 @@ class Runtime:
         self._dlls_preloaded = False
         self._cuda_usable_cache: bool | None = None
         self.sessions_created = 0
+        self.last_job_memory: dict | None = None  # the last operation's report (memory_report)
+        self.last_timeline: dict | None = None  # its memory timeline (timeline.Timeline.as_dict)
+        self.working_memory: dict[tuple, int] = {}  # (model name, input shape) -> what its runs grew
+        self._cuda_floor: dict[int, int] = {}  # device -> VRAM the first session added beyond its file
 
     # ---- settings -------------------------------------------------------------------------
     def configure(self, **changes) -> RuntimeSettings:
@@ -229,9 +202,11 @@ class Runtime:
             options.add_session_config_entry("session.use_device_allocator_for_initializers", "1")
             self._preload_cuda_dlls()
         if cpu_arena:
-            _register_env_cpu_arena(self.settings.cpu_arena_max_bytes)
+            register_env_cpu_arena(self.settings.cpu_arena_max_bytes)
             options.add_session_config_entry("session.use_env_allocators", "1")
         started = time.perf_counter()
+        gpu_id = int(providers[0][1].get("device_id", 0)) if uses_cuda else None
+        loading = figures(memory_snapshot(gpu_id))
         try:
             session = self._session_factory(str(path), options, providers)
         except Exception as exc:
@@ -250,6 +225,11 @@ class Runtime:
             on_device = providers[0][0] != CPU
             raise load_errors.load_failure(exc, path, device=str(request), on_device=on_device) from exc
         handle = SessionHandle(key, path, request, session, cpu_arena=cpu_arena)
+        loaded = figures(memory_snapshot(handle.gpu_device_id))
+        handle.load_growth = {k: loaded[k] - loading[k] for k in loaded if None not in (loaded[k], loading[k])}
+        if handle.gpu_device_id is not None and "vram" in handle.load_growth:
+            # the first CUDA session on a device also brings the context and cuDNN/cuBLAS handles
+            self._cuda_floor.setdefault(handle.gpu_device_id, max(0, handle.load_growth["vram"] - handle.file_bytes))
         self.sessions_created += 1
         self.events.emit(
             "session_create",
@@ -336,7 +316,7 @@ class Runtime:
     # ---- memory release -------------------------------------------------------------------
     def release_cpu_arena(self) -> bool:
         """Free every unused region of the shared CPU arena (a run that allocates nothing)."""
-        if _env_cpu_arena is None:
+        if env_cpu_arena_config() is None:
             return False
         ort = onnxruntime_module()
         with self._lock:
@@ -350,8 +330,80 @@ class Runtime:
         probe.run(None, {"x": np.zeros(1, np.float32)}, run_options)
         return True
 
+    # ---- on request: Release now / Unload all / idle unload -------------------------------
+    def _measured(self, action: str, gpu_ids, work) -> dict:
+        gc.collect()
+        before = {g: figures(memory_snapshot(g)) for g in gpu_ids}
+        sessions = work()
+        gc.collect()
+        after = {g: figures(memory_snapshot(g)) for g in gpu_ids}
+        by = {"ram": _drop(before[None]["ram"], after[None]["ram"])}
+        for g in gpu_ids:
+            if g is not None:
+                by[f"vram:{g}"] = _drop(before[g]["vram"], after[g]["vram"])
+        freed = {"action": action, "sessions": sessions, "by": by}
+        self.events.emit("memory_freed", **freed)
+        return freed
+
+    def _gpu_ids(self, handles) -> list:
+        return [None, *sorted({h.gpu_device_id for h in handles if h.gpu_device_id is not None})]
+
+    def release_now(self) -> dict:
+        """Give back arena memory now, keeping every session (weights stay loaded).
+
+        The shared CPU arena is shrunk by a probe run. A CUDA arena can only be shrunk inside a
+        run of its own session, which every job's last run already does: nothing is left there.
+        """
+        handles = self.cached_sessions()
+        return self._measured("release now", self._gpu_ids(handles), lambda: (self.release_cpu_arena(), 0)[1])
+
+    def unload(self, device: str | None = None, reason: str = "unload all") -> dict:
+        """Drop the cached sessions (all, or only those on ``device``, a device label such as
+        ``CUDA:1`` or ``CPU``): weights and arenas go with them; other devices are untouched."""
+        handles = [h for h in self.cached_sessions() if device is None or h.device_label == device]
+
+        def work():
+            for handle in handles:
+                self.evict(handle, reason)
+            if any(h.cpu_arena for h in handles) or device is None:
+                self.release_cpu_arena()
+            return len(handles)
+
+        return self._measured(reason, self._gpu_ids(handles), work)
+
+    def unload_idle(self, idle_seconds: float, *, now: float | None = None) -> list[SessionHandle]:
+        """Unload the sessions unused for ``idle_seconds`` or more (0 keeps everything)."""
+        if idle_seconds <= 0:
+            return []
+        now = time.time() if now is None else now
+        idle = [h for h in self.cached_sessions() if now - h.last_used >= idle_seconds]
+        for handle in idle:
+            self.evict(handle, "idle")
+        if any(h.cpu_arena for h in idle):
+            self.release_cpu_arena()
+        return idle
+
+    # ---- floors ---------------------------------------------------------------------------
+    def library_floor(self, figure: str, gpu_device_id: int | None = None) -> int | None:
+        """Runtime/libraries: the onnxruntime library in RAM (measured at its first import);
+        on a GPU the CUDA context and cuDNN/cuBLAS handles (first session's load beyond its file)."""
+        if figure == "ram":
+            return LIBRARY_RAM.get("bytes")
+        return self._cuda_floor.get(gpu_device_id)
+
+    def weights(self, figure: str, gpu_device_id: int | None = None) -> tuple[int, int]:
+        """(approximate weights bytes, session count) of the cached sessions in one figure."""
+        handles = [
+            h for h in self.cached_sessions() if figure == "ram" or h.gpu_device_id == gpu_device_id
+        ]
+        return sum(h.weights_bytes(figure) for h in handles), len(handles)
+
     def operation(self, name: str, *, cancel=None) -> Operation:
         return Operation(self, name, cancel=cancel)
+
+
+def _drop(before, after):
+    return None if before is None or after is None else before - after
 
 
 _runtime: Runtime | None = None

@@ -242,7 +242,7 @@ def probe_cuda(device: str = "cuda", runtime=None) -> CudaProbe:
     """Create one tiny session for `device` and report what it really got (never raises)."""
     import numpy as np
 
-    from . import core
+    from . import core, cpu_arena
     from .errors import LeanImageError
     from .providers import CUDA
 
@@ -251,7 +251,7 @@ def probe_cuda(device: str = "cuda", runtime=None) -> CudaProbe:
     with tempfile.TemporaryDirectory(prefix="lean_image_ai_probe_") as tmp:
         model = os.path.join(tmp, "probe.onnx")
         with open(model, "wb") as f:
-            f.write(core.RELEASE_PROBE_MODEL)  # x -> x, no nodes: nothing to compute, nothing to allocate
+            f.write(cpu_arena.RELEASE_PROBE_MODEL)  # x -> x, no nodes: nothing to compute, nothing to allocate
         handle = None
         try:
             with _captured_output() as captured:

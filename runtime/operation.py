@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .budget import remember_working
 from .errors import (
     InferenceError,
     InferenceOutOfMemoryError,
@@ -15,10 +16,12 @@ from .errors import (
     SessionClosedError,
     first_line,
 )
-from .memory import memory_snapshot
+from .memory import gpu_snapshot, memory_snapshot
+from .memory_report import format_job_memory, job_figures
 from .oom import out_of_memory_resource
-from .providers import SHRINK_CONFIG_KEY
-from .session import SessionHandle, onnxruntime_module
+from .providers import SHRINK_CONFIG_KEY, parse_device
+from .session import LIBRARY_RAM, SessionHandle, onnxruntime_module
+from .timeline import Timeline, figures
 
 # ORT's answer when a shrink entry names a device the session has no arena for
 _ARENA_NOT_FOUND = "Did not find an arena based allocator"
@@ -46,15 +49,33 @@ class Operation:
         self.release_events: list[dict] = []
         self._before: dict[int, dict] = {}  # by id(handle): memory before its first run here
         self._held: dict[tuple, SessionHandle] = {}  # by cache key: the sessions this job uses
+        self.timeline = Timeline()
+        self._job_before: dict = {}  # figure -> memory at the job's start (VRAM: before its first CUDA session)
+        self._loaded: list[SessionHandle] = []  # sessions this job created
+        self._used: dict[int, SessionHandle] = {}
+        self._live_output_bytes = 0
+        self._working_key = None  # (model, input shapes) of the first run: what budget.py remembers
+        self.memory: dict | None = None  # the job's memory report (memory_report), after the block
 
     def __enter__(self):
         self._started = time.perf_counter()
+        self._started_at = time.time()
+        self.timeline.start()
+        self._job_before["ram"] = self.timeline.mark("before")["ram"]
         self.runtime.events.emit("operation_start", operation=self.name)
         return self
 
     def session(self, model_path, device="auto") -> SessionHandle:
         """The session for a model; the job keeps it until it ends, even if it is evicted meanwhile."""
+        request = parse_device(device)
+        if "vram" not in self._job_before and request.kind in ("cuda", "auto"):
+            vram = figures({"gpu": gpu_snapshot(request.index or 0)})["vram"]
+            if vram is not None:
+                self._job_before["vram"] = vram
+        created = self.runtime.sessions_created
         handle = self.runtime.session(model_path, device, holder=self)
+        if self.runtime.sessions_created != created:
+            self._loaded.append(handle)
         self._held[handle.key] = handle
         return handle
 
@@ -102,6 +123,12 @@ class Operation:
         names = list(output_names) if output_names else [o.name for o in handle.outputs]
         self.runs += 1
         self._dirty[id(handle)] = handle
+        self._used[id(handle)] = handle
+        if self._working_key is None:
+            self._working_key = (handle.model_name, tuple(getattr(v, "shape", ()) for v in feeds.values()))
+        handle.last_used = time.time()
+        if handle.gpu_device_id is not None:
+            self.timeline.gpu_device_id = handle.gpu_device_id
         try:
             try:
                 outputs = session.run(names, feeds, run_options)
@@ -151,6 +178,8 @@ class Operation:
         if handle.cpu_arena:
             # CPU outputs are views into arena regions; owning copies stop them pinning a region
             outputs = [np.array(o, copy=True) for o in outputs]
+        self._live_output_bytes = sum(int(getattr(o, "nbytes", 0)) for o in outputs)
+        self.timeline.mark(f"run {self.runs}")
         if last:
             self._finished.add(id(handle))
         if release_now:
@@ -180,6 +209,7 @@ class Operation:
             after=after,
         )
         self.release_events.append(event)
+        self.timeline.mark("release", after)
 
     def __exit__(self, exc_type, exc, tb):
         if exc is None:
@@ -199,6 +229,7 @@ class Operation:
         if self._dirty and self.runtime.settings.release_memory:
             self._release_after_abort(outcome)
         self._dirty.clear()
+        self._report_memory(outcome)
         self.runtime.events.emit(
             "operation_end",
             operation=self.name,
@@ -207,6 +238,57 @@ class Operation:
             seconds=round(time.perf_counter() - (self._started or time.perf_counter()), 4),
         )
         return False
+
+    def _report_memory(self, outcome: str) -> None:
+        """The job's memory report: a `job_memory` event, `self.memory`, the runtime's last job."""
+        try:
+            gpu = next((h.gpu_device_id for h in self._used.values() if h.gpu_device_id is not None), None)
+            after = self.timeline.mark("after", memory_snapshot(gpu))
+            self.timeline.stop()
+            rows = []
+            for key in ("ram", "vram") if gpu is not None else ("ram",):
+                weights, count = self.runtime.weights(key, gpu)
+                rows.append(
+                    job_figures(
+                        key,
+                        before=self._job_before.get(key),
+                        loaded=self._loaded_bytes(key),
+                        peak=self.timeline.peak(key),
+                        after=after.get(key),
+                        library=self.runtime.library_floor(key, gpu),
+                        weights=weights,
+                        cached_sessions=count,
+                    )
+                )
+            library = LIBRARY_RAM.get("at", 0) >= self._started_at
+            job = {
+                "operation": self.name,
+                "outcome": outcome,
+                "devices": sorted({h.device_label for h in self._used.values()}),
+                "loaded_models": ["the onnxruntime library"] * library + [h.model_name for h in self._loaded],
+                "released": bool(self.release_events),
+                "runs": self.runs,
+                "live_output_bytes": self._live_output_bytes,
+                "figures": rows,
+            }
+            job["lines"] = format_job_memory(job)
+            job["working_key"] = self._working_key
+            remember_working(self.runtime, job)
+            self.memory = job
+            self.runtime.last_job_memory = job
+            self.runtime.last_timeline = self.timeline.as_dict()
+            self.runtime.events.emit("job_memory", **job)
+        except Exception as exc:  # a report must never break the job
+            self.timeline.stop()
+            self.runtime.events.emit("job_memory_unavailable", operation=self.name, error=first_line(exc))
+
+    def _loaded_bytes(self, key: str) -> int:
+        """What loading added during this job: its new sessions (and onnxruntime, if it was first
+        imported during the job)."""
+        total = sum(max(0, h.load_growth.get(key) or 0) for h in self._loaded)
+        if key == "ram" and LIBRARY_RAM.get("at", 0) >= self._started_at:
+            total += LIBRARY_RAM.get("bytes", 0)
+        return total
 
     def _release_after_abort(self, reason: str) -> None:
         handles = list(self._dirty.values())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,11 +11,24 @@ from typing import TypeVar
 
 import numpy as np
 
+from .memory import process_rss_bytes
 from .providers import CPU, CUDA, DeviceRequest, describe_providers, shrink_spec
+
+LIBRARY_RAM: dict = {}
+"""``{"bytes": n}``: the RSS the first import of onnxruntime added, when this module imported it
+(the runtime/libraries floor on CPU); empty when something else imported it first."""
 
 
 def onnxruntime_module():
     """onnxruntime, imported on first use (importing the package must stay cheap)."""
+    if "onnxruntime" not in sys.modules:
+        before = process_rss_bytes()
+        import onnxruntime
+
+        after = process_rss_bytes()
+        if before is not None and after is not None:
+            LIBRARY_RAM.setdefault("bytes", max(0, after - before))
+            LIBRARY_RAM.setdefault("at", time.time())
     import onnxruntime
 
     return onnxruntime
@@ -67,6 +82,22 @@ class SessionHandle:
         # operations that are using this session: an eviction drops it from the cache at once,
         # but the session itself (its weights and arenas) only when the last of them ends
         self.holders: set[int] = set()
+        self.created_at = time.time()
+        self.last_used = self.created_at
+        self.load_growth: dict = {}  # figure -> bytes that loading it added (runtime.memory figures)
+        try:
+            self.file_bytes = model_path.stat().st_size
+        except OSError:
+            self.file_bytes = 0
+
+    def weights_bytes(self, figure: str) -> int:
+        """Approximate weights in one figure: on the GPU the file size (weights sit outside the
+        arena), in RAM what loading it added to RSS."""
+        if figure == "vram":
+            return self.file_bytes if self.gpu_device_id is not None else 0
+        if self.gpu_device_id is not None:
+            return 0
+        return max(0, int(self.load_growth.get("ram") or 0))
 
     @property
     def device_label(self) -> str:

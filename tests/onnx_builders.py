@@ -83,7 +83,7 @@ def sr_model(
 
 
 def release_probe_model() -> onnx.ModelProto:
-    """Must serialise to runtime.core.RELEASE_PROBE_MODEL byte for byte."""
+    """Must serialise to runtime.cpu_arena.RELEASE_PROBE_MODEL byte for byte."""
     graph = helper.make_graph(
         [],
         "release_probe",

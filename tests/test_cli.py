@@ -29,9 +29,12 @@ def test_default_run_needs_no_input_and_no_download(tmp_path):
     text = done.stdout
     assert "generated demo image 512x384" in text and "bicubic_x2.onnx" in text
     assert f"wrote: {out} 1024x768 (2x)" in text and "[100%]" in text
-    # memory report: snapshots before/after and the runtime's release event (RSS before -> after)
-    assert "before the job: process RSS" in text and "after the job:  process RSS" in text
-    assert "release after upscale (bicubic_x2.onnx on CPU" in text and " -> process RSS" in text
+    # memory report in the runtime's wording: the load apart from the runs, what the release gave
+    # back, what stays by floor; never one "before -> after" arrow across the model load
+    assert "memory of upscale (success, CPU):" in text and "process RAM (RSS, what the OS sees):" in text
+    assert "bicubic_x2.onnx took " in text and "the runs grew " in text and "the release gave back " in text
+    assert "what stays (" in text and "model weights (1 cached session)" in text
+    assert " -> " not in text.split("memory of upscale", 1)[1]
     assert not [p for p in tmp_path.iterdir() if p.name != "demo.png"]  # no temp files left
 
 

@@ -23,7 +23,7 @@ from lean_image_ai.runtime import (
     mark_last,
     memory_snapshot,
 )
-from lean_image_ai.runtime.core import RELEASE_PROBE_MODEL
+from lean_image_ai.runtime.cpu_arena import RELEASE_PROBE_MODEL
 from onnx_builders import conv_model, release_probe_model
 from recording import RecordingFactory
 
@@ -394,7 +394,7 @@ def test_events_are_json_log_records_and_bounded(conv, caplog):
         run_op(runtime, conv, [frame()])
     payloads = [json.loads(r.getMessage()) for r in caplog.records if r.name == "lean_image_ai.runtime"]
     kinds = [p["event"] for p in payloads]
-    assert kinds == ["operation_start", "session_create", "memory_release", "operation_end"]
+    assert kinds == ["operation_start", "session_create", "memory_release", "job_memory", "operation_end"]
     release = payloads[2]
     assert release["reason"] == "operation_complete" and release["shrink"] == "cpu:0"
     assert (

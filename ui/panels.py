@@ -20,7 +20,6 @@ from . import settings as scene_settings
 
 CATEGORY = "Lean Image AI"
 SNAPSHOT_TTL = 1.0  # seconds: NVML queries are not free and panels redraw often
-RECENT_RELEASES = 4
 
 _snapshot_cache = {"at": None, "gpu": None, "snap": None}
 
@@ -196,7 +195,7 @@ def dashboard_gpu_device_id(context=None) -> int:
 
 def draw_memory(layout, context) -> None:
     _section(layout, "Memory stats", _draw_memory_stats, context)
-    _section(layout, "Memory releases", _draw_releases, context)
+    _section(layout, "Last job's memory", _draw_last_job, context)
     _section(layout, "Sessions", _draw_sessions, context)
 
 
@@ -212,42 +211,49 @@ def _draw_memory_stats(layout, context) -> None:
         )
         col.label(text=f"This process on the GPU: {_mb(gpu.get('process_used_bytes'))}")
     else:
-        preferences.wrapped_labels(
-            col, f"GPU stats unavailable: {gpu.get('error') or 'not queried'}", width=60
-        )
+        col.label(text=f"GPU memory: not readable here ({gpu_unavailable_reason(gpu)}); inference is unaffected")
 
 
-def _release_line(event) -> str:
-    before, after = event.get("before") or {}, event.get("after") or {}
-    text = f"{event.get('reason')}: RSS {_mb(before.get('rss_bytes'))} -> {_mb(after.get('rss_bytes'))}"
-    gpu_before, gpu_after = before.get("gpu") or {}, after.get("gpu") or {}
-    if gpu_before.get("available") or gpu_after.get("available"):
-        key = "process_used_bytes" if gpu_before.get("process_used_bytes") is not None else "used_bytes"
-        text += f", GPU {_mb(gpu_before.get(key))} -> {_mb(gpu_after.get(key))}"
-    seconds = event.get("seconds")
-    if seconds is not None:
-        text += f", {seconds * 1000:.1f} ms"
-    return text
+def gpu_unavailable_reason(gpu: dict) -> str:
+    """One readable phrase for NVML's failure (its raw error stays in the console/event log)."""
+    error = str(gpu.get("error") or "")
+    if not error:
+        return "not queried"
+    if "ModuleNotFound" in error or "No module named" in error:
+        return "nvidia-ml-py is not installed"
+    if "LibraryNotFound" in error or "NVML Shared Library Not Found" in error or "Driver Not Loaded" in error:
+        return "no NVIDIA driver"
+    return error.split(":", 1)[0] or "NVML error"
 
 
-def _draw_releases(layout, context) -> None:
-    events = get_runtime().events.recent("memory_release", limit=RECENT_RELEASES)
+def _draw_last_job(layout, context) -> None:
+    job = get_runtime().last_job_memory
     col = layout.column(align=True)
-    col.label(text="Recent memory releases:")
-    if not events:
-        col.label(text="None yet (one follows every job).")
-    for event in reversed(events):  # newest first
-        col.label(text=f"{event.get('operation')} / {event.get('model')}")
-        col.label(text="  " + _release_line(event))
+    if job is None:
+        col.label(text="Last job: none yet (each job reports what it grew and gave back).")
+        return
+    for line in job["lines"]:
+        col.label(text=line)
 
 
 def _draw_sessions(layout, context) -> None:
-    count = len(get_runtime().cached_sessions())
-    row = layout.row()
-    row.label(text=f"Cached sessions: {count}")
-    sub = row.row()
-    sub.enabled = count > 0 and not _job_busy()
-    _operator(sub, "lean_image_ai.clear_sessions", text="Free", icon="TRASH")
+    handles = get_runtime().cached_sessions()
+    col = layout.column(align=True)
+    col.label(text=f"Cached sessions: {len(handles)}")
+    now = time.time()
+    for h in handles:
+        size = h.weights_bytes("vram" if h.gpu_device_id is not None else "ram") or h.file_bytes
+        col.label(
+            text=f"  {h.model_name}: {h.device_label} ({h.providers[0]}), used {now - h.last_used:.0f} s ago, ~{_mb(size)}"
+        )
+    row = layout.row(align=True)
+    row.enabled = not _job_busy()
+    sub = row.row(align=True)
+    _operator(sub, "lean_image_ai.release_memory", text="Release Now", icon="FILE_REFRESH")
+    sub = row.row(align=True)
+    sub.enabled = bool(handles)
+    _operator(sub, "lean_image_ai.unload_all", text="Unload All", icon="TRASH")
+    _operator(layout, "lean_image_ai.leak_check", text="Leak Check", icon="VIEWZOOM")
 
 
 # ---- classes ----------------------------------------------------------------------------------

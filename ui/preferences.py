@@ -241,6 +241,13 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         min=0,
         soft_max=262144,
     )
+    idle_unload_minutes: IntProperty(
+        name="Unload Models Idle For (min)",
+        description="Unload a model (its weights too) after this many minutes unused. 0: keep them loaded",
+        default=0,
+        min=0,
+        soft_max=240,
+    )
     release_cpu_memory: BoolProperty(
         name="Release CPU Memory After Each Job",
         description="Give system memory (RAM) back after each job on the CPU too, not only GPU memory",
@@ -256,6 +263,7 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         sub.prop(self, "cuda_device_index")
         col.prop(self, "gpu_memory_budget_mb")
         col.prop(self, "release_cpu_memory")
+        col.prop(self, "idle_unload_minutes")
         problem = diagnostics.onnxruntime_import_error()
         if problem:  # the line already says what to do (install the zip built for this Blender)
             wrapped_labels(col, problem, icon="ERROR", alert=True)

@@ -1,0 +1,92 @@
+"""Memory during one job: sampled on a background thread, plus named marks (before, each run,
+release, after). RSS always; this process's VRAM (NVML) once the job has a CUDA session.
+
+The sampler only reads (``/proc/self/statm`` on Linux, one NVML query on a GPU), so it costs
+next to nothing and never touches the runtime's state. A failed read is a gap, never an error.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from .memory import memory_snapshot, peak_rss_bytes
+
+SAMPLE_INTERVAL_S = 0.05
+
+
+def figures(snap: dict | None) -> dict:
+    """The two figures a snapshot holds: ``ram`` (RSS, what the OS sees) and ``vram`` (what the
+    driver sees for this process; the whole device's use when NVML can't say per process)."""
+    snap = snap or {}
+    gpu = snap.get("gpu") or {}
+    vram = None
+    if gpu.get("available"):
+        vram = gpu.get("process_used_bytes")
+        if vram is None:
+            vram = gpu.get("used_bytes")
+    return {"ram": snap.get("rss_bytes"), "vram": vram}
+
+
+class Timeline:
+    """Samples memory every :data:`SAMPLE_INTERVAL_S` between ``start()`` and ``stop()``."""
+
+    def __init__(self, interval: float = SAMPLE_INTERVAL_S):
+        self.interval = interval
+        self.gpu_device_id: int | None = None  # set when the job gets a CUDA session
+        self.samples: list[tuple[float, dict]] = []  # (seconds since start, figures)
+        self.marks: list[tuple[float, str, dict]] = []
+        self._t0 = time.perf_counter()
+        self._hwm_start = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def _read(self) -> dict:
+        try:
+            return figures(memory_snapshot(self.gpu_device_id))
+        except Exception:
+            return {"ram": None, "vram": None}
+
+    def start(self) -> Timeline:
+        self._t0 = time.perf_counter()
+        self._hwm_start = peak_rss_bytes()
+        self._thread = threading.Thread(target=self._loop, name="lean-image-ai-memory", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            value = self._read()
+            with self._lock:
+                self.samples.append((time.perf_counter() - self._t0, value))
+
+    def mark(self, label: str, snap: dict | None = None) -> dict:
+        value = figures(snap) if snap is not None else self._read()
+        with self._lock:
+            self.marks.append((time.perf_counter() - self._t0, label, value))
+        return value
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+
+    def peak(self, key: str) -> int | None:
+        """The highest figure seen. For RAM on Linux the kernel's high-water mark (VmHWM) too,
+        when it rose during the job: it catches peaks between two samples."""
+        with self._lock:
+            values = [v[key] for _, v in self.samples if v.get(key) is not None]
+            values += [v[key] for _, _, v in self.marks if v.get(key) is not None]
+        if key == "ram":
+            hwm = peak_rss_bytes()
+            if hwm is not None and self._hwm_start is not None and hwm > self._hwm_start:
+                values.append(hwm)
+        return max(values) if values else None
+
+    def as_dict(self) -> dict:
+        with self._lock:
+            return {
+                "samples": [(round(t, 4), v) for t, v in self.samples],
+                "marks": [(round(t, 4), label, v) for t, label, v in self.marks],
+            }
