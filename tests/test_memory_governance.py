@@ -166,6 +166,20 @@ def test_cli_leak_check_last_line():
     assert sum(line.startswith("  run ") for line in lines) == 30
 
 
+def test_budget_decisions_in_a_fresh_process():
+    """The budget reads this process's RSS: memory left free by earlier tests in a shared test
+    process would stand in for what the job needs, so its decisions are checked in a fresh one."""
+    import os
+
+    env = {**os.environ, "LEAN_IMAGE_AI_BUDGET_TEST": "1"}
+    test = f"{__file__}::test_budget_remembers_working_memory_then_releases_evicts_lru_and_refuses"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o", "addopts=--import-mode=importlib", "-q", test], capture_output=True, text=True, timeout=300, env=env, cwd=REPO
+    )
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+@pytest.mark.skipif(not __import__("os").environ.get("LEAN_IMAGE_AI_BUDGET_TEST"), reason="runs in its own process")
 def test_budget_remembers_working_memory_then_releases_evicts_lru_and_refuses(conv, tmp_path):
     from lean_image_ai.runtime import budget
     from lean_image_ai.runtime.memory import process_rss_bytes
