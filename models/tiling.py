@@ -231,6 +231,7 @@ class TiledResult:
     scale: int
     tile_size: tuple[int, int]  # window size of the final plan
     tiles_run: int  # successful runs of run_tile
+    window_ran: tuple[int, int] = (0, 0)  # the largest window (h, w) that actually ran
     splits: list[dict] = field(default_factory=list)  # the tile_split event payloads
 
 
@@ -276,6 +277,7 @@ def run_tiled(
     tiles_run = 0
     output = None
     splits: list[dict] = []
+    ran_h = ran_w = 0
     while pending:
         tile = pending[0]
         window = cut_window(image, tile)
@@ -324,11 +326,12 @@ def run_tiled(
             oy : oy + oh, ox : ox + ow
         ]
         pending.popleft()
+        ran_h, ran_w = max(ran_h, tile.window_shape[0]), max(ran_w, tile.window_shape[1])
         tiles_run += 1
         done_area += tile.area
         if progress is not None:
             progress(done_area / total_area, tiles_run, tiles_run + len(pending))
-    return TiledResult(output, int(scale), tuple(current), tiles_run, splits)
+    return TiledResult(output, int(scale), tuple(current), tiles_run, (ran_h, ran_w), splits)
 
 
 def _halve(current: tuple[int, int], overlap: int, min_tile: int) -> tuple[int, int] | None:

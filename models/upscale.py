@@ -21,15 +21,13 @@ import numpy as np
 
 from ..runtime import mark_last
 from ..runtime.errors import InferenceOutOfMemoryError, ModelContractError
-from ..runtime.memory import memory_snapshot
 from .base import FLOAT_TYPES, JobOptions, ResultSink, as_frames, check_contract, check_finite, fixed_hw
 from .family import Family, Option, Setting, non_negative_int, one_of, positive_int
 from .imaging import from_nchw, prepare_image, resize, to_nchw
-from .tiling import auto_tile_size, estimate_bytes_per_pixel, run_tiled, tile_floor, whole_scale
+from .tiling import run_tiled, tile_floor, whole_scale
+from .upscale_plan import AUTO_OVERLAP, auto_tile, impulse_probe, plan_overlap, receptive_field
 
 DEFAULT_MODEL_PATH = Path(__file__).parent / "assets" / "bicubic_x2.onnx"
-DEFAULT_OVERLAP = 16  # receptive radius of compact SR nets is well under this; RRDB's is larger but
-# its far context changes results by less than 8-bit quantisation (Real-ESRGAN's own tiler uses 10)
 OPERATION_NAME = "upscale"
 MODEL_NAME = "super-resolution"  # as messages name the model: "a super-resolution model"
 ALPHA_MODES = ("model", "resize")
@@ -39,7 +37,10 @@ ALPHA_MODES = ("model", "resize")
 class UpscaleResult:
     image: np.ndarray  # (H*scale) x (W*scale) x C float32, C = 4 when the source had alpha, else 3
     scale: int
-    tile_size_used: int  # window side of the final tile plan (at most the padded image's long side)
+    tile_size_used: int  # the largest window side that actually ran (input pixels, overlap included)
+    overlap: int = 0  # context pixels around each tile
+    receptive_radius: int | None = None  # input pixels; None: the model sees the whole image
+    exact: bool = True  # tiles give exactly the pixels of one whole-image run
     warnings: list[str] = field(default_factory=list)
 
 
@@ -50,17 +51,20 @@ def run(
     options: JobOptions | None = None,
     tile_size: int | str | None = "auto",
     overlap: int | None = None,
+    model_overlap: int | None = None,
     alpha_mode: str = "model",
     memory_budget_bytes: int | None = None,
     size_multiple: int = 1,
 ) -> UpscaleResult | list[UpscaleResult]:
     """Upscale one image (HxW[xC] uint8/uint16/float) or a list of frames (one operation).
 
-    `tile_size`: "auto" or 0 (from the memory budget: `memory_budget_bytes`, else free VRAM on CUDA,
-    else free system RAM), an int (window side in input pixels, overlap included), or None for
+    `tile_size`: "auto" or 0 (from `memory_budget_bytes` when given, else a fixed window per device
+    kind: never from the memory free at call time, so a job's plan is the same every run), an int (window side in input pixels, overlap included), or None for
     one window over the whole image. Whatever is chosen is halved on out-of-memory. Ignored for
     fixed-shape models, which get exactly their input size.
-    `overlap`: context pixels cropped from each tile side (default 16).
+    `overlap`: context pixels cropped from each tile side; None or -1: the model's receptive radius
+    (`model_overlap` from its catalog entry, else read from the graph, else measured by an impulse
+    probe), rounded up to `size_multiple`: then tiles give exactly one whole-image run's pixels.
     `size_multiple`: round dynamic windows up to this (models that need even sizes, say).
     """
     if alpha_mode not in ALPHA_MODES:
@@ -72,9 +76,8 @@ def run(
     if tile_size == 0:  # what the artist's "Tile Size 0" means
         tile_size = "auto"
     options = options or JobOptions()
-    overlap = DEFAULT_OVERLAP if overlap is None else int(overlap)
-    if overlap < 0:
-        raise ValueError(f"overlap must be >= 0, got {overlap}")
+    if overlap is not None and int(overlap) < AUTO_OVERLAP:
+        raise ValueError(f"overlap must be >= 0 ({AUTO_OVERLAP}: the model's receptive radius), got {overlap}")
     frames, was_single = as_frames(images)
     runtime = options.get_runtime()
     results = ResultSink(options)
@@ -85,7 +88,17 @@ def run(
         dtype = in_info.dtype
         fixed = fixed_hw(in_info.shape)
         scale = _static_scale(job.handle)
-        plan_warnings: list[str] = []
+
+        def probe():
+            def infer(window):
+                return job.infer(to_nchw(window, dtype), last=False)
+
+            return impulse_probe(infer, scale=scale, fixed=fixed)
+
+        field = receptive_field(job.handle.model_path, model_overlap, probe)
+        planned = plan_overlap(job.handle.model_name, field, overlap, size_multiple)
+        overlap = planned.overlap
+        plan_warnings: list[str] = list(planned.warnings)
         if fixed is not None:
             tile = fixed
             if isinstance(tile_size, int) and (tile_size, tile_size) != fixed:
@@ -98,8 +111,9 @@ def run(
                 plan_warnings.append(
                     f"Overlap reduced to {overlap} px to fit the model's {fixed[1]}x{fixed[0]} input."
                 )
+                planned.exact = planned.radius is not None and overlap >= planned.radius
         elif tile_size == "auto":
-            tile = _auto_tile(job.handle, scale, dtype, overlap, memory_budget_bytes)
+            tile = auto_tile(job.handle, scale, dtype, overlap, memory_budget_bytes)
         elif tile_size is None:
             tile = None
         else:
@@ -118,7 +132,7 @@ def run(
             options.report(index / count, prefix + "preprocessing")
             prepared = prepare_image(frame, name=name)
             warnings = list(plan_warnings) + list(prepared.warnings)
-            rgb, alpha, size = prepared.rgb, prepared.alpha, prepared.size
+            rgb, alpha = prepared.rgb, prepared.alpha
             outside = int(((rgb < 0.0) | (rgb > 1.0)).any(axis=2).sum())
             if outside:
                 np.clip(rgb, 0.0, 1.0, out=rgb)  # prepare_image's array is always our own copy
@@ -175,10 +189,18 @@ def run(
                 else:
                     matte = np.clip(resize(alpha, (out_h, out_w), "cubic"), 0.0, 1.0)[:, :, None]
                 image = np.concatenate([image, matte], axis=2)
-            used = max(tiled.tile_size)
-            if fixed is None:  # a tile larger than the image ran as one window of the image's size
-                used = min(used, max(size) + 2 * overlap)
-            results.add(UpscaleResult(image, int(scale), int(used), warnings))
+            exact = planned.exact or (tiled.tiles_run == 1 and not tiled.splits)
+            results.add(
+                UpscaleResult(
+                    image,
+                    int(scale),
+                    int(max(tiled.window_ran)),
+                    overlap=overlap,
+                    receptive_radius=planned.radius,
+                    exact=exact,
+                    warnings=warnings,
+                )
+            )
         options.report(1.0, "done")
     return results.value(was_single)
 
@@ -222,28 +244,17 @@ def _static_scale(handle) -> int | None:
     return whole_scale(fixed_in, fixed_out, handle.model_name)
 
 
-def _auto_tile(handle, scale, dtype, overlap, budget) -> int:
-    free_vram = None
-    if budget is None and handle.gpu_device_id is not None:
-        gpu = memory_snapshot(handle.gpu_device_id).get("gpu") or {}
-        free_vram = gpu.get("free_bytes") if gpu.get("available") else None
-        if free_vram is None:
-            return 512  # no NVML: a size that fits consumer GPUs; a split handles the rest
-    cost = estimate_bytes_per_pixel(scale or 4, element_size=np.dtype(dtype).itemsize)
-    return auto_tile_size(cost, budget_bytes=budget, free_vram_bytes=free_vram, overlap=overlap)
-
-
 FAMILY = Family(
     id="upscale",
     title="super-resolution",
     produces="the image at the model's scale (x2 with the built-in bicubic model)",
     run=run,
     settings=(
-        Setting("tile_overlap", non_negative_int, keyword="overlap"),
+        Setting("tile_overlap", non_negative_int, keyword="model_overlap"),
         Setting("alpha_mode", one_of(*ALPHA_MODES)),
         Setting("size_multiple", positive_int),
     ),
-    user_defaults={"tile_overlap": DEFAULT_OVERLAP},
+    user_defaults={},  # the overlap comes from the model's graph
     options=(
         Option(
             "tile_size",
@@ -253,6 +264,16 @@ FAMILY = Family(
             "Side of the tiles the image is cut into, in pixels. 0: from the free memory",
             min=0,
             soft_max=2048,
+        ),
+        Option(
+            "overlap",
+            int,
+            AUTO_OVERLAP,
+            "Overlap",
+            "Context pixels around each tile. -1: the model's receptive radius, so tiles give exactly "
+            "the pixels of one whole-image run (a warning when set below it)",
+            min=AUTO_OVERLAP,
+            soft_max=256,
         ),
     ),
     action="Upscale",
