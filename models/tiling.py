@@ -10,10 +10,11 @@ Vocabulary:
 - *owned region*: the part of the image a tile's cropped result covers. Owned regions partition
   the image.
 
-The whole image is treated as reflect-padded without ever building the padded copy: a window
-that reaches past the border gathers reflected rows/columns (numpy's "reflect" mode). "Untiled"
-therefore means one window covering the image plus `overlap` reflected pixels on each side, and a
-tiled run equals it up to float summation order.
+Windows are clipped to the image: at the image border the model sees what it sees in one
+whole-image run (its own padding), so "untiled" means one run on the image itself, with no padded
+copy, and with an overlap at least the model's receptive radius a tiled run equals it bit for bit,
+borders included. Only what a fixed input size or a size multiple needs beyond the image is
+gathered by reflection (numpy's "reflect" mode), never building a padded copy.
 
 Split on out-of-memory: when a run raises `InferenceOutOfMemoryError` (the runtime has already
 evicted the session), the tile size is halved, the tiles not yet done are planned again with it,
@@ -166,7 +167,7 @@ def plan_tiles(
 
     `tile_size` is an int, an (h, w) pair, or None for one window over the whole image. With
     `fixed`, every window is exactly `tile_size` (a fixed-shape model); otherwise a window is the
-    owned region plus `overlap` on each side, grown at the bottom/right to a `multiple`.
+    owned region plus `overlap` on each side, clipped to the image, grown to a `multiple`.
     """
     overlap = int(overlap)
     if overlap < 0:
@@ -185,15 +186,29 @@ def plan_tiles(
     cols = _splits(rx0, rx1, core_w)
     tiles = []
     for y0, y1 in zip(rows[:-1], rows[1:], strict=True):
+        wy0, wy1 = _window(y0, y1, int(height), overlap, tile_h if fixed else None, multiple)
         for x0, x1 in zip(cols[:-1], cols[1:], strict=True):
-            wy0, wx0 = y0 - overlap, x0 - overlap
-            if fixed:
-                wy1, wx1 = wy0 + tile_h, wx0 + tile_w
-            else:
-                wy1 = wy0 + _round_up(y1 - y0 + 2 * overlap, multiple)
-                wx1 = wx0 + _round_up(x1 - x0 + 2 * overlap, multiple)
+            wx0, wx1 = _window(x0, x1, int(width), overlap, tile_w if fixed else None, multiple)
             tiles.append(Tile(y0, x0, y1, x1, wy0, wx0, wy1, wx1))
     return tiles
+
+
+def _window(start: int, stop: int, size: int, overlap: int, fixed: int | None, multiple: int):
+    """The window along one axis: the owned span plus `overlap`, clipped to the image (the model's
+    own border handling then applies at the image border, exactly as in one whole-image run).
+    Only what a fixed size or the size multiple needs beyond the image is reflected, and the
+    window grows into the image first."""
+    begin, end = max(0, start - overlap), min(size, stop + overlap)
+    need = fixed if fixed is not None else _round_up(end - begin, multiple)
+    extra = need - (end - begin)
+    if extra < 0:  # a fixed window smaller than owned span + overlap: centre the owned span
+        begin = start - (need - (stop - start)) // 2
+        return begin, begin + need
+    grow = min(extra, size - end)
+    end, extra = end + grow, extra - grow
+    grow = min(extra, begin)
+    begin, extra = begin - grow, extra - grow
+    return begin, end + extra
 
 
 def reflect_indices(start: int, stop: int, size: int) -> np.ndarray:
