@@ -87,11 +87,11 @@ def run(
         in_info = job.handle.inputs[0]
         dtype = in_info.dtype
         fixed = fixed_hw(in_info.shape)
-        scale = _static_scale(job.handle)
+        scale = job.scale = _static_scale(job.handle)
 
         def probe():
             def infer(window):
-                return job.infer(to_nchw(window, dtype), last=False)
+                return from_nchw(job.infer(to_nchw(window, dtype), last=False, slot="probe"))
 
             return impulse_probe(infer, scale=scale, fixed=fixed)
 
@@ -149,10 +149,10 @@ def run(
             def run_tile(window, last, _model_alpha=model_alpha):
                 colour = job.infer(to_nchw(window[:, :, :3], dtype), last=last and not _model_alpha)
                 if not _model_alpha:
-                    return colour
+                    return colour  # 1x3xHxW: the tiler pastes it transposed, in one pass
                 grey = np.repeat(window[:, :, 3:4], 3, axis=2)
-                matte = job.infer(to_nchw(grey, dtype), last=last)
-                return np.concatenate([colour, matte.mean(axis=2, keepdims=True)], axis=2)
+                matte = job.infer(to_nchw(grey, dtype), last=last, slot="alpha")
+                return np.concatenate([from_nchw(colour), from_nchw(matte).mean(axis=2, keepdims=True)], axis=2)
 
             def progress(fraction, done, total, _index=index, _prefix=prefix):
                 options.report((_index + fraction) / count, f"{_prefix}tile {done}/{total}")
@@ -170,6 +170,7 @@ def run(
                 on_split=job.reacquire,
                 progress=progress,
                 multiple=size_multiple,
+                clip=(0.0, 1.0),
             )
             del source
             op.check_cancelled()
@@ -180,8 +181,7 @@ def run(
                     f"Ran out of memory; tiles were split {len(tiled.splits)} time(s), down to "
                     f"{max(tiled.tile_size)} px."
                 )
-            image = tiled.image
-            np.clip(image, 0.0, 1.0, out=image)
+            image = tiled.image  # clipped to [0, 1] as each tile was pasted
             if alpha is not None and not model_alpha:
                 out_h, out_w = image.shape[:2]
                 if alpha_constant is not None:
@@ -213,6 +213,8 @@ class _Job:
         self.model_path = model_path
         self.device = device
         self.handle = op.session(model_path, device)
+        self.scale: int | None = None  # known from fixed shapes or the first output
+        self._buffers: dict[str, np.ndarray] = {}
         check_contract(
             self.handle,
             MODEL_NAME,
@@ -223,17 +225,32 @@ class _Job:
     def reacquire(self, _tile, _error: InferenceOutOfMemoryError) -> None:
         self.handle = self.op.session(self.model_path, self.device)
 
-    def infer(self, feed: np.ndarray, *, last: bool) -> np.ndarray:
+    def infer(self, feed: np.ndarray, *, last: bool, slot: str = "colour") -> np.ndarray:
+        """The model's 1x3xHxW output for a 1x3xhxw feed. Once the scale is known the output is
+        written by the runtime straight into a buffer this job owns (one per `slot`, reused from
+        tile to tile: the tiler pastes it before the next run), so nothing is copied out of the
+        arena and no new array is made per tile."""
         handle = self.handle
         in_name, out_name = handle.inputs[0].name, handle.outputs[0].name
-        output = self.op.run(handle, {in_name: feed}, last=last, output_names=[out_name])[out_name]
+        out = None
+        if self.scale is not None:
+            shape = (1, 3, feed.shape[2] * self.scale, feed.shape[3] * self.scale)
+            buffer = self._buffers.get(slot)
+            if buffer is None or buffer.shape != shape:
+                buffer = self._buffers[slot] = np.empty(shape, handle.outputs[0].dtype)
+            out = {out_name: buffer}
+        output = self.op.run(handle, {in_name: feed}, last=last, output_names=[out_name], out=out)[out_name]
         if output.ndim != 4 or output.shape[1] != 3:
             raise ModelContractError(
                 f"{handle.model_name} returned '{out_name}' with shape {list(output.shape)}; an upscale "
                 "model must return 1x3xHxW."
             )
-        check_finite(output, handle.model_name, out_name)
-        return from_nchw(output)
+        check_finite(output, handle.model_name, out_name)  # this tile only
+        if self.scale is None and output.shape[2] % feed.shape[2] == 0:
+            found = output.shape[2] // feed.shape[2]
+            if output.shape[3] == feed.shape[3] * found:  # else the tiler reports the contract error
+                self.scale = found
+        return output
 
 
 def _static_scale(handle) -> int | None:
