@@ -284,7 +284,7 @@ def _walk(nodes, tensors, inputs, outputs) -> ReceptiveField:
 
 @lru_cache(maxsize=32)
 def _cached(path: str, size: int, mtime: int) -> ReceptiveField:
-    data = Path(path).read_bytes()
+    data = memoryview(Path(path).read_bytes())  # slices share it: no copy of the weights
     try:
         graph = _graph(data)
     except (ValueError, IndexError, UnicodeDecodeError, struct.error) as exc:
