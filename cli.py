@@ -274,7 +274,9 @@ def _run(args) -> int:
         shape = getattr(result, "image", getattr(result, "depth", None))
         scale = f" ({result.scale}x)" if hasattr(result, "scale") else ""
         size = f" {shape.shape[1]}x{shape.shape[0]}{scale}" if shape is not None else ""
-        tile = f", tile {result.tile_size_used} px" if hasattr(result, "tile_size_used") else ""
+        tile = ""
+        if hasattr(result, "tile_size_used"):  # the largest window that ran, and its overlap
+            tile = f", tile {result.tile_size_used} px, overlap {result.overlap} px"
         print(f"wrote: {out}{size}{tile}", flush=True)
 
     def infer(frames, options):

@@ -30,7 +30,7 @@ _MOGE2_NOTES = (
     "in the export."
 )
 
-_UPSCALE_COMMON = {"tile_overlap": 16}
+_UPSCALE_COMMON: dict = {}  # the overlap comes from each graph
 
 _QUALCOMM_NOTE = (
     "ONNX export published by Qualcomm AI Hub; the file was listed on the repository's main "

@@ -163,11 +163,24 @@ def resize(image: np.ndarray, size: tuple[int, int], kernel: str = "lanczos3") -
 
 
 def fit_multiple(height: int, width: int, long_side: int, multiple: int) -> tuple[int, int]:
-    """Scale so the long side is `long_side`, then round each side to a multiple (at least one)."""
-    scale = long_side / max(height, width)
-    new_h = max(multiple, int(round(height * scale / multiple)) * multiple)
-    new_w = max(multiple, int(round(width * scale / multiple)) * multiple)
-    return new_h, new_w
+    """Depth Anything 3's own size rule (`upper_bound_resize`), in its two steps.
+
+    1. Unless the long side already is `long_side`, scale so it is, and round each side to an
+       integer (Python's round: halves to even), at least 1.
+    2. Round each side to the nearest multiple of `multiple`, ties going *up*.
+    Upstream then keeps a side of at least 1; here at least one `multiple` (a side under
+    `multiple` / 2 only happens beyond a 1:36 aspect ratio, and no ViT takes a zero-patch side).
+    """
+    if max(height, width) != long_side:
+        scale = long_side / float(max(height, width))
+        height, width = max(1, int(round(height * scale))), max(1, int(round(width * scale)))
+
+    def nearest(side: int) -> int:
+        down = (side // multiple) * multiple
+        up = down + multiple
+        return up if up - side <= side - down else down
+
+    return max(multiple, nearest(height)), max(multiple, nearest(width))
 
 
 def merge_alpha(rgb: np.ndarray, alpha: np.ndarray | None) -> np.ndarray:

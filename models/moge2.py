@@ -35,7 +35,7 @@ from ..runtime.errors import InvalidModelOutputError, ModelContractError
 from .base import FLOAT_TYPES, JobOptions, ResultSink, as_frames, check_finite, fixed_hw, squeeze_batch
 from .family import Family, Option, Setting, int_range, positive_int, unit_interval
 from .imaging import prepare_image, resize, to_nchw
-from .moge2_solver import recover_focal_shift
+from .moge2_solver import DegenerateGeometryError, recover_focal_shift
 
 MODEL_NAME = "MoGe-2"
 PATCH_SIZE = 14
@@ -294,7 +294,6 @@ def _postprocess(
         raise InvalidModelOutputError(
             f"{model_name} returned '{binding.points.name}' with shape {list(points.shape)}; expected HxWx3."
         )
-    check_finite(points, model_name, binding.points.name)
     normal = None
     if binding.normal is not None:
         normal = _squeeze_batch(outputs[binding.normal.name], 3, binding.normal.name, model_name)
@@ -335,10 +334,19 @@ def _postprocess(
     )
     if not valid.any():
         raise InvalidModelOutputError(no_geometry)
+    # non-finite points matter only where the mask keeps them
+    finite = np.isfinite(points).all(axis=2)
+    if not finite[valid].all():
+        check_finite(points[valid], model_name, binding.points.name)
+    if not finite.all():
+        points = np.where(finite[:, :, None], points, np.float32(0.0))
     try:
         focal, shift = recover_focal_shift(points, valid)
-    except ValueError:
-        raise InvalidModelOutputError(no_geometry) from None
+    except DegenerateGeometryError as exc:
+        raise InvalidModelOutputError(
+            f"{model_name} gave no usable geometry for {label}: {exc} (mask threshold "
+            f"{mask_threshold}); nothing was written."
+        ) from None
     if not (math.isfinite(focal) and focal > 0 and math.isfinite(shift)):
         raise InvalidModelOutputError(
             f"{model_name} produced a point map for {label} that no pinhole camera explains "

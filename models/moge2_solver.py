@@ -7,6 +7,15 @@ half the image diagonal, so `f` is relative to the half diagonal). For a fixed `
 is closed form; `s` is then a 1-D problem, solved by a log-spaced scan of the nearest point's
 depth followed by golden-section refinement (deterministic, no starting guess, never puts a
 valid point behind the camera).
+
+What it refuses (`DegenerateGeometryError`, a ValueError with a message for the artist), because
+any answer would be arbitrary: fewer than MIN_VALID_POINTS valid points, all valid points at one
+place, all at one depth (then every shift fits equally well, and with it any field of view), and
+a fit whose diagonal field of view is outside FOV_RANGE_DEG.
+MIN_VALID_POINTS comes from a noise study (random pixels of a 64x64 view, depths 1..4, 1 %
+multiplicative noise, 300 trials per count): the worst focal error was 8.8e5x with 2 points,
+62 % with 3, 15 % with 6, 6.4 % with 8, 2.5 % with 16 and 1.3 % with 64; 16 keeps the worst case
+within a few percent.
 """
 
 from __future__ import annotations
@@ -14,6 +23,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+MIN_VALID_POINTS = 16
+FOV_RANGE_DEG = (2.0, 160.0)  # diagonal field of view a photo's camera can plausibly have
+
+
+class DegenerateGeometryError(ValueError):
+    """The valid points cannot determine a focal length and shift."""
 
 
 def view_plane_uv(height: int, width: int) -> np.ndarray:
@@ -69,15 +85,21 @@ def solve_focal_shift(uv: np.ndarray, xyz: np.ndarray, *, iterations: int = 80) 
     uv = np.asarray(uv, np.float64).reshape(-1, 2)
     xyz = np.asarray(xyz, np.float64).reshape(-1, 3)
     xy, z = xyz[:, :2], xyz[:, 2]
-    if len(z) < 2:
-        raise ValueError(f"need at least 2 valid points to recover focal and shift, got {len(z)}")
+    if len(z) < MIN_VALID_POINTS:
+        raise DegenerateGeometryError(
+            f"only {len(z)} valid point(s), and at least {MIN_VALID_POINTS} are needed for a stable "
+            "focal length and shift"
+        )
     z_min, z_max = float(z.min()), float(z.max())
-    magnitude = max(abs(z_min), abs(z_max))
+    magnitude = max(abs(z_min), abs(z_max), float(np.abs(xy).max()))
     span = z_max - z_min
-    if span <= 1e-9 * max(magnitude, 1e-30):
-        # fronto-parallel surface: every shift fits equally well; keep MoGe's starting shift (0)
-        shift = 0.0 if z_min > 0 else -z_min + max(magnitude, 1.0)
-        return _focal_for_shift(xy, z, uv, shift)[0], shift
+    if float(np.ptp(xy, axis=0).max()) <= 1e-9 * max(magnitude, 1e-30) and span <= 1e-9 * max(magnitude, 1e-30):
+        raise DegenerateGeometryError("every valid point is the same point")
+    if span <= 1e-6 * max(abs(z_min), abs(z_max), 1e-30):
+        raise DegenerateGeometryError(
+            "every valid point lies at one depth, so the depth offset (and with it the field of view) "
+            "cannot be recovered"
+        )
     scale = span
 
     def cost(log_t):
@@ -128,4 +150,12 @@ def recover_focal_shift(
             raise ValueError(f"mask shape {mask.shape} does not match points {points.shape[:2]}")
         valid &= mask
     xyz, uv = _subsample(points, view_plane_uv(height, width), valid, grid, min_points)
-    return solve_focal_shift(uv, xyz)
+    focal, shift = solve_focal_shift(uv, xyz)
+    if math.isfinite(focal) and focal > 0:
+        fov = math.degrees(2.0 * math.atan(1.0 / focal))  # focal is relative to the half diagonal
+        if not FOV_RANGE_DEG[0] <= fov <= FOV_RANGE_DEG[1]:
+            raise DegenerateGeometryError(
+                f"the fitted camera would have a {fov:.1f} degree diagonal field of view, outside the "
+                f"plausible {FOV_RANGE_DEG[0]:g}-{FOV_RANGE_DEG[1]:g} degrees"
+            )
+    return focal, shift

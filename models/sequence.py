@@ -171,13 +171,14 @@ class BatchRun:
         self._put_result((self._frames.answered(), result))
 
     def _put_result(self, item) -> None:
-        while True:
+        while True:  # never blocked inside put(): a slot freed after a cancel must not take a frame
+            if self._cancel.is_set():
+                raise OperationCancelled("The batch was cancelled; the frames already written are kept.")
             try:
-                self._results.put(item, timeout=0.05)
+                self._results.put_nowait(item)
                 return
             except queue.Full:
-                if self._cancel.is_set():
-                    raise OperationCancelled("The batch was cancelled; the frames already written are kept.") from None
+                self._cancel.wait(0.005)
 
     def infer_all(self) -> BatchReport:
         """The inference side (a worker thread): every frame fed to the adapter, results handed

@@ -21,15 +21,13 @@ import numpy as np
 
 from ..runtime import mark_last
 from ..runtime.errors import InferenceOutOfMemoryError, ModelContractError
-from ..runtime.memory import memory_snapshot
 from .base import FLOAT_TYPES, JobOptions, ResultSink, as_frames, check_contract, check_finite, fixed_hw
 from .family import Family, Option, Setting, non_negative_int, one_of, positive_int
 from .imaging import from_nchw, prepare_image, resize, to_nchw
-from .tiling import auto_tile_size, estimate_bytes_per_pixel, run_tiled, tile_floor, whole_scale
+from .tiling import run_tiled, tile_floor, whole_scale
+from .upscale_plan import AUTO_OVERLAP, auto_tile, impulse_probe, plan_overlap, receptive_field
 
 DEFAULT_MODEL_PATH = Path(__file__).parent / "assets" / "bicubic_x2.onnx"
-DEFAULT_OVERLAP = 16  # receptive radius of compact SR nets is well under this; RRDB's is larger but
-# its far context changes results by less than 8-bit quantisation (Real-ESRGAN's own tiler uses 10)
 OPERATION_NAME = "upscale"
 MODEL_NAME = "super-resolution"  # as messages name the model: "a super-resolution model"
 ALPHA_MODES = ("model", "resize")
@@ -39,7 +37,10 @@ ALPHA_MODES = ("model", "resize")
 class UpscaleResult:
     image: np.ndarray  # (H*scale) x (W*scale) x C float32, C = 4 when the source had alpha, else 3
     scale: int
-    tile_size_used: int  # window side of the final tile plan (at most the padded image's long side)
+    tile_size_used: int  # the largest window side that actually ran (input pixels, overlap included)
+    overlap: int = 0  # context pixels around each tile
+    receptive_radius: int | None = None  # input pixels; None: the model sees the whole image
+    exact: bool = True  # tiles give exactly the pixels of one whole-image run
     warnings: list[str] = field(default_factory=list)
 
 
@@ -50,17 +51,20 @@ def run(
     options: JobOptions | None = None,
     tile_size: int | str | None = "auto",
     overlap: int | None = None,
+    model_overlap: int | None = None,
     alpha_mode: str = "model",
     memory_budget_bytes: int | None = None,
     size_multiple: int = 1,
 ) -> UpscaleResult | list[UpscaleResult]:
     """Upscale one image (HxW[xC] uint8/uint16/float) or a list of frames (one operation).
 
-    `tile_size`: "auto" or 0 (from the memory budget: `memory_budget_bytes`, else free VRAM on CUDA,
-    else free system RAM), an int (window side in input pixels, overlap included), or None for
+    `tile_size`: "auto" or 0 (from `memory_budget_bytes` when given, else a fixed window per device
+    kind: never from the memory free at call time, so a job's plan is the same every run), an int (window side in input pixels, overlap included), or None for
     one window over the whole image. Whatever is chosen is halved on out-of-memory. Ignored for
     fixed-shape models, which get exactly their input size.
-    `overlap`: context pixels cropped from each tile side (default 16).
+    `overlap`: context pixels cropped from each tile side; None or -1: the model's receptive radius
+    (`model_overlap` from its catalog entry, else read from the graph, else measured by an impulse
+    probe), rounded up to `size_multiple`: then tiles give exactly one whole-image run's pixels.
     `size_multiple`: round dynamic windows up to this (models that need even sizes, say).
     """
     if alpha_mode not in ALPHA_MODES:
@@ -72,9 +76,8 @@ def run(
     if tile_size == 0:  # what the artist's "Tile Size 0" means
         tile_size = "auto"
     options = options or JobOptions()
-    overlap = DEFAULT_OVERLAP if overlap is None else int(overlap)
-    if overlap < 0:
-        raise ValueError(f"overlap must be >= 0, got {overlap}")
+    if overlap is not None and int(overlap) < AUTO_OVERLAP:
+        raise ValueError(f"overlap must be >= 0 ({AUTO_OVERLAP}: the model's receptive radius), got {overlap}")
     frames, was_single = as_frames(images)
     runtime = options.get_runtime()
     results = ResultSink(options)
@@ -84,8 +87,18 @@ def run(
         in_info = job.handle.inputs[0]
         dtype = in_info.dtype
         fixed = fixed_hw(in_info.shape)
-        scale = _static_scale(job.handle)
-        plan_warnings: list[str] = []
+        scale = job.scale = _static_scale(job.handle)
+
+        def probe():
+            def infer(window):
+                return from_nchw(job.infer(to_nchw(window, dtype), last=False, slot="probe"))
+
+            return impulse_probe(infer, scale=scale, fixed=fixed)
+
+        field = receptive_field(job.handle.model_path, model_overlap, probe)
+        planned = plan_overlap(job.handle.model_name, field, overlap, size_multiple)
+        overlap = planned.overlap
+        plan_warnings: list[str] = list(planned.warnings)
         if fixed is not None:
             tile = fixed
             if isinstance(tile_size, int) and (tile_size, tile_size) != fixed:
@@ -98,8 +111,9 @@ def run(
                 plan_warnings.append(
                     f"Overlap reduced to {overlap} px to fit the model's {fixed[1]}x{fixed[0]} input."
                 )
+                planned.exact = planned.radius is not None and overlap >= planned.radius
         elif tile_size == "auto":
-            tile = _auto_tile(job.handle, scale, dtype, overlap, memory_budget_bytes)
+            tile = auto_tile(job.handle, scale, dtype, overlap, memory_budget_bytes)
         elif tile_size is None:
             tile = None
         else:
@@ -118,7 +132,7 @@ def run(
             options.report(index / count, prefix + "preprocessing")
             prepared = prepare_image(frame, name=name)
             warnings = list(plan_warnings) + list(prepared.warnings)
-            rgb, alpha, size = prepared.rgb, prepared.alpha, prepared.size
+            rgb, alpha = prepared.rgb, prepared.alpha
             outside = int(((rgb < 0.0) | (rgb > 1.0)).any(axis=2).sum())
             if outside:
                 np.clip(rgb, 0.0, 1.0, out=rgb)  # prepare_image's array is always our own copy
@@ -135,10 +149,10 @@ def run(
             def run_tile(window, last, _model_alpha=model_alpha):
                 colour = job.infer(to_nchw(window[:, :, :3], dtype), last=last and not _model_alpha)
                 if not _model_alpha:
-                    return colour
+                    return colour  # 1x3xHxW: the tiler pastes it transposed, in one pass
                 grey = np.repeat(window[:, :, 3:4], 3, axis=2)
-                matte = job.infer(to_nchw(grey, dtype), last=last)
-                return np.concatenate([colour, matte.mean(axis=2, keepdims=True)], axis=2)
+                matte = job.infer(to_nchw(grey, dtype), last=last, slot="alpha")
+                return np.concatenate([from_nchw(colour), from_nchw(matte).mean(axis=2, keepdims=True)], axis=2)
 
             def progress(fraction, done, total, _index=index, _prefix=prefix):
                 options.report((_index + fraction) / count, f"{_prefix}tile {done}/{total}")
@@ -156,6 +170,7 @@ def run(
                 on_split=job.reacquire,
                 progress=progress,
                 multiple=size_multiple,
+                clip=(0.0, 1.0),
             )
             del source
             op.check_cancelled()
@@ -166,8 +181,7 @@ def run(
                     f"Ran out of memory; tiles were split {len(tiled.splits)} time(s), down to "
                     f"{max(tiled.tile_size)} px."
                 )
-            image = tiled.image
-            np.clip(image, 0.0, 1.0, out=image)
+            image = tiled.image  # clipped to [0, 1] as each tile was pasted
             if alpha is not None and not model_alpha:
                 out_h, out_w = image.shape[:2]
                 if alpha_constant is not None:
@@ -175,12 +189,20 @@ def run(
                 else:
                     matte = np.clip(resize(alpha, (out_h, out_w), "cubic"), 0.0, 1.0)[:, :, None]
                 image = np.concatenate([image, matte], axis=2)
-            used = max(tiled.tile_size)
-            if fixed is None:  # a tile larger than the image ran as one window of the image's size
-                used = min(used, max(size) + 2 * overlap)
             if job.handle.fallback_warning:  # CUDA asked for, CPU given: the user must hear it
                 warnings.append(job.handle.fallback_warning)
-            results.add(UpscaleResult(image, int(scale), int(used), warnings))
+            exact = planned.exact or (tiled.tiles_run == 1 and not tiled.splits)
+            results.add(
+                UpscaleResult(
+                    image,
+                    int(scale),
+                    int(max(tiled.window_ran)),
+                    overlap=overlap,
+                    receptive_radius=planned.radius,
+                    exact=exact,
+                    warnings=warnings,
+                )
+            )
         options.report(1.0, "done")
     return results.value(was_single)
 
@@ -193,6 +215,8 @@ class _Job:
         self.model_path = model_path
         self.device = device
         self.handle = op.session(model_path, device)
+        self.scale: int | None = None  # known from fixed shapes or the first output
+        self._buffers: dict[str, np.ndarray] = {}
         check_contract(
             self.handle,
             MODEL_NAME,
@@ -203,17 +227,32 @@ class _Job:
     def reacquire(self, _tile, _error: InferenceOutOfMemoryError) -> None:
         self.handle = self.op.session(self.model_path, self.device)
 
-    def infer(self, feed: np.ndarray, *, last: bool) -> np.ndarray:
+    def infer(self, feed: np.ndarray, *, last: bool, slot: str = "colour") -> np.ndarray:
+        """The model's 1x3xHxW output for a 1x3xhxw feed. Once the scale is known the output is
+        written by the runtime straight into a buffer this job owns (one per `slot`, reused from
+        tile to tile: the tiler pastes it before the next run), so nothing is copied out of the
+        arena and no new array is made per tile."""
         handle = self.handle
         in_name, out_name = handle.inputs[0].name, handle.outputs[0].name
-        output = self.op.run(handle, {in_name: feed}, last=last, output_names=[out_name])[out_name]
+        out = None
+        if self.scale is not None:
+            shape = (1, 3, feed.shape[2] * self.scale, feed.shape[3] * self.scale)
+            buffer = self._buffers.get(slot)
+            if buffer is None or buffer.shape != shape:
+                buffer = self._buffers[slot] = np.empty(shape, handle.outputs[0].dtype)
+            out = {out_name: buffer}
+        output = self.op.run(handle, {in_name: feed}, last=last, output_names=[out_name], out=out)[out_name]
         if output.ndim != 4 or output.shape[1] != 3:
             raise ModelContractError(
                 f"{handle.model_name} returned '{out_name}' with shape {list(output.shape)}; an upscale "
                 "model must return 1x3xHxW."
             )
-        check_finite(output, handle.model_name, out_name)
-        return from_nchw(output)
+        check_finite(output, handle.model_name, out_name)  # this tile only
+        if self.scale is None and output.shape[2] % feed.shape[2] == 0:
+            found = output.shape[2] // feed.shape[2]
+            if output.shape[3] == feed.shape[3] * found:  # else the tiler reports the contract error
+                self.scale = found
+        return output
 
 
 def _static_scale(handle) -> int | None:
@@ -224,28 +263,17 @@ def _static_scale(handle) -> int | None:
     return whole_scale(fixed_in, fixed_out, handle.model_name)
 
 
-def _auto_tile(handle, scale, dtype, overlap, budget) -> int:
-    free_vram = None
-    if budget is None and handle.gpu_device_id is not None:
-        gpu = memory_snapshot(handle.gpu_device_id).get("gpu") or {}
-        free_vram = gpu.get("free_bytes") if gpu.get("available") else None
-        if free_vram is None:
-            return 512  # no NVML: a size that fits consumer GPUs; a split handles the rest
-    cost = estimate_bytes_per_pixel(scale or 4, element_size=np.dtype(dtype).itemsize)
-    return auto_tile_size(cost, budget_bytes=budget, free_vram_bytes=free_vram, overlap=overlap)
-
-
 FAMILY = Family(
     id="upscale",
     title="super-resolution",
     produces="the image at the model's scale (x2 with the built-in bicubic model)",
     run=run,
     settings=(
-        Setting("tile_overlap", non_negative_int, keyword="overlap"),
+        Setting("tile_overlap", non_negative_int, keyword="model_overlap"),
         Setting("alpha_mode", one_of(*ALPHA_MODES)),
         Setting("size_multiple", positive_int),
     ),
-    user_defaults={"tile_overlap": DEFAULT_OVERLAP},
+    user_defaults={},  # the overlap comes from the model's graph
     options=(
         Option(
             "tile_size",
@@ -255,6 +283,16 @@ FAMILY = Family(
             "Side of the tiles the image is cut into, in pixels. 0: from the free memory",
             min=0,
             soft_max=2048,
+        ),
+        Option(
+            "overlap",
+            int,
+            AUTO_OVERLAP,
+            "Overlap",
+            "Context pixels around each tile. -1: the model's receptive radius, so tiles give exactly "
+            "the pixels of one whole-image run (a warning when set below it)",
+            min=AUTO_OVERLAP,
+            soft_max=256,
         ),
     ),
     action="Upscale",

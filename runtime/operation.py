@@ -19,7 +19,7 @@ from .errors import (
 from .memory import gpu_snapshot, memory_snapshot
 from .memory_report import format_job_memory, job_figures
 from .oom import out_of_memory_resource
-from .providers import SHRINK_CONFIG_KEY, parse_device
+from .providers import CPU, CUDA, SHRINK_CONFIG_KEY, parse_device
 from .session import LIBRARY_RAM, SessionHandle, onnxruntime_module
 from .timeline import Timeline, figures
 
@@ -93,8 +93,11 @@ class Operation:
             raise OperationCancelled(f"{self.name} was cancelled; nothing was written.")
 
     def run(
-        self, handle: SessionHandle, feeds: dict, *, last: bool, output_names=None
+        self, handle: SessionHandle, feeds: dict, *, last: bool, output_names=None, out=None
     ) -> dict[str, np.ndarray]:
+        """Run the model; `out` ({output name: C-contiguous array of its exact shape and dtype})
+        binds those outputs to the caller's memory (IOBinding): the runtime writes them in place,
+        nothing is left in the arena and nothing is copied. Other outputs are returned as copies."""
         if self._started is None:
             raise RuntimeError("Operation.run() called outside its `with` block")
         if id(handle) in self._finished:
@@ -129,9 +132,16 @@ class Operation:
         handle.last_used = time.time()
         if handle.gpu_device_id is not None:
             self.timeline.gpu_device_id = handle.gpu_device_id
+        bound = _bindable(handle, out)
+
+        def invoke(options):
+            if not bound:
+                return session.run(names, feeds, options)
+            return _run_bound(session, names, feeds, out, options)
+
         try:
             try:
-                outputs = session.run(names, feeds, run_options)
+                outputs = invoke(run_options)
             except Exception as exc:
                 if not (release_now and _ARENA_NOT_FOUND in str(exc)):
                     raise
@@ -145,7 +155,7 @@ class Operation:
                 )
                 handle.shrink = ""
                 release_now = False
-                outputs = session.run(names, feeds, ort.RunOptions())
+                outputs = invoke(ort.RunOptions())
         except Exception as exc:
             resource = out_of_memory_resource(exc, on_gpu=handle.gpu_device_id is not None)
             if resource is None:
@@ -175,16 +185,19 @@ class Operation:
                 resource=resource,
                 detail=str(exc),
             ) from exc
-        if handle.cpu_arena:
-            # CPU outputs are views into arena regions; owning copies stop them pinning a region
-            outputs = [np.array(o, copy=True) for o in outputs]
+        all_bound = bound and all(name in out for name in names)
+        if not bound:
+            # CPU outputs are views into arena regions; owning copies stop them pinning a region.
+            # A provider without IOBinding here copies into the caller's arrays instead.
+            targets = [(out or {}).get(name) for name in names]
+            outputs = [_copy_into(t, o, handle.cpu_arena) for t, o in zip(targets, outputs, strict=True)]
         self._live_output_bytes = sum(int(getattr(o, "nbytes", 0)) for o in outputs)
         self.timeline.mark(f"run {self.runs}")
         if last:
             self._finished.add(id(handle))
         if release_now:
             started = time.perf_counter()
-            if handle.cpu_arena:
+            if handle.cpu_arena and not all_bound:
                 self.runtime.release_cpu_arena()  # regions the outputs pinned during the run
             self._dirty.pop(id(handle), None)
             self.shrink_runs += 1
@@ -304,6 +317,37 @@ class Operation:
                 self.runtime.release_cpu_arena()
                 cpu_done = True
             self._emit_release(reason, handle, started, in_run=False, at_release=at_release)
+
+
+def _bindable(handle: SessionHandle, out) -> bool:
+    """IOBinding into host memory: the CPU provider writes there directly, CUDA copies there."""
+    return bool(out) and handle.providers[:1] in ([CPU], [CUDA])
+
+
+def _run_bound(session, names, feeds, out, run_options):
+    binding = session.io_binding()
+    for name, value in feeds.items():
+        binding.bind_cpu_input(name, np.ascontiguousarray(value))
+    for name in names:
+        target = out.get(name)
+        if target is None:
+            binding.bind_output(name, "cpu")
+            continue
+        if not target.flags.c_contiguous:
+            raise ValueError(f"the output array for {name!r} must be C-contiguous")
+        binding.bind_output(name, "cpu", 0, target.dtype, list(target.shape), target.ctypes.data)
+    session.run_with_iobinding(binding, run_options)
+    if all(name in out for name in names):
+        return [out[name] for name in names]  # written in place: no copy
+    copies = binding.copy_outputs_to_cpu()
+    return [out.get(name, value) for name, value in zip(names, copies, strict=True)]
+
+
+def _copy_into(target, value, owned_copy: bool):
+    if target is None:
+        return np.array(value, copy=True) if owned_copy else value
+    np.copyto(target, value)
+    return target
 
 
 def _as_cancel_check(cancel) -> Callable[[], bool]:

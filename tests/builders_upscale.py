@@ -36,3 +36,72 @@ def resize_model(path, *, factor=2.0, channels=3, tile=None, out_shape=None, nan
         initializers,
     )
     return save_model(graph, path)
+
+
+def compact_model(path, *, num_conv=16, scale=4, feat=8, seed=0, tile=None) -> Path:
+    """Built like Real-ESRGAN's SRVGGNetCompact: conv3x3 + PReLU, `num_conv` x (conv3x3 + PReLU),
+    conv3x3 to 3*scale^2, DepthToSpace, plus the nearest-upsampled input.
+
+    Receptive radius: num_conv + 2 input pixels (18 for 16 convs, 34 for 32: realesr-general-x4v3).
+    Random weights, scaled so activations neither vanish nor explode through 34 convs.
+    """
+    rng = np.random.default_rng(seed)
+    inits, nodes = [], []
+
+    def conv(src, cin, cout, index):
+        w = (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(9 * cin)).astype(np.float32)
+        b = (rng.standard_normal(cout) * 0.01).astype(np.float32)
+        inits.extend([numpy_helper.from_array(w, f"w{index}"), numpy_helper.from_array(b, f"b{index}")])
+        nodes.append(helper.make_node("Conv", [src, f"w{index}", f"b{index}"], [f"c{index}"], pads=[1, 1, 1, 1]))
+        return f"c{index}"
+
+    def prelu(src, channels, index):
+        inits.append(numpy_helper.from_array(np.full((channels, 1, 1), 0.25, np.float32), f"a{index}"))
+        nodes.append(helper.make_node("PRelu", [src, f"a{index}"], [f"p{index}"]))
+        return f"p{index}"
+
+    x = prelu(conv("input", 3, feat, 0), feat, 0)
+    for k in range(1, num_conv + 1):
+        x = prelu(conv(x, feat, feat, k), feat, k)
+    x = conv(x, feat, 3 * scale * scale, num_conv + 1)
+    inits.append(numpy_helper.from_array(np.array([1, 1, scale, scale], np.float32), "scales"))
+    nodes += [
+        helper.make_node("DepthToSpace", [x], ["shuffled"], blocksize=scale, mode="CRD"),
+        helper.make_node(
+            "Resize", ["input", "", "scales"], ["base"], mode="nearest",
+            coordinate_transformation_mode="asymmetric", nearest_mode="floor",
+        ),
+        helper.make_node("Add", ["shuffled", "base"], ["output"]),
+    ]
+    side = tile or "H"
+    out = tile * scale if tile else "OH"
+    graph = helper.make_graph(
+        nodes,
+        "compact",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, side, tile or "W"])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 3, out, tile * scale if tile else "OW"])],
+        inits,
+    )
+    return save_model(graph, path)
+
+
+def global_context_model(path, *, scale=2, seed=0) -> Path:
+    """Transformer-like: a conv, then every pixel is modulated by the image's mean (global pooling,
+    as attention or squeeze-excitation do), then DepthToSpace. Not tileable exactly."""
+    rng = np.random.default_rng(seed)
+    w1 = numpy_helper.from_array((rng.standard_normal((3 * scale * scale, 3, 3, 3)) * 0.2).astype(np.float32), "w1")
+    nodes = [
+        helper.make_node("Conv", ["input", "w1"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("GlobalAveragePool", ["c"], ["g"]),
+        helper.make_node("Sigmoid", ["g"], ["gate"]),
+        helper.make_node("Mul", ["c", "gate"], ["m"]),
+        helper.make_node("DepthToSpace", ["m"], ["output"], blocksize=scale, mode="CRD"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "global",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, "H", "W"])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 3, "OH", "OW"])],
+        [w1],
+    )
+    return save_model(graph, path)

@@ -48,7 +48,7 @@ class RecordingSession:
     def get_outputs(self):
         return self.real.get_outputs()
 
-    def run(self, names, feeds, run_options=None):
+    def _record(self, feeds, run_options) -> dict:
         entry = (
             _config_entry(run_options.get_run_config_entry, SHRINK_CONFIG_KEY) if run_options else None
         ) or ""
@@ -63,13 +63,45 @@ class RecordingSession:
             "ok": False,
         }
         self.factory.log.append(record)
+        return record
+
+    def _options_for_real(self, run_options):
+        # the real CPU session would reject e.g. a gpu: entry; what was recorded is the point
         if self.reported_providers and self.reported_providers[0] != CPU:
-            # the real CPU session would reject e.g. a gpu: entry; what was recorded is the point
-            outputs = self.real.run(names, feeds)
-        else:
-            outputs = self.real.run(names, feeds, run_options)
+            return ort.RunOptions()
+        return run_options
+
+    def run(self, names, feeds, run_options=None):
+        record = self._record(feeds, run_options)
+        outputs = self.real.run(names, feeds, self._options_for_real(run_options))
         record["ok"] = True
         return outputs
+
+    def io_binding(self):
+        return RecordingBinding(self.real.io_binding())
+
+    def run_with_iobinding(self, binding, run_options=None):
+        record = self._record(binding.feeds, run_options)
+        self.real.run_with_iobinding(binding.real, self._options_for_real(run_options))
+        record["ok"] = True
+
+
+class RecordingBinding:
+    """The real IOBinding, remembering its inputs so the run can be recorded like run()'s."""
+
+    def __init__(self, real):
+        self.real = real
+        self.feeds: dict[str, np.ndarray] = {}
+
+    def bind_cpu_input(self, name, value):
+        self.feeds[name] = value
+        self.real.bind_cpu_input(name, value)
+
+    def bind_output(self, *args, **kwargs):
+        self.real.bind_output(*args, **kwargs)
+
+    def copy_outputs_to_cpu(self):
+        return self.real.copy_outputs_to_cpu()
 
 
 class RecordingFactory:

@@ -294,3 +294,26 @@ def test_dynamic_model_never_warns_about_stretching(models, runtime):
     # 1x20 rounds to 28x504: an 11% aspect change from rounding to 14, not from a fixed size
     result = da3.run(photo(1, 20), models["dynamic"], options=opts(runtime))
     assert result.model_size == (28, 504) and result.warnings == []
+
+
+# (height, width) -> model (height, width) by Depth Anything 3's `upper_bound_resize` at 504 / 14:
+# step 1 rounds each scaled side to an integer (halves to even), step 2 to the nearest multiple of
+# 14 with ties up (computed by hand from upstream's _resize_longest_side/_make_divisible_by_resize)
+UPSTREAM_SIZES = [
+    ((128, 16), (504, 70)),  # 63 -> tie -> 70 (one-step half-to-even rounding gave 56)
+    ((35, 504), (42, 504)),  # long side already 504: no step 1; 35 is a tie -> 42
+    ((376, 504), (378, 504)),
+    ((1080, 1920), (280, 504)),  # 283.5 -> 284 -> 280
+    ((2160, 3840), (280, 504)),
+    ((480, 640), (378, 504)),
+    ((100, 700), (70, 504)),
+    ((504, 504), (504, 504)),
+    ((1000, 1), (504, 14)),  # upstream keeps a side of 1 here; a ViT needs at least one patch
+]
+
+
+@pytest.mark.parametrize("source,expected", UPSTREAM_SIZES)
+def test_model_size_follows_upstreams_two_step_rule(source, expected):
+    from lean_image_ai.models.imaging import fit_multiple
+
+    assert fit_multiple(source[0], source[1], 504, 14) == expected

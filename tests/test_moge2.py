@@ -164,20 +164,41 @@ def test_solver_sparse_mask_refines_its_grid():
     assert abs(shift - 0.7) < 1e-3
 
 
-def test_solver_needs_two_valid_points():
-    points, _, _ = synthetic_points(16, 16, 1.0, 0.0)
-    mask = np.zeros((16, 16), bool)
-    mask[3, 3] = True
-    with pytest.raises(ValueError, match="at least 2 valid points"):
+@pytest.mark.parametrize("count", [1, 3, moge2_solver.MIN_VALID_POINTS - 1])
+def test_solver_refuses_too_few_valid_points(count):
+    points, _, _ = synthetic_points(16, 16, 1.0, 0.0, noise=0.01)
+    mask = np.zeros(256, bool)
+    mask[np.linspace(0, 255, count).astype(int)] = True
+    with pytest.raises(moge2_solver.DegenerateGeometryError, match=f"only {count} valid point.*at least 16"):
+        moge2_solver.recover_focal_shift(points, mask.reshape(16, 16))
+
+
+def test_solver_refuses_a_constant_depth_map():
+    uv = moge2_solver.view_plane_uv(32, 48)
+    points = np.concatenate([uv * 2.0 / 0.8, np.full((32, 48, 1), 2.0)], axis=-1)
+    with pytest.raises(moge2_solver.DegenerateGeometryError, match="one depth"):
+        moge2_solver.recover_focal_shift(points)
+
+
+def test_solver_refuses_identical_points():
+    points = np.broadcast_to(np.array([0.3, -0.2, 1.5], np.float32), (24, 24, 3))
+    with pytest.raises(moge2_solver.DegenerateGeometryError, match="same point"):
+        moge2_solver.recover_focal_shift(points)
+
+
+@pytest.mark.parametrize("focal", [0.003, 200.0])  # 179.7 and 0.6 degrees
+def test_solver_refuses_an_implausible_field_of_view(focal):
+    points, mask, _ = synthetic_points(40, 60, focal, 0.5)
+    with pytest.raises(moge2_solver.DegenerateGeometryError, match="field of view, outside"):
         moge2_solver.recover_focal_shift(points, mask)
 
 
-def test_solver_fronto_parallel_plane_keeps_zero_shift():
-    uv = moge2_solver.view_plane_uv(32, 48)
-    points = np.concatenate([uv * 2.0 / 0.8, np.full((32, 48, 1), 2.0)], axis=-1)
-    focal, shift = moge2_solver.recover_focal_shift(points)
-    assert shift == 0.0  # unidentifiable: MoGe's LM also stays at its start (0)
-    assert abs(focal - 0.8) < 1e-9
+def test_solver_accepts_the_smallest_allowed_point_count():
+    points, _, _ = synthetic_points(40, 40, 1.2, 0.5)
+    mask = np.zeros(1600, bool)
+    mask[np.linspace(0, 1599, moge2_solver.MIN_VALID_POINTS).astype(int)] = True
+    focal, shift = moge2_solver.recover_focal_shift(points, mask.reshape(40, 40))
+    assert abs(focal / 1.2 - 1) < 1e-6 and abs(shift - 0.5) < 1e-5
 
 
 # ---- token count and input size ----------------------------------------------------------------

@@ -132,6 +132,7 @@ def test_buttons_pass_scene_settings_as_operator_properties(settings, models_dir
     settings.make_camera = False
     settings.discontinuity = 0.125
     settings.tile_size = 192
+    settings.overlap = 40  # the family's option appears as a scene setting and a panel field
     for name in MAIN_PANELS:  # both editors draw the same buttons
         layout = draw(getattr(panels, name))
         buttons = {c.name: c for c in layout.calls("operator") if c.name in MODEL_OPS}
@@ -148,9 +149,10 @@ def test_buttons_pass_scene_settings_as_operator_properties(settings, models_dir
             "model_id": "",
             "model_path": str(DEFAULT_MODEL_PATH),
             "tile_size": 192,
+            "overlap": 40,
         }
         drawn = {c.name for c in layout.calls("prop")}
-        assert {"ben2_model", "da3_model", "moge2_model", "upscale_model", "tile_size", "replace"} <= drawn
+        assert {"ben2_model", "da3_model", "moge2_model", "upscale_model", "tile_size", "overlap", "replace"} <= drawn
 
 
 def test_sequence_toggle_turns_every_button_into_a_sequence_job(settings, models_dir, clean_jobs, runtime):

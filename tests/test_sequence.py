@@ -55,7 +55,8 @@ def batch(tmp_path, runtime, model, *, read=None, saver=None, cancel=None, **kwa
     options = JobOptions(device="cpu", runtime=runtime, cancel=cancel or threading.Event())
 
     def infer(frames, opts):
-        return upscale.run(frames, model, options=opts, tile_size=16)
+        # 9 tiles per 20x24 frame (8 px owned + 12 of overlap): frames take several runs, as before
+        return upscale.run(frames, model, options=opts, tile_size=32, overlap=12)
 
     run = BatchRun(refs(tmp_path), infer, read or (lambda ref: frame(ref.number)), saver, options=options, **kwargs)
     return run, saver
@@ -108,7 +109,7 @@ def test_twelve_frames_are_one_operation_with_one_release_at_the_end(tmp_path, r
     assert len(entries) > FRAMES  # tiled: several runs per frame
     assert entries[-1] == "cpu:0" and set(entries[:-1]) == {""}
     assert len(runtime.events.recent("memory_release")) == 1
-    expected = upscale.run(frame(7), model, options=JobOptions(device="cpu", runtime=runtime), tile_size=16)
+    expected = upscale.run(frame(7), model, options=JobOptions(device="cpu", runtime=runtime), tile_size=32, overlap=12)
     np.testing.assert_array_equal(np.load(saver.path(FrameRef(7, Path()))), expected.image)
 
 

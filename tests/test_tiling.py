@@ -65,16 +65,21 @@ def model_fn(runtime, model, op):
     return run_tile
 
 
-def untiled_reference(runtime, model, picture, overlap):
-    """The definition of "untiled": one run on the reflect-padded image, padding cropped."""
-    padded = np.pad(picture, ((overlap, overlap), (overlap, overlap), (0, 0)), mode="reflect")
+def untiled_reference(runtime, model, picture, overlap=0, pad_to=None):
+    """The definition of "untiled": one run on the image itself (the overlap plays no part).
+
+    `pad_to` (h, w): reflect-pad at the bottom/right first, as a fixed-shape model's window is
+    when the image is smaller than it, and crop the result back.
+    """
+    height, width = picture.shape[:2]
+    if pad_to is not None:
+        pads = ((0, max(0, pad_to[0] - height)), (0, max(0, pad_to[1] - width)), (0, 0))
+        picture = np.pad(picture, pads, mode="reflect")
     with runtime.operation("reference") as op:
         handle = op.session(model, "cpu")
-        out = from_nchw(op.run(handle, {"input": to_nchw(padded)}, last=True)["output"])
-    scale = out.shape[0] // padded.shape[0]
-    return out[
-        overlap * scale : out.shape[0] - overlap * scale, overlap * scale : out.shape[1] - overlap * scale
-    ]
+        out = from_nchw(op.run(handle, {"input": to_nchw(picture)}, last=True)["output"])
+    scale = out.shape[0] // picture.shape[0]
+    return out[: height * scale, : width * scale]
 
 
 def tiled(runtime, model, picture, tile_size, overlap, fixed=False):
@@ -96,8 +101,10 @@ def test_owned_regions_partition_the_image_and_windows_hold_the_overlap(height, 
     cover = np.zeros((height, width), np.int32)
     for t in tiles:
         cover[t.y0 : t.y1, t.x0 : t.x1] += 1
-        assert t.wy0 <= t.y0 - overlap and t.wx0 <= t.x0 - overlap
-        assert t.wy1 >= t.y1 + overlap and t.wx1 >= t.x1 + overlap
+        # the overlap, clipped to the image (the model's own border handling applies there)
+        assert t.wy0 <= max(0, t.y0 - overlap) and t.wx0 <= max(0, t.x0 - overlap)
+        assert t.wy1 >= min(height, t.y1 + overlap) and t.wx1 >= min(width, t.x1 + overlap)
+        assert t.wy0 >= 0 and t.wx0 >= 0  # only a fixed size reaches past the bottom/right
         if fixed:
             assert t.window_shape == (tile, tile)
         else:
@@ -105,9 +112,11 @@ def test_owned_regions_partition_the_image_and_windows_hold_the_overlap(height, 
     assert (cover == 1).all()
 
 
-def test_untiled_plan_is_one_window_over_the_padded_image():
+def test_untiled_plan_is_one_window_over_the_image_itself():
     (only,) = plan_tiles(37, 53, None, 4)
-    assert only == Tile(0, 0, 37, 53, -4, -4, 41, 57)
+    assert only == Tile(0, 0, 37, 53, 0, 0, 37, 53)
+    (grown,) = plan_tiles(37, 53, None, 4, multiple=8)  # only the multiple is reflected
+    assert grown == Tile(0, 0, 37, 53, 0, 0, 40, 56)
 
 
 def test_windows_are_grown_to_a_multiple():
@@ -185,7 +194,7 @@ def test_fixed_shape_model_gets_exactly_its_size_and_matches_the_dynamic_twin(ru
 
         result = run_tiled(picture, recording, tile_size=64, overlap=16, fixed=True)
     assert set(seen) == {(64, 64)}
-    reference = untiled_reference(runtime, models["dynamic"], picture, 16)
+    reference = untiled_reference(runtime, models["dynamic"], picture, pad_to=(64, 64))
     np.testing.assert_allclose(result.image, reference, rtol=0, atol=ATOL)
 
 
@@ -253,9 +262,9 @@ def test_split_on_oom_halves_keeps_done_tiles_and_marks_the_new_final_tile():
     assert reports[-1][0] == 1.0 and all(r[0] <= 1.0 for r in reports)
     np.testing.assert_array_equal(result.image, nearest_x2(picture))
     split_events = events.recent("tile_split")
-    assert [(e["old_tile_size"], e["new_tile_size"]) for e in split_events] == [(98, 49), (49, 32)]
+    assert [(e["old_tile_size"], e["new_tile_size"]) for e in split_events] == [(90, 45), (45, 32)]
     assert all(e["model"] == "m.onnx" and e["reason"] == "out_of_memory" for e in split_events)
-    assert [s for s, _ in splits_seen] == [(49, 49), (32, 32)]
+    assert [s for s, _ in splits_seen] == [(45, 45), (32, 32)]
     assert result.splits == [{k: v for k, v in e.items() if k not in ("event", "time")} for e in split_events]
     assert max(result.tile_size) == 32
     # every successful tile was run once: a region already done is never run again
@@ -284,7 +293,8 @@ def test_split_after_some_tiles_were_done_continues_from_there():
     )
     np.testing.assert_array_equal(result.image, nearest_x2(picture))
     shapes = [shape for shape, _last, _ok in recorder.calls]
-    assert all(s == (40, 40) for s in shapes[:4]) and all(max(s) <= 20 for s in shapes[4:])
+    # 2x2 tiles of 32 owned + 4 of overlap on the inner sides (clipped at the image border)
+    assert all(s == (36, 36) for s in shapes[:4]) and all(max(s) <= 20 for s in shapes[4:])
     # only the failed tile's 32x32 region was planned again: 3x3 tiles of 20 (12 owned + 2 x 4)
     assert len(shapes) - 4 == 9 and result.tiles_run == 3 + 9
     assert reports[-1] == (1.0, 12, 12) and all(r[0] <= 1.0 for r in reports)
