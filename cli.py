@@ -370,7 +370,7 @@ def _add_leak_check(subparsers) -> None:
         "`growing` (slope per run, and which figure). Exit 0 stable, 1 growing.",
     )
     parser.add_argument("--family", dest="family_id", choices=families.IDS, default="upscale")
-    parser.add_argument("--runs", type=int, default=30, help="how many times (at least 8; default 30)")
+    parser.add_argument("--runs", type=int, default=60, help="how many times (at least 8; default 60: the first third warms up)")
     parser.add_argument("--model", help="model id or .onnx file (default: the installed or embedded one)")
     parser.add_argument("--models-dir", help="models folder")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda:N")

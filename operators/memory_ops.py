@@ -59,7 +59,7 @@ class LEAN_IMAGE_AI_OT_leak_check(bpy.types.Operator):
     bl_idname = "lean_image_ai.leak_check"
     bl_label = "Leak Check"
 
-    runs: bpy.props.IntProperty(name="Runs", default=20, min=4, max=500)
+    runs: bpy.props.IntProperty(name="Runs", default=30, min=8, max=500)
 
     def execute(self, context):
         if _busy(self):

@@ -28,6 +28,45 @@ def figures(snap: dict | None) -> dict:
     return {"ram": snap.get("rss_bytes"), "vram": vram}
 
 
+class _Sampler:
+    """One long-lived thread samples every running job's timeline. A thread per job would make
+    the C allocator open new per-thread arenas job after job: RSS creeping up that looks like a
+    leak (seen with the leak check) and is not one."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._active: set = set()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, timeline) -> None:
+        with self._lock:
+            self._active.add(timeline)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="lean-image-ai-memory", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def remove(self, timeline) -> None:
+        with self._lock:
+            self._active.discard(timeline)
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                active = list(self._active)
+            if not active:
+                self._wake.wait()  # idle between jobs: no polling
+                self._wake.clear()
+                continue
+            time.sleep(min(t.interval for t in active))
+            for timeline in active:
+                timeline.sample()
+
+
+_sampler = _Sampler()
+
+
 class Timeline:
     """Samples memory every :data:`SAMPLE_INTERVAL_S` between ``start()`` and ``stop()``."""
 
@@ -38,8 +77,7 @@ class Timeline:
         self.marks: list[tuple[float, str, dict]] = []
         self._t0 = time.perf_counter()
         self._hwm_start = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._running = False
         self._lock = threading.Lock()
 
     def _read(self) -> dict:
@@ -51,14 +89,14 @@ class Timeline:
     def start(self) -> Timeline:
         self._t0 = time.perf_counter()
         self._hwm_start = peak_rss_bytes()
-        self._thread = threading.Thread(target=self._loop, name="lean-image-ai-memory", daemon=True)
-        self._thread.start()
+        self._running = True
+        _sampler.add(self)
         return self
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            value = self._read()
-            with self._lock:
+    def sample(self) -> None:
+        value = self._read()
+        with self._lock:
+            if self._running:
                 self.samples.append((time.perf_counter() - self._t0, value))
 
     def mark(self, label: str, snap: dict | None = None) -> dict:
@@ -68,9 +106,9 @@ class Timeline:
         return value
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=1.0)
+        with self._lock:
+            self._running = False
+        _sampler.remove(self)
 
     def peak(self, key: str) -> int | None:
         """The highest figure seen. For RAM on Linux the kernel's high-water mark (VmHWM) too,

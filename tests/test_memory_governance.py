@@ -159,11 +159,11 @@ def test_a_single_step_is_not_a_leak():
 
 
 def test_cli_leak_check_last_line():
-    proc = subprocess.run([sys.executable, "-m", "lean_image_ai", "leak-check", "--runs", "30", "--device", "cpu"],
+    proc = subprocess.run([sys.executable, "-m", "lean_image_ai", "leak-check", "--runs", "60", "--device", "cpu"],
                           capture_output=True, text=True, timeout=180, cwd=REPO.parent)
     lines = proc.stdout.strip().splitlines()
     assert proc.returncode == 0 and lines[-1] == "stable", proc.stdout + proc.stderr
-    assert sum(line.startswith("  run ") for line in lines) == 30
+    assert sum(line.startswith("  run ") for line in lines) == 60
 
 
 def test_budget_decisions_in_a_fresh_process():
