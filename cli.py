@@ -216,11 +216,7 @@ def _plan(family: Family, args):
         many = len(refs) > 1 or frame_lists.is_pattern(source) or Path(source).expanduser().is_dir()
 
         def default(ref):
-            if not many:
-                return products.default_name(family.id, ref.path.stem)
-            numbered = frame_lists.pattern_of(ref.path)
-            stem = Path(numbered[0]).stem.rstrip("#").rstrip("_.-") if numbered else ref.path.stem
-            return products.default_name(family.id, stem or "frame", ref.number)
+            return products.default_name_for(family.id, ref.path, ref.number, in_sequence=many)
 
         outputs = frame_lists.output_paths(refs, target, default)
     outputs = [o.resolve() for o in outputs]

@@ -85,25 +85,21 @@ def main() -> None:
         for size in SIZES:
             image = _image(size, seed=size)
             tensor = to_nchw(image)
-            upscale.run(image, model, options=options)  # session, kernels and radius cache warmed
             bare.run(None, {"input": tensor})
-            ratios = _paired(
-                lambda image=image: upscale.run(image, model, options=options),
-                lambda tensor=tensor: bare.run(None, {"input": tensor}),
-                args.pairs,
+            cases = (
+                ("end_to_end_over_bare", "end-to-end / bare run,", options, "<= 1.10"),
+                ("end_to_end_no_release_over_bare", "  the same, release off,", kept_options, ""),
             )
-            median = statistics.median(ratios)
-            figures[f"end_to_end_over_bare_{size}"] = round(median, 4)
-            rows.append((f"end-to-end / bare run, {size} px", median, min(ratios), max(ratios), "<= 1.10"))
-            upscale.run(image, model, options=kept_options)
-            ratios = _paired(
-                lambda image=image: upscale.run(image, model, options=kept_options),
-                lambda tensor=tensor: bare.run(None, {"input": tensor}),
-                args.pairs,
-            )
-            median = statistics.median(ratios)
-            figures[f"end_to_end_no_release_over_bare_{size}"] = round(median, 4)
-            rows.append((f"  the same, release off, {size} px", median, min(ratios), max(ratios), ""))
+            for key, label, case_options, goal in cases:
+                upscale.run(image, model, options=case_options)  # session, kernels and radius cache warmed
+                ratios = _paired(
+                    lambda image=image, o=case_options: upscale.run(image, model, options=o),
+                    lambda tensor=tensor: bare.run(None, {"input": tensor}),
+                    args.pairs,
+                )
+                median = statistics.median(ratios)
+                figures[f"{key}_{size}"] = round(median, 4)
+                rows.append((f"{label} {size} px", median, min(ratios), max(ratios), goal))
 
         image = _image(1024, seed=1)
         ratios = _paired(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,16 @@ class ImageProduct:
 def default_name(family_id: str, stem: str, number: int | None = None) -> str:
     tag, suffix = NAME_TAG[family_id], DEFAULT_SUFFIX[family_id]
     return f"{stem}_{tag}{suffix}" if number is None else f"{stem}_{tag}_{number:04d}{suffix}"
+
+
+def default_name_for(family_id: str, path: Path, number: int, *, in_sequence: bool) -> str:
+    """The default output name for one input file: ``<stem>_<kind>.<ext>``, or for a frame of a
+    sequence ``<name>_<kind>_####.<ext>`` with the frame digits moved to the end."""
+    if not in_sequence:
+        return default_name(family_id, path.stem)
+    match = re.match(r"^(.*?)\d+$", path.stem)
+    stem = match.group(1).rstrip("_.-") if match else path.stem
+    return default_name(family_id, stem or "frame", number)
 
 
 def check_output(family_id: str, path: Path) -> None:

@@ -119,9 +119,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(WorkerOperator, bpy.types.Operator):
         many = len(refs) > 1
 
         def default(ref):
-            numbered = frame_lists.pattern_of(ref.path)
-            stem = Path(numbered[0]).stem.rstrip("#").rstrip("_.-") if numbered and many else ref.path.stem
-            return products.default_name(family.id, stem or "frame", ref.number if many else None)
+            return products.default_name_for(family.id, ref.path, ref.number, in_sequence=many)
 
         outputs = [p.resolve() for p in frame_lists.output_paths(refs, sources.absolute_path(self.output) if self.output else None, default)]
         inputs = [r.path for r in refs]

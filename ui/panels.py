@@ -6,7 +6,6 @@ Drawing never raises: a section that fails shows its error as text instead.
 """
 
 import time
-import traceback
 
 import bpy
 
@@ -41,14 +40,6 @@ def _mb(value) -> str:
     return "n/a" if value is None else f"{value / 2**20:.0f} MB"
 
 
-def _section(layout, title, draw, *args) -> None:
-    try:
-        draw(layout, *args)
-    except Exception as exc:
-        traceback.print_exc()
-        layout.label(text=f"{title} unavailable: {type(exc).__name__}: {exc}", icon="ERROR")
-
-
 def _operator(layout, idname, *, text, icon, **props):
     """``layout.operator`` with its properties set; a property the operator lacks is shown as an
     error row instead of breaking the panel."""
@@ -68,9 +59,9 @@ def _operator(layout, idname, *, text, icon, **props):
 
 def draw_main(layout, context) -> None:
     """Everything of the main panel: the four actions, the job, the device."""
-    _section(layout, "Actions", _draw_actions, context)
-    _section(layout, "Job status", _draw_job, context)
-    _section(layout, "Device", _draw_device, context)
+    preferences.draw_safely(layout, "Actions", _draw_actions, context)
+    preferences.draw_safely(layout, "Job status", _draw_job, context)
+    preferences.draw_safely(layout, "Device", _draw_device, context)
 
 
 def _job_busy() -> bool:
@@ -194,9 +185,9 @@ def dashboard_gpu_device_id(context=None) -> int:
 
 
 def draw_memory(layout, context) -> None:
-    _section(layout, "Memory stats", _draw_memory_stats, context)
-    _section(layout, "Last job's memory", _draw_last_job, context)
-    _section(layout, "Sessions", _draw_sessions, context)
+    preferences.draw_safely(layout, "Memory stats", _draw_memory_stats, context)
+    preferences.draw_safely(layout, "Last job's memory", _draw_last_job, context)
+    preferences.draw_safely(layout, "Sessions", _draw_sessions, context)
 
 
 def _draw_memory_stats(layout, context) -> None:

@@ -90,14 +90,20 @@ _STATUS_TEXT = {
 }
 
 
+def draw_safely(layout, title: str, draw, *args) -> None:
+    """``draw(layout, *args)``; a drawing bug shows as one line instead of taking the whole page
+    (or panel) with it."""
+    try:
+        draw(layout, *args)
+    except Exception as exc:
+        traceback.print_exc()
+        layout.label(text=f"{title} unavailable: {type(exc).__name__}: {exc}", icon="ERROR")
+
+
 def draw_model_catalog(layout, context) -> None:
     """The catalog: every model with family, size, license and state, Install/Remove buttons,
     the running download's progress, and registration of the user's own ONNX files."""
-    try:
-        _draw_model_catalog(layout, context)
-    except Exception as exc:  # a drawing bug must not take the whole preferences page with it
-        traceback.print_exc()
-        layout.label(text=f"Model list unavailable: {type(exc).__name__}: {exc}", icon="ERROR")
+    draw_safely(layout, "Model list", _draw_model_catalog, context)
 
 
 def _draw_model_catalog(layout, context) -> None:
@@ -167,11 +173,7 @@ def _draw_entry(layout, entry, folder, download) -> None:
 def draw_gpu_runtime(layout, context) -> None:
     """NVIDIA's CUDA/cuDNN libraries: installed or not, the download size, Install/Remove, and the
     install's progress with Cancel (drawn from the download lane, like the model list)."""
-    try:
-        _draw_gpu_runtime(layout, context)
-    except Exception as exc:  # a drawing bug must not take the whole preferences page with it
-        traceback.print_exc()
-        layout.label(text=f"GPU runtime box unavailable: {type(exc).__name__}: {exc}", icon="ERROR")
+    draw_safely(layout, "GPU runtime box", _draw_gpu_runtime, context)
 
 
 def _draw_gpu_runtime(layout, context) -> None:
