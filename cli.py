@@ -210,28 +210,22 @@ def _plan(family: Family, args):
         if family.fallback_model is None:
             raise CommandLineError(f"Give an INPUT image, folder or pattern for {family.command}.")
         refs = [frame_lists.FrameRef(1, Path.cwd() / "(generated demo image)")]
-        outputs = [Path(target).expanduser() if target else Path.cwd() / products.default_name(family.id, DEMO_NAME)]
+        target = target or Path.cwd() / products.default_name(family.id, DEMO_NAME)
+        many = False
     else:
         refs = frame_lists.resolve_input(source, args.frames)
         many = len(refs) > 1 or frame_lists.is_pattern(source) or Path(source).expanduser().is_dir()
-
-        def default(ref):
-            return products.default_name_for(family.id, ref.path, ref.number, in_sequence=many)
-
-        outputs = frame_lists.output_paths(refs, target, default)
-    outputs = [o.resolve() for o in outputs]
-    inputs = [] if source is None else [r.path for r in refs]
-    part = frame_lists.shard_slice(len(refs), args.shard)  # names come from the whole list, then the split
-    refs, outputs = refs[part], outputs[part]
-    skipped = products.plan_outputs(
+    refs, outputs, skip = products.plan_batch(
         family.id,
-        inputs,
-        outputs,
+        refs,
+        target,
+        in_sequence=many,
+        shard=args.shard,
         overwrite=args.overwrite or source is None,  # the demo replaces its own earlier result
         skip_existing=args.skip_existing,
         check_format=cli_images.check_writable_format,
+        inputs_are_files=source is not None,
     )
-    skip = {refs[i] for i in skipped}
     return refs, outputs, skip
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..runtime.errors import LeanImageError
 from . import files
+from .frame_lists import output_paths, shard_slice
 from .moge2_mesh import mesh_arrays, normal_map
 
 FLOAT_SUFFIXES = frozenset({".exr", ".tif", ".tiff", ".hdr"})  # Pillow/OpenEXR keep floats in these
@@ -116,6 +117,34 @@ def plan_outputs(
                 )
             skip.add(index)
     return skip
+
+
+def plan_batch(
+    family_id: str,
+    refs: list,
+    output: str | os.PathLike | None,
+    *,
+    in_sequence: bool,
+    shard: tuple[int, int] | None,
+    overwrite: bool,
+    skip_existing: bool,
+    check_format: Callable[[Path], None],
+    inputs_are_files: bool = True,
+) -> tuple[list, list[Path], set]:
+    """(this task's frames, their output files, the frames to skip): output names from the whole
+    frame list (so N shards write what one run would), then this shard's part, then every check
+    of :func:`plan_outputs`, all before any model runs."""
+    def default(ref):
+        return default_name_for(family_id, ref.path, ref.number, in_sequence=in_sequence)
+
+    outputs = [p.resolve() for p in output_paths(refs, output, default)]
+    inputs = [r.path for r in refs] if inputs_are_files else []
+    part = shard_slice(len(refs), shard)
+    refs, outputs = refs[part], outputs[part]
+    skipped = plan_outputs(
+        family_id, inputs, outputs, overwrite=overwrite, skip_existing=skip_existing, check_format=check_format
+    )
+    return refs, outputs, {refs[i] for i in skipped}
 
 
 def image_product(family_id: str, result, suffix: str, float_suffixes=FLOAT_SUFFIXES) -> ImageProduct:

@@ -116,19 +116,12 @@ class LEAN_IMAGE_AI_OT_process_sequence(WorkerOperator, bpy.types.Operator):
             refs = frame_lists.resolve_input(sources.absolute_path(self.source), frames)
         else:
             raise LeanImageError("Give the frames: an image sequence (image_name), or a folder or pattern (source).")
-        many = len(refs) > 1
-
-        def default(ref):
-            return products.default_name_for(family.id, ref.path, ref.number, in_sequence=many)
-
-        outputs = [p.resolve() for p in frame_lists.output_paths(refs, sources.absolute_path(self.output) if self.output else None, default)]
-        inputs = [r.path for r in refs]
-        part = frame_lists.shard_slice(len(refs), shard)  # names come from the whole list, then the split
-        refs, outputs = refs[part], outputs[part]
-        skipped = products.plan_outputs(
+        refs, outputs, skip = products.plan_batch(
             family.id,
-            inputs,
-            outputs,
+            refs,
+            sources.absolute_path(self.output) if self.output else None,
+            in_sequence=len(refs) > 1,
+            shard=shard,
             overwrite=self.overwrite,
             skip_existing=self.skip_existing,
             check_format=_blender_can_write,
@@ -139,7 +132,6 @@ class LEAN_IMAGE_AI_OT_process_sequence(WorkerOperator, bpy.types.Operator):
         values = {o.name: getattr(self, o.name) for o in family.options}
         kwargs = model.adapter_kwargs(family.id, **values)
         target = dict(zip(refs, outputs, strict=True))
-        skip = {refs[i] for i in skipped}
 
         def infer(frames_source, opts):
             return family.run(frames_source, model.path, options=opts, **kwargs)
