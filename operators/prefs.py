@@ -10,7 +10,7 @@ from pathlib import Path
 import bpy
 
 from ..models import library
-from ..runtime import get_runtime, gpu_libraries
+from ..runtime import event_file, get_runtime, gpu_libraries
 
 # "lean_image_ai.operators" -> "lean_image_ai"; installed: "bl_ext.user_default.lean_image_ai".
 ADDON_ID = __package__.rpartition(".")[0] or __package__
@@ -106,6 +106,17 @@ def gpu_runtime_folder(*, create_parent: bool = False) -> Path:
     if create_parent:
         folder.parent.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def log_folder() -> Path:
+    """Where the runtime's event log goes (runtime/event_file.py): the extension's user folder
+    (``logs``), or ``<user datafiles>/lean_image_ai/logs`` for a legacy add-on install;
+    ``LEAN_IMAGE_AI_LOG_DIR`` overrides both. Nothing is created here."""
+    if is_extension():
+        host = Path(bpy.utils.extension_path_user(ADDON_ID, path="logs", create=False))
+    else:
+        host = Path(bpy.utils.user_resource("DATAFILES", path=f"{ADDON_ID}/logs", create=False))
+    return event_file.log_folder(host)
 
 
 def gpu_requirements() -> Path | None:
