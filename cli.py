@@ -30,7 +30,7 @@ from .cli_images import CommandLineError
 from .models import families, frame_lists, library, products, sequence
 from .models.base import JobOptions
 from .models.family import Family
-from .runtime import format_snapshot, get_runtime, memory_snapshot, parse_device
+from .runtime import event_file, format_snapshot, get_runtime, memory_plot, memory_snapshot, parse_device
 from .runtime.errors import LeanImageError, OperationCancelled
 from .runtime.memory import peak_rss_bytes, reset_peak_rss
 
@@ -164,6 +164,9 @@ def _add_family(subparsers, family: Family) -> None:
                 default=option.default,
                 help=f"{option.description} (default: {option.default})",
             )
+    parser.add_argument(
+        "--memory-plot", metavar="FILE", help="write a PNG of memory during the job (runs, release) to FILE"
+    )
     if family.id == "upscale":
         parser.add_argument("--tile", dest="tile_size", type=_tile_arg, help="same as --tile-size; 'auto' is 0")
     parser.set_defaults(handler=_run, family=family)
@@ -289,6 +292,9 @@ def _run(args) -> int:
     for warning in dict.fromkeys(report.warnings):
         print(f"warning: {warning}")
     _print_memory_report(runtime, since, before, gpu_id)
+    if args.memory_plot and runtime.last_timeline:
+        plot = memory_plot.write_png(Path(args.memory_plot).expanduser(), runtime.last_timeline)
+        print(f"memory plot: {plot} ({'; '.join(memory_plot.legend(runtime.last_timeline))})")
     after = memory_snapshot(gpu_id)
     summary = {
         "command": family.command,
@@ -386,6 +392,7 @@ def main(argv=None) -> int:
     if getattr(args, "handler", None) is None:
         parser.print_help()
         return EXIT_ERROR
+    event_file.start(get_runtime(), event_file.log_folder())  # every decision, also on disk
     try:
         return int(args.handler(args))
     except KeyboardInterrupt:
@@ -397,3 +404,5 @@ def main(argv=None) -> int:
     except LeanImageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    finally:
+        event_file.stop()

@@ -17,7 +17,14 @@ def card_image(height: int = 96, width: int = 128) -> np.ndarray:
 
 
 def family_job(
-    family_id: str, *, device: str = "auto", model: str = "", models_dir: str = "", runtime=None, size=(96, 128)
+    family_id: str,
+    *,
+    device: str = "auto",
+    model: str = "",
+    models_dir: str = "",
+    runtime=None,
+    size=(96, 128),
+    cancel=None,
 ) -> Callable[[], object]:
     """A callable that runs the family's adapter once on the same image with the same model
     (an installed one, ``model`` as an id or a file, or the family's embedded fallback)."""
@@ -26,7 +33,7 @@ def family_job(
     choice = library.resolve(family.id, library.models_dir(models_dir), "" if as_file else model, model if as_file else "")
     kwargs = choice.adapter_kwargs(family.id)
     image = card_image(*size)
-    options = JobOptions(device=device, runtime=runtime)
+    options = JobOptions(device=device, runtime=runtime, cancel=cancel)
 
     def job():
         return family.run([image], choice.path, options=options, **kwargs)

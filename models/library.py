@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..runtime import get_runtime
 from ..runtime.errors import LeanImageError, ModelFileError
+from ..runtime.paths import user_cache_root
 from . import families, installer
 from .catalog import Catalog, CatalogEntry
 
@@ -39,18 +39,8 @@ def models_dir(choice: str | os.PathLike = "", host_default: Path | None = None)
 
 
 def user_cache_dir() -> Path:
-    """Linux ``$XDG_CACHE_HOME`` or ``~/.cache``, macOS ``~/Library/Caches``, Windows
-    ``%LOCALAPPDATA%``; then ``lean_image_ai/models``."""
-    home = Path.home()
-    if sys.platform.startswith("win"):
-        base = os.environ.get("LOCALAPPDATA")
-        root = Path(base) if base else home / "AppData" / "Local"
-    elif sys.platform == "darwin":
-        root = home / "Library" / "Caches"
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        root = Path(xdg) if xdg and os.path.isabs(xdg) else home / ".cache"
-    return root / "lean_image_ai" / "models"
+    """``<the per-user folder>/models`` (runtime/paths.py)."""
+    return user_cache_root() / "models"
 
 
 # ---- the catalog of one models folder ---------------------------------------------------------

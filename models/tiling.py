@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..runtime.errors import InferenceOutOfMemoryError, ModelContractError
+from ..runtime.errors import InferenceOutOfMemoryError, MemoryBudgetError, ModelContractError
 from ..runtime.memory import available_system_memory_bytes
 
 MiB = 1 << 20
@@ -310,7 +310,8 @@ def run_tiled(
                 "model": label,
                 "old_tile_size": max(current),
                 "new_tile_size": max(smaller),
-                "reason": "out_of_memory",
+                # over the budget: refused before the run (runtime/budget.py), not run out of
+                "reason": "memory_budget" if isinstance(exc, MemoryBudgetError) else "out_of_memory",
                 "resource": exc.resource,
                 "tiles_done": tiles_run,
             }

@@ -177,10 +177,7 @@ def run(
             scale = tiled.scale  # known from here on, for the next frames too
             if tiled.splits:
                 tile = tiled.tile_size  # the size that fitted; no use retrying the bigger one
-                warnings.append(
-                    f"Ran out of memory; tiles were split {len(tiled.splits)} time(s), down to "
-                    f"{max(tiled.tile_size)} px."
-                )
+                warnings.append(split_warning(tiled, exact=planned.exact))
             image = tiled.image  # clipped to [0, 1] as each tile was pasted
             if alpha is not None and not model_alpha:
                 out_h, out_w = image.shape[:2]
@@ -253,6 +250,18 @@ class _Job:
             if output.shape[3] == feed.shape[3] * found:  # else the tiler reports the contract error
                 self.scale = found
         return output
+
+
+def split_warning(tiled, *, exact: bool) -> str:
+    """What the artist reads when tiles were made smaller: by the budget, or after running out."""
+    budget = sum(s["reason"] == "memory_budget" for s in tiled.splits)
+    same = " (the same pixels: the overlap covers the model's receptive radius)" if exact else ""
+    if budget == len(tiled.splits):
+        return (
+            f"Memory budget: tiles were made smaller {budget} time(s), down to {max(tiled.tile_size)} px, "
+            f"to fit the memory free under the budget{same}."
+        )
+    return f"Ran out of memory; tiles were split {len(tiled.splits)} time(s), down to {max(tiled.tile_size)} px{same}."
 
 
 def _static_scale(handle) -> int | None:

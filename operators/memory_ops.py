@@ -1,18 +1,24 @@
-"""Memory on request (bpy): Release now, Unload all, the leak check, and idle unload.
+"""Memory on request (bpy): Release now, Unload all, the leak check, the event log, the memory
+picture, idle unload.
 
 Release now keeps the sessions (weights stay loaded) and gives back arena memory; Unload all
-drops the sessions. Both report what they freed, in the runtime's wording. Idle unload is a
-Blender timer armed after each job, re-armed only while sessions are cached, never in
-background mode (there are no timers there and a script decides for itself).
+drops the sessions. Both report what they freed, in the runtime's wording. The leak check runs
+on the job engine's worker like a model job (progress, Esc or Cancel) and says stable or growing
+at the end. After each finished job the image "Lean Image AI Memory" shows its memory timeline
+(runtime/memory_plot.py); a cancelled or failed job changes no Blender data, that image included.
+Idle unload is a Blender timer armed after each job, re-armed only while sessions are cached,
+never in background mode (there are no timers there and a script decides for itself).
 """
 
 import bpy
+import numpy as np
 
-from ..runtime import get_runtime
+from ..runtime import event_file, get_runtime, memory_plot
+from ..runtime.errors import OperationCancelled
 from ..runtime.leak_check import leak_check
 from ..runtime.memory_report import format_freed
 from . import prefs
-from .jobs import manager
+from .jobs import Job, WorkerOperator, manager
 
 IDLE_CHECK_MAX_S = 60.0  # the timer wakes at most once a minute, at least when the next session turns idle
 
@@ -53,22 +59,110 @@ class LEAN_IMAGE_AI_OT_unload_all(bpy.types.Operator):
         return {"FINISHED"}
 
 
-class LEAN_IMAGE_AI_OT_leak_check(bpy.types.Operator):
+class LEAN_IMAGE_AI_OT_leak_check(WorkerOperator, bpy.types.Operator):
     """Run the same small upscale N times and say whether memory is stable or growing"""
 
     bl_idname = "lean_image_ai.leak_check"
     bl_label = "Leak Check"
+    job_title = "Leak Check"  # on the model lane: it uses the loaded models, so never beside a job
 
     runs: bpy.props.IntProperty(name="Runs", default=30, min=8, max=500)
 
-    def execute(self, context):
-        if _busy(self):
-            return {"CANCELLED"}
+    def prepare(self, context, job: Job):
         from ..models.leak_job import family_job
 
-        job = family_job("upscale", device=prefs.device_string(prefs.get_prefs(context)))
-        result = leak_check(job, runs=self.runs)
+        device, _budget = prefs.configure_runtime(context)
+        runs = self.runs
+        request = family_job("upscale", device=device, cancel=job.cancel_event)
+
+        def work(job: Job):
+            def after_run(index, _values):
+                job.report(index / runs, f"run {index}/{runs}")
+                job_cancelled(job)
+
+            job_cancelled(job)
+            return leak_check(request, runs=runs, after_run=after_run)
+
+        return work
+
+    def finish(self, context, job: Job):
+        if job.state != "finished":
+            self.report({"WARNING"} if job.state == "cancelled" else {"ERROR"}, job.error_text)
+            return {"CANCELLED"}
+        result = job.result
         self.report({"INFO"} if result.verdict == "stable" else {"WARNING"}, result.summary())
+        return {"FINISHED"}
+
+
+def job_cancelled(job: Job) -> None:
+    """Between two runs: stop when the artist cancelled (a run itself stops before its model run)."""
+    if job.cancel_event.is_set():
+        raise OperationCancelled("The leak check was cancelled; nothing was changed.")
+
+
+class LEAN_IMAGE_AI_OT_open_log_folder(bpy.types.Operator):
+    """Open the folder of the add-on's event log (events.jsonl: every runtime decision, one JSON a line)"""
+
+    bl_idname = "lean_image_ai.open_log_folder"
+    bl_label = "Open Log Folder"
+
+    def execute(self, context):
+        log = event_file.current()
+        folder = log.folder if log is not None else prefs.log_folder()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self.report({"ERROR"}, f"Cannot create the log folder {folder}: {exc}")
+            return {"CANCELLED"}
+        bpy.ops.wm.path_open(filepath=str(folder))
+        self.report({"INFO"}, f"Event log: {folder / event_file.LOG_NAME}")
+        return {"FINISHED"}
+
+
+# ---- the memory picture ------------------------------------------------------------------------
+
+PLOT_IMAGE = "Lean Image AI Memory"
+
+
+def update_plot_image():
+    """Draw the last job's memory timeline into the image :data:`PLOT_IMAGE` (made on first use);
+    None when no job has run yet."""
+    timeline = get_runtime().last_timeline
+    if not timeline:
+        return None
+    rgba = memory_plot.render(timeline)
+    height, width = rgba.shape[:2]
+    image = bpy.data.images.get(PLOT_IMAGE)
+    if image is None:
+        image = bpy.data.images.new(PLOT_IMAGE, width, height, alpha=True)
+    elif tuple(image.size) != (width, height):
+        image.scale(width, height)
+    # Blender's first pixel row is the bottom one
+    image.pixels.foreach_set((rgba[::-1].astype(np.float32) / 255.0).ravel())
+    image.update()
+    return image
+
+
+class LEAN_IMAGE_AI_OT_show_memory_plot(bpy.types.Operator):
+    """Show the last job's memory over time (runs orange, release red) in an Image Editor"""
+
+    bl_idname = "lean_image_ai.show_memory_plot"
+    bl_label = "Show Memory Plot"
+
+    def execute(self, context):
+        image = update_plot_image()
+        if image is None:
+            self.report({"INFO"}, "No job has run yet: the memory plot appears after the first one.")
+            return {"CANCELLED"}
+        space = getattr(context, "space_data", None)
+        editors = [space] if getattr(space, "type", "") == "IMAGE_EDITOR" else []
+        screen = getattr(context, "screen", None)
+        editors += [a.spaces.active for a in getattr(screen, "areas", ()) if a.type == "IMAGE_EDITOR"]
+        if editors:
+            editors[0].image = image
+        where = "" if editors else " (open an Image Editor and pick it to see it)"
+        legend = "; ".join(memory_plot.legend(get_runtime().last_timeline))
+        self.report({"INFO"}, f"'{PLOT_IMAGE}'{where}: {legend}")
         return {"FINISHED"}
 
 
@@ -109,18 +203,28 @@ def arm_idle_unload() -> bool:
 
 def _after_job(job) -> None:
     arm_idle_unload()
+    if job.state == "finished":
+        update_plot_image()
 
 
 def post_register():
     if _after_job not in manager.on_end:
         manager.on_end.append(_after_job)
+    event_file.start(get_runtime(), prefs.log_folder())  # the folder is made by the first write
 
 
 def pre_unregister():
     if _after_job in manager.on_end:
         manager.on_end.remove(_after_job)
+    event_file.stop()
     if bpy.app.timers.is_registered(idle_tick):
         bpy.app.timers.unregister(idle_tick)
 
 
-classes = (LEAN_IMAGE_AI_OT_release_memory, LEAN_IMAGE_AI_OT_unload_all, LEAN_IMAGE_AI_OT_leak_check)
+classes = (
+    LEAN_IMAGE_AI_OT_release_memory,
+    LEAN_IMAGE_AI_OT_unload_all,
+    LEAN_IMAGE_AI_OT_leak_check,
+    LEAN_IMAGE_AI_OT_open_log_folder,
+    LEAN_IMAGE_AI_OT_show_memory_plot,
+)

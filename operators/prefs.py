@@ -10,7 +10,7 @@ from pathlib import Path
 import bpy
 
 from ..models import library
-from ..runtime import get_runtime, gpu_libraries
+from ..runtime import event_file, get_runtime, gpu_libraries
 
 # "lean_image_ai.operators" -> "lean_image_ai"; installed: "bl_ext.user_default.lean_image_ai".
 ADDON_ID = __package__.rpartition(".")[0] or __package__
@@ -27,6 +27,7 @@ class DefaultPreferences:
     device: str = "AUTO"
     cuda_device_index: int = 0
     gpu_memory_budget_mb: int = 0
+    ram_budget_mb: int = 0
     release_cpu_memory: bool = True
     idle_unload_minutes: int = 0
 
@@ -71,17 +72,23 @@ def device_string(prefs) -> str:
     return "auto"  # AUTO, or a stored choice this onnxruntime no longer offers
 
 
-def memory_budget_bytes(prefs) -> int | None:
-    """``gpu_memory_budget_mb`` in bytes, None for no limit."""
-    mb = int(getattr(prefs, "gpu_memory_budget_mb", 0) or 0)
+def memory_budget_bytes(prefs, name: str = "gpu_memory_budget_mb") -> int | None:
+    """A budget preference (``gpu_memory_budget_mb``, ``ram_budget_mb``) in bytes, None for no limit."""
+    mb = int(getattr(prefs, name, 0) or 0)
     return mb * 1024 * 1024 if mb > 0 else None
 
 
 def configure_runtime(context) -> tuple[str, int | None]:
-    """Apply the preferences to the shared runtime; returns (device string, memory budget)."""
+    """Apply the preferences to the shared runtime; returns (device string, GPU memory budget).
+    The budgets are checked by the runtime before each job (runtime/budget.py)."""
     prefs = get_prefs(context)
     budget = memory_budget_bytes(prefs)
-    get_runtime().configure(cpu_arena=bool(prefs.release_cpu_memory), gpu_mem_limit_bytes=budget)
+    get_runtime().configure(
+        cpu_arena=bool(prefs.release_cpu_memory),
+        gpu_mem_limit_bytes=budget,
+        vram_budget_bytes=budget,
+        ram_budget_bytes=memory_budget_bytes(prefs, "ram_budget_mb"),
+    )
     return device_string(prefs), budget
 
 
@@ -99,6 +106,17 @@ def gpu_runtime_folder(*, create_parent: bool = False) -> Path:
     if create_parent:
         folder.parent.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def log_folder() -> Path:
+    """Where the runtime's event log goes (runtime/event_file.py): the extension's user folder
+    (``logs``), or ``<user datafiles>/lean_image_ai/logs`` for a legacy add-on install;
+    ``LEAN_IMAGE_AI_LOG_DIR`` overrides both. Nothing is created here."""
+    if is_extension():
+        host = Path(bpy.utils.extension_path_user(ADDON_ID, path="logs", create=False))
+    else:
+        host = Path(bpy.utils.user_resource("DATAFILES", path=f"{ADDON_ID}/logs", create=False))
+    return event_file.log_folder(host)
 
 
 def gpu_requirements() -> Path | None:

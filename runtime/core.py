@@ -52,6 +52,10 @@ class RuntimeSettings:
     """Cap for that arena. Applied when the arena is first registered (once per process)."""
     gpu_mem_limit_bytes: int | None = None
     """CUDA arena budget (`gpu_mem_limit`)."""
+    ram_budget_bytes: int | None = None
+    """Process RAM (RSS) a CPU job may bring this process to; checked before each load and run."""
+    vram_budget_bytes: int | None = None
+    """This process's memory on a GPU (NVML), the same check for CUDA jobs."""
     intra_op_threads: int = 0
 
 

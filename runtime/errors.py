@@ -64,3 +64,9 @@ class SessionClosedError(InferenceError):
     def __init__(self, message, *, model):
         super().__init__(message)
         self.model = model
+
+
+class MemoryBudgetError(InferenceOutOfMemoryError):
+    """A model run (or load) would not fit the memory free under the budget, even after releasing
+    arenas and unloading least-recently-used sessions; nothing ran. A subclass of the
+    out-of-memory error, so the tiler meets it the same way: smaller tiles, or the message."""

@@ -91,6 +91,7 @@ def format_job_memory(job: dict) -> list[str]:
     for f in job["figures"]:
         lines += ["  " + line for line in format_figures(f, released=job["released"], loaded_models=job["loaded_models"])]
     lines.append("  " + three_figures(job))
+    lines += [f"  budget: {note}" for note in job.get("budget") or ()]
     return lines
 
 

@@ -7,10 +7,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .budget import remember_working
+from .budget import JobBudget, elements, remember_working
 from .errors import (
     InferenceError,
     InferenceOutOfMemoryError,
+    MemoryBudgetError,
     ModelContractError,
     OperationCancelled,
     SessionClosedError,
@@ -54,7 +55,8 @@ class Operation:
         self._loaded: list[SessionHandle] = []  # sessions this job created
         self._used: dict[int, SessionHandle] = {}
         self._live_output_bytes = 0
-        self._working_key = None  # (model, input shapes) of the first run: what budget.py remembers
+        self._working_key = None  # (model, input shapes) of the largest run: what budget.py remembers
+        self.budget = JobBudget(runtime, self.timeline)  # checked before each load and new input shape
         self.memory: dict | None = None  # the job's memory report (memory_report), after the block
 
     def __enter__(self):
@@ -72,6 +74,7 @@ class Operation:
             vram = figures({"gpu": gpu_snapshot(request.index or 0)})["vram"]
             if vram is not None:
                 self._job_before["vram"] = vram
+        self.budget.before_load(model_path, request, keep=list(self._held.values()))
         created = self.runtime.sessions_created
         handle = self.runtime.session(model_path, device, holder=self)
         if self.runtime.sessions_created != created:
@@ -114,6 +117,9 @@ class Operation:
                 model=handle.model_name,
             )
         self.check_cancelled()
+        shapes = tuple(tuple(getattr(v, "shape", ())) for v in feeds.values())
+        self.budget.before_run(handle, shapes, keep=list(self._held.values()))  # raises before running
+        meter = self.budget.meter(handle, shapes)
         settings = self.runtime.settings
         release_now = last and settings.release_memory and bool(handle.shrink)
         ort = onnxruntime_module()
@@ -127,8 +133,8 @@ class Operation:
         self.runs += 1
         self._dirty[id(handle)] = handle
         self._used[id(handle)] = handle
-        if self._working_key is None:
-            self._working_key = (handle.model_name, tuple(getattr(v, "shape", ()) for v in feeds.values()))
+        if self._working_key is None or elements(shapes) > elements(self._working_key[1]):
+            self._working_key = (handle.model_name, shapes)
         handle.last_used = time.time()
         if handle.gpu_device_id is not None:
             self.timeline.gpu_device_id = handle.gpu_device_id
@@ -185,6 +191,7 @@ class Operation:
                 resource=resource,
                 detail=str(exc),
             ) from exc
+        self.budget.measured(meter)
         all_bound = bound and all(name in out for name in names)
         if not bound:
             # CPU outputs are views into arena regions; owning copies stop them pinning a region.
@@ -229,6 +236,8 @@ class Operation:
             outcome = "no_final_run" if self._dirty else "success"
         elif isinstance(exc, OperationCancelled):
             outcome = "cancelled"
+        elif isinstance(exc, MemoryBudgetError):
+            outcome = "over_budget"  # refused before running: nothing ran out
         elif isinstance(exc, InferenceOutOfMemoryError):
             outcome = "out_of_memory"
         else:
@@ -283,6 +292,7 @@ class Operation:
                 "runs": self.runs,
                 "live_output_bytes": self._live_output_bytes,
                 "figures": rows,
+                "budget": list(self.budget.notes),
             }
             job["lines"] = format_job_memory(job)
             job["working_key"] = self._working_key

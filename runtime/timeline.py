@@ -122,6 +122,17 @@ class Timeline:
                 values.append(hwm)
         return max(values) if values else None
 
+    def now(self) -> float:
+        """Seconds since ``start()``, on the clock of the samples and marks."""
+        return time.perf_counter() - self._t0
+
+    def max_since(self, key: str, since: float) -> int | None:
+        """The highest figure sampled or marked from ``since`` on (None when none was)."""
+        with self._lock:
+            values = [v[key] for t, v in self.samples if t >= since and v.get(key) is not None]
+            values += [v[key] for t, _, v in self.marks if t >= since and v.get(key) is not None]
+        return max(values) if values else None
+
     def as_dict(self) -> dict:
         with self._lock:
             return {

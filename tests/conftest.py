@@ -1,4 +1,6 @@
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -7,6 +9,9 @@ TESTS_DIR = Path(__file__).resolve().parent
 # test helpers (onnx_builders, blender_helpers, ...) are plain modules beside the tests
 sys.path.insert(0, str(TESTS_DIR))
 REPO_ROOT = TESTS_DIR.parent
+# the event log of every runtime the tests start (and their subprocesses) goes to a scratch folder,
+# not the user's own; tests of the log itself give their own folder
+os.environ.setdefault("LEAN_IMAGE_AI_LOG_DIR", tempfile.mkdtemp(prefix="lean_image_ai_test_logs_"))
 
 
 @pytest.fixture

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -35,10 +34,12 @@ import blender_helpers as bh  # noqa: E402
 bpy = pytest.importorskip("bpy")
 bh.import_package()
 
+import modal_standins  # noqa: E402
 from lean_image_ai import operators  # noqa: E402
 from lean_image_ai.models import library  # noqa: E402
 from lean_image_ai.operators import geometry_ops, image_io, image_ops, jobs  # noqa: E402
 from lean_image_ai.runtime import get_runtime  # noqa: E402
+from modal_standins import ESC, TIMER, Event, StandInContext, driver_class, pump  # noqa: E402
 from onnx_builders import sr_model  # noqa: E402
 
 SIZE = 96  # with 48 px tiles (16 px overlap): several tiles, so there is a "between runs"
@@ -46,77 +47,6 @@ TILE = 48
 
 
 # --- stand-ins ----------------------------------------------------------------------------------
-
-
-class Event:
-    def __init__(self, type, value="NOTHING"):
-        self.type, self.value = type, value
-
-
-TIMER = Event("TIMER")
-ESC = Event("ESC", "PRESS")
-
-
-class RecordingWindowManager:
-    """Records what the operator asks of the window manager (see module doc)."""
-
-    def __init__(self):
-        self.calls = []
-        self.timers_added = []
-        self.timers_removed = []
-        self.handlers = []
-        self.progress = []
-
-    def event_timer_add(self, interval, window=None):
-        timer = object()
-        self.timers_added.append(timer)
-        self.calls.append(("event_timer_add", interval))
-        return timer
-
-    def event_timer_remove(self, timer):
-        assert timer in self.timers_added and timer not in self.timers_removed
-        self.timers_removed.append(timer)
-        self.calls.append(("event_timer_remove",))
-
-    def modal_handler_add(self, operator):
-        self.handlers.append(operator)
-        self.calls.append(("modal_handler_add",))
-        return True
-
-    def progress_begin(self, low, high):
-        self.calls.append(("progress_begin", low, high))
-
-    def progress_update(self, value):
-        self.progress.append(value)
-        self.calls.append(("progress_update", value))
-
-    def progress_end(self):
-        self.calls.append(("progress_end",))
-
-    @property
-    def live_timers(self):
-        return [t for t in self.timers_added if t not in self.timers_removed]
-
-
-class RecordingWorkspace:
-    def __init__(self):
-        self.status = []
-
-    def status_text_set(self, text):
-        self.status.append(text)
-
-
-class StandInContext:
-    """The real context, except for the window manager, window and workspace (see module doc)."""
-
-    def __init__(self):
-        self.window_manager = RecordingWindowManager()
-        self.window = object()
-        self.workspace = RecordingWorkspace()
-        self.screen = None
-
-    def __getattr__(self, name):
-        return getattr(bpy.context, name)
 
 
 class Gate:
@@ -144,57 +74,13 @@ class Gate:
 
 # --- the driver ---------------------------------------------------------------------------------
 
-SCRIPT = {}
-
-
-def _driver_execute(self, context):
-    return SCRIPT.pop("script")(self)
-
-
-def _driver_class(real):
-    """A registered operator with ``real``'s bases, properties and gather/work/apply, whose
-    ``execute`` runs the test's script (see module doc). Built from the real class's own dict
-    rather than by subclassing it: registering a subclass of a registered operator breaks
-    Blender's lookup of the parent's Python class."""
-    own = {
-        key: value
-        for key, value in vars(real).items()
-        if key not in ("__dict__", "__weakref__", "bl_rna", "execute")
-    }
-    own.update(
-        bl_idname="lean_image_ai_test.drive_upscale",
-        bl_label="Drive Upscale (test)",
-        execute=_driver_execute,
-    )
-    own["__annotations__"] = dict(own.get("__annotations__", {}))
-    return type("LEANTEST_OT_drive_upscale", real.__bases__, own)
-
-
-LEANTEST_OT_drive_upscale = _driver_class(image_ops.LEAN_IMAGE_AI_OT_upscale)
+LEANTEST_OT_drive_upscale = driver_class(
+    image_ops.LEAN_IMAGE_AI_OT_upscale, "lean_image_ai_test.drive_upscale", "LEANTEST_OT_drive_upscale"
+)
 
 
 def drive(script, **props):
-    """Run ``script(operator)`` inside a live operator; returns what the script returned."""
-    outcome = {}
-
-    def wrapped(op):
-        outcome["value"] = script(op)
-        return {"FINISHED"}
-
-    SCRIPT["script"] = wrapped
-    bpy.ops.lean_image_ai_test.drive_upscale(**props)
-    return outcome["value"]
-
-
-def pump(op, ctx, *, until_done=True, timeout=20.0):
-    """Send TIMER events like Blender's timer would, until modal stops running."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = op.modal(ctx, TIMER)
-        if result != {"RUNNING_MODAL"}:
-            return result
-        time.sleep(0.005)
-    raise AssertionError("the job did not end in time")
+    return modal_standins.drive(bpy.ops.lean_image_ai_test.drive_upscale, script, **props)
 
 
 # --- fixtures -----------------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """operators/memory_ops.py with real bpy: Release now keeps the session objects, Unload all drops
 them, both report what they freed; idle unload's timer (off in background mode, re-armed only
-while sessions are cached); the leak check operator."""
+while sessions are cached); the leak check on the job engine (synchronous, and modal driven with
+the stand-ins of tests/modal_standins.py); the event log and its folder; the memory picture; the
+RAM budget preference."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ bpy = pytest.importorskip("bpy")
 memory_ops = bh.import_submodule("operators.memory_ops")
 prefs = bh.import_submodule("operators.prefs")
 jobs = bh.import_submodule("operators.jobs")
-from lean_image_ai.runtime import get_runtime, mark_last  # noqa: E402
+from lean_image_ai.runtime import event_file, get_runtime, mark_last, memory_plot  # noqa: E402
+from modal_standins import ESC, StandInContext, drive, driver_class, pump  # noqa: E402
 
 
 @pytest.fixture
@@ -89,3 +92,115 @@ def test_the_job_engine_arms_idle_unload_after_each_job(runtime):
 
 def test_leak_check_operator(runtime):
     assert bpy.ops.lean_image_ai.leak_check(runs=10) == {"FINISHED"}
+
+
+# ---- the leak check on the job engine ---------------------------------------------------------
+
+
+LEANTEST_OT_drive_leak_check = driver_class(
+    memory_ops.LEAN_IMAGE_AI_OT_leak_check, "lean_image_ai_test.drive_leak_check", "LEANTEST_OT_drive_leak_check"
+)
+
+
+@pytest.fixture
+def leak_driver(runtime):
+    bpy.utils.register_class(LEANTEST_OT_drive_leak_check)
+    yield bpy.ops.lean_image_ai_test.drive_leak_check
+    jobs.manager.cancel_all()
+    bpy.utils.unregister_class(LEANTEST_OT_drive_leak_check)
+
+
+def test_leak_check_runs_through_the_job_engine(runtime):
+    assert bpy.ops.lean_image_ai.leak_check(runs=10) == {"FINISHED"}
+    job = jobs.manager.last
+    assert job.name == "Leak Check" and job.state == "finished" and job.result.verdict in ("stable", "growing")
+    assert job.result.runs == 10 and job.stage == "run 10/10" and job.progress == 1.0
+
+
+def test_leak_check_modal_on_the_worker_with_progress(leak_driver):
+    ctx = StandInContext()
+
+    def script(op):
+        assert op.start_modal(ctx) == {"RUNNING_MODAL"}
+        job = jobs.manager.current
+        assert job.name == "Leak Check" and job.thread is not None and job.thread.daemon
+        return job, pump(op, ctx, timeout=120)
+
+    job, result = drive(leak_driver, script, runs=8)
+    assert result == {"FINISHED"} and job.state == "finished" and not job.thread.is_alive()
+    wm = ctx.window_manager
+    assert wm.progress and wm.progress == sorted(wm.progress) and wm.live_timers == []
+    assert any(text and text.startswith("Leak Check: run ") for text in ctx.workspace.status)
+    assert jobs.manager.current is None and jobs.manager.last is job
+
+
+def test_leak_check_esc_cancels(leak_driver):
+    ctx = StandInContext()
+
+    def script(op):
+        assert op.start_modal(ctx) == {"RUNNING_MODAL"}
+        job = jobs.manager.current
+        assert op.modal(ctx, ESC) == {"RUNNING_MODAL"} and job.cancel_event.is_set()
+        return job, pump(op, ctx, timeout=120)
+
+    job, result = drive(leak_driver, script, runs=500)
+    assert result == {"CANCELLED"} and job.state == "cancelled" and job.result is None
+    assert "cancelled" in job.error_text and jobs.manager.current is None
+
+
+# ---- the event log, the memory picture, the RAM budget preference ------------------------------
+
+
+def test_the_event_log_is_written_and_its_folder_opens(runtime):
+    log = event_file.current()
+    assert log is not None and log.folder == prefs.log_folder()
+    runtime.events.emit("test_marker", where="blender")
+    assert log.flush()
+    assert '"event": "test_marker"' in log.path.read_text().splitlines()[-1]
+    assert bpy.ops.lean_image_ai.open_log_folder() == {"FINISHED"}
+
+
+def test_the_log_folder_without_the_variable_is_the_add_ons_user_folder(runtime, monkeypatch):
+    monkeypatch.delenv(event_file.LOG_DIR_ENV)
+    folder = prefs.log_folder()
+    assert folder.parts[-2:] == ("lean_image_ai", "logs") and folder.parent.parent == Path(bpy.utils.user_resource("DATAFILES"))
+
+
+@pytest.fixture
+def upscale_input(tmp_path):
+    from PIL import Image as PILImage
+
+    path = tmp_path / "src.png"
+    PILImage.fromarray((np.random.default_rng(0).random((96, 96, 3)) * 255).astype(np.uint8), "RGB").save(path)
+    return path, ob.sr_model(tmp_path / "sr.onnx", scale=2)
+
+
+def test_the_memory_plot_image_after_a_job(runtime, upscale_input):
+    bh.reset_blender()
+    source, model = upscale_input
+    assert memory_ops.PLOT_IMAGE not in bpy.data.images
+    assert bpy.ops.lean_image_ai.upscale(filepath=str(source), model_path=str(model), tile_size=48) == {"FINISHED"}
+    image = bpy.data.images[memory_ops.PLOT_IMAGE]
+    assert tuple(image.size) == (memory_plot.WIDTH, memory_plot.HEIGHT)
+    pixels = np.empty(len(image.pixels), np.float32)
+    image.pixels.foreach_get(pixels)
+    rgba = np.rint(pixels.reshape(memory_plot.HEIGHT, memory_plot.WIDTH, 4) * 255).astype(np.uint8)
+    run = (rgba[:, :, :3] == memory_plot.COLOURS["run"]).all(axis=2).any(axis=0)
+    marks = int(np.count_nonzero(run[1:] & ~run[:-1]) + run[0])
+    assert marks == runtime.last_job_memory["runs"] > 1
+    assert bpy.ops.lean_image_ai.show_memory_plot() == {"FINISHED"}
+
+
+def test_the_ram_budget_preference_refuses_a_job_it_cannot_fit(runtime, upscale_input):
+    source, model = upscale_input
+    addon = bpy.context.preferences.addons.new()
+    addon.module = prefs.ADDON_ID
+    try:
+        prefs.get_prefs(bpy.context).ram_budget_mb = 1  # below what Blender itself uses
+        with pytest.raises(RuntimeError, match=r"Not enough memory: loading sr\.onnx on auto needs about "):
+            bpy.ops.lean_image_ai.upscale(filepath=str(source), model_path=str(model))
+        assert runtime.settings.ram_budget_bytes == 1 << 20
+        assert jobs.manager.last.state == "failed" and "RAM / GPU Memory Budget" in jobs.manager.last.error_text
+    finally:
+        bpy.context.preferences.addons.remove(addon)
+        runtime.configure(ram_budget_bytes=None)

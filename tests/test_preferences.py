@@ -121,7 +121,8 @@ def test_get_prefs_falls_back_to_defaults_when_not_an_enabled_addon(registered):
 def test_defaults_mirror_the_blender_properties():
     annotations = P.LeanImageAIPreferences.__annotations__
     defaults = R.DefaultPreferences()
-    for name in ("models_dir", "device", "cuda_device_index", "gpu_memory_budget_mb", "release_cpu_memory", "idle_unload_minutes"):
+    for name in ("models_dir", "device", "cuda_device_index", "gpu_memory_budget_mb", "ram_budget_mb",
+                 "release_cpu_memory", "idle_unload_minutes"):
         assert name in annotations and hasattr(defaults, name)
         prop = annotations[name]
         if name != "device":  # dynamic enum: default is the item number 0 == AUTO
@@ -211,6 +212,7 @@ def test_draw_shows_every_property_and_calls_the_catalog_hook(registered, monkey
         "device",
         "cuda_device_index",
         "gpu_memory_budget_mb",
+        "ram_budget_mb",
         "release_cpu_memory",
         "idle_unload_minutes",
     }

@@ -12,7 +12,7 @@ import bpy
 from ..models import families
 from ..operators import options, prefs
 from ..operators.jobs import manager
-from ..runtime import get_runtime, memory_snapshot
+from ..runtime import get_runtime, memory_plot, memory_snapshot
 from ..runtime.diagnostics import onnxruntime_import_error
 from . import preferences
 from . import settings as scene_settings
@@ -225,6 +225,12 @@ def _draw_last_job(layout, context) -> None:
         return
     for line in job["lines"]:
         col.label(text=line)
+    timeline = get_runtime().last_timeline
+    if timeline:
+        col = layout.column(align=True)
+        for line in memory_plot.legend(timeline):
+            col.label(text=line)
+        _operator(layout, "lean_image_ai.show_memory_plot", text="Show Memory Plot", icon="IMAGE_DATA")
 
 
 def _draw_sessions(layout, context) -> None:
@@ -244,7 +250,9 @@ def _draw_sessions(layout, context) -> None:
     sub = row.row(align=True)
     sub.enabled = bool(handles)
     _operator(sub, "lean_image_ai.unload_all", text="Unload All", icon="TRASH")
-    _operator(layout, "lean_image_ai.leak_check", text="Leak Check", icon="VIEWZOOM")
+    row = layout.row(align=True)
+    _operator(row, "lean_image_ai.leak_check", text="Leak Check", icon="VIEWZOOM")
+    _operator(row, "lean_image_ai.open_log_folder", text="Open Log Folder", icon="FILE_FOLDER")
 
 
 # ---- classes ----------------------------------------------------------------------------------

@@ -238,10 +238,20 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
     )
     gpu_memory_budget_mb: IntProperty(
         name="GPU Memory Budget (MB)",
-        description="Cap on the inference arena's GPU memory, in MB. 0: no limit",
+        description="Most GPU memory this process may use for a job, in MB (NVML's figure), checked before "
+        "each job: arenas are released, least-recently-used models unloaded, tiles made smaller, or the job "
+        "refused with what it needs. Also caps the inference arena. 0: no limit",
         default=0,
         min=0,
         soft_max=262144,
+    )
+    ram_budget_mb: IntProperty(
+        name="RAM Budget (MB)",
+        description="Most system memory Blender may use (its RSS) for a job on the CPU, in MB, checked before "
+        "each job like the GPU budget. 0: no limit (only the memory the system has free)",
+        default=0,
+        min=0,
+        soft_max=1048576,
     )
     idle_unload_minutes: IntProperty(
         name="Unload Models Idle For (min)",
@@ -264,6 +274,7 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         sub.enabled = self.device == "CUDA"
         sub.prop(self, "cuda_device_index")
         col.prop(self, "gpu_memory_budget_mb")
+        col.prop(self, "ram_budget_mb")
         col.prop(self, "release_cpu_memory")
         col.prop(self, "idle_unload_minutes")
         problem = diagnostics.onnxruntime_import_error()

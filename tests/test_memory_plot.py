@@ -1,0 +1,80 @@
+"""Issue 11, the picture of a job's memory (runtime/memory_plot.py): drawn from a real job's
+timeline, decoded with Pillow (which the add-on itself never needs)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from lean_image_ai.runtime import Runtime, event_file, mark_last, memory_plot
+from onnx_builders import conv_model
+from PIL import Image
+
+
+@pytest.fixture(scope="module")
+def conv(tmp_path_factory):
+    return conv_model(tmp_path_factory.mktemp("models") / "conv.onnx", mid_channels=8)
+
+
+def mark_groups(rgba: np.ndarray, colour) -> list[int]:
+    """First column of each run of adjacent columns holding ``colour`` (one group per mark)."""
+    columns = np.flatnonzero((rgba[:, :, :3] == colour).all(axis=2).any(axis=0))
+    return [int(c) for i, c in enumerate(columns) if i == 0 or c != columns[i - 1] + 1]
+
+
+def decoded(data: bytes) -> np.ndarray:
+    with Image.open(io.BytesIO(data)) as picture:
+        assert picture.format == "PNG" and picture.mode == "RGBA"
+        return np.asarray(picture)
+
+
+def test_the_png_of_a_real_job_shows_each_run_and_the_release(conv):
+    runtime = Runtime()
+    runs = 5
+    with runtime.operation("plotted") as op:
+        handle = op.session(conv, "cpu")
+        for _, last in mark_last(range(runs)):
+            op.run(handle, {"x": np.ones((1, 3, 160, 160), np.float32)}, last=last)
+    timeline = runtime.last_timeline
+    picture = decoded(memory_plot.png_bytes(memory_plot.render(timeline)))
+    assert picture.shape == (memory_plot.HEIGHT, memory_plot.WIDTH, 4)
+    assert np.array_equal(picture, memory_plot.render(timeline)), "the PNG holds exactly the drawing"
+    run_marks = mark_groups(picture, memory_plot.COLOURS["run"])
+    (release,) = mark_groups(picture, memory_plot.COLOURS["release"])
+    before, after = mark_groups(picture, memory_plot.COLOURS["edge"])
+    assert len(run_marks) == runs == op.runs
+    assert before < run_marks[0] and run_marks[-1] < release < after, "in the order they happened"
+    assert mark_groups(picture, memory_plot.COLOURS["ram"]), "the RSS line is drawn"
+    assert not mark_groups(picture, memory_plot.COLOURS["vram"]), "no GPU figure on a CPU job"
+    legend = memory_plot.legend(timeline)
+    assert legend[0].startswith("process RAM (blue): ") and legend[-1].startswith(f"marks: {runs} run(s) orange")
+
+
+def test_marks_closer_than_a_pixel_stay_apart():
+    mb = 1 << 20
+    marks = [(0.0, "before", {"ram": 100 * mb})] + [(1.0 + i * 1e-4, f"run {i + 1}", {"ram": 120 * mb}) for i in range(4)]
+    marks += [(1.001, "release", {"ram": 101 * mb}), (1.002, "after", {"ram": 101 * mb})]
+    picture = memory_plot.render({"samples": [(0.5, {"ram": 110 * mb, "vram": None})], "marks": marks}, 200, 80)
+    assert len(mark_groups(picture, memory_plot.COLOURS["run"])) == 4
+    assert len(mark_groups(picture, memory_plot.COLOURS["release"])) == 1
+
+
+def test_the_command_line_writes_the_plot(tmp_path):
+    plot = tmp_path / "memory.png"
+    command = [sys.executable, "-m", "lean_image_ai", "upscale", "--output", str(tmp_path / "out.png"),
+               "--device", "cpu", "--tile", "128", "--memory-plot", str(plot)]
+    env = {**os.environ, event_file.LOG_DIR_ENV: str(tmp_path / "logs")}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"memory plot: {plot} (process RAM (blue): " in done.stdout
+    json.loads(done.stdout.strip().splitlines()[-1])  # the summary stays the last line
+    picture = decoded(plot.read_bytes())
+    assert picture.shape == (memory_plot.HEIGHT, memory_plot.WIDTH, 4)
+    events = [json.loads(line) for line in (tmp_path / "logs" / "events.jsonl").read_text().splitlines()]
+    (end,) = [e for e in events if e["event"] == "operation_end"]
+    assert end["runs"] > 1 and len(mark_groups(picture, memory_plot.COLOURS["run"])) == end["runs"]
