@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from . import cli_images, cli_job
+from . import cli_images, cli_job, farm_ray
 from .models import families, sequence
 from .models.base import JobOptions
 from .models.family import Family
@@ -267,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_family(subparsers, family)
     _add_doctor(subparsers)
     _add_leak_check(subparsers)
+    farm_ray.add_parser(subparsers)  # Ray itself is imported only when `farm` runs
     return parser
 
 
