@@ -41,6 +41,7 @@ from .runtime.memory import peak_rss_bytes, reset_peak_rss
 INSTALL_HINT = "pip install 'lean_image_ai[farm]'"
 EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 2, 130
 MAX_AUTO_CHUNK = 8  # frames: one release per chunk costs ~1%, a lost chunk redoes at most this many
+START_GRACE_S = 10.0  # after the first worker is up, how long the first chunks wait for the others
 
 
 def add_parser(subparsers) -> None:
@@ -142,13 +143,16 @@ class Farm:
         self.warnings: list[str] = []
         self.deaths = self.redone = self.temps_removed = self.chunks_sent = 0
         self.fatal: str | None = None
+        self.first_ready: float | None = None
+        self.dispatching = False
         for slot, actor in enumerate(self.actors):
             self.in_flight[actor.ready.remote()] = (slot, None)
 
     def run(self) -> None:
         errors = self.ray.exceptions
-        while self.in_flight or (self.pending and self.idle):
-            while self.idle and self.pending:
+        # a worker coming back after a restart does not hold the run open once nothing is left
+        while self._chunks_in_flight() or (self.pending and (self.idle or self.in_flight)):
+            while self.idle and self.pending and self._may_dispatch():
                 self._send(self.idle.pop(0), self.pending.popleft())
             ready, _ = self.ray.wait(list(self.in_flight), num_returns=1, timeout=1.0)
             for key in ready:
@@ -173,6 +177,18 @@ class Farm:
         self.pending.clear()
 
     # -- chunks out, items back ---------------------------------------------------------------
+    def _chunks_in_flight(self) -> bool:
+        return any(chunk is not None for _, chunk in self.in_flight.values())
+
+    def _may_dispatch(self) -> bool:
+        """The first chunks wait until every worker is up (or a grace period ran out), so one
+        worker that starts a second late does not leave the other all the work."""
+        if not self.dispatching:
+            starting = any(chunk is None for _, chunk in self.in_flight.values())
+            late = self.first_ready is not None and time.monotonic() - self.first_ready > START_GRACE_S
+            self.dispatching = not starting or late
+        return self.dispatching
+
     def _send(self, slot: int, chunk: list[int]) -> None:
         payload = [(f.ref.number, str(f.ref.path), str(f.out)) for f in (self.frames[i] for i in chunk)]
         self.in_flight[self.actors[slot].process.remote(payload)] = (slot, {"frames": chunk, "left": set(chunk)})
@@ -180,6 +196,7 @@ class Farm:
 
     def _ready(self, slot: int, info: dict) -> None:
         self.start_failures[slot] = 0
+        self.first_ready = self.first_ready or time.monotonic()
         self.pid_of[slot] = info["pid"]
         self.processes.setdefault(info["pid"], {"worker": slot, "pid": info["pid"], "host": info["host"], "frames": 0})
         self.idle.append(slot)
