@@ -41,7 +41,7 @@ from .runtime.memory import peak_rss_bytes, reset_peak_rss
 INSTALL_HINT = "pip install 'lean_image_ai[farm]'"
 EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 2, 130
 MAX_AUTO_CHUNK = 8  # frames: one release per chunk costs ~1%, a lost chunk redoes at most this many
-START_GRACE_S = 10.0  # after the first worker is up, how long the first chunks wait for the others
+START_GRACE_S = 20.0  # after the first worker is up, how long the first chunks wait for the others
 
 
 def add_parser(subparsers) -> None:
@@ -143,6 +143,7 @@ class Farm:
         self.warnings: list[str] = []
         self.deaths = self.redone = self.temps_removed = self.chunks_sent = 0
         self.fatal: str | None = None
+        self.start_error = ""
         self.first_ready: float | None = None
         self.dispatching = False
         for slot, actor in enumerate(self.actors):
@@ -172,8 +173,12 @@ class Farm:
                 except errors.RayTaskError as exc:  # a bug in the worker, not a frame: same for all
                     del self.in_flight[key]
                     self._stop(f"worker error: {exc}")
-        for index in (i for chunk in self.pending for i in chunk):  # no worker left to take them
-            self._fail(index, self.fatal or "no worker could start", final=True)
+                    if chunk is not None:
+                        self._chunk_over(slot, chunk, died=False)
+        if self.pending and self.fatal is None:  # every worker failed to start, again and again
+            self.fatal = f"no worker could start ({self.start_error})"
+        for index in (i for chunk in self.pending for i in chunk):
+            self._fail(index, self.fatal)
         self.pending.clear()
 
     # -- chunks out, items back ---------------------------------------------------------------
@@ -240,10 +245,9 @@ class Farm:
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if chunk is None:  # the actor could not start (or restart)
             self.start_failures[slot] += 1
+            self.start_error = text
             if self.start_failures[slot] < self.max_tries:
                 self.in_flight[self.actors[slot].ready.remote()] = (slot, None)
-            elif not self.in_flight and not self.idle:
-                self.fatal = f"no worker could start: {text}"
             return
         self.deaths += 1
         self.on_event({"event": "worker_died", "worker": slot, "frames": len(chunk["left"])})
@@ -255,10 +259,12 @@ class Farm:
     def _fail(self, index: int, error: str, *, final: bool = False) -> None:
         frame = self.frames[index]
         frame.tries += 1
-        frame.error = error
-        if final or frame.tries >= self.max_tries or self.fatal is not None:
-            tries = f" ({frame.tries} tries)" if frame.tries > 1 else ""
-            frame.error = f"{error}{tries}"
+        if self.fatal is not None:  # the job cannot run: said once, not retried
+            frame.error = self.fatal
+            self.failed.append(index)
+            return
+        if final or frame.tries >= self.max_tries:
+            frame.error = error + (f" ({frame.tries} tries)" if frame.tries > 1 else "")
             self.failed.append(index)
             self.on_event({"event": "frame_failed", "frame": frame.ref.number, "error": frame.error})
             if self.stop_on_error:
@@ -301,6 +307,8 @@ class _Progress:
         if event["event"] == "worker_died":
             print(f"  worker {event['worker']} died; its {event['frames']} frame(s) go to another", file=sys.stderr)
             return
+        if event["event"] == "frame_failed":
+            print(f"  frame {event['frame']} failed: {event['error']}", file=sys.stderr)
         self.done += 1
         percent = int(100 * self.done / max(self.total, 1))
         if percent >= self.last + 10 or self.done == self.total:

@@ -77,22 +77,33 @@ class FrameWorker:
             return notes
 
         batch = BatchRun(refs, infer, lambda ref: cli_images.read_image(ref.path), write, options=options)
-        report = batch.report
-        told_written = told_failed = 0
-        batch.start()
-        while True:
+        report, over, outcome = batch.report, threading.Event(), {}
+
+        def whole_chunk():  # exactly as the command line runs a batch: reader, model, writer threads
             try:
-                over = batch.pump(0.05)
-            except LeanImageError as exc:  # not about one frame: the model or the device
-                yield {"fatal": str(exc)}
-                return
+                batch.run()
+            except BaseException as exc:  # noqa: BLE001 - handed to the generator below
+                outcome["error"] = exc
+            finally:
+                over.set()
+
+        threading.Thread(target=whole_chunk, name="lean_image_ai:farm-chunk", daemon=True).start()
+        told_written = told_failed = 0
+        while True:
+            finished = over.wait(0.02)
             for number in report.written[told_written:]:
                 yield {"frame": number}
             for number, error in report.failed[told_failed:]:
                 yield {"frame": number, "error": error}
             told_written, told_failed = len(report.written), len(report.failed)
-            if over:
+            if finished:
                 break
+        error = outcome.get("error")
+        if isinstance(error, LeanImageError):  # not about one frame: the model or the device
+            yield {"fatal": str(error)}
+            return
+        if error is not None:
+            raise error
         self.frames_done += len(report.written)
         fallbacks = [e["message"] for e in self.runtime.events.recent("provider_fallback") if e["time"] >= since]
         yield {

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from lean_image_ai import cli, farm_ray
-from onnx_builders import sr_model
+from lean_image_ai.runtime.errors import LeanImageError
+from onnx_builders import sr_model, weights_model
 from PIL import Image
 
 FRAMES = 24
@@ -168,3 +169,11 @@ def test_a_frame_that_fails_on_every_try_is_reported_and_the_run_ends(ray_local,
     assert names == sorted(f"plate_upscaled_{n:04d}.png" for n in range(1, 9) if n != 5)
     assert all(outputs(out)[name] == reference[name] for name in names)
     assert "error: frame 5:" in err
+
+
+def test_a_model_the_family_cannot_use_ends_the_run_with_one_error(ray_local, plate, tmp_path, capsys):
+    pattern = plate[0]
+    model = weights_model(tmp_path / "not_an_upscaler.onnx")
+    with pytest.raises(LeanImageError, match="does not look like a super-resolution model"):
+        farm(tmp_path, capsys, pattern, model, "--max-tries", "5")
+    assert list((tmp_path / "out").iterdir()) == []  # nothing written, no temp file
