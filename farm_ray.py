@@ -146,6 +146,7 @@ class Farm:
         self.start_error = ""
         self.first_ready: float | None = None
         self.dispatching = False
+        self.stopped = False
         for slot, actor in enumerate(self.actors):
             self.in_flight[actor.ready.remote()] = (slot, None)
 
@@ -196,7 +197,8 @@ class Farm:
 
     def _send(self, slot: int, chunk: list[int]) -> None:
         payload = [(f.ref.number, str(f.ref.path), str(f.out)) for f in (self.frames[i] for i in chunk)]
-        self.in_flight[self.actors[slot].process.remote(payload)] = (slot, {"frames": chunk, "left": set(chunk)})
+        left = {self.frames[i].ref.number: i for i in chunk}  # frame number -> index, till reported
+        self.in_flight[self.actors[slot].process.remote(payload)] = (slot, {"left": left})
         self.chunks_sent += 1
 
     def _ready(self, slot: int, info: dict) -> None:
@@ -223,15 +225,14 @@ class Farm:
             figures.update(sessions_created=item["sessions_created"], rss_peak=item["rss_peak"])
             self.warnings.extend(item["warnings"])
             return
-        index = next(i for i in chunk["left"] if self.frames[i].ref.number == item["frame"])
-        chunk["left"].discard(index)
+        index = chunk["left"].pop(item["frame"])
         if "error" in item:
             self._fail(index, item["error"])
         else:
             self._written(slot, index, len(chunk["left"]))
 
     def _chunk_over(self, slot: int, chunk: dict, *, died: bool) -> None:
-        for index in sorted(chunk["left"]):  # frames the worker never reported
+        for index in sorted(chunk["left"].values()):  # frames the worker never reported
             frame = self.frames[index]
             if frame.written_since_plan():  # finished: only its report was lost
                 self._written(slot, index, 0, recovered=True)
@@ -263,11 +264,12 @@ class Farm:
             frame.error = self.fatal
             self.failed.append(index)
             return
-        if final or frame.tries >= self.max_tries:
+        if final or frame.tries >= self.max_tries or self.stopped:
             frame.error = error + (f" ({frame.tries} tries)" if frame.tries > 1 else "")
             self.failed.append(index)
             self.on_event({"event": "frame_failed", "frame": frame.ref.number, "error": frame.error})
-            if self.stop_on_error:
+            if self.stop_on_error:  # the chunks out finish; nothing more is sent or tried again
+                self.stopped = True
                 self.pending.clear()
             return
         self.redone += 1
@@ -284,7 +286,7 @@ class Farm:
             self.ray.kill(actor, no_restart=True)
         for slot, chunk in list(self.in_flight.values()):
             if chunk is not None:
-                for index in sorted(chunk["left"]):
+                for index in sorted(chunk["left"].values()):
                     frame = self.frames[index]
                     if frame.written_since_plan():
                         self._written(slot, index, 0, recovered=True)
