@@ -328,6 +328,11 @@ class _Progress:
 def run(args, *, on_event=None, crash_on_write=None) -> int:
     """The `farm` command. ``on_event`` sees every frame written and every worker death;
     ``crash_on_write`` is farm_worker's test hook."""
+    if args.address == "local" and "ray" not in sys.modules:
+        # Ray picks its node address when imported: a one-machine instance listens on loopback
+        # only, and a throwaway instance reports no usage statistics
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray = import_ray()
     family: Family = args.family
     parse_device(args.device)  # a typo fails here, before Ray starts
@@ -340,8 +345,6 @@ def run(args, *, on_event=None, crash_on_write=None) -> int:
     todo = [_Frame(ref, out, family.id) for ref, out in zip(refs, outputs, strict=True) if ref not in skip]
     before = memory_snapshot(None)
     reset_peak_rss()
-    if args.address == "local":
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # a throwaway instance reports nothing
     started_ray = _connect(ray, args.address)
     try:
         threads = max(1, args.threads_per_worker)
