@@ -171,6 +171,23 @@ def test_a_frame_that_fails_on_every_try_is_reported_and_the_run_ends(ray_local,
     assert "error: frame 5:" in err
 
 
+def test_stop_on_error_sends_nothing_after_the_first_failed_frame(ray_local, plate, tmp_path, capsys):
+    source = tmp_path / "in"
+    source.mkdir()
+    for n in range(1, 7):
+        name = f"plate_{n:04d}.png"
+        data = Path(plate[0].replace("plate_####.png", name)).read_bytes()
+        (source / name).write_bytes(data[:40] if n == 3 else data)
+    # one worker, one frame per chunk: chunks go out in order, so the stop point is exact
+    code, line, err, out = farm(
+        tmp_path, capsys, str(source / "plate_####.png"), plate[1], "--stop-on-error", "--max-tries", "1",
+        "--chunk-size", "1", "--workers", "1",
+    )
+    assert code == farm_ray.EXIT_ERROR
+    assert [f["frame"] for f in line["failed"]] == [3] and line["written"] == 2 and line["farm"]["chunks"] == 3
+    assert sorted(outputs(out)) == ["plate_upscaled_0001.png", "plate_upscaled_0002.png"]
+
+
 def test_a_model_the_family_cannot_use_ends_the_run_with_one_error(ray_local, plate, tmp_path, capsys):
     pattern = plate[0]
     model = weights_model(tmp_path / "not_an_upscaler.onnx")
