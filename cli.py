@@ -25,9 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cli_images
-from .cli_images import CommandLineError
-from .models import families, frame_lists, library, products, sequence
+from . import cli_images, cli_job, farm_ray
+from .models import families, sequence
 from .models.base import JobOptions
 from .models.family import Family
 from .runtime import event_file, format_snapshot, get_runtime, memory_plot, memory_snapshot, parse_device
@@ -40,7 +39,6 @@ EXIT_INTERRUPTED = 130
 EXIT_LEAK = 1  # leak-check: memory kept growing
 
 DEMO_SIZE = (384, 512)  # height, width
-DEMO_NAME = "demo"
 
 
 def demo_image(height: int = DEMO_SIZE[0], width: int = DEMO_SIZE[1]) -> np.ndarray:
@@ -124,12 +122,6 @@ def _print_memory_report(runtime, since: float, before: dict, gpu_id: int | None
 # ---- one command for every family -----------------------------------------------------------------
 
 
-def _option_type(option):
-    if option.kind is bool:
-        return lambda text: text.lower() in ("1", "true", "yes", "on")
-    return option.kind
-
-
 def _add_family(subparsers, family: Family) -> None:
     demo = " Without INPUT a generated demo image is used." if family.fallback_model else ""
     parser = subparsers.add_parser(
@@ -139,107 +131,21 @@ def _add_family(subparsers, family: Family) -> None:
         "numbered pattern (shot_####.png or shot_%%04d.png) or one frame of a numbered sequence "
         "with --frames.",
     )
-    parser.add_argument("input", nargs="?", help="image file, folder or pattern")
-    parser.add_argument("output", nargs="?", help="file (one image), folder or pattern (out_####.exr)")
-    parser.add_argument("--input", dest="input_opt", help=argparse.SUPPRESS)
-    parser.add_argument("--output", dest="output_opt", help="same as OUTPUT")
-    parser.add_argument("--frames", type=_frames_arg, help="frame range A-B or A-B:STEP")
-    parser.add_argument("--model", help="an ONNX file, or a catalog model id (default: the first installed)")
-    parser.add_argument("--models-dir", help=f"models folder (default: ${library.MODELS_DIR_ENV} or the user cache)")
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda:N (default: auto)")
-    parser.add_argument("--overwrite", action="store_true", help="replace existing output files")
-    parser.add_argument("--skip-existing", action="store_true", help="keep existing outputs, do only the rest")
-    parser.add_argument("--stop-on-error", action="store_true", help="stop at the first frame that fails")
-    parser.add_argument(
-        "--shard",
-        type=_shard_arg,
-        help="I/N: only part I of N contiguous parts of the frames (render farms: N tasks cover every "
-        "frame once; use with --skip-existing so a retried task only does what is missing)",
-    )
-    for option in family.options:
-        if not option.blender_only:
-            parser.add_argument(
-                "--" + option.name.replace("_", "-"),
-                type=_option_type(option),
-                default=option.default,
-                help=f"{option.description} (default: {option.default})",
-            )
+    cli_job.family_arguments(parser, family)
     parser.add_argument(
         "--memory-plot", metavar="FILE", help="write a PNG of memory during the job (runs, release) to FILE"
     )
-    if family.id == "upscale":
-        parser.add_argument("--tile", dest="tile_size", type=_tile_arg, help="same as --tile-size; 'auto' is 0")
     parser.set_defaults(handler=_run, family=family)
-
-
-def _frames_arg(text: str) -> range:
-    try:
-        return frame_lists.parse_frames(text)
-    except LeanImageError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _shard_arg(text: str) -> tuple[int, int] | None:
-    try:
-        return frame_lists.parse_shard(text)
-    except LeanImageError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _tile_arg(text: str) -> int:
-    if text == "auto":
-        return 0
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a number of pixels, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("tile size must be >= 0 (0 or auto: from the free memory)")
-    return value
-
-
-def _resolve_model(family: Family, args) -> library.ModelChoice:
-    folder = library.models_dir(args.models_dir or "")
-    model = args.model or ""
-    as_file = model and (Path(model).expanduser().is_file() or model.endswith(".onnx"))
-    return library.resolve(family.id, folder, "" if as_file else model, model if as_file else "")
-
-
-def _plan(family: Family, args):
-    """(frame refs, output paths, refs to skip); every check that can fail before the model runs."""
-    source = args.input or args.input_opt
-    target = args.output or args.output_opt
-    if source is None:
-        if family.fallback_model is None:
-            raise CommandLineError(f"Give an INPUT image, folder or pattern for {family.command}.")
-        refs = [frame_lists.FrameRef(1, Path.cwd() / "(generated demo image)")]
-        target = target or Path.cwd() / products.default_name(family.id, DEMO_NAME)
-        many = False
-    else:
-        refs = frame_lists.resolve_input(source, args.frames)
-        many = len(refs) > 1 or frame_lists.is_pattern(source) or Path(source).expanduser().is_dir()
-    refs, outputs, skip = products.plan_batch(
-        family.id,
-        refs,
-        target,
-        in_sequence=many,
-        shard=args.shard,
-        overwrite=args.overwrite or source is None,  # the demo replaces its own earlier result
-        skip_existing=args.skip_existing,
-        check_format=cli_images.check_writable_format,
-        inputs_are_files=source is not None,
-    )
-    return refs, outputs, skip
 
 
 def _run(args) -> int:
     family: Family = args.family
     parse_device(args.device)  # a typo fails here, before anything is loaded
-    model = _resolve_model(family, args)
-    refs, outputs, skip = _plan(family, args)
+    model = cli_job.resolve_model(family, args)
+    refs, outputs, skip = cli_job.plan(family, args)
     target = dict(zip(refs, outputs, strict=True))
     demo = not (args.input or args.input_opt)
-    values = {o.name: getattr(args, o.name) for o in family.options if hasattr(args, o.name)}
+    values = cli_job.option_values(family, args)
     kwargs = model.adapter_kwargs(family.id, **values)
     height, width = DEMO_SIZE
     shard = f" (shard {args.shard[0]}/{args.shard[1]})" if args.shard else ""
@@ -256,21 +162,10 @@ def _run(args) -> int:
         return image
 
     def write(ref, result):
-        out = target[ref]
-        if family.id == "moge2":
-            products.write_geometry(
-                out, result, discontinuity=values.get("discontinuity", 0.04), write_normals=cli_images.write_image
-            )
-        else:
-            for note in cli_images.write_image(out, products.image_product(family.id, result, out.suffix)):
-                print(f"warning: {note}")
-        shape = getattr(result, "image", getattr(result, "depth", None))
-        scale = f" ({result.scale}x)" if hasattr(result, "scale") else ""
-        size = f" {shape.shape[1]}x{shape.shape[0]}{scale}" if shape is not None else ""
-        tile = ""
-        if hasattr(result, "tile_size_used"):  # the largest window that ran, and its overlap
-            tile = f", tile {result.tile_size_used} px, overlap {result.overlap} px"
-        print(f"wrote: {out}{size}{tile}", flush=True)
+        notes, line = cli_job.write_result(family.id, target[ref], result, values)
+        for note in notes:
+            print(f"warning: {note}")
+        print(line, flush=True)
 
     def infer(frames, options):
         return family.run(frames, model.path, options=options, **kwargs)
@@ -296,12 +191,8 @@ def _run(args) -> int:
         plot = memory_plot.write_png(Path(args.memory_plot).expanduser(), runtime.last_timeline)
         print(f"memory plot: {plot} ({'; '.join(memory_plot.legend(runtime.last_timeline))})")
     after = memory_snapshot(gpu_id)
-    summary = {
-        "command": family.command,
-        **({"shard": f"{args.shard[0]}/{args.shard[1]}", "frame_numbers": [r.number for r in refs]} if args.shard else {}),
-        **report.as_dict(),
-        "memory": {"rss_before": before.get("rss_bytes"), "rss_peak": peak_rss_bytes(), "rss_after": after.get("rss_bytes")},
-    }
+    memory = {"rss_before": before.get("rss_bytes"), "rss_peak": peak_rss_bytes(), "rss_after": after.get("rss_bytes")}
+    summary = cli_job.summary(family, args.shard, refs, report, memory)
     print(json.dumps(summary))
     for number, error in report.failed:
         print(f"error: frame {number}: {error}", file=sys.stderr)
@@ -383,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_family(subparsers, family)
     _add_doctor(subparsers)
     _add_leak_check(subparsers)
+    farm_ray.add_parser(subparsers)  # Ray itself is imported only when `farm` runs
     return parser
 
 

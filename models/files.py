@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import stat
 import threading
@@ -58,9 +59,27 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
+_TEMP_TOKEN_BYTES = 6
+
+
 def temp_path_for(target: Path) -> Path:
     """A hidden, unique name beside ``target`` that keeps its suffix (writers pick formats by it)."""
-    return target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp{target.suffix}")
+    return target.with_name(f".{target.name}.{secrets.token_hex(_TEMP_TOKEN_BYTES)}.tmp{target.suffix}")
+
+
+def leftover_temps(target: str | os.PathLike) -> list[Path]:
+    """The temporary files of :func:`temp_path_for` beside ``target``: what a writer killed
+    outright (SIGKILL, power loss) leaves, since its ``finally`` never ran. Only a caller that
+    knows no writer of ``target`` is still alive may delete them (the farm runner, after the
+    worker that held the frame died)."""
+    target = Path(target)
+    name = re.compile(
+        re.escape(f".{target.name}.") + f"[0-9a-f]{{{2 * _TEMP_TOKEN_BYTES}}}" + re.escape(f".tmp{target.suffix}")
+    )
+    try:
+        return sorted(p for p in target.parent.iterdir() if name.fullmatch(p.name))
+    except OSError:  # the folder is gone or unreadable: nothing of ours to find there
+        return []
 
 
 def replace_into(written: Path, target: Path) -> None:

@@ -72,3 +72,16 @@ def test_failed_rename_removes_the_temp(tmp_path, monkeypatch):
         files.write_text(target, "new")
     assert target.read_text() == "original"
     assert listing(tmp_path) == ["keep.txt"]
+
+
+def test_leftover_temps_finds_only_temps_of_that_target(tmp_path):
+    target = tmp_path / "out_0001.png"
+    # what a writer killed inside the block leaves: the temp name atomic_path really uses
+    killed = files.temp_path_for(target)
+    killed.write_bytes(b"half")
+    other = files.temp_path_for(tmp_path / "out_0002.png")
+    other.write_bytes(b"half")
+    (tmp_path / ".out_0001.png.notes.tmp.png").write_bytes(b"not ours")
+    target.write_bytes(b"whole")
+    assert files.leftover_temps(target) == [killed]
+    assert files.leftover_temps(tmp_path / "missing" / "x.png") == []

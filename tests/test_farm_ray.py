@@ -1,0 +1,196 @@
+"""The Ray farm runner (farm_ray.py, farm_worker.py) on a real local Ray instance (loopback only,
+2 CPUs, started once for the module) with the real onnxruntime and a small super-resolution
+net: the same files as the single-process command line, one session per worker process, a
+worker killed mid-run (a real SIGKILL) or dying half-way through writing a frame, and a frame
+that fails on every try. Without Ray only the first two tests run (they need no Ray)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from lean_image_ai import cli, farm_ray
+from lean_image_ai.runtime.errors import LeanImageError
+from onnx_builders import sr_model, weights_model
+from PIL import Image
+
+FRAMES = 24
+
+
+def run_cli(*args, cwd, prelude="", timeout=180):
+    code = f"{prelude}\nimport sys\nfrom lean_image_ai.cli import main\nsys.exit(main({list(args)!r}))"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+HIDE_RAY = "import sys\nsys.modules['ray'] = None  # as if Ray were not installed"
+
+
+def test_without_ray_the_package_imports_and_farm_says_what_to_install(tmp_path):
+    done = run_cli("farm", "upscale", str(tmp_path / "in.png"), str(tmp_path / "out.png"), cwd=tmp_path, prelude=HIDE_RAY)
+    assert done.returncode == cli.EXIT_ERROR
+    assert "pip install 'lean_image_ai[farm]'" in done.stderr and "Traceback" not in done.stderr
+    imported = subprocess.run(
+        [sys.executable, "-c", f"{HIDE_RAY}\nimport lean_image_ai, lean_image_ai.cli, lean_image_ai.farm_ray\n"
+         "print('ray' in sys.modules and sys.modules['ray'] is not None)"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert imported.returncode == 0, imported.stderr
+    assert imported.stdout.strip() == "False"  # importing the farm module never pulls Ray in
+
+
+def test_farm_command_line_carries_the_family_options():
+    args = cli.build_parser().parse_args(
+        ["farm", "upscale", "in_####.png", "out/", "--tile", "64", "--workers", "3", "--address", "auto"]
+    )
+    assert args.handler is farm_ray.run and args.family.id == "upscale"
+    assert (args.tile_size, args.workers, args.address, args.threads_per_worker) == (64, 3, "auto", 1)
+
+
+# ---- on a real local Ray ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    # Ray decides its node address when imported: loopback, so nothing listens beyond 127.0.0.1
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray = pytest.importorskip("ray")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    assert ray.nodes()[0]["NodeManagerAddress"] == "127.0.0.1"
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def plate(tmp_path_factory):
+    """24 frames, a small SR net (about 0.1 s a frame on one thread here) and what the single-process
+    command line writes for them: the reference every farm run must match byte for byte."""
+    root = tmp_path_factory.mktemp("farm")
+    (root / "in").mkdir()
+    for n in range(1, FRAMES + 1):
+        rng = np.random.default_rng(n)
+        Image.fromarray((rng.random((120, 160, 3)) * 255).astype(np.uint8)).save(root / "in" / f"plate_{n:04d}.png")
+    model = sr_model(root / "sr.onnx", scale=2, mid_channels=16)
+    (root / "cli").mkdir()
+    pattern = str(root / "in" / "plate_####.png")
+    done = run_cli("upscale", pattern, str(root / "cli") + "/", "--model", str(model), "--device", "cpu", cwd=root)
+    assert done.returncode == 0, done.stderr
+    reference = {p.name: p.read_bytes() for p in (root / "cli").iterdir()}
+    assert len(reference) == FRAMES
+    return pattern, model, reference
+
+
+def farm(tmp_path, capsys, pattern, model, *extra, **hooks):
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    argv = ["farm", "upscale", pattern, str(out) + "/", "--model", str(model), "--device", "cpu", "--workers", "2", *extra]
+    capsys.readouterr()
+    code = farm_ray.run(cli.build_parser().parse_args(argv), **hooks)
+    captured = capsys.readouterr()
+    return code, json.loads(captured.out.strip().splitlines()[-1]), captured.err, out
+
+
+def outputs(folder) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_two_workers_write_what_the_cli_writes_with_one_session_per_worker(ray_local, plate, tmp_path, capsys):
+    pattern, model, reference = plate
+    code, line, err, out = farm(tmp_path, capsys, pattern, model)
+    assert code == farm_ray.EXIT_OK, err
+    assert outputs(out) == reference  # every frame, byte for byte, and nothing else (no temp file)
+    assert (line["frames"], line["written"], line["failed"], line["command"]) == (FRAMES, FRAMES, [], "upscale")
+    assert set(line) >= {"skipped", "cancelled", "seconds", "memory"}  # the command line's JSON fields
+    processes = line["farm"]["processes"]
+    assert len({p["pid"] for p in processes}) == 2 and os.getpid() not in {p["pid"] for p in processes}
+    assert sum(p["frames"] for p in processes) == FRAMES and all(p["frames"] > 0 for p in processes)
+    # the model loaded once per worker process however many frames and chunks it ran
+    assert line["farm"]["chunks"] > 2 and all(p["sessions_created"] == 1 for p in processes)
+    assert "[100%] 24/24 frames" in err
+
+
+def test_a_worker_killed_mid_chunk_loses_nothing_and_writes_nothing_twice(ray_local, plate, tmp_path, capsys):
+    pattern, model, reference = plate
+    events, killed = [], []
+
+    def kill_mid_chunk(event):
+        events.append(event)
+        # a real process death from outside, while its chunk still has frames to do
+        if event["event"] == "frame" and event["left"] >= 3 and not killed:
+            killed.append(event["pid"])
+            os.kill(event["pid"], signal.SIGKILL)
+
+    code, line, err, out = farm(tmp_path, capsys, pattern, model, "--chunk-size", "6", on_event=kill_mid_chunk)
+    assert code == farm_ray.EXIT_OK, err
+    assert killed and line["farm"]["worker_deaths"] == 1 and line["farm"]["redone_frames"] >= 1
+    processes = {p["pid"]: p for p in line["farm"]["processes"]}
+    assert processes[killed[0]]["frames"] >= 1  # it had done some frames of its chunk when it died
+    assert all(p.get("sessions_created", 1) == 1 for p in processes.values())
+    assert outputs(out) == reference  # all complete, no temp file
+    written = [e["frame"] for e in events if e["event"] == "frame"]
+    assert sorted(written) == list(range(1, FRAMES + 1))  # each frame done by exactly one try
+    assert line["written"] == FRAMES and line["failed"] == []
+    assert "died" in err
+
+
+def test_a_worker_dying_while_writing_a_frame_leaves_no_temp_file(ray_local, plate, tmp_path, capsys):
+    pattern, model, reference = plate
+    marker = tmp_path / "died-once"
+    code, line, err, out = farm(tmp_path, capsys, pattern, model, crash_on_write=(7, str(marker)))
+    assert code == farm_ray.EXIT_OK, err
+    assert marker.exists() and line["farm"]["worker_deaths"] == 1
+    # the dead worker's half-written temporary file was there, and the driver removed it
+    assert line["farm"]["temp_files_removed"] >= 1
+    assert outputs(out) == reference
+    assert line["written"] == FRAMES and line["failed"] == []
+
+
+def test_a_frame_that_fails_on_every_try_is_reported_and_the_run_ends(ray_local, plate, tmp_path, capsys):
+    _, model, reference = plate
+    source = tmp_path / "in"
+    source.mkdir()
+    for n in range(1, 9):  # the first 8 frames of the plate, frame 5 cut short (a corrupt file)
+        name = f"plate_{n:04d}.png"
+        data = Path(plate[0].replace("plate_####.png", name)).read_bytes()
+        (source / name).write_bytes(data[:40] if n == 5 else data)
+    code, line, err, out = farm(
+        tmp_path, capsys, str(source / "plate_####.png"), model, "--max-tries", "2", "--chunk-size", "4"
+    )
+    assert code == farm_ray.EXIT_ERROR
+    assert [f["frame"] for f in line["failed"]] == [5] and "(2 tries)" in line["failed"][0]["error"]
+    assert line["written"] == 7 and line["farm"]["redone_frames"] == 1
+    names = sorted(outputs(out))
+    assert names == sorted(f"plate_upscaled_{n:04d}.png" for n in range(1, 9) if n != 5)
+    assert all(outputs(out)[name] == reference[name] for name in names)
+    assert "error: frame 5:" in err
+
+
+def test_stop_on_error_sends_nothing_after_the_first_failed_frame(ray_local, plate, tmp_path, capsys):
+    source = tmp_path / "in"
+    source.mkdir()
+    for n in range(1, 7):
+        name = f"plate_{n:04d}.png"
+        data = Path(plate[0].replace("plate_####.png", name)).read_bytes()
+        (source / name).write_bytes(data[:40] if n == 3 else data)
+    # one worker, one frame per chunk: chunks go out in order, so the stop point is exact
+    code, line, err, out = farm(
+        tmp_path, capsys, str(source / "plate_####.png"), plate[1], "--stop-on-error", "--max-tries", "1",
+        "--chunk-size", "1", "--workers", "1",
+    )
+    assert code == farm_ray.EXIT_ERROR
+    assert [f["frame"] for f in line["failed"]] == [3] and line["written"] == 2 and line["farm"]["chunks"] == 3
+    assert sorted(outputs(out)) == ["plate_upscaled_0001.png", "plate_upscaled_0002.png"]
+
+
+def test_a_model_the_family_cannot_use_ends_the_run_with_one_error(ray_local, plate, tmp_path, capsys):
+    pattern = plate[0]
+    model = weights_model(tmp_path / "not_an_upscaler.onnx")
+    with pytest.raises(LeanImageError, match="does not look like a super-resolution model"):
+        farm(tmp_path, capsys, pattern, model, "--max-tries", "5")
+    assert list((tmp_path / "out").iterdir()) == []  # nothing written, no temp file
