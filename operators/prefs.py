@@ -29,6 +29,7 @@ class DefaultPreferences:
     gpu_memory_budget_mb: int = 0
     release_cpu_memory: bool = True
     idle_unload_minutes: int = 0
+    cudnn_max_workspace: bool = False
 
 
 def get_prefs(context=None):
@@ -81,7 +82,11 @@ def configure_runtime(context) -> tuple[str, int | None]:
     """Apply the preferences to the shared runtime; returns (device string, memory budget)."""
     prefs = get_prefs(context)
     budget = memory_budget_bytes(prefs)
-    get_runtime().configure(cpu_arena=bool(prefs.release_cpu_memory), gpu_mem_limit_bytes=budget)
+    get_runtime().configure(
+        cpu_arena=bool(prefs.release_cpu_memory),
+        gpu_mem_limit_bytes=budget,
+        cudnn_max_workspace=bool(getattr(prefs, "cudnn_max_workspace", False)),
+    )
     return device_string(prefs), budget
 
 

@@ -52,6 +52,10 @@ class RuntimeSettings:
     """Cap for that arena. Applied when the arena is first registered (once per process)."""
     gpu_mem_limit_bytes: int | None = None
     """CUDA arena budget (`gpu_mem_limit`)."""
+    cudnn_max_workspace: bool = False
+    """`cudnn_conv_use_max_workspace`: on, cuDNN may take most free VRAM, outside the budget."""
+    cudnn_conv_algo_search: str = "HEURISTIC"
+    """`cudnn_conv_algo_search` (HEURISTIC, EXHAUSTIVE or DEFAULT); see providers.py."""
     intra_op_threads: int = 0
 
 
@@ -146,12 +150,20 @@ class Runtime:
         if request.kind == "auto" and CUDA in available and not self._cuda_usable():
             # onnxruntime-gpu lists CUDA even with no GPU; "auto" should quietly mean CPU there
             available = [p for p in available if p != CUDA]
-        providers = resolve_providers(request, available, gpu_mem_limit=settings.gpu_mem_limit_bytes)
+        providers = resolve_providers(
+            request,
+            available,
+            gpu_mem_limit=settings.gpu_mem_limit_bytes,
+            cudnn_max_workspace=settings.cudnn_max_workspace,
+            conv_algo_search=settings.cudnn_conv_algo_search,
+        )
         # Only CPU sessions join the shared CPU arena. CUDA sessions keep their host allocators as
         # ORT sets them up (env allocators interact with CUDA's pinned allocator: onnxruntime
         # #25211), and DirectML/CoreML sessions run exactly as before.
         cpu_arena = settings.cpu_arena and providers[0][0] == CPU
         key = (identity, str(request), settings.gpu_mem_limit_bytes, cpu_arena, settings.intra_op_threads)
+        if providers[0][0] == CUDA:  # the cuDNN choices make another CUDA session, not another CPU one
+            key += (settings.cudnn_max_workspace, settings.cudnn_conv_algo_search)
         with self._lock:
             handle = self._sessions.get(key)
             if handle is None and holder is not None:
