@@ -17,14 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from . import load_errors
+from . import cuda_preload, load_errors
 from .cpu_arena import RELEASE_PROBE_MODEL, env_cpu_arena_config, register_env_cpu_arena
 from .errors import (
     DeviceSpecError,
     InferenceOutOfMemoryError,
     ModelFileError,
     SessionClosedError,
-    first_line,
 )
 from .events import EventLog
 from .memory import memory_snapshot, nvidia_gpu_count
@@ -94,6 +93,7 @@ class Runtime:
         self._sessions: dict[tuple, SessionHandle] = {}
         self._probe = None
         self._dlls_preloaded = False
+        self._preload: cuda_preload.Preload | None = None
         self._cuda_usable_cache: bool | None = None
         self.sessions_created = 0
         self.last_job_memory: dict | None = None  # the last operation's report (memory_report)
@@ -252,6 +252,12 @@ class Runtime:
             shrink=handle.shrink,
             seconds=round(time.perf_counter() - started, 4),
         )
+        failed = cuda_preload.failure(self._preload, handle.providers) if uses_cuda else None
+        if failed:
+            handle.fallback_warning = (
+                f"{handle.fallback_warning or ''} CUDA/cuDNN libraries that did not load: {self._preload.describe()}."
+            ).strip()
+            self.events.emit("cuda_preload_failed", model=handle.model_name, **failed)
         if handle.fallback_warning:
             self.events.emit(
                 "provider_fallback",
@@ -285,10 +291,8 @@ class Runtime:
         if self._dlls_preloaded:
             return
         self._dlls_preloaded = True
-        try:  # loads NVIDIA's CUDA/cuDNN wheels when installed; harmless otherwise
-            onnxruntime_module().preload_dlls()
-        except Exception as exc:
-            self.events.emit("cuda_preload_failed", error=first_line(exc))
+        # never raises for a missing library (it prints): the session's providers tell, see _create
+        self._preload = cuda_preload.preload(onnxruntime_module())
 
     def cached_sessions(self) -> list[SessionHandle]:
         with self._lock:
