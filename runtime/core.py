@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cuda_preload, load_errors
+from . import cuda_preload, gpu_index, load_errors
 from .cpu_arena import RELEASE_PROBE_MODEL, env_cpu_arena_config, register_env_cpu_arena
 from .errors import (
     DeviceSpecError,
@@ -60,17 +60,7 @@ class RuntimeSettings:
 
 def visible_cuda_count() -> int | None:
     """GPUs CUDA will number 0..N-1: the driver's count, narrowed by CUDA_VISIBLE_DEVICES."""
-    count = nvidia_gpu_count()
-    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if mask is None or count is None:
-        return count
-    listed = []
-    for item in mask.split(","):
-        item = item.strip()
-        if not item or item.startswith("-"):
-            break  # CUDA stops at the first invalid entry
-        listed.append(item)
-    return min(count, len(listed))
+    return gpu_index.visible_cuda_count(nvidia_gpu_count)
 
 
 def default_session_factory(model_path: str, session_options, providers):
