@@ -7,7 +7,9 @@ in a fresh process (the CPU arena is process-wide) with RSS sampled every 2 ms:
 - ``one job``: all frames in one operation, the default: only the last tile of the last frame
   releases;
 - ``job per frame``: the cheap alternative, one operation per frame, so each frame's last tile
-  carries the shrink entry (on CUDA too: it is the same run entry); what it costs in time.
+  carries the shrink entry (on CUDA too: it is the same run entry); what it costs in time;
+- ``ORT default arena``: one job on onnxruntime's own CPU arena (kNextPowerOfTwo, what the
+  preference *Release CPU memory* off gives), for the extend strategy side by side.
 
 Per frame: peak RSS over the post-load baseline, beyond the earlier frames' results (held in
 both modes), as a multiple of frame 1's peak; "kept after" is beyond all results. Ends with one
@@ -34,12 +36,12 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 def child(mode: str, frames: int, size: int, tile: int, mid: int) -> dict:
     from lean_image_ai.models import upscale
     from lean_image_ai.models.base import JobOptions
-    from lean_image_ai.runtime import Runtime
+    from lean_image_ai.runtime import Runtime, RuntimeSettings
     from lean_image_ai.runtime.memory import process_rss_bytes
     from onnx_builders import sr_model
 
     model = sr_model(Path(tempfile.mkdtemp()) / "sr.onnx", scale=2, mid_channels=mid)
-    runtime = Runtime()
+    runtime = Runtime(RuntimeSettings(cpu_arena=mode != "ort_default_arena"))
     images = [np.random.default_rng(i).random((size, size, 3), dtype=np.float32) for i in range(frames)]
     upscale.run(images[0][:32, :32], model, options=JobOptions(device="cpu", runtime=runtime), tile_size=None)
     samples: list[tuple[float, int]] = []
@@ -56,7 +58,7 @@ def child(mode: str, frames: int, size: int, tile: int, mid: int) -> dict:
     sampler.start()
     started = time.perf_counter()
     marks.append(started)
-    if mode == "one_job":
+    if mode in ("one_job", "ort_default_arena"):
 
         def progress(fraction, _text):
             # a frame ends when the fraction crosses k / frames
@@ -91,7 +93,7 @@ def child(mode: str, frames: int, size: int, tile: int, mid: int) -> dict:
 
 def main() -> dict:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--child", choices=["one_job", "job_per_frame"])
+    parser.add_argument("--child", choices=["one_job", "job_per_frame", "ort_default_arena"])
     parser.add_argument("--frames", type=int, default=6)
     parser.add_argument("--size", type=int, default=512)
     parser.add_argument("--tile", type=int, default=256)
@@ -102,7 +104,7 @@ def main() -> dict:
         print(json.dumps(child(args.child, *shape)))
         return {}
     results = {}
-    for mode in ("one_job", "job_per_frame"):
+    for mode in ("one_job", "job_per_frame", "ort_default_arena"):
         command = [sys.executable, __file__, "--child", mode, "--frames", str(args.frames), "--size", str(args.size)]
         command += ["--tile", str(args.tile), "--mid-channels", str(args.mid_channels)]
         done = subprocess.run(command, capture_output=True, text=True, check=True)
