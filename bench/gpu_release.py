@@ -92,6 +92,10 @@ class Sampler:
     def peak(self, since: int = 0) -> int:
         return max(s[0] for s in self.samples[since:])
 
+    def device_peak(self, since: int = 0) -> int | None:
+        values = [s[1] for s in self.samples[since:] if s[1] is not None]
+        return max(values) if values else None
+
 
 def _setup(args, **settings):
     from lean_image_ai.runtime import Runtime, RuntimeSettings
@@ -182,14 +186,18 @@ def child_release(args, release: str, ending: str, job: str) -> dict:
             del result, results
         except OperationCancelled:
             pass
-        peak = sampler.peak(begin)
+        peak, device_peak = sampler.peak(begin), sampler.device_peak(begin)
         after = sampler.samples[sampler.mark() - 1][0]
         evicted = handle.evicted
+        device_floor = sampler.samples[begin - 1][1]
         report = {
             "release": release,
             "ending": ending,
             "job": job,
             "peak_above_floor_mb": _mb(peak - floor),
+            # the whole GPU (other processes too): what Blender would see as gone while the job runs
+            "device_peak_above_floor_mb": None if device_peak is None else _mb(device_peak - device_floor),
+            "samples": len(sampler.samples) - begin,
             "evicted": evicted,
             "output_sha256": digest,
             "sessions_cached": len(runtime.cached_sessions()),
@@ -254,7 +262,14 @@ def child_device_index(args) -> dict:
         op.run(handle, {handle.inputs[0].name: np.zeros((1, 3, 16, 16), np.float32)}, last=True)
     event = (runtime.events.recent("release_unsupported") or [{}])[-1]
     expected = "cpu:0" if args.dry_run_cpu else f"gpu:{args.device}"
+    nvml = None
+    if not args.dry_run_cpu:
+        from lean_image_ai.runtime.memory import gpu_snapshot
+
+        snap = gpu_snapshot(args.device)  # NVML's device for this CUDA index (gpu_index)
+        nvml = {k: snap.get(k) for k in ("nvml_index", "mapping", "name", "process_used_bytes")}
     return {
+        "nvml": nvml,
         "entry_sent": honoured,
         "device_honoured": honoured == expected,
         "wrong_entry": wrong,
@@ -311,7 +326,10 @@ def _run_child(args, *child) -> dict:
     command += ["--weights-mib", str(args.weights_mib), "--mid-channels", str(args.mid_channels)]
     command += ["--oom-limit-mib", str(args.oom_limit_mib), "--model", args.model]
     command += ["--dry-run-cpu"] if args.dry_run_cpu else []
-    done = subprocess.run(command, capture_output=True, text=True, timeout=args.child_timeout)
+    left = args.deadline - time.monotonic()  # the whole check stays under 8 minutes
+    if left < 5:
+        raise CheckFailed(f"{' '.join(child)}: out of time (the check is limited to 8 minutes)")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=min(args.child_timeout, left))
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -353,6 +371,7 @@ def main() -> int:
             print(json.dumps({"mode": "gpu", "ok": False, "error": problem}))
             return 2
     started = time.perf_counter()
+    args.deadline = time.monotonic() + 470
     from builders_upscale import heavy_sr_model
 
     folder = tempfile.mkdtemp(prefix="gpu_release_")
@@ -411,6 +430,16 @@ def _verdict(figures: dict, dry: bool) -> bool:
     index = figures["device_index"]
     if not (index["device_honoured"] and index["not_found_text"]):
         failures.append(f"device index: {index}")
+    if not dry and not (index["nvml"] or {}).get("process_used_bytes"):
+        failures.append(f"device index: NVML shows nothing of this process on the session's device: {index['nvml']}")
+    # Zeros prove nothing: the weights must show in the floors, and a job without release must
+    # have grown memory, or on-vs-off compares nothing with nothing.
+    floors = figures["floors"]
+    if floors["weights_mb"] < 0.5 * floors["weights_file_mb"]:
+        failures.append(f"inconclusive: the weights floor is {floors['weights_mb']} MiB for {floors['weights_file_mb']} MiB of weights")
+    grown = [v["peak_above_floor_mb"] for k, v in figures["release"].items() if k.endswith("_success_off")]
+    if not dry and not any(p > 1 for p in grown):
+        failures.append(f"inconclusive: no job without release grew memory above its floor ({grown} MiB)")
     figures["failures"] = failures
     return not failures
 
