@@ -430,4 +430,6 @@ def _settings_from_environment() -> RuntimeSettings:
     settings = RuntimeSettings()
     if os.environ.get("LEAN_IMAGE_AI_RELEASE_CPU", "").lower() in ("0", "false", "no"):
         settings = replace(settings, cpu_arena=False)
+    if os.environ.get("LEAN_IMAGE_AI_CUDNN_MAX_WORKSPACE", "").lower() in ("1", "true", "yes"):
+        settings = replace(settings, cudnn_max_workspace=True)
     return settings

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 
 from .errors import first_line
 
-# preload_dlls' own line for a required library it could not load (onnxruntime/__init__.py, 1.31)
-_FAILED_LINE = re.compile(r"^Failed to load (\S+?):\s*(.*)$")
+# preload_dlls' own line for a required library it could not load (onnxruntime/__init__.py, 1.31:
+# f"Failed to load {dll_path}: {e}"); the path may hold a drive colon and spaces on Windows
+_FAILED_LINE = re.compile(r"^Failed to load (.+?\.(?:dll|so(?:\.\d+)*)):\s*(.*)$", re.IGNORECASE)
 
 
 @dataclass
@@ -46,16 +47,23 @@ def preload(ort) -> Preload:
             function()
     except Exception as exc:
         result.error = f"preload_dlls() failed: {first_line(exc)}"
-    for line in printed.getvalue().splitlines():
+    result.messages, result.failed = parse(printed.getvalue())
+    return result
+
+
+def parse(printed: str) -> tuple[list[str], dict[str, str]]:
+    """(lines, {library file name: reason}) from what preload_dlls() printed."""
+    lines, failed = [], {}
+    for line in printed.splitlines():
         line = re.sub(r"\x1b\[[0-9;]*m", "", line).strip()
         if not line:
             continue
-        result.messages.append(line)
+        lines.append(line)
         match = _FAILED_LINE.match(line)
         if match:
             name = match.group(1).replace("\\", "/").rsplit("/", 1)[-1]
-            result.failed.setdefault(name, match.group(2).strip())
-    return result
+            failed.setdefault(name, match.group(2).strip())
+    return lines, failed
 
 
 def failure(preload_result: Preload | None, providers: list[str]) -> dict | None:

@@ -148,7 +148,14 @@ def cuda_pci_bus_id(index: int) -> str | None:
     return value
 
 
+_devices: list = [None, None]  # (nvml module, its devices): GPUs do not come and go in a process
+
+
 def nvml_devices(nvml) -> list[NvmlDevice]:
+    """Every GPU NVML lists, read once per NVML module (a snapshot is taken every few ms)."""
+    with _cache_lock:
+        if _devices[0] is nvml:
+            return list(_devices[1])
     devices = []
     for index in range(int(nvml.nvmlDeviceGetCount())):
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
@@ -157,7 +164,9 @@ def nvml_devices(nvml) -> list[NvmlDevice]:
         devices.append(
             NvmlDevice(index, bus.decode() if isinstance(bus, bytes) else str(bus), uuid.decode() if isinstance(uuid, bytes) else str(uuid))
         )
-    return devices
+    with _cache_lock:
+        _devices[:] = [nvml, devices]
+    return list(devices)
 
 
 def nvml_index(nvml, cuda_index: int) -> tuple[int | None, str]:

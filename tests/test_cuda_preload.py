@@ -56,3 +56,24 @@ def test_failed_preload_is_reported_when_the_cuda_session_lands_on_cpu():
     assert event["providers"] == ["CPUExecutionProvider"] and event["model"] == "conv.onnx"
     assert "CUDA was requested" in report["warning"] and "libcublasLt.so.13" in report["warning"]
     assert report["blamed_if_cuda"] is None
+
+
+def test_printed_failures_are_parsed_on_linux_and_windows_paths():
+    """preload_dlls prints f"Failed to load {dll_path}: {e}" (onnxruntime 1.31 __init__.py): a
+    Windows path has a drive colon and may hold spaces."""
+    from lean_image_ai.runtime import cuda_preload
+
+    printed = (
+        "Failed to load /opt/site/nvidia/cu13/lib/libcublasLt.so.13: libcublasLt.so.13: cannot open shared object file\n"
+        "Failed to load C:\\Program Files\\Blender\\nvidia\\cu13\\bin\\x86_64\\cudart64_13.dll: "
+        "Could not find module 'cudart64_13.dll' (or one of its dependencies).\n"
+        "Failed to load libcudnn.so.9: libcudnn.so.9: cannot open shared object file\n"
+        "Please follow https://onnxruntime.ai/docs/install/#cuda-and-cudnn to install CUDA.\n"
+    )
+    lines, failed = cuda_preload.parse(printed)
+    assert len(lines) == 4
+    assert failed == {
+        "libcublasLt.so.13": "libcublasLt.so.13: cannot open shared object file",
+        "cudart64_13.dll": "Could not find module 'cudart64_13.dll' (or one of its dependencies).",
+        "libcudnn.so.9": "libcudnn.so.9: cannot open shared object file",
+    }

@@ -268,6 +268,13 @@ def test_cudnn_workspace_and_search_are_chosen_and_make_their_own_session(conv, 
     assert runtime.session(conv, "cpu") is cpu and factory.calls[-1]["providers"] == [(CPU, {})]
 
 
+def test_headless_knob_turns_the_cudnn_workspace_on(monkeypatch):
+    monkeypatch.delenv("LEAN_IMAGE_AI_CUDNN_MAX_WORKSPACE", raising=False)
+    assert core._settings_from_environment().cudnn_max_workspace is False
+    monkeypatch.setenv("LEAN_IMAGE_AI_CUDNN_MAX_WORKSPACE", "1")
+    assert core._settings_from_environment().cudnn_max_workspace is True
+
+
 def test_cuda_session_cancelled_is_evicted_to_free_its_arena(conv):
     factory = RecordingFactory(
         reported_providers=["CUDAExecutionProvider", CPU],
