@@ -17,86 +17,20 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
+from gpu_sampler import CheckFailed, Sampler
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 MiB = 1 << 20
 CUDA = "CUDAExecutionProvider"
 JOBS = ("single", "frames", "tiled")
-
-
-class CheckFailed(Exception):
-    pass
-
-
-# ---- measuring (child side) -------------------------------------------------------------------
-
-
-class Sampler:
-    """Process (and device) memory every `period` s on a thread; peak since the last mark."""
-
-    def __init__(self, device: int | None, period: float = 0.003):
-        self.device, self.period = device, period
-        self.samples: list[tuple[int, int | None]] = []
-        self.missing = 0  # samples where NVML did not list this process
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def read(self, before_cuda: bool = False) -> tuple[int, int | None]:
-        from lean_image_ai.runtime.memory import gpu_snapshot, process_rss_bytes
-
-        if self.device is None:
-            return process_rss_bytes(), None
-        snap = gpu_snapshot(self.device)
-        if not snap.get("available"):
-            raise CheckFailed(f"NVML cannot read CUDA device {self.device}: {snap.get('error')}")
-        if snap["process_used_bytes"] is None and before_cuda:
-            return 0, snap["used_bytes"]  # no CUDA context yet: NVML rightly lists nothing
-        if snap["process_used_bytes"] is None:
-            self.missing += 1
-            raise CheckFailed(
-                f"NVML does not list process {os.getpid()} on {snap['name']} (per-process accounting is "
-                "unavailable here: a container without the host PID namespace, WSL, or MIG): nothing can be proved"
-            )
-        return snap["process_used_bytes"], snap["used_bytes"]
-
-    def _loop(self):
-        while not self._stop.is_set():
-            try:
-                self.samples.append(self.read())
-            except CheckFailed:
-                pass
-            time.sleep(self.period)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-    def mark(self, before_cuda: bool = False) -> int:
-        self.samples.append(self.read(before_cuda))
-        return len(self.samples)
-
-    def peak(self, since: int = 0) -> int:
-        return max(s[0] for s in self.samples[since:])
-
-    def device_peak(self, since: int = 0) -> int | None:
-        values = [s[1] for s in self.samples[since:] if s[1] is not None]
-        return max(values) if values else None
-
-
 def _setup(args, **settings):
     from lean_image_ai.runtime import Runtime, RuntimeSettings
 
@@ -121,24 +55,31 @@ def _images(args, job: str) -> list[np.ndarray] | np.ndarray:
     return rng.random((side, side, 3), dtype=np.float32)
 
 
+def _context(runtime, args, sampler) -> int:
+    """Start the CUDA context (and the runtime) with a model that has no weights and no kernels;
+    the level it leaves."""
+    from lean_image_ai.runtime import cpu_arena
+
+    probe = Path(tempfile.mkdtemp()) / "probe.onnx"
+    probe.write_bytes(cpu_arena.RELEASE_PROBE_MODEL)
+    handle = runtime.session(probe, _device(args))
+    _require_cuda(handle, args)
+    with runtime.operation("context") as op:
+        op.run(handle, {"x": np.zeros(1, np.float32)}, last=True)
+    return sampler.samples[sampler.mark() - 1][0]
+
+
 def child_floors(args) -> dict:
     """Context, then weights, then libraries after a full-size warm-up: levels, cumulative."""
     from lean_image_ai.models import upscale
     from lean_image_ai.models.base import JobOptions
-    from lean_image_ai.runtime import cpu_arena
 
     runtime, model = _setup(args)
     device = None if args.dry_run_cpu else args.device
     with Sampler(device) as sampler:
         before = sampler.samples[sampler.mark(before_cuda=True) - 1][0]
-        probe = Path(tempfile.mkdtemp()) / "probe.onnx"
-        probe.write_bytes(cpu_arena.RELEASE_PROBE_MODEL)  # no weights, no kernels: the context alone
-        handle = runtime.session(probe, _device(args))
-        _require_cuda(handle, args)
-        with runtime.operation("context") as op:
-            op.run(handle, {"x": np.zeros(1, np.float32)}, last=True)
-        context = sampler.samples[sampler.mark() - 1][0]
-        handle = runtime.session(model, _device(args))
+        context = _context(runtime, args, sampler)
+        _require_cuda(runtime.session(model, _device(args)), args)
         weights = sampler.samples[sampler.mark() - 1][0]
         options = JobOptions(device=_device(args), runtime=runtime)
         upscale.run(_images(args, "single"), model, options=options, tile_size=None)
@@ -161,7 +102,8 @@ def child_release(args, release: str, ending: str, job: str) -> dict:
     warm = JobOptions(device=_device(args), runtime=runtime)
     tile = args.size // 2 if job == "tiled" else None
     with Sampler(device) as sampler:
-        empty = sampler.samples[sampler.mark(before_cuda=True) - 1][0]
+        sampler.mark(before_cuda=True)
+        context = _context(runtime, args, sampler)  # stays when an eviction takes the weights
         handle = runtime.session(model, _device(args))
         _require_cuda(handle, args)
         loaded = sampler.samples[sampler.mark() - 1][0]
@@ -203,7 +145,7 @@ def child_release(args, release: str, ending: str, job: str) -> dict:
             "sessions_cached": len(runtime.cached_sessions()),
         }
         if evicted:  # the weights went too: what is left is compared with the floor less them
-            report["kept_above_floor_without_weights_mb"] = _mb(after - (floor - (loaded - empty)))
+            report["kept_above_floor_without_weights_mb"] = _mb(after - (floor - (loaded - context)))
         else:
             report["kept_above_floor_mb"] = _mb(after - floor)
         if release == "on" and ending == "success" and not evicted:
@@ -278,12 +220,13 @@ def child_device_index(args) -> dict:
     }
 
 
-def child_workspace(args, on: str) -> dict:
-    """Peak of a job over several tile shapes, cuDNN's max workspace on vs off."""
+def child_workspace(args, on: str, search: str) -> dict:
+    """Peak of a job over several tile shapes (each a new cuDNN algorithm search), cuDNN's max
+    workspace on vs off."""
     from lean_image_ai.models import upscale
     from lean_image_ai.models.base import JobOptions
 
-    runtime, model = _setup(args, cudnn_max_workspace=on == "1")
+    runtime, model = _setup(args, cudnn_max_workspace=on == "1", cudnn_conv_algo_search=search)
     device = None if args.dry_run_cpu else args.device
     with Sampler(device) as sampler:
         handle = runtime.session(model, _device(args))
@@ -293,7 +236,14 @@ def child_workspace(args, on: str) -> dict:
         for tile in (args.size // 2, args.size // 3, args.size // 4):  # a new input shape each time
             upscale.run(image, model, options=JobOptions(device=_device(args), runtime=runtime), tile_size=tile)
         peak = sampler.peak()
-    return {"max_workspace": on, "peak_above_loaded_mb": _mb(peak - loaded), "applies": not args.dry_run_cpu}
+    device_peak = sampler.device_peak()
+    return {
+        "max_workspace": on,
+        "algo_search": search,
+        "peak_above_loaded_mb": _mb(peak - loaded),
+        "device_peak_mb": None if device_peak is None else _mb(device_peak),
+        "applies": not args.dry_run_cpu,
+    }
 
 
 def _mb(value: float) -> float:
@@ -396,7 +346,9 @@ def main() -> int:
         print(f"out of memory: {figures['oom']}")
         figures["device_index"] = _run_child(args, "device_index")
         print(f"device index: {figures['device_index']}")
-        figures["workspace"] = {on: _run_child(args, "workspace", on) for on in ("1", "0")}
+        # EXHAUSTIVE with the workspace on is ORT's own default; HEURISTIC with it off is ours
+        configs = (("1", "EXHAUSTIVE"), ("0", "EXHAUSTIVE"), ("0", "HEURISTIC"))
+        figures["workspace"] = {f"{s}_{on}": _run_child(args, "workspace", on, s) for on, s in configs}
         print(f"cudnn max workspace: {figures['workspace']}")
         figures["ok"] = _verdict(figures, dry)
     except (CheckFailed, subprocess.TimeoutExpired) as exc:

@@ -46,6 +46,7 @@ def test_dry_run_exercises_every_check_and_its_figures_hold_together():
     assert oom["after_eviction_below_loaded_mb"] > 0  # the weights went at the eviction
     index = figures["device_index"]
     assert index["device_honoured"] and index["entry_sent"] == "cpu:0" and index["not_found_text"]
+    assert set(figures["workspace"]) == {"EXHAUSTIVE_1", "EXHAUSTIVE_0", "HEURISTIC_0"}
     assert {w["applies"] for w in figures["workspace"].values()} == {False}  # no cuDNN on CPU
 
 
