@@ -128,8 +128,8 @@ def child_release(args, release: str, ending: str, job: str) -> dict:
             del result, results
         except OperationCancelled:
             pass
-        peak, device_peak = sampler.peak(begin), sampler.device_peak(begin)
         after = sampler.samples[sampler.mark() - 1][0]
+        peak, device_peak = sampler.peak(begin), sampler.device_peak(begin)
         evicted = handle.evicted
         device_floor = sampler.samples[begin - 1][1]
         report = {

@@ -62,7 +62,7 @@ def test_out_of_memory_texts_are_recognised(text, on_gpu, resource):
         cuda_text("CUDNN", 4006, "CUDNN_STATUS_INTERNAL_ERROR_TEXTURE_CREATION_FAILED"),
         cuda_text("CUBLAS", 13, "CUBLAS_STATUS_EXECUTION_FAILED"),
         "Invalid device ID: 1, must be between 0 (inclusive) and 1 (exclusive).",
-        "Did not find an arena based allocator registered for device-id  combination in the memory arena "
+        "Did not find an arena based allocator registered for device-id combination in the memory arena "
         "shrink list: gpu:1",
     ],
 )
