@@ -36,7 +36,10 @@ def test_dry_run_exercises_every_check_and_its_figures_hold_together():
         on, off = release[f"frames_{ending}_on"], release[f"frames_{ending}_off"]
         # a CPU session is never evicted by the release: a kept figure, not an eviction label
         assert not on["evicted"] and not off["evicted"]
-        assert on["kept_above_floor_mb"] <= off["kept_above_floor_mb"]
+        # RSS moves by a fraction of a MiB on its own: a cancelled 128 px job keeps next to nothing
+        # either way, so only the successful job is held to a strict comparison
+        slack = 0.0 if ending == "success" else 0.5
+        assert on["kept_above_floor_mb"] <= off["kept_above_floor_mb"] + slack
         assert on["kept_above_floor_mb"] <= on["peak_above_floor_mb"] + 0.5
     assert release["frames_success_on"]["run_after_shrink_ok"] is True
     assert release["frames_success_on"]["run_after_shrink_reloaded"] is False
