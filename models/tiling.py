@@ -300,19 +300,25 @@ def run_tiled(
     while pending:
         tile = pending[0]
         window = cut_window(image, tile)
+        failure = None
         try:
             result = run_tile(window, last and len(pending) == 1)
         except InferenceOutOfMemoryError as exc:
-            smaller = None if fixed else _halve(current, overlap, min_tile)
-            if smaller is None:
+            if fixed or _halve(current, overlap, min_tile) is None:
                 raise
+            # Split and re-acquire only after this block: while it runs, the error's traceback holds
+            # the frames of the failed run, and whatever they reference (the tile's buffers, any
+            # session a caller's frame still holds) would live on beside the replacement session.
+            failure = exc.with_traceback(None)
+        if failure is not None:
+            smaller = _halve(current, overlap, min_tile)
             payload = {
                 "model": label,
                 "old_tile_size": max(current),
                 "new_tile_size": max(smaller),
                 # over the budget: refused before the run (runtime/budget.py), not run out of
-                "reason": "memory_budget" if isinstance(exc, MemoryBudgetError) else "out_of_memory",
-                "resource": exc.resource,
+                "reason": "memory_budget" if isinstance(failure, MemoryBudgetError) else "out_of_memory",
+                "resource": failure.resource,
                 "tiles_done": tiles_run,
             }
             current = smaller
@@ -328,7 +334,7 @@ def run_tiled(
                 events.emit("tile_split", **payload)
             splits.append(payload)
             if on_split is not None:
-                on_split(current, exc)
+                on_split(current, failure)
             continue
         result = np.asarray(result)
         if result.ndim == 2:

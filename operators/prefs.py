@@ -30,6 +30,7 @@ class DefaultPreferences:
     ram_budget_mb: int = 0
     release_cpu_memory: bool = True
     idle_unload_minutes: int = 0
+    cudnn_max_workspace: bool = False
 
 
 def get_prefs(context=None):
@@ -88,6 +89,7 @@ def configure_runtime(context) -> tuple[str, int | None]:
         gpu_mem_limit_bytes=budget,
         vram_budget_bytes=budget,
         ram_budget_bytes=memory_budget_bytes(prefs, "ram_budget_mb"),
+        cudnn_max_workspace=bool(getattr(prefs, "cudnn_max_workspace", False)),
     )
     return device_string(prefs), budget
 

@@ -17,14 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from . import load_errors
+from . import cuda_preload, gpu_index, load_errors
 from .cpu_arena import RELEASE_PROBE_MODEL, env_cpu_arena_config, register_env_cpu_arena
 from .errors import (
     DeviceSpecError,
     InferenceOutOfMemoryError,
     ModelFileError,
     SessionClosedError,
-    first_line,
 )
 from .events import EventLog
 from .memory import memory_snapshot, nvidia_gpu_count
@@ -56,22 +55,16 @@ class RuntimeSettings:
     """Process RAM (RSS) a CPU job may bring this process to; checked before each load and run."""
     vram_budget_bytes: int | None = None
     """This process's memory on a GPU (NVML), the same check for CUDA jobs."""
+    cudnn_max_workspace: bool = False
+    """`cudnn_conv_use_max_workspace`: on, cuDNN may take most free VRAM, outside the budget."""
+    cudnn_conv_algo_search: str = "HEURISTIC"
+    """`cudnn_conv_algo_search` (HEURISTIC, EXHAUSTIVE or DEFAULT); see providers.py."""
     intra_op_threads: int = 0
 
 
 def visible_cuda_count() -> int | None:
     """GPUs CUDA will number 0..N-1: the driver's count, narrowed by CUDA_VISIBLE_DEVICES."""
-    count = nvidia_gpu_count()
-    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if mask is None or count is None:
-        return count
-    listed = []
-    for item in mask.split(","):
-        item = item.strip()
-        if not item or item.startswith("-"):
-            break  # CUDA stops at the first invalid entry
-        listed.append(item)
-    return min(count, len(listed))
+    return gpu_index.visible_cuda_count(nvidia_gpu_count)
 
 
 def default_session_factory(model_path: str, session_options, providers):
@@ -94,6 +87,7 @@ class Runtime:
         self._sessions: dict[tuple, SessionHandle] = {}
         self._probe = None
         self._dlls_preloaded = False
+        self._preload: cuda_preload.Preload | None = None
         self._cuda_usable_cache: bool | None = None
         self.sessions_created = 0
         self.last_job_memory: dict | None = None  # the last operation's report (memory_report)
@@ -150,12 +144,20 @@ class Runtime:
         if request.kind == "auto" and CUDA in available and not self._cuda_usable():
             # onnxruntime-gpu lists CUDA even with no GPU; "auto" should quietly mean CPU there
             available = [p for p in available if p != CUDA]
-        providers = resolve_providers(request, available, gpu_mem_limit=settings.gpu_mem_limit_bytes)
+        providers = resolve_providers(
+            request,
+            available,
+            gpu_mem_limit=settings.gpu_mem_limit_bytes,
+            cudnn_max_workspace=settings.cudnn_max_workspace,
+            conv_algo_search=settings.cudnn_conv_algo_search,
+        )
         # Only CPU sessions join the shared CPU arena. CUDA sessions keep their host allocators as
         # ORT sets them up (env allocators interact with CUDA's pinned allocator: onnxruntime
         # #25211), and DirectML/CoreML sessions run exactly as before.
         cpu_arena = settings.cpu_arena and providers[0][0] == CPU
         key = (identity, str(request), settings.gpu_mem_limit_bytes, cpu_arena, settings.intra_op_threads)
+        if providers[0][0] == CUDA:  # the cuDNN choices make another CUDA session, not another CPU one
+            key += (settings.cudnn_max_workspace, settings.cudnn_conv_algo_search)
         with self._lock:
             handle = self._sessions.get(key)
             if handle is None and holder is not None:
@@ -244,6 +246,12 @@ class Runtime:
             shrink=handle.shrink,
             seconds=round(time.perf_counter() - started, 4),
         )
+        failed = cuda_preload.failure(self._preload, handle.providers) if uses_cuda else None
+        if failed:
+            handle.fallback_warning = (
+                f"{handle.fallback_warning or ''} CUDA/cuDNN libraries that did not load: {self._preload.describe()}."
+            ).strip()
+            self.events.emit("cuda_preload_failed", model=handle.model_name, **failed)
         if handle.fallback_warning:
             self.events.emit(
                 "provider_fallback",
@@ -277,10 +285,8 @@ class Runtime:
         if self._dlls_preloaded:
             return
         self._dlls_preloaded = True
-        try:  # loads NVIDIA's CUDA/cuDNN wheels when installed; harmless otherwise
-            onnxruntime_module().preload_dlls()
-        except Exception as exc:
-            self.events.emit("cuda_preload_failed", error=first_line(exc))
+        # never raises for a missing library (it prints): the session's providers tell, see _create
+        self._preload = cuda_preload.preload(onnxruntime_module())
 
     def cached_sessions(self) -> list[SessionHandle]:
         with self._lock:
@@ -428,4 +434,6 @@ def _settings_from_environment() -> RuntimeSettings:
     settings = RuntimeSettings()
     if os.environ.get("LEAN_IMAGE_AI_RELEASE_CPU", "").lower() in ("0", "false", "no"):
         settings = replace(settings, cpu_arena=False)
+    if os.environ.get("LEAN_IMAGE_AI_CUDNN_MAX_WORKSPACE", "").lower() in ("1", "true", "yes"):
+        settings = replace(settings, cudnn_max_workspace=True)
     return settings

@@ -252,11 +252,17 @@ def _driver_nvml_gpu_count() -> int | None:
 
 
 def gpu_snapshot(device_id: int = 0) -> dict:
+    """NVML's figures for CUDA device ``device_id`` (mapped to NVML's own numbering: gpu_index)."""
     nvml = _nvml()
     if nvml is None:
         return {"available": False, "error": _nvml_state["error"]}
     try:
-        handle = nvml.nvmlDeviceGetHandleByIndex(device_id)
+        from .gpu_index import nvml_index
+
+        index, mapping = nvml_index(nvml, device_id)
+        if index is None:
+            return {"available": False, "device_id": device_id, "error": f"no NVML device for CUDA {device_id}: {mapping}"}
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
         name = nvml.nvmlDeviceGetName(handle)
         info = nvml.nvmlDeviceGetMemoryInfo(handle)
         process_used = None
@@ -271,6 +277,8 @@ def gpu_snapshot(device_id: int = 0) -> dict:
         return {
             "available": True,
             "device_id": device_id,
+            "nvml_index": index,
+            "mapping": mapping,
             "name": name.decode() if isinstance(name, bytes) else name,
             "total_bytes": info.total,
             "used_bytes": info.used,

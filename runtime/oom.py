@@ -1,20 +1,32 @@
 """Recognising out-of-memory failures. ORT raises plain `Exception` subclasses whose only
-reliable signal is the message text, so this matches text (see DESIGN.md §2)."""
+reliable signal is the message text, so this matches text (see DESIGN.md §2).
+
+The CUDA provider formats library errors as ``"<lib> failure <code>: <name or text> ; GPU=<id> ;
+hostname=... ; expr=..."`` (cuda_call.cc), with the text from ``cudaGetErrorString``, its own
+cuBLAS name table, or ``cudnnGetErrorString``. Only the allocation failures are matched, so an
+illegal address or a bad parameter is reported as the error it is, not as memory to free.
+"""
 
 from __future__ import annotations
 
 GPU_OOM_MARKERS = (
-    "CUDA failure 2: out of memory",
+    "CUDA failure 2: out of memory",  # cudaErrorMemoryAllocation (2) as cudaGetErrorString says it
     "CUDA error cudaErrorMemoryAllocation",
     "CUBLAS_STATUS_ALLOC_FAILED",
-    "CUDNN_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",  # cuDNN 8
+    "CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",  # cuDNN 9 (ALLOC_FAILED is gone)
     "8007000E",  # DirectML E_OUTOFMEMORY
 )
 ARENA_OOM_MARKERS = (
+    # BFCArena (bfc_arena.cc); the same code path for the CPU arena and CUDA's gpu_mem_limit
     "Failed to allocate memory for requested buffer of size",
     "Available memory of",
 )
-HOST_OOM_MARKERS = ("bad_alloc", "bad allocation")
+HOST_OOM_MARKERS = (
+    "bad_alloc",
+    "bad allocation",
+    "CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED",  # cuDNN 9: host RAM for its own plans
+)
 
 
 def out_of_memory_resource(exc: BaseException, *, on_gpu: bool) -> str | None:
@@ -22,10 +34,10 @@ def out_of_memory_resource(exc: BaseException, *, on_gpu: bool) -> str | None:
     if isinstance(exc, MemoryError):
         return "system memory"
     text = str(exc)
+    if any(marker in text for marker in HOST_OOM_MARKERS):
+        return "system memory"
     if any(marker in text for marker in GPU_OOM_MARKERS):
         return "GPU memory"
     if any(marker in text for marker in ARENA_OOM_MARKERS):
         return "GPU memory" if on_gpu else "system memory"
-    if any(marker in text for marker in HOST_OOM_MARKERS):
-        return "system memory"
     return None

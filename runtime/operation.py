@@ -145,6 +145,7 @@ class Operation:
                 return session.run(names, feeds, options)
             return _run_bound(session, names, feeds, out, options)
 
+        oom = None
         try:
             try:
                 outputs = invoke(run_options)
@@ -168,29 +169,14 @@ class Operation:
                 raise InferenceError(
                     f"{handle.model_name} failed on {handle.device_label}: {first_line(exc)}"
                 ) from exc
-            self._dirty.pop(id(handle), None)
-            self.runtime.evict(handle, reason="out_of_memory", force=True)
-            self.runtime.events.emit(
-                "out_of_memory",
-                operation=self.name,
-                model=handle.model_name,
-                device=handle.device_label,
-                resource=resource,
-                detail=first_line(exc),
-            )
-            raise InferenceOutOfMemoryError(
-                f"Out of {resource} while running {handle.model_name} on {handle.device_label}. "
-                "Try a smaller tile size or a lower resolution, or close other programs using the memory"
-                + (
-                    ", or switch the device to CPU in the add-on preferences."
-                    if handle.gpu_device_id is not None
-                    else "."
-                ),
-                model=handle.model_name,
-                device=handle.device_label,
-                resource=resource,
-                detail=str(exc),
-            ) from exc
+            # Only the error's text and type leave this block: its traceback holds this frame and
+            # the frames below it, which reference the session; kept, they would keep its weights
+            # and arena alive until the caller's `except` ended (where the tiler loads the next one).
+            oom = (resource, _without_frames(exc))
+        if oom is not None:
+            del session, invoke  # this frame's own references, before the session is dropped
+            self._out_of_memory(handle, *oom)
+            raise self._out_of_memory_error(handle, *oom) from oom[1]
         self.budget.measured(meter)
         all_bound = bound and all(name in out for name in names)
         if not bound:
@@ -212,6 +198,34 @@ class Operation:
         elif last:
             self._dirty.pop(id(handle), None)
         return dict(zip(names, outputs, strict=True))
+
+    def _out_of_memory(self, handle: SessionHandle, resource: str, cause: BaseException) -> None:
+        """Free what the failed run held before anything else loads: the session (weights and,
+        on CUDA, its own arena) and, on the shared CPU arena, the regions the run grew."""
+        self._dirty.pop(id(handle), None)
+        self.runtime.evict(handle, reason="out_of_memory", force=True)
+        if handle.cpu_arena:
+            self.runtime.release_cpu_arena()
+        self.runtime.events.emit(
+            "out_of_memory",
+            operation=self.name,
+            model=handle.model_name,
+            device=handle.device_label,
+            resource=resource,
+            detail=first_line(cause),
+        )
+
+    @staticmethod
+    def _out_of_memory_error(handle: SessionHandle, resource: str, cause: BaseException):
+        return InferenceOutOfMemoryError(
+            f"Out of {resource} while running {handle.model_name} on {handle.device_label}. "
+            "Try a smaller tile size or a lower resolution, or close other programs using the memory"
+            + (", or switch the device to CPU in the add-on preferences." if handle.gpu_device_id is not None else "."),
+            model=handle.model_name,
+            device=handle.device_label,
+            resource=resource,
+            detail=str(cause),
+        )
 
     def _emit_release(self, reason, handle, started, *, in_run, at_release=None):
         after = memory_snapshot(handle.gpu_device_id)
@@ -327,6 +341,18 @@ class Operation:
                 self.runtime.release_cpu_arena()
                 cpu_done = True
             self._emit_release(reason, handle, started, in_run=False, at_release=at_release)
+
+
+def _without_frames(exc: BaseException) -> BaseException:
+    """``exc`` and the errors chained to it, without their tracebacks (the frames that hold the
+    session); their type and text stay for the report."""
+    seen = set()
+    current = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        current.__traceback__ = None
+        current = current.__cause__ or current.__context__
+    return exc
 
 
 def _bindable(handle: SessionHandle, out) -> bool:

@@ -23,6 +23,9 @@ SHRINK_CONFIG_KEY = "memory.enable_memory_arena_shrinkage"
 # TensorRT keeps engine memory outside it; anything not listed runs exactly as before.
 ARENA_DEVICE_BY_PROVIDER = {CUDA: "gpu", CPU: "cpu"}
 
+# cudnn_conv_algo_search values ORT 1.31 accepts (cuda_execution_provider_info.cc)
+CONV_ALGO_SEARCHES = ("HEURISTIC", "EXHAUSTIVE", "DEFAULT")
+
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|directml|dml|coreml)(?::(\d+))?$")
 
 
@@ -58,13 +61,24 @@ def parse_device(device: str | DeviceRequest | None) -> DeviceRequest:
 
 
 def resolve_providers(
-    request: DeviceRequest, available: list[str], *, gpu_mem_limit: int | None = None
+    request: DeviceRequest,
+    available: list[str],
+    *,
+    gpu_mem_limit: int | None = None,
+    cudnn_max_workspace: bool = False,
+    conv_algo_search: str = "HEURISTIC",
 ) -> list[tuple[str, dict]]:
     """The provider list (with options) to create a session with."""
     if request.kind == "auto":
         for kind, provider in (("cuda", CUDA), ("directml", DML), ("coreml", COREML)):
             if provider in available:
-                return resolve_providers(DeviceRequest(kind, 0), available, gpu_mem_limit=gpu_mem_limit)
+                return resolve_providers(
+                    DeviceRequest(kind, 0),
+                    available,
+                    gpu_mem_limit=gpu_mem_limit,
+                    cudnn_max_workspace=cudnn_max_workspace,
+                    conv_algo_search=conv_algo_search,
+                )
         return [(CPU, {})]
     if request.kind == "cpu":
         return [(CPU, {})]
@@ -76,10 +90,19 @@ def resolve_providers(
             "or install the onnxruntime build for that device."
         )
     if request.kind == "cuda":
+        if conv_algo_search not in CONV_ALGO_SEARCHES:
+            raise ValueError(f"cudnn_conv_algo_search must be one of {CONV_ALGO_SEARCHES}, got {conv_algo_search!r}")
         options = {
             "device_id": str(request.index),
             # Every region can be returned; with kNextPowerOfTwo region 0 is never freed.
             "arena_extend_strategy": "kSameAsRequested",
+            # On (ORT's default), cuDNN's algorithm search sizes its workspace from free VRAM (up
+            # to ~90 % of it), outside gpu_mem_limit, for every new input shape: Blender's VRAM.
+            "cudnn_conv_use_max_workspace": "1" if cudnn_max_workspace else "0",
+            # HEURISTIC picks an algorithm without running each one: tiles of varying shapes (edge
+            # tiles, splits after out of memory, frames of other sizes) each trigger a new search,
+            # and EXHAUSTIVE's benchmark runs allocate every candidate's workspace each time.
+            "cudnn_conv_algo_search": conv_algo_search,
         }
         if gpu_mem_limit:
             options["gpu_mem_limit"] = str(int(gpu_mem_limit))

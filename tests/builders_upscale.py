@@ -105,3 +105,38 @@ def global_context_model(path, *, scale=2, seed=0) -> Path:
         [w1],
     )
     return save_model(graph, path)
+
+
+def heavy_sr_model(path, *, weights_mib=64, scale=2, mid_channels=32, seed=0) -> Path:
+    """sr_model plus `weights_mib` of weights that cost no compute: one element of them is
+    gathered at an index computed from the input (so no constant folding can drop them) and
+    added times zero. Loading it holds its weights like a real net of that size."""
+    rng = np.random.default_rng(seed)
+    out_channels = 3 * scale * scale
+    big = numpy_helper.from_array(rng.standard_normal(weights_mib << 18).astype(np.float32), "big")
+    w1 = numpy_helper.from_array((rng.standard_normal((mid_channels, 3, 3, 3)) * 0.2).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(
+        (rng.standard_normal((out_channels, mid_channels, 3, 3)) * 0.2).astype(np.float32), "w2"
+    )
+    zero = numpy_helper.from_array(np.zeros((), np.float32), "zero")
+    nodes = [
+        helper.make_node("Conv", ["input", "w1"], ["h"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["h"], ["h2"]),
+        helper.make_node("Conv", ["h2", "w2"], ["s"], pads=[1, 1, 1, 1]),
+        helper.make_node("DepthToSpace", ["s"], ["shuffled"], blocksize=scale, mode="CRD"),
+        # index = int(min(input) * 0): depends on the input, always 0
+        helper.make_node("ReduceMin", ["input"], ["low"], keepdims=0),
+        helper.make_node("Mul", ["low", "zero"], ["low0"]),
+        helper.make_node("Cast", ["low0"], ["index"], to=TensorProto.INT64),
+        helper.make_node("Gather", ["big", "index"], ["picked"]),
+        helper.make_node("Mul", ["picked", "zero"], ["nothing"]),
+        helper.make_node("Add", ["shuffled", "nothing"], ["output"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "heavy_sr",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, "H", "W"])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 3, "OH", "OW"])],
+        [big, w1, w2, zero],
+    )
+    return save_model(graph, path)

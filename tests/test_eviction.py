@@ -93,3 +93,33 @@ def test_a_session_dropped_for_good_gives_a_readable_error(model):
     msg = str(info.value)
     assert "sr.onnx" in msg and "user request" in msg
     assert "nothing was written" in msg and "Run the job again" in msg
+
+
+def test_out_of_memory_frees_the_session_before_its_replacement_loads(tmp_path):
+    """A real BFCArena out-of-memory (capped shared CPU arena, own process) in the middle of a
+    tiled upscale: when the tiler asks for the replacement session, the failed one's weights and
+    the arena regions its run grew must already be gone. Before the fix the error's traceback kept
+    the session (and its arena) alive until the caller's `except` ended, where the replacement
+    was loaded: RSS at the second load was above the first session's loaded level."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from builders_upscale import heavy_sr_model
+
+    model = heavy_sr_model(tmp_path / "heavy.onnx", weights_mib=64)
+    job = Path(__file__).resolve().parent / "oom_free_job.py"
+    # 16 MiB cap: the 384 px window's 32-channel intermediate (18 MiB) cannot fit, 96 px tiles do
+    done = subprocess.run(
+        [sys.executable, str(job), str(model), str(16 << 20), "384"], capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["oom_events"] >= 1 and report["splits"] == report["oom_events"]
+    assert report["shape"] == [768, 768, 3] and report["finite"]
+    first, second = report["loads"][0], report["loads"][1]
+    loaded = first["after"] - first["before"]  # what the first session (64 MiB of weights) added
+    # still held at the moment the replacement is asked for, as a share of that
+    held = (second["before"] - first["before"]) / loaded
+    assert held < 0.5, f"{held:.2f} of the failed session's memory was still held at re-acquire"

@@ -122,7 +122,7 @@ def test_defaults_mirror_the_blender_properties():
     annotations = P.LeanImageAIPreferences.__annotations__
     defaults = R.DefaultPreferences()
     for name in ("models_dir", "device", "cuda_device_index", "gpu_memory_budget_mb", "ram_budget_mb",
-                 "release_cpu_memory", "idle_unload_minutes"):
+                 "release_cpu_memory", "idle_unload_minutes", "cudnn_max_workspace"):
         assert name in annotations and hasattr(defaults, name)
         prop = annotations[name]
         if name != "device":  # dynamic enum: default is the item number 0 == AUTO
@@ -215,6 +215,28 @@ def test_draw_shows_every_property_and_calls_the_catalog_hook(registered, monkey
         "ram_budget_mb",
         "release_cpu_memory",
         "idle_unload_minutes",
+        "cudnn_max_workspace",
     }
     assert hook == [fake.layout, fake.layout]  # the GPU runtime box and the model list
     assert any("onnxruntime" in text for kind, text in log if kind == "label")
+
+
+def test_cudnn_max_workspace_preference_reaches_the_runtime(registered):
+    """Off by default (cuDNN may otherwise take most free VRAM); the artist may turn it on."""
+    from lean_image_ai.runtime import get_runtime
+
+    addon = bpy.context.preferences.addons.new()
+    addon.module = P.ADDON_ID
+    runtime = get_runtime()
+    saved = runtime.settings
+    try:
+        prefs = R.get_prefs(bpy.context)
+        assert prefs.cudnn_max_workspace is False
+        R.configure_runtime(bpy.context)
+        assert runtime.settings.cudnn_max_workspace is False
+        prefs.cudnn_max_workspace = True
+        R.configure_runtime(bpy.context)
+        assert runtime.settings.cudnn_max_workspace is True
+    finally:
+        runtime.settings = saved
+        bpy.context.preferences.addons.remove(addon)

@@ -225,13 +225,54 @@ def test_cuda_session_options_and_run_entries_are_recorded_exactly(conv, monkeyp
     assert call["providers"] == [
         (
             "CUDAExecutionProvider",
-            {"device_id": "1", "arena_extend_strategy": "kSameAsRequested", "gpu_mem_limit": str(2 << 30)},
+            {
+                "device_id": "1",
+                "arena_extend_strategy": "kSameAsRequested",
+                "cudnn_conv_use_max_workspace": "0",
+                "cudnn_conv_algo_search": "HEURISTIC",
+                "gpu_mem_limit": str(2 << 30),
+            },
         ),
         (CPU, {}),
     ]
     assert call["config"] == {"session.use_device_allocator_for_initializers": "1"}, "no shared CPU arena"
     assert factory.sessions[0].shrink_entries == ["", "", "gpu:1"]
     assert handle.device_label == "CUDA:1" and handle.fallback_warning is None
+
+
+def test_cudnn_workspace_and_search_are_chosen_and_make_their_own_session(conv, monkeypatch):
+    """cudnn_conv_use_max_workspace off and HEURISTIC by default (see providers.py for why); turning
+    the workspace on is another CUDA session (options are fixed at creation), not the cached one."""
+    monkeypatch.setattr(core, "visible_cuda_count", lambda: 1)
+    factory = RecordingFactory(
+        reported_providers=["CUDAExecutionProvider", CPU],
+        reported_options={"CUDAExecutionProvider": {"device_id": "0"}},
+    )
+    runtime = Runtime(session_factory=factory, available_providers=lambda: ["CUDAExecutionProvider", CPU])
+    first = runtime.session(conv, "cuda:0")
+    runtime.configure(cudnn_max_workspace=True, cudnn_conv_algo_search="EXHAUSTIVE")
+    second = runtime.session(conv, "cuda:0")
+    assert second is not first and len(factory.calls) == 2
+    cuda_options = [call["providers"][0][1] for call in factory.calls]
+    assert [(o["cudnn_conv_use_max_workspace"], o["cudnn_conv_algo_search"]) for o in cuda_options] == [
+        ("0", "HEURISTIC"),
+        ("1", "EXHAUSTIVE"),
+    ]
+    assert runtime.session(conv, "cuda:0") is second
+    runtime.configure(cudnn_conv_algo_search="FASTEST")
+    with pytest.raises(ValueError, match="cudnn_conv_algo_search"):
+        runtime.session(conv, "cuda:0")
+    # CPU sessions take no cuDNN option and are not split by them
+    cpu = runtime.session(conv, "cpu")
+    runtime.configure(cudnn_max_workspace=False)
+    assert runtime.session(conv, "cpu") is cpu and factory.calls[-1]["providers"] == [(CPU, {})]
+
+
+def test_headless_knob_turns_the_cudnn_workspace_on(monkeypatch):
+    monkeypatch.delenv("LEAN_IMAGE_AI_CUDNN_MAX_WORKSPACE", raising=False)
+    assert core._settings_from_environment().cudnn_max_workspace is False
+    monkeypatch.setenv("LEAN_IMAGE_AI_CUDNN_MAX_WORKSPACE", "1")
+    assert core._settings_from_environment().cudnn_max_workspace is True
 
 
 def test_cuda_session_cancelled_is_evicted_to_free_its_arena(conv):

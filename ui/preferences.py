@@ -260,6 +260,14 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         min=0,
         soft_max=240,
     )
+    cudnn_max_workspace: BoolProperty(
+        name="Fastest GPU Convolutions (Uses More VRAM)",
+        description=(
+            "Let cuDNN size its convolution workspace from free GPU memory (up to about 90% of it, "
+            "outside the budget) for each new tile shape. Faster on some models; Blender may run out of VRAM"
+        ),
+        default=False,
+    )
     release_cpu_memory: BoolProperty(
         name="Release CPU Memory After Each Job",
         description="Give system memory (RAM) back after each job on the CPU too, not only GPU memory",
@@ -275,6 +283,9 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         sub.prop(self, "cuda_device_index")
         col.prop(self, "gpu_memory_budget_mb")
         col.prop(self, "ram_budget_mb")
+        sub = col.column()
+        sub.enabled = self.device in ("CUDA", "AUTO")
+        sub.prop(self, "cudnn_max_workspace")
         col.prop(self, "release_cpu_memory")
         col.prop(self, "idle_unload_minutes")
         problem = diagnostics.onnxruntime_import_error()
