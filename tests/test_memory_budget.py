@@ -144,6 +144,14 @@ class RecordedNvml(SimpleNamespace):
         self.calls.append(("nvmlDeviceGetHandleByIndex", index))
         return ("handle", index)
 
+    def nvmlDeviceGetPciInfo(self, handle):  # how the runtime finds CUDA device 0 (runtime/gpu_index.py)
+        self.calls.append(("nvmlDeviceGetPciInfo", handle))
+        return SimpleNamespace(busId=b"00000000:19:00.0")  # NVML's format; this one bus id is made up
+
+    def nvmlDeviceGetUUID(self, handle):
+        self.calls.append(("nvmlDeviceGetUUID", handle))
+        return "GPU-00000000-0000-0000-0000-000000000000"  # format only: not a real device's
+
     def nvmlDeviceGetName(self, handle):
         self.calls.append(("nvmlDeviceGetName", handle))
         return "NVIDIA H200"
