@@ -93,9 +93,11 @@ def plan_outputs(
     skip_existing: bool,
     check_format: Callable[[Path], None],
 ) -> set[int]:
-    """Check every output before any model runs; returns the indices to skip (existing outputs
+    """Check every output before any model runs, then make the output folders not there yet;
+    returns the indices to skip (existing outputs
     kept with ``skip_existing``). LeanImageError saying what is wrong and what to do."""
     skip = set()
+    to_make: set[Path] = set()
     sources = {os.path.normcase(str(p.resolve())) for p in inputs}
     for index, out in enumerate(outputs):
         check_output(family_id, out)
@@ -105,10 +107,12 @@ def plan_outputs(
                 raise LeanImageError(f"Output {path} is an input image; choose another name or folder.")
             if path.is_dir():
                 raise LeanImageError(f"Output path {path} is a folder; give a file name such as result.png.")
-            if not path.parent.is_dir():
-                raise LeanImageError(f"Output folder {path.parent} does not exist; create it first.")
-            if not os.access(path.parent, os.W_OK):
-                raise LeanImageError(f"Output folder {path.parent} is not writable.")
+            folder = path.parent
+            while not folder.is_dir() and folder.parent != folder:  # to be made: check where it would be
+                to_make.add(path.parent)
+                folder = folder.parent
+            if not os.access(folder, os.W_OK):
+                raise LeanImageError(f"Output folder {folder} is not writable.")
         if out.exists() and not overwrite:
             if not skip_existing:
                 raise LeanImageError(
@@ -116,6 +120,13 @@ def plan_outputs(
                     "outputs and do the rest (--skip-existing, skip_existing=True)."
                 )
             skip.add(index)
+    # as Blender does for render output, once every check has passed: farm tasks and scripts name
+    # folders still to be made (exist_ok: a sibling task may make the same one at the same moment)
+    for folder in sorted(to_make):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LeanImageError(f"Output folder {folder} cannot be made ({exc.strerror}); choose another.") from exc
     return skip
 
 

@@ -222,7 +222,6 @@ def test_output_checks_happen_before_the_model_runs(tmp_path, family_models):
     cases = [
         (("remove-background", str(frames), str(tmp_path / "c_####.jpg"), *ben2), "no alpha channel"),
         (("upscale", str(frames / "shot_0001.png"), str(frames / "shot_0001.png")), "is an input image"),
-        (("upscale", str(frames), str(tmp_path / "nowhere" / "o_####.png")), "does not exist"),
         (("upscale", str(frames), str(tmp_path / "one.png")), "one file but the input has 2 frames"),
         (("geometry", str(frames / "shot_0001.png"), str(tmp_path / "g.obj"), "--model", str(family_models["geometry"])), "give a .ply mesh file"),
     ]
@@ -231,6 +230,19 @@ def test_output_checks_happen_before_the_model_runs(tmp_path, family_models):
         assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
         assert "model:" not in done.stdout  # refused before anything ran
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
+def test_output_folders_are_made_after_the_checks(tmp_path):
+    frames = write_frames(tmp_path / "in", count=2)
+    refused = cli("upscale", str(frames), str(tmp_path / "new" / "one.png"), "--device", "cpu", cwd=tmp_path)
+    assert refused.returncode == 2 and "one file but the input has 2 frames" in refused.stderr
+    assert not (tmp_path / "new").exists(), "a refused command makes no folder"
+    done = cli("upscale", str(frames), str(tmp_path / "new" / "shot" / "o_####.png"), "--device", "cpu", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (tmp_path / "new" / "shot").iterdir()) == ["o_0001.png", "o_0002.png"]
+    (tmp_path / "blocker").write_text("a file where a folder would go")
+    done = cli("upscale", str(frames), str(tmp_path / "blocker" / "sub" / "o_####.png"), "--device", "cpu", cwd=tmp_path)
+    assert done.returncode == 2 and "cannot be made (Not a directory)" in done.stderr, done.stderr
 
 
 def test_existing_outputs_are_kept_unless_asked(tmp_path):
