@@ -280,6 +280,7 @@ class _Job:
                 "model must return 1x3xHxW."
             )
         # NaN/Inf: the tiler checks each tile's owned part while it pastes it (`not_finite`)
+        self.hinted = False  # an output of the hinted scale came back: it is the model's
         if self.scale is None and output.shape[2] % feed.shape[2] == 0:
             found = output.shape[2] // feed.shape[2]
             if output.shape[3] == feed.shape[3] * found:  # else the tiler reports the contract error
