@@ -50,8 +50,9 @@ def prepare_image(image, *, name: str = "image") -> PreparedImage:
     else:
         raise InvalidImageError(f"{name} has pixel type {array.dtype}; use uint8, uint16 or float.")
     warnings = []
-    bad = ~np.isfinite(data)
-    if bad.any():
+    # min and max first (NaN propagates, an infinity is one of them): no mask for a clean image
+    if not (np.isfinite(data.min()) and np.isfinite(data.max())):
+        bad = ~np.isfinite(data)
         count = int(bad.any(axis=2).sum())
         # a few NaN/Inf pixels (fireflies in a render) must not poison a whole model run
         data = np.nan_to_num(data, nan=0.0, posinf=1.0, neginf=0.0)

@@ -30,6 +30,7 @@ class ReceptiveField:
     radius: float | None  # input pixels (an int); math.inf: global; None: the graph walk gave up
     how: str  # "graph", "probe" or "catalog"
     detail: str = ""  # the op that made it global or unknown
+    scale: float | None = None  # the output's resolution over the input's, when the walk knows it
 
     @property
     def is_global(self) -> bool:
@@ -279,7 +280,7 @@ def _walk(nodes, tensors, inputs, outputs) -> ReceptiveField:
         return ReceptiveField(None, "graph", "the output does not depend on the image")
     if math.isinf(final[0]):
         return ReceptiveField(GLOBAL, "graph", final[2])
-    return ReceptiveField(math.ceil(final[0] - 1e-9), "graph")
+    return ReceptiveField(math.ceil(final[0] - 1e-9), "graph", scale=final[1])
 
 
 @lru_cache(maxsize=32)

@@ -20,11 +20,13 @@ from pathlib import Path
 import numpy as np
 
 from ..runtime import mark_last
-from ..runtime.errors import InferenceOutOfMemoryError, ModelContractError
+from ..runtime.errors import InferenceError, InferenceOutOfMemoryError, ModelContractError, SessionClosedError
+from ..runtime.memory import available_system_memory_bytes
 from .base import FLOAT_TYPES, JobOptions, ResultSink, as_frames, check_contract, check_finite, fixed_hw
 from .family import Family, Option, Setting, non_negative_int, one_of, positive_int
 from .imaging import from_nchw, prepare_image, resize, to_nchw
-from .tiling import run_tiled, tile_floor, whole_scale
+from .receptive import graph_receptive_field
+from .tiling import refuse_oversized_result, run_tiled, tile_floor, whole_scale
 from .upscale_plan import AUTO_OVERLAP, auto_tile, impulse_probe, plan_overlap, receptive_field
 
 DEFAULT_MODEL_PATH = Path(__file__).parent / "assets" / "bicubic_x2.onnx"
@@ -55,6 +57,7 @@ def run(
     alpha_mode: str = "model",
     memory_budget_bytes: int | None = None,
     size_multiple: int = 1,
+    available_memory_bytes: int | None = None,
 ) -> UpscaleResult | list[UpscaleResult]:
     """Upscale one image (HxW[xC] uint8/uint16/float) or a list of frames (one operation).
 
@@ -66,6 +69,9 @@ def run(
     (`model_overlap` from its catalog entry, else read from the graph, else measured by an impulse
     probe), rounded up to `size_multiple`: then tiles give exactly one whole-image run's pixels.
     `size_multiple`: round dynamic windows up to this (models that need even sizes, say).
+    `available_memory_bytes`: what a frame's result may take (default: the memory the OS says is
+    available when the frame starts); a frame whose float32 result is larger is refused
+    (InvalidImageError) before any run of it.
     """
     if alpha_mode not in ALPHA_MODES:
         raise ValueError(f"alpha_mode must be one of {ALPHA_MODES}, got {alpha_mode!r}")
@@ -87,11 +93,14 @@ def run(
         in_info = job.handle.inputs[0]
         dtype = in_info.dtype
         fixed = fixed_hw(in_info.shape)
-        scale = job.scale = _static_scale(job.handle)
+        scale = _static_scale(job.handle)  # what the tiler checks every tile against
+        job.scale = scale or _scale_hint(job.handle)  # what outputs are bound with from the first run
+        job.hinted = scale is None and job.scale is not None
 
         def probe():
             def infer(window):
-                return from_nchw(job.infer(to_nchw(window, dtype), last=False, slot="probe"))
+                output = job.infer(to_nchw(window, dtype), last=False, slot="probe")
+                return from_nchw(check_finite(output, job.handle.model_name, job.handle.outputs[0].name))
 
             return impulse_probe(infer, scale=scale, fixed=fixed)
 
@@ -130,10 +139,20 @@ def run(
             name = "image" if was_single else f"frame {index + 1}"
             prefix = "" if was_single else f"frame {index + 1}/{count}, "
             options.report(index / count, prefix + "preprocessing")
+            available = available_memory_bytes
+            if available is None:
+                available = available_system_memory_bytes()  # one read per frame, for both checks
+            known = scale or job.scale
+            shape = np.shape(frame)
+            if known and len(shape) in (2, 3):  # else the tiler refuses it before allocating it
+                channels = 4 if len(shape) == 3 and shape[2] in (2, 4) else 3
+                # before even the float32 copy of the input: that alone can be gigabytes
+                refuse_oversized_result(*shape[:2], known, channels, label=job.handle.model_name, available=available)
             prepared = prepare_image(frame, name=name)
             warnings = list(plan_warnings) + list(prepared.warnings)
             rgb, alpha = prepared.rgb, prepared.alpha
-            outside = int(((rgb < 0.0) | (rgb > 1.0)).any(axis=2).sum())
+            # min and max first: two reads and no masks for the usual in-range image
+            outside = 0 if rgb.min() >= 0.0 and rgb.max() <= 1.0 else int(((rgb < 0.0) | (rgb > 1.0)).any(axis=2).sum())
             if outside:
                 np.clip(rgb, 0.0, 1.0, out=rgb)  # prepare_image's array is always our own copy
                 warnings.append(
@@ -171,6 +190,8 @@ def run(
                 progress=progress,
                 multiple=size_multiple,
                 clip=(0.0, 1.0),
+                not_finite=lambda result: check_finite(result, job.handle.model_name, job.handle.outputs[0].name),
+                available_memory=available,
             )
             del source
             op.check_cancelled()
@@ -212,7 +233,8 @@ class _Job:
         self.model_path = model_path
         self.device = device
         self.handle = op.session(model_path, device)
-        self.scale: int | None = None  # known from fixed shapes or the first output
+        self.scale: int | None = None  # known from fixed shapes, a hint, or the first output
+        self.hinted = False  # `scale` is only a hint (`_scale_hint`), not yet seen in an output
         self._buffers: dict[str, np.ndarray] = {}
         check_contract(
             self.handle,
@@ -225,10 +247,11 @@ class _Job:
         self.handle = self.op.session(self.model_path, self.device)
 
     def infer(self, feed: np.ndarray, *, last: bool, slot: str = "colour") -> np.ndarray:
-        """The model's 1x3xHxW output for a 1x3xhxw feed. Once the scale is known the output is
-        written by the runtime straight into a buffer this job owns (one per `slot`, reused from
-        tile to tile: the tiler pastes it before the next run), so nothing is copied out of the
-        arena and no new array is made per tile."""
+        """The model's 1x3xHxW output for a 1x3xhxw feed. Once the scale is known (or hinted:
+        `_scale_hint`) the output is written by the runtime straight into a buffer this job owns
+        (one per `slot`, reused from tile to tile: the tiler pastes it before the next run), so
+        nothing is copied out of the arena and no new array is made per tile. Unknown, the output
+        comes out of the arena and is copied (and the arena needs a release run of its own)."""
         handle = self.handle
         in_name, out_name = handle.inputs[0].name, handle.outputs[0].name
         out = None
@@ -238,17 +261,29 @@ class _Job:
             if buffer is None or buffer.shape != shape:
                 buffer = self._buffers[slot] = np.empty(shape, handle.outputs[0].dtype)
             out = {out_name: buffer}
-        output = self.op.run(handle, {in_name: feed}, last=last, output_names=[out_name], out=out)[out_name]
+        try:
+            output = self.op.run(handle, {in_name: feed}, last=last, output_names=[out_name], out=out)[out_name]
+        except InferenceError as exc:
+            if out is None or isinstance(exc, SessionClosedError) or not self.hinted:
+                raise
+            # a hinted scale this input does not have (a model whose factor depends on the size):
+            # run it unbound, as if nothing were known, and learn the scale from its output
+            _LEARNED_SCALE.pop(handle.key, None)
+            self.scale, self.hinted = None, False
+            return self.infer(feed, last=last, slot=slot)
         if output.ndim != 4 or output.shape[1] != 3:
             raise ModelContractError(
                 f"{handle.model_name} returned '{out_name}' with shape {list(output.shape)}; an upscale "
                 "model must return 1x3xHxW."
             )
-        check_finite(output, handle.model_name, out_name)  # this tile only
+        # NaN/Inf: the tiler checks each tile's owned part while it pastes it (`not_finite`)
+        self.hinted = False  # an output of the hinted scale came back: it is the model's
         if self.scale is None and output.shape[2] % feed.shape[2] == 0:
             found = output.shape[2] // feed.shape[2]
             if output.shape[3] == feed.shape[3] * found:  # else the tiler reports the contract error
                 self.scale = found
+                if fixed_hw(handle.outputs[0].shape) is None:  # a fixed output's factor varies
+                    _remember(handle.key, found)
         return output
 
 
@@ -262,6 +297,38 @@ def split_warning(tiled, *, exact: bool) -> str:
             f"to fit the memory free under the budget{same}."
         )
     return f"Ran out of memory; tiles were split {len(tiled.splits)} time(s), down to {max(tiled.tile_size)} px{same}."
+
+
+# The scale each cached session showed (by its cache key: model file identity, device, settings),
+# so the next job binds even its first run's output into its own buffer: that run would otherwise
+# return the output in arena memory, to be copied out (200 MB for a 1024 px input at x4) and
+# released by a run of its own.
+_LEARNED_SCALE: dict[tuple, int] = {}
+_LEARNED_MAX = 64
+
+
+def _learned(handle) -> int | None:
+    return _LEARNED_SCALE.get(handle.key)
+
+
+def _remember(key: tuple, scale: int) -> None:
+    if len(_LEARNED_SCALE) >= _LEARNED_MAX and key not in _LEARNED_SCALE:
+        _LEARNED_SCALE.pop(next(iter(_LEARNED_SCALE)))  # the oldest: a bound, not an eviction policy
+    _LEARNED_SCALE[key] = scale
+
+
+def _scale_hint(handle) -> int | None:
+    """The scale to bind the first run's output with before any output was seen: the one this
+    session showed before, else the one the graph walk read (Conv strides, DepthToSpace, Resize
+    factors). A wrong hint costs one failed run (`_Job.infer` retries unbound), never a result."""
+    learned = _learned(handle)
+    if learned is not None:
+        return learned
+    field_ = graph_receptive_field(handle.model_path)
+    walked = field_.scale
+    if field_.radius is None or field_.is_global or walked is None or walked < 1 or not float(walked).is_integer():
+        return None
+    return int(walked)
 
 
 def _static_scale(handle) -> int | None:
@@ -289,7 +356,8 @@ FAMILY = Family(
             int,
             0,
             "Tile Size",
-            "Side of the tiles the image is cut into, in pixels. 0: from the free memory",
+            "Side of the tiles the image is cut into, in pixels. 0: a fixed size per device (the same tiles "
+            "every run; made smaller only when memory runs short)",
             min=0,
             soft_max=2048,
         ),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from builders_upscale import compact_model, global_context_model
-from lean_image_ai.models import tiling, upscale
+from lean_image_ai.models import tile_memory, upscale
 from lean_image_ai.models.base import JobOptions
 from lean_image_ai.models.receptive import graph_receptive_field
 from lean_image_ai.runtime.core import Runtime, RuntimeSettings
@@ -112,7 +112,7 @@ def test_the_same_job_gives_the_same_plan_and_bytes_whatever_memory_is_free(runt
     image = picture(96, 80, seed=3)
     runs = []
     for free in (600 << 20, 64 << 30):
-        monkeypatch.setattr(tiling, "available_system_memory_bytes", lambda free=free: free)
+        monkeypatch.setattr(tile_memory, "available_system_memory_bytes", lambda free=free: free)
         runs.append(upscale.run(image, compact32, options=opts(runtime)))
     assert runs[0].tile_size_used == runs[1].tile_size_used
     assert runs[0].image.tobytes() == runs[1].image.tobytes()

@@ -360,3 +360,20 @@ def test_auto_tile_size_follows_the_budget_and_the_per_pixel_estimate():
 def test_auto_tile_size_from_free_system_memory_is_bounded():
     size = auto_tile_size(estimate_bytes_per_pixel(2), overlap=16)
     assert tile_floor(16) <= size <= tiling.MAX_AUTO_TILE
+
+
+def test_a_large_tile_is_pasted_in_bands_on_threads_like_one_pass(monkeypatch):
+    monkeypatch.setattr(tiling, "_paste_workers", lambda: 3)  # whatever this machine's core count
+    rows = 3 * tiling.PASTE_BAND_ROWS + 40  # three bands, the last one uneven
+    planes = np.random.default_rng(4).random((1, 3, rows, 24), dtype=np.float32) * 1.5 - 0.25
+
+    def run_tile(window, last):
+        return planes
+
+    result = run_tiled(np.zeros((rows, 24, 3), np.float32), run_tile, tile_size=None, overlap=0, clip=(0.0, 1.0))
+    np.testing.assert_array_equal(result.image, np.clip(planes[0].transpose(1, 2, 0), 0.0, 1.0))
+
+    planes[0, 1, rows - 5, 3] = np.nan  # in the last band only
+    seen = []
+    run_tiled(np.zeros((rows, 24, 3), np.float32), run_tile, tile_size=None, overlap=0, not_finite=seen.append)
+    assert len(seen) == 1 and seen[0] is planes
