@@ -49,3 +49,9 @@ def runtime(factory):
     rt = Runtime(session_factory=factory)
     yield rt
     rt.clear("test teardown")
+
+
+@pytest.fixture
+def recorded(runtime, factory):
+    """(runtime, factory): a private runtime and what its sessions received, as one pair."""
+    return runtime, factory

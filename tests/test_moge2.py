@@ -10,13 +10,11 @@ import numpy as np
 import pytest
 from builders_moge2 import PLANE, expected_depth, moge2_like_model
 from lean_image_ai.models import moge2, moge2_solver
-from lean_image_ai.runtime import Runtime
 from lean_image_ai.runtime.errors import (
     InvalidModelOutputError,
     ModelContractError,
     OperationCancelled,
 )
-from recording import RecordingFactory
 from recording import cpu_options as opts
 from scipy.optimize import least_squares
 
@@ -25,14 +23,6 @@ FOCAL, SHIFT, SCALE = 1.2, -1.5, 2.5  # the builder's defaults
 
 
 # ---- helpers ------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def recording():
-    factory = RecordingFactory()
-    runtime = Runtime(session_factory=factory)
-    yield runtime, factory
-    runtime.clear("test teardown")
 
 
 @pytest.fixture(scope="module")
@@ -229,8 +219,8 @@ def test_model_input_size_rule(height, width, tokens):
 
 
 @pytest.mark.parametrize("size", [(101, 157), (77, 45)])
-def test_recovers_intrinsics_fov_and_depth_at_source_size(models, recording, size):
-    runtime, _ = recording
+def test_recovers_intrinsics_fov_and_depth_at_source_size(models, recorded, size):
+    runtime, _ = recorded
     height, width = size
     result = moge2.run(red_image(height, width), models["good"], options=opts(runtime))
     model_h, model_w = result.model_size
@@ -269,8 +259,8 @@ def test_recovers_intrinsics_fov_and_depth_at_source_size(models, recording, siz
     assert result.num_tokens == 3600 and result.warnings == []
 
 
-def test_without_force_projection_points_are_shifted_model_points(models, recording):
-    runtime, _ = recording
+def test_without_force_projection_points_are_shifted_model_points(models, recorded):
+    runtime, _ = recorded
     result = moge2.run(red_image(60, 90), models["good"], options=opts(runtime), force_projection=False)
     n0, n1, n2, d = PLANE
     plane = result.points @ np.array([n0, n1, n2], np.float32)
@@ -278,8 +268,8 @@ def test_without_force_projection_points_are_shifted_model_points(models, record
     np.testing.assert_allclose(result.points[..., 2], result.depth, rtol=1e-6)
 
 
-def test_mask_threshold_and_normals_renormalised(models, recording):
-    runtime, _ = recording
+def test_mask_threshold_and_normals_renormalised(models, recorded):
+    runtime, _ = recorded
     height, width = 97, 131
     valid = np.zeros((height, width), bool)
     valid[:, : width // 2] = True
@@ -303,8 +293,8 @@ def test_mask_threshold_and_normals_renormalised(models, recording):
     np.testing.assert_allclose(result.normal[2:-2, 2:-2], field[2:-2, 2:-2], atol=1e-3)
 
 
-def test_mask_threshold_option(models, recording):
-    runtime, _ = recording
+def test_mask_threshold_option(models, recorded):
+    runtime, _ = recorded
     image = red_image(40, 40)
     image[..., 0] = 0.52  # mask = sigmoid(20 * 0.02) = 0.599
     assert moge2.run(image, models["good"], options=opts(runtime)).mask.all()
@@ -313,8 +303,8 @@ def test_mask_threshold_option(models, recording):
 
 
 @pytest.mark.parametrize("level,tokens", [(0, 1200), (5, 2533), (9, 3600), (3, 2000)])
-def test_num_tokens_fed_as_int64_scalar(models, recording, level, tokens):
-    runtime, factory = recording
+def test_num_tokens_fed_as_int64_scalar(models, recorded, level, tokens):
+    runtime, factory = recorded
     explicit = 2000 if tokens == 2000 else None
     result = moge2.run(
         red_image(90, 120), models["good"], options=opts(runtime), resolution_level=level, num_tokens=explicit
@@ -330,8 +320,8 @@ def test_num_tokens_fed_as_int64_scalar(models, recording, level, tokens):
     assert result.num_tokens == tokens
 
 
-def test_scale_named_scale_rank1_tokens_and_no_normal(models, recording):
-    runtime, factory = recording
+def test_scale_named_scale_rank1_tokens_and_no_normal(models, recorded):
+    runtime, factory = recorded
     result = moge2.run(red_image(50, 70), models["scale_named"], options=opts(runtime))
     assert factory.sessions[0].feeds[0]["num_tokens"].shape == (1,)  # the model's rank is respected
     assert result.metric_scale == pytest.approx(SCALE)
@@ -339,8 +329,8 @@ def test_scale_named_scale_rank1_tokens_and_no_normal(models, recording):
     assert abs(result.focal / FOCAL - 1) < 1e-5
 
 
-def test_fp16_model_gets_float16_feeds(models, recording):
-    runtime, factory = recording
+def test_fp16_model_gets_float16_feeds(models, recorded):
+    runtime, factory = recorded
     result = moge2.run(red_image(64, 80), models["fp16"], options=opts(runtime))
     assert factory.sessions[0].feeds[0]["image"].dtype == np.float16
     assert result.depth.dtype == np.float32
@@ -351,8 +341,8 @@ def test_fp16_model_gets_float16_feeds(models, recording):
     )
 
 
-def test_uint8_rgba_source_and_input_warnings(models, recording):
-    runtime, _ = recording
+def test_uint8_rgba_source_and_input_warnings(models, recorded):
+    runtime, _ = recorded
     rgba = np.zeros((33, 47, 4), np.uint8)
     rgba[..., 0] = 255
     rgba[..., 3] = 128
@@ -366,8 +356,8 @@ def test_uint8_rgba_source_and_input_warnings(models, recording):
 # ---- contract and output errors ----------------------------------------------------------------
 
 
-def test_missing_num_tokens_is_a_contract_error(models, recording):
-    runtime, factory = recording
+def test_missing_num_tokens_is_a_contract_error(models, recorded):
+    runtime, factory = recorded
     with pytest.raises(ModelContractError) as info:
         moge2.run(red_image(30, 30), models["no_tokens"], options=opts(runtime))
     message = str(info.value)
@@ -376,22 +366,22 @@ def test_missing_num_tokens_is_a_contract_error(models, recording):
     assert factory.sessions[0].feeds == []  # nothing ran
 
 
-def test_points_rank3_is_a_contract_error(models, recording):
-    runtime, _ = recording
+def test_points_rank3_is_a_contract_error(models, recorded):
+    runtime, _ = recorded
     with pytest.raises(ModelContractError) as info:
         moge2.run(red_image(30, 30), models["points_rank3"], options=opts(runtime))
     message = str(info.value)
     assert "output 'points': expected shape 1xHxWx3, found ['H', 'W', 3]" in message
 
 
-def test_nan_points_raise_invalid_output(models, recording):
-    runtime, _ = recording
+def test_nan_points_raise_invalid_output(models, recorded):
+    runtime, _ = recorded
     with pytest.raises(InvalidModelOutputError, match="NaN/Inf value.*'points'"):
         moge2.run(red_image(30, 40), models["nan"], options=opts(runtime))
 
 
-def test_all_invalid_mask_says_no_valid_geometry(models, recording):
-    runtime, _ = recording
+def test_all_invalid_mask_says_no_valid_geometry(models, recorded):
+    runtime, _ = recorded
     black = np.zeros((30, 40, 3), np.float32)
     with pytest.raises(InvalidModelOutputError, match="no valid geometry in image"):
         moge2.run(black, models["good"], options=opts(runtime))
@@ -400,8 +390,8 @@ def test_all_invalid_mask_says_no_valid_geometry(models, recording):
 # ---- operations: frames, release, session reuse, cancel ---------------------------------------
 
 
-def test_frames_are_one_operation_and_only_the_final_run_releases(models, recording):
-    runtime, factory = recording
+def test_frames_are_one_operation_and_only_the_final_run_releases(models, recorded):
+    runtime, factory = recorded
     sizes = [(40, 60), (61, 45), (50, 50)]
     progress = []
     frames = [red_image(h, w) for h, w in sizes]
@@ -424,8 +414,8 @@ def test_frames_are_one_operation_and_only_the_final_run_releases(models, record
     assert runtime.events.recent("session_reuse")
 
 
-def test_cancel_before_the_second_frame(models, recording):
-    runtime, factory = recording
+def test_cancel_before_the_second_frame(models, recorded):
+    runtime, factory = recorded
     cancel = threading.Event()
 
     def progress(fraction, stage):
@@ -441,8 +431,8 @@ def test_cancel_before_the_second_frame(models, recording):
     assert ends[-1]["outcome"] == "cancelled"
 
 
-def test_cancel_already_set_runs_nothing(models, recording):
-    runtime, factory = recording
+def test_cancel_already_set_runs_nothing(models, recorded):
+    runtime, factory = recorded
     with pytest.raises(OperationCancelled):
         moge2.run(red_image(30, 30), models["good"], options=opts(runtime, cancel=lambda: True))
     assert all(s.feeds == [] for s in factory.sessions)

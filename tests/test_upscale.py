@@ -52,14 +52,6 @@ def models(tmp_path_factory):
     }
 
 
-@pytest.fixture
-def recorded():
-    factory = RecordingFactory()
-    runtime = Runtime(session_factory=factory)
-    yield runtime, factory
-    runtime.clear("test teardown")
-
-
 def picture(height, width, channels=3, seed=0):
     return np.random.default_rng(seed).random((height, width, channels), dtype=np.float32)
 

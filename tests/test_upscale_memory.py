@@ -11,7 +11,6 @@ from lean_image_ai.runtime import Runtime
 from lean_image_ai.runtime.errors import InvalidImageError
 from onnx import TensorProto, helper, numpy_helper
 from onnx_builders import save_model, sr_model
-from recording import RecordingFactory
 from recording import cpu_options as opts
 
 
@@ -22,14 +21,6 @@ def models(tmp_path_factory):
         "x4": sr_model(folder / "sr4.onnx", scale=4, mid_channels=8, seed=2),
         "to64": _resize_to_64(folder / "to64.onnx"),
     }
-
-
-@pytest.fixture
-def recorded():
-    factory = RecordingFactory()
-    runtime = Runtime(session_factory=factory)
-    yield runtime, factory
-    runtime.clear("test teardown")
 
 
 def _resize_to_64(path):
