@@ -26,7 +26,7 @@ from .errors import (
     SessionClosedError,
 )
 from .events import EventLog
-from .memory import memory_snapshot, nvidia_gpu_count
+from .memory import memory_snapshot, nvidia_gpu_count, trim_process_heap
 from .oom import out_of_memory_resource
 from .operation import Operation
 from .providers import (
@@ -338,6 +338,7 @@ class Runtime:
         run_options = ort.RunOptions()
         run_options.add_run_config_entry(SHRINK_CONFIG_KEY, "cpu:0")
         probe.run(None, {"x": np.zeros(1, np.float32)}, run_options)
+        trim_process_heap()  # and what the job's numpy temporaries left in the C heap
         return True
 
     # ---- on request: Release now / Unload all / idle unload -------------------------------

@@ -17,7 +17,7 @@ from .errors import (
     SessionClosedError,
     first_line,
 )
-from .memory import gpu_snapshot, memory_snapshot
+from .memory import gpu_snapshot, memory_snapshot, trim_process_heap
 from .memory_report import format_job_memory, job_figures
 from .oom import out_of_memory_resource
 from .providers import CPU, CUDA, SHRINK_CONFIG_KEY, parse_device
@@ -192,6 +192,8 @@ class Operation:
             started = time.perf_counter()
             if handle.cpu_arena and not all_bound:
                 self.runtime.release_cpu_arena()  # regions the outputs pinned during the run
+            elif handle.cpu_arena:
+                trim_process_heap()  # the arena shrank in the run; the C heap's free pages too
             self._dirty.pop(id(handle), None)
             self.shrink_runs += 1
             self._emit_release("operation_complete", handle, started, in_run=True)
