@@ -9,6 +9,7 @@ recorded per loaded model (no GPU here): the stand-in pynvml records what NVML w
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -93,7 +94,8 @@ def test_lru_sessions_go_first_then_a_plain_job_is_refused(tmp_path):
     reports = len(runtime.events.recent("job_memory"))
     with pytest.raises(MemoryBudgetError) as refused, runtime.operation("refused") as op:
         handle = op.session(model, "cpu")
-        runtime.configure(ram_budget_bytes=process_rss_bytes() - 1)  # and then no room at all
+        # and then no room at all (half the process: what a release gives back can't make room)
+        runtime.configure(ram_budget_bytes=process_rss_bytes() // 2)
         op.run(handle, feeds, last=True)
     assert op.runs == 0, "refused before the run"
     budget = runtime.events.recent("budget")[-1]
@@ -102,7 +104,8 @@ def test_lru_sessions_go_first_then_a_plain_job_is_refused(tmp_path):
     assert [h.model_name for h in runtime.cached_sessions()] == ["conv.onnx"], "never the job's own session"
     message = str(refused.value)
     assert message.startswith("Not enough memory: a 1x3x256x256 run of conv.onnx on CPU needs about ")
-    assert "(measured for this input size) but only 0 KB free under the " in message
+    # releasing gave a little back (the C heap's free pages), never the 12 MB the run needs
+    assert re.search(r"\(measured for this input size\) but only \d+ [KM]B free under the ", message), message
     assert "this process uses" in message and message.endswith(WHAT_TO_DO)
     report = runtime.last_job_memory
     assert report["outcome"] == "over_budget" and len(runtime.events.recent("job_memory")) == reports + 1
