@@ -23,9 +23,12 @@ from PIL import Image
 FRAMES = 24
 
 
-def run_cli(*args, cwd, prelude="", timeout=180):
+def run_cli(*args, cwd, prelude="", timeout=180, env=None):
     code = f"{prelude}\nimport sys\nfrom lean_image_ai.cli import main\nsys.exit(main({list(args)!r}))"
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, cwd=cwd,
+        env=None if env is None else {**os.environ, **env},
+    )
 
 
 HIDE_RAY = "import sys\nsys.modules['ray'] = None  # as if Ray were not installed"
@@ -194,3 +197,32 @@ def test_a_model_the_family_cannot_use_ends_the_run_with_one_error(ray_local, pl
     with pytest.raises(LeanImageError, match="does not look like a super-resolution model"):
         farm(tmp_path, capsys, pattern, model, "--max-tries", "5")
     assert list((tmp_path / "out").iterdir()) == []  # nothing written, no temp file
+
+
+@pytest.mark.parametrize("command", ["remove-background", "depth", "geometry"])
+def test_every_other_family_writes_on_the_farm_what_its_command_writes(ray_local, tmp_path, capsys, command):
+    from builders_families import ben2_like_model, da3_like_model
+    from builders_moge2 import moge2_like_model
+
+    build = {"remove-background": lambda p: ben2_like_model(p, size=64), "depth": lambda p: da3_like_model(p, fixed_hw=None),
+             "geometry": moge2_like_model}[command]
+    model = build(tmp_path / f"{command}.onnx")
+    (tmp_path / "in").mkdir()
+    for n in range(1, 5):
+        rng = np.random.default_rng(n)
+        Image.fromarray((rng.random((30, 40, 3)) * 255).astype(np.uint8)).save(tmp_path / "in" / f"shot_{n:04d}.png")
+    common = ["--model", str(model), "--device", "cpu"]
+    # Ray starts its workers with OMP_NUM_THREADS=1 (one per CPU they hold); numpy's BLAS then sums
+    # in another order than on two threads, which float EXRs show (1.4e-6 on depths near 6 here)
+    one_blas_thread = {"OMP_NUM_THREADS": "1"}
+    done = run_cli(command, str(tmp_path / "in"), str(tmp_path / "cli") + "/", *common, cwd=tmp_path, env=one_blas_thread)
+    assert done.returncode == 0, done.stderr
+    capsys.readouterr()
+    argv = ["farm", command, str(tmp_path / "in"), str(tmp_path / "farm") + "/", *common, "--workers", "2", "--chunk-size", "1"]
+    code = farm_ray.run(cli.build_parser().parse_args(argv))
+    captured = capsys.readouterr()
+    assert code == farm_ray.EXIT_OK, captured.err
+    line = json.loads(captured.out.strip().splitlines()[-1])
+    assert (line["command"], line["written"], line["failed"]) == (command, 4, [])
+    # every file of every frame (geometry: the mesh and its companions), byte for byte, no temp file
+    assert outputs(tmp_path / "farm") == outputs(tmp_path / "cli")
