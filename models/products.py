@@ -108,9 +108,10 @@ def plan_outputs(
             if path.is_dir():
                 raise LeanImageError(f"Output path {path} is a folder; give a file name such as result.png.")
             folder = path.parent
-            while not folder.is_dir() and folder.parent != folder:  # to be made: check where it would be
-                to_make.add(path.parent)
-                folder = folder.parent
+            if not folder.is_dir():
+                to_make.add(folder)
+                while not folder.is_dir() and folder.parent != folder:  # where it would be made
+                    folder = folder.parent
             if not os.access(folder, os.W_OK):
                 raise LeanImageError(f"Output folder {folder} is not writable.")
         if out.exists() and not overwrite:
