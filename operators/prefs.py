@@ -29,6 +29,7 @@ class DefaultPreferences:
     gpu_memory_budget_mb: int = 0
     ram_budget_mb: int = 0
     release_cpu_memory: bool = True
+    ram_release_delay_s: float = 0.0
     idle_unload_minutes: int = 0
     cudnn_max_workspace: bool = False
 
@@ -90,6 +91,7 @@ def configure_runtime(context) -> tuple[str, int | None]:
         vram_budget_bytes=budget,
         ram_budget_bytes=memory_budget_bytes(prefs, "ram_budget_mb"),
         cudnn_max_workspace=bool(getattr(prefs, "cudnn_max_workspace", False)),
+        cpu_release_delay=float(getattr(prefs, "ram_release_delay_s", 0.0)),
     )
     return device_string(prefs), budget
 

@@ -19,10 +19,10 @@ import numpy as np
 
 from . import cuda_preload, gpu_index, load_errors
 from .cpu_arena import RELEASE_PROBE_MODEL, env_cpu_arena_config, register_env_cpu_arena
+from .deferred_release import DeferredRelease, delay_from_environment
 from .errors import (
     DeviceSpecError,
     InferenceOutOfMemoryError,
-    ModelFileError,
     SessionClosedError,
 )
 from .events import EventLog
@@ -60,6 +60,8 @@ class RuntimeSettings:
     cudnn_conv_algo_search: str = "HEURISTIC"
     """`cudnn_conv_algo_search` (HEURISTIC, EXHAUSTIVE or DEFAULT); see providers.py."""
     intra_op_threads: int = 0
+    cpu_release_delay: float = 0.0
+    """Seconds without a job before RAM goes back; 0 releases in each job's last run (deferred_release.py)."""
 
 
 def visible_cuda_count() -> int | None:
@@ -94,6 +96,7 @@ class Runtime:
         self.last_timeline: dict | None = None  # its memory timeline (timeline.Timeline.as_dict)
         self.working_memory: dict[tuple, int] = {}  # (model name, input shape) -> what its runs grew
         self._cuda_floor: dict[int, int] = {}  # device -> VRAM the first session added beyond its file
+        self.deferred = DeferredRelease(self)
 
     # ---- settings -------------------------------------------------------------------------
     def configure(self, **changes) -> RuntimeSettings:
@@ -103,32 +106,6 @@ class Runtime:
             return self.settings
 
     # ---- sessions -------------------------------------------------------------------------
-    def _model_identity(self, model_path) -> tuple[Path, tuple]:
-        path = Path(model_path).expanduser()
-        try:
-            path = path.resolve()
-            stat = path.stat()
-        except FileNotFoundError:
-            raise ModelFileError(
-                f"Model file not found: {path}. Install the model from the add-on preferences "
-                "(Lean Image AI > Models) or put the file at that path."
-            ) from None
-        except RuntimeError as exc:  # Python < 3.13: "Symlink loop from ..."
-            raise load_errors.symlink_loop(path) from exc
-        except OSError as exc:
-            raise load_errors.os_error(path, exc) from exc
-        if not path.is_file():
-            raise ModelFileError(
-                f"Model path {path} is not a file (a folder or a device). Choose the .onnx file "
-                "itself, or install the model again from the add-on preferences."
-            )
-        try:  # the OS's own answer (permission, busy), before onnxruntime turns it into prose
-            os.close(os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0)))
-        except OSError as exc:
-            raise load_errors.os_error(path, exc) from exc
-        # size + mtime: a model replaced on disk gets a new session instead of a stale one
-        return path, (str(path), stat.st_size, stat.st_mtime_ns)
-
     def session(self, model_path, device: str | DeviceRequest = "auto", *, holder=None) -> SessionHandle:
         """The cached session for (model file, device, runtime settings); created on first use.
 
@@ -138,7 +115,7 @@ class Runtime:
         request = parse_device(device)
         if request.kind == "cuda":
             self._check_gpu_index(request)
-        path, identity = self._model_identity(model_path)
+        path, identity = load_errors.model_identity(model_path)
         settings = self.settings
         available = self._available_providers()
         if request.kind == "auto" and CUDA in available and not self._cuda_usable():
@@ -339,14 +316,17 @@ class Runtime:
         run_options.add_run_config_entry(SHRINK_CONFIG_KEY, "cpu:0")
         probe.run(None, {"x": np.zeros(1, np.float32)}, run_options)
         trim_process_heap()  # and what the job's numpy temporaries left in the C heap
+        self.deferred.paid()
         return True
 
     # ---- on request: Release now / Unload all / idle unload -------------------------------
-    def _measured(self, action: str, gpu_ids, work) -> dict:
-        gc.collect()
+    def _measured(self, action: str, gpu_ids, work, *, collect: bool = True) -> dict:
+        if collect:  # off for the deferred release's timer thread: it must not finalize bpy objects
+            gc.collect()
         before = {g: figures(memory_snapshot(g)) for g in gpu_ids}
         sessions = work()
-        gc.collect()
+        if collect:
+            gc.collect()
         after = {g: figures(memory_snapshot(g)) for g in gpu_ids}
         by = {"ram": _drop(before[None]["ram"], after[None]["ram"])}
         for g in gpu_ids:
@@ -359,14 +339,16 @@ class Runtime:
     def _gpu_ids(self, handles) -> list:
         return [None, *sorted({h.gpu_device_id for h in handles if h.gpu_device_id is not None})]
 
-    def release_now(self) -> dict:
+    def release_now(self, action: str = "release now", *, collect: bool = True) -> dict:
         """Give back arena memory now, keeping every session (weights stay loaded).
 
         The shared CPU arena is shrunk by a probe run. A CUDA arena can only be shrunk inside a
         run of its own session, which every job's last run already does: nothing is left there.
         """
         handles = self.cached_sessions()
-        return self._measured("release now", self._gpu_ids(handles), lambda: (self.release_cpu_arena(), 0)[1])
+        return self._measured(
+            action, self._gpu_ids(handles), lambda: (self.release_cpu_arena(), 0)[1], collect=collect
+        )
 
     def unload(self, device: str | None = None, reason: str = "unload all") -> dict:
         """Drop the cached sessions (all, or only those on ``device``, a device label such as
@@ -437,4 +419,4 @@ def _settings_from_environment() -> RuntimeSettings:
         settings = replace(settings, cpu_arena=False)
     if os.environ.get("LEAN_IMAGE_AI_CUDNN_MAX_WORKSPACE", "").lower() in ("1", "true", "yes"):
         settings = replace(settings, cudnn_max_workspace=True)
-    return settings
+    return replace(settings, cpu_release_delay=delay_from_environment())

@@ -1,13 +1,15 @@
 """Why a model file could not be loaded, told truthfully: a permission problem or a busy file is
 not a corrupt model, and neither is an operator the installed onnxruntime lacks.
 
-Each function returns the error to raise; every message says what happened and what to do, and
-says "remove it and install again" only where the file itself is the problem.
+Each function returns the error to raise (`model_identity`, which checks the file before
+onnxruntime sees it, raises them); every message says what happened and what to do, and says
+"remove it and install again" only where the file itself is the problem.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import re
 from pathlib import Path
 
@@ -129,3 +131,31 @@ def _what_is_unsupported(text: str) -> str:
     if ir:
         return f"ONNX IR version {ir.group(1)} (it supports up to {ir.group(2)})"
     return "an operator or format version"
+
+
+def model_identity(model_path) -> tuple[Path, tuple]:
+    """The model file checked readable, and its identity for the session cache: path, size, mtime."""
+    path = Path(model_path).expanduser()
+    try:
+        path = path.resolve()
+        stat = path.stat()
+    except FileNotFoundError:
+        raise ModelFileError(
+            f"Model file not found: {path}. Install the model from the add-on preferences "
+            "(Lean Image AI > Models) or put the file at that path."
+        ) from None
+    except RuntimeError as exc:  # Python < 3.13: "Symlink loop from ..."
+        raise symlink_loop(path) from exc
+    except OSError as exc:
+        raise os_error(path, exc) from exc
+    if not path.is_file():
+        raise ModelFileError(
+            f"Model path {path} is not a file (a folder or a device). Choose the .onnx file "
+            "itself, or install the model again from the add-on preferences."
+        )
+    try:  # the OS's own answer (permission, busy), before onnxruntime turns it into prose
+        os.close(os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0)))
+    except OSError as exc:
+        raise os_error(path, exc) from exc
+    # size + mtime: a model replaced on disk gets a new session instead of a stale one
+    return path, (str(path), stat.st_size, stat.st_mtime_ns)

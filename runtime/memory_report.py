@@ -69,14 +69,19 @@ def job_figures(
     }
 
 
-def format_figures(f: dict, *, released: bool, loaded_models=()) -> list[str]:
+def format_figures(f: dict, *, released: bool, loaded_models=(), deferred_s: float = 0) -> list[str]:
     lines = [f"{f['label']}:"]
     load = ""
     if loaded_models:
         load = f"; loading {', '.join(loaded_models)} took {mb(f['loaded'])}"
     lines.append(f"  before the job {mb(f['before'])}{load}")
     lines.append(f"  the runs grew {mb(f['grew'])} (peak {mb(f['peak'])})")
-    if released:
+    if deferred_s:
+        lines.append(
+            f"  the release is deferred: RAM goes back after {deferred_s:g} s without a job; "
+            f"until then the job keeps {mb(f['kept'])}"
+        )
+    elif released:
         lines.append(f"  the release gave back {mb(f['gave_back'])}; the job kept {mb(f['kept'])}")
     else:
         lines.append(f"  no release (nothing shrinkable, or releasing is off); the job kept {mb(f['kept'])}")
@@ -89,7 +94,13 @@ def format_job_memory(job: dict) -> list[str]:
     """The report of one job (the dict a ``job_memory`` event carries)."""
     lines = [f"memory of {job['operation']} ({job['outcome']}, {', '.join(job['devices']) or 'no model'}):"]
     for f in job["figures"]:
-        lines += ["  " + line for line in format_figures(f, released=job["released"], loaded_models=job["loaded_models"])]
+        deferred_s = job.get("release_deferred_s", 0) if f["label"] == LABELS["ram"] else 0
+        lines += [
+            "  " + line
+            for line in format_figures(
+                f, released=job["released"], loaded_models=job["loaded_models"], deferred_s=deferred_s
+            )
+        ]
     lines.append("  " + three_figures(job))
     lines += [f"  budget: {note}" for note in job.get("budget") or ()]
     return lines

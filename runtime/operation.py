@@ -55,6 +55,7 @@ class Operation:
         self._loaded: list[SessionHandle] = []  # sessions this job created
         self._used: dict[int, SessionHandle] = {}
         self._live_output_bytes = 0
+        self._owes_cpu_release = False  # its CPU release was put off (deferred_release.py)
         self._working_key = None  # (model, input shapes) of the largest run: what budget.py remembers
         self.budget = JobBudget(runtime, self.timeline)  # checked before each load and new input shape
         self.memory: dict | None = None  # the job's memory report (memory_report), after the block
@@ -63,6 +64,7 @@ class Operation:
         self._started = time.perf_counter()
         self._started_at = time.time()
         self.timeline.start()
+        self.runtime.deferred.job_started()
         self._job_before["ram"] = self.timeline.mark("before")["ram"]
         self.runtime.events.emit("operation_start", operation=self.name)
         return self
@@ -121,7 +123,8 @@ class Operation:
         self.budget.before_run(handle, shapes, keep=list(self._held.values()))  # raises before running
         meter = self.budget.meter(handle, shapes)
         settings = self.runtime.settings
-        release_now = last and settings.release_memory and bool(handle.shrink)
+        defer = handle.cpu_arena and settings.cpu_release_delay > 0
+        release_now = last and settings.release_memory and bool(handle.shrink) and not defer
         ort = onnxruntime_module()
         run_options = ort.RunOptions()
         if release_now:
@@ -199,6 +202,7 @@ class Operation:
             self._emit_release("operation_complete", handle, started, in_run=True)
         elif last:
             self._dirty.pop(id(handle), None)
+            self._owes_cpu_release = self._owes_cpu_release or (defer and settings.release_memory)
         return dict(zip(names, outputs, strict=True))
 
     def _out_of_memory(self, handle: SessionHandle, resource: str, cause: BaseException) -> None:
@@ -264,8 +268,11 @@ class Operation:
                 # a model that does not fit the job is of no use cached: give its weights back
                 self.runtime.evict(handle, reason="model contract")
         self._held.clear()
-        if self._dirty and self.runtime.settings.release_memory:
-            self._release_after_abort(outcome)
+        try:
+            if self._dirty and self.runtime.settings.release_memory:
+                self._release_after_abort(outcome)
+        finally:
+            self.runtime.deferred.job_ended(owes_release=self._owes_cpu_release)
         self._dirty.clear()
         self._report_memory(outcome)
         self.runtime.events.emit(
@@ -305,6 +312,7 @@ class Operation:
                 "devices": sorted({h.device_label for h in self._used.values()}),
                 "loaded_models": ["the onnxruntime library"] * library + [h.model_name for h in self._loaded],
                 "released": bool(self.release_events),
+                "release_deferred_s": self.runtime.settings.cpu_release_delay if self._owes_cpu_release else 0,
                 "runs": self.runs,
                 "live_output_bytes": self._live_output_bytes,
                 "figures": rows,

@@ -122,7 +122,7 @@ def test_defaults_mirror_the_blender_properties():
     annotations = P.LeanImageAIPreferences.__annotations__
     defaults = R.DefaultPreferences()
     for name in ("models_dir", "device", "cuda_device_index", "gpu_memory_budget_mb", "ram_budget_mb",
-                 "release_cpu_memory", "idle_unload_minutes", "cudnn_max_workspace"):
+                 "release_cpu_memory", "ram_release_delay_s", "idle_unload_minutes", "cudnn_max_workspace"):
         assert name in annotations and hasattr(defaults, name)
         prop = annotations[name]
         if name != "device":  # dynamic enum: default is the item number 0 == AUTO
@@ -214,6 +214,7 @@ def test_draw_shows_every_property_and_calls_the_catalog_hook(registered, monkey
         "gpu_memory_budget_mb",
         "ram_budget_mb",
         "release_cpu_memory",
+        "ram_release_delay_s",
         "idle_unload_minutes",
         "cudnn_max_workspace",
     }
@@ -237,6 +238,26 @@ def test_cudnn_max_workspace_preference_reaches_the_runtime(registered):
         prefs.cudnn_max_workspace = True
         R.configure_runtime(bpy.context)
         assert runtime.settings.cudnn_max_workspace is True
+    finally:
+        runtime.settings = saved
+        bpy.context.preferences.addons.remove(addon)
+
+
+def test_ram_release_delay_preference_reaches_the_runtime(registered):
+    """0 by default (RAM back at each job's end); seconds without a job once the artist sets it."""
+    from lean_image_ai.runtime import get_runtime
+
+    addon = bpy.context.preferences.addons.new()
+    addon.module = P.ADDON_ID
+    runtime = get_runtime()
+    saved = runtime.settings
+    try:
+        prefs = R.get_prefs(bpy.context)
+        R.configure_runtime(bpy.context)
+        assert prefs.ram_release_delay_s == 0.0 and runtime.settings.cpu_release_delay == 0.0
+        prefs.ram_release_delay_s = 2.5
+        R.configure_runtime(bpy.context)
+        assert runtime.settings.cpu_release_delay == 2.5
     finally:
         runtime.settings = saved
         bpy.context.preferences.addons.remove(addon)

@@ -11,7 +11,7 @@ import textwrap
 import traceback
 
 import bpy
-from bpy.props import BoolProperty, EnumProperty, IntProperty, StringProperty
+from bpy.props import BoolProperty, EnumProperty, FloatProperty, IntProperty, StringProperty
 
 from ..models import families, installer, library
 from ..operators.gpu_ops import JOB_KEY as GPU_JOB_KEY
@@ -273,6 +273,17 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         description="Give system memory (RAM) back after each job on the CPU too, not only GPU memory",
         default=True,
     )
+    ram_release_delay_s: FloatProperty(
+        name="Give RAM Back After (s)",
+        description="Seconds without a job before system memory goes back, so jobs run one after another "
+        "(a script's loop) reuse it instead of paging it in again. 0: at the end of each job. GPU memory "
+        "always goes back at the end of each job",
+        default=0.0,
+        min=0.0,
+        soft_max=60.0,
+        step=50,
+        precision=1,
+    )
 
     def draw(self, context):
         layout = self.layout
@@ -287,6 +298,9 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         sub.enabled = self.device in ("CUDA", "AUTO")
         sub.prop(self, "cudnn_max_workspace")
         col.prop(self, "release_cpu_memory")
+        sub = col.column()
+        sub.enabled = self.release_cpu_memory
+        sub.prop(self, "ram_release_delay_s")
         col.prop(self, "idle_unload_minutes")
         problem = diagnostics.onnxruntime_import_error()
         if problem:  # the line already says what to do (install the zip built for this Blender)
