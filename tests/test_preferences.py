@@ -222,29 +222,16 @@ def test_draw_shows_every_property_and_calls_the_catalog_hook(registered, monkey
     assert any("onnxruntime" in text for kind, text in log if kind == "label")
 
 
-def test_cudnn_max_workspace_preference_reaches_the_runtime(registered):
-    """Off by default (cuDNN may otherwise take most free VRAM); the artist may turn it on."""
-    from lean_image_ai.runtime import get_runtime
-
-    addon = bpy.context.preferences.addons.new()
-    addon.module = P.ADDON_ID
-    runtime = get_runtime()
-    saved = runtime.settings
-    try:
-        prefs = R.get_prefs(bpy.context)
-        assert prefs.cudnn_max_workspace is False
-        R.configure_runtime(bpy.context)
-        assert runtime.settings.cudnn_max_workspace is False
-        prefs.cudnn_max_workspace = True
-        R.configure_runtime(bpy.context)
-        assert runtime.settings.cudnn_max_workspace is True
-    finally:
-        runtime.settings = saved
-        bpy.context.preferences.addons.remove(addon)
-
-
-def test_ram_release_delay_preference_reaches_the_runtime(registered):
-    """0 by default (RAM back at each job's end); seconds without a job once the artist sets it."""
+@pytest.mark.parametrize(
+    "pref, setting, default, chosen",
+    [
+        # off by default: cuDNN may otherwise take most free VRAM; the artist may turn it on
+        ("cudnn_max_workspace", "cudnn_max_workspace", False, True),
+        # 0 by default (RAM back at each job's end); seconds without a job once the artist sets it
+        ("ram_release_delay_s", "cpu_release_delay", 0.0, 2.5),
+    ],
+)
+def test_preference_reaches_the_runtime(registered, pref, setting, default, chosen):
     from lean_image_ai.runtime import get_runtime
 
     addon = bpy.context.preferences.addons.new()
@@ -254,10 +241,10 @@ def test_ram_release_delay_preference_reaches_the_runtime(registered):
     try:
         prefs = R.get_prefs(bpy.context)
         R.configure_runtime(bpy.context)
-        assert prefs.ram_release_delay_s == 0.0 and runtime.settings.cpu_release_delay == 0.0
-        prefs.ram_release_delay_s = 2.5
+        assert getattr(prefs, pref) == default and getattr(runtime.settings, setting) == default
+        setattr(prefs, pref, chosen)
         R.configure_runtime(bpy.context)
-        assert runtime.settings.cpu_release_delay == 2.5
+        assert getattr(runtime.settings, setting) == chosen
     finally:
         runtime.settings = saved
         bpy.context.preferences.addons.remove(addon)
