@@ -14,6 +14,8 @@ cubic resize instead (same kernel as the embedded bicubic model) and never runs 
 
 from __future__ import annotations
 
+import math
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,9 +89,10 @@ def run(
     frames, was_single = as_frames(images)
     runtime = options.get_runtime()
     results = ResultSink(options)
-    with runtime.operation(OPERATION_NAME, cancel=options.cancel) as op:
+    with runtime.operation(OPERATION_NAME, cancel=options.cancel) as op, ExitStack() as before_the_release:
         options.report(0.0, "loading model")
         job = _Job(op, model_path, options.device)
+        before_the_release.callback(job.close)  # its buffers are back before the operation ends
         in_info = job.handle.inputs[0]
         dtype = in_info.dtype
         fixed = fixed_hw(in_info.shape)
@@ -235,13 +238,30 @@ class _Job:
         self.handle = op.session(model_path, device)
         self.scale: int | None = None  # known from fixed shapes, a hint, or the first output
         self.hinted = False  # `scale` is only a hint (`_scale_hint`), not yet seen in an output
-        self._buffers: dict[str, np.ndarray] = {}
+        self._buffers: dict[str, np.ndarray] = {}  # slot -> flat buffer from runtime.scratch
         check_contract(
             self.handle,
             MODEL_NAME,
             inputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}],
             outputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}],
         )
+
+    def _buffer(self, slot: str, shape: tuple, dtype) -> np.ndarray:
+        """The slot's buffer as a C-contiguous `shape` (a prefix of it: an edge tile's smaller
+        output fits the buffer of a full one), a larger one taken when it does not fit."""
+        count = math.prod(shape)
+        flat = self._buffers.get(slot)
+        if flat is None or flat.dtype != np.dtype(dtype) or flat.size < count:
+            if flat is not None:
+                self.op.runtime.scratch.give(flat)
+            flat = self._buffers[slot] = self.op.runtime.scratch.take(count, dtype)
+        return flat[:count].reshape(shape)
+
+    def close(self) -> None:
+        """The job's buffers back to the runtime, to be kept warm or let go (runtime/scratch.py)."""
+        for flat in self._buffers.values():
+            self.op.runtime.scratch.give(flat)
+        self._buffers.clear()
 
     def reacquire(self, _tile, _error: InferenceOutOfMemoryError) -> None:
         self.handle = self.op.session(self.model_path, self.device)
@@ -257,10 +277,7 @@ class _Job:
         out = None
         if self.scale is not None:
             shape = (1, 3, feed.shape[2] * self.scale, feed.shape[3] * self.scale)
-            buffer = self._buffers.get(slot)
-            if buffer is None or buffer.shape != shape:
-                buffer = self._buffers[slot] = np.empty(shape, handle.outputs[0].dtype)
-            out = {out_name: buffer}
+            out = {out_name: self._buffer(slot, shape, handle.outputs[0].dtype)}
         try:
             output = self.op.run(handle, {in_name: feed}, last=last, output_names=[out_name], out=out)[out_name]
         except InferenceError as exc:

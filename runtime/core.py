@@ -37,6 +37,7 @@ from .providers import (
     parse_device,
     resolve_providers,
 )
+from .scratch import ScratchBuffers
 from .session import LIBRARY_RAM, SessionHandle, onnxruntime_module
 from .timeline import figures
 
@@ -97,6 +98,7 @@ class Runtime:
         self.working_memory: dict[tuple, int] = {}  # (model name, input shape) -> what its runs grew
         self._cuda_floor: dict[int, int] = {}  # device -> VRAM the first session added beyond its file
         self.deferred = DeferredRelease(self)
+        self.scratch = ScratchBuffers(self)  # bound outputs' buffers, kept while the arena is
 
     # ---- settings -------------------------------------------------------------------------
     def configure(self, **changes) -> RuntimeSettings:
@@ -303,6 +305,7 @@ class Runtime:
     # ---- memory release -------------------------------------------------------------------
     def release_cpu_arena(self) -> bool:
         """Free every unused region of the shared CPU arena (a run that allocates nothing)."""
+        self.scratch.drop()  # kept buffers go back with the arena's regions
         if env_cpu_arena_config() is None:
             return False
         ort = onnxruntime_module()

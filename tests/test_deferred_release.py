@@ -191,3 +191,62 @@ def test_headless_knob_sets_the_delay_and_a_wrong_one_says_what_it_wants(monkeyp
         monkeypatch.setenv("LEAN_IMAGE_AI_RAM_RELEASE_DELAY", wrong)
         with pytest.raises(ValueError, match="seconds without a job"):
             core._settings_from_environment()
+
+
+# ---- the bound outputs' buffers are kept warm with the arena, and go back with it ------------
+
+
+@pytest.fixture(scope="module")
+def compact(tmp_path_factory):
+    return compact_model(tmp_path_factory.mktemp("models") / "compact.onnx", num_conv=2, feat=8, scale=2)
+
+
+def image(seed, size=48):
+    return np.random.default_rng(seed).random((size, size, 3), dtype=np.float32)
+
+
+@pytest.mark.parametrize(
+    "settings, kept_after_the_job",
+    [
+        (RuntimeSettings(), False),  # RAM back at each job's end: nothing kept
+        (RuntimeSettings(cpu_release_delay=60), True),
+        (RuntimeSettings(release_memory=False), True),
+    ],
+)
+def test_output_buffers_are_kept_only_while_the_arena_is(compact, settings, kept_after_the_job):
+    from lean_image_ai.models import upscale
+    from lean_image_ai.models.base import JobOptions
+
+    runtime = Runtime(settings)
+    result = upscale.run(image(0), compact, options=JobOptions(device="cpu", runtime=runtime), tile_size=None)
+    output_bytes = result.image[..., :3].size * 4
+    assert (runtime.scratch.kept_bytes >= output_bytes) is kept_after_the_job
+    runtime.release_now()  # the deferred release, Release Now, an unload: all go through the CPU release
+    assert runtime.scratch.kept_bytes == 0
+    runtime.clear("test teardown")
+
+
+def test_jobs_at_once_each_get_their_own_buffer_and_results_match_jobs_one_by_one(compact):
+    """Two threads upscaling different images at once on one runtime, edge tiles included (their
+    outputs are bound to a prefix of the full tile's buffer): each gets the pixels it gets alone."""
+    from lean_image_ai.models import upscale
+    from lean_image_ai.models.base import JobOptions
+
+    runtime = Runtime(RuntimeSettings(cpu_release_delay=60))
+    options = JobOptions(device="cpu", runtime=runtime)
+    images = [image(seed, size=70) for seed in range(4)]
+    alone = [upscale.run(i, compact, options=options, tile_size=32).image for i in images]
+    together = [None] * len(images)
+
+    def work(index):
+        for _ in range(3):
+            together[index] = upscale.run(images[index], compact, options=options, tile_size=32).image
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(images))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    for expected, got in zip(alone, together, strict=True):
+        np.testing.assert_array_equal(got, expected)
+    runtime.clear("test teardown")
