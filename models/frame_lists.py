@@ -148,7 +148,8 @@ def shard_slice(count: int, shard: tuple[int, int] | None) -> slice:
 
 def output_paths(refs: list[FrameRef], output: str | Path | None, default_name: Callable[[FrameRef], str]) -> list[Path]:
     """Where each frame's result goes: a pattern (``out_####.exr``), a folder (default names in
-    it), or, for one frame, a file. ``None``: default names beside each input."""
+    it; for several frames, a name without a suffix that does not exist yet is one), or, for one
+    frame, a file. ``None``: default names beside each input."""
     if output is None:
         return [r.path.with_name(default_name(r)) for r in refs]
     text = str(output)
@@ -159,6 +160,8 @@ def output_paths(refs: list[FrameRef], output: str | Path | None, default_name: 
         return [path / default_name(r) for r in refs]
     if len(refs) == 1:
         return [path]
+    if not path.exists() and not path.suffix:  # a folder still to be made, as Blender's render output
+        return [path / default_name(r) for r in refs]
     raise LeanImageError(
         f"'{path}' is one file but the input has {len(refs)} frames: give a folder or a pattern like out_####.exr."
     )

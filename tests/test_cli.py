@@ -240,6 +240,9 @@ def test_output_folders_are_made_after_the_checks(tmp_path):
     done = cli("upscale", str(frames), str(tmp_path / "new" / "shot" / "o_####.png"), "--device", "cpu", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in (tmp_path / "new" / "shot").iterdir()) == ["o_0001.png", "o_0002.png"]
+    done = cli("upscale", str(frames), str(tmp_path / "new" / "renders"), "--device", "cpu", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr  # no suffix, not there yet: a folder, made
+    assert sorted(p.suffix for p in (tmp_path / "new" / "renders").iterdir()) == [".png", ".png"]
     (tmp_path / "blocker").write_text("a file where a folder would go")
     done = cli("upscale", str(frames), str(tmp_path / "blocker" / "sub" / "o_####.png"), "--device", "cpu", cwd=tmp_path)
     assert done.returncode == 2 and "cannot be made (Not a directory)" in done.stderr, done.stderr

@@ -96,6 +96,14 @@ def test_output_names(tmp_path):
     assert frame_lists.output_paths(frames, tmp_path, lambda r: f"d_{r.number}.exr")[0] == tmp_path / "d_1.exr"
     with pytest.raises(LeanImageError, match="one file but the input has 2 frames"):
         frame_lists.output_paths(frames, tmp_path / "one.exr", lambda r: "x")
+    # a name without a suffix that does not exist yet is a folder to make (as Blender's render
+    # output); for one frame it stays the file's name, and an existing file stays a file
+    made = frame_lists.output_paths(frames, tmp_path / "renders", lambda r: f"d_{r.number}.exr")
+    assert made == [tmp_path / "renders" / "d_1.exr", tmp_path / "renders" / "d_2.exr"]
+    assert frame_lists.output_paths(frames[:1], tmp_path / "renders", lambda r: "x") == [tmp_path / "renders"]
+    (tmp_path / "plain").write_bytes(b"a file")
+    with pytest.raises(LeanImageError, match="one file but the input has 2 frames"):
+        frame_lists.output_paths(frames, tmp_path / "plain", lambda r: "x")
 
 
 # ---- the batch run ------------------------------------------------------------------------------
