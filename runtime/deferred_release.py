@@ -53,7 +53,6 @@ class DeferredRelease:
         self._timer: threading.Timer | None = None
         self._generation = 0
         self._releasing = 0
-        self.releases = 0
         _LIVE.add(self)
 
     @property
@@ -128,7 +127,6 @@ class DeferredRelease:
         try:
             if runtime is not None:
                 runtime.release_now("deferred release", collect=not self._on_timer())
-                self.releases += 1
         except Exception as exc:  # a timer thread has no caller to tell: the event log does
             runtime.events.emit("deferred_release_failed", error=f"{type(exc).__name__}: {exc}")
         finally:
