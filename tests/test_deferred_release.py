@@ -13,6 +13,7 @@ import pytest
 from builders_upscale import compact_model
 from lean_image_ai.runtime import Runtime, RuntimeSettings, mark_last
 from onnx_builders import conv_model
+from polling import wait_until
 from recording import RecordingFactory
 
 
@@ -39,15 +40,6 @@ def deferred_releases(runtime):
     return [e for e in runtime.events.recent("memory_freed") if e["action"] == "deferred release"]
 
 
-def wait_for(condition, seconds=30.0):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return False
-
-
 def test_no_run_carries_the_cpu_shrink_and_the_report_says_when_ram_goes_back(conv):
     factory = RecordingFactory()
     runtime = Runtime(RuntimeSettings(cpu_release_delay=60), session_factory=factory)
@@ -69,7 +61,7 @@ def test_no_run_carries_the_cpu_shrink_and_the_report_says_when_ram_goes_back(co
 def test_the_release_comes_once_no_job_started_for_the_delay(conv):
     runtime = Runtime(RuntimeSettings(cpu_release_delay=0.05))
     job(runtime, conv)
-    assert wait_for(lambda: not runtime.deferred.pending), "the deferred release never came"
+    wait_until(lambda: not runtime.deferred.pending, "the deferred release")
     [freed] = deferred_releases(runtime)  # pending until the release is done, not just begun
     assert set(freed["by"]) == {"ram"} and not runtime.deferred.pending
     runtime.clear("test teardown")
@@ -87,7 +79,7 @@ def test_no_deferred_release_runs_while_a_job_runs(conv):
     before = len(deferred_releases(runtime))  # 0, or 1 if this machine paused between the jobs
     job(runtime, conv, inside=long_job)
     assert seen_during == [before]
-    assert wait_for(lambda: len(deferred_releases(runtime)) == before + 1)
+    wait_until(lambda: len(deferred_releases(runtime)) == before + 1, "the release after the long job")
     runtime.clear("test teardown")
 
 
@@ -112,7 +104,7 @@ def test_overlapping_jobs_release_after_the_last_one_ends(conv):
     first_ended.set()
     other.join(60)
     assert seen == [0]
-    assert wait_for(lambda: len(deferred_releases(runtime)) == 1)
+    wait_until(lambda: len(deferred_releases(runtime)) == 1, "one release after both jobs")
     runtime.clear("test teardown")
 
 

@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from lean_image_ai.models import installer
 from lean_image_ai.models.catalog import BUILTIN_ENTRIES, Catalog
 from lean_image_ai.runtime.errors import ModelFileError, ModelInstallError, OperationCancelled
 from model_server import loopback_entry
+from polling import wait_until
 
 PAYLOAD_SIZE = 300 * 1024
 CHUNK = 16 * 1024
@@ -523,13 +523,6 @@ def _install_process(server, tmp_path, payload, *, sha: bool, wait: float) -> su
     )
 
 
-def _wait_until(condition, what: str, limit: float = 60):
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.02)
-
-
 def _outcome(proc: subprocess.Popen) -> tuple[list[str], dict]:
     out, err = proc.communicate(timeout=120)
     lines = out.strip().splitlines()
@@ -546,7 +539,7 @@ def test_second_process_waits_then_finds_the_model_installed(server, payload, tm
     first = _install_process(server, tmp_path, payload, sha=sha, wait=60)
     second = None
     try:
-        _wait_until(lambda: server.held == 1, "the first install's request")
+        wait_until(lambda: server.held == 1, "the first install's request")
         second = _install_process(server, tmp_path, payload, sha=sha, wait=60)
         assert second.stdout.readline().startswith("waiting: process"), "B must wait for A"
         server.hold.set()
@@ -569,7 +562,7 @@ def test_second_process_that_cannot_wait_says_another_is_installing(server, payl
     server.hold = threading.Event()
     first = _install_process(server, tmp_path, payload, sha=False, wait=60)
     try:
-        _wait_until(lambda: server.held == 1, "the first install's request")
+        wait_until(lambda: server.held == 1, "the first install's request")
         second = _install_process(server, tmp_path, payload, sha=False, wait=0.3)
         lines, b = _outcome(second)
         server.hold.set()
@@ -589,7 +582,7 @@ def test_a_crashed_installer_releases_its_lock(server, payload, tmp_path):
     server.files["/m.onnx"] = payload
     server.hold = threading.Event()
     first = _install_process(server, tmp_path, payload, sha=False, wait=60)
-    _wait_until(lambda: server.held == 1, "the first install's request")
+    wait_until(lambda: server.held == 1, "the first install's request")
     first.kill()  # dies holding the lock
     first.communicate(timeout=30)
     server.hold.set()
