@@ -64,6 +64,11 @@ class RuntimeSettings:
     cpu_release_delay: float = 0.0
     """Seconds without a job before RAM goes back; 0 releases in each job's last run (deferred_release.py)."""
 
+    @property
+    def ram_kept_between_jobs(self) -> bool:
+        """RAM is not due back at each job's end: releasing is off, or put off until jobs stop."""
+        return not self.release_memory or self.cpu_release_delay > 0
+
 
 def visible_cuda_count() -> int | None:
     """GPUs CUDA will number 0..N-1: the driver's count, narrowed by CUDA_VISIBLE_DEVICES."""

@@ -123,7 +123,7 @@ class Operation:
         self.budget.before_run(handle, shapes, keep=list(self._held.values()))  # raises before running
         meter = self.budget.meter(handle, shapes)
         settings = self.runtime.settings
-        defer = handle.cpu_arena and settings.cpu_release_delay > 0
+        defer = handle.cpu_arena and settings.release_memory and settings.ram_kept_between_jobs
         release_now = last and settings.release_memory and bool(handle.shrink) and not defer
         ort = onnxruntime_module()
         run_options = ort.RunOptions()
@@ -202,7 +202,7 @@ class Operation:
             self._emit_release("operation_complete", handle, started, in_run=True)
         elif last:
             self._dirty.pop(id(handle), None)
-            self._owes_cpu_release = self._owes_cpu_release or (defer and settings.release_memory)
+            self._owes_cpu_release = self._owes_cpu_release or defer
         return dict(zip(names, outputs, strict=True))
 
     def _out_of_memory(self, handle: SessionHandle, resource: str, cause: BaseException) -> None:

@@ -46,7 +46,7 @@ class ScratchBuffers:
         """Back from a job: kept for the next one, or let go when RAM is due back now."""
         runtime = self._runtime()
         settings = runtime.settings if runtime is not None else None
-        if settings is None or (settings.release_memory and settings.cpu_release_delay <= 0):
+        if settings is None or not settings.ram_kept_between_jobs:
             return
         with self._lock:
             self._kept = sorted([*self._kept, buffer], key=lambda b: b.size, reverse=True)[:MAX_KEPT]
