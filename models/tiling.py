@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..runtime.errors import InferenceOutOfMemoryError, MemoryBudgetError, ModelContractError
+from .feather import blend_planes, blend_span, feather_floor, ramp
 from .tile_memory import (  # noqa: F401  (re-exported: the tiler's public names)
     BUDGET_FRACTION,
     DEFAULT_FEATURE_CHANNELS,
@@ -216,6 +217,7 @@ def run_tiled(
     clip: tuple[float, float] | None = None,
     not_finite: Callable[[np.ndarray], object] | None = None,
     available_memory: int | None = None,
+    feather: int = 0,
 ) -> TiledResult:
     """Run `run_tile(window HxWxC float32, last) -> (h*s)x(w*s)xC'` over tiles and assemble.
 
@@ -231,6 +233,9 @@ def run_tiled(
     should raise). Seen in the paste's own pass, so checking costs no extra pass over the tile.
     `available_memory`: bytes the result may take (default: what the OS says is available); a
     larger result is refused (InvalidImageError) before it is allocated.
+    `feather`: 0 crops each tile at its owned region (exact when the overlap covers the receptive
+    radius); > 0 blends neighbours across bands of 2 * feather px (models/feather.py), for an
+    overlap below the radius. Needs feather <= overlap; splits then stop at `feather_floor`.
     """
     image = np.asarray(image)
     if image.ndim == 2:
@@ -238,6 +243,11 @@ def run_tiled(
     height, width = image.shape[:2]
     if height == 0 or width == 0:
         raise ValueError("cannot tile an image without pixels")
+    feather = int(feather)
+    if feather:
+        if feather > overlap:
+            raise ValueError(f"a {feather} px feather needs an overlap of at least that, got {overlap}")
+        min_tile = max(int(min_tile), feather_floor(overlap, feather))
     current = _pair(tile_size) if tile_size is not None else None
     pending = deque(plan_tiles(height, width, current, overlap, fixed=fixed, multiple=multiple))
     if current is None:
@@ -295,19 +305,16 @@ def run_tiled(
         scale = _check_scale(out_hw, tile, scale, label)
         if output is None:
             refuse_oversized_result(height, width, scale, channels, label=label, available=available_memory)
-            output = np.empty((height * scale, width * scale, channels), np.float32)
+            # zeroed (pages still untouched until pasted) where tiles add their weighted pixels
+            output = (np.zeros if feather else np.empty)((height * scale, width * scale, channels), np.float32)
         elif channels != output.shape[2]:
             raise ModelContractError(
                 f"{label} returned {channels} channel(s) for one tile and {output.shape[2]} for another."
             )
-        oy, ox = (tile.y0 - tile.wy0) * scale, (tile.x0 - tile.wx0) * scale
-        oh, ow = (tile.y1 - tile.y0) * scale, (tile.x1 - tile.x0) * scale
-        target = output[tile.y0 * scale : tile.y1 * scale, tile.x0 * scale : tile.x1 * scale]
-        if nchw:
-            finite = _paste_in_bands(target, result[0, :, oy : oy + oh, ox : ox + ow], clip)
+        if feather:
+            finite = _blend(output, result, tile, scale, feather, nchw, clip)
         else:
-            target[...] = result[oy : oy + oh, ox : ox + ow]
-            finite = _limit(target, clip)
+            finite = _paste(output, result, tile, scale, nchw, clip)
         if not finite and not_finite is not None:
             not_finite(result)
         pending.popleft()
@@ -317,6 +324,31 @@ def run_tiled(
         if progress is not None:
             progress(done_area / total_area, tiles_run, tiles_run + len(pending))
     return TiledResult(output, int(scale), tuple(current), tiles_run, (ran_h, ran_w), splits)
+
+
+def _paste(output, result, tile: Tile, scale: int, nchw: bool, clip) -> bool:
+    """The tile's owned part into `output`, cropped (transposed from NCHW in the same pass)."""
+    oy, ox = (tile.y0 - tile.wy0) * scale, (tile.x0 - tile.wx0) * scale
+    oh, ow = (tile.y1 - tile.y0) * scale, (tile.x1 - tile.x0) * scale
+    target = output[tile.y0 * scale : tile.y1 * scale, tile.x0 * scale : tile.x1 * scale]
+    if nchw:
+        return _paste_in_bands(target, result[0, :, oy : oy + oh, ox : ox + ow], clip)
+    target[...] = result[oy : oy + oh, ox : ox + ow]
+    return _limit(target, clip)
+
+
+def _blend(output, result, tile: Tile, scale: int, feather: int, nchw: bool, clip) -> bool:
+    """The tile's owned part grown by `feather` towards its neighbours, added with its weights."""
+    height, width = output.shape[0] // scale, output.shape[1] // scale
+    by0, by1 = blend_span(tile.y0, tile.y1, height, feather)
+    bx0, bx1 = blend_span(tile.x0, tile.x1, width, feather)
+    oy, ox = (by0 - tile.wy0) * scale, (bx0 - tile.wx0) * scale
+    oh, ow = (by1 - by0) * scale, (bx1 - bx0) * scale
+    source = result[0, :, oy : oy + oh, ox : ox + ow] if nchw else result[oy : oy + oh, ox : ox + ow]
+    rows = ramp(tile.y0, tile.y1, height, feather, scale)
+    cols = ramp(tile.x0, tile.x1, width, feather, scale)
+    target = output[by0 * scale : by1 * scale, bx0 * scale : bx1 * scale]
+    return blend_planes(target, source, rows, cols, clip, channels_first=nchw)
 
 
 PASTE_BAND_ROWS = 256  # rows per worker below which one thread pastes alone: too small to share
