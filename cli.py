@@ -161,7 +161,12 @@ def _run(args) -> int:
             print(f"input: {image.shape[1]}x{image.shape[0]} ({image.dtype})")
         return image
 
+    tilings = []  # how each upscaled frame was tiled (exact or not), for the JSON line
+
     def write(ref, result):
+        if hasattr(result, "seams"):
+            tilings.append({"tile": result.tile_size_used, "overlap": result.overlap, "seams": result.seams,
+                            "exact": result.exact})
         notes, line = cli_job.write_result(family.id, target[ref], result, values)
         for note in notes:
             print(f"warning: {note}")
@@ -192,10 +197,12 @@ def _run(args) -> int:
         print(f"memory plot: {plot} ({'; '.join(memory_plot.legend(runtime.last_timeline))})")
     after = memory_snapshot(gpu_id)
     memory = {"rss_before": before.get("rss_bytes"), "rss_peak": peak_rss_bytes(), "rss_after": after.get("rss_bytes")}
-    summary = cli_job.summary(family, args.shard, refs, report, memory)
+    single = cli_job.single_file(args, refs)
+    extra = {"tiling": tilings} if tilings else {}
+    summary = cli_job.summary(family, args.shard, refs, report, memory, single=single, **extra)
     print(json.dumps(summary))
     for number, error in report.failed:
-        print(f"error: frame {number}: {error}", file=sys.stderr)
+        print(f"error: {refs[0].path.name if single else f'frame {number}'}: {error}", file=sys.stderr)
     if report.cancelled:
         done = len(report.written)
         kept = f"{done} frame(s) written are kept; " if done else ""

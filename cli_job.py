@@ -138,16 +138,28 @@ def write_result(family_id: str, out: Path, result, values: dict) -> tuple[list[
     size = f" {shape.shape[1]}x{shape.shape[0]}{scale}" if shape is not None else ""
     tile = ""
     if hasattr(result, "tile_size_used"):  # the largest window that ran, and its overlap
-        tile = f", tile {result.tile_size_used} px, overlap {result.overlap} px"
+        tile = f", tile {result.tile_size_used} px, overlap {result.overlap} px, seams {result.seams}"
     return notes, f"wrote: {out}{size}{tile}"
 
 
-def summary(family: Family, shard, refs, report: BatchReport, memory: dict, **extra) -> dict:
+def single_file(args, refs) -> bool:
+    """One image file given as it is (not a pattern, folder or frame range): its name is what
+    messages call it, never a "frame" numbered from digits in the name (img1080.png)."""
+    source = args.input or args.input_opt
+    if source is None or len(refs) != 1 or args.frames is not None or frame_lists.is_pattern(source):
+        return False
+    return not Path(source).expanduser().is_dir()
+
+
+def summary(family: Family, shard, refs, report: BatchReport, memory: dict, *, single: bool = False, **extra) -> dict:
     """The last line of a job, as JSON: the same fields whichever front-end ran it."""
+    batch = report.as_dict()
+    if single:  # the input file by its path, not as a frame number read from its name
+        batch["failed"] = [{"input": str(refs[0].path), "error": error} for _, error in report.failed]
     return {
         "command": family.command,
         **({"shard": f"{shard[0]}/{shard[1]}", "frame_numbers": [r.number for r in refs]} if shard else {}),
-        **report.as_dict(),
+        **batch,
         "memory": memory,
         **extra,
     }

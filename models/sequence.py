@@ -75,6 +75,15 @@ class FrameQueue:
     def close(self) -> None:
         self._closed.set()  # never blocks: the caller's thread may be Blender's
 
+    def has_more(self) -> bool:
+        """Whether a frame is still to come (waits until one is queued or the queue is closed)."""
+        while not (self.replay or not self._queue.empty()):
+            if self._closed.is_set() and self._queue.empty():
+                return False
+            if self._cancel.wait(0.005):
+                raise OperationCancelled("The batch was cancelled; the frames already written are kept.")
+        return True
+
     def answered(self) -> FrameRef:
         return self.in_flight.popleft()[0]
 
@@ -205,8 +214,8 @@ class BatchRun:
                         raise  # not about one frame (the model, the device): the batch cannot go on
                     ref = self._frames.fail_current()
                     self._put_result((ref, exc))
-                    if self._stop_on_error:
-                        return self.report
+                    if self._stop_on_error or not self._frames.has_more():
+                        return self.report  # no empty operation (and memory report) after the last frame
         except BaseException as exc:  # ends the batch; pump() reports it on the caller's thread
             if not isinstance(exc, LeanImageError):
                 traceback.print_exc()

@@ -29,7 +29,14 @@ from .family import Family, Option, Setting, non_negative_int, one_of, positive_
 from .imaging import from_nchw, prepare_image, resize, to_nchw
 from .receptive import graph_receptive_field
 from .tiling import refuse_oversized_result, run_tiled, tile_floor, whole_scale
-from .upscale_plan import AUTO_OVERLAP, auto_tile, impulse_probe, plan_overlap, receptive_field
+from .upscale_plan import (
+    AUTO_OVERLAP,
+    MEASURE_WINDOW,
+    auto_tile,
+    impulse_probe,
+    plan_overlap,
+    receptive_field,
+)
 
 DEFAULT_MODEL_PATH = Path(__file__).parent / "assets" / "bicubic_x2.onnx"
 OPERATION_NAME = "upscale"
@@ -46,6 +53,12 @@ class UpscaleResult:
     receptive_radius: int | None = None  # input pixels; None: the model sees the whole image
     exact: bool = True  # tiles give exactly the pixels of one whole-image run
     warnings: list[str] = field(default_factory=list)
+    feather: int = 0  # > 0: tile seams were blended over 2 * feather px (deep nets: not exact)
+
+    @property
+    def seams(self) -> str:
+        """How the tiles were joined, in one word for reports and JSON."""
+        return "exact" if self.exact else ("feathered (not exact)" if self.feather else "cropped (not exact)")
 
 
 def run(
@@ -124,8 +137,10 @@ def run(
                     f"Overlap reduced to {overlap} px to fit the model's {fixed[1]}x{fixed[0]} input."
                 )
                 planned.exact = planned.radius is not None and overlap >= planned.radius
+            # a fixed window cannot grow: the ramps must fit its core (models/feather.py)
+            planned.feather = min(planned.feather, overlap, max(0, (min(fixed) - 2 * overlap) // 4))
         elif tile_size == "auto":
-            tile = auto_tile(job.handle, scale, dtype, overlap, memory_budget_bytes)
+            tile = AUTO  # sized per frame below, from the model's measured working memory
         elif tile_size is None:
             tile = None
         else:
@@ -138,6 +153,7 @@ def run(
                 tile = floor
 
         count = len(frames)
+        auto_sized = False
         for index, (frame, last_frame) in enumerate(mark_last(frames)):
             name = "image" if was_single else f"frame {index + 1}"
             prefix = "" if was_single else f"frame {index + 1}/{count}, "
@@ -151,6 +167,9 @@ def run(
                 channels = 4 if len(shape) == 3 and shape[2] in (2, 4) else 3
                 # before even the float32 copy of the input: that alone can be gigabytes
                 refuse_oversized_result(*shape[:2], known, channels, label=job.handle.model_name, available=available)
+            if tile is AUTO or auto_sized:
+                auto_sized = True  # until a split shows the size that fits: then that size stays
+                tile = _auto_tile(job, runtime, overlap, planned.feather, memory_budget_bytes, shape[:2])
             prepared = prepare_image(frame, name=name)
             warnings = list(plan_warnings) + list(prepared.warnings)
             rgb, alpha = prepared.rgb, prepared.alpha
@@ -195,12 +214,14 @@ def run(
                 clip=(0.0, 1.0),
                 not_finite=lambda result: check_finite(result, job.handle.model_name, job.handle.outputs[0].name),
                 available_memory=available,
+                feather=planned.feather,
             )
             del source
             op.check_cancelled()
             scale = tiled.scale  # known from here on, for the next frames too
             if tiled.splits:
                 tile = tiled.tile_size  # the size that fitted; no use retrying the bigger one
+                auto_sized = False
                 warnings.append(split_warning(tiled, exact=planned.exact))
             image = tiled.image  # clipped to [0, 1] as each tile was pasted
             if alpha is not None and not model_alpha:
@@ -222,6 +243,7 @@ def run(
                     receptive_radius=planned.radius,
                     exact=exact,
                     warnings=warnings,
+                    feather=0 if tiled.tiles_run == 1 else planned.feather,
                 )
             )
         options.report(1.0, "done")
@@ -302,6 +324,26 @@ class _Job:
                 if fixed_hw(handle.outputs[0].shape) is None:  # a fixed output's factor varies
                     _remember(handle.key, found)
         return output
+
+
+AUTO = "auto"
+
+
+def _auto_tile(job, runtime, overlap: int, feather: int, budget: int | None, frame_hw):
+    """The auto tile size for one frame (None: one window), told to the event log when it changes."""
+
+    def measure():
+        runtime.release_now("measuring working memory")  # a warm arena would hide the growth
+        grey = np.full((MEASURE_WINDOW, MEASURE_WINDOW, 3), 0.5, np.float32)
+        job.infer(to_nchw(grey, job.handle.inputs[0].dtype), last=False, slot="probe")
+
+    tile, how = auto_tile(runtime, job.handle, overlap, budget, feather=feather, measure=measure, frame_hw=frame_hw)
+    if (tile, how) != getattr(job, "told_plan", None):
+        job.told_plan = (tile, how)
+        runtime.events.emit(
+            "tile_plan", model=job.handle.model_name, tile_size=tile, overlap=overlap, feather=feather, how=how
+        )
+    return tile
 
 
 def split_warning(tiled, *, exact: bool) -> str:

@@ -6,18 +6,35 @@ radius does not change a single pixel).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..runtime.budget import working_estimate
+from .feather import feather_floor
 from .receptive import GLOBAL, ReceptiveField, graph_receptive_field
-from .tiling import auto_tile_size, estimate_bytes_per_pixel, tile_floor
+from .tile_memory import BUDGET_FRACTION, FALLBACK_TILE, MAX_AUTO_TILE, tile_floor
 
 AUTO_OVERLAP = -1  # the artist's "Overlap -1": the model's receptive radius
 GLOBAL_OVERLAP = 32  # context for a model that sees the whole image, when it must be tiled
 PROBE_RADIUS = 48  # an impulse probe sees this far; a model reaching past it counts as global
-AUTO_WINDOW_CPU = 2048  # largest auto window (input pixels): one window for most images
-AUTO_WINDOW_GPU = 1024  # CUDA's out-of-memory error is cheap and splits the plan
+AUTO_WORKING_CPU = 2 << 30
+"""Working memory one auto window may take on CPU: RealESRGAN_x4plus (~16 KB per input pixel)
+then runs 1920x1080 in ~350 px windows and peaks under 4 GB; the compact x4 net (~0.9 KB/px)
+in windows of up to MAX_AUTO_TILE."""
+AUTO_WORKING_GPU = 4 << 30  # the same on CUDA (the weights and cuDNN's workspaces come on top)
+MEASURE_WINDOW = 128  # side of the window a never-measured model is first run on, to measure it
+SMALL_IMAGE = 2 * MEASURE_WINDOW  # frames up to this side run as one window without measuring
+AUTO_WINDOW_STEP = 32
+MAX_EXACT_RADIUS = 64
+"""Largest receptive radius tiled exactly by default. Past it the overlap costs more than the
+tile (RRDBNet, 349 px: a 2048 px window keeps a 1350 px core, and that window's working memory
+is ~64 GB), so a bounded overlap with feathered seams is used instead, and said to be not exact."""
+FEATHER_OVERLAP = 32
+"""The bounded overlap of a deep net's tiles (input pixels); its seams are blended over
+`FEATHER_OVERLAP` px (half on each side of the boundary). Chosen by measurement on the seeded
+RealESRGAN_x4plus (RRDBNet) export against one whole-image run: see README, 'Deep nets'."""
 
 
 @dataclass
@@ -27,6 +44,7 @@ class OverlapPlan:
     how: str  # "graph", "probe", "catalog"
     exact: bool  # tiles give exactly one whole-image run's pixels
     warnings: list[str] = field(default_factory=list)
+    feather: int = 0  # > 0: seams blended over 2 * feather px (models/feather.py), not cropped
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -52,7 +70,16 @@ def plan_overlap(name: str, field_: ReceptiveField, requested: int | None, multi
     else:
         global_ = field_.is_global
         radius = None if global_ else int(field_.radius)
-    if requested is None or requested == AUTO_OVERLAP:
+    feather = 0
+    if (requested is None or requested == AUTO_OVERLAP) and radius is not None and radius > MAX_EXACT_RADIUS:
+        overlap = _round_up(FEATHER_OVERLAP, multiple)
+        feather = overlap // 2
+        warnings.append(
+            f"Not exact: {name}'s receptive radius is {radius} px, too large to tile exactly at a sane cost; "
+            f"tiles overlap {overlap} px and are blended across their seams, so pixels near seams can differ "
+            "slightly from one whole-image run (Overlap set to the radius makes it exact, at that cost)."
+        )
+    elif requested is None or requested == AUTO_OVERLAP:
         overlap = _round_up(radius, multiple) if radius is not None else GLOBAL_OVERLAP
     else:
         overlap = int(requested)
@@ -74,7 +101,7 @@ def plan_overlap(name: str, field_: ReceptiveField, requested: int | None, multi
             f"{name}'s receptive radius is unknown ({field_.detail}); using a {overlap} px overlap."
         )
     exact = radius is not None and overlap >= radius
-    return OverlapPlan(overlap, radius, field_.how, exact, warnings)
+    return OverlapPlan(overlap, radius, field_.how, exact, warnings, feather)
 
 
 def impulse_probe(infer, *, scale: int | None, channels: int = 3, fixed=None) -> int | None:
@@ -100,11 +127,51 @@ def impulse_probe(infer, *, scale: int | None, channels: int = 3, fixed=None) ->
     return None if reach >= edge else reach
 
 
-def auto_tile(handle, scale, dtype, overlap: int, budget: int | None) -> int:
-    """The auto window side: from the caller's budget if given, else a fixed size per device kind,
-    never from the memory free at call time (that made the same job's plan change run to run)."""
-    if budget is not None:
-        cost = estimate_bytes_per_pixel(scale or 4, element_size=np.dtype(dtype).itemsize)
-        return auto_tile_size(cost, budget_bytes=budget, overlap=overlap)
-    window = AUTO_WINDOW_GPU if handle.gpu_device_id is not None else AUTO_WINDOW_CPU
-    return max(window, tile_floor(overlap), 4 * overlap)  # the overlap never dominates a window
+def working_target(runtime, handle, budget: int | None) -> int:
+    """The working memory one window may take: BUDGET_FRACTION of the caller's budget when given,
+    else a fixed figure per device kind, lowered by the runtime's own limits (the RAM or VRAM
+    budget; on CUDA `gpu_mem_limit`). Never the memory free at call
+    time: that made the same job's plan change run to run."""
+    settings = runtime.settings
+    on_gpu = handle.gpu_device_id is not None
+    limits = [AUTO_WORKING_GPU if on_gpu else AUTO_WORKING_CPU]
+    caps = [budget] if budget is not None else []
+    caps.append(settings.vram_budget_bytes if on_gpu else settings.ram_budget_bytes)
+    if on_gpu:
+        caps.append(settings.gpu_mem_limit_bytes)  # the CUDA arena's cap (the weights sit outside it)
+    limits += [int(BUDGET_FRACTION * cap) for cap in caps if cap]
+    return max(1, min(limits))
+
+
+def measured_bytes_per_pixel(runtime, handle) -> float | None:
+    """Working memory per input pixel of this model on this device, as measured (the budget
+    remembers what runs grew per model and input shape; runtime/budget.py); None: not yet."""
+    shape = ((1, 3, MEASURE_WINDOW, MEASURE_WINDOW),)  # the upscale contract: 3 input channels
+    grew, _how = working_estimate(runtime, handle.model_name, shape)
+    return None if not grew else grew / (MEASURE_WINDOW * MEASURE_WINDOW)
+
+
+def auto_tile(runtime, handle, overlap: int, budget: int | None, *, feather: int = 0, measure=None, frame_hw=None):
+    """(window side in input pixels, or None for one window over the frame; how it was chosen).
+
+    From the working memory this model was measured to take per pixel and `working_target`:
+    the whole frame when it fits, else the largest square window that does, rounded down to
+    AUTO_WINDOW_STEP so a few percent of measuring noise rarely moves the plan. A model never
+    measured is measured first by `measure()` (one MEASURE_WINDOW run: the job's first, which the
+    budget meters), unless the frame is no larger than SMALL_IMAGE (then one window)."""
+    floor = max(tile_floor(overlap), feather_floor(overlap, feather) if feather else 0, 4 * overlap)
+    height, width = frame_hw if frame_hw is not None else (None, None)
+    rate = measured_bytes_per_pixel(runtime, handle)
+    if rate is None and height is not None and max(height, width) <= SMALL_IMAGE:
+        return None, "one window (a small image)"
+    if rate is None and measure is not None:
+        measure()
+        rate = measured_bytes_per_pixel(runtime, handle)
+    if rate is None:
+        return max(FALLBACK_TILE, floor), "a fixed size (working memory could not be measured)"
+    target = working_target(runtime, handle, budget)
+    how = f"{rate / 1024:.1f} KB per pixel measured, {target / 2**30:.1f} GiB per window"
+    if height is not None and height * width * rate <= target and max(height, width) <= MAX_AUTO_TILE:
+        return None, f"one window ({how})"
+    side = int(math.sqrt(target / rate)) // AUTO_WINDOW_STEP * AUTO_WINDOW_STEP
+    return int(min(max(side, floor), MAX_AUTO_TILE)), how

@@ -335,3 +335,19 @@ def test_decompression_bomb_is_a_clear_error_and_the_limit_can_be_raised(tmp_pat
     )
     assert accepted.returncode == 0, accepted.stderr
     assert (tmp_path / "big_upscaled.png").is_file()
+
+
+def test_a_single_file_is_named_by_its_path_and_a_failed_job_reports_memory_once(tmp_path):
+    """img1080.png is one image, not "frame 1080"; a frame that fails inside the model ends the
+    batch without a second (empty) operation and its memory report."""
+    from builders_moge2 import moge2_like_model
+
+    image = tmp_path / "img1080.png"
+    Image.fromarray(np.full((40, 48, 3), 128, np.uint8)).save(image)
+    poisoned = moge2_like_model(tmp_path / "nan.onnx", poison="nan")
+    done = cli("geometry", str(image), str(tmp_path / "g.ply"), "--device", "cpu", "--model", str(poisoned), cwd=tmp_path)
+    assert done.returncode != 0
+    assert "error: img1080.png: " in done.stderr and "frame 1080" not in done.stderr + done.stdout
+    assert summary(done)["failed"][0]["input"] == str(image)
+    assert done.stdout.count("memory of moge2") == 1
+    assert not (tmp_path / "g.ply").exists()
