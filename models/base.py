@@ -10,6 +10,8 @@ sequence keeps memory flat.
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass
 
@@ -56,12 +58,24 @@ class ResultSink:
     def __init__(self, options: JobOptions):
         self._emit = options.on_result
         self._kept: list = []
+        self._seen: list[weakref.ref] = []  # every result handed out, to tell which still live
 
     def add(self, result) -> None:
+        self._seen = [ref for ref in self._seen if ref() is not None]
+        with contextlib.suppress(TypeError):  # a result type without weak references is not counted
+            self._seen.append(weakref.ref(result))
         if self._emit is not None:
             self._emit(result)
         else:
             self._kept.append(result)
+
+    def held_bytes(self) -> int:
+        """Bytes of the arrays of this job's results still alive (kept here, or not yet dropped by
+        whoever took them): the memory report's "results still held"."""
+        alive = (ref() for ref in self._seen)
+        return sum(
+            int(v.nbytes) for result in alive if result is not None for v in vars(result).values() if isinstance(v, np.ndarray)
+        )
 
     def value(self, single: bool):
         if single and self._kept:

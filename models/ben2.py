@@ -65,6 +65,7 @@ def run(
     results = ResultSink(options)
     total = len(frames)
     with options.get_runtime().operation("ben2", cancel=options.cancel) as op:
+        op.count_results(results.held_bytes)
         handle = op.session(model_path, options.device)
         matte_output = _validate(handle)
         model_hw = _model_size(handle.inputs[0], input_size)

@@ -74,6 +74,7 @@ def run(
     results = ResultSink(options)
     total = len(frames)
     with options.get_runtime().operation("da3", cancel=options.cancel) as op:
+        op.count_results(results.held_bytes)
         handle = op.session(model_path, options.device)
         check_contract(
             handle, MODEL_NAME, inputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}], outputs=[{}]

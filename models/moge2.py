@@ -134,6 +134,7 @@ def run(
     count = len(frames)
     options.report(0.0, "preprocessing")
     with runtime.operation("moge2", cancel=options.cancel) as op:
+        op.count_results(results.held_bytes)
         handle = op.session(model_path, options.device)
         binding = bind_contract(handle)
         for index, (frame, last) in enumerate(mark_last(frames)):

@@ -103,6 +103,7 @@ def run(
     runtime = options.get_runtime()
     results = ResultSink(options)
     with runtime.operation(OPERATION_NAME, cancel=options.cancel) as op, ExitStack() as before_the_release:
+        op.count_results(results.held_bytes)
         options.report(0.0, "loading model")
         job = _Job(op, model_path, options.device)
         before_the_release.callback(job.close)  # its buffers are back before the operation ends

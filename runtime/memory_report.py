@@ -6,9 +6,12 @@ the driver (NVML) sees), a job is reported as:
 - **loaded**: what loading models during the job added (weights; never mixed with the runs);
 - **grew**: the peak over the memory before the runs (memory before the job + loaded);
 - **gave back**: peak minus the memory after the release;
-- **kept**: after the release minus the memory before the runs (grew = gave back + kept);
-- **what stays**, in labelled floors: runtime/libraries, model weights of the cached sessions,
-  what jobs kept (arena regions still reserved, outputs), and the rest of the process.
+- **kept**: after the release minus the memory before the runs, never below zero (a release
+  that also gave back pages loading touched says so instead); the job's own results still held
+  are a line of their own, apart from what the runtime kept;
+- **what stays**, in labelled floors that add up to it: runtime/libraries, the job's results
+  still held, what the runtime kept (arena regions still reserved, bound output buffers), model
+  weights of the cached sessions, and the rest of the process (never below zero).
 
 There is never a "before -> after" arrow: across a model load it reads as the release adding
 memory. Everything here is plain data in, plain text out (no bpy, no onnxruntime).
@@ -43,18 +46,39 @@ def job_figures(
     library: int | None,
     weights: int,
     cached_sessions: int,
+    results: int = 0,
 ) -> dict:
-    """The numbers of one figure for one job (all bytes; None where unknown)."""
+    """The numbers of one figure for one job (all bytes; None where unknown).
+
+    `results`: bytes of the job's own results still alive when the report is made (an upscale's
+    image: the caller's to drop), shown apart from what the runtime kept. No figure is negative:
+    a release can give back pages that loading touched (a large model's parse buffers, trimmed
+    from the C heap), so `after` can fall below `before + loaded`; that part is `load_given_back`
+    (grew = gave back + kept - load_given_back), and the floors are filled in order of how surely
+    each is known (libraries, results, runtime, weights), each at most what is left of `after`,
+    so they add up to it and the rest is never below zero.
+    """
     base = None if before is None else before + loaded
     peak = None if peak is None else max(peak, after or 0, base or 0)
-    kept = _sub(after, base)
-    floors = [
+    difference = _sub(after, base)
+    kept = None if difference is None else max(0, difference)
+    load_given_back = 0 if difference is None else max(0, -difference)
+    results = max(0, int(results or 0)) if key == "ram" else 0  # results live in RAM
+    runtime_kept = None if kept is None else max(0, kept - results)
+    session_label = f"model weights ({cached_sessions} cached session{'s' if cached_sessions != 1 else ''})"
+    wanted = [
         ("runtime/libraries", library),
-        (f"model weights ({cached_sessions} cached session{'s' if cached_sessions != 1 else ''})", weights),
-        ("kept by this job (arena regions still reserved, its outputs)", kept),
+        ("results still held (the job's outputs, the caller's to drop)", results),
+        ("kept by the runtime (arena regions still reserved, bound output buffers)", runtime_kept),
+        (session_label, weights),
     ]
-    known = sum(v for _, v in floors if v is not None)
-    floors.append(("rest of the process", _sub(after, known) if after is not None else None))
+    floors, left = [], after
+    for label, value in wanted:
+        if value is not None and left is not None:
+            value = min(max(0, value), max(0, left))
+            left -= value
+        floors.append((label, value))
+    floors.append(("rest of the process", None if left is None else max(0, left)))
     return {
         "figure": key,
         "label": LABELS[key],
@@ -64,9 +88,19 @@ def job_figures(
         "grew": _sub(peak, base),
         "gave_back": _sub(peak, after),
         "kept": kept,
+        "load_given_back": load_given_back,
+        "results": results,
+        "runtime_kept": runtime_kept,
         "after": after,
         "floors": floors,
     }
+
+
+def _kept(f: dict) -> str:
+    """What the job kept, results apart from the runtime's own."""
+    if f.get("results"):
+        return f"the runtime kept {mb(f.get('runtime_kept'))}; results still held: {mb(f['results'])}"
+    return f"the job kept {mb(f['kept'])}"
 
 
 def format_figures(f: dict, *, released: bool, loaded_models=(), deferred_s: float = 0) -> list[str]:
@@ -76,15 +110,18 @@ def format_figures(f: dict, *, released: bool, loaded_models=(), deferred_s: flo
         load = f"; loading {', '.join(loaded_models)} took {mb(f['loaded'])}"
     lines.append(f"  before the job {mb(f['before'])}{load}")
     lines.append(f"  the runs grew {mb(f['grew'])} (peak {mb(f['peak'])})")
+    from_load = ""
+    if f.get("load_given_back"):
+        from_load = f" ({mb(f['load_given_back'])} of it touched while loading)"
     if deferred_s:
         lines.append(
             f"  the release is deferred: RAM goes back after {deferred_s:g} s without a job; "
-            f"until then the job keeps {mb(f['kept'])}"
+            f"until then {_kept(f)}"
         )
     elif released:
-        lines.append(f"  the release gave back {mb(f['gave_back'])}; the job kept {mb(f['kept'])}")
+        lines.append(f"  the release gave back {mb(f['gave_back'])}{from_load}; {_kept(f)}")
     else:
-        lines.append(f"  no release (nothing shrinkable, or releasing is off); the job kept {mb(f['kept'])}")
+        lines.append(f"  no release (nothing shrinkable, or releasing is off); {_kept(f)}")
     floors = " · ".join(f"{label} {mb(value)}" for label, value in f["floors"])
     lines.append(f"  what stays ({mb(f['after'])}): {floors}")
     return lines

@@ -55,6 +55,7 @@ class Operation:
         self._loaded: list[SessionHandle] = []  # sessions this job created
         self._used: dict[int, SessionHandle] = {}
         self._live_output_bytes = 0
+        self._results_held: Callable[[], int] | None = None  # the job's results still alive (bytes)
         self._owes_cpu_release = False  # its CPU release was put off (deferred_release.py)
         self._working_key = None  # (model, input shapes) of the largest run: what budget.py remembers
         self.budget = JobBudget(runtime, self.timeline)  # checked before each load and new input shape
@@ -284,6 +285,11 @@ class Operation:
         )
         return False
 
+    def count_results(self, held: Callable[[], int]) -> None:
+        """How to tell the bytes of this job's results still alive at its end: the report shows
+        them as their own line, apart from what the runtime kept (models/base.py ResultSink)."""
+        self._results_held = held
+
     def _report_memory(self, outcome: str) -> None:
         """The job's memory report: a `job_memory` event, `self.memory`, the runtime's last job."""
         try:
@@ -291,6 +297,7 @@ class Operation:
             after = self.timeline.mark("after", memory_snapshot(gpu))
             self.timeline.stop()
             rows = []
+            results = self._results_held() if self._results_held is not None else 0
             for key in ("ram", "vram") if gpu is not None else ("ram",):
                 weights, count = self.runtime.weights(key, gpu)
                 rows.append(
@@ -303,6 +310,7 @@ class Operation:
                         library=self.runtime.library_floor(key, gpu),
                         weights=weights,
                         cached_sessions=count,
+                        results=results,
                     )
                 )
             library = LIBRARY_RAM.get("at", 0) >= self._started_at
