@@ -88,7 +88,7 @@ def resolve_model(family: Family, args) -> library.ModelChoice:
     folder = library.models_dir(args.models_dir or "")
     model = args.model or ""
     as_file = model and (Path(model).expanduser().is_file() or model.endswith(".onnx"))
-    return library.resolve(family.id, folder, "" if as_file else model, model if as_file else "")
+    return library.resolve(family.id, folder, "" if as_file else model, model if as_file else "", device=args.device)
 
 
 def option_values(family: Family, args) -> dict:

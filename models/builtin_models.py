@@ -70,6 +70,7 @@ BUILTIN_ENTRIES: tuple[CatalogEntry, ...] = (
             "out, try the PramaLLC entry's constants."
         ),
         approx_size_bytes=219_121_675,
+        weight_dtype="float16",
     ),
     CatalogEntry(
         id="ben2-base",
@@ -95,9 +96,12 @@ BUILTIN_ENTRIES: tuple[CatalogEntry, ...] = (
             "float16). URL pinned to revision e48a207; size and sha256 agree across several "
             "public manifests. Normalisation: /255 only (torchvision ToTensor), as the repo's "
             "onnx_run.py does according to its users. DOUBT: a later rembg session feeds it "
-            "mean 0.5 / std 1.0 instead."
+            "mean 0.5 / std 1.0 instead. Its weights are fp16 as well (the fp32 Swin-B graph is "
+            "409 MB); on CPU an fp16 graph of BEN2 ran 1.22x slower and peaked 0.86 GB higher than "
+            "fp32, so an fp32 export registered by path is picked first on CPU."
         ),
         approx_size_bytes=222_932_053,
+        weight_dtype="float16",
     ),
     CatalogEntry(
         id="da3-metric-large",
@@ -121,10 +125,16 @@ BUILTIN_ENTRIES: tuple[CatalogEntry, ...] = (
             "by its author in ByteDance-Seed/Depth-Anything-3 issue #65; file name confirmed by "
             "several public download scripts. Fixed input 1x3x280x504, outputs 'depth' and 'sky'. "
             "Size and sha256 UNKNOWN (download scripts say ~0.7 GB); only the transfer length is "
-            "checked. Its ROS2/TensorRT adapter scales raw depth to metres with "
-            "depth * focal_px / 300 and treats sky < 0.3 as sky; both are third-party findings."
+            "checked. METRIC-LARGE has 334 M parameters, 1.34 GB in fp32: a ~0.7 GB file holds "
+            "fp16 weights (weight_dtype below follows that size; an fp32 export of it is ~1.34 GB "
+            "and needs that much RAM for its weights). The I/O dtype is read from the session. "
+            "Sky: upstream's sky head ends in ReLU (non-negative scores, not logits; "
+            "sky_activation 'auto' returns a non-negative sky raw and applies a sigmoid only to an "
+            "output with negative values). Its ROS2/TensorRT adapter scales raw depth to metres "
+            "with depth * focal_px / 300 and treats sky < 0.3 as sky; both are third-party findings."
         ),
         approx_size_bytes=731_000_000,
+        weight_dtype="float16",
     ),
     CatalogEntry(
         id="moge2-vits",

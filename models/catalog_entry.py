@@ -12,6 +12,7 @@ from typing import Any
 from . import families
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+WEIGHT_DTYPES = (None, "float32", "float16")
 
 
 def _freeze(value: Any) -> Any:
@@ -58,6 +59,16 @@ class CatalogEntry:
     notes: str = ""
     approx_size_bytes: int | None = None
     path: str | None = None
+    weight_dtype: str | None = None  # "float32" or "float16" where a public source says so, else None
+
+    @property
+    def fp16_on_cpu_note(self) -> str:
+        """What an fp16-weight file costs on CPU, where there is no fp16 kernel for most ops (ORT
+        casts back to float32): measured for BEN2 (DESIGN.md: 1.22x slower, peak 0.86 GB higher
+        than its fp32 graph)."""
+        if self.weight_dtype != "float16":
+            return ""
+        return "fp16 weights: on CPU slower and heavier than an fp32 export (BEN2: 1.22x the time, +0.86 GB peak)"
 
     def __post_init__(self):
         if not self.id or not isinstance(self.id, str):
@@ -84,6 +95,8 @@ class CatalogEntry:
         if self.sha256 is not None:
             if not isinstance(self.sha256, str) or not _SHA256_RE.match(self.sha256):
                 raise ValueError(f"entry {self.id!r}: sha256 must be 64 lower-case hex digits or None")
+        if self.weight_dtype not in WEIGHT_DTYPES:
+            raise ValueError(f"entry {self.id!r}: weight_dtype must be one of {WEIGHT_DTYPES}, got {self.weight_dtype!r}")
         if not isinstance(self.settings or {}, Mapping):
             raise ValueError(f"entry {self.id!r}: settings must be a mapping")
         checked = families.get(self.family).check_settings(self.settings, f"entry {self.id!r}")

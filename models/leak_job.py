@@ -30,7 +30,9 @@ def family_job(
     (an installed one, ``model`` as an id or a file, or the family's embedded fallback)."""
     family = families.get(family_id)
     as_file = model.endswith(".onnx")
-    choice = library.resolve(family.id, library.models_dir(models_dir), "" if as_file else model, model if as_file else "")
+    choice = library.resolve(
+        family.id, library.models_dir(models_dir), "" if as_file else model, model if as_file else "", device=device
+    )
     kwargs = choice.adapter_kwargs(family.id)
     image = card_image(*size)
     options = JobOptions(device=device, runtime=runtime, cancel=cancel)

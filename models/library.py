@@ -145,10 +145,11 @@ class ModelChoice:
         return families.get(family).adapter_kwargs(self.settings, **option_values)
 
 
-def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "") -> ModelChoice:
+def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "", device: str = "auto") -> ModelChoice:
     """``model_path``, else catalog ``model_id``, else the family default: the first installed
-    entry of the family (the user's registered models included), else the family's embedded
-    fallback model. Raises ModelFileError saying what to install, and where."""
+    entry of the family (the user's registered models included; off CUDA an fp32 export before an
+    fp16 one, see `prefer_for_device`), else the family's embedded fallback model. Raises
+    ModelFileError saying what to install, and where."""
     record = families.get(family)
     known = catalog(folder)
     if model_path:
@@ -180,7 +181,7 @@ def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "")
             raise ModelFileError(_not_installed(entry, folder))
         return _choice(str(installer.model_path(entry, folder)), entry)
     entries = known.entries(family)
-    for entry in entries:
+    for entry in prefer_for_device(entries, device):
         if installer.is_installed(entry, folder):
             return _choice(str(installer.model_path(entry, folder)), entry)
     if record.fallback_model is not None:
@@ -191,6 +192,16 @@ def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "")
         + (f" (for example '{suggestion}')" if suggestion else "")
         + ", or register your own ONNX file there, or give the model file (model_path; command line: --model)."
     )
+
+
+def prefer_for_device(entries, device: str = "auto") -> list[CatalogEntry]:
+    """`entries` in the order a default is picked for `device`: on CPU (anything but CUDA, "auto"
+    included: without a GPU it runs on CPU) fp16-weight files last, since ORT's CPU provider has
+    no fp16 kernel for most ops and casts back (BEN2 fp16: 1.22x slower, +0.86 GB peak); on CUDA
+    the catalog's order. Stable otherwise."""
+    if str(device).lower().startswith("cuda"):
+        return list(entries)
+    return sorted(entries, key=lambda entry: entry.weight_dtype == "float16")
 
 
 def _choice(path: str, entry: CatalogEntry) -> ModelChoice:
@@ -263,11 +274,15 @@ def format_bytes(count) -> str:
 
 
 def format_size(entry: CatalogEntry) -> str:
+    """The file's size, and its weights' dtype where the catalog knows it (the panel's line)."""
     if entry.size_bytes is not None:
-        return format_bytes(entry.size_bytes)
-    if entry.approx_size_bytes is not None:
-        return "~" + format_bytes(entry.approx_size_bytes)
-    return "size unknown"
+        size = format_bytes(entry.size_bytes)
+    elif entry.approx_size_bytes is not None:
+        size = "~" + format_bytes(entry.approx_size_bytes)
+    else:
+        size = "size unknown"
+    dtype = {"float16": "fp16 weights (slower on CPU)", "float32": "fp32 weights"}.get(entry.weight_dtype or "")
+    return f"{size}, {dtype}" if dtype else size
 
 
 __all__ = ["MODELS_DIR_ENV", "ModelChoice", "catalog", "models_dir", "resolve", "status"]

@@ -127,8 +127,8 @@ class LEAN_IMAGE_AI_OT_process_sequence(WorkerOperator, bpy.types.Operator):
             check_format=_blender_can_write,
         )
         model_path = str(sources.absolute_path(self.model_path)) if self.model_path else ""
-        model = library.resolve(family.id, prefs.models_folder(context), self.model_id, model_path)
         device, _budget = prefs.configure_runtime(context)
+        model = library.resolve(family.id, prefs.models_folder(context), self.model_id, model_path, device=device)
         values = {o.name: getattr(self, o.name) for o in family.options}
         kwargs = model.adapter_kwargs(family.id, **values)
         target = dict(zip(refs, outputs, strict=True))

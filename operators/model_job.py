@@ -93,7 +93,8 @@ class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
         # side-effect-free checks first: loading a file adds a datablock that an error must remove
         source = None if self.filepath else sources.resolve_source(context, "")
         model_path = str(sources.absolute_path(self.model_path)) if self.model_path else ""
-        model = library.resolve(self.family.id, prefs.models_folder(context), self.model_id, model_path)
+        device, budget = prefs.configure_runtime(context)
+        model = library.resolve(self.family.id, prefs.models_folder(context), self.model_id, model_path, device=device)
         if source is None:
             source = sources.resolve_source(context, self.filepath)
         keep = self.keeps_source()
@@ -103,7 +104,6 @@ class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
         model_rgba = image_io.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied)
         if source.loaded and not keep:
             job.discard()
-        device, budget = prefs.configure_runtime(context)
         values = self.option_values()
         return JobInputs(
             source=source.image if (keep or not source.loaded) else None,

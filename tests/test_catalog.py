@@ -290,3 +290,33 @@ def test_catalog_file_name_must_stay_in_the_models_folder(name):
 
     with pytest.raises(ValueError, match="must be a bare file name .*fix the entry"):
         loopback_entry(None, None, filename=name)
+
+
+def _ben2_entry(entry_id: str, dtype):
+    return CatalogEntry(
+        id=entry_id, family="ben2", variant=entry_id, title=entry_id, filename=f"{entry_id}.onnx", url=None,
+        size_bytes=None, sha256=None, license="MIT", source="test", weight_dtype=dtype,
+    )
+
+
+def test_off_cuda_an_fp32_export_is_picked_before_an_fp16_one():
+    from lean_image_ai.models.library import format_size, prefer_for_device
+
+    fp16, fp32, unknown = _ben2_entry("half", "float16"), _ben2_entry("full", "float32"), _ben2_entry("mine", None)
+    assert [e.id for e in prefer_for_device([fp16, fp32, unknown], "cpu")] == ["full", "mine", "half"]
+    assert [e.id for e in prefer_for_device([fp16, fp32, unknown], "auto")] == ["full", "mine", "half"]
+    assert [e.id for e in prefer_for_device([fp16, fp32, unknown], "cuda:0")] == ["half", "full", "mine"]
+    assert "fp16 weights (slower on CPU)" in format_size(fp16) and "fp16" not in format_size(unknown)
+    assert "1.22x" in fp16.fp16_on_cpu_note and fp32.fp16_on_cpu_note == ""
+    with pytest.raises(ValueError, match="weight_dtype"):
+        _ben2_entry("bad", "int8")
+
+
+def test_the_builtin_fp16_files_say_so():
+    """DESIGN.md: both public BEN2 files hold fp16 weights; DA3 METRIC-LARGE's ~0.7 GB file can
+    only hold its 334 M parameters as fp16 (fp32 would be 1.34 GB)."""
+    by_id = {e.id: e for e in BUILTIN_ENTRIES}
+    assert by_id["ben2-fp16"].weight_dtype == by_id["ben2-base"].weight_dtype == "float16"
+    da3 = by_id["da3-metric-large"]
+    assert da3.weight_dtype == "float16" and da3.approx_size_bytes < 334_000_000 * 4 / 1.5
+    assert "ReLU" in da3.notes and "1.34 GB" in da3.notes
