@@ -80,7 +80,7 @@ def _tile_arg(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected 'auto' or a number of pixels, got {text!r}") from None
     if value < 0:
-        raise argparse.ArgumentTypeError("tile size must be >= 0 (0 or auto: a fixed size per device)")
+        raise argparse.ArgumentTypeError("tile size must be >= 0 (0 or auto: sized from the model's measured working memory)")
     return value
 
 

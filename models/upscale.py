@@ -76,13 +76,17 @@ def run(
 ) -> UpscaleResult | list[UpscaleResult]:
     """Upscale one image (HxW[xC] uint8/uint16/float) or a list of frames (one operation).
 
-    `tile_size`: "auto" or 0 (from `memory_budget_bytes` when given, else a fixed window per device
-    kind: never from the memory free at call time, so a job's plan is the same every run), an int (window side in input pixels, overlap included), or None for
-    one window over the whole image. Whatever is chosen is halved on out-of-memory. Ignored for
-    fixed-shape models, which get exactly their input size.
-    `overlap`: context pixels cropped from each tile side; None or -1: the model's receptive radius
+    `tile_size`: "auto" or 0 (per frame, from the working memory this model was measured to take
+    per pixel and a working target per device kind, lowered by `memory_budget_bytes` and the
+    runtime's budgets: never from the memory free at call time; see upscale_plan.auto_tile), an
+    int (window side in input pixels, overlap included), or None for one window over the image.
+    Whatever is chosen is halved on out-of-memory. Ignored for fixed-shape models, which get
+    exactly their input size.
+    `overlap`: context pixels around each tile; None or -1: the model's receptive radius
     (`model_overlap` from its catalog entry, else read from the graph, else measured by an impulse
     probe), rounded up to `size_multiple`: then tiles give exactly one whole-image run's pixels.
+    A radius over MAX_EXACT_RADIUS (deep nets: RRDBNet's 349 px) gets FEATHER_OVERLAP instead,
+    seams blended, and the result says it is not exact (`exact`, `seams`, a warning).
     `size_multiple`: round dynamic windows up to this (models that need even sizes, say).
     `available_memory_bytes`: what a frame's result may take (default: the memory the OS says is
     available when the frame starts); a frame whose float32 result is larger is refused
@@ -416,8 +420,9 @@ FAMILY = Family(
             int,
             0,
             "Tile Size",
-            "Side of the tiles the image is cut into, in pixels. 0: a fixed size per device (the same tiles "
-            "every run; made smaller only when memory runs short)",
+            "Side of the tiles the image is cut into, in pixels. 0: sized from the working memory the model "
+            "was measured to take (2 GB per tile on CPU, 4 GB on a GPU, less under a memory budget; made "
+            "smaller only when memory runs short)",
             min=0,
             soft_max=2048,
         ),

@@ -1,0 +1,114 @@
+"""Issue 20's tile policy: deep nets get a bounded overlap with feathered seams and say they are
+not exact; the auto tile size comes from the working memory measured for the model (not a fixed
+bytes-per-pixel table), per frame, against a working target per device kind. Real onnxruntime on
+a small SR net; the CUDA target is checked on the options the runtime would give the provider."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from lean_image_ai.models import upscale
+from lean_image_ai.models.base import JobOptions
+from lean_image_ai.models.receptive import ReceptiveField
+from lean_image_ai.models.upscale_plan import (
+    AUTO_WINDOW_STEP,
+    FEATHER_OVERLAP,
+    MAX_EXACT_RADIUS,
+    MEASURE_WINDOW,
+    plan_overlap,
+    working_target,
+)
+from lean_image_ai.runtime import Runtime
+from lean_image_ai.runtime.core import RuntimeSettings
+from onnx_builders import sr_model
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return sr_model(tmp_path_factory.mktemp("deep") / "sr.onnx", scale=2, mid_channels=8, seed=3)
+
+
+def picture(height, width):
+    return np.random.default_rng(0).random((height, width, 3), dtype=np.float32)
+
+
+def test_a_deep_net_gets_a_bounded_feathered_overlap_and_is_never_called_exact():
+    plan = plan_overlap("rrdb.onnx", ReceptiveField(349, "graph"), None)
+    assert (plan.overlap, plan.feather, plan.exact) == (FEATHER_OVERLAP, FEATHER_OVERLAP // 2, False)
+    assert plan.warnings and plan.warnings[0].startswith("Not exact: rrdb.onnx's receptive radius is 349 px")
+    compact = plan_overlap("compact.onnx", ReceptiveField(34, "graph"), None)
+    assert (compact.overlap, compact.feather, compact.exact) == (34, 0, True)  # exact where it is cheap
+    asked = plan_overlap("rrdb.onnx", ReceptiveField(349, "graph"), 349)  # the artist may pay for exact
+    assert (asked.overlap, asked.feather, asked.exact) == (349, 0, True)
+    assert MAX_EXACT_RADIUS < 349
+
+
+def test_the_result_the_cli_line_and_the_json_say_not_exact(model):
+    runtime = Runtime()
+    image = picture(200, 260)
+    result = upscale.run(image, model, options=JobOptions(device="cpu", runtime=runtime), tile_size=140, model_overlap=100)
+    assert result.exact is False and result.feather == FEATHER_OVERLAP // 2
+    assert result.seams == "feathered (not exact)"
+    assert any(w.startswith("Not exact:") for w in result.warnings)
+    # the net's true radius is 2 px, far inside the 32 px overlap: blended seams equal one run
+    whole = upscale.run(image, model, options=JobOptions(device="cpu", runtime=runtime), tile_size=None)
+    np.testing.assert_allclose(result.image, whole.image, atol=1e-5)
+    runtime.clear("test teardown")
+
+
+def test_auto_tiles_come_from_the_measured_working_memory(model):
+    runtime = Runtime()
+    options = JobOptions(device="cpu", runtime=runtime)
+    budget = 24 << 20
+    result = upscale.run(picture(400, 420), model, options=options, memory_budget_bytes=budget)
+    (plan,) = runtime.events.recent("tile_plan")
+    grew = runtime.working_memory[("sr.onnx", ((1, 3, MEASURE_WINDOW, MEASURE_WINDOW),))]  # the measuring run
+    rate = grew / MEASURE_WINDOW**2
+    expected = int(math.sqrt(budget / 2 / rate)) // AUTO_WINDOW_STEP * AUTO_WINDOW_STEP
+    assert "KB per pixel measured" in plan["how"]
+    assert MEASURE_WINDOW < plan["tile_size"] == expected < 400  # tiled, in windows the target allows
+    assert result.tile_size_used <= plan["tile_size"]
+    # measured once per model: the next job plans the same from it, without a measuring run
+    runs = len([e for e in runtime.events.recent() if e["event"] == "operation_end"])
+    upscale.run(picture(400, 420), model, options=options, memory_budget_bytes=budget)
+    assert runtime.events.recent("tile_plan")[-1]["tile_size"] == plan["tile_size"]
+    assert [e for e in runtime.events.recent() if e["event"] == "operation_end"][-1]["runs"] == result_runs(runtime, runs)
+    # a frame that fits the target runs as one window
+    upscale.run(picture(64, 80), model, options=options)
+    assert runtime.events.recent("tile_plan")[-1]["tile_size"] is None
+    runtime.clear("test teardown")
+
+
+def result_runs(runtime, index):
+    """Runs of the first job (measuring run included) less one: the second job skips measuring."""
+    return [e for e in runtime.events.recent() if e["event"] == "operation_end"][index - 1]["runs"] - 1
+
+
+def test_a_small_frame_of_a_never_measured_model_needs_no_measuring_run(model):
+    runtime = Runtime()
+    upscale.run(picture(MEASURE_WINDOW, MEASURE_WINDOW), model, options=JobOptions(device="cpu", runtime=runtime))
+    (plan,) = runtime.events.recent("tile_plan")
+    assert plan["tile_size"] is None and plan["how"] == "one window (a small image)"
+    (ended,) = [e for e in runtime.events.recent() if e["event"] == "operation_end"]
+    assert ended["runs"] == 1  # the frame's own run only
+    runtime.clear("test teardown")
+
+
+@pytest.mark.parametrize(
+    ("settings", "budget", "gpu", "expected"),
+    [
+        (RuntimeSettings(), None, None, 2 << 30),  # CPU default
+        (RuntimeSettings(ram_budget_bytes=3 << 30), None, None, 3 << 29),  # half the RAM budget
+        (RuntimeSettings(), 1 << 30, None, 1 << 29),  # the caller's budget
+        (RuntimeSettings(), None, 0, 4 << 30),  # CUDA default
+        (RuntimeSettings(gpu_mem_limit_bytes=2 << 30), None, 0, 1 << 30),  # half of gpu_mem_limit
+        (RuntimeSettings(gpu_mem_limit_bytes=2 << 30, vram_budget_bytes=1 << 30), None, 0, 1 << 29),
+    ],
+)
+def test_the_working_target_per_device_and_limit(settings, budget, gpu, expected):
+    runtime = SimpleNamespace(settings=settings)
+    handle = SimpleNamespace(gpu_device_id=gpu)
+    assert working_target(runtime, handle, budget) == expected
