@@ -265,6 +265,7 @@ class _Job:
         self.handle = op.session(model_path, device)
         self.scale: int | None = None  # known from fixed shapes, a hint, or the first output
         self.hinted = False  # `scale` is only a hint (`_scale_hint`), not yet seen in an output
+        self.told_plan: tuple | None = None  # the auto tile plan last emitted as a `tile_plan` event
         self._buffers: dict[str, np.ndarray] = {}  # slot -> flat buffer from runtime.scratch
         check_contract(
             self.handle,
@@ -343,7 +344,7 @@ def _auto_tile(job, runtime, overlap: int, feather: int, budget: int | None, fra
         job.infer(to_nchw(grey, job.handle.inputs[0].dtype), last=False, slot="probe")
 
     tile, how = auto_tile(runtime, job.handle, overlap, budget, feather=feather, measure=measure, frame_hw=frame_hw)
-    if (tile, how) != getattr(job, "told_plan", None):
+    if (tile, how) != job.told_plan:
         job.told_plan = (tile, how)
         runtime.events.emit(
             "tile_plan", model=job.handle.model_name, tile_size=tile, overlap=overlap, feather=feather, how=how

@@ -44,7 +44,8 @@ def test_demo_output_default_name_in_the_current_folder(tmp_path):
     with Image.open(tmp_path / "demo_upscaled.png") as written:
         assert written.size == (1024, 768)
     # the window that ran: 512 columns in 9 balanced tiles of 56-57 px + 2 x 2 px overlap
-    assert "tile 61 px, overlap 2 px" in done.stdout
+    assert "tile 61 px, overlap 2 px, seams exact" in done.stdout
+    assert summary(done)["tiling"] == [{"tile": 61, "overlap": 2, "seams": "exact", "exact": True}]
 
 
 def test_rgba_file_in_rgba_file_out(tmp_path):
