@@ -22,7 +22,8 @@
 
 First it checks that the runtime's session and the bare one were built with the same options
 (threads, optimisation level, execution mode, arena, memory pattern, config entries) and lists
-every difference (expected: only `session.use_env_allocators`, the shared shrinkable CPU arena).
+every difference (expected: `session.use_env_allocators`, the shared shrinkable CPU arena, and
+`enable_mem_pattern` off with it: see runtime/core.py).
 
 Every ratio also comes as a CPU-time ratio (`cpu_` keys: this process's CPU seconds, all threads,
 page faults included): on a shared machine the wall clock also measures other people's load.

@@ -79,7 +79,9 @@ def child_bare(args) -> dict:
     options = ort.SessionOptions()
     options.intra_op_num_threads = args.threads
     session = ort.InferenceSession(args.model, options, providers=["CPUExecutionProvider"])
-    tiles = plan_tiles(args.height, args.width, args.tile_size, args.overlap)
+    tile, overlap = args.tile_size, args.overlap  # the product's auto windows: one shape (uniform)
+    pair = tuple(tile if tile < side else side + 2 * overlap for side in (args.height, args.width))
+    tiles = plan_tiles(args.height, args.width, pair, overlap, uniform=True)
     windows = [np.ascontiguousarray(image[t.wy0 : t.wy1, t.wx0 : t.wx1].transpose(2, 0, 1)[None]) for t in tiles]
     before = _rss()
     wall, cpu = time.perf_counter(), time.process_time()

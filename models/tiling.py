@@ -26,9 +26,6 @@ the error is re-raised at once.
 
 from __future__ import annotations
 
-import math
-import os
-import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,7 +33,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..runtime.errors import InferenceOutOfMemoryError, MemoryBudgetError, ModelContractError
-from .feather import blend_planes, blend_span, feather_floor, ramp
+from .feather import feather_floor
+from .paste import PASTE_BAND_ROWS, blend, paste  # noqa: F401  (PASTE_BAND_ROWS: re-exported)
 from .tile_memory import (  # noqa: F401  (re-exported: the tiler's public names)
     BUDGET_FRACTION,
     DEFAULT_FEATURE_CHANNELS,
@@ -108,12 +106,15 @@ def plan_tiles(
     fixed: bool = False,
     region: tuple[int, int, int, int] | None = None,
     multiple: int = 1,
+    uniform: bool = False,
 ) -> list[Tile]:
     """Tiles covering `region` (default: the whole image), row-major.
 
     `tile_size` is an int, an (h, w) pair, or None for one window over the whole image. With
-    `fixed`, every window is exactly `tile_size` (a fixed-shape model); otherwise a window is the
-    owned region plus `overlap` on each side, clipped to the image, grown to a `multiple`.
+    `fixed`, every window is exactly `tile_size` (a fixed-shape model); with `uniform`, exactly
+    `tile_size` capped at the image (grown into it at its borders, never past it but for a
+    `multiple`); otherwise a window is the owned region plus `overlap` on each side, clipped to
+    the image, grown to a `multiple`.
     """
     overlap = int(overlap)
     if overlap < 0:
@@ -131,10 +132,13 @@ def plan_tiles(
     rows = _splits(ry0, ry1, core_h)
     cols = _splits(rx0, rx1, core_w)
     tiles = []
+    need_h, need_w = (tile_h, tile_w) if fixed else (None, None)
+    if uniform and not fixed:
+        need_h, need_w = _round_up(min(tile_h, int(height)), multiple), _round_up(min(tile_w, int(width)), multiple)
     for y0, y1 in zip(rows[:-1], rows[1:], strict=True):
-        wy0, wy1 = _window(y0, y1, int(height), overlap, tile_h if fixed else None, multiple)
+        wy0, wy1 = _window(y0, y1, int(height), overlap, need_h, multiple)
         for x0, x1 in zip(cols[:-1], cols[1:], strict=True):
-            wx0, wx1 = _window(x0, x1, int(width), overlap, tile_w if fixed else None, multiple)
+            wx0, wx1 = _window(x0, x1, int(width), overlap, need_w, multiple)
             tiles.append(Tile(y0, x0, y1, x1, wy0, wx0, wy1, wx1))
     return tiles
 
@@ -218,6 +222,7 @@ def run_tiled(
     not_finite: Callable[[np.ndarray], object] | None = None,
     available_memory: int | None = None,
     feather: int = 0,
+    uniform: bool = False,
 ) -> TiledResult:
     """Run `run_tile(window HxWxC float32, last) -> (h*s)x(w*s)xC'` over tiles and assemble.
 
@@ -233,6 +238,10 @@ def run_tiled(
     should raise). Seen in the paste's own pass, so checking costs no extra pass over the tile.
     `available_memory`: bytes the result may take (default: what the OS says is available); a
     larger result is refused (InvalidImageError) before it is allocated.
+    `uniform`: every window exactly `tile_size`, capped at the image (grown into it at its borders:
+    see `plan_tiles`), so the model sees one input shape: ORT
+    plans and keeps memory per input shape (its memory pattern, arena chunks), and the clipped
+    edge windows' other shapes each grew the arena by a window's working memory again.
     `feather`: 0 crops each tile at its owned region (exact when the overlap covers the receptive
     radius); > 0 blends neighbours across bands of 2 * feather px (models/feather.py), for an
     overlap below the radius. Needs feather <= overlap; splits then stop at `feather_floor`.
@@ -249,7 +258,7 @@ def run_tiled(
             raise ValueError(f"a {feather} px feather needs an overlap of at least that, got {overlap}")
         min_tile = max(int(min_tile), feather_floor(overlap, feather))
     current = _pair(tile_size) if tile_size is not None else None
-    pending = deque(plan_tiles(height, width, current, overlap, fixed=fixed, multiple=multiple))
+    pending = deque(plan_tiles(height, width, current, overlap, fixed=fixed, multiple=multiple, uniform=uniform))
     if current is None:
         current = pending[0].window_shape
     total_area = height * width
@@ -287,7 +296,7 @@ def run_tiled(
                 t
                 for old in pending
                 for t in plan_tiles(
-                    height, width, current, overlap, fixed=False, region=old.owned, multiple=multiple
+                    height, width, current, overlap, region=old.owned, multiple=multiple, uniform=uniform
                 )
             )
             payload["tiles_left"] = len(pending)
@@ -312,9 +321,9 @@ def run_tiled(
                 f"{label} returned {channels} channel(s) for one tile and {output.shape[2]} for another."
             )
         if feather:
-            finite = _blend(output, result, tile, scale, feather, nchw, clip)
+            finite = blend(output, result, tile, scale, feather, nchw, clip)
         else:
-            finite = _paste(output, result, tile, scale, nchw, clip)
+            finite = paste(output, result, tile, scale, nchw, clip)
         if not finite and not_finite is not None:
             not_finite(result)
         pending.popleft()
@@ -324,96 +333,6 @@ def run_tiled(
         if progress is not None:
             progress(done_area / total_area, tiles_run, tiles_run + len(pending))
     return TiledResult(output, int(scale), tuple(current), tiles_run, (ran_h, ran_w), splits)
-
-
-def _paste(output, result, tile: Tile, scale: int, nchw: bool, clip) -> bool:
-    """The tile's owned part into `output`, cropped (transposed from NCHW in the same pass)."""
-    oy, ox = (tile.y0 - tile.wy0) * scale, (tile.x0 - tile.wx0) * scale
-    oh, ow = (tile.y1 - tile.y0) * scale, (tile.x1 - tile.x0) * scale
-    target = output[tile.y0 * scale : tile.y1 * scale, tile.x0 * scale : tile.x1 * scale]
-    if nchw:
-        return _paste_in_bands(target, result[0, :, oy : oy + oh, ox : ox + ow], clip)
-    target[...] = result[oy : oy + oh, ox : ox + ow]
-    return _limit(target, clip)
-
-
-def _blend(output, result, tile: Tile, scale: int, feather: int, nchw: bool, clip) -> bool:
-    """The tile's owned part grown by `feather` towards its neighbours, added with its weights."""
-    height, width = output.shape[0] // scale, output.shape[1] // scale
-    by0, by1 = blend_span(tile.y0, tile.y1, height, feather)
-    bx0, bx1 = blend_span(tile.x0, tile.x1, width, feather)
-    oy, ox = (by0 - tile.wy0) * scale, (bx0 - tile.wx0) * scale
-    oh, ow = (by1 - by0) * scale, (bx1 - bx0) * scale
-    source = result[0, :, oy : oy + oh, ox : ox + ow] if nchw else result[oy : oy + oh, ox : ox + ow]
-    rows = ramp(tile.y0, tile.y1, height, feather, scale)
-    cols = ramp(tile.x0, tile.x1, width, feather, scale)
-    target = output[by0 * scale : by1 * scale, bx0 * scale : bx1 * scale]
-    return blend_planes(target, source, rows, cols, clip, channels_first=nchw)
-
-
-PASTE_BAND_ROWS = 256  # rows per worker below which one thread pastes alone: too small to share
-_paste_pool = None
-_paste_pool_lock = threading.Lock()
-
-
-def _paste_in_bands(target: np.ndarray, planes: np.ndarray, clip) -> bool:
-    """`_paste_planes` over bands of rows on a few long-lived threads (numpy releases the GIL
-    while it copies). The transposing paste is the largest cost of a job outside onnxruntime (a
-    1024 px image at x4 is a 200 MB result, its pages first touched here); measured here, two
-    threads paste it in ~0.55x the time of one."""
-    workers = min(_paste_workers(), planes.shape[1] // PASTE_BAND_ROWS)
-    if workers < 2:
-        return _paste_planes(target, planes, clip)
-    rows = planes.shape[1]
-    cuts = [k * rows // workers // 32 * 32 for k in range(workers)] + [rows]
-    bands = [
-        _pool().submit(_paste_planes, target[a:b], planes[:, a:b], clip) for a, b in zip(cuts[:-1], cuts[1:], strict=True)
-    ]
-    return all([band.result() for band in bands])  # a list: wait for every band, even after a False
-
-
-def _paste_workers() -> int:
-    return max(1, min(4, os.cpu_count() or 1))  # copies are memory-bound: more threads gain nothing
-
-
-def _pool():
-    """One pool for the process, started on first use: a thread per job would make the C
-    allocator open new per-thread arenas job after job (see runtime/timeline.py)."""
-    global _paste_pool
-    with _paste_pool_lock:
-        if _paste_pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            _paste_pool = ThreadPoolExecutor(_paste_workers(), thread_name_prefix="lean-image-ai-paste")
-        return _paste_pool
-
-
-def _paste_planes(target: np.ndarray, planes: np.ndarray, clip, rows: int = 32) -> bool:
-    """target (HxWxC) = planes (CxHxW) transposed, clipped: one plane at a time (each read is
-    contiguous) in blocks of rows that stay in cache for the check and the clip. About 7x faster
-    here than np.clip on the transposed view, which walks the planes with a large stride.
-    False (and the rest left unpasted) at the first block holding a NaN or an infinity."""
-    for y in range(0, planes.shape[1], rows):
-        block = target[y : y + rows]
-        for channel in range(planes.shape[0]):
-            block[:, :, channel] = planes[channel, y : y + rows]
-        if not _limit(block, clip):
-            return False
-    return True
-
-
-def _limit(block: np.ndarray, clip) -> bool:
-    """Clip `block` in place when a value lies outside `clip`; False when one is NaN or infinite.
-    Its min and max answer both (NaN propagates through them, an infinity is one of them), so an
-    in-range block, the usual case, is read twice and never rewritten, and no mask is allocated."""
-    if block.size == 0:
-        return True
-    low, high = float(block.min()), float(block.max())
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return False
-    if clip is not None and (low < clip[0] or high > clip[1]):
-        np.clip(block, clip[0], clip[1], out=block)
-    return True
 
 
 def _halve(current: tuple[int, int], overlap: int, min_tile: int) -> tuple[int, int] | None:

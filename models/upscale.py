@@ -175,6 +175,11 @@ def run(
             if tile is AUTO or auto_sized:
                 auto_sized = True  # until a split shows the size that fits: then that size stays
                 tile = _auto_tile(job, runtime, overlap, planned.feather, memory_budget_bytes, shape[:2])
+            # auto windows all of one shape (no larger than the frame): one memory plan in ORT
+            uniform = auto_sized and tile is not None and fixed is None and len(shape) >= 2
+            window = tile
+            if uniform:  # an axis the window spans whole is one piece (its core is the frame)
+                window = tuple(tile if tile < side else side + 2 * overlap for side in shape[:2])
             prepared = prepare_image(frame, name=name)
             warnings = list(plan_warnings) + list(prepared.warnings)
             rgb, alpha = prepared.rgb, prepared.alpha
@@ -206,7 +211,7 @@ def run(
             tiled = run_tiled(
                 source,
                 run_tile,
-                tile_size=tile,
+                tile_size=window,
                 overlap=overlap,
                 fixed=fixed is not None,
                 last=last_frame,
@@ -220,6 +225,7 @@ def run(
                 not_finite=lambda result: check_finite(result, job.handle.model_name, job.handle.outputs[0].name),
                 available_memory=available,
                 feather=planned.feather,
+                uniform=uniform,
             )
             del source
             op.check_cancelled()

@@ -86,3 +86,19 @@ def test_splits_stop_where_owned_spans_keep_their_ramps_apart():
     with pytest.raises(InferenceOutOfMemoryError):
         run_tiled(picture(300, 300), always_out_of_memory, tile_size=256, overlap=16, feather=8, min_tile=32)
     assert feather_floor(16, 8) == 2 * 16 + 4 * 8 + 8
+
+
+def test_uniform_windows_have_one_shape_and_stay_inside_the_image():
+    from lean_image_ai.models.tiling import plan_tiles
+
+    tiles = plan_tiles(1080, 1920, 384, 32, uniform=True)
+    assert {t.window_shape for t in tiles} == {(384, 384)}
+    assert all(0 <= t.wy0 and t.wy1 <= 1080 and 0 <= t.wx0 and t.wx1 <= 1920 for t in tiles)
+    short = plan_tiles(300, 1000, (300 + 64, 384), 32, uniform=True)  # an axis spanned whole: one row
+    assert {t.window_shape for t in short} == {(300, 384)} and len({t.y0 for t in short}) == 1
+    seen = []
+    image = picture(150, 230)
+    result = run_tiled(image, lambda w, last: seen.append(w.shape[:2]) or upscale_nearest(w, last),
+                       tile_size=(150 + 16, 96), overlap=8, feather=4, scale=2, uniform=True)
+    assert set(seen) == {(150, 96)}
+    np.testing.assert_allclose(result.image, upscale_nearest(image, True), atol=2e-7)

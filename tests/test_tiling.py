@@ -363,7 +363,9 @@ def test_auto_tile_size_from_free_system_memory_is_bounded():
 
 
 def test_a_large_tile_is_pasted_in_bands_on_threads_like_one_pass(monkeypatch):
-    monkeypatch.setattr(tiling, "_paste_workers", lambda: 3)  # whatever this machine's core count
+    from lean_image_ai.models import paste
+
+    monkeypatch.setattr(paste, "_paste_workers", lambda: 3)  # whatever this machine's core count
     rows = 3 * tiling.PASTE_BAND_ROWS + 40  # three bands, the last one uneven
     planes = np.random.default_rng(4).random((1, 3, rows, 24), dtype=np.float32) * 1.5 - 0.25
 
