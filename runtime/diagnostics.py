@@ -13,9 +13,7 @@ descriptor 2 for the duration of that one session creation (and echoes it back a
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import io
 import os
 import platform
 import re
@@ -23,7 +21,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
-from . import gpu_libraries, gpu_loading, memory
+from . import gpu_libraries, gpu_loading, memory, ort_log
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # ORT's log prefix: "2026-01-01 12:00:00.000 [E:onnxruntime:Default, provider_bridge_ort.cc:2458 operator()] "
@@ -200,31 +198,6 @@ def _cuda_library_facts(report: Report, ort, directory: str | None) -> None:
 # --- what a CUDA session really gets --------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _captured_output():
-    """Capture fd 2 (ORT's C++ log) and Python's stdout (preload_dlls' prints) into a list."""
-    lines: list[str] = []
-    stdout = io.StringIO()
-    try:
-        sys.stderr.flush()
-    except Exception:
-        pass
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            with contextlib.redirect_stdout(stdout):
-                yield lines
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            sink.seek(0)
-            captured = sink.read().decode(errors="replace") + stdout.getvalue()
-            lines.extend(ln for ln in captured.splitlines() if ln.strip())
-            with contextlib.suppress(Exception):  # still visible in the console, as without the probe
-                sys.stderr.write(captured)
-
-
 def _clean(line: str) -> str:
     return _ORT_PREFIX.sub("", _ANSI.sub("", line)).strip()
 
@@ -254,7 +227,7 @@ def probe_cuda(device: str = "cuda", runtime=None) -> CudaProbe:
             f.write(cpu_arena.RELEASE_PROBE_MODEL)  # x -> x, no nodes: nothing to compute, nothing to allocate
         handle = None
         try:
-            with _captured_output() as captured:
+            with ort_log.captured_output() as captured:
                 handle = runtime.session(model, device)
                 probe.providers = list(handle.providers)
                 handle.session.run(None, {"x": np.zeros(1, np.float32)})
