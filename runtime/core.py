@@ -148,7 +148,7 @@ class Runtime:
         key = (identity, str(request), settings.gpu_mem_limit_bytes, cpu_arena, settings.intra_op_threads)
         if providers[0][0] == CUDA:  # the cuDNN choices make another CUDA session, not another CPU one
             key += (settings.cudnn_max_workspace, settings.cudnn_conv_algo_search)
-        if providers[0][0] == COREML:  # another compute-unit or shape choice is another compiled model
+        if providers[0][0] == COREML:  # other compute units or shapes: another compiled model
             key += tuple(sorted(providers[0][1].items()))
         with self._lock:
             handle = self._sessions.get(key)
@@ -383,6 +383,8 @@ class Runtime:
                 self.evict(handle, reason)
             if arena or any(h.cpu_arena for h in handles):
                 self.release_cpu_arena()
+            else:  # what the sessions' own allocators freed, out of the C heap
+                trim_process_heap()
             return len(handles)
 
         return self._measured(reason, self._gpu_ids(handles), work)
