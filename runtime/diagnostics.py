@@ -66,6 +66,8 @@ class Report:
     cuda_libraries_note: str | None = None
     cuda_probe: CudaProbe | None = None
     gpu_runtime: dict = field(default_factory=dict)  # the add-on's own CUDA/cuDNN folder, when activated
+    bundled_wheels: list[str] = field(default_factory=list)  # the onnxruntime wheel(s) this zip ships
+    session: dict = field(default_factory=dict)  # what an "auto" job's session really gets, and its release rule
 
 
 # --- onnxruntime --------------------------------------------------------------------------------
@@ -251,6 +253,53 @@ def probe_cuda(device: str = "cuda", runtime=None) -> CudaProbe:
 # --- the report ---------------------------------------------------------------------------------
 
 
+def bundled_wheels(root: str | None = None) -> list[str]:
+    """The wheel files the installed zip's manifest lists (tools/build_extension.py writes them;
+    their names carry the onnxruntime build and version); empty in a source checkout."""
+    manifest = os.path.join(root or os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "blender_manifest.toml")
+    try:
+        with open(manifest, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return []
+    block = re.search(r"^wheels\s*=\s*\[(.*?)\]", text, re.M | re.S)
+    return [os.path.basename(w) for w in re.findall(r'"([^"]+\.whl)"', block.group(1))] if block else []
+
+
+def probe_session(device: str = "auto", runtime=None) -> dict:
+    """What a job on ``device`` really gets (one tiny session through the runtime) and the
+    release rule that applies to it; never raises (``error`` then says why)."""
+    import numpy as np
+
+    from . import core, cpu_arena
+    from .providers import RELEASE_RULES, describe_providers, release_rule
+
+    runtime = runtime or core.Runtime(core.get_runtime().settings)
+    facts: dict = {"requested": device}
+    with tempfile.TemporaryDirectory(prefix="lean_image_ai_probe_") as tmp:
+        model = os.path.join(tmp, "probe.onnx")
+        with open(model, "wb") as f:
+            f.write(cpu_arena.RELEASE_PROBE_MODEL)
+        handle = None
+        try:
+            handle = runtime.session(model, device)
+            handle.session.run(None, {"x": np.zeros(1, np.float32)})
+        except Exception as exc:
+            facts["error"] = _one_line(exc)
+        finally:
+            if handle is not None:
+                keep = runtime.settings.keep_models_loaded_on_dml_coreml
+                rule = release_rule(handle.providers, cpu_arena=handle.cpu_arena, keep_loaded=keep)
+                facts.update(
+                    providers=list(handle.providers),
+                    device=describe_providers(handle.providers),
+                    release_rule=rule,
+                    release_text=RELEASE_RULES[rule],
+                )
+                runtime.evict(handle, "diagnostics")
+    return facts
+
+
 def collect(*, cuda_probe: bool = True, directory: str | None = None, runtime=None) -> Report:
     """Everything above; `directory` is a folder of CUDA/cuDNN libraries to look in instead of
     the nvidia wheels (as preload_dlls' argument of that name)."""
@@ -279,6 +328,9 @@ def collect(*, cuda_probe: bool = True, directory: str | None = None, runtime=No
         )
     elif cuda_probe:
         report.cuda_probe = probe_cuda("cuda", runtime)
+    report.bundled_wheels = bundled_wheels()
+    if ort is not None:
+        report.session = probe_session("auto", runtime)
     return report
 
 
@@ -297,6 +349,16 @@ def format_report(report: Report) -> str:
             + (f" (built for CUDA {report.build_cuda_version})" if report.build_cuda_version else "")
         )
         lines.append(f"Providers offered: {', '.join(report.available_providers) or 'none'}")
+    if report.bundled_wheels:
+        lines.append(f"Bundled with this zip: {', '.join(report.bundled_wheels)}")
+    session = report.session
+    if session.get("device"):
+        lines.append(
+            f"A job on Auto runs on: {session['device']} ({', '.join(session['providers'])});"
+            f" release rule: {session['release_rule']}: {session['release_text']}"
+        )
+    elif session.get("error"):
+        lines.append(f"A job on Auto: no session ({session['error']})")
     nvml = report.nvml
     if nvml.get("available"):
         lines.append(
