@@ -244,8 +244,6 @@ class Runtime:
                 f"{handle.fallback_warning or ''} CUDA/cuDNN libraries that did not load: {self._preload.describe()}."
             ).strip()
             self.events.emit("cuda_preload_failed", model=handle.model_name, **failed)
-        if handle.partition_warning:
-            self.events.emit("coreml_partitioned", model=handle.model_name, message=handle.partition_warning)
         if handle.fallback_warning:
             self.events.emit(
                 "provider_fallback",

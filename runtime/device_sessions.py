@@ -52,3 +52,5 @@ def note_partitions(handle, lines: list[str]) -> None:
     of the graph, the artist's warning (``handle.partition_warning``)."""
     handle.partitions = coreml_partitions(lines) if handle.providers[:1] == [COREML] else None
     handle.partition_warning = coreml_partition_warning(handle.model_name, handle.partitions)
+    if handle.partition_warning and not handle.fallback_warning:  # the artist hears it as a fallback
+        handle.fallback_warning = handle.partition_warning

@@ -12,7 +12,7 @@ from typing import TypeVar
 import numpy as np
 
 from .memory import process_rss_bytes
-from .providers import CPU, CUDA, DeviceRequest, describe_providers, release_rule, shrink_spec
+from .providers import CPU, CUDA, DEVICE_BY_KIND, DeviceRequest, describe_providers, release_rule, shrink_spec
 
 LIBRARY_RAM: dict = {}
 """``{"bytes": n}``: the RSS the first import of onnxruntime added, when this module imported it
@@ -81,6 +81,13 @@ class SessionHandle:
                 f"CUDA was requested for {self.model_name} but the session runs on "
                 f"{describe_providers(self.providers)}: the GPU or its CUDA/cuDNN libraries could not be used. "
                 "Check the NVIDIA driver and the onnxruntime-gpu install; results are correct but slower."
+            )
+        elif request.kind in ("directml", "coreml") and self.providers[:1] != [DEVICE_BY_KIND[request.kind].provider]:
+            label = DEVICE_BY_KIND[request.kind].label
+            self.fallback_warning = (
+                f"{label} was requested for {self.model_name} but the session runs on "
+                f"{describe_providers(self.providers)}: {label} could not use this GPU. Update the graphics "
+                "driver; results are correct but slower."
             )
         self.evicted = False
         self.evict_reason: str | None = None

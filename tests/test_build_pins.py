@@ -47,8 +47,15 @@ def test_a_pin_of_another_version_is_refused(tmp_path, monkeypatch):
 def test_build_manifest_says_which_onnxruntime_and_stays_toml():
     manifest = (B.REPO_ROOT / "blender_manifest.toml").read_text()
     text = B.build_manifest_text(
-        manifest, wheels=["w.whl"], platforms=["windows-x64"], python="3.11", note="onnxruntime-directml 1.24.4, any GPU"
+        manifest,
+        wheels=["w.whl"],
+        platforms=["windows-x64"],
+        python="3.11",
+        note="onnxruntime-directml 1.24.4, any GPU",
     )
     data = tomllib.loads(text)
     assert data["wheels"] == ["./wheels/w.whl"] and data["platforms"] == ["windows-x64"]
-    assert "# Written by tools/build_extension.py for Python 3.11. onnxruntime: onnxruntime-directml 1.24.4" in text
+    assert (
+        "# Written by tools/build_extension.py for Python 3.11. onnxruntime: onnxruntime-directml 1.24.4"
+        in text
+    )

@@ -163,7 +163,9 @@ CUDA_OPTIONS = {
         ),
     ],
 )  # fmt: skip
-def test_recorded_options_per_provider(conv, tmp_path, device, available, reported, settings, providers, config, shrink, rule):
+def test_recorded_options_per_provider(
+    conv, tmp_path, device, available, reported, settings, providers, config, shrink, rule
+):
     """Spec: CPU, DirectML, CoreML or another provider that does not declare support: no shrink
     configuration is submitted and inference runs as before. CUDA (and CPU with the runtime's
     arena): the shrink entry on the last run only."""
@@ -191,7 +193,9 @@ def test_recorded_options_per_provider(conv, tmp_path, device, available, report
     assert call["mem_pattern"] is (reported[0] != DML)
     assert call["execution_mode"] == ort.ExecutionMode.ORT_SEQUENTIAL
     # CoreML's summary of a graph in one piece (or none) is logged at INFO
-    assert call["log_severity_level"] == (1 if reported[0] == COREML else ort.SessionOptions().log_severity_level)
+    assert call["log_severity_level"] == (
+        1 if reported[0] == COREML else ort.SessionOptions().log_severity_level
+    )
     assert factory.shrink_entries == shrink
     assert handle.release == rule
     assert outputs[1].shape == (1, 3, 32, 32) and np.isfinite(outputs[1]).all()
@@ -239,7 +243,9 @@ def test_unload_rule_drops_the_session_gives_memory_back_and_the_next_job_reload
     if loaded:  # RSS is readable here: what unloading gave back against what loading took (same run)
         assert op.unloaded["by"]["ram"] >= 0.5 * loaded, (op.unloaded, loaded)
     assert op.memory["released"] is True
-    assert [e["reason"] for e in runtime.events.recent("session_evict")] == ["release rule: unload after the job"]
+    assert [e["reason"] for e in runtime.events.recent("session_evict")] == [
+        "release rule: unload after the job"
+    ]
 
     op2, handle2, second = job()
     assert len(factory.calls) == 2 and handle2 is not handle, "the next job loads the model again"
@@ -260,7 +266,9 @@ def test_keep_loaded_from_the_environment(monkeypatch):
 def test_coreml_compute_units_and_static_shapes_make_their_own_session(conv, tmp_path):
     factory = ReportingFactory([COREML, CPU])
     settings = RuntimeSettings(
-        coreml_compute_units="CPUAndNeuralEngine", coreml_cache_dir=str(tmp_path), keep_models_loaded_on_dml_coreml=True
+        coreml_compute_units="CPUAndNeuralEngine",
+        coreml_cache_dir=str(tmp_path),
+        keep_models_loaded_on_dml_coreml=True,
     )
     runtime = Runtime(settings, session_factory=factory, available_providers=lambda: [COREML, CPU])
     two_runs(runtime, conv, "coreml")
@@ -294,12 +302,27 @@ def test_coreml_partition_report_is_read_from_onnxruntimes_log(conv, tmp_path):
 
     factory = ReportingFactory([COREML, CPU], on_create=log_partitions)
     runtime = Runtime(
-        RuntimeSettings(coreml_cache_dir=str(tmp_path)), session_factory=factory, available_providers=lambda: [COREML, CPU]
+        RuntimeSettings(coreml_cache_dir=str(tmp_path)),
+        session_factory=factory,
+        available_providers=lambda: [COREML, CPU],
     )
     handle = runtime.session(conv, "coreml")
     assert handle.partitions == {"partitions": 39, "nodes": 327, "coreml_nodes": 112}
     assert "CoreML runs 112 of 327 operators of conv.onnx (34%) in 39 piece(s)" in handle.partition_warning
-    assert runtime.events.recent("coreml_partitioned")[-1]["message"] == handle.partition_warning
+    # the artist hears it as a fallback (the families pass fallback warnings on; the panel shows them)
+    assert handle.fallback_warning == handle.partition_warning
+    assert runtime.events.recent("provider_fallback")[-1]["message"] == handle.partition_warning
+
+
+def test_directml_request_that_lands_on_cpu_is_named(conv):
+    factory = ReportingFactory([CPU])  # what ORT reports when the DirectML device cannot be created
+    runtime = Runtime(session_factory=factory, available_providers=lambda: [DML, CPU])
+    handle = runtime.session(conv, "directml")
+    assert handle.fallback_warning.startswith(
+        "DirectML was requested for conv.onnx but the session runs on CPU"
+    )
+    # created without the shared CPU arena (DirectML was asked for): it runs as before, nothing to shrink
+    assert handle.release == KEEP and handle.shrink == ""
 
 
 def test_coreml_partition_warning_only_when_it_matters():
