@@ -35,7 +35,9 @@ class Operation:
     `last=True` on the final run of each session it used, and only that run carries the shrink
     entry. If the operation ends by cancellation or error (or without a final run), the memory
     it grew is given back on exit: the shared CPU arena by a probe run, a CUDA session's arena by
-    evicting that session (the only way to free it without another model run).
+    evicting that session (the only way to free it without another model run). Sessions on a device
+    without an ORT arena (DirectML, CoreML: the UNLOAD rule of providers.py's table) are unloaded
+    when the job ends, however it ends, unless the artist keeps models loaded.
     """
 
     def __init__(self, runtime, name: str, *, cancel=None):  # runtime: the core.Runtime that made it

@@ -24,15 +24,16 @@ from ..operators.prefs import (
     release_rule_lines,
 )
 from ..runtime import diagnostics, gpu_libraries, gpu_loading
+from ..runtime.providers import DEVICE_BY_KIND
 
 # identifier, label, description, onnxruntime provider needed (None: always offered), stable number.
 # The numbers are what Blender stores, so they must never change (a dynamic enum is saved as int).
 DEVICE_CHOICES = (
     ("AUTO", "Auto", "Best available: CUDA, then DirectML, then CoreML, else CPU", None, 0),
     ("CPU", "CPU", "Run on the CPU", None, 1),
-    ("CUDA", "CUDA (NVIDIA)", "Run on an NVIDIA GPU with CUDA", "CUDAExecutionProvider", 2),
-    ("DIRECTML", "DirectML", "Run on a DirectX 12 GPU (Windows)", "DmlExecutionProvider", 3),
-    ("COREML", "CoreML (Apple)", "Run with Apple CoreML", "CoreMLExecutionProvider", 4),
+    ("CUDA", "CUDA (NVIDIA)", "Run on an NVIDIA GPU with CUDA", DEVICE_BY_KIND["cuda"].provider, 2),
+    ("DIRECTML", "DirectML", "Run on a DirectX 12 GPU (Windows)", DEVICE_BY_KIND["directml"].provider, 3),
+    ("COREML", "CoreML (Apple)", "Run with Apple CoreML", DEVICE_BY_KIND["coreml"].provider, 4),
 )
 
 # Blender requires the strings of dynamic enum items to stay alive while the enum is used:
@@ -327,7 +328,7 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         sub = col.column()
         sub.enabled = self.device in ("DIRECTML", "COREML", "AUTO")
         sub.prop(self, "keep_models_loaded_on_dml_coreml")
-        if self.device in ("COREML", "AUTO") and "CoreMLExecutionProvider" in available_providers():
+        if self.device in ("COREML", "AUTO") and DEVICE_BY_KIND["coreml"].provider in available_providers():
             col.prop(self, "coreml_compute_units")
         col.prop(self, "release_cpu_memory")
         sub = col.column()
