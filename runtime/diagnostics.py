@@ -13,6 +13,7 @@ descriptor 2 for the duration of that one session creation (and echoes it back a
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import platform
@@ -213,20 +214,29 @@ def _fallback_reason(messages: list[str]) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def _probe_model():
+    """A model file for a probe session: x -> x, no nodes: nothing to compute, nothing to allocate."""
+    from . import cpu_arena
+
+    with tempfile.TemporaryDirectory(prefix="lean_image_ai_probe_") as tmp:
+        model = os.path.join(tmp, "probe.onnx")
+        with open(model, "wb") as f:
+            f.write(cpu_arena.RELEASE_PROBE_MODEL)
+        yield model
+
+
 def probe_cuda(device: str = "cuda", runtime=None) -> CudaProbe:
     """Create one tiny session for `device` and report what it really got (never raises)."""
     import numpy as np
 
-    from . import core, cpu_arena
+    from . import core
     from .errors import LeanImageError
     from .providers import CUDA
 
     runtime = runtime or core.Runtime()
     probe = CudaProbe(attempted=True)
-    with tempfile.TemporaryDirectory(prefix="lean_image_ai_probe_") as tmp:
-        model = os.path.join(tmp, "probe.onnx")
-        with open(model, "wb") as f:
-            f.write(cpu_arena.RELEASE_PROBE_MODEL)  # x -> x, no nodes: nothing to compute, nothing to allocate
+    with _probe_model() as model:
         handle = None
         try:
             with ort_log.captured_output() as captured:
@@ -271,15 +281,12 @@ def probe_session(device: str = "auto", runtime=None) -> dict:
     release rule that applies to it; never raises (``error`` then says why)."""
     import numpy as np
 
-    from . import core, cpu_arena
+    from . import core
     from .providers import RELEASE_RULES, describe_providers, release_rule
 
     runtime = runtime or core.Runtime(core.get_runtime().settings)
     facts: dict = {"requested": device}
-    with tempfile.TemporaryDirectory(prefix="lean_image_ai_probe_") as tmp:
-        model = os.path.join(tmp, "probe.onnx")
-        with open(model, "wb") as f:
-            f.write(cpu_arena.RELEASE_PROBE_MODEL)
+    with _probe_model() as model:
         handle = None
         try:
             handle = runtime.session(model, device)
