@@ -123,13 +123,13 @@ class Runtime:
 
     # ---- sessions -------------------------------------------------------------------------
     def session(
-        self, model_path, device: str | DeviceRequest = "auto", *, holder=None, static_shapes: bool = False
+        self, model_path, device: str | DeviceRequest = "auto", *, holder=None, static_shapes: bool | None = None
     ) -> SessionHandle:
         """The cached session for (model file, device, runtime settings); created on first use.
 
         ``holder`` (an Operation) marks the session as in use by that job until it ends: an
         eviction meanwhile drops it from the cache but the job keeps running on it.
-        ``static_shapes``: the model's inputs never change shape (CoreML RequireStaticInputShapes).
+        ``static_shapes``: CoreML RequireStaticInputShapes (None: whether the file fixes every input).
         """
         request = parse_device(device)
         if request.kind == "cuda":
@@ -140,7 +140,8 @@ class Runtime:
         if request.kind == "auto" and CUDA in available and not self._cuda_usable():
             # onnxruntime-gpu lists CUDA even with no GPU; "auto" should quietly mean CPU there
             available = [p for p in available if p != CUDA]
-        providers = resolve_providers(request, available, ProviderChoices.of(settings, static_shapes=static_shapes))
+        choices = ProviderChoices.of(settings, static_shapes=static_shapes, model_path=path)
+        providers = resolve_providers(request, available, choices)
         # Only CPU sessions join the shared CPU arena. CUDA sessions keep their host allocators as
         # ORT sets them up (env allocators interact with CUDA's pinned allocator: onnxruntime
         # #25211), and DirectML/CoreML sessions run exactly as before.

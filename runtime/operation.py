@@ -72,7 +72,7 @@ class Operation:
         self.runtime.events.emit("operation_start", operation=self.name)
         return self
 
-    def session(self, model_path, device="auto", *, static_shapes: bool = False) -> SessionHandle:
+    def session(self, model_path, device="auto", *, static_shapes: bool | None = None) -> SessionHandle:
         """The session for a model; the job keeps it until it ends, even if it is evicted meanwhile.
         ``static_shapes``: its inputs never change shape (see Runtime.session)."""
         request = parse_device(device)

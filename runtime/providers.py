@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import DeviceSpecError, ProviderUnavailableError
+from .onnx_inputs import all_inputs_static
 from .paths import user_cache_root
 
 CUDA = "CUDAExecutionProvider"
@@ -52,10 +53,12 @@ class ProviderChoices:
     conv_algo_search: str = "HEURISTIC"
     coreml_compute_units: str = "ALL"
     coreml_cache_dir: str | None = None
-    static_shapes: bool = False  # CoreML RequireStaticInputShapes, for a family that needs it
+    # CoreML RequireStaticInputShapes; None: on when the model file declares every input's shape
+    static_shapes: bool | None = None
+    model_path: str | None = None
 
     @classmethod
-    def of(cls, settings, *, static_shapes: bool = False) -> ProviderChoices:
+    def of(cls, settings, *, static_shapes: bool | None = None, model_path=None) -> ProviderChoices:
         """The choices a core.RuntimeSettings makes (CoreML's cache: the per-user cache folder)."""
         return cls(
             gpu_mem_limit=settings.gpu_mem_limit_bytes,
@@ -64,6 +67,7 @@ class ProviderChoices:
             coreml_compute_units=settings.coreml_compute_units,
             coreml_cache_dir=settings.coreml_cache_dir or str(user_cache_root() / "coreml"),
             static_shapes=static_shapes,
+            model_path=None if model_path is None else str(model_path),
         )
 
 
@@ -98,12 +102,16 @@ def _coreml_options(request: DeviceRequest, choices: ProviderChoices) -> dict:
         raise ValueError(
             f"CoreML compute units must be one of {COREML_COMPUTE_UNITS}, got {choices.coreml_compute_units!r}"
         )
+    static = choices.static_shapes
+    if static is None:  # fixed inputs (a fixed-tile upscaler, DA3's 280x504): compiled once for them
+        static = choices.model_path is not None and all_inputs_static(choices.model_path)
     options = {
         # ML Program runs fp16/fp32 on the GPU and Neural Engine and covers more operators than
         # the older NeuralNetwork format (ORT's default)
         "ModelFormat": "MLProgram",
         "MLComputeUnits": choices.coreml_compute_units,
-        "RequireStaticInputShapes": "1" if choices.static_shapes else "0",
+        # on for a model with a free dimension, CoreML would take none of its graph
+        "RequireStaticInputShapes": "1" if static else "0",
     }
     if choices.coreml_cache_dir:
         # compiled once per model and shape, not at every load (the unload rule loads often)

@@ -18,6 +18,7 @@ import onnxruntime as ort
 import pytest
 from lean_image_ai.runtime import Runtime, RuntimeSettings, core, mark_last
 from lean_image_ai.runtime.memory_report import format_job_memory
+from lean_image_ai.runtime.onnx_inputs import all_inputs_static, declared_input_shapes
 from lean_image_ai.runtime.providers import (
     COREML,
     CPU,
@@ -33,7 +34,7 @@ from lean_image_ai.runtime.providers import (
     coreml_partitions,
     release_rule,
 )
-from onnx_builders import conv_model, weights_model
+from onnx_builders import conv_model, sr_model, weights_model
 
 SESSION_KEYS = (
     "session.use_env_allocators",
@@ -343,3 +344,33 @@ def test_job_report_names_the_rule_in_one_line():
     }  # fmt: skip
     assert format_job_memory(job)[-1] == "  release rule: DirectML: unload (x)"
     assert DEVICE_BY_KIND["directml"].release_text.startswith("the job's sessions are unloaded")
+
+
+def test_coreml_static_shapes_follow_what_the_file_declares(conv, tmp_path):
+    fixed = conv_model(tmp_path / "fixed.onnx", height=64, width=64)
+    factory = ReportingFactory([COREML, CPU])
+    runtime = Runtime(
+        RuntimeSettings(coreml_cache_dir=str(tmp_path), keep_models_loaded_on_dml_coreml=True),
+        session_factory=factory,
+        available_providers=lambda: [COREML, CPU],
+    )
+    runtime.session(conv, "coreml")  # 1x3xHxW: on, CoreML would take none of it
+    runtime.session(fixed, "coreml")  # 1x3x64x64: compiled once for that shape
+    assert [c["providers"][0][1]["RequireStaticInputShapes"] for c in factory.calls] == ["0", "1"]
+
+
+def test_declared_input_shapes_match_onnxruntimes_reading(conv, tmp_path):
+    models = [
+        conv,
+        conv_model(tmp_path / "fixed.onnx", height=48, width=80),
+        weights_model(tmp_path / "weights.onnx", n=1024),  # 4 MB of initializers skipped, not read
+        sr_model(tmp_path / "sr.onnx"),
+        sr_model(tmp_path / "sr_tile.onnx", tile=64),  # an upscaler with a fixed tile
+    ]
+    for model in models:
+        declared = declared_input_shapes(model)
+        session = ort.InferenceSession(str(model), providers=[CPU])
+        assert declared == [tuple(d if isinstance(d, int) else None for d in i.shape) for i in session.get_inputs()]
+    assert [all_inputs_static(m) for m in models] == [False, True, True, False, True]
+    (tmp_path / "broken.onnx").write_bytes(b"\xff\xff\xff")
+    assert all_inputs_static(tmp_path / "broken.onnx") is False
