@@ -32,7 +32,7 @@ extension must not ship it), and flatbuffers, packaging and protobuf are importe
 tests/test_stock_blender.py runs the add-on in a Blender whose Python has none of them).
 
 Prints each zip's size and top-level contents, then one JSON line: per zip its name, size,
-sha256, platform, Python and wheels (with their sha256).
+sha256, build, platform, Python, onnxruntime and wheels (with their sha256), each validated.
 """
 
 from __future__ import annotations
@@ -404,20 +404,12 @@ def _validated(path: Path, item: Build, python: str, wheel: Path, gpu_files: lis
     size = path.stat().st_size
     log(f"{path.name}: {size / 2**20:.1f} MiB, {len(names)} files; top level: {' '.join(top)}")
     return {
-        "name": path.name,
-        "path": str(path),
-        "size": size,
-        "sha256": sha256_of(path),
-        "build": item.name,
-        "platform": item.platform,
-        "python": python,
-        "onnxruntime": f"{item.distribution}=={item.version}",
-        "blender_version_min": PYTHONS[python][0],
-        "blender_version_max": PYTHONS[python][1],
+        "name": path.name, "path": str(path), "size": size, "sha256": sha256_of(path), "build": item.name,
+        "platform": item.platform, "python": python, "onnxruntime": f"{item.distribution}=={item.version}",
+        "blender_version_min": PYTHONS[python][0], "blender_version_max": PYTHONS[python][1],
         "wheels": [{"name": wheel.name, "sha256": sha256_of(wheel)}],
-        "gpu_requirements": [p.name for p in gpu_files],
-        "validated": True,
-    }
+        "gpu_requirements": [p.name for p in gpu_files], "validated": True,
+    }  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
