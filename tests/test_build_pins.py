@@ -59,3 +59,32 @@ def test_build_manifest_says_which_onnxruntime_and_stays_toml():
         "# Written by tools/build_extension.py for Python 3.11. onnxruntime: onnxruntime-directml 1.24.4"
         in text
     )
+
+
+def test_directml_zip_builds_and_passes_blenders_validator(tmp_path):
+    """The new Windows zip, end to end through Blender's own CLI (build + validate), from the
+    pinned wheel in the shared wheel cache (tests/test_stock_blender.py's; never downloaded here)."""
+    import json
+    import os
+    import subprocess
+    import zipfile
+
+    cache = Path(os.environ.get("LEAN_IMAGE_AI_CACHE", Path.home() / ".cache" / "lean_image_ai")) / "wheels"
+    build = B.BUILD_BY_NAME["windows-x64-directml"]
+    wheel, _ = B.read_pin(build, "3.11")
+    if not (cache / wheel).is_file():
+        pytest.skip(f"{wheel} is not in {cache}: `tools/build_extension.py --build windows-x64-directml` fetches it")
+    proc = subprocess.run(
+        [sys.executable, str(B.REPO_ROOT / "tools" / "build_extension.py"), "--build", build.name, "--python", "3.11",
+         "--output-dir", str(tmp_path), "--wheels-dir", str(cache)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (made,) = json.loads(proc.stdout.strip().splitlines()[-1])["zips"]
+    assert made["name"] == "lean_image_ai-0.1.0-py311-windows_x64-directml.zip" and made["validated"]
+    with zipfile.ZipFile(made["path"]) as zf:
+        names = zf.namelist()
+        manifest = zf.read("blender_manifest.toml").decode()
+    assert [n for n in names if n.endswith(".whl")] == [f"wheels/{wheel}"]
+    assert not any(n.startswith("gpu_requirements/") for n in names), "no CUDA libraries for a DirectML zip"
+    assert 'id = "lean_image_ai"' in manifest and "onnxruntime: onnxruntime-directml 1.24.4" in manifest
