@@ -13,7 +13,8 @@ import argparse
 
 from .cli_images import CommandLineError
 from .models import products, shot_camera, shot_depth
-from .runtime.errors import OperationCancelled
+from .models.shot_batch import ShotSettings
+from .runtime.errors import LeanImageError, OperationCancelled
 
 
 def add_arguments(parser: argparse.ArgumentParser, family) -> None:
@@ -46,29 +47,21 @@ def add_arguments(parser: argparse.ArgumentParser, family) -> None:
 
 class ShotRun:
     """What the shot options add to one command's run: the frames, a first pass, the writer, the
-    JSON fields."""
+    JSON fields (the options themselves: models/shot_batch.py's ShotSettings)."""
 
     def __init__(self, family, args):
-        self.family_id = family.id
         self.preview = getattr(args, "preview", None)
-        self.depth = None
-        self.camera = None
-        if family.id == "da3":
-            choice = shot_depth.parse_depth_range(getattr(args, "depth_range", shot_depth.PER_FRAME))
-            depth = shot_depth.ShotDepth(choice, align=bool(getattr(args, "align_depth", False)))
-            self.depth = depth if depth.changes_output else None
-        if family.id == "moge2":
-            camera = shot_camera.ShotCamera(getattr(args, "camera", shot_camera.PER_FRAME), getattr(args, "fov", None))
-            self.camera = camera if camera.changes_output else None
-        if args.shard and self._first_pass_needed:
-            raise CommandLineError(
-                "--depth-range auto-shot and --camera shot look at the whole shot, but --shard gives this "
-                "task only part of it. Give the shot's values instead: --depth-range A:B, --fov DEG."
+        try:
+            self.settings = ShotSettings(
+                family.id,
+                depth_range=getattr(args, "depth_range", shot_depth.PER_FRAME),
+                align_depth=bool(getattr(args, "align_depth", False)),
+                camera=getattr(args, "camera", shot_camera.PER_FRAME),
+                fov=getattr(args, "fov", None),
+                shard=args.shard,
             )
-
-    @property
-    def _first_pass_needed(self) -> bool:
-        return bool((self.depth and self.depth.needs_first_pass) or (self.camera and self.camera.needs_first_pass))
+        except LeanImageError as exc:
+            raise CommandLineError(str(exc)) from None
 
     def frames(self, refs: list, skip: set) -> tuple[list, set]:
         """All frames, or only the one asked for with --preview (its output is written anyway)."""
@@ -84,50 +77,31 @@ class ShotRun:
     def first_pass(self, run_pass) -> dict:
         """Run ``run_pass(record)`` (a batch over every frame whose 'write' is ``record``) when a
         shot option needs it; returns adapter keyword arguments for the writing pass."""
-        if not self._first_pass_needed:
-            return self.camera.adapter_kwargs() if self.camera else {}
-        what = "depth ranges" if self.depth else "focal lengths"
-        print(f"first pass: {what} only (no file is written)", flush=True)
-
-        def record(ref, result):
-            if self.depth is not None:
-                self.depth.record(result.depth)
-            if self.camera is not None:
-                self.camera.record(result)
-
-        report = run_pass(record)
-        if report.cancelled:
-            raise OperationCancelled("The first pass was cancelled; nothing was written.")
-        if self.depth is not None:
-            low, high = self.depth.finish_first_pass()
-            print(f"shot depth range: {low:.6g}..{high:.6g} over {self.depth.frames_recorded} frame(s)", flush=True)
-        if self.camera is not None:
-            self.camera.finish_first_pass()
-            print(f"shot camera: {self.camera.describe()}", flush=True)
-        return self.camera.adapter_kwargs() if self.camera else {}
+        if self.settings.needs_first_pass:
+            print(f"first pass: {self.settings.first_pass_keeps} only (no file is written)", flush=True)
+            if run_pass(self.settings.record).cancelled:
+                raise OperationCancelled("The first pass was cancelled; nothing was written.")
+            print(self.settings.finish_first_pass(), flush=True)
+        return self.settings.adapter_kwargs()
 
     def writer(self, write_result):
         """``write_result(family_id, out, result, values)``, with the shot's depth product."""
-        if self.depth is None:
+        if self.settings.depth is None:
             return write_result
 
         from . import cli_images
 
         def write(family_id, out, result, values):
-            product, notes = self.depth.product(result.depth, out.suffix, products.FLOAT_SUFFIXES)
+            product, notes = self.settings.depth_product(result.depth, out.suffix, products.FLOAT_SUFFIXES)
             notes = notes + cli_images.write_image(out, product)
             low, high = product.metadata["lean_image_ai:depth_range"].split()
-            return notes, f"wrote: {out} {product.pixels.shape[1]}x{product.pixels.shape[0]}, depth range {float(low):.6g}..{float(high):.6g}"
+            size = f"{product.pixels.shape[1]}x{product.pixels.shape[0]}"
+            return notes, f"wrote: {out} {size}, depth range {float(low):.6g}..{float(high):.6g}"
 
         return write
 
     def as_dict(self) -> dict:
-        fields = {}
-        if self.depth is not None:
-            fields.update(self.depth.as_dict())
-        if self.camera is not None:
-            fields["camera"] = self.camera.as_dict()
+        fields = self.settings.as_dict()
         if self.preview is not None:
             fields["preview"] = self.preview
         return fields
-
