@@ -93,6 +93,7 @@ class TwoPassBatch:
         self._second: BatchRun | None = None
         self._second_ready = threading.Event()
         self.report = self._first.report
+        self.shot_line = ""  # the shot's values once the first pass is over, for the user
 
     @property
     def needs_model(self) -> bool:
@@ -118,7 +119,8 @@ class TwoPassBatch:
             if self._first.report.cancelled or self._cancel.is_set():
                 self._second_ready.set()
                 return True
-            self._announce(self._settings.finish_first_pass())
+            self.shot_line = self._settings.finish_first_pass()
+            self._announce(self.shot_line)
             self._second = self._make_pass(self._write, self._settings.adapter_kwargs(), False)
             self.report = self._second.report
         except BaseException:
