@@ -204,3 +204,68 @@ def test_first_pass_keeps_no_frame(model, align, fresh_runtime):
     shot.finish_first_pass()
     low, high = shot.shot_range
     assert np.isfinite([low, high]).all() and low < high
+
+
+def _pumped(batch) -> None:
+    """As Blender runs a batch: the worker on a thread, this thread reading, writing, pumping."""
+    import threading
+
+    worker = threading.Thread(target=batch.infer_all)
+    worker.start()
+    try:
+        while not batch.pump(0.05):
+            pass
+    finally:
+        worker.join(30)
+    assert not worker.is_alive()
+
+
+def _two_pass(model, runtime, count, write, cancel, settings):
+    from lean_image_ai.models.shot_batch import TwoPassBatch
+
+    refs = [FrameRef(n, None) for n in range(1, count + 1)]
+
+    def make_pass(writer, extra, first_pass):
+        def infer(frames, options):
+            return da3.run(frames, model, options=options, process_res=84, **extra)
+
+        return BatchRun(refs, infer, lambda ref: shot_frame(ref.number - 1, count, noise=False), writer,
+                        options=JobOptions(runtime=runtime, cancel=cancel))
+
+    return TwoPassBatch(settings, make_pass, write, cancel)
+
+
+def test_two_pass_batch_pumped_like_blender(model, fresh_runtime):
+    import threading
+
+    from lean_image_ai.models.shot_batch import ShotSettings
+
+    settings = ShotSettings("da3", depth_range="auto-shot")
+    written = []
+    batch = _two_pass(model, fresh_runtime, 5, lambda ref, result: written.append(
+        settings.depth_product(result.depth, ".png", frozenset())[0].value_range), threading.Event(), settings)
+    _pumped(batch)
+    assert batch.report.written == [1, 2, 3, 4, 5] and settings.depth.frames_recorded == 5
+    assert len(set(written)) == 1 and written[0] == settings.depth.shot_range
+    assert batch.shot_line.startswith("shot depth range: ")
+
+
+def test_two_pass_batch_cancelled_in_its_first_pass_writes_nothing(model, fresh_runtime):
+    import threading
+
+    from lean_image_ai.models.shot_batch import ShotSettings
+
+    settings = ShotSettings("da3", depth_range="auto-shot")
+    cancel = threading.Event()
+    recorded = settings.record
+
+    def record_then_cancel(ref, result):
+        recorded(ref, result)
+        if ref.number == 2:
+            cancel.set()
+
+    settings.record = record_then_cancel
+    written = []
+    batch = _two_pass(model, fresh_runtime, 6, lambda ref, result: written.append(ref), cancel, settings)
+    _pumped(batch)
+    assert batch.report.cancelled and not written and settings.depth.shot_range is None
