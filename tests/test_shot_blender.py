@@ -20,6 +20,7 @@ from builders_moge2 import moge2_like_model  # noqa: E402
 from builders_shot import background_mask, drifting_depth_model, write_shot  # noqa: E402
 from lean_image_ai.models import library  # noqa: E402
 from lean_image_ai.operators import batch_ops, geometry_ops, jobs, shot_ops  # noqa: E402
+from onnx_builders import sr_model  # noqa: E402
 from test_moge2 import red_image  # noqa: E402
 
 FRAMES = 6
@@ -43,7 +44,11 @@ def clean(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("shot_models")
-    return {"da3": drifting_depth_model(root / "drift.onnx"), "moge2": moge2_like_model(root / "moge2.onnx")}
+    return {
+        "da3": drifting_depth_model(root / "drift.onnx"),
+        "moge2": moge2_like_model(root / "moge2.onnx"),
+        "upscale": sr_model(root / "sr.onnx", scale=2, mid_channels=4),
+    }
 
 
 def _greys(folder: Path) -> list[np.ndarray]:
@@ -111,6 +116,11 @@ def test_preview_frame_shows_one_frame_and_writes_nothing(tmp_path, models):
     pixels = np.empty(image.size[0] * image.size[1] * 4, np.float32)
     image.pixels.foreach_get(pixels)
     grey = pixels.reshape(image.size[1], image.size[0], 4)[::-1, :, 0].copy()  # Blender stores bottom row first
+    editor = next(a for a in bpy.data.screens["UV Editing"].areas if a.type == "IMAGE_EDITOR")
+    with bpy.context.temp_override(screen=bpy.data.screens["UV Editing"]):  # a screen with an Image Editor
+        shown = bpy.ops.lean_image_ai.preview_frame(family="upscale", source=str(shot), model_path=str(models["upscale"]))
+    assert shown == {"FINISHED"} and editor.spaces.active.image == bpy.data.images[shot_ops.PREVIEW_IMAGE]
+    assert bpy.data.images[shot_ops.PREVIEW_IMAGE].size[:] == (2 * 84, 2 * 56)  # the x2 model's frame 2
     direct = bpy.ops.lean_image_ai.preview_frame(
         family="da3", source=str(shot), model_path=str(models["da3"]), depth_range="per-frame", frame=2
     )
@@ -122,3 +132,4 @@ def test_preview_frame_shows_one_frame_and_writes_nothing(tmp_path, models):
     assert 0.0 < grey.min() and grey.max() < 1.0  # the given 5..15 range: depths 7.9..14.2 sit inside it
     with pytest.raises(RuntimeError, match="Frame 9 is not in the sequence"):
         bpy.ops.lean_image_ai.preview_frame(family="da3", source=str(shot), model_path=str(models["da3"]), frame=9)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # three previews, no file written
