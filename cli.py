@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cli_images, cli_job, farm_ray
+from . import cli_images, cli_job, cli_shot, farm_ray
 from .models import families, sequence
 from .models.base import JobOptions
 from .models.family import Family
@@ -132,6 +132,7 @@ def _add_family(subparsers, family: Family) -> None:
         "with --frames.",
     )
     cli_job.family_arguments(parser, family)
+    cli_shot.add_arguments(parser, family)
     parser.add_argument(
         "--memory-plot", metavar="FILE", help="write a PNG of memory during the job (runs, release) to FILE"
     )
@@ -142,8 +143,11 @@ def _run(args) -> int:
     family: Family = args.family
     parse_device(args.device)  # a typo fails here, before anything is loaded
     model = cli_job.resolve_model(family, args)
+    shot = cli_shot.ShotRun(family, args)  # a bad shot option fails before any folder is made
     refs, outputs, skip = cli_job.plan(family, args)
     target = dict(zip(refs, outputs, strict=True))
+    refs, skip = shot.frames(refs, skip)
+    write_result = shot.writer(cli_job.write_result)
     demo = not (args.input or args.input_opt)
     values = cli_job.option_values(family, args)
     kwargs = model.adapter_kwargs(family.id, **values)
@@ -162,7 +166,7 @@ def _run(args) -> int:
         return image
 
     def write(ref, result):
-        notes, line = cli_job.write_result(family.id, target[ref], result, values)
+        notes, line = write_result(family.id, target[ref], result, values)
         for note in notes:
             print(f"warning: {note}")
         print(line, flush=True)
@@ -177,6 +181,7 @@ def _run(args) -> int:
     reset_peak_rss()
     with _InterruptToCancel() as interrupt:
         options = JobOptions(device=args.device, progress=_Progress(), cancel=interrupt.event, runtime=runtime)
+        kwargs.update(shot.first_pass(lambda record: sequence.BatchRun(refs, infer, read, record, options=options).run()))
         batch = sequence.BatchRun(
             refs, infer, read, write, options=options, skip=skip.__contains__, stop_on_error=args.stop_on_error
         )
@@ -192,7 +197,7 @@ def _run(args) -> int:
         print(f"memory plot: {plot} ({'; '.join(memory_plot.legend(runtime.last_timeline))})")
     after = memory_snapshot(gpu_id)
     memory = {"rss_before": before.get("rss_bytes"), "rss_peak": peak_rss_bytes(), "rss_after": after.get("rss_bytes")}
-    summary = cli_job.summary(family, args.shard, refs, report, memory)
+    summary = cli_job.summary(family, args.shard, refs, report, memory, **shot.as_dict())
     print(json.dumps(summary))
     for number, error in report.failed:
         print(f"error: frame {number}: {error}", file=sys.stderr)

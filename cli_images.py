@@ -161,6 +161,7 @@ def _write_exr(path: Path, pixels: np.ndarray, product: ImageProduct) -> None:
     else:
         channels = {{1: "Y", 3: "RGB", 4: "RGBA"}[pixels.shape[2]]: np.ascontiguousarray(pixels)}
     header = {"compression": OpenEXR.ZIP_COMPRESSION, "type": OpenEXR.scanlineimage}
+    header.update(getattr(product, "metadata", {}))  # e.g. the shot's depth range (models/shot_depth.py)
     with files.atomic_path(path) as temp, OpenEXR.File(header, channels) as exr:
         exr.write(str(temp))
 
@@ -180,6 +181,8 @@ def _write_pillow(path: Path, pixels: np.ndarray, product: ImageProduct) -> list
 
             info = PngImagePlugin.PngInfo()
             info.add_text("lean_image_ai:value_range", f"{product.value_range[0]!r} {product.value_range[1]!r}")
+            for key, text in getattr(product, "metadata", {}).items():
+                info.add_text(key, text)
             metadata["pnginfo"] = info
     else:
         array = (np.clip(pixels, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)

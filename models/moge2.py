@@ -32,6 +32,7 @@ import numpy as np
 
 from ..runtime import mark_last
 from ..runtime.errors import InvalidModelOutputError
+from . import shot_camera
 from .base import JobOptions, ResultSink, as_frames, check_finite, fixed_hw, squeeze_batch
 from .family import Family, Option, Setting, int_range, positive_int, unit_interval
 from .imaging import prepare_image, resize, to_nchw
@@ -122,6 +123,7 @@ def run(
     patch_size: int = PATCH_SIZE,
     mask_threshold: float = MASK_THRESHOLD,
     force_projection: bool = True,
+    focal_width: float | None = None,  # one camera for a shot: fx / width for every frame (shot_camera.py)
 ) -> GeometryResult | list[GeometryResult]:
     """Geometry for one image (-> GeometryResult) or a list of frames (-> list), one operation."""
     options = options or JobOptions()
@@ -173,6 +175,7 @@ def run(
                 mask_threshold=mask_threshold,
                 force_projection=force_projection,
                 warnings=warnings,
+                focal_width=focal_width,
             )
             result.num_tokens = tokens
             results.add(result)
@@ -191,7 +194,7 @@ def _squeeze_batch(array, shape_tail: int, name: str, model_name: str) -> np.nda
 
 
 def _postprocess(
-    outputs, binding, model_name, label, source_size, *, mask_threshold, force_projection, warnings
+    outputs, binding, model_name, label, source_size, *, mask_threshold, force_projection, warnings, focal_width=None
 ) -> GeometryResult:
     points = _squeeze_batch(outputs[binding.points.name], 3, binding.points.name, model_name)
     model_h, model_w = points.shape[:2]
@@ -246,7 +249,11 @@ def _postprocess(
     if not finite.all():
         points = np.where(finite[:, :, None], points, np.float32(0.0))
     try:
-        focal, shift = recover_focal_shift(points, valid)
+        if focal_width is None:
+            focal, shift = recover_focal_shift(points, valid)
+        else:
+            focal = shot_camera.moge_focal(focal_width, model_h, model_w)
+            shift = shot_camera.shift_for_focal(points, valid, focal)
     except DegenerateGeometryError as exc:
         raise InvalidModelOutputError(
             f"{model_name} gave no usable geometry for {label}: {exc} (mask threshold "

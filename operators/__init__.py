@@ -10,7 +10,7 @@ from .. import registration
 
 # Submodules with a module-level `classes` tuple; registered in this order, unregistered in reverse.
 # gpu_ops' post_register() loads the CUDA/cuDNN libraries before any session is made.
-_MODULES = ("jobs", "image_ops", "geometry_ops", "batch_ops", "model_ops", "memory_ops", "gpu_ops")
+_MODULES = ("jobs", "image_ops", "geometry_ops", "batch_ops", "shot_ops", "model_ops", "memory_ops", "gpu_ops")
 
 
 def _classes():

@@ -16,7 +16,7 @@ from bpy.props import BoolProperty, EnumProperty, StringProperty
 from ..models import families, frame_lists, library, products, sequence
 from ..models.base import JobOptions
 from ..runtime.errors import LeanImageError
-from . import image_io, options, prefs, results, sources
+from . import image_io, options, prefs, results, shot_props, sources
 from .jobs import Job, WorkerOperator
 
 
@@ -62,7 +62,7 @@ def _batch_properties() -> dict:
     fields = {}
     for family in families.ALL:
         fields.update(options.family_properties(family))
-    return fields
+    return {**fields, **shot_props.shot_properties()}
 
 
 @options.with_properties(_batch_properties())
@@ -132,19 +132,21 @@ class LEAN_IMAGE_AI_OT_process_sequence(WorkerOperator, bpy.types.Operator):
         values = {o.name: getattr(self, o.name) for o in family.options}
         kwargs = model.adapter_kwargs(family.id, **values)
         target = dict(zip(refs, outputs, strict=True))
+        shot = shot_props.settings_of(self, family.id, shard)
 
-        def infer(frames_source, opts):
-            return family.run(frames_source, model.path, options=opts, **kwargs)
+        def make_pass(write, shot_kwargs, first_pass):  # a shot's first pass records, skips nothing
+            return sequence.BatchRun(
+                refs,
+                lambda frames_source, opts: family.run(frames_source, model.path, options=opts, **kwargs, **shot_kwargs),
+                read_frame,
+                write,
+                options=JobOptions(device=device, progress=job.report, cancel=job.cancel_event),
+                skip=(lambda ref: False) if first_pass else skip.__contains__,
+                stop_on_error=self.stop_on_error,
+            )
 
-        batch = sequence.BatchRun(
-            refs,
-            infer,
-            read_frame,
-            lambda ref, result: write_result(family.id, target[ref], result, values),
-            options=JobOptions(device=device, progress=job.report, cancel=job.cancel_event),
-            skip=skip.__contains__,
-            stop_on_error=self.stop_on_error,
-        )
+        write = shot_props.writer(shot, target, lambda ref, result: write_result(family.id, target[ref], result, values))
+        batch = shot_props.batch(shot, make_pass, write, job.cancel_event)
         job.inputs = batch
         job.key = str(outputs[0].parent) if outputs else f"(shard {self.shard}: no frames)"
         return lambda job: batch.infer_all()
@@ -164,6 +166,8 @@ class LEAN_IMAGE_AI_OT_process_sequence(WorkerOperator, bpy.types.Operator):
         for warning in dict.fromkeys(report.warnings):
             self.report({"WARNING"}, warning)
         summary = f"{job.name}: {report.summary()} in {report.seconds:.1f} s; files in {job.key}"
+        if getattr(job.inputs, "shot_line", ""):  # a shot's first pass: the range or camera it settled
+            summary += f"; {job.inputs.shot_line}"
         if report.failed:
             details = "; ".join(f"frame {n}: {error}" for n, error in report.failed[:3])
             more = f" (and {len(report.failed) - 3} more)" if len(report.failed) > 3 else ""
