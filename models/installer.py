@@ -40,6 +40,7 @@ HASH_CHUNK_SIZE = 1 << 20
 SIDECAR_SUFFIX = ".verified.json"
 PART_SUFFIX = ".part"
 DEFAULT_LOCK_WAIT = 3600.0  # another process's download of a large model can take that long
+USER_RECORDS_DIR = "user-files"  # the verification records of the user's registered files
 
 
 
@@ -55,14 +56,25 @@ def model_path(entry: CatalogEntry, models_dir: str | os.PathLike) -> Path:
     return Path(models_dir) / entry.filename
 
 
+def _record_base(entry: CatalogEntry, models_dir: str | os.PathLike) -> Path:
+    """What the add-on's own files about ``entry`` are named after. A downloaded model's lie beside
+    it; a user's file is never touched beside its own path (that folder is the user's): its
+    records go to ``models_dir/user-files``, keyed by the file's absolute path."""
+    if entry.path is None:
+        return model_path(entry, models_dir)
+    where = os.path.abspath(os.path.expanduser(entry.path))
+    key = hashlib.sha256(os.fsencode(where)).hexdigest()[:16]
+    return Path(models_dir) / USER_RECORDS_DIR / f"{Path(where).name}-{key}"
+
+
 def part_path(entry: CatalogEntry, models_dir: str | os.PathLike) -> Path:
-    dest = model_path(entry, models_dir)
-    return dest.with_name(dest.name + PART_SUFFIX)
+    base = _record_base(entry, models_dir)
+    return base.with_name(base.name + PART_SUFFIX)
 
 
 def sidecar_path(entry: CatalogEntry, models_dir: str | os.PathLike) -> Path:
-    dest = model_path(entry, models_dir)
-    return dest.with_name(dest.name + SIDECAR_SUFFIX)
+    base = _record_base(entry, models_dir)
+    return base.with_name(base.name + SIDECAR_SUFFIX)
 
 
 # --------------------------------------------------------------------------------------------
@@ -110,6 +122,7 @@ def _write_sidecar(
         "url": entry.url,
     }
     try:
+        sidecar.parent.mkdir(parents=True, exist_ok=True)
         files.write_text(sidecar, json.dumps(payload, indent=2, sort_keys=True))
     except OSError:
         pass  # the sidecar is only a cache: failing to write it costs a re-hash next time
@@ -222,11 +235,12 @@ def is_installed(entry: CatalogEntry, models_dir: str | os.PathLike) -> bool:
 def remove(entry: CatalogEntry, models_dir: str | os.PathLike) -> bool:
     """Delete an installed model, its sidecar and any partial download. True if anything went.
 
-    A user-registered model's own file is never deleted (unregister it in the catalog instead).
+    For a user-registered model only the add-on's record of it (in the models folder) goes:
+    nothing beside the user's file is touched (unregister it in the catalog instead).
     """
-    removed = False
-    if not entry.is_user:
-        removed |= files.remove_if_present(model_path(entry, models_dir))
+    if entry.is_user:
+        return files.remove_if_present(sidecar_path(entry, models_dir))
+    removed = files.remove_if_present(model_path(entry, models_dir))
     removed |= files.remove_if_present(sidecar_path(entry, models_dir))
     removed |= discard_part(part_path(entry, models_dir))
     return removed

@@ -384,6 +384,36 @@ def test_user_model_install_returns_its_own_path(tmp_path):
         installer.install(entry, tmp_path / "models")
 
 
+def test_nothing_beside_a_registered_file_is_written_or_deleted(tmp_path):
+    """A registered model with a sha256 is verified with a record in the models folder; removing
+    the entry deletes only that record, never `<its path>.part` and the like (the user's files)."""
+    from dataclasses import replace
+
+    from lean_image_ai.models import library
+
+    own_folder = tmp_path / "thesis"
+    own_folder.mkdir()
+    own = own_folder / "thesis.docx"
+    own.write_bytes(b"the model bytes")
+    neighbours = {f"thesis.docx{s}": f"user's {s}".encode() for s in (".part", ".part.json", ".verified.json")}
+    for name, data in neighbours.items():
+        (own_folder / name).write_bytes(data)
+    models = tmp_path / "models"
+    entry = replace(
+        Catalog().add_user_model("upscale", own), sha256=hashlib.sha256(b"the model bytes").hexdigest()
+    )
+    assert installer.verify_installed(entry, models) == own.resolve()
+    record = installer.sidecar_path(entry, models)
+    assert record.parent == models / installer.USER_RECORDS_DIR and record.is_file()
+    assert json.loads(record.read_text())["sha256"] == entry.sha256
+    assert installer.is_verified(entry, models)  # the record vouches without re-hashing
+
+    assert library.remove(entry, models) is True  # the record went
+    assert not record.exists()
+    assert own.read_bytes() == b"the model bytes"
+    assert {p.name: p.read_bytes() for p in own_folder.iterdir() if p != own} == neighbours
+
+
 # -- installed state without re-hashing ------------------------------------------------------
 
 
