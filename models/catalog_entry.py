@@ -10,6 +10,7 @@ from types import MappingProxyType
 from typing import Any
 
 from . import families
+from .http_watch import is_loopback_http
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -75,8 +76,13 @@ class CatalogEntry:
                 f"entry {self.id!r}: filename {self.filename!r} must be a bare file name (no folder, "
                 "not '.' or '..'); fix the entry in the catalog file"
             )
-        if self.url is not None and not (self.url.startswith("https://") or self.url.startswith("http://")):
-            raise ValueError(f"entry {self.id!r}: url {self.url!r} must be http(s) or None")
+        if self.url is not None and not (
+            isinstance(self.url, str) and (self.url.startswith("https://") or is_loopback_http(self.url))
+        ):
+            raise ValueError(
+                f"entry {self.id!r}: url {self.url!r} must be an https address or None (models are "
+                "downloaded over https only)"
+            )
         for name in ("size_bytes", "approx_size_bytes"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):

@@ -19,7 +19,7 @@ from typing import Any
 from ..runtime import get_runtime
 from ..runtime.errors import LeanImageError, ModelFileError
 from ..runtime.paths import user_cache_root
-from . import families, installer
+from . import families, installer, model_check
 from .catalog import Catalog, CatalogEntry
 
 MODELS_DIR_ENV = "LEAN_IMAGE_AI_MODELS_DIR"
@@ -140,6 +140,10 @@ class ModelChoice:
     title: str
     entry: CatalogEntry | None
     settings: dict[str, Any] = field(default_factory=dict)
+    note: str = ""  # how the installed file is vouched for, when the catalog has no checksum
+
+    def describe(self) -> str:
+        return f"{self.path} ({self.note})" if self.note else self.path
 
     def adapter_kwargs(self, family: str, **option_values) -> dict[str, Any]:
         return families.get(family).adapter_kwargs(self.settings, **option_values)
@@ -160,7 +164,7 @@ def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "")
             )
         entry = next((e for e in known.entries(family) if e.path and _same_file(e.path, path)), None)
         if entry is not None:
-            return _choice(str(path), entry)
+            return _choice(str(path), entry, folder)
         return ModelChoice(str(path), path.name, None, dict(record.user_defaults))
     if model_id:
         try:
@@ -178,11 +182,11 @@ def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "")
             )
         if not installer.is_installed(entry, folder):  # hashes a file not verified yet, once
             raise ModelFileError(_not_installed(entry, folder))
-        return _choice(str(installer.model_path(entry, folder)), entry)
+        return _choice(str(installer.model_path(entry, folder)), entry, folder)
     entries = known.entries(family)
     for entry in entries:
         if installer.is_installed(entry, folder):
-            return _choice(str(installer.model_path(entry, folder)), entry)
+            return _choice(str(installer.model_path(entry, folder)), entry, folder)
     if record.fallback_model is not None:
         return ModelChoice(str(record.fallback_model), record.fallback_model.name, None, {})
     suggestion = next((e.title for e in entries if e.downloadable), entries[0].title if entries else "")
@@ -193,8 +197,9 @@ def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "")
     )
 
 
-def _choice(path: str, entry: CatalogEntry) -> ModelChoice:
-    return ModelChoice(path, entry.title, entry, json.loads(json.dumps(dict(entry.settings))))
+def _choice(path: str, entry: CatalogEntry, folder: Path) -> ModelChoice:
+    settings = json.loads(json.dumps(dict(entry.settings)))
+    return ModelChoice(path, entry.title, entry, settings, installer.trust_note(entry, folder) or "")
 
 
 def _not_installed(entry: CatalogEntry, folder: Path) -> str:
@@ -227,19 +232,10 @@ def _tensor_summary(infos) -> str:
 
 
 def inspect_model(path: Path) -> tuple[str, str]:
-    """Load ``path`` through the shared runtime on the CPU; returns (inputs, outputs) summaries.
-
-    A session this check creates is evicted again (registering must not keep weights in memory);
-    one that was already cached for a running job is left alone.
-    """
-    runtime = get_runtime()
-    before = {id(h) for h in runtime.cached_sessions()}
-    handle = runtime.session(path, "cpu")
-    try:
+    """Load ``path`` through the shared runtime on the CPU; returns (inputs, outputs) summaries
+    (the session is evicted again: registering must not keep weights in memory)."""
+    with model_check.loaded_on_cpu(path, "registration check") as handle:
         return _tensor_summary(handle.inputs), _tensor_summary(handle.outputs)
-    finally:
-        if id(handle) not in before:
-            runtime.evict(handle, reason="registration check")
 
 
 def remove(entry: CatalogEntry, folder: Path) -> bool:

@@ -357,4 +357,5 @@ FAMILY = Family(
     icon="MESH_GRID",
     operator="reconstruct_geometry",
     command="geometry",
+    check_session=bind_contract,
 )
