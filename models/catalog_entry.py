@@ -63,7 +63,12 @@ class CatalogEntry:
     def __post_init__(self):
         if not self.id or not isinstance(self.id, str):
             raise ValueError("a catalog entry needs a non-empty string id")
-        if self.family not in families.IDS:
+        for name in ("variant", "title", "filename", "license", "source", "notes"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"entry {self.id!r}: {name} must be text, got {getattr(self, name)!r}")
+        if self.path is not None and (not isinstance(self.path, str) or not self.path):
+            raise ValueError(f"entry {self.id!r}: path must be the model file's path as text, got {self.path!r}")
+        if not isinstance(self.family, str) or self.family not in families.IDS:
             raise ValueError(f"entry {self.id!r}: family {self.family!r} is not one of {families.IDS}")
         if (
             not self.filename

@@ -27,12 +27,21 @@ USER_MODELS_FILE = "user_models.json"
 PREFERENCES_HINT = "Preferences > Add-ons > Lean Image AI"
 
 
+# Folders someone named (a preference, --models-dir, the environment): one that is missing is an
+# error when a model is looked up there, not an empty folder to fall back from.
+_named: dict[str, str] = {}
+
+
 def models_dir(choice: str | os.PathLike = "", host_default: Path | None = None) -> Path:
     """The models folder (see module doc); nothing is created."""
     if choice:
-        return Path(choice).expanduser()
+        folder = Path(choice).expanduser()
+        _named[str(folder)] = "the chosen models folder"
+        return folder
     if os.environ.get(MODELS_DIR_ENV):
-        return Path(os.environ[MODELS_DIR_ENV]).expanduser()
+        folder = Path(os.environ[MODELS_DIR_ENV]).expanduser()
+        _named[str(folder)] = MODELS_DIR_ENV
+        return folder
     if host_default is not None:
         return Path(host_default)
     return user_cache_dir()
@@ -155,6 +164,11 @@ def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "")
     fallback model. Raises ModelFileError saying what to install, and where."""
     record = families.get(family)
     known = catalog(folder)
+    error = catalog_error(folder)
+    if error:  # another model than the one the user's list names would be a silent substitute
+        raise ModelFileError(error)
+    if not model_path:
+        _check_named_folder(Path(folder))
     if model_path:
         path = Path(model_path).expanduser()
         if not path.is_file():
@@ -194,6 +208,17 @@ def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "")
         f"No {record.title} model is installed. Install one in {PREFERENCES_HINT}"
         + (f" (for example '{suggestion}')" if suggestion else "")
         + ", or register your own ONNX file there, or give the model file (model_path; command line: --model)."
+    )
+
+
+def _check_named_folder(folder: Path) -> None:
+    source = _named.get(str(folder))
+    if source is None or folder.is_dir():
+        return
+    what = "does not exist" if not os.path.lexists(folder) else "is not a folder"
+    raise ModelFileError(
+        f"The models folder {str(folder)!r} ({source}) {what}, so no model can be found there. "
+        f"Create it (models are installed into it), or name the folder that holds your models."
     )
 
 
