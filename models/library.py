@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..runtime import get_runtime
+from ..runtime import get_runtime, load_errors
 from ..runtime.errors import LeanImageError, ModelFileError
 from ..runtime.paths import user_cache_root
 from . import families, installer, model_check
@@ -171,11 +171,12 @@ def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "")
         _check_named_folder(Path(folder))
     if model_path:
         path = Path(model_path).expanduser()
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise ModelFileError(
                 f"Model file not found: '{path}'. Check model_path, or leave it empty to use the "
                 f"installed {record.title} model."
             )
+        load_errors.model_identity(path)  # a folder, pipe, device, link loop or no permission: said so
         entry = next((e for e in known.entries(family) if e.path and _same_file(e.path, path)), None)
         if entry is not None:
             return _choice(str(path), entry, folder)
@@ -184,6 +185,8 @@ def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "")
         try:
             entry = known.get(model_id)
         except KeyError:
+            if os.sep in model_id or "/" in model_id or os.path.lexists(model_id):
+                return resolve(family, folder, model_path=model_id)  # a path, whatever it names
             raise ModelFileError(
                 f"Unknown model '{model_id}': it is neither a built-in model nor one of your "
                 f"registered models. See the model list in {PREFERENCES_HINT}."
