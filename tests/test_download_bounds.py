@@ -179,19 +179,20 @@ def test_cancel_against_a_drip_server_ends_the_install_and_frees_the_lock(server
         try:
             installer.install(entry, tmp_path, cancel=cancel.is_set, timeout=5)
         except Exception as exc:  # noqa: BLE001 - looked at below
-            outcome["error"], outcome["at"] = exc, time.monotonic()
+            outcome["error"] = exc
 
     worker = threading.Thread(target=install)
     worker.start()
     while server.dripped < 3:
         time.sleep(0.05)
     cancel.set()
-    asked = time.monotonic()
+    dripped_at_cancel = server.dripped
     worker.join(30)
     assert not worker.is_alive(), "the install kept going after Cancel"
     assert isinstance(outcome["error"], OperationCancelled)
-    waited = outcome["at"] - asked
-    assert waited < 0.25 * len(model) * server.drip  # the drip alone would take over a day
+    # measured in the server's own ticks: at most two seconds of drip after the Cancel (the
+    # figure itself comes from bench/download_cancel.py)
+    assert server.dripped - dripped_at_cancel <= 4
     kept = installer.part_path(entry, tmp_path).stat().st_size
     assert kept >= 3 and f"after {kept} bytes" in str(outcome["error"])
     # the lock went with it: another install may start at once (and is cancelled before it reads)
