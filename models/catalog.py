@@ -225,15 +225,9 @@ def _read_store(source: Path) -> str | None:
             return None
         if not os.path.lexists(source.parent) and not _under_a_file(source.parent):
             return None  # a models folder that is not made yet holds nothing
-        raise LeanImageError(
-            f"The models folder {str(source.parent)!r} is not a folder (a file, or a path through "
-            "one): choose a folder for your models."
-        ) from None
+        raise _not_a_folder(source.parent) from None
     except NotADirectoryError:
-        raise LeanImageError(
-            f"The models folder {str(source.parent)!r} is not a folder (a file, or a path through one): "
-            "choose a folder for your models."
-        ) from None
+        raise _not_a_folder(source.parent) from None
     except IsADirectoryError:
         raise LeanImageError(
             f"{str(source)!r} is a folder, but the add-on keeps its list of your models in a file of "
@@ -263,6 +257,13 @@ def _read_store(source: Path) -> str | None:
             f"Could not read the saved user models from {str(source)!r}: it is not UTF-8 text ({exc.reason} "
             f"at byte {exc.start}). Fix or delete that file, then register your models again."
         ) from None
+
+
+def _not_a_folder(folder: Path) -> LeanImageError:
+    return LeanImageError(
+        f"The models folder {str(folder)!r} is not a folder (a file, or a path through one): choose a "
+        "folder for your models."
+    )
 
 
 def _under_a_file(folder: Path) -> bool:
