@@ -157,7 +157,7 @@ def _run(args) -> int:
         print(f"input: generated demo image {width}x{height}{shard}")
     else:
         print(f"input: {len(refs)} frame(s){shard}" + (f" from {refs[0].path}" if refs else ""))
-    print(f"model: {model.path}")
+    print(f"model: {model.describe()}")
 
     def read(ref):
         image = demo_image() if demo else cli_images.read_image(ref.path)

@@ -204,4 +204,5 @@ FAMILY = Family(
     icon="IMAGE_RGB_ALPHA",
     operator="remove_background",
     command="remove-background",
+    check_session=_validate,
 )

@@ -75,10 +75,7 @@ def run(
     total = len(frames)
     with options.get_runtime().operation("da3", cancel=options.cancel) as op:
         handle = op.session(model_path, options.device)
-        check_contract(
-            handle, MODEL_NAME, inputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}], outputs=[{}]
-        )
-        depth_name = _validate(handle)
+        depth_name = check_session(handle)
         image_input = handle.inputs[0]
         fixed = any(isinstance(d, int) and d > 0 for d in image_input.shape[2:4])
         for index, (image, last) in enumerate(mark_last(frames)):
@@ -125,6 +122,12 @@ def run(
             results.add(DepthResult(depth, extras, tuple(model_hw), warnings))
     options.report(1.0, "done")
     return results.value(single)
+
+
+def check_session(handle: SessionHandle) -> str:
+    """The family's contract (ModelContractError when the model does not fit); the depth output's name."""
+    check_contract(handle, MODEL_NAME, inputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}], outputs=[{}])
+    return _validate(handle)
 
 
 def _validate(handle: SessionHandle) -> str:
@@ -219,4 +222,5 @@ FAMILY = Family(
     icon="IMAGE_ZDEPTH",
     operator="estimate_depth",
     command="depth",
+    check_session=check_session,
 )

@@ -60,6 +60,9 @@ class Family:
     operator: str = ""  # the operator's name after "lean_image_ai."
     command: str = ""  # the command line's name for it
     fallback_model: Path | None = None  # used when no model of the family is installed
+    # check_session(handle): raises ModelContractError when a loaded model's inputs and outputs
+    # do not fit the family (the same check a job makes; the installer asks it of a download)
+    check_session: Callable[[Any], Any] | None = None
     _by_name: Mapping[str, Setting] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..runtime import get_runtime
+from ..runtime import get_runtime, load_errors
 from ..runtime.errors import LeanImageError, ModelFileError
 from ..runtime.paths import user_cache_root
-from . import families, installer
+from . import families, installer, model_check
 from .catalog import Catalog, CatalogEntry
 
 MODELS_DIR_ENV = "LEAN_IMAGE_AI_MODELS_DIR"
@@ -27,12 +27,21 @@ USER_MODELS_FILE = "user_models.json"
 PREFERENCES_HINT = "Preferences > Add-ons > Lean Image AI"
 
 
+# Folders someone named (a preference, --models-dir, the environment): one that is missing is an
+# error when a model is looked up there, not an empty folder to fall back from.
+_named: dict[str, str] = {}
+
+
 def models_dir(choice: str | os.PathLike = "", host_default: Path | None = None) -> Path:
     """The models folder (see module doc); nothing is created."""
     if choice:
-        return Path(choice).expanduser()
+        folder = Path(choice).expanduser()
+        _named[str(folder)] = "the chosen models folder"
+        return folder
     if os.environ.get(MODELS_DIR_ENV):
-        return Path(os.environ[MODELS_DIR_ENV]).expanduser()
+        folder = Path(os.environ[MODELS_DIR_ENV]).expanduser()
+        _named[str(folder)] = MODELS_DIR_ENV
+        return folder
     if host_default is not None:
         return Path(host_default)
     return user_cache_dir()
@@ -140,6 +149,10 @@ class ModelChoice:
     title: str
     entry: CatalogEntry | None
     settings: dict[str, Any] = field(default_factory=dict)
+    note: str = ""  # how the installed file is vouched for, when the catalog has no checksum
+
+    def describe(self) -> str:
+        return f"{self.path} ({self.note})" if self.note else self.path
 
     def adapter_kwargs(self, family: str, **option_values) -> dict[str, Any]:
         return families.get(family).adapter_kwargs(self.settings, **option_values)
@@ -151,21 +164,29 @@ def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "")
     fallback model. Raises ModelFileError saying what to install, and where."""
     record = families.get(family)
     known = catalog(folder)
+    error = catalog_error(folder)
+    if error:  # another model than the one the user's list names would be a silent substitute
+        raise ModelFileError(error)
+    if not model_path:
+        _check_named_folder(Path(folder))
     if model_path:
         path = Path(model_path).expanduser()
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise ModelFileError(
                 f"Model file not found: '{path}'. Check model_path, or leave it empty to use the "
                 f"installed {record.title} model."
             )
+        load_errors.model_identity(path)  # a folder, pipe, device, link loop or no permission: said so
         entry = next((e for e in known.entries(family) if e.path and _same_file(e.path, path)), None)
         if entry is not None:
-            return _choice(str(path), entry)
+            return _choice(str(path), entry, folder)
         return ModelChoice(str(path), path.name, None, dict(record.user_defaults))
     if model_id:
         try:
             entry = known.get(model_id)
         except KeyError:
+            if os.sep in model_id or "/" in model_id or os.path.lexists(model_id):
+                return resolve(family, folder, model_path=model_id)  # a path, whatever it names
             raise ModelFileError(
                 f"Unknown model '{model_id}': it is neither a built-in model nor one of your "
                 f"registered models. See the model list in {PREFERENCES_HINT}."
@@ -178,11 +199,11 @@ def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "")
             )
         if not installer.is_installed(entry, folder):  # hashes a file not verified yet, once
             raise ModelFileError(_not_installed(entry, folder))
-        return _choice(str(installer.model_path(entry, folder)), entry)
+        return _choice(str(installer.model_path(entry, folder)), entry, folder)
     entries = known.entries(family)
     for entry in entries:
         if installer.is_installed(entry, folder):
-            return _choice(str(installer.model_path(entry, folder)), entry)
+            return _choice(str(installer.model_path(entry, folder)), entry, folder)
     if record.fallback_model is not None:
         return ModelChoice(str(record.fallback_model), record.fallback_model.name, None, {})
     suggestion = next((e.title for e in entries if e.downloadable), entries[0].title if entries else "")
@@ -193,8 +214,20 @@ def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "")
     )
 
 
-def _choice(path: str, entry: CatalogEntry) -> ModelChoice:
-    return ModelChoice(path, entry.title, entry, json.loads(json.dumps(dict(entry.settings))))
+def _check_named_folder(folder: Path) -> None:
+    source = _named.get(str(folder))
+    if source is None or folder.is_dir():
+        return
+    what = "does not exist" if not os.path.lexists(folder) else "is not a folder"
+    raise ModelFileError(
+        f"The models folder {str(folder)!r} ({source}) {what}, so no model can be found there. "
+        f"Create it (models are installed into it), or name the folder that holds your models."
+    )
+
+
+def _choice(path: str, entry: CatalogEntry, folder: Path) -> ModelChoice:
+    settings = json.loads(json.dumps(dict(entry.settings)))
+    return ModelChoice(path, entry.title, entry, settings, installer.trust_note(entry, folder) or "")
 
 
 def _not_installed(entry: CatalogEntry, folder: Path) -> str:
@@ -227,19 +260,10 @@ def _tensor_summary(infos) -> str:
 
 
 def inspect_model(path: Path) -> tuple[str, str]:
-    """Load ``path`` through the shared runtime on the CPU; returns (inputs, outputs) summaries.
-
-    A session this check creates is evicted again (registering must not keep weights in memory);
-    one that was already cached for a running job is left alone.
-    """
-    runtime = get_runtime()
-    before = {id(h) for h in runtime.cached_sessions()}
-    handle = runtime.session(path, "cpu")
-    try:
+    """Load ``path`` through the shared runtime on the CPU; returns (inputs, outputs) summaries
+    (the session is evicted again: registering must not keep weights in memory)."""
+    with model_check.loaded_on_cpu(path, "registration check") as handle:
         return _tensor_summary(handle.inputs), _tensor_summary(handle.outputs)
-    finally:
-        if id(handle) not in before:
-            runtime.evict(handle, reason="registration check")
 
 
 def remove(entry: CatalogEntry, folder: Path) -> bool:

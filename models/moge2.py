@@ -364,4 +364,5 @@ FAMILY = Family(
     icon="MESH_GRID",
     operator="reconstruct_geometry",
     command="geometry",
+    check_session=bind_contract,
 )

@@ -239,12 +239,7 @@ class _Job:
         self.scale: int | None = None  # known from fixed shapes, a hint, or the first output
         self.hinted = False  # `scale` is only a hint (`_scale_hint`), not yet seen in an output
         self._buffers: dict[str, np.ndarray] = {}  # slot -> flat buffer from runtime.scratch
-        check_contract(
-            self.handle,
-            MODEL_NAME,
-            inputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}],
-            outputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}],
-        )
+        check_session(self.handle)
 
     def _buffer(self, slot: str, shape: tuple, dtype) -> np.ndarray:
         """The slot's buffer as a C-contiguous `shape` (a prefix of it: an edge tile's smaller
@@ -348,6 +343,16 @@ def _scale_hint(handle) -> int | None:
     return int(walked)
 
 
+def check_session(handle) -> None:
+    """The family's contract: ModelContractError when the model is not an RGB-to-RGB NCHW net."""
+    check_contract(
+        handle,
+        MODEL_NAME,
+        inputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}],
+        outputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}],
+    )
+
+
 def _static_scale(handle) -> int | None:
     """The scale from fixed input/output shapes, when the model declares both."""
     fixed_in, fixed_out = fixed_hw(handle.inputs[0].shape), fixed_hw(handle.outputs[0].shape)
@@ -394,4 +399,5 @@ FAMILY = Family(
     operator="upscale",
     command="upscale",
     fallback_model=DEFAULT_MODEL_PATH,
+    check_session=check_session,
 )

@@ -27,9 +27,10 @@ def fresh_runtime():
 @pytest.fixture
 def server():
     """A loopback model server (tests/model_server.py) for installer and download tests."""
+    from lean_image_ai.models.http_watch import loopback_http_for_tests
     from model_server import serving
 
-    with serving() as srv:
+    with serving() as srv, loopback_http_for_tests():
         yield srv
 
 

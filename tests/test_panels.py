@@ -47,6 +47,7 @@ def registered():
 def models_dir(tmp_path, monkeypatch):
     """An empty models folder for this test (nothing installed)."""
     path = tmp_path / "models"
+    path.mkdir()  # a named models folder that is missing is an error
     monkeypatch.setenv(library.MODELS_DIR_ENV, str(path))
     return path
 

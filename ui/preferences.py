@@ -142,6 +142,9 @@ def _draw_entry(layout, entry, folder, download) -> None:
     row.label(text=text, icon=icon)
     col.label(text=f"{entry.family}  |  {library.format_size(entry)}  |  license: {entry.license}")
     dest = installer.model_path(entry, folder)
+    trust = installer.trust_note(entry, folder) if status == library.INSTALLED else None
+    if trust:
+        wrapped_labels(col, f"No catalog checksum: {trust}.", icon="INFO")
 
     if download is not None and download.key == entry.id:
         row = col.row()
