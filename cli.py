@@ -126,9 +126,9 @@ def _add_family(subparsers, family: Family) -> None:
     demo = " Without INPUT a generated demo image is used." if family.fallback_model else ""
     parser = subparsers.add_parser(
         family.command,
-        help=f"{family.title}: {family.produces}",
+        help=cli_job.argparse_text(f"{family.title}: {family.produces}"),
         description=f"{family.action}: {family.produces}.{demo} INPUT is an image file, a folder, a "
-        "numbered pattern (shot_####.png or shot_%%04d.png) or one frame of a numbered sequence "
+        "numbered pattern (shot_####.png or shot_%04d.png) or one frame of a numbered sequence "
         "with --frames.",
     )
     cli_job.family_arguments(parser, family)

@@ -52,10 +52,16 @@ def family_arguments(parser: argparse.ArgumentParser, family: Family) -> None:
                 "--" + option.name.replace("_", "-"),
                 type=_option_type(option),
                 default=option.default,
-                help=f"{option.description} (default: {option.default})",
+                help=argparse_text(f"{option.description} (default: {option.default})"),
             )
     if family.id == "upscale":
         parser.add_argument("--tile", dest="tile_size", type=_tile_arg, help="same as --tile-size; 'auto' is 0")
+
+
+def argparse_text(text: str) -> str:
+    """``text`` as argparse's help wants it: argparse %-formats every help string, so a literal
+    ``%`` (a description saying "0.04 = 4%") must be doubled or ``--help`` itself crashes."""
+    return text.replace("%", "%%")
 
 
 def _frames_arg(text: str) -> range:

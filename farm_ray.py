@@ -54,7 +54,9 @@ def add_parser(subparsers) -> None:
     )
     per_family = farm.add_subparsers(dest="farm_family", metavar="FAMILY")
     for family in families.ALL:
-        parser = per_family.add_parser(family.command, help=f"{family.title}: {family.produces}")
+        parser = per_family.add_parser(
+            family.command, help=cli_job.argparse_text(f"{family.title}: {family.produces}")
+        )
         cli_job.family_arguments(parser, family)
         parser.add_argument(
             "--address",
