@@ -154,6 +154,7 @@ def _run(args) -> int:
     else:
         print(f"input: {len(refs)} frame(s){shard}" + (f" from {refs[0].path}" if refs else ""))
     print(f"model: {model.path}")
+    print(f"output: {cli_job.output_type(family, refs, outputs)}")
 
     def read(ref):
         image = demo_image() if demo else cli_images.read_image(ref.path)
@@ -192,7 +193,9 @@ def _run(args) -> int:
         print(f"memory plot: {plot} ({'; '.join(memory_plot.legend(runtime.last_timeline))})")
     after = memory_snapshot(gpu_id)
     memory = {"rss_before": before.get("rss_bytes"), "rss_peak": peak_rss_bytes(), "rss_after": after.get("rss_bytes")}
-    summary = cli_job.summary(family, args.shard, refs, report, memory)
+    summary = cli_job.summary(
+        family, args.shard, refs, report, memory, output_type=cli_job.output_type(family, refs, outputs)
+    )
     print(json.dumps(summary))
     for number, error in report.failed:
         print(f"error: frame {number}: {error}", file=sys.stderr)

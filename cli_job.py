@@ -113,8 +113,14 @@ def plan(family: Family, args):
         target = target or Path.cwd() / products.default_name(family.id, DEMO_NAME)
         many = False
     else:
-        refs = frame_lists.resolve_input(source, args.frames)
-        many = len(refs) > 1 or frame_lists.is_pattern(source) or Path(source).expanduser().is_dir()
+        # what this command writes is never read back as a frame (an OUTPUT in the input folder)
+        refs = frame_lists.resolve_input(source, args.frames, products.written_by(family.id, target))
+        many = (
+            len(refs) > 1
+            or args.frames is not None
+            or frame_lists.is_pattern(source)
+            or Path(source).expanduser().is_dir()
+        )
     refs, outputs, skip = products.plan_batch(
         family.id,
         refs,
@@ -125,27 +131,46 @@ def plan(family: Family, args):
         skip_existing=args.skip_existing,
         check_format=cli_images.check_writable_format,
         inputs_are_files=source is not None,
+        suffix=products.default_suffix(family.id, _first_input_kind(refs) if source is not None else "8-bit"),
     )
     return refs, outputs, skip
+
+
+def _first_input_kind(refs) -> str:
+    """The output type follows the first frame that exists (a sequence is one format)."""
+    return next((cli_images.input_kind(r.path) for r in refs if r.path.is_file()), "8-bit")
+
+
+def output_type(family: Family, refs, outputs) -> str:
+    """What the job writes, for the report and the JSON line (models/products.py's policy)."""
+    if not outputs:
+        return ""
+    demo = not refs[0].path.is_file()
+    return products.describe_output(family.id, outputs[0].suffix, "8-bit" if demo else _first_input_kind(refs))
 
 
 def write_result(family_id: str, out: Path, result, values: dict) -> tuple[list[str], str]:
     """Write one frame's result to ``out`` (and its companions), all or nothing; returns the notes
     for the user and the ``wrote:`` line that describes it."""
     notes = []
+    kind = ""
     if family_id == "moge2":
         products.write_geometry(
             out, result, discontinuity=values.get("discontinuity", 0.04), write_normals=cli_images.write_image
         )
+        also = [p.name for p in products.companion_paths(family_id, out)[1:] if p.is_file()]
+        kind = f" (+ {', '.join(also)})" if also else ""
     else:
-        notes = cli_images.write_image(out, products.image_product(family_id, result, out.suffix))
+        product = products.image_product(family_id, result, out.suffix)
+        notes = cli_images.write_image(out, product)
+        kind = f", {product.bits} {out.suffix.lstrip('.').upper()}"
     shape = getattr(result, "image", getattr(result, "depth", None))
     scale = f" ({result.scale}x)" if hasattr(result, "scale") else ""
     size = f" {shape.shape[1]}x{shape.shape[0]}{scale}" if shape is not None else ""
     tile = ""
     if hasattr(result, "tile_size_used"):  # the largest window that ran, and its overlap
         tile = f", tile {result.tile_size_used} px, overlap {result.overlap} px"
-    return notes, f"wrote: {out}{size}{tile}"
+    return notes, f"wrote: {out}{size}{tile}{kind}"
 
 
 def summary(family: Family, shard, refs, report: BatchReport, memory: dict, **extra) -> dict:

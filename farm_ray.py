@@ -406,7 +406,9 @@ def run(args, *, on_event=None, crash_on_write=None) -> int:
     }
     for warning in dict.fromkeys(report.warnings):
         print(f"warning: {warning}", file=sys.stderr)
-    print(json.dumps(cli_job.summary(family, args.shard, refs, report, memory, farm=details)))
+    print(json.dumps(cli_job.summary(
+        family, args.shard, refs, report, memory, output_type=cli_job.output_type(family, refs, outputs), farm=details
+    )))
     for number, error in report.failed:
         print(f"error: frame {number}: {error}", file=sys.stderr)
     if farm.fatal is not None:

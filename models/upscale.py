@@ -46,6 +46,7 @@ class UpscaleResult:
     receptive_radius: int | None = None  # input pixels; None: the model sees the whole image
     exact: bool = True  # tiles give exactly the pixels of one whole-image run
     warnings: list[str] = field(default_factory=list)
+    input_kind: str = "8-bit"  # the source's samples: "8-bit", "16-bit" or "float"
 
 
 def run(
@@ -166,6 +167,7 @@ def run(
                 alpha_constant = float(alpha.min())  # no run needed to upscale a flat alpha
             model_alpha = alpha is not None and alpha_constant is None and alpha_mode == "model"
             source = np.concatenate([rgb, alpha[:, :, None]], axis=2) if model_alpha else rgb
+            input_kind = prepared.kind
             del rgb, prepared  # only `source` (and `alpha`) are needed from here on
 
             def run_tile(window, last, _model_alpha=model_alpha):
@@ -222,6 +224,7 @@ def run(
                     receptive_radius=planned.radius,
                     exact=exact,
                     warnings=warnings,
+                    input_kind=input_kind,
                 )
             )
         options.report(1.0, "done")
