@@ -8,9 +8,11 @@ in the .blend: the results are files.
 """
 
 # No ``from __future__ import annotations``: Blender reads property annotations as objects.
+import os
 from pathlib import Path
 
 import bpy
+import numpy as np
 from bpy.props import BoolProperty, EnumProperty, StringProperty
 
 from ..models import families, frame_lists, library, products, sequence
@@ -27,23 +29,57 @@ def _blender_can_write(path: Path) -> None:
         raise LeanImageError(f"Cannot save '{path.name}': Blender writes .png, .exr, .jpg or .tif here.")
 
 
-def sequence_refs(image, frames: range | None) -> list[frame_lists.FrameRef]:
+def sequence_refs(image, frames: range | None, exclude=None) -> list[frame_lists.FrameRef]:
     """The frames of an Image datablock. A SEQUENCE image's file name is numbered the way Blender
     reads sequences (the digits before the suffix): every file of that numbering, or ``frames``."""
     path = sources.absolute_path(image.filepath_raw or image.filepath)
     numbered = frame_lists.pattern_of(path)
     if image.source == "SEQUENCE" and numbered is not None:
-        return frame_lists.resolve_input(numbered[0], frames)
-    return frame_lists.resolve_input(path, frames)
+        return frame_lists.resolve_input(numbered[0], frames, exclude)
+    return frame_lists.resolve_input(path, frames, exclude)
+
+
+_FLOAT_FILES = {"OPEN_EXR", "OPEN_EXR_MULTILAYER", "HDR"}
+
+
+def _kind(image) -> str:
+    """"float", "16-bit" or "8-bit": Blender keeps 16-bit PNG/TIFF in float buffers too, so the
+    file format tells float files apart."""
+    if image.file_format in _FLOAT_FILES:
+        return "float"
+    return "16-bit" if image.is_float else "8-bit"
+
+
+def _as_kind(rgba, kind: str):
+    """Model values as the source's sample type, so results are written with the source's bits
+    (models/products.py): 8-bit frames come back exactly as stored."""
+    if kind == "float":
+        return rgba
+    top = 255.0 if kind == "8-bit" else 65535.0
+    return (np.clip(rgba, 0.0, 1.0) * top + 0.5).astype(np.uint8 if kind == "8-bit" else np.uint16)
+
+
+def input_kind(ref: frame_lists.FrameRef) -> str:
+    """Main thread: the kind of the first frame's samples (the output type follows it)."""
+    if not ref.path.is_file():
+        return "8-bit"
+    before = set(bpy.data.images)
+    image = image_io.load_image_file(str(ref.path), check_existing=False)
+    try:
+        return _kind(image)
+    finally:
+        if image not in before:
+            bpy.data.images.remove(image)
 
 
 def read_frame(ref: frame_lists.FrameRef):
-    """Main thread: the frame's pixels as models take them; the datablock is removed again."""
+    """Main thread: the frame's pixels as models take them, in the source's sample type; the
+    datablock is removed again."""
     before = set(bpy.data.images)
     image = image_io.load_image_file(str(ref.path), check_existing=False)
     try:
         rgba, info = image_io.read_image(image)
-        return image_io.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied)
+        return _as_kind(image_io.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied), _kind(image))
     finally:
         if image not in before:
             bpy.data.images.remove(image)
@@ -88,7 +124,8 @@ class LEAN_IMAGE_AI_OT_process_sequence(WorkerOperator, bpy.types.Operator):
     frames: StringProperty(name="Frames", description="A-B or A-B:STEP. Empty: every frame")
     output: StringProperty(
         name="Save To",
-        description="A folder or a pattern (out_####.exr). Empty: default names beside the frames",
+        description="A folder or a pattern (out_####.exr). Empty: the folder <frames' folder>_<kind> "
+        "beside the frames' folder (plates/ -> plates_depth/), each frame under its own number",
         subtype="FILE_PATH",
     )
     model_id: StringProperty(name="Model", description="Catalog model id. Empty: the first installed model")
@@ -107,25 +144,34 @@ class LEAN_IMAGE_AI_OT_process_sequence(WorkerOperator, bpy.types.Operator):
         job.name = f"{family.action} (sequence)"
         frames = frame_lists.parse_frames(self.frames) if self.frames.strip() else None
         shard = frame_lists.parse_shard(self.shard)
+        output = sources.absolute_path(self.output) if self.output else None
+        if output is not None and self.output.endswith(("/", "\\")):
+            output = f"{output}{os.sep}"  # a folder still to be made keeps its trailing separator
+        exclude = products.written_by(family.id, output)  # earlier results are never frames
         if self.image_name:
             image = bpy.data.images.get(self.image_name)
             if image is None:
                 raise LeanImageError(f"There is no image called '{self.image_name}' in this file.")
-            refs = sequence_refs(image, frames)
+            refs = sequence_refs(image, frames, exclude)
         elif self.source:
-            refs = frame_lists.resolve_input(sources.absolute_path(self.source), frames)
+            refs = frame_lists.resolve_input(sources.absolute_path(self.source), frames, exclude)
         else:
             raise LeanImageError("Give the frames: an image sequence (image_name), or a folder or pattern (source).")
+        kind = input_kind(refs[0]) if refs else "8-bit"
         refs, outputs, skip = products.plan_batch(
             family.id,
             refs,
-            sources.absolute_path(self.output) if self.output else None,
-            in_sequence=len(refs) > 1,
+            output,
+            in_sequence=True,
             shard=shard,
             overwrite=self.overwrite,
             skip_existing=self.skip_existing,
             check_format=_blender_can_write,
+            suffix=products.default_suffix(family.id, kind),
         )
+        if outputs:
+            output_type = products.describe_output(family.id, outputs[0].suffix, kind, products.BLENDER_FLOAT_SUFFIXES)
+            job.name = f"{job.name}, {output_type}"
         model_path = str(sources.absolute_path(self.model_path)) if self.model_path else ""
         model = library.resolve(family.id, prefs.models_folder(context), self.model_id, model_path)
         device, _budget = prefs.configure_runtime(context)
