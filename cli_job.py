@@ -22,9 +22,37 @@ DEMO_NAME = "demo"
 
 
 def _option_type(option):
+    """The flag's parser: the option's own type and range, the limits Blender's property has
+    (models/family.py's Option is their one source)."""
     if option.kind is bool:
         return lambda text: text.lower() in ("1", "true", "yes", "on")
-    return option.kind
+
+    def parse(text: str):
+        try:
+            value = option.kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {_kind_name(option)}, got {text!r}") from None
+        if value != value or (option.min is not None and value < option.min) or (
+            option.max is not None and value > option.max
+        ):
+            raise argparse.ArgumentTypeError(f"{text} is out of range: {_accepted(option)}")
+        return value
+
+    parse.__name__ = option.kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+def _kind_name(option) -> str:
+    return "a whole number" if option.kind is int else "a number"
+
+
+def _accepted(option) -> str:
+    low, high = option.min, option.max
+    if low is not None and high is not None:
+        return f"give {_kind_name(option)} from {low:g} to {high:g}"
+    if low is not None:
+        return f"give {_kind_name(option)} >= {low:g}"
+    return f"give {_kind_name(option)} <= {high:g}"
 
 
 def family_arguments(parser: argparse.ArgumentParser, family: Family) -> None:
@@ -55,7 +83,10 @@ def family_arguments(parser: argparse.ArgumentParser, family: Family) -> None:
                 help=argparse_text(f"{option.description} (default: {option.default})"),
             )
     if family.id == "upscale":
-        parser.add_argument("--tile", dest="tile_size", type=_tile_arg, help="same as --tile-size; 'auto' is 0")
+        tile_size = next(o for o in family.options if o.name == "tile_size")
+        parser.add_argument(
+            "--tile", dest="tile_size", type=_tile_arg(_option_type(tile_size)), help="same as --tile-size; 'auto' is 0"
+        )
 
 
 def argparse_text(text: str) -> str:
@@ -78,16 +109,12 @@ def _shard_arg(text: str) -> tuple[int, int] | None:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _tile_arg(text: str) -> int:
-    if text == "auto":
-        return 0
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a number of pixels, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("tile size must be >= 0 (0 or auto: a fixed size per device)")
-    return value
+def _tile_arg(parse_tile_size):
+    def parse(text: str) -> int:
+        return 0 if text == "auto" else parse_tile_size(text)
+
+    parse.__name__ = "tile size"
+    return parse
 
 
 def resolve_model(family: Family, args) -> library.ModelChoice:

@@ -82,6 +82,8 @@ def run(
         raise ValueError(f"tile_size must be 'auto', an int or None, got {tile_size!r}")
     if isinstance(tile_size, (bool, float)):
         raise ValueError(f"tile_size must be 'auto', an int or None, got {tile_size!r}")
+    if isinstance(tile_size, int) and tile_size < 0:  # the Tile Size option's min (FAMILY below)
+        raise ValueError(f"tile_size must be >= 0 (0 or 'auto': a fixed size per device), got {tile_size}")
     if tile_size == 0:  # what the artist's "Tile Size 0" means
         tile_size = "auto"
     options = options or JobOptions()
