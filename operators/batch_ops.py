@@ -15,7 +15,7 @@ import bpy
 import numpy as np
 from bpy.props import BoolProperty, EnumProperty, StringProperty
 
-from ..models import families, frame_lists, library, products, sequence
+from ..models import families, frame_lists, image_meta, library, products, sequence
 from ..models.base import JobOptions
 from ..runtime.errors import LeanImageError
 from . import image_io, options, prefs, results, sources
@@ -72,17 +72,21 @@ def input_kind(ref: frame_lists.FrameRef) -> str:
             bpy.data.images.remove(image)
 
 
-def read_frame(ref: frame_lists.FrameRef):
-    """Main thread: the frame's pixels as models take them, in the source's sample type; the
-    datablock is removed again."""
+def read_frame(ref: frame_lists.FrameRef, warn=None):
+    """Main thread: the frame's pixels as models take them, in the source's sample type, turned
+    upright as its EXIF orientation says (as the command line reads it: Blender itself does not);
+    the datablock is removed again. A multi-page TIFF gives its first page and a warning."""
     before = set(bpy.data.images)
     image = image_io.load_image_file(str(ref.path), check_existing=False)
     try:
         rgba, info = image_io.read_image(image)
-        return _as_kind(image_io.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied), _kind(image))
+        pixels = _as_kind(image_io.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied), _kind(image))
     finally:
         if image not in before:
             bpy.data.images.remove(image)
+    if warn is not None and ref.path.suffix.lower() in (".tif", ".tiff") and (pages := image_meta.tiff_pages(ref.path)) > 1:
+        warn(f"{ref.path.name} has {pages} pages; the first (the main image by TIFF convention) was used.")
+    return image_meta.upright(pixels, image_meta.exif_orientation(ref.path))
 
 
 def write_result(family_id: str, path: Path, result, values: dict) -> list[str]:
@@ -185,7 +189,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(WorkerOperator, bpy.types.Operator):
         batch = sequence.BatchRun(
             refs,
             infer,
-            read_frame,
+            lambda ref: read_frame(ref, batch.report.warnings.append),
             lambda ref, result: write_result(family.id, target[ref], result, values),
             options=JobOptions(device=device, progress=job.report, cancel=job.cancel_event),
             skip=skip.__contains__,

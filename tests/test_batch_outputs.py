@@ -126,3 +126,33 @@ def test_the_farm_script_without_output_keeps_exr_plates_float_beside_them(tmp_p
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert listing(tmp_path / "plates_upscaled") == ["plate_upscaled_1001.exr", "plate_upscaled_1002.exr"]
+
+
+def test_frames_are_turned_upright_and_a_multi_page_tiff_warns(tmp_path):
+    from PIL import Image
+
+    folder = tmp_path / "phone"
+    folder.mkdir()
+    stored = np.zeros((12, 20, 3), np.uint8)
+    stored[:3] = 255  # a white band along the stored top edge
+    image = Image.fromarray(stored)
+    exif = image.getexif()
+    exif[0x0112] = 6  # displayed turned a quarter right, as a phone's portrait photo
+    image.save(folder / "p_0001.png", exif=exif.tobytes())
+    assert bpy.ops.lean_image_ai.process_sequence(family="upscale", source=str(folder), model_path=BICUBIC) == {"FINISHED"}
+    with PILImage.open(tmp_path / "phone_upscaled" / "p_upscaled_0001.png") as result:
+        upright = np.asarray(result.convert("RGB"))
+    assert upright.shape[:2] == (40, 24)  # upright: 12x20 stored, shown 20 high and 12 wide, x2
+    assert upright[:, -4:].min() > 200 and upright[:, :-8].max() < 50  # the band is on the right
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    frames = [Image.new("RGB", (8, 6), colour) for colour in ("red", "green")]
+    frames[0].save(pages / "t_0001.tif", save_all=True, append_images=frames[1:])
+    assert bpy.ops.lean_image_ai.process_sequence(family="upscale", source=str(pages), model_path=BICUBIC) == {"FINISHED"}
+    assert (tmp_path / "pages_upscaled" / "t_upscaled_0001.png").is_file()
+    from lean_image_ai.models.frame_lists import FrameRef
+
+    warnings = []  # what the operator's report gets for that frame
+    first = batch_ops.read_frame(FrameRef(1, pages / "t_0001.tif"), warnings.append)
+    assert warnings == ["t_0001.tif has 2 pages; the first (the main image by TIFF convention) was used."]
+    assert first.dtype == np.uint8 and tuple(first[0, 0, :3]) == (255, 0, 0)
