@@ -147,8 +147,9 @@ def _upright(image):
 _SWAPPED_BYTE_ORDER = {"B": "L", "L": "B"}
 
 
-def _sixteen_bit_rawmodes(image) -> tuple[str, str] | None:
-    """(high-byte, low-byte) raw modes of a 16-bit RGB/RGBA file, or None. Pillow has no 16-bit
+def _sixteen_bit_rawmodes(image) -> tuple[str, str, bool] | None:
+    """(high-byte, low-byte) raw modes of a 16-bit RGB/RGBA file and whether its colour is
+    premultiplied, or None. Pillow has no 16-bit
     colour mode: it decodes such files keeping each sample's high byte. Decoding the same data
     once more with the byte order swapped gives the low bytes, so both halves come from Pillow's
     own decoders (PNG filters, TIFF compression)."""
@@ -156,20 +157,21 @@ def _sixteen_bit_rawmodes(image) -> tuple[str, str] | None:
     if not tile or len(tile) != 1 or image.mode not in ("RGB", "RGBA"):
         return None
     rawmode = tile[0].args[0] if isinstance(tile[0].args, tuple) else tile[0].args
-    if not isinstance(rawmode, str) or not rawmode.startswith(f"{image.mode};16"):
+    # "RGBa": premultiplied (Blender's TIFFs); read as stored, divided by alpha afterwards
+    if not isinstance(rawmode, str) or not rawmode.startswith((f"{image.mode};16", "RGBa;16")):
         return None
     order = rawmode[-1] if rawmode[-1] in "BLN" else ""
     if order == "N":
         order = "L" if sys.byteorder == "little" else "B"
     if order not in _SWAPPED_BYTE_ORDER:
         return None
-    return f"{image.mode};16{order}", f"{image.mode};16{_SWAPPED_BYTE_ORDER[order]}"
+    return f"{image.mode};16{order}", f"{image.mode};16{_SWAPPED_BYTE_ORDER[order]}", rawmode.startswith("RGBa")
 
 
-def _read_sixteen_bit_colour(path: Path, rawmodes: tuple[str, str]) -> np.ndarray:
+def _read_sixteen_bit_colour(path: Path, rawmodes: tuple[str, str, bool]) -> np.ndarray:
     Image = _pillow()
     halves = []
-    for rawmode in rawmodes:
+    for rawmode in rawmodes[:2]:
         with Image.open(path) as image:
             args = image.tile[0].args
             args = (rawmode, *args[1:]) if isinstance(args, tuple) else rawmode
@@ -177,7 +179,12 @@ def _read_sixteen_bit_colour(path: Path, rawmodes: tuple[str, str]) -> np.ndarra
             image.load()
             halves.append(np.asarray(_upright(image)).astype(np.uint16))
     high, low = halves
-    return (high << 8) | low
+    array = (high << 8) | low
+    if rawmodes[2]:  # premultiplied: straight colour, as every other reader here gives
+        alpha = array[..., 3:].astype(np.float64)
+        straight = np.where(alpha > 0, array[..., :3] * 65535.0 / np.maximum(alpha, 1.0), 0.0)
+        array[..., :3] = np.clip(np.rint(straight), 0, 65535).astype(np.uint16)
+    return array
 
 
 PIXEL_LIMIT_VARIABLE = "LEAN_IMAGE_AI_MAX_PIXELS"

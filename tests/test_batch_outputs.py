@@ -156,3 +156,25 @@ def test_frames_are_turned_upright_and_a_multi_page_tiff_warns(tmp_path):
     first = batch_ops.read_frame(FrameRef(1, pages / "t_0001.tif"), warnings.append)
     assert warnings == ["t_0001.tif has 2 pages; the first (the main image by TIFF convention) was used."]
     assert first.dtype == np.uint8 and tuple(first[0, 0, :3]) == (255, 0, 0)
+
+
+def test_a_sixteen_bit_tiff_from_blender_reads_with_all_its_bits_on_the_command_line(tmp_path):
+    # Blender writes 16-bit TIFF (premultiplied, "RGBa") from a float buffer; Pillow alone keeps 8 bits
+    straight = np.zeros((4, 6, 4), np.float32)
+    straight[..., 0] = np.linspace(0.1, 0.9, 6)[None, :]
+    straight[..., 1] = 0.123456
+    straight[..., 2] = 0.5
+    straight[..., 3] = np.where(np.arange(6) < 3, 1.0, 0.5)[None, :]
+    image = bpy.data.images.new("deep", 6, 4, alpha=True, float_buffer=True, is_data=True)
+    try:
+        premultiplied = straight.copy()
+        premultiplied[..., :3] *= premultiplied[..., 3:]
+        image.pixels.foreach_set(premultiplied[::-1].ravel())  # Blender's rows go bottom-up
+        image.file_format = "TIFF"
+        image.save(filepath=str(tmp_path / "deep.tif"), save_copy=True)
+    finally:
+        bpy.data.images.remove(image)
+    read = cli_images.read_image(tmp_path / "deep.tif")
+    assert read.dtype == np.uint16 and read.shape == (4, 6, 4)
+    assert cli_images.input_kind(tmp_path / "deep.tif") == "16-bit"
+    np.testing.assert_allclose(read / 65535.0, straight, atol=3 / 65535)  # 8 bits would be 1/255 off
