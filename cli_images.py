@@ -72,8 +72,9 @@ def read_image(path: Path, warn=_warn) -> np.ndarray:
     """HxWxC uint8/uint16/float32 as stored (float for EXR), turned upright as its EXIF
     orientation says (as image viewers show it). 16 bits per channel are kept. An animation
     (GIF, APNG, WebP) is refused: which of its frames is "the image" is a guess, and frame 1
-    alone silently drops the rest. A multi-page TIFF gives its first page with a warning: TIFF
-    keeps the main image first and often adds thumbnails or reduced copies after it."""
+    alone silently drops the rest. A multi-page TIFF or a multi-picture JPEG (MPO) gives its
+    first image with a warning: both keep the main image first and add thumbnails, reduced
+    copies or depth/gain maps after it."""
     if path.suffix.lower() == ".exr":
         return _read_exr(path)
     Image = _pillow()
@@ -129,12 +130,18 @@ def _check_frames(path: Path, source, warn) -> None:
     frames = getattr(source, "n_frames", 1)
     if frames <= 1:
         return
-    if getattr(source, "is_animated", False) and source.format != "TIFF":
+    if source.format in ANIMATION_FORMATS:
         raise CommandLineError(
             f"{path} is an animation of {frames} frames ({source.format}); this reads one still image. "
             "Extract its frames first (e.g. `ffmpeg -i INPUT frame_%04d.png`) and give their folder."
         )
-    warn(f"{path.name} has {frames} pages; the first (the main image by TIFF convention) was used.")
+    if source.format == "TIFF":
+        warn(f"{path.name} has {frames} pages; the first (the main image by TIFF convention) was used.")
+    else:  # e.g. a phone's MPO JPEG: the photo first, then depth or gain maps
+        warn(f"{path.name} holds {frames} images ({source.format}); the first (the main image) was used.")
+
+
+ANIMATION_FORMATS = ("GIF", "PNG", "WEBP", "FLI")  # several frames there are an animation
 
 
 def _upright(image):
