@@ -192,18 +192,24 @@ def test_exif_orientation_is_applied_on_read(tmp_path):
 
 
 def test_an_animation_is_refused_and_a_multi_page_tiff_warns(tmp_path):
-    frames = [Image.new("RGB", (16, 12), colour) for colour in ("red", "green", "blue")]
+    def fresh():  # a new set per file: Pillow keeps state on an image it saved
+        return [Image.new("RGB", (16, 12), colour) for colour in ("red", "green", "blue")]
+
+    frames = fresh()
     frames[0].save(tmp_path / "anim.gif", save_all=True, append_images=frames[1:], duration=100)
     done = cli("upscale", str(tmp_path / "anim.gif"), "--device", "cpu", cwd=tmp_path)
     assert done.returncode == 2 and "is an animation of 3 frames (GIF)" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "anim_upscaled.png").exists()
+    frames = fresh()
     frames[0].save(tmp_path / "anim.png", save_all=True, append_images=frames[1:])  # APNG
     done = cli("upscale", str(tmp_path / "anim.png"), "--device", "cpu", cwd=tmp_path)
     assert done.returncode == 2 and "is an animation of 3 frames (PNG)" in done.stderr, done.stderr
     # a phone's multi-picture JPEG (the photo, then depth or gain maps) is a photo, not an animation
+    frames = fresh()
     frames[0].save(tmp_path / "phone.jpg", format="MPO", save_all=True, append_images=frames[1:])
     done = cli("upscale", str(tmp_path / "phone.jpg"), "--device", "cpu", cwd=tmp_path)
     assert done.returncode == 0 and "phone.jpg holds 3 images (MPO); the first" in done.stdout, done.stderr
+    frames = fresh()
     frames[0].save(tmp_path / "pages.tif", save_all=True, append_images=frames[1:])
     done = cli("upscale", str(tmp_path / "pages.tif"), "--device", "cpu", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
