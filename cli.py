@@ -126,9 +126,9 @@ def _add_family(subparsers, family: Family) -> None:
     demo = " Without INPUT a generated demo image is used." if family.fallback_model else ""
     parser = subparsers.add_parser(
         family.command,
-        help=f"{family.title}: {family.produces}",
+        help=cli_job.argparse_text(f"{family.title}: {family.produces}"),
         description=f"{family.action}: {family.produces}.{demo} INPUT is an image file, a folder, a "
-        "numbered pattern (shot_####.png or shot_%%04d.png) or one frame of a numbered sequence "
+        "numbered pattern (shot_####.png or shot_%04d.png) or one frame of a numbered sequence "
         "with --frames.",
     )
     cli_job.family_arguments(parser, family)
@@ -158,6 +158,7 @@ def _run(args) -> int:
     else:
         print(f"input: {len(refs)} frame(s){shard}" + (f" from {refs[0].path}" if refs else ""))
     print(f"model: {model.describe()}")
+    print(f"output: {cli_job.output_type(family, refs, outputs)}")
 
     def read(ref):
         image = demo_image() if demo else cli_images.read_image(ref.path)
@@ -197,7 +198,9 @@ def _run(args) -> int:
         print(f"memory plot: {plot} ({'; '.join(memory_plot.legend(runtime.last_timeline))})")
     after = memory_snapshot(gpu_id)
     memory = {"rss_before": before.get("rss_bytes"), "rss_peak": peak_rss_bytes(), "rss_after": after.get("rss_bytes")}
-    summary = cli_job.summary(family, args.shard, refs, report, memory, **shot.as_dict())
+    summary = cli_job.summary(
+        family, args.shard, refs, report, memory, output_type=cli_job.output_type(family, refs, outputs), **shot.as_dict()
+    )
     print(json.dumps(summary))
     for number, error in report.failed:
         print(f"error: frame {number}: {error}", file=sys.stderr)

@@ -22,9 +22,37 @@ DEMO_NAME = "demo"
 
 
 def _option_type(option):
+    """The flag's parser: the option's own type and range, the limits Blender's property has
+    (models/family.py's Option is their one source)."""
     if option.kind is bool:
         return lambda text: text.lower() in ("1", "true", "yes", "on")
-    return option.kind
+
+    def parse(text: str):
+        try:
+            value = option.kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {_kind_name(option)}, got {text!r}") from None
+        if value != value or (option.min is not None and value < option.min) or (
+            option.max is not None and value > option.max
+        ):
+            raise argparse.ArgumentTypeError(f"{text} is out of range: {_accepted(option)}")
+        return value
+
+    parse.__name__ = option.kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+def _kind_name(option) -> str:
+    return "a whole number" if option.kind is int else "a number"
+
+
+def _accepted(option) -> str:
+    low, high = option.min, option.max
+    if low is not None and high is not None:
+        return f"give {_kind_name(option)} from {low:g} to {high:g}"
+    if low is not None:
+        return f"give {_kind_name(option)} >= {low:g}"
+    return f"give {_kind_name(option)} <= {high:g}"
 
 
 def family_arguments(parser: argparse.ArgumentParser, family: Family) -> None:
@@ -52,10 +80,19 @@ def family_arguments(parser: argparse.ArgumentParser, family: Family) -> None:
                 "--" + option.name.replace("_", "-"),
                 type=_option_type(option),
                 default=option.default,
-                help=f"{option.description} (default: {option.default})",
+                help=argparse_text(f"{option.description} (default: {option.default})"),
             )
     if family.id == "upscale":
-        parser.add_argument("--tile", dest="tile_size", type=_tile_arg, help="same as --tile-size; 'auto' is 0")
+        tile_size = next(o for o in family.options if o.name == "tile_size")
+        parser.add_argument(
+            "--tile", dest="tile_size", type=_tile_arg(_option_type(tile_size)), help="same as --tile-size; 'auto' is 0"
+        )
+
+
+def argparse_text(text: str) -> str:
+    """``text`` as argparse's help wants it: argparse %-formats every help string, so a literal
+    ``%`` (a description saying "0.04 = 4%") must be doubled or ``--help`` itself crashes."""
+    return text.replace("%", "%%")
 
 
 def _frames_arg(text: str) -> range:
@@ -72,16 +109,12 @@ def _shard_arg(text: str) -> tuple[int, int] | None:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _tile_arg(text: str) -> int:
-    if text == "auto":
-        return 0
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a number of pixels, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("tile size must be >= 0 (0 or auto: a fixed size per device)")
-    return value
+def _tile_arg(parse_tile_size):
+    def parse(text: str) -> int:
+        return 0 if text == "auto" else parse_tile_size(text)
+
+    parse.__name__ = "tile size"
+    return parse
 
 
 def resolve_model(family: Family, args) -> library.ModelChoice:
@@ -107,8 +140,14 @@ def plan(family: Family, args):
         target = target or Path.cwd() / products.default_name(family.id, DEMO_NAME)
         many = False
     else:
-        refs = frame_lists.resolve_input(source, args.frames)
-        many = len(refs) > 1 or frame_lists.is_pattern(source) or Path(source).expanduser().is_dir()
+        # what this command writes is never read back as a frame (an OUTPUT in the input folder)
+        refs = frame_lists.resolve_input(source, args.frames, products.written_by(family.id, target))
+        many = (
+            len(refs) > 1
+            or args.frames is not None
+            or frame_lists.is_pattern(source)
+            or Path(source).expanduser().is_dir()
+        )
     refs, outputs, skip = products.plan_batch(
         family.id,
         refs,
@@ -119,27 +158,46 @@ def plan(family: Family, args):
         skip_existing=args.skip_existing,
         check_format=cli_images.check_writable_format,
         inputs_are_files=source is not None,
+        suffix=products.default_suffix(family.id, _first_input_kind(refs) if source is not None else "8-bit"),
     )
     return refs, outputs, skip
+
+
+def _first_input_kind(refs) -> str:
+    """The output type follows the first frame that exists (a sequence is one format)."""
+    return next((cli_images.input_kind(r.path) for r in refs if r.path.is_file()), "8-bit")
+
+
+def output_type(family: Family, refs, outputs) -> str:
+    """What the job writes, for the report and the JSON line (models/products.py's policy)."""
+    if not outputs:
+        return ""
+    demo = not refs[0].path.is_file()
+    return products.describe_output(family.id, outputs[0].suffix, "8-bit" if demo else _first_input_kind(refs))
 
 
 def write_result(family_id: str, out: Path, result, values: dict) -> tuple[list[str], str]:
     """Write one frame's result to ``out`` (and its companions), all or nothing; returns the notes
     for the user and the ``wrote:`` line that describes it."""
     notes = []
+    kind = ""
     if family_id == "moge2":
         products.write_geometry(
             out, result, discontinuity=values.get("discontinuity", 0.04), write_normals=cli_images.write_image
         )
+        also = [p.name for p in products.companion_paths(family_id, out)[1:] if p.is_file()]
+        kind = f" (+ {', '.join(also)})" if also else ""
     else:
-        notes = cli_images.write_image(out, products.image_product(family_id, result, out.suffix))
+        product = products.image_product(family_id, result, out.suffix)
+        notes = cli_images.write_image(out, product)
+        kind = f", {product.bits} {out.suffix.lstrip('.').upper()}"
     shape = getattr(result, "image", getattr(result, "depth", None))
     scale = f" ({result.scale}x)" if hasattr(result, "scale") else ""
     size = f" {shape.shape[1]}x{shape.shape[0]}{scale}" if shape is not None else ""
     tile = ""
     if hasattr(result, "tile_size_used"):  # the largest window that ran, and its overlap
         tile = f", tile {result.tile_size_used} px, overlap {result.overlap} px"
-    return notes, f"wrote: {out}{size}{tile}"
+    return notes, f"wrote: {out}{size}{tile}{kind}"
 
 
 def summary(family: Family, shard, refs, report: BatchReport, memory: dict, **extra) -> dict:

@@ -54,7 +54,9 @@ def add_parser(subparsers) -> None:
     )
     per_family = farm.add_subparsers(dest="farm_family", metavar="FAMILY")
     for family in families.ALL:
-        parser = per_family.add_parser(family.command, help=f"{family.title}: {family.produces}")
+        parser = per_family.add_parser(
+            family.command, help=cli_job.argparse_text(f"{family.title}: {family.produces}")
+        )
         cli_job.family_arguments(parser, family)
         parser.add_argument(
             "--address",
@@ -404,7 +406,9 @@ def run(args, *, on_event=None, crash_on_write=None) -> int:
     }
     for warning in dict.fromkeys(report.warnings):
         print(f"warning: {warning}", file=sys.stderr)
-    print(json.dumps(cli_job.summary(family, args.shard, refs, report, memory, farm=details)))
+    print(json.dumps(cli_job.summary(
+        family, args.shard, refs, report, memory, output_type=cli_job.output_type(family, refs, outputs), farm=details
+    )))
     for number, error in report.failed:
         print(f"error: frame {number}: {error}", file=sys.stderr)
     if farm.fatal is not None:

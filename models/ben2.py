@@ -41,6 +41,7 @@ class MatteResult:
     matte: np.ndarray  # HxW float32 in [0, 1], source resolution
     rgba: np.ndarray  # HxWx4 float32: source RGB, alpha = matte * source alpha
     warnings: list[str] = field(default_factory=list)
+    input_kind: str = "8-bit"  # the source's samples: "8-bit", "16-bit" or "float"
 
 
 def run(
@@ -94,7 +95,7 @@ def run(
                 warnings.append(handle.fallback_warning)
             if warning:
                 warnings.append(warning)
-            results.add(MatteResult(matte.astype(np.float32, copy=False), rgba, warnings))
+            results.add(MatteResult(matte.astype(np.float32, copy=False), rgba, warnings, prepared.kind))
     options.report(1.0, "done")
     return results.value(single)
 

@@ -197,7 +197,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 FAMILY = Family(
     id="da3",
     title="Depth Anything 3 depth",
-    produces="a float depth map (and a displaced plane on request)",
+    produces="a float depth map",  # the plane is an option of the Blender operator only
     run=run,
     settings=(
         Setting("process_res", positive_int),

@@ -80,9 +80,19 @@ def _pattern_regex(pattern: Path) -> re.Pattern:
     return re.compile(re.escape(head) + r"(\d+)" + re.escape(tail) + "$")
 
 
-def resolve_input(spec: str | Path, frames: range | None = None) -> list[FrameRef]:
-    """The frames a batch reads (see module doc); LeanImageError saying what is wrong."""
+def frame_number(pattern: str | Path, name: str) -> int | None:
+    """The frame number of file ``name`` under ``pattern`` (``shot_####.png``), None if it is not one."""
+    match = _pattern_regex(Path(pattern)).match(name)
+    return int(match.group(1)) if match else None
+
+
+def resolve_input(
+    spec: str | Path, frames: range | None = None, exclude: Callable[[Path], bool] | None = None
+) -> list[FrameRef]:
+    """The frames a batch reads (see module doc); LeanImageError saying what is wrong. Listed
+    files for which ``exclude`` is true (what the command itself writes) are not frames."""
     text = str(spec)
+    exclude = exclude or (lambda path: False)
     path = Path(text).expanduser()
     if is_pattern(text):
         if not path.parent.is_dir():
@@ -95,13 +105,17 @@ def resolve_input(spec: str | Path, frames: range | None = None) -> list[FrameRe
             return refs  # a missing frame in between is reported as failed, not silently dropped
         regex = _pattern_regex(path)
         found = sorted(
-            (int(m.group(1)), p) for p in path.parent.iterdir() if (m := regex.match(p.name)) and p.is_file()
+            (int(m.group(1)), p)
+            for p in path.parent.iterdir()
+            if (m := regex.match(p.name)) and p.is_file() and not exclude(p)
         )
         if not found:
             raise LeanImageError(f"No file matches '{path}'.")
         return [FrameRef(n, p) for n, p in found]
     if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        files = sorted(
+            p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not exclude(p)
+        )
         if not files:
             raise LeanImageError(f"Folder '{path}' holds no image files ({', '.join(IMAGE_SUFFIXES)}).")
         numbers = [pattern_of(p)[1] if pattern_of(p) else None for p in files]
@@ -116,7 +130,7 @@ def resolve_input(spec: str | Path, frames: range | None = None) -> list[FrameRe
     if path.is_file():
         numbered = pattern_of(path)
         if frames is not None and numbered is not None:
-            return resolve_input(numbered[0], frames)
+            return resolve_input(numbered[0], frames, exclude)
         return [FrameRef(numbered[1] if numbered else 1, path)]
     raise LeanImageError(f"Input '{path}' not found: give an image file, a folder or a pattern like shot_####.png.")
 

@@ -25,6 +25,13 @@ class PreparedImage:
     def size(self) -> tuple[int, int]:
         return self.rgb.shape[0], self.rgb.shape[1]
 
+    @property
+    def kind(self) -> str:
+        """What the source's samples were: "8-bit", "16-bit" or "float" (the result is written alike)."""
+        if np.issubdtype(self.source_dtype, np.floating):
+            return "float"
+        return "16-bit" if self.source_dtype == np.uint16 else "8-bit"
+
 
 def prepare_image(image, *, name: str = "image") -> PreparedImage:
     """Validate and convert any supported image to float32 RGB (+ optional alpha)."""

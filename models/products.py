@@ -10,6 +10,20 @@ The policy, the same for Blender and the command line, single images and sequenc
   a JSON file beside it with the camera intrinsics, and the normal map as an EXR beside it;
 - an upscaled image is written like its source (alpha kept where the format has it).
 
+Output type, when the user named no file format (:func:`default_suffix`): it follows the input. A
+float input (EXR, HDR, float TIFF) gives a float EXR (with alpha for a cut-out; the TIFF writers
+here and in Blender keep float in one grey channel only, so EXR is the float file that holds
+colour and alpha everywhere); an 8- or 16-bit input gives PNG. Bits follow the input frame by
+frame (:func:`output_bits`): 16-bit and float sources give 16-bit PNG/TIFF where the writer can,
+and a note says where bits were dropped.
+
+Where results go when no OUTPUT is given: one image gives ``<stem>_<kind>.<ext>`` beside it; a
+folder or a pattern gives the folder ``<input folder>_<kind>`` beside the input folder
+(:func:`default_folder`), each frame named ``<name>_<kind>_<number>.<ext>`` with its own number, so
+results never land among the inputs and a re-run finds them where it left them. Listing the
+inputs leaves out any file this command would write (:func:`written_by`), so an OUTPUT that is the
+input folder still never feeds earlier results back in as frames.
+
 The front-end encodes the images (Blender with its own writers, the command line with Pillow and
 OpenEXR); this module decides what is written and writes the non-image files.
 """
@@ -26,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from ..runtime.errors import LeanImageError
-from . import files
+from . import files, frame_lists
 from .frame_lists import output_paths, shard_slice
 from .moge2_mesh import mesh_arrays, normal_map
 
@@ -44,21 +58,99 @@ class ImageProduct:
     pixels: np.ndarray  # HxW (one channel) or HxWxC float32
     is_data: bool  # values, not colour: no colour transform, linear
     value_range: tuple[float, float] | None = None  # what 0..1 stands for when normalised
+    bits: str = "8-bit"  # what the file keeps: "8-bit", "16-bit" or "float" (output_bits)
+    input_kind: str = "8-bit"  # what the source's samples were
 
 
-def default_name(family_id: str, stem: str, number: int | None = None) -> str:
-    tag, suffix = NAME_TAG[family_id], DEFAULT_SUFFIX[family_id]
+INPUT_KINDS = ("8-bit", "16-bit", "float")  # what an input image's samples are
+
+
+def default_suffix(family_id: str, input_kind: str = "8-bit") -> str:
+    """The output format when the user named none: it follows the input (module doc)."""
+    if family_id in ("ben2", "upscale") and input_kind == "float":
+        return ".exr"
+    return DEFAULT_SUFFIX[family_id]
+
+
+def output_bits(suffix: str, input_kind: str, float_suffixes=FLOAT_SUFFIXES) -> str:
+    """What a file of ``suffix`` keeps of an ``input_kind`` source: "float", "16-bit" or "8-bit"."""
+    suffix = suffix.lower()
+    if suffix in float_suffixes and suffix not in (".tif", ".tiff"):
+        return "float"
+    if input_kind != "8-bit" and suffix in SIXTEEN_BIT_SUFFIXES:
+        return "16-bit"
+    return "8-bit"
+
+
+SIXTEEN_BIT_SUFFIXES = frozenset({".png", ".tif", ".tiff"})
+
+
+def describe_output(family_id: str, suffix: str, input_kind: str, float_suffixes=FLOAT_SUFFIXES) -> str:
+    """How the report names what is written, e.g. "float EXR (follows the float input)"."""
+    if family_id == "moge2":
+        return "PLY mesh, JSON camera, float EXR normals"
+    bits = "float" if family_id == "da3" and suffix.lower() in float_suffixes else output_bits(
+        suffix, input_kind, float_suffixes
+    )
+    if family_id == "da3" and bits != "float":
+        bits = "16-bit normalised" if suffix.lower() in SIXTEEN_BIT_SUFFIXES else "8-bit normalised"
+    text = f"{bits} {suffix.lstrip('.').upper()}"
+    if family_id != "da3" and bits != "8-bit" and input_kind != "8-bit":
+        text += f" (follows the {input_kind} input)"
+    return text
+
+
+def default_name(family_id: str, stem: str, number: int | None = None, suffix: str | None = None) -> str:
+    tag, suffix = NAME_TAG[family_id], suffix or DEFAULT_SUFFIX[family_id]
     return f"{stem}_{tag}{suffix}" if number is None else f"{stem}_{tag}_{number:04d}{suffix}"
 
 
-def default_name_for(family_id: str, path: Path, number: int, *, in_sequence: bool) -> str:
+def default_name_for(
+    family_id: str, path: Path, number: int, *, in_sequence: bool, suffix: str | None = None
+) -> str:
     """The default output name for one input file: ``<stem>_<kind>.<ext>``, or for a frame of a
     sequence ``<name>_<kind>_####.<ext>`` with the frame digits moved to the end."""
     if not in_sequence:
-        return default_name(family_id, path.stem)
+        return default_name(family_id, path.stem, suffix=suffix)
     match = re.match(r"^(.*?)\d+$", path.stem)
     stem = match.group(1).rstrip("_.-") if match else path.stem
-    return default_name(family_id, stem or "frame", number)
+    return default_name(family_id, stem or "frame", number, suffix)
+
+
+def default_folder(family_id: str, input_folder: Path) -> Path:
+    """Where a folder's or a pattern's results go when no OUTPUT is given: ``<folder>_<kind>``
+    beside the input folder (``plates/`` -> ``plates_depth/``)."""
+    return input_folder.parent / f"{input_folder.name or 'frames'}_{NAME_TAG[family_id]}"
+
+
+def written_by(family_id: str, output: str | os.PathLike | None) -> Callable[[Path], bool]:
+    """Whether a file met while listing the inputs is one this command writes for ``output``
+    (a pattern's frames, a folder's default names and their companions, or the one file named):
+    such files are left out of the listing, so earlier results are never taken for frames."""
+    if output is None:  # the default folder is beside the inputs, never among them
+        return lambda path: False
+    text = str(output)
+    target = Path(text).expanduser().resolve()
+    if frame_lists.is_pattern(text):
+        companion = "_normal.exr" if family_id == "moge2" else None
+
+        def in_pattern(path: Path) -> bool:
+            name = path.name
+            if companion and name.endswith(companion):
+                name = name[: -len(companion)] + target.suffix
+            return path.resolve().parent == target.parent and frame_lists.frame_number(target, name) is not None
+
+        return in_pattern
+    names = re.compile(rf"^.+_{NAME_TAG[family_id]}_\d+(_normal)?\.[^.]+$")
+    folder_given = target.is_dir() or text.endswith(("/", "\\")) or not target.suffix
+
+    def written(path: Path) -> bool:
+        path = path.resolve()
+        if folder_given:
+            return path.parent == target and names.match(path.name) is not None
+        return path == target
+
+    return written
 
 
 def check_output(family_id: str, path: Path) -> None:
@@ -142,14 +234,26 @@ def plan_batch(
     skip_existing: bool,
     check_format: Callable[[Path], None],
     inputs_are_files: bool = True,
+    suffix: str | None = None,
 ) -> tuple[list, list[Path], set]:
     """(this task's frames, their output files, the frames to skip): output names from the whole
     frame list (so N shards write what one run would), then this shard's part, then every check
-    of :func:`plan_outputs`, all before any model runs."""
+    of :func:`plan_outputs`, all before any model runs. ``suffix``: the default names' format
+    (:func:`default_suffix`); no ``output`` for a sequence: :func:`default_folder`."""
     def default(ref):
-        return default_name_for(family_id, ref.path, ref.number, in_sequence=in_sequence)
+        return default_name_for(family_id, ref.path, ref.number, in_sequence=in_sequence, suffix=suffix)
 
+    if output is None and in_sequence and refs and inputs_are_files:
+        output = f"{default_folder(family_id, refs[0].path.parent)}{os.sep}"
     outputs = [p.resolve() for p in output_paths(refs, output, default)]
+    claimed: dict[str, object] = {}
+    for ref, out in zip(refs, outputs, strict=True):
+        earlier = claimed.setdefault(os.path.normcase(str(out)), ref)
+        if earlier is not ref:
+            raise LeanImageError(
+                f"Frames {earlier.number} ({earlier.path.name}) and {ref.number} ({ref.path.name}) would both "
+                f"be written to {out}; give a pattern with the frame number (out_####.png) or rename one input."
+            )
     inputs = [r.path for r in refs] if inputs_are_files else []
     part = shard_slice(len(refs), shard)
     refs, outputs = refs[part], outputs[part]
@@ -162,22 +266,29 @@ def plan_batch(
 def image_product(family_id: str, result, suffix: str, float_suffixes=FLOAT_SUFFIXES) -> ImageProduct:
     """The image a family's result is written as, for a file with ``suffix`` (the writer keeps
     floats in ``float_suffixes``)."""
-    if family_id == "ben2":
-        return ImageProduct(result.rgba, is_data=False)
-    if family_id == "upscale":
-        return ImageProduct(result.image, is_data=False)
+    if family_id in ("ben2", "upscale"):
+        pixels = result.rgba if family_id == "ben2" else result.image
+        kind = getattr(result, "input_kind", "8-bit")
+        return ImageProduct(pixels, is_data=False, bits=output_bits(suffix, kind, float_suffixes), input_kind=kind)
     if family_id == "da3":
         depth = np.asarray(result.depth, np.float32)
         if suffix.lower() in float_suffixes:
-            return ImageProduct(depth, is_data=True)
+            return ImageProduct(depth, is_data=True, bits="float")
         low, high = float(depth.min()), float(depth.max())
         span = high - low
         normalised = (depth - low) / span if span > 0 else np.zeros_like(depth)
-        return ImageProduct(normalised.astype(np.float32), is_data=True, value_range=(low, high))
+        bits = output_bits(suffix, "float", float_suffixes)  # normalised depth: as many bits as the file holds
+        return ImageProduct(normalised.astype(np.float32), is_data=True, value_range=(low, high), bits=bits)
     raise ValueError(f"{family_id} results are not one image")
 
 
 def range_notes(path: Path, product: ImageProduct) -> list[str]:
+    """What the file does not keep of the result, for the report."""
+    if product.input_kind != "8-bit" and product.bits == "8-bit":
+        return [
+            f"{path.name}: the input has {product.input_kind} samples but {path.suffix.lstrip('.').upper()} "
+            "holds 8 bits; write .png (16-bit) or .exr (float) to keep them."
+        ]
     if product.value_range is None:
         return []
     low, high = product.value_range

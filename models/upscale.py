@@ -46,6 +46,7 @@ class UpscaleResult:
     receptive_radius: int | None = None  # input pixels; None: the model sees the whole image
     exact: bool = True  # tiles give exactly the pixels of one whole-image run
     warnings: list[str] = field(default_factory=list)
+    input_kind: str = "8-bit"  # the source's samples: "8-bit", "16-bit" or "float"
 
 
 def run(
@@ -81,6 +82,8 @@ def run(
         raise ValueError(f"tile_size must be 'auto', an int or None, got {tile_size!r}")
     if isinstance(tile_size, (bool, float)):
         raise ValueError(f"tile_size must be 'auto', an int or None, got {tile_size!r}")
+    if isinstance(tile_size, int) and tile_size < 0:  # the Tile Size option's min (FAMILY below)
+        raise ValueError(f"tile_size must be >= 0 (0 or 'auto': a fixed size per device), got {tile_size}")
     if tile_size == 0:  # what the artist's "Tile Size 0" means
         tile_size = "auto"
     options = options or JobOptions()
@@ -166,6 +169,7 @@ def run(
                 alpha_constant = float(alpha.min())  # no run needed to upscale a flat alpha
             model_alpha = alpha is not None and alpha_constant is None and alpha_mode == "model"
             source = np.concatenate([rgb, alpha[:, :, None]], axis=2) if model_alpha else rgb
+            input_kind = prepared.kind
             del rgb, prepared  # only `source` (and `alpha`) are needed from here on
 
             def run_tile(window, last, _model_alpha=model_alpha):
@@ -222,6 +226,7 @@ def run(
                     receptive_radius=planned.radius,
                     exact=exact,
                     warnings=warnings,
+                    input_kind=input_kind,
                 )
             )
         options.report(1.0, "done")

@@ -104,8 +104,9 @@ def link_object(context, obj) -> None:
 
 
 def save_product(path: Path, product: products.ImageProduct) -> None:
-    """Main thread: an image product saved through a temporary datablock, all or nothing."""
-    is_float = path.suffix.lower() in products.BLENDER_FLOAT_SUFFIXES
+    """Main thread: an image product saved through a temporary datablock, all or nothing. A
+    16-bit product goes through a float buffer: Blender writes PNG and TIFF from one with 16 bits."""
+    is_float = path.suffix.lower() in products.BLENDER_FLOAT_SUFFIXES or product.bits == "16-bit"
     pixels = product.pixels
     if product.is_data:
         colorspace = "Non-Color"

@@ -6,6 +6,7 @@ from the suffix, checked before any model runs.
 """
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +53,9 @@ class Source:
 
 
 def image_stem(image) -> str:
-    name = image.name
+    """The base for result names: the datablock name without Blender's duplicate number (``.001``)
+    and without an image-file suffix (``frame_0001.png.001`` -> ``frame_0001``)."""
+    name = re.sub(r"\.\d{3,}$", "", image.name) or image.name
     root, ext = os.path.splitext(name)
     return root if root and ext.lower() in _IMAGE_SUFFIXES else name
 
