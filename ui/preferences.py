@@ -18,6 +18,7 @@ from ..operators.gpu_ops import JOB_KEY as GPU_JOB_KEY
 from ..operators.jobs import downloads
 from ..operators.prefs import ADDON_ID, gpu_requirements, gpu_runtime_folder, models_folder
 from ..runtime import diagnostics, gpu_libraries, gpu_loading
+from ..runtime.settings import MAX_BYTES, MAX_RELEASE_DELAY_S
 
 # identifier, label, description, onnxruntime provider needed (None: always offered), stable number.
 # The numbers are what Blender stores, so they must never change (a dynamic enum is saved as int).
@@ -243,6 +244,7 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         "refused with what it needs. Also caps the inference arena. 0: no limit",
         default=0,
         min=0,
+        max=MAX_BYTES >> 20,
         soft_max=262144,
     )
     ram_budget_mb: IntProperty(
@@ -251,6 +253,7 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         "each job like the GPU budget. 0: no limit (only the memory the system has free)",
         default=0,
         min=0,
+        max=MAX_BYTES >> 20,
         soft_max=1048576,
     )
     idle_unload_minutes: IntProperty(
@@ -280,6 +283,7 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         "always goes back at the end of each job",
         default=0.0,
         min=0.0,
+        max=MAX_RELEASE_DELAY_S,  # the limits RuntimeSettings checks (runtime/settings.py)
         soft_max=60.0,
         step=50,
         precision=1,
