@@ -9,6 +9,11 @@ without importing the command line that imports it.
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import signal
+import sys
+import threading
 from pathlib import Path
 
 from . import cli_images
@@ -17,14 +22,93 @@ from .models import frame_lists, library, products
 from .models.family import Family
 from .models.sequence import BatchReport
 from .runtime.errors import LeanImageError
+from .runtime.settings import FALSE_WORDS, TRUE_WORDS
 
 DEMO_NAME = "demo"
+EXIT_INTERRUPTED = 130  # Ctrl+C
+EXIT_TERMINATED = 128 + 15  # SIGTERM: what Flamenco, Deadline and SLURM send on cancel
+
+
+class Stopped(KeyboardInterrupt):
+    """A second signal: stop at once (the frame being written is dropped, its temporary file removed)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class Interrupts:
+    """Ctrl+C (SIGINT) and a farm's cancel (SIGTERM) are one thing: the first sets ``event`` so the
+    job stops after the current model run (finished frames kept, none half-written); a second one,
+    or the first when ``immediate``, raises :class:`Stopped` in the main thread."""
+
+    def __init__(self):
+        self.event = threading.Event()
+        self.signum: int | None = None
+        self.immediate = False
+        self._previous: dict = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, getattr(signal, "SIGTERM", None)):
+                if signum is not None:
+                    self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.signum = self.signum or signum
+        if self.event.is_set() or self.immediate:
+            self.event.set()
+            raise Stopped(signum)
+        self.event.set()
+        again = "Ctrl+C" if signum == signal.SIGINT else "a second SIGTERM"
+        print(f"\n{self.name}: cancelling after the current model run ({again} stops at once)...", file=sys.stderr)
+
+    @property
+    def name(self) -> str:
+        return "SIGTERM" if self.signum == getattr(signal, "SIGTERM", None) else "Ctrl+C"
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_TERMINATED if self.name == "SIGTERM" else EXIT_INTERRUPTED
+
+    def __exit__(self, *exc):
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        return False
 
 
 def _option_type(option):
-    if option.kind is bool:
-        return lambda text: text.lower() in ("1", "true", "yes", "on")
-    return option.kind
+    """The parser of one family option's flag: its kind and its range, or a message naming both."""
+
+    def parse(text: str):
+        if option.kind is bool:
+            word = text.strip().lower()
+            if word in TRUE_WORDS or word in FALSE_WORDS:
+                return word in TRUE_WORDS
+            raise argparse.ArgumentTypeError(f"give true or false (1/0, yes/no, on/off), got {text!r}")
+        return number(text, option.kind, option.min, option.max)
+
+    return parse
+
+
+def number(text: str, kind=int, minimum=None, maximum=None):
+    """``text`` as a finite ``kind`` (int or float) within [minimum, maximum], for argparse."""
+    try:
+        value = kind(text)
+    except (ValueError, OverflowError):
+        value = None
+    if value is None or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"give a {'whole ' if kind is int else ''}number, got {text!r}")
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        upper = f" to {maximum:g}" if maximum is not None else " or more"
+        raise argparse.ArgumentTypeError(f"give a number from {minimum:g}{upper}, got {text!r}")
+    return value
+
+
+def counted(minimum: int, maximum: int | None = None):
+    """argparse type: a whole number within [minimum, maximum]."""
+    return lambda text: number(text, int, minimum, maximum)
 
 
 def family_arguments(parser: argparse.ArgumentParser, family: Family) -> None:
@@ -121,6 +205,31 @@ def plan(family: Family, args):
         inputs_are_files=source is not None,
     )
     return refs, outputs, skip
+
+
+def plan_memory_plot(args, refs, outputs) -> Path | None:
+    """``--memory-plot``: an output like the others, checked before any model runs. A PNG (the
+    plot's only format), not an input or another output, in a folder that exists, not replacing a
+    file without ``--overwrite``."""
+    if not getattr(args, "memory_plot", None):
+        return None
+    path = Path(args.memory_plot).expanduser().resolve()
+    where = f"--memory-plot {args.memory_plot}"
+    if path.suffix.lower() != ".png":
+        raise CommandLineError(f"{where}: the memory plot is a PNG image; give a name ending in .png.")
+    family_id = args.family.id
+    taken = {Path(r.path).resolve() for r in refs} | {p for out in outputs for p in products.companion_paths(family_id, out)}
+    if path in taken:
+        raise CommandLineError(f"{where}: that is an input or an output of this job; give the plot its own name.")
+    if path.is_dir():
+        raise CommandLineError(f"{where} is a folder; give a file name such as memory.png.")
+    if not path.parent.is_dir():
+        raise CommandLineError(f"{where}: the folder {path.parent} does not exist; make it or choose another.")
+    if not os.access(path.parent, os.W_OK):
+        raise CommandLineError(f"{where}: the folder {path.parent} is not writable.")
+    if path.exists() and not args.overwrite:
+        raise CommandLineError(f"{where} exists; add --overwrite to replace it, or choose another name.")
+    return path
 
 
 def write_result(family_id: str, out: Path, result, values: dict) -> tuple[list[str], str]:

@@ -9,6 +9,8 @@ illegal address or a bad parameter is reported as the error it is, not as memory
 
 from __future__ import annotations
 
+from .errors import InferenceOutOfMemoryError, first_line
+
 GPU_OOM_MARKERS = (
     "CUDA failure 2: out of memory",  # cudaErrorMemoryAllocation (2) as cudaGetErrorString says it
     "CUDA error cudaErrorMemoryAllocation",
@@ -41,3 +43,20 @@ def out_of_memory_resource(exc: BaseException, *, on_gpu: bool) -> str | None:
     if any(marker in text for marker in ARENA_OOM_MARKERS):
         return "GPU memory" if on_gpu else "system memory"
     return None
+
+
+def out_of_memory_error(exc: MemoryError, *, model: str = "", device: str = "CPU"):
+    """A bare ``MemoryError`` (numpy's "Unable to allocate 1.2 GiB for an array with shape ...", a
+    failed ``bytearray``) as the runtime's out-of-memory error, keeping what was asked for."""
+    if isinstance(exc, InferenceOutOfMemoryError):
+        return exc
+    asked = first_line(exc) if str(exc).strip() else "an allocation failed"
+    return InferenceOutOfMemoryError(
+        f"Out of system memory: {asked.rstrip('.')}. The memory this process may still take (free RAM, "
+        "its address-space limit `ulimit -v`, its container's memory.max) is smaller: use a smaller "
+        "image or a model with a smaller scale, raise the limit, or close programs that use memory.",
+        model=model,
+        device=device,
+        resource="system memory",
+        detail=str(exc),
+    )

@@ -23,7 +23,7 @@ MAX_BYTES = 1 << 50  # 1 PiB: no machine has more; a larger figure is a typo
 RELEASE_DELAY_ENV = "LEAN_IMAGE_AI_RAM_RELEASE_DELAY"
 RELEASE_CPU_ENV = "LEAN_IMAGE_AI_RELEASE_CPU"
 CUDNN_MAX_WORKSPACE_ENV = "LEAN_IMAGE_AI_CUDNN_MAX_WORKSPACE"
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 def machine_threads() -> int:
@@ -111,9 +111,9 @@ def env_flag(name: str, default: bool) -> bool:
     text = os.environ.get(name, "").strip().lower()
     if not text:
         return default
-    if text in _TRUE:
+    if text in TRUE_WORDS:
         return True
-    if text in _FALSE:
+    if text in FALSE_WORDS:
         return False
     raise SettingError(f"{name}={os.environ[name]!r}: give 1 or 0 (also true/false, yes/no, on/off).")
 
