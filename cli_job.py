@@ -14,11 +14,12 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 from . import cli_images
 from .cli_images import CommandLineError
-from .models import frame_lists, library, products
+from .models import files, frame_lists, library, products
 from .models.family import Family
 from .models.sequence import BatchReport
 from .runtime.errors import LeanImageError
@@ -182,6 +183,7 @@ def option_values(family: Family, args) -> dict:
 
 def plan(family: Family, args):
     """(frame refs, output paths, refs to skip); every check that can fail before the model runs."""
+    started = time.time()  # nothing of this run is written yet: older temporary files are not its own
     source = args.input or args.input_opt
     target = args.output or args.output_opt
     if source is None:
@@ -204,6 +206,10 @@ def plan(family: Family, args):
         check_format=cli_images.check_writable_format,
         inputs_are_files=source is not None,
     )
+    if args.skip_existing:  # a killed earlier run's temporary files of these outputs (never newer ones)
+        companions = [p for out in outputs for p in products.companion_paths(family.id, out)]
+        for temp in files.remove_stale_temps(companions, older_than=started):
+            print(f"removed a temporary file left by an interrupted run: {temp}", file=sys.stderr)
     return refs, outputs, skip
 
 

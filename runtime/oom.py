@@ -9,7 +9,11 @@ illegal address or a bad parameter is reported as the error it is, not as memory
 
 from __future__ import annotations
 
-from .errors import InferenceOutOfMemoryError, first_line
+import re
+
+from .errors import InferenceOutOfMemoryError, MemoryBudgetError, first_line
+
+_REQUESTED = re.compile(r"requested buffer of size (\d+)")
 
 GPU_OOM_MARKERS = (
     "CUDA failure 2: out of memory",  # cudaErrorMemoryAllocation (2) as cudaGetErrorString says it
@@ -59,4 +63,27 @@ def out_of_memory_error(exc: MemoryError, *, model: str = "", device: str = "CPU
         device=device,
         resource="system memory",
         detail=str(exc),
+    )
+
+
+def requested_bytes(text: str) -> int | None:
+    """The one allocation ORT's arena could not make ("requested buffer of size N"), if it says."""
+    match = _REQUESTED.search(text or "")
+    return int(match.group(1)) if match else None
+
+
+def not_shrinking_with_tiles(exc: InferenceOutOfMemoryError, tile: int) -> InferenceOutOfMemoryError:
+    """The tiler's last word when even its smallest tile ran out: smaller tiles are no advice."""
+    if isinstance(exc, MemoryBudgetError):
+        return exc  # the budget's own message already says what was short and what was done
+    asked = requested_bytes(exc.detail)
+    block = f"; it asked for {asked / 2**20:,.0f} MiB in one block" if asked else ""
+    return InferenceOutOfMemoryError(
+        f"Out of {exc.resource} while running {exc.model} on {exc.device}, even with {tile} px tiles, the "
+        f"smallest{block}: what this model needs does not shrink with the tile size. Close programs "
+        "using the memory, raise the memory limit, or use another model or device.",
+        model=exc.model,
+        device=exc.device,
+        resource=exc.resource,
+        detail=exc.detail,
     )
