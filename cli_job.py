@@ -62,7 +62,7 @@ class Interrupts:
             self.event.set()
             raise Stopped(signum)
         self.event.set()
-        again = "Ctrl+C" if signum == signal.SIGINT else "a second SIGTERM"
+        again = "Ctrl+C again" if signum == signal.SIGINT else "a second SIGTERM"
         print(f"\n{self.name}: cancelling after the current model run ({again} stops at once)...", file=sys.stderr)
 
     @property
@@ -184,6 +184,10 @@ def option_values(family: Family, args) -> dict:
 def plan(family: Family, args):
     """(frame refs, output paths, refs to skip); every check that can fail before the model runs."""
     started = time.time()  # nothing of this run is written yet: older temporary files are not its own
+    for given, flag in ((args.input, args.input_opt), (args.output, args.output_opt)):
+        if given and flag and given != flag:
+            kind = "INPUT" if flag is args.input_opt else "OUTPUT"
+            raise CommandLineError(f"{kind} is given twice ({given} and --{kind.lower()} {flag}); give it once.")
     source = args.input or args.input_opt
     target = args.output or args.output_opt
     if source is None:
