@@ -314,28 +314,37 @@ def main(argv=None) -> int:
     with cli_job.Interrupts() as interrupts:
         args.interrupts = interrupts
         try:
-            check_environment()
-            event_file.start(get_runtime(), event_file.log_folder())  # every decision, also on disk
-            return int(args.handler(args))
-        except cli_job.Stopped:
-            print(f"Stopped by {interrupts.name}; the frames already written are kept, none is half-written.", file=sys.stderr)
+            return _handled(args, interrupts)
+        except cli_job.Stopped:  # a second signal while the first one's outcome was being reported
             return interrupts.exit_code
-        except OperationCancelled as exc:
-            print(f"Stopped by {interrupts.name}: {exc}", file=sys.stderr)
-            return interrupts.exit_code
-        except LeanImageError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return EXIT_ERROR
-        except MemoryError as exc:
-            print(f"error: {out_of_memory_error(exc)}", file=sys.stderr)
-            return EXIT_ERROR
-        except Exception as exc:  # noqa: BLE001 - a bug still ends in one line; the log keeps the rest
-            get_runtime().events.emit("cli_error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
-            print(
-                f"error: unexpected {type(exc).__name__}: {first_line(exc)} (a bug; the traceback is in the "
-                f"event log in {event_file.log_folder()})",
-                file=sys.stderr,
-            )
-            return EXIT_ERROR
         finally:
+            interrupts.disarm()  # a signal from here on is noted, not raised in the cleanup
             event_file.stop()
+
+
+def _handled(args, interrupts) -> int:
+    """The command, with every way it can fail as one line and an exit code."""
+    try:
+        check_environment()
+        event_file.start(get_runtime(), event_file.log_folder())  # every decision, also on disk
+        return int(args.handler(args))
+    except cli_job.Stopped:
+        print(f"Stopped by {interrupts.name}; the frames already written are kept, none is half-written.", file=sys.stderr)
+        return interrupts.exit_code
+    except OperationCancelled as exc:
+        print(f"Stopped by {interrupts.name}: {exc}", file=sys.stderr)
+        return interrupts.exit_code
+    except LeanImageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except MemoryError as exc:
+        print(f"error: {out_of_memory_error(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as exc:  # noqa: BLE001 - a bug still ends in one line; the log keeps the rest
+        get_runtime().events.emit("cli_error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        print(
+            f"error: unexpected {type(exc).__name__}: {first_line(exc)} (a bug; the traceback is in the "
+            f"event log in {event_file.log_folder()})",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR

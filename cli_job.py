@@ -47,6 +47,7 @@ class Interrupts:
         self.event = threading.Event()
         self.signum: int | None = None
         self.immediate = False
+        self.armed = True
         self._previous: dict = {}
 
     def __enter__(self):
@@ -58,12 +59,18 @@ class Interrupts:
 
     def _handle(self, signum, frame):
         self.signum = self.signum or signum
-        if self.event.is_set() or self.immediate:
+        if self.armed and (self.event.is_set() or self.immediate):
             self.event.set()
             raise Stopped(signum)
+        if self.event.is_set():
+            return
         self.event.set()
         again = "Ctrl+C again" if signum == signal.SIGINT else "a second SIGTERM"
         print(f"\n{self.name}: cancelling after the current model run ({again} stops at once)...", file=sys.stderr)
+
+    def disarm(self) -> None:
+        """The job is over: a signal from now on only ends what is left (its cleanup) normally."""
+        self.armed = False
 
     @property
     def name(self) -> str:
@@ -225,14 +232,14 @@ def plan_memory_plot(args, refs, outputs) -> Path | None:
         return None
     path = Path(args.memory_plot).expanduser().resolve()
     where = f"--memory-plot {args.memory_plot}"
-    if path.suffix.lower() != ".png":
-        raise CommandLineError(f"{where}: the memory plot is a PNG image; give a name ending in .png.")
     family_id = args.family.id
     taken = {Path(r.path).resolve() for r in refs} | {p for out in outputs for p in products.companion_paths(family_id, out)}
     if path in taken:
         raise CommandLineError(f"{where}: that is an input or an output of this job; give the plot its own name.")
     if path.is_dir():
         raise CommandLineError(f"{where} is a folder; give a file name such as memory.png.")
+    if path.suffix.lower() != ".png":
+        raise CommandLineError(f"{where}: the memory plot is a PNG image; give a name ending in .png.")
     if not path.parent.is_dir():
         raise CommandLineError(f"{where}: the folder {path.parent} does not exist; make it or choose another.")
     if not os.access(path.parent, os.W_OK):
