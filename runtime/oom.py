@@ -13,7 +13,7 @@ import re
 
 from .errors import InferenceOutOfMemoryError, MemoryBudgetError, first_line
 
-_REQUESTED = re.compile(r"requested buffer of size (\d+)")
+_REQUESTED = re.compile(r"(?:requested buffer of size|requested bytes of) (\d+)")  # BFCArena's two texts
 
 GPU_OOM_MARKERS = (
     "CUDA failure 2: out of memory",  # cudaErrorMemoryAllocation (2) as cudaGetErrorString says it
@@ -67,7 +67,7 @@ def out_of_memory_error(exc: MemoryError, *, model: str = "", device: str = "CPU
 
 
 def requested_bytes(text: str) -> int | None:
-    """The one allocation ORT's arena could not make ("requested buffer of size N"), if it says."""
+    """The one allocation ORT's arena could not make, if its message says."""
     match = _REQUESTED.search(text or "")
     return int(match.group(1)) if match else None
 
