@@ -200,6 +200,8 @@ def plan(family: Family, args):
     if source is None:
         if family.fallback_model is None:
             raise CommandLineError(f"Give an INPUT image, folder or pattern for {family.command}.")
+        if args.frames is not None:
+            raise CommandLineError("--frames needs an INPUT sequence (the generated demo image is one frame).")
         refs = [frame_lists.FrameRef(1, Path.cwd() / "(generated demo image)")]
         target = target or Path.cwd() / products.default_name(family.id, DEMO_NAME)
         many = False

@@ -164,7 +164,12 @@ def resolve_input(spec: str | Path, frames: range | None = None) -> list[FrameRe
         return refs
     if path.is_file():
         numbered = pattern_of(path)
-        if frames is not None and numbered is not None:
+        if frames is not None and numbered is None:  # a range over one file would be ignored: say so
+            raise LeanImageError(
+                f"Frames {_describe(frames)} given with '{path.name}', whose name ends in no frame number: "
+                "give a frame of a numbered sequence (shot_0001.png), a pattern (shot_####.png) or a folder."
+            )
+        if frames is not None:
             return resolve_input(numbered[0], frames)
         return [FrameRef(numbered[1] if numbered else 1, path)]
     raise LeanImageError(f"Input '{path}' not found: give an image file, a folder or a pattern like shot_####.png.")

@@ -85,6 +85,11 @@ def test_a_huge_frame_range_is_refused_at_once_saying_what_exists(tmp_path):
     assert time.monotonic() - started < 60  # was minutes with no output
     with pytest.raises(LeanImageError, match="up to 1,048,574"):
         frame_lists.parse_frames("1-99999999999999999999")
+    # a range is never ignored: not with one unnumbered file, not with the demo image
+    _png(tmp_path / "still.png", 1)
+    with pytest.raises(LeanImageError, match="ends in no frame number"):
+        frame_lists.resolve_input(tmp_path / "still.png", range(1, 3))
+    assert "--frames needs an INPUT" in _one_error_line(cli("upscale", "--frames", "1-3", cwd=tmp_path))
     # a few missing frames in a range are still each reported failed, not dropped
     refs = frame_lists.resolve_input(tmp_path / "s_####.png", range(1, 6))
     assert [r.number for r in refs] == [1, 2, 3, 4, 5] and not refs[4].path.exists()
