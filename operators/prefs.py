@@ -10,7 +10,8 @@ from pathlib import Path
 import bpy
 
 from ..models import library
-from ..runtime import event_file, get_runtime, gpu_libraries
+from ..runtime import event_file, get_runtime, gpu_libraries, parse_device
+from ..runtime.providers import DEVICE_BY_KIND, DEVICES, RELEASE_RULES, release_rule
 
 # "lean_image_ai.operators" -> "lean_image_ai"; installed: "bl_ext.user_default.lean_image_ai".
 ADDON_ID = __package__.rpartition(".")[0] or __package__
@@ -32,6 +33,8 @@ class DefaultPreferences:
     ram_release_delay_s: float = 0.0
     idle_unload_minutes: int = 0
     cudnn_max_workspace: bool = False
+    keep_models_loaded_on_dml_coreml: bool = False
+    coreml_compute_units: str = "ALL"
 
 
 def get_prefs(context=None):
@@ -92,8 +95,39 @@ def configure_runtime(context) -> tuple[str, int | None]:
         ram_budget_bytes=memory_budget_bytes(prefs, "ram_budget_mb"),
         cudnn_max_workspace=bool(getattr(prefs, "cudnn_max_workspace", False)),
         cpu_release_delay=float(getattr(prefs, "ram_release_delay_s", 0.0)),
+        keep_models_loaded_on_dml_coreml=bool(getattr(prefs, "keep_models_loaded_on_dml_coreml", False)),
+        coreml_compute_units=str(getattr(prefs, "coreml_compute_units", "ALL")),
+        coreml_cache_dir=str(user_folder("coreml")),
     )
     return device_string(prefs), budget
+
+
+def user_folder(name: str) -> Path:
+    """``name`` in the extension's user folder, or ``<user datafiles>/lean_image_ai/<name>`` for a
+    legacy add-on install (nothing is created)."""
+    if is_extension():
+        return Path(bpy.utils.extension_path_user(ADDON_ID, path=name, create=False))
+    return Path(bpy.utils.user_resource("DATAFILES", path=f"{ADDON_ID}/{name}", create=False))
+
+
+def release_rule_lines(prefs, providers_offered: list[str]) -> list[str]:
+    """For the preferences: the release rule of the chosen device (AUTO: the device it picks
+    first), and the device each model of the last job really ran on with the rule that applied."""
+    request = parse_device(device_string(prefs))
+    kind = request.kind
+    if kind == "auto":
+        ranked = sorted((d for d in DEVICES if d.auto_rank is not None), key=lambda d: d.auto_rank)
+        kind = next((d.kind for d in ranked if d.provider in providers_offered), "cpu")
+    device = DEVICE_BY_KIND[kind]
+    rule = release_rule(
+        [device.provider],
+        cpu_arena=bool(getattr(prefs, "release_cpu_memory", True)),
+        keep_loaded=bool(getattr(prefs, "keep_models_loaded_on_dml_coreml", False)),
+    )
+    lines = [f"Memory on {device.label}: {RELEASE_RULES[rule]}"]
+    last = get_runtime().last_job_memory or {}
+    lines += [f"Last job ran on {note}" for note in last.get("release_rules") or ()]
+    return lines
 
 
 def gpu_runtime_folder(*, create_parent: bool = False) -> Path:
@@ -116,11 +150,7 @@ def log_folder() -> Path:
     """Where the runtime's event log goes (runtime/event_file.py): the extension's user folder
     (``logs``), or ``<user datafiles>/lean_image_ai/logs`` for a legacy add-on install;
     ``LEAN_IMAGE_AI_LOG_DIR`` overrides both. Nothing is created here."""
-    if is_extension():
-        host = Path(bpy.utils.extension_path_user(ADDON_ID, path="logs", create=False))
-    else:
-        host = Path(bpy.utils.user_resource("DATAFILES", path=f"{ADDON_ID}/logs", create=False))
-    return event_file.log_folder(host)
+    return event_file.log_folder(user_folder("logs"))
 
 
 def gpu_requirements() -> Path | None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cuda_preload, gpu_index, load_errors
+from . import cuda_preload, device_sessions, gpu_index, load_errors
 from .cpu_arena import RELEASE_PROBE_MODEL, env_cpu_arena_config, register_env_cpu_arena
 from .deferred_release import DeferredRelease
 from .errors import (
@@ -30,10 +30,12 @@ from .memory import memory_snapshot, nvidia_gpu_count, trim_process_heap
 from .oom import out_of_memory_resource
 from .operation import Operation
 from .providers import (
+    COREML,
     CPU,
     CUDA,
     SHRINK_CONFIG_KEY,
     DeviceRequest,
+    ProviderChoices,
     parse_device,
     resolve_providers,
 )
@@ -86,11 +88,14 @@ class Runtime:
             return self.settings
 
     # ---- sessions -------------------------------------------------------------------------
-    def session(self, model_path, device: str | DeviceRequest = "auto", *, holder=None) -> SessionHandle:
+    def session(
+        self, model_path, device: str | DeviceRequest = "auto", *, holder=None, static_shapes: bool | None = None
+    ) -> SessionHandle:
         """The cached session for (model file, device, runtime settings); created on first use.
 
         ``holder`` (an Operation) marks the session as in use by that job until it ends: an
         eviction meanwhile drops it from the cache but the job keeps running on it.
+        ``static_shapes``: CoreML RequireStaticInputShapes (None: whether the file fixes every input).
         """
         request = parse_device(device)
         if request.kind == "cuda":
@@ -101,13 +106,8 @@ class Runtime:
         if request.kind == "auto" and CUDA in available and not self._cuda_usable():
             # onnxruntime-gpu lists CUDA even with no GPU; "auto" should quietly mean CPU there
             available = [p for p in available if p != CUDA]
-        providers = resolve_providers(
-            request,
-            available,
-            gpu_mem_limit=settings.gpu_mem_limit_bytes,
-            cudnn_max_workspace=settings.cudnn_max_workspace,
-            conv_algo_search=settings.cudnn_conv_algo_search,
-        )
+        choices = ProviderChoices.of(settings, static_shapes=static_shapes, model_path=path)
+        providers = resolve_providers(request, available, choices)
         # Only CPU sessions join the shared CPU arena. CUDA sessions keep their host allocators as
         # ORT sets them up (env allocators interact with CUDA's pinned allocator: onnxruntime
         # #25211), and DirectML/CoreML sessions run exactly as before.
@@ -115,6 +115,8 @@ class Runtime:
         key = (identity, str(request), settings.gpu_mem_limit_bytes, cpu_arena, settings.intra_op_threads)
         if providers[0][0] == CUDA:  # the cuDNN choices make another CUDA session, not another CPU one
             key += (settings.cudnn_max_workspace, settings.cudnn_conv_algo_search)
+        if providers[0][0] == COREML:  # other compute units or shapes: another compiled model
+            key += tuple(sorted(providers[0][1].items()))
         with self._lock:
             handle = self._sessions.get(key)
             if handle is None and holder is not None:
@@ -156,13 +158,9 @@ class Runtime:
 
     def _create(self, key, path: Path, request: DeviceRequest, providers, cpu_arena: bool) -> SessionHandle:
         ort = onnxruntime_module()
-        options = ort.SessionOptions()
-        if self.settings.intra_op_threads:
-            options.intra_op_num_threads = self.settings.intra_op_threads
+        options = device_sessions.session_options(ort, providers, intra_op_threads=self.settings.intra_op_threads)
         uses_cuda = providers[0][0] == CUDA
         if uses_cuda:
-            # weights outside the arena, so the arena holds only transient memory
-            options.add_session_config_entry("session.use_device_allocator_for_initializers", "1")
             self._preload_cuda_dlls()
         if cpu_arena:
             register_env_cpu_arena(self.settings.cpu_arena_max_bytes)
@@ -171,7 +169,8 @@ class Runtime:
         gpu_id = int(providers[0][1].get("device_id", 0)) if uses_cuda else None
         loading = figures(memory_snapshot(gpu_id))
         try:
-            session = self._session_factory(str(path), options, providers)
+            with device_sessions.creation_log(providers[0][0]) as log:
+                session = self._session_factory(str(path), options, providers)
         except Exception as exc:
             resource = out_of_memory_resource(exc, on_gpu=uses_cuda)
             if resource:
@@ -188,6 +187,7 @@ class Runtime:
             on_device = providers[0][0] != CPU
             raise load_errors.load_failure(exc, path, device=str(request), on_device=on_device) from exc
         handle = SessionHandle(key, path, request, session, cpu_arena=cpu_arena)
+        device_sessions.note_partitions(handle, log)
         loaded = figures(memory_snapshot(handle.gpu_device_id))
         handle.load_growth = {k: loaded[k] - loading[k] for k in loaded if None not in (loaded[k], loading[k])}
         if handle.gpu_device_id is not None and "vram" in handle.load_growth:
@@ -201,7 +201,9 @@ class Runtime:
             requested=str(request),
             providers=handle.providers,
             shrink=handle.shrink,
+            release=handle.release,
             seconds=round(time.perf_counter() - started, 4),
+            **({"partitions": handle.partitions} if handle.partitions else {}),
         )
         failed = cuda_preload.failure(self._preload, handle.providers) if uses_cuda else None
         if failed:
@@ -335,12 +337,19 @@ class Runtime:
         """Drop the cached sessions (all, or only those on ``device``, a device label such as
         ``CUDA:1`` or ``CPU``): weights and arenas go with them; other devices are untouched."""
         handles = [h for h in self.cached_sessions() if device is None or h.device_label == device]
+        return self.unload_sessions(handles, reason, arena=device is None)
+
+    def unload_sessions(self, handles: list[SessionHandle], reason: str, *, arena: bool = False) -> dict:
+        """Drop these sessions now and measure what that gave back (``memory_freed``); the shared
+        CPU arena's free regions go too when one of them used it (or ``arena``)."""
 
         def work():
             for handle in handles:
                 self.evict(handle, reason)
-            if any(h.cpu_arena for h in handles) or device is None:
+            if arena or any(h.cpu_arena for h in handles):
                 self.release_cpu_arena()
+            else:  # what the sessions' own allocators freed, out of the C heap
+                trim_process_heap()
             return len(handles)
 
         return self._measured(reason, self._gpu_ids(handles), work)

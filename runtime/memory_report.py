@@ -102,6 +102,7 @@ def format_job_memory(job: dict) -> list[str]:
             )
         ]
     lines.append("  " + three_figures(job))
+    lines += [f"  release rule: {note}" for note in job.get("release_rules") or ()]
     lines += [f"  budget: {note}" for note in job.get("budget") or ()]
     return lines
 

@@ -16,13 +16,14 @@ import os
 from dataclasses import dataclass, fields
 
 from .errors import SettingError
-from .providers import CONV_ALGO_SEARCHES
+from .providers import CONV_ALGO_SEARCHES, COREML_COMPUTE_UNITS
 
 MAX_RELEASE_DELAY_S = 86_400.0  # a day: longer is "never", and threading.Timer overflows near 1e9 s
 MAX_BYTES = 1 << 50  # 1 PiB: no machine has more; a larger figure is a typo
 RELEASE_DELAY_ENV = "LEAN_IMAGE_AI_RAM_RELEASE_DELAY"
 RELEASE_CPU_ENV = "LEAN_IMAGE_AI_RELEASE_CPU"
 CUDNN_MAX_WORKSPACE_ENV = "LEAN_IMAGE_AI_CUDNN_MAX_WORKSPACE"
+KEEP_MODELS_LOADED_ENV = "LEAN_IMAGE_AI_KEEP_MODELS_LOADED_ON_DML_COREML"
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
@@ -78,9 +79,16 @@ class RuntimeSettings:
     """Threads per model run; 0: onnxruntime's choice; more than the machine's CPUs: clamped (module doc)."""
     cpu_release_delay: float = 0.0
     """Seconds without a job before RAM goes back; 0 releases in each job's last run (deferred_release.py)."""
+    keep_models_loaded_on_dml_coreml: bool = False
+    """DirectML/CoreML have no arena to shrink: their release rule unloads a job's sessions at its
+    end (providers.py). On: models stay loaded between jobs (faster; their memory stays taken)."""
+    coreml_compute_units: str = "ALL"
+    """CoreML ``MLComputeUnits``: ALL, CPUAndGPU or CPUAndNeuralEngine."""
+    coreml_cache_dir: str | None = None
+    """CoreML ``ModelCacheDirectory`` (compiled models); None: ``<per-user cache>/coreml``."""
 
     def __post_init__(self):
-        for name in ("release_memory", "cpu_arena", "cudnn_max_workspace"):
+        for name in ("release_memory", "cpu_arena", "cudnn_max_workspace", "keep_models_loaded_on_dml_coreml"):
             if not isinstance(getattr(self, name), bool):
                 raise SettingError(f"{name}={getattr(self, name)!r}: give True or False.")
         for name in ("cpu_arena_max_bytes", "gpu_mem_limit_bytes", "ram_budget_bytes", "vram_budget_bytes"):
@@ -89,6 +97,12 @@ class RuntimeSettings:
             raise SettingError(
                 f"cudnn_conv_algo_search={self.cudnn_conv_algo_search!r}: give one of {', '.join(CONV_ALGO_SEARCHES)}."
             )
+        if self.coreml_compute_units not in COREML_COMPUTE_UNITS:
+            raise SettingError(
+                f"coreml_compute_units={self.coreml_compute_units!r}: give one of {', '.join(COREML_COMPUTE_UNITS)}."
+            )
+        if self.coreml_cache_dir is not None and not (isinstance(self.coreml_cache_dir, str) and self.coreml_cache_dir.strip()):
+            raise SettingError(f"coreml_cache_dir={self.coreml_cache_dir!r}: give a folder path, or None for the default.")
         threads = self.intra_op_threads
         if not _is_int(threads) or threads < 0:
             raise SettingError(f"intra_op_threads={threads!r}: give 0 (onnxruntime's choice) or a number of threads.")
@@ -134,5 +148,6 @@ def settings_from_environment() -> RuntimeSettings:
     return RuntimeSettings(
         cpu_arena=env_flag(RELEASE_CPU_ENV, True),
         cudnn_max_workspace=env_flag(CUDNN_MAX_WORKSPACE_ENV, False),
+        keep_models_loaded_on_dml_coreml=env_flag(KEEP_MODELS_LOADED_ENV, False),
         cpu_release_delay=release_delay_from_environment(),
     )

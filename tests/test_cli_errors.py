@@ -54,6 +54,7 @@ ENV_BAD = {
     "LEAN_IMAGE_AI_RAM_RELEASE_DELAY": ["abc", "-1", "nan", "inf", "0x10", "1e308"],
     "LEAN_IMAGE_AI_RELEASE_CPU": ["maybe", "2"],
     "LEAN_IMAGE_AI_CUDNN_MAX_WORKSPACE": ["maybe", "-1"],
+    "LEAN_IMAGE_AI_KEEP_MODELS_LOADED_ON_DML_COREML": ["maybe"],
     "LEAN_IMAGE_AI_MAX_PIXELS": ["-1", "abc", "1.5"],
     "LEAN_IMAGE_AI_LOG_DIR": ["{tmp}/in.png"],
     "LEAN_IMAGE_AI_MODELS_DIR": ["{tmp}/in.png", "{tmp}/missing"],
@@ -190,3 +191,14 @@ def test_every_bad_environment_variable_is_one_line_exit_2_naming_it(variable, v
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert variable in err, err
     assert not (job_folder / "out.png").exists()
+
+
+@pytest.mark.parametrize("address", ["auto", "ray://127.0.0.1:1"], ids=["no cluster", "ray client"])
+def test_a_ray_address_that_cannot_connect_is_one_line(address, job_folder, monkeypatch, capsys):
+    """`auto` with no cluster running here; `ray://` without ray[client] (or with nothing listening)."""
+    pytest.importorskip("ray")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    argv = ["farm", "upscale", str(job_folder / "in.png"), str(job_folder / "o_####.png"), "--device", "cpu"]
+    code, err = _main([*argv, "--address", address], capsys)
+    assert code == 2 and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and err.startswith(f"error: --address {address}: Ray could not connect"), err

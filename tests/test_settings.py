@@ -30,6 +30,9 @@ from onnx_builders import conv_model
         ("cpu_release_delay", 1e308, "86400"),
         ("release_memory", "yes", "True or False"),
         ("cpu_arena", None, "True or False"),
+        ("keep_models_loaded_on_dml_coreml", 1, "True or False"),
+        ("coreml_compute_units", "GPU", "ALL, CPUAndGPU, CPUAndNeuralEngine"),
+        ("coreml_cache_dir", "", "folder path"),
     ],
 )
 def test_a_bad_setting_is_refused_naming_it_and_what_it_accepts(field, value, accepted):
@@ -53,7 +56,9 @@ def test_thread_counts_are_clamped_to_the_machine_and_a_session_still_runs(tmp_p
     assert out.shape == (1, 3, 16, 16)
 
 
-@pytest.mark.parametrize("variable", [settings.RELEASE_CPU_ENV, settings.CUDNN_MAX_WORKSPACE_ENV])
+@pytest.mark.parametrize(
+    "variable", [settings.RELEASE_CPU_ENV, settings.CUDNN_MAX_WORKSPACE_ENV, settings.KEEP_MODELS_LOADED_ENV]
+)
 def test_environment_flags_take_yes_and_no_words_and_refuse_the_rest(variable, monkeypatch):
     for word, value in (("1", True), ("off", False), ("YES", True), ("false", False)):
         monkeypatch.setenv(variable, word)
