@@ -67,9 +67,7 @@ def add_parser(subparsers) -> None:
         parser.add_argument(
             "--workers", type=cli_job.counted(0, 100_000), default=0, help="worker actors (default: the cluster's CPUs / threads)"
         )
-        parser.add_argument(
-            "--gpus-per-worker", type=_gpus_arg, default=0.0, help="GPUs Ray gives each worker (default 0)"
-        )
+        parser.add_argument("--gpus-per-worker", type=_gpus_arg, default=0.0, help="GPUs Ray gives each worker (default 0)")
         parser.add_argument(
             "--threads-per-worker", type=cli_job.counted(1, 4096), default=1, help="intra-op threads = CPUs per worker"
         )
@@ -89,7 +87,7 @@ def _address_arg(text: str) -> str:
     raise argparse.ArgumentTypeError(f"give local, auto, HOST:PORT or ray://HOST:PORT, got {text!r}")
 
 
-def _gpus_arg(text: str) -> float:
+def _gpus_arg(text: str) -> float:  # what Ray accepts: a fraction of one GPU up to many
     return cli_job.number(text, float, 0.0, 1024.0)
 
 
@@ -401,6 +399,8 @@ def run(args, *, on_event=None, crash_on_write=None) -> int:
         if interrupts is not None:  # the driver only waits: a signal stops the waiting at once
             interrupts.immediate = True
         try:
+            if interrupts is not None and interrupts.event.is_set():
+                raise KeyboardInterrupt  # the signal came while Ray was starting: send nothing
             farm.run()
         except KeyboardInterrupt:
             farm.cancel()
