@@ -18,6 +18,7 @@ ship: inside Blender use the add-on's operators.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -341,7 +342,8 @@ def _handled(args, interrupts) -> int:
         print(f"error: {out_of_memory_error(exc)}", file=sys.stderr)
         return EXIT_ERROR
     except Exception as exc:  # noqa: BLE001 - a bug still ends in one line; the log keeps the rest
-        get_runtime().events.emit("cli_error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        with contextlib.suppress(Exception):  # the log is for the report; the line below is for the user
+            get_runtime().events.emit("cli_error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
         print(
             f"error: unexpected {type(exc).__name__}: {first_line(exc)} (a bug; the traceback is in the "
             f"event log in {event_file.log_folder()})",

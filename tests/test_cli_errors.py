@@ -202,3 +202,16 @@ def test_a_ray_address_that_cannot_connect_is_one_line(address, job_folder, monk
     code, err = _main([*argv, "--address", address], capsys)
     assert code == 2 and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1 and err.startswith(f"error: --address {address}: Ray could not connect"), err
+
+
+def test_a_bug_is_still_one_line_with_the_traceback_in_the_event_log(job_folder, monkeypatch, capsys):
+    def broken(*args, **kwargs):
+        return 1 / 0
+
+    monkeypatch.setattr(cli.cli_job, "plan", broken)
+    code, err = _main(["upscale", str(job_folder / "in.png"), "--device", "cpu"], capsys)
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().startswith("error: unexpected ZeroDivisionError: division by zero (a bug;")
+    assert len(err.strip().splitlines()) == 1
+    logged = cli.get_runtime().events.recent("cli_error")[-1]
+    assert "ZeroDivisionError" in logged["traceback"] and "broken" in logged["traceback"]
