@@ -26,6 +26,9 @@ from .runtime.errors import LeanImageError
 from .runtime.settings import FALSE_WORDS, TRUE_WORDS
 
 DEMO_NAME = "demo"
+# a temporary file untouched this long before the run is a killed writer's: a live one (another
+# task on the same outputs) changes it with every block it writes
+STALE_TEMP_S = 10.0
 EXIT_INTERRUPTED = 130  # Ctrl+C
 EXIT_TERMINATED = 128 + 15  # SIGTERM: what Flamenco, Deadline and SLURM send on cancel
 
@@ -221,7 +224,7 @@ def plan(family: Family, args):
     )
     if args.skip_existing:  # a killed earlier run's temporary files of these outputs (never newer ones)
         companions = [p for out in outputs for p in products.companion_paths(family.id, out)]
-        for temp in files.remove_stale_temps(companions, older_than=started):
+        for temp in files.remove_stale_temps(companions, older_than=started - STALE_TEMP_S):
             print(f"removed a temporary file left by an interrupted run: {temp}", file=sys.stderr)
     return refs, outputs, skip
 
