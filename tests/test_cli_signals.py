@@ -116,7 +116,7 @@ def test_skip_existing_removes_stale_temp_files_of_its_own_outputs_only(tmp_path
     assert killed.returncode == -signal.SIGKILL
     left = [p for p in out.iterdir() if p.name.startswith(".o_0003.png.")]
     assert len(left) == 1, sorted(p.name for p in out.iterdir())
-    # not ours: another name's temp file, a user's hidden file that looks alike, a temp file of a later run
+    # not ours: another name's temp file, a user's hidden file that looks alike
     foreign = files.temp_path_for(out / "someone_else.png")
     foreign.write_bytes(b"x")
     lookalike = out / ".o_0004.png.notatoken.tmp.png"
@@ -124,10 +124,12 @@ def test_skip_existing_removes_stale_temp_files_of_its_own_outputs_only(tmp_path
     past = time.time() - 60
     for path in (left[0], foreign, lookalike):
         os.utime(path, (past, past))
+    live = files.temp_path_for(out / "o_0003.png")  # another task writing the same output right now
+    live.write_bytes(b"x")
     done = subprocess.run(
         [sys.executable, "-m", "lean_image_ai", *args, "--skip-existing"], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
     assert f"removed a temporary file left by an interrupted run: {left[0]}" in done.stderr
-    assert not left[0].exists() and foreign.exists() and lookalike.exists()
+    assert not left[0].exists() and foreign.exists() and lookalike.exists() and live.exists()
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [f"o_{n:04d}.png" for n in range(1, 5)]
