@@ -200,17 +200,26 @@ PIXEL_LIMIT_VARIABLE = "LEAN_IMAGE_AI_MAX_PIXELS"
 def _apply_pixel_limit(Image) -> None:  # noqa: N803 (the PIL.Image module)
     """Pillow refuses images of more than twice ``MAX_IMAGE_PIXELS`` (about 179 Mpx by default),
     a guard against decompression bombs; LEAN_IMAGE_AI_MAX_PIXELS moves it (0: no limit)."""
+    limit = pixel_limit()
+    if limit is not None:
+        Image.MAX_IMAGE_PIXELS = limit or None
+
+
+def pixel_limit() -> int | None:
+    """LEAN_IMAGE_AI_MAX_PIXELS as a number of pixels (0: no limit); None when unset."""
     value = os.environ.get(PIXEL_LIMIT_VARIABLE, "").strip()
     if not value:
-        return
+        return None
     try:
         limit = int(value.replace("_", "").replace(",", ""))
     except ValueError:
+        limit = -1
+    if limit < 0:  # a negative limit must not quietly turn the guard off
         raise CommandLineError(
-            f"{PIXEL_LIMIT_VARIABLE}={value!r} is not a whole number of pixels. Set it to the "
-            "largest pixel count to accept (for example 400000000), or 0 for no limit."
-        ) from None
-    Image.MAX_IMAGE_PIXELS = limit if limit > 0 else None
+            f"{PIXEL_LIMIT_VARIABLE}={value!r}: give the largest pixel count to accept as a whole "
+            "number (for example 400000000), or 0 for no limit."
+        )
+    return limit
 
 
 def _too_many_pixels(path: Path, exc: Exception, limit: int | None) -> CommandLineError:

@@ -9,50 +9,117 @@ without importing the command line that imports it.
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import signal
+import sys
+import threading
+import time
 from pathlib import Path
 
 from . import cli_images
 from .cli_images import CommandLineError
-from .models import frame_lists, library, products
+from .models import files, frame_lists, library, products
 from .models.family import Family
 from .models.sequence import BatchReport
 from .runtime.errors import LeanImageError
+from .runtime.settings import FALSE_WORDS, TRUE_WORDS
 
 DEMO_NAME = "demo"
+# a temporary file untouched this long before the run is a killed writer's: a live one (another
+# task on the same outputs) changes it with every block it writes
+STALE_TEMP_S = 10.0
+EXIT_INTERRUPTED = 130  # Ctrl+C
+EXIT_TERMINATED = 128 + 15  # SIGTERM: what Flamenco, Deadline and SLURM send on cancel
+
+
+class Stopped(KeyboardInterrupt):
+    """A second signal: stop at once (the frame being written is dropped, its temporary file removed)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class Interrupts:
+    """Ctrl+C (SIGINT) and a farm's cancel (SIGTERM) are one thing: the first sets ``event`` so the
+    job stops after the current model run (finished frames kept, none half-written); a second one,
+    or the first when ``immediate``, raises :class:`Stopped` in the main thread."""
+
+    def __init__(self):
+        self.event = threading.Event()
+        self.signum: int | None = None
+        self.immediate = False
+        self.armed = True
+        self._previous: dict = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, getattr(signal, "SIGTERM", None)):
+                if signum is not None:
+                    self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.signum = self.signum or signum
+        if self.armed and (self.event.is_set() or self.immediate):
+            self.event.set()
+            raise Stopped(signum)
+        if self.event.is_set():
+            return
+        self.event.set()
+        again = "Ctrl+C again" if signum == signal.SIGINT else "a second SIGTERM"
+        print(f"\n{self.name}: cancelling after the current model run ({again} stops at once)...", file=sys.stderr)
+
+    def disarm(self) -> None:
+        """The job is over: a signal from now on only ends what is left (its cleanup) normally."""
+        self.armed = False
+
+    @property
+    def name(self) -> str:
+        return "SIGTERM" if self.signum == getattr(signal, "SIGTERM", None) else "Ctrl+C"
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_TERMINATED if self.name == "SIGTERM" else EXIT_INTERRUPTED
+
+    def __exit__(self, *exc):
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        return False
 
 
 def _option_type(option):
-    """The flag's parser: the option's own type and range, the limits Blender's property has
-    (models/family.py's Option is their one source)."""
-    if option.kind is bool:
-        return lambda text: text.lower() in ("1", "true", "yes", "on")
+    """The parser of one family option's flag: its kind and its range, or a message naming both."""
 
     def parse(text: str):
-        try:
-            value = option.kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {_kind_name(option)}, got {text!r}") from None
-        if value != value or (option.min is not None and value < option.min) or (
-            option.max is not None and value > option.max
-        ):
-            raise argparse.ArgumentTypeError(f"{text} is out of range: {_accepted(option)}")
-        return value
+        if option.kind is bool:
+            word = text.strip().lower()
+            if word in TRUE_WORDS or word in FALSE_WORDS:
+                return word in TRUE_WORDS
+            raise argparse.ArgumentTypeError(f"give true or false (1/0, yes/no, on/off), got {text!r}")
+        return number(text, option.kind, option.min, option.max)
 
-    parse.__name__ = option.kind.__name__  # argparse names the type in its messages
     return parse
 
 
-def _kind_name(option) -> str:
-    return "a whole number" if option.kind is int else "a number"
+def number(text: str, kind=int, minimum=None, maximum=None):
+    """``text`` as a finite ``kind`` (int or float) within [minimum, maximum], for argparse."""
+    try:
+        value = kind(text)
+    except (ValueError, OverflowError):
+        value = None
+    if value is None or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"give a {'whole ' if kind is int else ''}number, got {text!r}")
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        upper = f" to {maximum:g}" if maximum is not None else " or more"
+        raise argparse.ArgumentTypeError(f"give a number from {minimum:g}{upper}, got {text!r}")
+    return value
 
 
-def _accepted(option) -> str:
-    low, high = option.min, option.max
-    if low is not None and high is not None:
-        return f"give {_kind_name(option)} from {low:g} to {high:g}"
-    if low is not None:
-        return f"give {_kind_name(option)} >= {low:g}"
-    return f"give {_kind_name(option)} <= {high:g}"
+def counted(minimum: int, maximum: int | None = None):
+    """argparse type: a whole number within [minimum, maximum]."""
+    return lambda text: number(text, int, minimum, maximum)
 
 
 def family_arguments(parser: argparse.ArgumentParser, family: Family) -> None:
@@ -131,11 +198,18 @@ def option_values(family: Family, args) -> dict:
 
 def plan(family: Family, args):
     """(frame refs, output paths, refs to skip); every check that can fail before the model runs."""
+    started = time.time()  # nothing of this run is written yet: older temporary files are not its own
+    for given, flag in ((args.input, args.input_opt), (args.output, args.output_opt)):
+        if given and flag and given != flag:
+            kind = "INPUT" if flag is args.input_opt else "OUTPUT"
+            raise CommandLineError(f"{kind} is given twice ({given} and --{kind.lower()} {flag}); give it once.")
     source = args.input or args.input_opt
     target = args.output or args.output_opt
     if source is None:
         if family.fallback_model is None:
             raise CommandLineError(f"Give an INPUT image, folder or pattern for {family.command}.")
+        if args.frames is not None:
+            raise CommandLineError("--frames needs an INPUT sequence (the generated demo image is one frame).")
         refs = [frame_lists.FrameRef(1, Path.cwd() / "(generated demo image)")]
         target = target or Path.cwd() / products.default_name(family.id, DEMO_NAME)
         many = False
@@ -160,6 +234,10 @@ def plan(family: Family, args):
         inputs_are_files=source is not None,
         suffix=products.default_suffix(family.id, _first_input_kind(refs) if source is not None else "8-bit"),
     )
+    if args.skip_existing:  # a killed earlier run's temporary files of these outputs (never newer ones)
+        companions = [p for out in outputs for p in products.companion_paths(family.id, out)]
+        for temp in files.remove_stale_temps(companions, older_than=started - STALE_TEMP_S):
+            print(f"removed a temporary file left by an interrupted run: {temp}", file=sys.stderr)
     return refs, outputs, skip
 
 
@@ -174,6 +252,31 @@ def output_type(family: Family, refs, outputs) -> str:
         return ""
     demo = not refs[0].path.is_file()
     return products.describe_output(family.id, outputs[0].suffix, "8-bit" if demo else _first_input_kind(refs))
+
+
+def plan_memory_plot(args, refs, outputs) -> Path | None:
+    """``--memory-plot``: an output like the others, checked before any model runs. A PNG (the
+    plot's only format), not an input or another output, in a folder that exists, not replacing a
+    file without ``--overwrite``."""
+    if not getattr(args, "memory_plot", None):
+        return None
+    path = Path(args.memory_plot).expanduser().resolve()
+    where = f"--memory-plot {args.memory_plot}"
+    family_id = args.family.id
+    taken = {Path(r.path).resolve() for r in refs} | {p for out in outputs for p in products.companion_paths(family_id, out)}
+    if path in taken:
+        raise CommandLineError(f"{where}: that is an input or an output of this job; give the plot its own name.")
+    if path.is_dir():
+        raise CommandLineError(f"{where} is a folder; give a file name such as memory.png.")
+    if path.suffix.lower() != ".png":
+        raise CommandLineError(f"{where}: the memory plot is a PNG image; give a name ending in .png.")
+    if not path.parent.is_dir():
+        raise CommandLineError(f"{where}: the folder {path.parent} does not exist; make it or choose another.")
+    if not os.access(path.parent, os.W_OK):
+        raise CommandLineError(f"{where}: the folder {path.parent} is not writable.")
+    if path.exists() and not args.overwrite:
+        raise CommandLineError(f"{where} exists; add --overwrite to replace it, or choose another name.")
+    return path
 
 
 def write_result(family_id: str, out: Path, result, values: dict) -> tuple[list[str], str]:

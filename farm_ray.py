@@ -20,10 +20,12 @@ Ray is imported only when this command runs; the add-on never needs it.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import json
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -35,7 +37,7 @@ from .models import families, files, frame_lists, products
 from .models.family import Family
 from .models.sequence import BatchReport
 from .runtime import memory_snapshot, parse_device
-from .runtime.errors import LeanImageError
+from .runtime.errors import LeanImageError, first_line
 from .runtime.memory import peak_rss_bytes, reset_peak_rss
 
 INSTALL_HINT = "pip install 'lean_image_ai[farm]'"
@@ -60,16 +62,35 @@ def add_parser(subparsers) -> None:
         cli_job.family_arguments(parser, family)
         parser.add_argument(
             "--address",
+            type=_address_arg,
             default="local",
             help="local (start Ray on this machine), auto (the running cluster) or ray://HOST:PORT",
         )
-        parser.add_argument("--workers", type=int, default=0, help="worker actors (default: the cluster's CPUs / threads)")
-        parser.add_argument("--gpus-per-worker", type=float, default=0.0, help="GPUs Ray gives each worker (default 0)")
-        parser.add_argument("--threads-per-worker", type=int, default=1, help="intra-op threads = CPUs per worker")
-        parser.add_argument("--chunk-size", type=int, default=0, help=f"frames per chunk (default: up to {MAX_AUTO_CHUNK})")
-        parser.add_argument("--max-tries", type=int, default=3, help="tries of a frame before it is reported failed")
+        parser.add_argument(
+            "--workers", type=cli_job.counted(0, 100_000), default=0, help="worker actors (default: the cluster's CPUs / threads)"
+        )
+        parser.add_argument("--gpus-per-worker", type=_gpus_arg, default=0.0, help="GPUs Ray gives each worker (default 0)")
+        parser.add_argument(
+            "--threads-per-worker", type=cli_job.counted(1, 4096), default=1, help="intra-op threads = CPUs per worker"
+        )
+        parser.add_argument(
+            "--chunk-size", type=cli_job.counted(0, 1_000_000), default=0, help=f"frames per chunk (default: up to {MAX_AUTO_CHUNK})"
+        )
+        parser.add_argument(
+            "--max-tries", type=cli_job.counted(1, 100), default=3, help="tries of a frame before it is reported failed"
+        )
         parser.set_defaults(handler=run, family=family)
     farm.set_defaults(handler=lambda args: farm.print_help(sys.stderr) or EXIT_ERROR)
+
+
+def _address_arg(text: str) -> str:
+    if text in ("local", "auto") or re.fullmatch(r"(ray://)?[\w.\-\[\]:]+:\d{1,5}", text):
+        return text
+    raise argparse.ArgumentTypeError(f"give local, auto, HOST:PORT or ray://HOST:PORT, got {text!r}")
+
+
+def _gpus_arg(text: str) -> float:  # what Ray accepts: a fraction of one GPU up to many
+    return cli_job.number(text, float, 0.0, 1024.0)
 
 
 def import_ray():
@@ -87,10 +108,16 @@ def _connect(ray, address: str) -> bool:
     """Join or start Ray; True when this call started it (and so shuts it down)."""
     if ray.is_initialized():  # a caller (a pipeline script, the tests) already holds a connection
         return False
-    if address == "local":
-        ray.init(address="local", include_dashboard=False)
-    else:
-        ray.init(address=address)
+    try:
+        if address == "local":
+            ray.init(address="local", include_dashboard=False)
+        else:
+            ray.init(address=address)
+    except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ImportError...
+        hint = {
+            "auto": "no running Ray cluster was found here; start one (`ray start --head`) or use --address local",
+        }.get(address, "check the address, that the cluster is up, and for ray:// that ray[client] is installed")
+        raise CommandLineError(f"--address {address}: Ray could not connect ({first_line(exc)}); {hint}.") from None
     return True
 
 
@@ -370,7 +397,12 @@ def run(args, *, on_event=None, crash_on_write=None) -> int:
         )
         started = time.monotonic()
         cancelled = False
+        interrupts = getattr(args, "interrupts", None)
+        if interrupts is not None:  # the driver only waits: a signal stops the waiting at once
+            interrupts.immediate = True
         try:
+            if interrupts is not None and interrupts.event.is_set():
+                raise KeyboardInterrupt  # the signal came while Ray was starting: send nothing
             farm.run()
         except KeyboardInterrupt:
             farm.cancel()
@@ -414,6 +446,7 @@ def run(args, *, on_event=None, crash_on_write=None) -> int:
     if farm.fatal is not None:
         print(f"error: {farm.fatal}", file=sys.stderr)
     if cancelled:
-        print(f"Interrupted; {len(report.written)} frame(s) written are kept, none half-way.", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        name = interrupts.name if interrupts is not None else "Ctrl+C"
+        print(f"Stopped by {name}; {len(report.written)} frame(s) written are kept, none half-way.", file=sys.stderr)
+        return interrupts.exit_code if interrupts is not None else EXIT_INTERRUPTED
     return EXIT_ERROR if report.failed or farm.fatal else EXIT_OK

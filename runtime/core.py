@@ -12,14 +12,14 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from . import cuda_preload, device_sessions, gpu_index, load_errors
 from .cpu_arena import RELEASE_PROBE_MODEL, env_cpu_arena_config, register_env_cpu_arena
-from .deferred_release import DeferredRelease, delay_from_environment
+from .deferred_release import DeferredRelease
 from .errors import (
     DeviceSpecError,
     InferenceOutOfMemoryError,
@@ -41,42 +41,8 @@ from .providers import (
 )
 from .scratch import ScratchBuffers
 from .session import LIBRARY_RAM, SessionHandle, onnxruntime_module
+from .settings import RuntimeSettings, settings_from_environment
 from .timeline import figures
-
-
-@dataclass(frozen=True)
-class RuntimeSettings:
-    release_memory: bool = True
-    """Shrink arenas at the end of every operation (the spec). Off only for comparisons."""
-    cpu_arena: bool = True
-    """Give CPU sessions a shrinkable (kSameAsRequested) process-wide arena, so RAM comes back too."""
-    cpu_arena_max_bytes: int | None = None
-    """Cap for that arena. Applied when the arena is first registered (once per process)."""
-    gpu_mem_limit_bytes: int | None = None
-    """CUDA arena budget (`gpu_mem_limit`)."""
-    ram_budget_bytes: int | None = None
-    """Process RAM (RSS) a CPU job may bring this process to; checked before each load and run."""
-    vram_budget_bytes: int | None = None
-    """This process's memory on a GPU (NVML), the same check for CUDA jobs."""
-    cudnn_max_workspace: bool = False
-    """`cudnn_conv_use_max_workspace`: on, cuDNN may take most free VRAM, outside the budget."""
-    cudnn_conv_algo_search: str = "HEURISTIC"
-    """`cudnn_conv_algo_search` (HEURISTIC, EXHAUSTIVE or DEFAULT); see providers.py."""
-    intra_op_threads: int = 0
-    cpu_release_delay: float = 0.0
-    """Seconds without a job before RAM goes back; 0 releases in each job's last run (deferred_release.py)."""
-    keep_models_loaded_on_dml_coreml: bool = False
-    """DirectML/CoreML have no arena to shrink: their release rule unloads a job's sessions at its
-    end (providers.py). On: models stay loaded between jobs (faster; their memory stays taken)."""
-    coreml_compute_units: str = "ALL"
-    """CoreML ``MLComputeUnits``: ALL, CPUAndGPU or CPUAndNeuralEngine."""
-    coreml_cache_dir: str | None = None
-    """CoreML ``ModelCacheDirectory`` (compiled models); None: ``<per-user cache>/coreml``."""
-
-    @property
-    def ram_kept_between_jobs(self) -> bool:
-        """RAM is not due back at each job's end: releasing is off, or put off until jobs stop."""
-        return not self.release_memory or self.cpu_release_delay > 0
 
 
 def visible_cuda_count() -> int | None:
@@ -432,17 +398,5 @@ def get_runtime() -> Runtime:
     global _runtime
     with _runtime_lock:
         if _runtime is None:
-            _runtime = Runtime(_settings_from_environment())
+            _runtime = Runtime(settings_from_environment())
         return _runtime
-
-
-def _settings_from_environment() -> RuntimeSettings:
-    """Headless/farm knobs; Blender preferences call `configure()` instead."""
-    settings = RuntimeSettings()
-    if os.environ.get("LEAN_IMAGE_AI_RELEASE_CPU", "").lower() in ("0", "false", "no"):
-        settings = replace(settings, cpu_arena=False)
-    if os.environ.get("LEAN_IMAGE_AI_CUDNN_MAX_WORKSPACE", "").lower() in ("1", "true", "yes"):
-        settings = replace(settings, cudnn_max_workspace=True)
-    if os.environ.get("LEAN_IMAGE_AI_KEEP_MODELS_LOADED_ON_DML_COREML", "").lower() in ("1", "true", "yes"):
-        settings = replace(settings, keep_models_loaded_on_dml_coreml=True)
-    return replace(settings, cpu_release_delay=delay_from_environment())

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import struct
 import zlib
-from pathlib import Path
 
 import numpy as np
 
@@ -107,12 +106,6 @@ def png_bytes(rgba: np.ndarray) -> bytes:
 
     header = struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0)  # 8-bit, colour type 6: RGBA
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw.tobytes(), 6)) + chunk(b"IEND", b"")
-
-
-def write_png(path, timeline: dict, width: int = WIDTH, height: int = HEIGHT) -> Path:
-    path = Path(path)
-    path.write_bytes(png_bytes(render(timeline, width, height)))
-    return path
 
 
 def legend(timeline: dict) -> list[str]:

@@ -16,7 +16,7 @@ import weakref
 import numpy as np
 import onnxruntime as ort
 import pytest
-from lean_image_ai.runtime import Runtime, RuntimeSettings, core, mark_last
+from lean_image_ai.runtime import Runtime, RuntimeSettings, mark_last, settings
 from lean_image_ai.runtime.memory_report import format_job_memory
 from lean_image_ai.runtime.onnx_inputs import all_inputs_static, declared_input_shapes
 from lean_image_ai.runtime.providers import (
@@ -256,9 +256,9 @@ def test_unload_rule_drops_the_session_gives_memory_back_and_the_next_job_reload
 
 def test_keep_loaded_from_the_environment(monkeypatch):
     monkeypatch.setenv("LEAN_IMAGE_AI_KEEP_MODELS_LOADED_ON_DML_COREML", "1")
-    assert core._settings_from_environment().keep_models_loaded_on_dml_coreml is True
+    assert settings.settings_from_environment().keep_models_loaded_on_dml_coreml is True
     monkeypatch.delenv("LEAN_IMAGE_AI_KEEP_MODELS_LOADED_ON_DML_COREML")
-    assert core._settings_from_environment().keep_models_loaded_on_dml_coreml is False
+    assert settings.settings_from_environment().keep_models_loaded_on_dml_coreml is False
 
 
 # ---- CoreML options and its partition report --------------------------------------------------------
@@ -282,10 +282,9 @@ def test_coreml_compute_units_and_static_shapes_make_their_own_session(conv, tmp
     assert len(runtime.cached_sessions()) == 2
 
 
-def test_unknown_coreml_compute_units_are_named(conv):
-    runtime = Runtime(RuntimeSettings(coreml_compute_units="GPU"), available_providers=lambda: [COREML, CPU])
-    with pytest.raises(ValueError, match="CPUAndNeuralEngine"):
-        runtime.session(conv, "coreml")
+def test_unknown_coreml_compute_units_are_named():
+    with pytest.raises(ValueError, match="CPUAndNeuralEngine"):  # refused where the setting enters
+        RuntimeSettings(coreml_compute_units="GPU")
 
 
 # ORT's own summary line, as onnxruntime 1.32.0's macOS binary spells it

@@ -24,6 +24,7 @@ from lean_image_ai.runtime import (
     memory_snapshot,
 )
 from lean_image_ai.runtime.cpu_arena import RELEASE_PROBE_MODEL
+from lean_image_ai.runtime.settings import settings_from_environment
 from onnx_builders import conv_model, release_probe_model
 from recording import RecordingFactory
 
@@ -259,9 +260,8 @@ def test_cudnn_workspace_and_search_are_chosen_and_make_their_own_session(conv, 
         ("1", "EXHAUSTIVE"),
     ]
     assert runtime.session(conv, "cuda:0") is second
-    runtime.configure(cudnn_conv_algo_search="FASTEST")
-    with pytest.raises(ValueError, match="cudnn_conv_algo_search"):
-        runtime.session(conv, "cuda:0")
+    with pytest.raises(ValueError, match="cudnn_conv_algo_search"):  # refused where it enters
+        runtime.configure(cudnn_conv_algo_search="FASTEST")
     # CPU sessions take no cuDNN option and are not split by them
     cpu = runtime.session(conv, "cpu")
     runtime.configure(cudnn_max_workspace=False)
@@ -270,9 +270,9 @@ def test_cudnn_workspace_and_search_are_chosen_and_make_their_own_session(conv, 
 
 def test_headless_knob_turns_the_cudnn_workspace_on(monkeypatch):
     monkeypatch.delenv("LEAN_IMAGE_AI_CUDNN_MAX_WORKSPACE", raising=False)
-    assert core._settings_from_environment().cudnn_max_workspace is False
+    assert settings_from_environment().cudnn_max_workspace is False
     monkeypatch.setenv("LEAN_IMAGE_AI_CUDNN_MAX_WORKSPACE", "1")
-    assert core._settings_from_environment().cudnn_max_workspace is True
+    assert settings_from_environment().cudnn_max_workspace is True
 
 
 def test_cuda_session_cancelled_is_evicted_to_free_its_arena(conv):

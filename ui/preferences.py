@@ -25,6 +25,7 @@ from ..operators.prefs import (
 )
 from ..runtime import diagnostics, gpu_libraries, gpu_loading
 from ..runtime.providers import DEVICE_BY_KIND
+from ..runtime.settings import MAX_BYTES, MAX_RELEASE_DELAY_S
 
 # identifier, label, description, onnxruntime provider needed (None: always offered), stable number.
 # The numbers are what Blender stores, so they must never change (a dynamic enum is saved as int).
@@ -257,6 +258,7 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         "refused with what it needs. Also caps the inference arena. 0: no limit",
         default=0,
         min=0,
+        max=MAX_BYTES >> 20,
         soft_max=262144,
     )
     ram_budget_mb: IntProperty(
@@ -265,6 +267,7 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         "each job like the GPU budget. 0: no limit (only the memory the system has free)",
         default=0,
         min=0,
+        max=MAX_BYTES >> 20,
         soft_max=1048576,
     )
     idle_unload_minutes: IntProperty(
@@ -311,6 +314,7 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         "always goes back at the end of each job",
         default=0.0,
         min=0.0,
+        max=MAX_RELEASE_DELAY_S,  # the limits RuntimeSettings checks (runtime/settings.py)
         soft_max=60.0,
         step=50,
         precision=1,
