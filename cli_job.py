@@ -109,11 +109,17 @@ def number(text: str, kind=int, minimum=None, maximum=None):
         value = kind(text)
     except (ValueError, OverflowError):
         value = None
+    what = "a whole number" if kind is int else "a number"
     if value is None or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"give a {'whole ' if kind is int else ''}number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"give {what}, got {text!r}")
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        upper = f" to {maximum:g}" if maximum is not None else " or more"
-        raise argparse.ArgumentTypeError(f"give a number from {minimum:g}{upper}, got {text!r}")
+        if minimum is not None and maximum is not None:
+            accepted = f"from {minimum:g} to {maximum:g}"
+        elif minimum is not None:
+            accepted = f"of {minimum:g} or more"
+        else:
+            accepted = f"of at most {maximum:g}"
+        raise argparse.ArgumentTypeError(f"give {what} {accepted}, got {text!r}")
     return value
 
 

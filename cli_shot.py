@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from .cli_images import CommandLineError
+from .cli_job import number
 from .models import products, shot_camera, shot_depth
 from .models.shot_batch import ShotSettings
 from .runtime.errors import LeanImageError, OperationCancelled
@@ -41,8 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser, family) -> None:
             help="per-frame: each frame fits its own focal length (default); shot: a first pass fits one "
             "focal for the shot (median over frames), used for every frame's depth and mesh",
         )
-        group.add_argument("--fov", type=float, metavar="DEG", help="fix the horizontal field of view (degrees)")
-    group.add_argument("--preview", type=int, metavar="N", help="process only frame N, with the same settings")
+        group.add_argument(
+            "--fov",
+            type=lambda text: number(text, float, *shot_camera.FOV_LIMITS_DEG),
+            metavar="DEG",
+            help="fix the horizontal field of view (degrees, {:g} to {:g})".format(*shot_camera.FOV_LIMITS_DEG),
+        )
+    group.add_argument("--preview", type=lambda text: number(text, int, 0), metavar="N", help="process only frame N, with the same settings")
 
 
 class ShotRun:

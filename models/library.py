@@ -166,7 +166,8 @@ def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "")
     known = catalog(folder)
     error = catalog_error(folder)
     if error:  # another model than the one the user's list names would be a silent substitute
-        raise ModelFileError(error)
+        source = _named.get(str(folder))
+        raise ModelFileError(f"{error} (That folder is named by {source}.)" if source else error)
     if not model_path:
         _check_named_folder(Path(folder))
     if model_path:

@@ -36,7 +36,6 @@ TEXT_BAD = {
     ],
     "--models-dir": [("{tmp}/in.png", "in.png"), ("{tmp}/missing", "missing")],
 }
-LOST_A = {"--models-dir"}  # a models folder that is a file or missing: the models-folder errors (issue 21, item 6)
 EXTRA_BAD = {  # beyond GENERIC_BAD: the edges of each range
     "--frames": ["5-1", "1-30000000", "1-99999999999999999999"],
     "--shard": ["0/3", "4/3"],
@@ -95,8 +94,7 @@ def _cases():
                     continue
                 assert name in TEXT_BAD, f"{command} {name}: add its bad values to TEXT_BAD"
                 for value, marker in TEXT_BAD[name]:
-                    marks = [pytest.mark.xfail(reason="lost-a's models-folder errors", strict=False)] if name in LOST_A else []
-                    cases.append(pytest.param(prefix, name, value, marker, id=f"{command} {name}={value}", marks=marks))
+                    cases.append(pytest.param(prefix, name, value, marker, id=f"{command} {name}={value}"))
                 continue
             values = list(GENERIC_BAD) + EXTRA_BAD.get(name, [])
             option = next((o for f in families.ALL for o in f.options if "--" + o.name.replace("_", "-") == name), None)
@@ -174,12 +172,7 @@ def test_every_documented_variable_is_in_the_table():
 @pytest.mark.parametrize(
     "variable, value",
     [
-        pytest.param(
-            v,
-            x,
-            id=f"{v}={x}",
-            marks=[pytest.mark.xfail(reason="lost-a's models-folder errors", strict=False)] if v.endswith("MODELS_DIR") else [],
-        )
+        pytest.param(v, x, id=f"{v}={x}")
         for v, values in ENV_BAD.items()
         for x in values
     ],
