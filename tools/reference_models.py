@@ -1,0 +1,423 @@
+"""Export the real architectures, with seeded weights, from their upstream code (a dev tool).
+
+    python tools/reference_models.py                      # every model, into the cache folder
+    python tools/reference_models.py --only compact-x4 rrdb-x4plus
+    python tools/reference_models.py --list               # what the manifest holds
+
+The public model files cannot be downloaded here, but their architectures can be rebuilt from the
+upstream Python packages and exported: the graphs, operators, sizes and I/O are those of the
+public files; only the weights differ (seeded random). Tests and benchmarks run the product on
+these (tests/test_real_models.py, bench/). Needs the `reference` extra (torch, spandrel,
+dlr-moge); the add-on itself never imports torch.
+
+Where: `$LEAN_IMAGE_AI_REFERENCE_DIR`, else `~/.cache/lean_image_ai/reference_models` (outside
+the repository: a 67 MB RRDBNet has no place in git). `manifest.json` there lists per model its
+family, parameter count, file size and sha256, opset, inputs and outputs (names, shapes, dtypes),
+export seconds, the upstream package and version and how the weights were initialised. A model
+already in the manifest whose file still matches (size and sha256) is not exported again; one
+whose recipe changed is. Files and the manifest are written to a temporary name and renamed, so
+an interrupted export never leaves a half-written model under its final name.
+
+Initialisation (PyTorch's default makes a 32-conv net's signal die out: every layer shrinks its
+variance by ~3x, so an impulse probe measures radius 0 and tiles "agree" trivially):
+- convolutions: Kaiming-normal (fan-in, the gain of the net's own activation: PReLU 0.25 for the
+  compact net, LeakyReLU 0.2 for RRDBNet), biases zero, so each layer keeps its input's variance;
+- RRDBNet: the convolutions inside each residual dense block scaled by 0.1 (as ESRGAN's own
+  training init does) on top of the blocks' fixed 0.2 residual scaling;
+- the last conv rescaled on a seeded random image so the output looks like an image: RRDBNet's
+  output std 0.25 around 0.5 (its trunk still grows ~85x over 23 blocks, and an output far
+  outside [0, 1] would be clipped, hiding every tiling difference), the compact net's residual
+  over the nearest-upscaled input std 0.1;
+- MoGe-2: DINOv2's own init for the backbone (trunc-normal 0.02, LayerScale 1e-5) and Kaiming
+  for the neck and heads.
+Every seed is fixed (torch.manual_seed per model), so a re-export gives the same weights.
+
+spandrel is loaded without its registry: `import spandrel` imports every architecture it knows,
+two of which import torchvision, and PyPI's torchvision build does not load beside the CPU torch
+wheel these machines use. Only the two architecture modules needed here are imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import time
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+OPSET = 17
+RECIPE = 2  # bump when a build, an init or the export settings change: cached files are re-made
+
+
+def reference_dir() -> Path:
+    configured = os.environ.get("LEAN_IMAGE_AI_REFERENCE_DIR")
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "lean_image_ai" / "reference_models"
+
+
+# ---- upstream modules ----------------------------------------------------------------------------
+
+
+def _spandrel_arch(module: str):
+    """An architecture module of spandrel without running `spandrel/__init__` (see the docstring)."""
+    if "spandrel" not in sys.modules:
+        spec = importlib.util.find_spec("spandrel")
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError("spandrel is not installed: pip install -e '.[reference]'")
+        package = types.ModuleType("spandrel")
+        package.__path__ = list(spec.submodule_search_locations)
+        package.__spec__ = spec
+        sys.modules["spandrel"] = package
+    return importlib.import_module(f"spandrel.architectures.{module}")
+
+
+def _package_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+# ---- initialisation ------------------------------------------------------------------------------
+
+
+def _calibrate_last_conv(model, conv, part_of_output, std: float, mean: float | None = None) -> None:
+    """Rescale the net's last conv (and set its bias) so the output part it makes has the given std
+    (and per-channel mean) on a seeded random image: a deep net's activations otherwise drift
+    (RRDBNet's trunk grows ~85x over 23 blocks) and an output far outside [0, 1] would be clipped,
+    hiding every tiling difference."""
+    import torch
+
+    sample = torch.rand(1, 3, 48, 48, generator=torch.Generator().manual_seed(1))
+    torch.nn.init.zeros_(conv.bias)
+    with torch.no_grad():
+        part = part_of_output(model, sample)
+        factor = std / float(part.std())
+        conv.weight.mul_(factor)
+        if mean is not None:  # one bias per output channel: the conv's channels map to them 1:1 here
+            conv.bias.copy_(mean - part.mean(dim=(0, 2, 3)) * factor)
+
+
+def _kaiming_convs(module, negative_slope: float, scale: float = 1.0) -> None:
+    import torch.nn as nn
+
+    for layer in module.modules():
+        if isinstance(layer, nn.Conv2d | nn.ConvTranspose2d):
+            nn.init.kaiming_normal_(layer.weight, a=negative_slope, mode="fan_in", nonlinearity="leaky_relu")
+            layer.weight.data.mul_(scale)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
+
+
+# ---- the models ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reference:
+    name: str
+    family: str
+    public_file: str  # which public file this architecture is
+    package: str  # the upstream distribution the code comes from
+    init: str  # how the weights were initialised (goes into the manifest)
+    config: str
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    dynamic_axes: dict
+
+    def build(self):
+        return _BUILDERS[self.name]()
+
+    def sample(self):
+        return _SAMPLES[self.name]()
+
+
+def _compact():
+    import torch
+
+    srvgg = _spandrel_arch("Compact.__arch.SRVGG")
+    torch.manual_seed(20)
+    model = srvgg.SRVGGNetCompact(num_in_ch=3, num_out_ch=3, num_feat=64, num_conv=32, upscale=4, act_type="prelu")
+    _kaiming_convs(model, negative_slope=0.25)
+    # the body learns a residual over the nearest-upscaled input: keep it image-sized, not dominant
+    nearest = lambda net, x: net(x) - torch.nn.functional.interpolate(x, scale_factor=4, mode="nearest")  # noqa: E731
+    _calibrate_last_conv(model, model.body[-1], nearest, std=0.1)
+    return model
+
+
+def _rrdb():
+    import torch
+
+    rrdb = _spandrel_arch("ESRGAN.__arch.RRDB")
+    block = _spandrel_arch("__arch_helpers.block")
+    torch.manual_seed(23)
+    model = rrdb.RRDBNet(in_nc=3, out_nc=3, num_filters=64, num_blocks=23, scale=4)
+    _kaiming_convs(model, negative_slope=0.2)
+    for layer in model.modules():
+        if isinstance(layer, block.ResidualDenseBlock_5C):
+            _kaiming_convs(layer, negative_slope=0.2, scale=0.1)
+    _calibrate_last_conv(model, model.model[-1], lambda net, x: net(x), std=0.25, mean=0.5)
+    return model
+
+
+# MoGe-2's public checkpoints keep their exact config only inside model.pt; this is the repository's
+# configs/train/v2.json (written for ViT-L) with the ViT-S backbone and its 12 blocks' quarter
+# points as intermediate layers, and the scale head fed ViT-S's 384-wide class token.
+_MOGE2_VITS = {
+    "encoder": {"backbone": "dinov2_vits14", "intermediate_layers": [2, 5, 8, 11], "dim_out": 1024},
+    "neck": {
+        "dim_in": [1026, 2, 2, 2, 2], "dim_out": None, "dim_res_blocks": [1024, 256, 128, 64, 32],
+        "num_res_blocks": [0, 2, 2, 2, 0], "res_block_in_norm": "none", "res_block_hidden_norm": "none",
+        "resamplers": ["conv_transpose", "conv_transpose", "conv_transpose", "bilinear"],
+    },
+    **{
+        head: {
+            "dim_in": [1024, 256, 128, 64, 32], "dim_out": [None, None, None, None, channels],
+            "dim_res_blocks": [1024, 256, 128, 64, 32], "num_res_blocks": [0, 1, 1, 1, 0],
+            "res_block_in_norm": "none", "res_block_hidden_norm": "none",
+            "resamplers": ["conv_transpose", "conv_transpose", "conv_transpose", "bilinear"],
+        }
+        for head, channels in (("points_head", 3), ("normal_head", 3), ("mask_head", 1))
+    },
+    "scale_head": {"dims": [384, 1024, 1024, 1]},
+    "remap_output": "exp",
+    "num_tokens_range": [1200, 3600],
+}  # fmt: skip
+
+
+def _moge2_vits():
+    import torch
+    from moge.model.v2 import MoGeModel
+
+    torch.manual_seed(2)
+    model = MoGeModel(**_MOGE2_VITS)
+    for name in ("neck", "points_head", "normal_head", "mask_head"):
+        _kaiming_convs(getattr(model, name), negative_slope=0.0)
+    model.onnx_compatible_mode = True
+    return model
+
+
+class _MoGe2Export:
+    """MoGe-2's forward returns a dict; the export wants a tuple in the public file's output order."""
+
+    @staticmethod
+    def wrap(model):
+        import torch
+
+        class Wrapped(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.model = model
+
+            def forward(self, image, num_tokens):
+                out = self.model(image, num_tokens)
+                return out["points"], out["normal"], out["mask"], out["metric_scale"]
+
+        return Wrapped()
+
+
+_BUILDERS = {
+    "compact-x4": _compact,
+    "rrdb-x4plus": _rrdb,
+    "moge2-vits": lambda: _MoGe2Export.wrap(_moge2_vits()),
+}
+
+
+def _image(h, w):
+    import torch
+
+    return torch.rand(1, 3, h, w, generator=torch.Generator().manual_seed(0))
+
+
+_SAMPLES = {
+    "compact-x4": lambda: (_image(64, 64),),
+    "rrdb-x4plus": lambda: (_image(64, 64),),
+    "moge2-vits": lambda: (_image(84, 112), __import__("torch").tensor(1200, dtype=__import__("torch").int64)),
+}
+
+_SR_AXES = {"input": {2: "height", 3: "width"}, "output": {2: "out_height", 3: "out_width"}}
+_SR_INIT = (
+    "Kaiming-normal convs (fan-in, PReLU gain a=0.25), zero biases; the last conv rescaled so the "
+    "residual over the nearest-upscaled input has std 0.1 on a seeded random image; seed 20"
+)
+
+REFERENCES = {
+    r.name: r
+    for r in (
+        Reference(
+            "compact-x4", "upscale", "realesr-general-x4v3 (Real-ESRGAN, SRVGGNetCompact)", "spandrel",
+            _SR_INIT, "SRVGGNetCompact num_feat=64 num_conv=32 upscale=4 act=prelu",
+            ("input",), ("output",), _SR_AXES,
+        ),
+        Reference(
+            "rrdb-x4plus", "upscale", "RealESRGAN_x4plus (ESRGAN RRDBNet)", "spandrel",
+            "Kaiming-normal convs (fan-in, LeakyReLU gain a=0.2), zero biases, the convs inside every "
+            "residual dense block scaled by 0.1 (ESRGAN's init) on top of the blocks' 0.2 residual scale; "
+            "the last conv rescaled so the output has std 0.25 and mean 0.5 on a seeded random image; seed 23",
+            "RRDBNet num_filters=64 num_blocks=23 scale=4 (upconv: nearest x2 + conv, twice)",
+            ("input",), ("output",), _SR_AXES,
+        ),
+        Reference(
+            "moge2-vits", "moge2", "Ruicheng/moge-2-vits-normal-onnx model.onnx (MoGe-2 ViT-S, normal)", "dlr-moge",
+            "DINOv2's own init for the ViT-S backbone (trunc-normal std 0.02, LayerScale 1e-5); "
+            "Kaiming-normal (ReLU gain) neck and heads, zero biases; seed 2",
+            "configs/train/v2.json with backbone dinov2_vits14, intermediate_layers [2, 5, 8, 11], "
+            "scale head [384, 1024, 1024, 1]; onnx_compatible_mode",
+            ("image", "num_tokens"), ("points", "normal", "mask", "metric_scale"),
+            {"image": {2: "height", 3: "width"}, "points": {1: "height", 2: "width"},
+             "normal": {1: "height", 2: "width"}, "mask": {1: "height", 2: "width"}},
+        ),
+    )
+}  # fmt: skip
+
+
+# ---- export and manifest -------------------------------------------------------------------------
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _value_info(values) -> list[dict]:
+    import onnx
+
+    out = []
+    for value in values:
+        tensor = value.type.tensor_type
+        shape = [d.dim_param if d.HasField("dim_param") else d.dim_value for d in tensor.shape.dim]
+        out.append({"name": value.name, "shape": shape, "dtype": onnx.TensorProto.DataType.Name(tensor.elem_type).lower()})
+    return out
+
+
+def _describe(path: Path) -> dict:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    return {"opset": opset, "inputs": _value_info(model.graph.input), "outputs": _value_info(model.graph.output)}
+
+
+def _export(reference: Reference, directory: Path) -> dict:
+    import torch
+
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    model = reference.build().eval()
+    params = sum(p.numel() for p in model.parameters())
+    target = directory / f"{reference.name}.onnx"
+    partial = target.with_suffix(".onnx.part")
+    started = time.perf_counter()
+    with torch.no_grad():
+        # the TorchScript exporter: the one that made the public Real-ESRGAN/MoGe-2 files
+        torch.onnx.export(
+            model, reference.sample(), str(partial), dynamo=False, opset_version=OPSET,
+            input_names=list(reference.input_names), output_names=list(reference.output_names),
+            dynamic_axes=reference.dynamic_axes, do_constant_folding=True,
+        )  # fmt: skip
+    seconds = time.perf_counter() - started
+    os.replace(partial, target)
+    return {
+        "name": reference.name,
+        "family": reference.family,
+        "file": target.name,
+        "public_file": reference.public_file,
+        "params": params,
+        "file_bytes": target.stat().st_size,
+        "sha256": _sha256(target),
+        **_describe(target),
+        "export_seconds": round(seconds, 2),
+        "init": reference.init,
+        "config": reference.config,
+        "source": {reference.package: _package_version(reference.package), "torch": torch.__version__},
+        "recipe": RECIPE,
+    }
+
+
+def load_manifest(directory: Path | None = None) -> dict:
+    path = (directory or reference_dir()) / "manifest.json"
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {"models": {}}
+
+
+def _still_valid(entry: dict | None, directory: Path) -> bool:
+    if not entry or entry.get("recipe") != RECIPE:
+        return False
+    path = directory / entry["file"]
+    return path.is_file() and path.stat().st_size == entry["file_bytes"] and _sha256(path) == entry["sha256"]
+
+
+def _write_manifest(directory: Path, manifest: dict) -> None:
+    partial = directory / "manifest.json.part"
+    partial.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(partial, directory / "manifest.json")
+
+
+def ensure(names=None, directory: Path | None = None, force: bool = False, log=print) -> dict:
+    """Export every named model (all by default) not already in the manifest; the manifest."""
+    directory = Path(directory or reference_dir())
+    directory.mkdir(parents=True, exist_ok=True)
+    manifest = load_manifest(directory)
+    for name in names or REFERENCES:
+        if name not in REFERENCES:
+            raise SystemExit(f"unknown reference model {name!r}: choose from {', '.join(REFERENCES)}")
+        if not force and _still_valid(manifest["models"].get(name), directory):
+            continue
+        log(f"exporting {name} ...")
+        manifest["models"][name] = _export(REFERENCES[name], directory)
+        _write_manifest(directory, manifest)  # after each model: a later failure keeps the earlier ones
+    return manifest
+
+
+def model_path(name: str, directory: Path | None = None) -> Path:
+    """The exported file of one reference model (exported first if missing)."""
+    directory = Path(directory or reference_dir())
+    manifest = ensure([name], directory, log=lambda _: None)
+    return directory / manifest["models"][name]["file"]
+
+
+def _table(manifest: dict, names) -> str:
+    rows = [f"{'model':<13} {'family':<8} {'params':>11} {'MB':>8} {'export s':>9} opset"]
+    for name in names:
+        e = manifest["models"].get(name)
+        if e:
+            rows.append(
+                f"{name:<13} {e['family']:<8} {e['params']:>11,} {e['file_bytes'] / 1e6:>8.1f} "
+                f"{e['export_seconds']:>9.1f} {e['opset']}"
+            )
+    return "\n".join(rows)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", choices=list(REFERENCES), help="export only these")
+    parser.add_argument("--dir", type=Path, help="cache folder (default: $LEAN_IMAGE_AI_REFERENCE_DIR or ~/.cache/...)")
+    parser.add_argument("--force", action="store_true", help="export again even when the cached file matches")
+    parser.add_argument("--list", action="store_true", help="print the manifest's table and export nothing")
+    args = parser.parse_args(argv)
+    directory = args.dir or reference_dir()
+    names = args.only or list(REFERENCES)
+    manifest = load_manifest(directory) if args.list else ensure(names, directory, force=args.force)
+    print(f"reference models in {directory}")
+    print(_table(manifest, names))
+    summary = {
+        n: {k: manifest["models"][n][k] for k in ("params", "file_bytes", "export_seconds", "opset")}
+        for n in names
+        if n in manifest["models"]
+    }
+    print(json.dumps({"directory": str(directory), "models": summary}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
