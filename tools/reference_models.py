@@ -28,8 +28,8 @@ variance by ~3x, so an impulse probe measures radius 0 and tiles "agree" trivial
   output std 0.25 around 0.5 (its trunk still grows ~85x over 23 blocks, and an output far
   outside [0, 1] would be clipped, hiding every tiling difference), the compact net's residual
   over the nearest-upscaled input std 0.1;
-- MoGe-2: DINOv2's own init for the backbone (trunc-normal 0.02, LayerScale 1e-5) and Kaiming
-  for the neck and heads.
+- MoGe-2: DINOv2's own init for the backbone (trunc-normal 0.02, LayerScale 1e-5), Kaiming for
+  the neck and heads, the heads' last convs rescaled (points' z before its exp would overflow).
 Every seed is fixed (torch.manual_seed per model), so a re-export gives the same weights.
 
 spandrel is loaded without its registry: `import spandrel` imports every architecture it knows,
@@ -52,7 +52,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 OPSET = 17
-RECIPE = 2  # bump when a build, an init or the export settings change: cached files are re-made
 
 
 def reference_dir() -> Path:
@@ -88,21 +87,42 @@ def _package_version(name: str) -> str:
 # ---- initialisation ------------------------------------------------------------------------------
 
 
-def _calibrate_last_conv(model, conv, part_of_output, std: float, mean: float | None = None) -> None:
-    """Rescale the net's last conv (and set its bias) so the output part it makes has the given std
-    (and per-channel mean) on a seeded random image: a deep net's activations otherwise drift
-    (RRDBNet's trunk grows ~85x over 23 blocks) and an output far outside [0, 1] would be clipped,
-    hiding every tiling difference."""
+def _calibrate(run, targets) -> None:
+    """Rescale output convs (bias set too) so each one's output has the given std (and, when one is
+    given, per-channel mean) on a seeded input: a deep net's activations otherwise drift (RRDBNet's
+    trunk grows ~85x over 23 blocks, MoGe-2's point head overflows its exp), and an output far
+    outside an image's range would be clipped, hiding every tiling difference.
+
+    `run()`: one forward pass of the net on its seeded sample; `targets`: (conv, std, mean or None).
+    Each conv's output must reach no other target conv (true for a net's last conv, and for heads
+    that are side by side), so one pass measures them all."""
     import torch
 
-    sample = torch.rand(1, 3, 48, 48, generator=torch.Generator().manual_seed(1))
-    torch.nn.init.zeros_(conv.bias)
-    with torch.no_grad():
-        part = part_of_output(model, sample)
-        factor = std / float(part.std())
-        conv.weight.mul_(factor)
-        if mean is not None:  # one bias per output channel: the conv's channels map to them 1:1 here
-            conv.bias.copy_(mean - part.mean(dim=(0, 2, 3)) * factor)
+    seen = {}
+    hooks = [
+        conv.register_forward_hook(lambda _m, _i, out, key=index: seen.__setitem__(key, out.detach()))
+        for index, (conv, _, _) in enumerate(targets)
+    ]
+    try:
+        for conv, _, _ in targets:
+            torch.nn.init.zeros_(conv.bias)
+        with torch.no_grad():
+            run()
+            for index, (conv, std, mean) in enumerate(targets):
+                out = seen[index]
+                factor = std / float(out.std())
+                conv.weight.mul_(factor)
+                if mean is not None:
+                    conv.bias.copy_(mean - out.mean(dim=(0, 2, 3)) * factor)
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def _seeded(*shape):
+    import torch
+
+    return torch.rand(*shape, generator=torch.Generator().manual_seed(1))
 
 
 def _kaiming_convs(module, negative_slope: float, scale: float = 1.0) -> None:
@@ -130,6 +150,7 @@ class Reference:
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
     dynamic_axes: dict
+    recipe: int  # bump when its build, init or export settings change: a cached file is re-made
 
     def build(self):
         return _BUILDERS[self.name]()
@@ -145,9 +166,8 @@ def _compact():
     torch.manual_seed(20)
     model = srvgg.SRVGGNetCompact(num_in_ch=3, num_out_ch=3, num_feat=64, num_conv=32, upscale=4, act_type="prelu")
     _kaiming_convs(model, negative_slope=0.25)
-    # the body learns a residual over the nearest-upscaled input: keep it image-sized, not dominant
-    nearest = lambda net, x: net(x) - torch.nn.functional.interpolate(x, scale_factor=4, mode="nearest")  # noqa: E731
-    _calibrate_last_conv(model, model.body[-1], nearest, std=0.1)
+    # the body's last conv makes the residual over the nearest-upscaled input: keep it small
+    _calibrate(lambda: model(_seeded(1, 3, 48, 48)), [(model.body[-1], 0.1, None)])
     return model
 
 
@@ -162,7 +182,7 @@ def _rrdb():
     for layer in model.modules():
         if isinstance(layer, block.ResidualDenseBlock_5C):
             _kaiming_convs(layer, negative_slope=0.2, scale=0.1)
-    _calibrate_last_conv(model, model.model[-1], lambda net, x: net(x), std=0.25, mean=0.5)
+    _calibrate(lambda: model(_seeded(1, 3, 48, 48)), [(model.model[-1], 0.25, 0.5)])
     return model
 
 
@@ -200,6 +220,11 @@ def _moge2_vits():
     for name in ("neck", "points_head", "normal_head", "mask_head"):
         _kaiming_convs(getattr(model, name), negative_slope=0.0)
     model.onnx_compatible_mode = True
+    # the heads' last 1x1 convs: points (before the exp of z) and normals std 0.5, the mask's
+    # logits std 2 (a sigmoid on both sides of 0.5)
+    heads = [(model.points_head, 0.5), (model.normal_head, 0.5), (model.mask_head, 2.0)]
+    sample = (_seeded(1, 3, 84, 112), torch.tensor(1200, dtype=torch.int64))
+    _calibrate(lambda: model(*sample), [(head.output_blocks[-1], std, None) for head, std in heads])
     return model
 
 
@@ -253,7 +278,7 @@ REFERENCES = {
         Reference(
             "compact-x4", "upscale", "realesr-general-x4v3 (Real-ESRGAN, SRVGGNetCompact)", "spandrel",
             _SR_INIT, "SRVGGNetCompact num_feat=64 num_conv=32 upscale=4 act=prelu",
-            ("input",), ("output",), _SR_AXES,
+            ("input",), ("output",), _SR_AXES, recipe=2,
         ),
         Reference(
             "rrdb-x4plus", "upscale", "RealESRGAN_x4plus (ESRGAN RRDBNet)", "spandrel",
@@ -261,17 +286,20 @@ REFERENCES = {
             "residual dense block scaled by 0.1 (ESRGAN's init) on top of the blocks' 0.2 residual scale; "
             "the last conv rescaled so the output has std 0.25 and mean 0.5 on a seeded random image; seed 23",
             "RRDBNet num_filters=64 num_blocks=23 scale=4 (upconv: nearest x2 + conv, twice)",
-            ("input",), ("output",), _SR_AXES,
+            ("input",), ("output",), _SR_AXES, recipe=2,
         ),
         Reference(
             "moge2-vits", "moge2", "Ruicheng/moge-2-vits-normal-onnx model.onnx (MoGe-2 ViT-S, normal)", "dlr-moge",
             "DINOv2's own init for the ViT-S backbone (trunc-normal std 0.02, LayerScale 1e-5); "
-            "Kaiming-normal (ReLU gain) neck and heads, zero biases; seed 2",
+            "Kaiming-normal (ReLU gain) neck and heads, zero biases; the heads' last convs rescaled on a "
+            "seeded random image to std 0.5 (points before exp, normals) and 2 (mask logits); seed 2",
             "configs/train/v2.json with backbone dinov2_vits14, intermediate_layers [2, 5, 8, 11], "
-            "scale head [384, 1024, 1024, 1]; onnx_compatible_mode",
+            "scale head [384, 1024, 1024, 1]; onnx_compatible_mode. Not the public file's exact "
+            "config (that is only inside its model.pt): this graph is larger than the public ~141 MB",
             ("image", "num_tokens"), ("points", "normal", "mask", "metric_scale"),
             {"image": {2: "height", 3: "width"}, "points": {1: "height", 2: "width"},
              "normal": {1: "height", 2: "width"}, "mask": {1: "height", 2: "width"}},
+            recipe=3,
         ),
     )
 }  # fmt: skip
@@ -338,7 +366,7 @@ def _export(reference: Reference, directory: Path) -> dict:
         "init": reference.init,
         "config": reference.config,
         "source": {reference.package: _package_version(reference.package), "torch": torch.__version__},
-        "recipe": RECIPE,
+        "recipe": reference.recipe,
     }
 
 
@@ -350,8 +378,8 @@ def load_manifest(directory: Path | None = None) -> dict:
         return {"models": {}}
 
 
-def _still_valid(entry: dict | None, directory: Path) -> bool:
-    if not entry or entry.get("recipe") != RECIPE:
+def _still_valid(entry: dict | None, reference: Reference, directory: Path) -> bool:
+    if not entry or entry.get("recipe") != reference.recipe:
         return False
     path = directory / entry["file"]
     return path.is_file() and path.stat().st_size == entry["file_bytes"] and _sha256(path) == entry["sha256"]
@@ -371,7 +399,7 @@ def ensure(names=None, directory: Path | None = None, force: bool = False, log=p
     for name in names or REFERENCES:
         if name not in REFERENCES:
             raise SystemExit(f"unknown reference model {name!r}: choose from {', '.join(REFERENCES)}")
-        if not force and _still_valid(manifest["models"].get(name), directory):
+        if not force and _still_valid(manifest["models"].get(name), REFERENCES[name], directory):
             continue
         log(f"exporting {name} ...")
         manifest["models"][name] = _export(REFERENCES[name], directory)
