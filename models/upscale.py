@@ -385,7 +385,8 @@ FAMILY = Family(
             AUTO_OVERLAP,
             "Overlap",
             "Context pixels around each tile. -1: the model's receptive radius, so tiles give exactly "
-            "the pixels of one whole-image run (a warning when set below it)",
+            "the pixels of one whole-image run when the radius is read from the model's graph (a "
+            "measured one is not proven: a warning says so, as when set below it)",
             min=AUTO_OVERLAP,
             soft_max=256,
         ),
