@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lean_image_ai.models import moge2_contract, upscale
+from lean_image_ai.models import da3, moge2_contract, upscale
 from lean_image_ai.models.base import JobOptions
 from lean_image_ai.models.receptive import graph_receptive_field
 
@@ -65,6 +65,16 @@ def moge2_vits() -> Path:
     if missing:
         pytest.skip(f"{' and '.join(missing)} not installed: pip install -e '.[dev,reference]' (dlr-moge)")
     return _export(["moge2-vits"])["moge2-vits"]
+
+
+@pytest.fixture(scope="session")
+def da3_small() -> Path:
+    missing = _missing("torch", "depth_anything_3")
+    if missing:  # not in the reference extra: its package pins numpy<2 and asks for xformers
+        pytest.skip(
+            f"{' and '.join(missing)} not installed: pip install omegaconf addict && pip install --no-deps depth-anything-3"
+        )
+    return _export(["da3-small"])["da3-small"]
 
 
 def picture(h, w, seed=0):
@@ -123,3 +133,10 @@ def test_moge2_vits_binds_and_runs_through_the_adapter_contract(moge2_vits, fres
         assert out["points"].shape == out["normal"].shape == (1, 56, 70, 3)
         assert out["mask"].shape == (1, 56, 70) and out["metric_scale"].shape == (1,)
         assert all(np.isfinite(v).all() for v in out.values())
+
+
+def test_da3_small_runs_through_the_depth_adapter(da3_small, fresh_runtime):
+    result = da3.run(picture(90, 160, seed=8), da3_small, options=opts(fresh_runtime))
+    assert result.model_size == (280, 504)  # the export's fixed input
+    assert result.depth.shape == (90, 160) and np.isfinite(result.depth).all()
+    assert set(result.extras) == {"depth_conf"}

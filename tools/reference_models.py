@@ -8,7 +8,8 @@ The public model files cannot be downloaded here, but their architectures can be
 upstream Python packages and exported: the graphs, operators, sizes and I/O are those of the
 public files; only the weights differ (seeded random). Tests and benchmarks run the product on
 these (tests/test_real_models.py, bench/). Needs the `reference` extra (torch, spandrel,
-dlr-moge); the add-on itself never imports torch.
+dlr-moge); DA3-SMALL also `depth-anything-3` (installed without its requirements: see
+`Reference.optional`), exported only when it is installed. The add-on itself never imports torch.
 
 Where: `$LEAN_IMAGE_AI_REFERENCE_DIR`, else `~/.cache/lean_image_ai/reference_models` (outside
 the repository: a 67 MB RRDBNet has no place in git). `manifest.json` there lists per model its
@@ -42,6 +43,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib
+import importlib.resources
 import importlib.util
 import json
 import os
@@ -151,6 +153,9 @@ class Reference:
     output_names: tuple[str, ...]
     dynamic_axes: dict
     recipe: int  # bump when its build, init or export settings change: a cached file is re-made
+    # not in the `reference` extra (DA3's package pins numpy<2 and asks for xformers, open3d...:
+    # `pip install omegaconf addict && pip install --no-deps depth-anything-3`): exported when installed
+    optional: bool = False
 
     def build(self):
         return _BUILDERS[self.name]()
@@ -247,10 +252,49 @@ class _MoGe2Export:
         return Wrapped()
 
 
+def _da3_small():
+    """DA3-SMALL from the package's own config; one view. Its weights keep their default init
+    (PyTorch's and DINOv2's): depth and confidence come out finite and non-constant."""
+    import torch
+    from depth_anything_3.cfg import create_object, load_config
+
+    torch.manual_seed(3)
+    config = importlib.resources.files("depth_anything_3") / "configs" / "da3-small.yaml"
+    net = create_object(load_config(str(config)))
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, image):  # 1x3xHxW -> DA3's views axis of one
+            out = self.net(image[:, None])
+            return out["depth"], out["depth_conf"]
+
+    return Wrapped()
+
+
+class _MeshgridCartesianProd:
+    """DA3's RoPE calls `torch.cartesian_prod`, which the exporter does not support; during the
+    export it is an equivalent meshgrid."""
+
+    def __enter__(self):
+        import torch
+
+        self._saved = torch.cartesian_prod
+        torch.cartesian_prod = lambda a, b: torch.stack(torch.meshgrid(a, b, indexing="ij"), -1).reshape(-1, 2)
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.cartesian_prod = self._saved
+
+
 _BUILDERS = {
     "compact-x4": _compact,
     "rrdb-x4plus": _rrdb,
     "moge2-vits": lambda: _MoGe2Export.wrap(_moge2_vits()),
+    "da3-small": _da3_small,
 }
 
 
@@ -264,6 +308,7 @@ _SAMPLES = {
     "compact-x4": lambda: (_image(64, 64),),
     "rrdb-x4plus": lambda: (_image(64, 64),),
     "moge2-vits": lambda: (_image(84, 112), __import__("torch").tensor(1200, dtype=__import__("torch").int64)),
+    "da3-small": lambda: (_image(280, 504),),  # the community exports' fixed size
 }
 
 _SR_AXES = {"input": {2: "height", 3: "width"}, "output": {2: "out_height", 3: "out_width"}}
@@ -300,6 +345,12 @@ REFERENCES = {
             {"image": {2: "height", 3: "width"}, "points": {1: "height", 2: "width"},
              "normal": {1: "height", 2: "width"}, "mask": {1: "height", 2: "width"}},
             recipe=3,
+        ),
+        Reference(
+            "da3-small", "da3", "DA3-SMALL (Depth Anything 3, any-view; Apache-2.0), fixed 1x3x280x504",
+            "depth-anything-3", "the package's default init (PyTorch's, DINOv2's); seed 3",
+            "configs/da3-small.yaml from the package; one view; outputs depth and depth_conf (no sky)",
+            ("image",), ("depth", "depth_conf"), {}, recipe=1, optional=True,
         ),
     )
 }  # fmt: skip
@@ -344,7 +395,7 @@ def _export(reference: Reference, directory: Path) -> dict:
     target = directory / f"{reference.name}.onnx"
     partial = target.with_suffix(".onnx.part")
     started = time.perf_counter()
-    with torch.no_grad():
+    with torch.no_grad(), _MeshgridCartesianProd():
         # the TorchScript exporter: the one that made the public Real-ESRGAN/MoGe-2 files
         torch.onnx.export(
             model, reference.sample(), str(partial), dynamo=False, opset_version=OPSET,
@@ -396,7 +447,7 @@ def ensure(names=None, directory: Path | None = None, force: bool = False, log=p
     directory = Path(directory or reference_dir())
     directory.mkdir(parents=True, exist_ok=True)
     manifest = load_manifest(directory)
-    for name in names or REFERENCES:
+    for name in names or default_names():
         if name not in REFERENCES:
             raise SystemExit(f"unknown reference model {name!r}: choose from {', '.join(REFERENCES)}")
         if not force and _still_valid(manifest["models"].get(name), REFERENCES[name], directory):
@@ -405,6 +456,11 @@ def ensure(names=None, directory: Path | None = None, force: bool = False, log=p
         manifest["models"][name] = _export(REFERENCES[name], directory)
         _write_manifest(directory, manifest)  # after each model: a later failure keeps the earlier ones
     return manifest
+
+
+def default_names() -> list[str]:
+    """Every model, less the optional ones whose package is not installed."""
+    return [n for n, r in REFERENCES.items() if not r.optional or importlib.util.find_spec(r.package.replace("-", "_"))]
 
 
 def model_path(name: str, directory: Path | None = None) -> Path:
@@ -434,7 +490,7 @@ def main(argv=None) -> int:
     parser.add_argument("--list", action="store_true", help="print the manifest's table and export nothing")
     args = parser.parse_args(argv)
     directory = args.dir or reference_dir()
-    names = args.only or list(REFERENCES)
+    names = args.only or default_names()
     manifest = load_manifest(directory) if args.list else ensure(names, directory, force=args.force)
     print(f"reference models in {directory}")
     print(_table(manifest, names))
