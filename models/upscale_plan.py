@@ -68,8 +68,8 @@ def plan_overlap(name: str, field_: ReceptiveField, requested: int | None, multi
             raise ValueError(f"overlap must be >= 0 ({AUTO_OVERLAP}: the model's receptive radius), got {overlap}")
         if radius is not None and overlap < radius:
             warnings.append(
-                f"Overlap {overlap} px is below {name}'s receptive radius ({radius} px): pixels near "
-                "tile seams can differ from one whole-image run."
+                f"Overlap {overlap} px is below {name}'s receptive radius ({radius} px): with more than "
+                "one tile the result is not exact; pixels near tile seams can differ from one whole-image run."
             )
     if global_:
         where = f" ({field_.detail})" if field_.detail else ""
@@ -82,10 +82,10 @@ def plan_overlap(name: str, field_: ReceptiveField, requested: int | None, multi
             f"{name}'s receptive radius is unknown ({field_.detail}); using a {overlap} px overlap."
         )
     elif not field_.proven and radius is not None and overlap >= radius:
-        source = "an impulse probe" if field_.how == "probe" else "its catalog entry"
+        source = "measured by an impulse probe" if field_.how == "probe" else "given by its catalog entry"
         why = f" (the graph walk gave up at {field_.detail})" if field_.detail else ""
         warnings.append(
-            f"{name}'s receptive radius ({radius} px) is measured by {source}, not proven from its "
+            f"{name}'s receptive radius ({radius} px) is {source}, not proven from its "
             f"graph{why}: with more than one tile the result is not exact; pixels near tile seams can "
             "differ slightly from one whole-image run."
         )
