@@ -70,7 +70,8 @@ def run(
     fixed-shape models, which get exactly their input size.
     `overlap`: context pixels cropped from each tile side; None or -1: the model's receptive radius
     (`model_overlap` from its catalog entry, else read from the graph, else measured by an impulse
-    probe), rounded up to `size_multiple`: then tiles give exactly one whole-image run's pixels.
+    probe), rounded up to `size_multiple`: then tiles give exactly one whole-image run's pixels
+    when the graph proved the radius (a probe's figure is measured, not proven: `exact` False).
     `size_multiple`: round dynamic windows up to this (models that need even sizes, say).
     `available_memory_bytes`: what a frame's result may take (default: the memory the OS says is
     available when the frame starts); a frame whose float32 result is larger is refused
@@ -126,7 +127,7 @@ def run(
                 plan_warnings.append(
                     f"Overlap reduced to {overlap} px to fit the model's {fixed[1]}x{fixed[0]} input."
                 )
-                planned.exact = planned.radius is not None and overlap >= planned.radius
+                planned.exact = planned.covers(overlap)
         elif tile_size == "auto":
             tile = auto_tile(job.handle, scale, dtype, overlap, memory_budget_bytes)
         elif tile_size is None:
@@ -394,7 +395,8 @@ FAMILY = Family(
             AUTO_OVERLAP,
             "Overlap",
             "Context pixels around each tile. -1: the model's receptive radius, so tiles give exactly "
-            "the pixels of one whole-image run (a warning when set below it)",
+            "the pixels of one whole-image run when the radius is read from the model's graph (a "
+            "measured one is not proven: a warning says so, as when set below it)",
             min=AUTO_OVERLAP,
             soft_max=256,
         ),

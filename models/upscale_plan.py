@@ -27,6 +27,11 @@ class OverlapPlan:
     how: str  # "graph", "probe", "catalog"
     exact: bool  # tiles give exactly one whole-image run's pixels
     warnings: list[str] = field(default_factory=list)
+    proven: bool = False  # the graph walk proved the radius; a probe's is measured, not proven
+
+    def covers(self, overlap: int) -> bool:
+        """Tiles with this overlap are exact: only a proven radius can say so."""
+        return self.proven and self.radius is not None and overlap >= self.radius
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -34,10 +39,13 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 def receptive_field(model_path, model_overlap, probe) -> ReceptiveField:
-    """The catalog's figure when it has one, else the graph's, else the probe's."""
-    if model_overlap is not None:
-        return ReceptiveField(int(model_overlap), "catalog")
+    """The catalog's figure when it has one, else the graph's, else the probe's. The catalog's
+    figure is proven only when the graph walk reads a radius it covers; a probe's never is."""
     found = graph_receptive_field(model_path)
+    if model_overlap is not None:
+        covered = found.radius is not None and not found.is_global and found.radius <= int(model_overlap)
+        gave_up = found.detail if found.radius is None else ""
+        return ReceptiveField(int(model_overlap), "catalog", gave_up, found.scale, proven=covered)
     if found.radius is None and probe is not None:
         radius = probe()
         return ReceptiveField(GLOBAL if radius is None else radius, "probe", found.detail)
@@ -60,8 +68,8 @@ def plan_overlap(name: str, field_: ReceptiveField, requested: int | None, multi
             raise ValueError(f"overlap must be >= 0 ({AUTO_OVERLAP}: the model's receptive radius), got {overlap}")
         if radius is not None and overlap < radius:
             warnings.append(
-                f"Overlap {overlap} px is below {name}'s receptive radius ({radius} px): pixels near "
-                "tile seams can differ from one whole-image run."
+                f"Overlap {overlap} px is below {name}'s receptive radius ({radius} px): with more than "
+                "one tile the result is not exact; pixels near tile seams can differ from one whole-image run."
             )
     if global_:
         where = f" ({field_.detail})" if field_.detail else ""
@@ -73,8 +81,17 @@ def plan_overlap(name: str, field_: ReceptiveField, requested: int | None, multi
         warnings.append(
             f"{name}'s receptive radius is unknown ({field_.detail}); using a {overlap} px overlap."
         )
-    exact = radius is not None and overlap >= radius
-    return OverlapPlan(overlap, radius, field_.how, exact, warnings)
+    elif not field_.proven and radius is not None and overlap >= radius:
+        source = "measured by an impulse probe" if field_.how == "probe" else "given by its catalog entry"
+        why = f" (the graph walk gave up at {field_.detail})" if field_.detail else ""
+        warnings.append(
+            f"{name}'s receptive radius ({radius} px) is {source}, not proven from its "
+            f"graph{why}: with more than one tile the result is not exact; pixels near tile seams can "
+            "differ slightly from one whole-image run."
+        )
+    plan = OverlapPlan(overlap, radius, field_.how, False, warnings, proven=field_.proven)
+    plan.exact = plan.covers(overlap)
+    return plan
 
 
 def impulse_probe(infer, *, scale: int | None, channels: int = 3, fixed=None) -> int | None:
