@@ -23,6 +23,7 @@ import numpy as np
 
 from ..runtime import SessionHandle, TensorInfo, mark_last
 from ..runtime.errors import InvalidModelOutputError, ModelContractError
+from . import family_check
 from .base import FLOAT_TYPES, JobOptions, ResultSink, as_frames, check_contract, check_finite, squeeze_batch
 from .family import Family, Option, Setting, one_of, positive_int, rgb_triple_or_none
 from .imaging import (
@@ -75,6 +76,7 @@ def run(
     total = len(frames)
     with options.get_runtime().operation("da3", cancel=options.cancel) as op:
         handle = op.session(model_path, options.device)
+        family_check.require("da3", handle)
         check_contract(
             handle, MODEL_NAME, inputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}], outputs=[{}]
         )

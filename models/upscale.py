@@ -24,6 +24,7 @@ import numpy as np
 from ..runtime import mark_last
 from ..runtime.errors import InferenceError, InferenceOutOfMemoryError, ModelContractError, SessionClosedError
 from ..runtime.memory import available_system_memory_bytes
+from . import family_check
 from .base import FLOAT_TYPES, JobOptions, ResultSink, as_frames, check_contract, check_finite, fixed_hw
 from .family import Family, Option, Setting, non_negative_int, one_of, positive_int
 from .imaging import from_nchw, prepare_image, resize, to_nchw
@@ -236,6 +237,7 @@ class _Job:
         self.model_path = model_path
         self.device = device
         self.handle = op.session(model_path, device)
+        family_check.require("upscale", self.handle)
         self.scale: int | None = None  # known from fixed shapes, a hint, or the first output
         self.hinted = False  # `scale` is only a hint (`_scale_hint`), not yet seen in an output
         self._buffers: dict[str, np.ndarray] = {}  # slot -> flat buffer from runtime.scratch
