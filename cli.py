@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cli_images, cli_job, farm_ray
+from . import cli_images, cli_job, cli_models, farm_ray
 from .models import families, sequence
 from .models.base import JobOptions
 from .models.family import Family
@@ -274,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_family(subparsers, family)
     _add_doctor(subparsers)
     _add_leak_check(subparsers)
+    cli_models.add_parser(subparsers)
     farm_ray.add_parser(subparsers)  # Ray itself is imported only when `farm` runs
     return parser
 
