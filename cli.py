@@ -181,10 +181,8 @@ def _run(args) -> int:
             refs, infer, read, write, options=options, skip=skip.__contains__, stop_on_error=args.stop_on_error
         )
         report = batch.run()
-    for event in runtime.events.recent():
-        if event["time"] >= since and event["event"] == "provider_fallback":
-            print(f"warning: {event['message']}")
-    for warning in dict.fromkeys(report.warnings):
+    fallbacks = [e["message"] for e in runtime.events.recent("provider_fallback") if e["time"] >= since]
+    for warning in dict.fromkeys([*fallbacks, *report.warnings]):  # each said once per job
         print(f"warning: {warning}")
     _print_memory_report(runtime, since, before, gpu_id)
     if args.memory_plot and runtime.last_timeline:

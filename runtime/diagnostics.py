@@ -13,9 +13,7 @@ descriptor 2 for the duration of that one session creation (and echoes it back a
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import io
 import os
 import platform
 import re
@@ -23,11 +21,8 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
-from . import gpu_libraries, gpu_loading, memory
+from . import gpu_libraries, gpu_loading, memory, native_log
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-# ORT's log prefix: "2026-01-01 12:00:00.000 [E:onnxruntime:Default, provider_bridge_ort.cc:2458 operator()] "
-_ORT_PREFIX = re.compile(r"^\S+ \S+ \[([EWIV]):onnxruntime:[^\]]*\]\s*")
 _REASON_PATTERNS = (
     re.compile(r"Failed to load library .*? with error: (.+)"),
     re.compile(r"(Failed to create CUDAExecutionProvider\..*?)(?: Please install|$)"),
@@ -200,33 +195,8 @@ def _cuda_library_facts(report: Report, ort, directory: str | None) -> None:
 # --- what a CUDA session really gets --------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _captured_output():
-    """Capture fd 2 (ORT's C++ log) and Python's stdout (preload_dlls' prints) into a list."""
-    lines: list[str] = []
-    stdout = io.StringIO()
-    try:
-        sys.stderr.flush()
-    except Exception:
-        pass
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            with contextlib.redirect_stdout(stdout):
-                yield lines
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            sink.seek(0)
-            captured = sink.read().decode(errors="replace") + stdout.getvalue()
-            lines.extend(ln for ln in captured.splitlines() if ln.strip())
-            with contextlib.suppress(Exception):  # still visible in the console, as without the probe
-                sys.stderr.write(captured)
-
-
 def _clean(line: str) -> str:
-    return _ORT_PREFIX.sub("", _ANSI.sub("", line)).strip()
+    return native_log.clean(line)
 
 
 def _fallback_reason(messages: list[str]) -> str | None:
@@ -254,7 +224,7 @@ def probe_cuda(device: str = "cuda", runtime=None) -> CudaProbe:
             f.write(cpu_arena.RELEASE_PROBE_MODEL)  # x -> x, no nodes: nothing to compute, nothing to allocate
         handle = None
         try:
-            with _captured_output() as captured:
+            with native_log.captured(python_stdout=True) as captured:
                 handle = runtime.session(model, device)
                 probe.providers = list(handle.providers)
                 handle.session.run(None, {"x": np.zeros(1, np.float32)})
@@ -266,7 +236,8 @@ def probe_cuda(device: str = "cuda", runtime=None) -> CudaProbe:
             if handle is not None:
                 runtime.evict(handle, "diagnostics")
         # Lines starting "{" are this runtime's own events (logged to stderr too), not ORT's.
-        probe.ort_messages = [c for c in map(_clean, captured) if c and not c.startswith("{")]
+        ort_said = handle.onnxruntime_log if handle is not None else []
+        probe.ort_messages = [c for c in map(_clean, [*ort_said, *captured]) if c and not c.startswith("{")]
     probe.ok = probe.providers[:1] == [CUDA] and probe.fallback_reason is None
     if not probe.ok and probe.fallback_reason is None:
         probe.fallback_reason = _fallback_reason(probe.ort_messages) or (
@@ -371,4 +342,7 @@ def format_report(report: Report) -> str:
         else:
             got = ", ".join(probe.providers) or "no session"
             lines.append(f"CUDA session: fell back to {got}: {probe.fallback_reason or 'no reason given by ORT'}")
+        if probe.ort_messages:  # ORT's own log while the session was made (kept off the console)
+            lines.append("  onnxruntime said:")
+            lines.extend(f"    {message}" for message in probe.ort_messages)
     return "\n".join(lines)
