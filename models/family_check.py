@@ -4,7 +4,8 @@ A model of the wrong family often runs without an error when its shapes happen t
 model used for background removal writes a plausible cut-out), so the file is compared with each
 family's contract, and what it looks like is said in words. The rules, strongest first:
 
-- **MoGe-2 geometry**: inputs named ``image`` and ``num_tokens`` and an output named ``points``.
+- **MoGe-2 geometry**: an output named ``points`` (its adapter then checks the rest of the export's
+  contract by name: inputs ``image`` and ``num_tokens``, outputs ``normal``, ``mask``, ``metric_scale``).
 - **Depth (DA3)**: an output named ``depth``; without that name, one channel at the input size
   that is unbounded (leaves [0, 1]) and positive on a probe.
 - **Super-resolution**: an image output (3 channels) whose height and width are the same whole
@@ -195,8 +196,10 @@ def graph_finding(handle, ops: dict[str, str]) -> Finding | None:
     """A strong finding from names, fixed shapes and final ops alone; None when a probe must tell."""
     in_names = {i.name.lower() for i in handle.inputs}
     out_names = {o.name.lower() for o in handle.outputs}
-    if {"image", "num_tokens"} <= in_names and "points" in out_names:
-        return Finding("moge2", "inputs 'image' and 'num_tokens', output 'points'", strong=True)
+    if "points" in out_names:  # the rest of MoGe-2's contract is its adapter's to check, by name
+        named = sorted(in_names & {"image", "num_tokens"})
+        inputs = f"inputs {' and '.join(repr(n) for n in named)}, " if named else ""
+        return Finding("moge2", f"{inputs}an output named 'points'", strong=True)
     if "depth" in out_names:
         return Finding("da3", "an output named 'depth'", strong=True)
     image = _image_input(handle)
