@@ -67,8 +67,8 @@ def run(
     total = len(frames)
     with options.get_runtime().operation("ben2", cancel=options.cancel) as op:
         handle = op.session(model_path, options.device)
-        family_check.require("ben2", handle)
         matte_output = _validate(handle)
+        family_check.require("ben2", handle)
         model_hw = _model_size(handle.inputs[0], input_size)
         for index, (image, last) in enumerate(mark_last(frames)):
             options.report(index / total, "preprocessing")

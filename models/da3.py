@@ -76,11 +76,11 @@ def run(
     total = len(frames)
     with options.get_runtime().operation("da3", cancel=options.cancel) as op:
         handle = op.session(model_path, options.device)
-        family_check.require("da3", handle)
         check_contract(
             handle, MODEL_NAME, inputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}], outputs=[{}]
         )
         depth_name = _validate(handle)
+        family_check.require("da3", handle)
         image_input = handle.inputs[0]
         fixed = any(isinstance(d, int) and d > 0 for d in image_input.shape[2:4])
         for index, (image, last) in enumerate(mark_last(frames)):

@@ -136,8 +136,8 @@ def run(
     options.report(0.0, "preprocessing")
     with runtime.operation("moge2", cancel=options.cancel) as op:
         handle = op.session(model_path, options.device)
-        family_check.require("moge2", handle)
         binding = bind_contract(handle)
+        family_check.require("moge2", handle)
         for index, (frame, last) in enumerate(mark_last(frames)):
             label = "image" if single else f"frame {index + 1}"
             prepared = prepare_image(frame, name=label)

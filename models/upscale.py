@@ -237,7 +237,6 @@ class _Job:
         self.model_path = model_path
         self.device = device
         self.handle = op.session(model_path, device)
-        family_check.require("upscale", self.handle)
         self.scale: int | None = None  # known from fixed shapes, a hint, or the first output
         self.hinted = False  # `scale` is only a hint (`_scale_hint`), not yet seen in an output
         self._buffers: dict[str, np.ndarray] = {}  # slot -> flat buffer from runtime.scratch
@@ -247,6 +246,7 @@ class _Job:
             inputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}],
             outputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}],
         )
+        family_check.require("upscale", self.handle)  # after the shapes: what fits them may still be another family
 
     def _buffer(self, slot: str, shape: tuple, dtype) -> np.ndarray:
         """The slot's buffer as a C-contiguous `shape` (a prefix of it: an edge tile's smaller
