@@ -140,11 +140,16 @@ def stock_run(request, zips, standins, tmp_path_factory, timings) -> dict:
     )  # fmt: skip
     timings[f"{version}_job_s"] = time.perf_counter() - started
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-4000:] + proc.stderr[-4000:]
+    # bpy 4.2 as a module segfaults on exit once an extension whose PropertyGroup has a Python
+    # callback property (update/get/set/items) was uninstalled: a 10-line extension with one
+    # BoolProperty(update=...) does the same, 5.0 and later do not. The job's work is all done and
+    # reported by then; the exit code is checked in test_exit_code.
+    allowed = {0, -11} if version.startswith("4.2.") else {0}
+    assert proc.returncode in allowed and lines, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(lines[-1][len("RESULT ") :])
     assert "error" not in result, result["error"] + proc.stderr[-4000:]
     console = "\n".join(ln for ln in (proc.stdout + proc.stderr).splitlines() if not ln.startswith("RESULT "))
-    result.update(root=str(root), home=env["HOME"], console=console, version=version, zip=built)
+    result.update(root=str(root), home=env["HOME"], console=console, version=version, zip=built, returncode=proc.returncode)
     print(f"\nstock Blender {version} e2e timings: {json.dumps({k: round(v, 1) for k, v in timings.items()})}")
     return result
 
@@ -172,7 +177,7 @@ def test_zip_carries_exactly_the_onnxruntime_wheel_and_the_license(stock_run):
 
 def test_stock_blender_lacks_what_the_addon_must_bring(stock_run):
     line = python_line(stock_run["version"])
-    assert stock_run["python"] == [int(p) for p in line.split(".")] and stock_run["bpy"] == stock_run["version"]
+    assert stock_run["python"] == [int(p) for p in line.split(".")] and stock_run["bpy"].split()[0] == stock_run["version"]
     assert all(stock_run["missing_before"].values()), stock_run["missing_before"]
 
 
@@ -244,3 +249,9 @@ def test_models_live_in_the_shared_folder_and_survive_uninstall(stock_run):
     (refused,) = stock_run["register_wrong_family"]
     assert refused.startswith("error: ") and "this looks like a background-removal (matte) model" in refused
     assert stock_run["models_kept_after"] == ["user_models.json"]  # uninstalling kept the library
+
+
+def test_exit_code(stock_run):
+    """0, except the Blender 4.2 exit crash described in stock_run (the RESULT line came first)."""
+    expected = -11 if stock_run["version"].startswith("4.2.") else 0
+    assert stock_run["returncode"] == expected
