@@ -42,9 +42,8 @@ from .scratch import ScratchBuffers
 from .session import LIBRARY_RAM, SessionHandle, onnxruntime_module
 from .timeline import figures
 
-# The events are the runtime's record (event log, event file, panels, the CLI's lines): a process
-# that set up no logging must not get each warning again as a raw JSON line on stderr (logging's
-# last-resort handler); one that did set up logging still receives them.
+# The events are the runtime's record (event log, file, panels): no raw JSON lines on stderr from
+# logging's last-resort handler where no logging was set up (where it was, the records still go).
 logging.getLogger("lean_image_ai").addHandler(logging.NullHandler())
 
 
@@ -159,14 +158,9 @@ class Runtime:
                 handle = self._create(key, path, request, providers, cpu_arena)
                 if handle.fallback_warning and providers[0][0] == CUDA and settings.cpu_arena:
                     handle = self._recreate_on_cpu(key, path, request, handle)
-                if handle.fallback_warning:
-                    self.events.emit(
-                        "provider_fallback",
-                        model=handle.model_name,
-                        requested=str(request),
-                        providers=handle.providers,
-                        message=handle.fallback_warning,
-                    )
+                if handle.fallback_warning:  # said once, after the CPU remake
+                    fallback = {"model": handle.model_name, "requested": str(request), "providers": handle.providers}
+                    self.events.emit("provider_fallback", **fallback, message=handle.fallback_warning)
                 self._sessions[key] = handle
             if holder is not None:
                 self.hold(handle, holder)
@@ -219,8 +213,6 @@ class Runtime:
             with native_log.captured() as ort_log:
                 session = self._session_factory(str(path), options, providers)
         except Exception as exc:
-            if ort_log:
-                self.events.emit("onnxruntime_log", model=path.name, requested=str(request), lines=ort_log)
             resource = out_of_memory_resource(exc, on_gpu=uses_cuda)
             if resource:
                 raise InferenceOutOfMemoryError(
@@ -235,10 +227,11 @@ class Runtime:
                 raise
             on_device = providers[0][0] != CPU
             raise load_errors.load_failure(exc, path, device=str(request), on_device=on_device) from exc
+        finally:
+            if ort_log:
+                self.events.emit("onnxruntime_log", model=path.name, requested=str(request), lines=ort_log)
         handle = SessionHandle(key, path, request, session, cpu_arena=cpu_arena)
         handle.onnxruntime_log = ort_log  # what ORT said while creating it (kept, not printed)
-        if ort_log:
-            self.events.emit("onnxruntime_log", model=handle.model_name, requested=str(request), lines=ort_log)
         loaded = figures(memory_snapshot(handle.gpu_device_id))
         handle.load_growth = {k: loaded[k] - loading[k] for k in loaded if None not in (loaded[k], loading[k])}
         if handle.gpu_device_id is not None and "vram" in handle.load_growth:
@@ -263,9 +256,8 @@ class Runtime:
         return handle
 
     def _recreate_on_cpu(self, key, path: Path, request: DeviceRequest, fallen: SessionHandle) -> SessionHandle:
-        """A CUDA request that landed on CPU, made again as a CPU session in the shared CPU arena,
-        so the job gives its RAM back as a CPU job does (ORT's own fallback has no shrinkable
-        arena). Loads the model twice, once per process and model; the warning stays."""
+        """A CUDA request that landed on CPU, made again in the shared CPU arena so the job gives
+        its RAM back like a CPU job (ORT's own fallback has no shrinkable arena); the warning stays."""
         fallen.session = None
         gc.collect()
         handle = self._create(key, path, request, [(CPU, {})], True)
