@@ -251,7 +251,7 @@ def _not_installed(entry: CatalogEntry, folder: Path) -> str:
         )
     return (
         f"Model '{entry.title}' ({entry.id}) is not installed. Install it in {PREFERENCES_HINT} "
-        f"(it goes to '{installer.model_path(entry, folder)}')."
+        f"or with `python -m lean_image_ai models install {entry.id}` (it goes to '{installer.model_path(entry, folder)}')."
     )
 
 

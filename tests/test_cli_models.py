@@ -90,6 +90,8 @@ def test_unknown_id_points_to_models_list(folder, capsys):
 def test_no_model_error_points_to_models_install(folder):
     with pytest.raises(library.ModelFileError, match=r"python -m lean_image_ai models install moge2-"):
         library.resolve("moge2", folder)
+    with pytest.raises(library.ModelFileError, match=r"`python -m lean_image_ai models install da3-metric-large`"):
+        library.resolve("da3", folder, model_id="da3-metric-large")
 
 
 @pytest.mark.parametrize(
