@@ -265,27 +265,12 @@ def _same_file(a, b) -> bool:
 # ---- registering and removing ---------------------------------------------------------------
 
 
-def _tensor_summary(infos) -> str:
+def tensor_summary(infos) -> str:
+    """``name 1x3x?x? float, ...``: a model's inputs or outputs in one line."""
     def dims(shape):
         return "x".join("?" if d is None or isinstance(d, str) else str(d) for d in shape)
 
     return ", ".join(f"{t.name} {dims(t.shape)} {t.type.removeprefix('tensor(').rstrip(')')}" for t in infos)
-
-
-def inspect_model(path: Path) -> tuple[str, str]:
-    """Load ``path`` through the shared runtime on the CPU; returns (inputs, outputs) summaries.
-
-    A session this check creates is evicted again (registering must not keep weights in memory);
-    one that was already cached for a running job is left alone.
-    """
-    runtime = get_runtime()
-    before = {id(h) for h in runtime.cached_sessions()}
-    handle = runtime.session(path, "cpu")
-    try:
-        return _tensor_summary(handle.inputs), _tensor_summary(handle.outputs)
-    finally:
-        if id(handle) not in before:
-            runtime.evict(handle, reason="registration check")
 
 
 def remove(entry: CatalogEntry, folder: Path) -> bool:

@@ -58,7 +58,7 @@ def check(family: str, path: str | os.PathLike, *, runtime=None, progress: Calla
     report(0.9, "checked" + (" with a probe run" if verdict.probed else ""))
     if verdict.refused:
         raise ModelContractError(f"Cannot register {path.name} as a {title} model: {verdict.message()}")
-    return verdict, library._tensor_summary(inputs), library._tensor_summary(outputs)
+    return verdict, library.tensor_summary(inputs), library.tensor_summary(outputs)
 
 
 def save(family: str, path: str | os.PathLike, folder: Path, verdict, inputs: str, outputs: str) -> Registered:
