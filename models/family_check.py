@@ -26,7 +26,7 @@ from __future__ import annotations
 import mmap
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +65,6 @@ class Verdict:
     family: str
     finding: Finding
     probed: bool = False
-    notes: list[str] = field(default_factory=list)
 
     @property
     def fits(self) -> bool:
