@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cli_images, cli_job, cli_shot, farm_ray
+from . import cli_images, cli_job, cli_models, cli_shot, farm_ray
 from .models import families, files, sequence
 from .models.base import JobOptions
 from .models.family import Family
@@ -178,10 +178,8 @@ def _run(args) -> int:
         refs, infer, read, write, options=options, skip=skip.__contains__, stop_on_error=args.stop_on_error
     )
     report = batch.run()
-    for event in runtime.events.recent():
-        if event["time"] >= since and event["event"] == "provider_fallback":
-            print(f"warning: {event['message']}")
-    for warning in dict.fromkeys(report.warnings):
+    fallbacks = [e["message"] for e in runtime.events.recent("provider_fallback") if e["time"] >= since]
+    for warning in dict.fromkeys([*fallbacks, *report.warnings]):  # each said once per job
         print(f"warning: {warning}")
     _print_memory_report(runtime, since, before, gpu_id)
     plot_error = _write_memory_plot(plot, runtime.last_timeline) if plot else None
@@ -300,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_family(subparsers, family)
     _add_doctor(subparsers)
     _add_leak_check(subparsers)
+    cli_models.add_parser(subparsers)
     farm_ray.add_parser(subparsers)  # Ray itself is imported only when `farm` runs
     return parser
 

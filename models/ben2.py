@@ -16,6 +16,7 @@ import numpy as np
 
 from ..runtime import SessionHandle, TensorInfo, mark_last
 from ..runtime.errors import InvalidModelOutputError, ModelContractError
+from . import family_check
 from .base import FLOAT_TYPES, JobOptions, ResultSink, as_frames, check_contract, check_finite, squeeze_batch
 from .family import Family, Option, Setting, rgb_triple_or_none, size_or_none
 from .imaging import (
@@ -68,6 +69,7 @@ def run(
     with options.get_runtime().operation("ben2", cancel=options.cancel) as op:
         handle = op.session(model_path, options.device)
         matte_output = _validate(handle)
+        family_check.require("ben2", handle)
         model_hw = _model_size(handle.inputs[0], input_size)
         for index, (image, last) in enumerate(mark_last(frames)):
             options.report(index / total, "preprocessing")

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..runtime import SessionHandle, TensorInfo, mark_last
 from ..runtime.errors import InvalidModelOutputError, ModelContractError
+from . import family_check
 from .base import FLOAT_TYPES, JobOptions, ResultSink, as_frames, check_contract, check_finite, squeeze_batch
 from .family import Family, Option, Setting, one_of, positive_int, rgb_triple_or_none
 from .imaging import (
@@ -76,6 +77,7 @@ def run(
     with options.get_runtime().operation("da3", cancel=options.cancel) as op:
         handle = op.session(model_path, options.device)
         depth_name = check_session(handle)
+        family_check.require("da3", handle)
         image_input = handle.inputs[0]
         fixed = any(isinstance(d, int) and d > 0 for d in image_input.shape[2:4])
         for index, (image, last) in enumerate(mark_last(frames)):

@@ -4,22 +4,25 @@ Blender's preferences, the operators and the command line all ask this module; n
 model state of its own.
 
 Models folder, first that is set: the front-end's explicit choice (Blender's "Models Folder"
-preference, the CLI's ``--models-dir``); ``$LEAN_IMAGE_AI_MODELS_DIR``; the front-end's own default
-(Blender: the extension's user folder); a per-user cache folder.
+preference, the CLI's ``--models-dir``); ``$LEAN_IMAGE_AI_MODELS_DIR``; one per-user data folder
+that Blender and the command line share (runtime/paths.py), outside the extension's own folder so
+that uninstalling or updating the add-on keeps the models. A library left in an older default
+folder (the extension's user folder) is moved there once (:func:`migrate_models`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..runtime import get_runtime, load_errors
 from ..runtime.errors import LeanImageError, ModelFileError
-from ..runtime.paths import user_cache_root
-from . import families, installer, model_check
+from ..runtime.paths import user_data_root
+from . import families, installer
 from .catalog import Catalog, CatalogEntry
 
 MODELS_DIR_ENV = "LEAN_IMAGE_AI_MODELS_DIR"
@@ -32,7 +35,7 @@ PREFERENCES_HINT = "Preferences > Add-ons > Lean Image AI"
 _named: dict[str, str] = {}
 
 
-def models_dir(choice: str | os.PathLike = "", host_default: Path | None = None) -> Path:
+def models_dir(choice: str | os.PathLike = "") -> Path:
     """The models folder (see module doc); nothing is created."""
     if choice:
         folder = Path(choice).expanduser()
@@ -42,14 +45,55 @@ def models_dir(choice: str | os.PathLike = "", host_default: Path | None = None)
         folder = Path(os.environ[MODELS_DIR_ENV]).expanduser()
         _named[str(folder)] = MODELS_DIR_ENV
         return folder
-    if host_default is not None:
-        return Path(host_default)
-    return user_cache_dir()
+    return shared_models_dir()
 
 
-def user_cache_dir() -> Path:
-    """``<the per-user folder>/models`` (runtime/paths.py)."""
-    return user_cache_root() / "models"
+def shared_models_dir() -> Path:
+    """``<the per-user data folder>/models`` (runtime/paths.py): Blender's and the CLI's default."""
+    return user_data_root() / "models"
+
+
+MIGRATED_NOTE = "MOVED_TO.txt"
+
+
+def migrate_models(old: Path, new: Path) -> list[str]:
+    """Move what an older default models folder holds into ``new``, once: each file or folder is
+    moved (a rename on one disk, never a copy left behind), one already in ``new`` is left where
+    it is. The old folder is then removed if empty, or keeps a note saying where the rest went.
+    Returns what was left behind (empty when everything moved)."""
+    old, new = Path(old), Path(new)
+    try:
+        if not old.is_dir() or old.resolve() == new.resolve():
+            return []
+        names = sorted(p.name for p in old.iterdir() if p.name != MIGRATED_NOTE)
+    except OSError:
+        return []
+    if not names:
+        return []
+    new.mkdir(parents=True, exist_ok=True)
+    left = []
+    for name in names:
+        target = new / name
+        if target.exists() or target.is_symlink():
+            left.append(name)
+        else:
+            try:
+                shutil.move(str(old / name), str(target))
+            except OSError:
+                left.append(name)
+    if left:
+        note = f"Lean Image AI's models folder is now {new}; these were already there and stayed here: {', '.join(left)}\n"
+        try:
+            (old / MIGRATED_NOTE).write_text(note, encoding="utf-8")
+        except OSError:
+            pass
+    else:
+        try:
+            old.rmdir()
+        except OSError:
+            pass
+    _catalogs.pop(str(new / USER_MODELS_FILE), None)
+    return left
 
 
 # ---- the catalog of one models folder ---------------------------------------------------------
@@ -207,11 +251,13 @@ def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "")
             return _choice(str(installer.model_path(entry, folder)), entry, folder)
     if record.fallback_model is not None:
         return ModelChoice(str(record.fallback_model), record.fallback_model.name, None, {})
-    suggestion = next((e.title for e in entries if e.downloadable), entries[0].title if entries else "")
+    suggestion = next((e for e in entries if e.downloadable), entries[0] if entries else None)
     raise ModelFileError(
         f"No {record.title} model is installed. Install one in {PREFERENCES_HINT}"
-        + (f" (for example '{suggestion}')" if suggestion else "")
-        + ", or register your own ONNX file there, or give the model file (model_path; command line: --model)."
+        + (f" (for example '{suggestion.title}')" if suggestion else "")
+        + f" or with `python -m lean_image_ai models install {suggestion.id if suggestion else 'ID'}`"
+        + f" (`models list` shows them; `models register {family} FILE` adds your own ONNX file),"
+        + f" or give the model file (model_path; command line: --model). Models folder: {folder}."
     )
 
 
@@ -239,7 +285,7 @@ def _not_installed(entry: CatalogEntry, folder: Path) -> str:
         )
     return (
         f"Model '{entry.title}' ({entry.id}) is not installed. Install it in {PREFERENCES_HINT} "
-        f"(it goes to '{installer.model_path(entry, folder)}')."
+        f"or with `python -m lean_image_ai models install {entry.id}` (it goes to '{installer.model_path(entry, folder)}')."
     )
 
 
@@ -253,18 +299,12 @@ def _same_file(a, b) -> bool:
 # ---- registering and removing ---------------------------------------------------------------
 
 
-def _tensor_summary(infos) -> str:
+def tensor_summary(infos) -> str:
+    """``name 1x3x?x? float, ...``: a model's inputs or outputs in one line."""
     def dims(shape):
         return "x".join("?" if d is None or isinstance(d, str) else str(d) for d in shape)
 
     return ", ".join(f"{t.name} {dims(t.shape)} {t.type.removeprefix('tensor(').rstrip(')')}" for t in infos)
-
-
-def inspect_model(path: Path) -> tuple[str, str]:
-    """Load ``path`` through the shared runtime on the CPU; returns (inputs, outputs) summaries
-    (the session is evicted again: registering must not keep weights in memory)."""
-    with model_check.loaded_on_cpu(path, "registration check") as handle:
-        return _tensor_summary(handle.inputs), _tensor_summary(handle.outputs)
 
 
 def remove(entry: CatalogEntry, folder: Path) -> bool:
@@ -295,4 +335,4 @@ def format_size(entry: CatalogEntry) -> str:
     return "size unknown"
 
 
-__all__ = ["MODELS_DIR_ENV", "ModelChoice", "catalog", "models_dir", "resolve", "status"]
+__all__ = ["MODELS_DIR_ENV", "ModelChoice", "catalog", "migrate_models", "models_dir", "resolve", "status"]

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..runtime import mark_last
 from ..runtime.errors import InvalidModelOutputError
-from . import shot_camera
+from . import family_check, shot_camera
 from .base import JobOptions, ResultSink, as_frames, check_finite, fixed_hw, squeeze_batch
 from .family import Family, Option, Setting, int_range, positive_int, unit_interval
 from .imaging import prepare_image, resize, to_nchw
@@ -138,6 +138,7 @@ def run(
     with runtime.operation("moge2", cancel=options.cancel) as op:
         handle = op.session(model_path, options.device)
         binding = bind_contract(handle)
+        family_check.require("moge2", handle)
         for index, (frame, last) in enumerate(mark_last(frames)):
             label = "image" if single else f"frame {index + 1}"
             prepared = prepare_image(frame, name=label)

@@ -24,6 +24,7 @@ import numpy as np
 from ..runtime import mark_last
 from ..runtime.errors import InferenceError, InferenceOutOfMemoryError, ModelContractError, SessionClosedError
 from ..runtime.memory import available_system_memory_bytes
+from . import family_check
 from .base import FLOAT_TYPES, JobOptions, ResultSink, as_frames, check_contract, check_finite, fixed_hw
 from .family import Family, Option, Setting, non_negative_int, one_of, positive_int
 from .imaging import from_nchw, prepare_image, resize, to_nchw
@@ -246,6 +247,7 @@ class _Job:
         self.hinted = False  # `scale` is only a hint (`_scale_hint`), not yet seen in an output
         self._buffers: dict[str, np.ndarray] = {}  # slot -> flat buffer from runtime.scratch
         check_session(self.handle)
+        family_check.require("upscale", self.handle)  # after the shapes: what fits them may still be another family
 
     def _buffer(self, slot: str, shape: tuple, dtype) -> np.ndarray:
         """The slot's buffer as a C-contiguous `shape` (a prefix of it: an edge tile's smaller

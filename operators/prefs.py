@@ -49,18 +49,38 @@ def is_extension() -> bool:
 
 
 def models_folder(context=None, *, create: bool = False) -> Path:
-    """The models folder (models/library.py's order); Blender's own default is the extension's
-    user folder, or ``<user datafiles>/lean_image_ai/models`` for a legacy add-on install."""
+    """The models folder (models/library.py's order): by default the per-user data folder the
+    command line uses too, outside the extension's own folder (Blender deletes that one when the
+    extension is uninstalled or updated). A library in the old default folder is moved there once."""
     prefs = get_prefs(context)
     choice = bpy.path.abspath(prefs.models_dir) if prefs.models_dir else ""
-    if is_extension():
-        host_default = Path(bpy.utils.extension_path_user(ADDON_ID, path="models", create=False))
-    else:
-        host_default = Path(bpy.utils.user_resource("DATAFILES", path=f"{ADDON_ID}/models", create=False))
-    folder = library.models_dir(choice, host_default)
+    folder = library.models_dir(choice)
+    if folder == library.shared_models_dir():
+        _migrate_old_default(folder)
     if create:
         folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+_migrated: set[str] = set()
+
+
+def _old_default_models_folder() -> Path:
+    """Where Blender kept models before: the extension's user folder (a legacy add-on install:
+    ``<user datafiles>/lean_image_ai/models``)."""
+    if is_extension():
+        return Path(bpy.utils.extension_path_user(ADDON_ID, path="models", create=False))
+    return Path(bpy.utils.user_resource("DATAFILES", path=f"{ADDON_ID}/models", create=False))
+
+
+def _migrate_old_default(folder: Path) -> None:
+    old = _old_default_models_folder()
+    if str(old) in _migrated:
+        return
+    _migrated.add(str(old))
+    left = library.migrate_models(old, folder)
+    if left:
+        print(f"Lean Image AI: models moved to {folder}; already there, so left in {old}: {', '.join(left)}")
 
 
 def device_string(prefs) -> str:

@@ -8,6 +8,7 @@ final run explicitly (`last=True`), so only that run carries the arena-shrink en
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import threading
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cuda_preload, device_sessions, gpu_index, load_errors
+from . import cuda_preload, device_sessions, gpu_index, load_errors, native_log
 from .cpu_arena import RELEASE_PROBE_MODEL, env_cpu_arena_config, register_env_cpu_arena
 from .deferred_release import DeferredRelease
 from .errors import (
@@ -43,6 +44,10 @@ from .scratch import ScratchBuffers
 from .session import LIBRARY_RAM, SessionHandle, onnxruntime_module
 from .settings import RuntimeSettings, settings_from_environment
 from .timeline import figures
+
+# The events are the runtime's record (event log, file, panels): no raw JSON lines on stderr from
+# logging's last-resort handler where no logging was set up (where it was, the records still go).
+logging.getLogger("lean_image_ai").addHandler(logging.NullHandler())
 
 
 def visible_cuda_count() -> int | None:
@@ -126,6 +131,11 @@ class Runtime:
                 self.events.emit("session_reuse", model=handle.model_name, device=handle.device_label)
             else:
                 handle = self._create(key, path, request, providers, cpu_arena)
+                if handle.fallback_warning and providers[0][0] == CUDA and settings.cpu_arena:
+                    handle = self._recreate_on_cpu(key, path, request, handle)
+                if handle.fallback_warning:  # said once, after the CPU remake
+                    fallback = {"model": handle.model_name, "requested": str(request), "providers": handle.providers}
+                    self.events.emit("provider_fallback", **fallback, message=handle.fallback_warning)
                 self._sessions[key] = handle
             if holder is not None:
                 self.hold(handle, holder)
@@ -168,8 +178,9 @@ class Runtime:
         started = time.perf_counter()
         gpu_id = int(providers[0][1].get("device_id", 0)) if uses_cuda else None
         loading = figures(memory_snapshot(gpu_id))
+        ort_log: list[str] = []
         try:
-            with device_sessions.creation_log(providers[0][0]) as log:
+            with native_log.captured() as ort_log:
                 session = self._session_factory(str(path), options, providers)
         except Exception as exc:
             resource = out_of_memory_resource(exc, on_gpu=uses_cuda)
@@ -186,8 +197,12 @@ class Runtime:
                 raise
             on_device = providers[0][0] != CPU
             raise load_errors.load_failure(exc, path, device=str(request), on_device=on_device) from exc
+        finally:
+            if ort_log:
+                self.events.emit("onnxruntime_log", model=path.name, requested=str(request), lines=ort_log)
         handle = SessionHandle(key, path, request, session, cpu_arena=cpu_arena)
-        device_sessions.note_partitions(handle, log)
+        handle.onnxruntime_log = ort_log  # what ORT said while creating it (kept, not printed)
+        device_sessions.note_partitions(handle, ort_log)
         loaded = figures(memory_snapshot(handle.gpu_device_id))
         handle.load_growth = {k: loaded[k] - loading[k] for k in loaded if None not in (loaded[k], loading[k])}
         if handle.gpu_device_id is not None and "vram" in handle.load_growth:
@@ -211,14 +226,16 @@ class Runtime:
                 f"{handle.fallback_warning or ''} CUDA/cuDNN libraries that did not load: {self._preload.describe()}."
             ).strip()
             self.events.emit("cuda_preload_failed", model=handle.model_name, **failed)
-        if handle.fallback_warning:
-            self.events.emit(
-                "provider_fallback",
-                model=handle.model_name,
-                requested=str(request),
-                providers=handle.providers,
-                message=handle.fallback_warning,
-            )
+        return handle
+
+    def _recreate_on_cpu(self, key, path: Path, request: DeviceRequest, fallen: SessionHandle) -> SessionHandle:
+        """A CUDA request that landed on CPU, made again in the shared CPU arena so the job gives
+        its RAM back like a CPU job (ORT's own fallback has no shrinkable arena); the warning stays."""
+        fallen.session = None
+        gc.collect()
+        handle = self._create(key, path, request, [(CPU, {})], True)
+        handle.fallback_warning = fallen.fallback_warning
+        handle.onnxruntime_log = fallen.onnxruntime_log + handle.onnxruntime_log
         return handle
 
     def _check_gpu_index(self, request: DeviceRequest) -> None:

@@ -3,10 +3,9 @@ onnxruntime said while it made the session (bpy-free)."""
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
-from . import ort_log
+from . import native_log
 from .providers import COREML, DEVICE_BY_PROVIDER, DML, coreml_partition_warning, coreml_partitions
 
 ORT_INFO = 1  # SessionOptions.log_severity_level: 0 verbose, 1 info, 2 warning (ORT's default)
@@ -16,6 +15,7 @@ def session_options(ort, providers: list[tuple[str, dict]], *, intra_op_threads:
     """``ort.SessionOptions`` for a session whose first provider is ``providers[0]``: the session
     config entries its device row lists, and what that provider needs besides."""
     options = ort.SessionOptions()
+    options.log_severity_level = native_log.SESSION_LOG_SEVERITY  # what ORT says is kept, not printed
     if intra_op_threads:
         options.intra_op_num_threads = intra_op_threads
     primary = providers[0][0]
@@ -36,19 +36,8 @@ def session_options(ort, providers: list[tuple[str, dict]], *, intra_op_threads:
     return options
 
 
-@contextlib.contextmanager
-def creation_log(primary_provider: str):
-    """Around a session's creation: a list that receives ORT's log lines when they matter (CoreML's
-    partition report); only warnings and errors are echoed to the console, as ORT shows them."""
-    if primary_provider != COREML:
-        yield []
-        return
-    with ort_log.captured_output(echo=ort_log.is_warning_or_error) as lines:
-        yield lines
-
-
 def note_partitions(handle, lines: list[str]) -> None:
-    """A CoreML session's partition report (``handle.partitions``) and, when CoreML takes little
+    """From ORT's log lines of a session's creation (runtime/native_log.py), a CoreML session's partition report (``handle.partitions``) and, when CoreML takes little
     of the graph, the artist's warning (``handle.partition_warning``)."""
     handle.partitions = coreml_partitions(lines) if handle.providers[:1] == [COREML] else None
     handle.partition_warning = coreml_partition_warning(handle.model_name, handle.partitions)

@@ -22,11 +22,8 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
-from . import gpu_libraries, gpu_loading, memory, ort_log
+from . import gpu_libraries, gpu_loading, memory, native_log
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-# ORT's log prefix: "2026-01-01 12:00:00.000 [E:onnxruntime:Default, provider_bridge_ort.cc:2458 operator()] "
-_ORT_PREFIX = re.compile(r"^\S+ \S+ \[([EWIV]):onnxruntime:[^\]]*\]\s*")
 _REASON_PATTERNS = (
     re.compile(r"Failed to load library .*? with error: (.+)"),
     re.compile(r"(Failed to create CUDAExecutionProvider\..*?)(?: Please install|$)"),
@@ -202,7 +199,7 @@ def _cuda_library_facts(report: Report, ort, directory: str | None) -> None:
 
 
 def _clean(line: str) -> str:
-    return _ORT_PREFIX.sub("", _ANSI.sub("", line)).strip()
+    return native_log.clean(line)
 
 
 def _fallback_reason(messages: list[str]) -> str | None:
@@ -239,7 +236,7 @@ def probe_cuda(device: str = "cuda", runtime=None) -> CudaProbe:
     with _probe_model() as model:
         handle = None
         try:
-            with ort_log.captured_output() as captured:
+            with native_log.captured(python_stdout=True) as captured:
                 handle = runtime.session(model, device)
                 probe.providers = list(handle.providers)
                 handle.session.run(None, {"x": np.zeros(1, np.float32)})
@@ -251,7 +248,8 @@ def probe_cuda(device: str = "cuda", runtime=None) -> CudaProbe:
             if handle is not None:
                 runtime.evict(handle, "diagnostics")
         # Lines starting "{" are this runtime's own events (logged to stderr too), not ORT's.
-        probe.ort_messages = [c for c in map(_clean, captured) if c and not c.startswith("{")]
+        ort_said = handle.onnxruntime_log if handle is not None else []
+        probe.ort_messages = [c for c in map(_clean, [*ort_said, *captured]) if c and not c.startswith("{")]
     probe.ok = probe.providers[:1] == [CUDA] and probe.fallback_reason is None
     if not probe.ok and probe.fallback_reason is None:
         probe.fallback_reason = _fallback_reason(probe.ort_messages) or (
@@ -413,4 +411,7 @@ def format_report(report: Report) -> str:
         else:
             got = ", ".join(probe.providers) or "no session"
             lines.append(f"CUDA session: fell back to {got}: {probe.fallback_reason or 'no reason given by ORT'}")
+        if probe.ort_messages:  # ORT's own log while the session was made (kept off the console)
+            lines.append("  onnxruntime said:")
+            lines.extend(f"    {message}" for message in probe.ort_messages)
     return "\n".join(lines)

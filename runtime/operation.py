@@ -330,7 +330,8 @@ class Operation:
             remember_working(self.runtime, job)
             self.memory = job
             self.runtime.last_job_memory = job
-            self.runtime.last_timeline = self.timeline.as_dict()
+            # named, so the picture (memory_plot.py) can say which job on which device
+            self.runtime.last_timeline = {**self.timeline.as_dict(), "operation": self.name, "devices": job["devices"], "outcome": outcome}
             self.runtime.events.emit("job_memory", **job)
         except Exception as exc:  # a report must never break the job
             self.timeline.stop()

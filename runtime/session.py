@@ -76,6 +76,7 @@ class SessionHandle:
         self.inputs = [TensorInfo(i.name, tuple(i.shape), i.type) for i in session.get_inputs()]
         self.outputs = [TensorInfo(o.name, tuple(o.shape), o.type) for o in session.get_outputs()]
         self.fallback_warning: str | None = None
+        self.onnxruntime_log: list[str] = []  # ORT's own lines while it was created (runtime/native_log.py)
         if request.kind == "cuda" and self.providers[:1] != [CUDA]:
             self.fallback_warning = (
                 f"CUDA was requested for {self.model_name} but the session runs on "

@@ -184,8 +184,11 @@ def test_the_memory_plot_image_after_a_job(runtime, upscale_input):
     assert tuple(image.size) == (memory_plot.WIDTH, memory_plot.HEIGHT)
     pixels = np.empty(len(image.pixels), np.float32)
     image.pixels.foreach_get(pixels)
-    rgba = np.rint(pixels.reshape(memory_plot.HEIGHT, memory_plot.WIDTH, 4) * 255).astype(np.uint8)
-    run = (rgba[:, :, :3] == memory_plot.COLOURS["run"]).all(axis=2).any(axis=0)
+    rgba = np.rint(pixels.reshape(memory_plot.HEIGHT, memory_plot.WIDTH, 4) * 255).astype(np.uint8)[::-1]
+    assert np.array_equal(rgba, memory_plot.render(runtime.last_timeline)), "the same picture as --memory-plot"
+    left, top, right, bottom = memory_plot.plot_box(runtime.last_timeline)
+    plot = rgba[top + 1 : bottom, left + 1 : right]  # the marks; the legend's swatches are below
+    run = (plot[:, :, :3] == memory_plot.COLOURS["run"]).all(axis=2).any(axis=0)
     marks = int(np.count_nonzero(run[1:] & ~run[:-1]) + run[0])
     assert marks == runtime.last_job_memory["runs"] > 1
     assert bpy.ops.lean_image_ai.show_memory_plot() == {"FINISHED"}

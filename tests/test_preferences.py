@@ -169,11 +169,17 @@ def test_models_dir_resolution(registered, tmp_path, monkeypatch):
         monkeypatch.setenv(library.MODELS_DIR_ENV, str(tmp_path / "env"))
         assert R.models_folder(bpy.context) == tmp_path / "env"
         assert not (tmp_path / "env").exists()
-        # default when not installed as an extension: Blender's user datafiles
+        # default: the per-user data folder the command line uses too, outside Blender's folders;
+        # a library in the old default (Blender's user datafiles) is moved there once
         monkeypatch.delenv(library.MODELS_DIR_ENV)
+        monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+        old = Path(bpy.utils.user_resource("DATAFILES", path="lean_image_ai/models", create=False))
+        old.mkdir(parents=True, exist_ok=True)
+        (old / "kept.onnx").write_bytes(b"weights")
+        R._migrated.clear()
         default = R.models_folder(bpy.context)
-        assert default.parts[-2:] == ("lean_image_ai", "models")
-        assert default.parent.parent == Path(bpy.utils.user_resource("DATAFILES"))
+        assert default == tmp_path / "data" / "lean_image_ai" / "models" == library.models_dir()
+        assert (default / "kept.onnx").read_bytes() == b"weights" and not (old / "kept.onnx").exists()
     finally:
         bpy.context.preferences.addons.remove(addon)
 

@@ -198,12 +198,17 @@ def test_cuda_request_that_falls_back_to_cpu_gets_no_gpu_entry(conv, caplog):
     if handle.providers[0] == "CUDAExecutionProvider":
         pytest.skip("a real GPU is present: no fallback to observe")
     assert factory.calls[0]["providers"][0][0] == "CUDAExecutionProvider", "CUDA was really requested"
-    assert all("gpu:" not in entry for entry in factory.sessions[0].shrink_entries)
-    assert factory.sessions[0].shrink_entries == [""], "a CUDA request never joins the CPU arena"
+    assert "session.use_env_allocators" not in factory.calls[0]["config"], "a CUDA request never joins the CPU arena"
+    # ORT's own fallback has no shrinkable arena: the session is made again as a CPU one, which
+    # gives its RAM back like any CPU job (and never gets a gpu: entry)
+    assert factory.calls[1]["providers"] == [("CPUExecutionProvider", {})]
+    assert factory.calls[1]["config"]["session.use_env_allocators"] == "1"
+    assert factory.sessions[1].shrink_entries == ["cpu:0"]
+    assert handle.shrink == "cpu:0" and runtime.sessions_created == 2
     assert outputs[0].shape == (1, 3, 32, 32)
     assert "CUDA was requested" in handle.fallback_warning
     fallback = runtime.events.recent("provider_fallback")
-    assert fallback and fallback[0]["requested"] == "cuda:0"
+    assert len(fallback) == 1 and fallback[0]["requested"] == "cuda:0"
     assert any('"provider_fallback"' in r.getMessage() for r in caplog.records)
 
 

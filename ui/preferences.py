@@ -234,7 +234,8 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
 
     models_dir: StringProperty(
         name="Models Folder",
-        description="Where models are downloaded and looked up. Empty: the add-on's own user folder",
+        description="Where models are downloaded and looked up. Empty: the per-user folder the command line "
+        "shares (kept when the add-on is updated or uninstalled), unless LEAN_IMAGE_AI_MODELS_DIR is set",
         subtype="DIR_PATH",
         default="",
     )
@@ -354,7 +355,9 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         layout.separator()
         col = layout.column()
         col.prop(self, "models_dir")
-        col.label(text=f"Models are stored in: {models_folder(context)}")
+        folder = models_folder(context)
+        shared = " (shared with the command line; kept on uninstall)" if folder == library.shared_models_dir() else ""
+        col.label(text=f"Models are stored in: {folder}{shared}")
         draw_model_catalog(layout, context)
 
 
