@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..runtime import get_runtime
-from . import families
+from . import families, family_check
 
 
 @contextlib.contextmanager
@@ -35,3 +35,4 @@ def check_family_contract(path: Path, family_id: str) -> None:
     with loaded_on_cpu(path, "download check") as handle:
         if check is not None:
             check(handle)
+        family_check.require(family_id, handle)  # fits the shapes, yet plainly another family's

@@ -59,7 +59,16 @@ ENV_BAD = {
     "LEAN_IMAGE_AI_MODELS_DIR": ["{tmp}/in.png", "{tmp}/missing"],
 }
 # read by no command of the CLI: the GPU runtime's folder (Blender's installer), the test caches
-NOT_READ_BY_THE_CLI = {"LEAN_IMAGE_AI_GPU_RUNTIME_DIR", "LEAN_IMAGE_AI_CACHE", "LEAN_IMAGE_AI_BUDGET_FRESH", "LEAN_IMAGE_AI_BUDGET_TEST"}
+NOT_READ_BY_THE_CLI = {
+    # dev tools and tests (tools/reference_models.py, tests/test_stock_blender.py), not the add-on
+    "LEAN_IMAGE_AI_PYTHON",
+    "LEAN_IMAGE_AI_STOCK_BPY",
+    "LEAN_IMAGE_AI_REFERENCE_DIR",
+    "LEAN_IMAGE_AI_GPU_RUNTIME_DIR",
+    "LEAN_IMAGE_AI_CACHE",
+    "LEAN_IMAGE_AI_BUDGET_FRESH",
+    "LEAN_IMAGE_AI_BUDGET_TEST",
+}
 
 
 def _subparsers(parser):
@@ -86,7 +95,7 @@ def _cases():
         for action in parser._actions:
             if action.nargs == 0 or isinstance(action, argparse._HelpAction):
                 continue  # flags take no value: nothing to get wrong
-            name = action.option_strings[0] if action.option_strings else action.dest
+            name = action.option_strings[0] if action.option_strings else (action.metavar or action.dest)  # as argparse names it
             if action.type is None and action.choices is None:  # free text: its own table
                 if prefix[0] == "farm" or prefix[-1] != "upscale" and name not in ("--device",):
                     continue  # Ray (farm) or a model (no embedded one) is needed before these are read

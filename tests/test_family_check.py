@@ -89,7 +89,7 @@ def test_a_job_refuses_a_model_of_another_family(standins, fresh_runtime):
 
 
 REFERENCE_MANIFEST = Path(
-    os.environ.get("LEAN_IMAGE_AI_REFERENCE_MODELS", Path.home() / ".cache/lean_image_ai/reference_models")
+    os.environ.get("LEAN_IMAGE_AI_REFERENCE_DIR", Path.home() / ".cache/lean_image_ai/reference_models")
 ) / "manifest.json"
 
 
