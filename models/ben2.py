@@ -1,6 +1,6 @@
 """BEN2 background removal: image in -> matte (and RGBA cut-out) out, at the source resolution.
 
-Export contract (DESIGN.md §3): one NCHW RGB input (1x3x1024x1024 in the public exports, float32
+Export contract: one NCHW RGB input (1x3x1024x1024 in the public exports, float32
 or float16), resized with Lanczos and normalised with per-export constants (the catalog passes
 `mean`/`std`; mean 0 and std 1 mean plain /255); one 1-channel matte output (Nx1xHxW or NxHxW).
 The raw output is min-max normalised, resized back to the source size and multiplied into the

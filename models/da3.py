@@ -1,6 +1,6 @@
 """Depth Anything 3: image in -> depth map (plus the model's other maps) out, at source resolution.
 
-Export contract (DESIGN.md §3): one NCHW RGB input, RGB/255 then ImageNet mean/std. A fixed input
+Export contract: one NCHW RGB input, RGB/255 then ImageNet mean/std. A fixed input
 size in the model (the community export is 1x3x280x504) is used as is; otherwise DA3's own rule:
 long side to `process_res`, each side rounded to a multiple of the patch size (14). Outputs:
 `depth` (1x1xHxW, 1xHxW or HxW; the first output when none is called "depth") and any other

@@ -9,14 +9,15 @@ in the .blend: the results are files.
 
 # No ``from __future__ import annotations``: Blender reads property annotations as objects.
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import bpy
 import numpy as np
 from bpy.props import BoolProperty, EnumProperty, StringProperty
 
-from ..models import families, frame_lists, image_meta, library, products, sequence
-from ..models.base import JobOptions
+from ..models import families, frame_lists, image_meta, products, sequence
+from ..models.job import FamilyJob
 from ..runtime.errors import LeanImageError
 from . import image_io, options, prefs, results, shot_props, sources
 from .jobs import Job, WorkerOperator
@@ -177,20 +178,29 @@ class LEAN_IMAGE_AI_OT_process_sequence(WorkerOperator, bpy.types.Operator):
             output_type = products.describe_output(family.id, outputs[0].suffix, kind, products.BLENDER_FLOAT_SUFFIXES)
             job.name = f"{job.name}, {output_type}"
         model_path = str(sources.absolute_path(self.model_path)) if self.model_path else ""
-        model = library.resolve(family.id, prefs.models_folder(context), self.model_id, model_path)
-        device, _budget = prefs.configure_runtime(context)
-        values = {o.name: getattr(self, o.name) for o in family.options}
-        kwargs = model.adapter_kwargs(family.id, **values)
+        device, budgets = prefs.configure_runtime(context)
+        family_job = FamilyJob.resolve(
+            family.id,
+            prefs.models_folder(context),
+            model=self.model_id,
+            model_path=model_path,
+            values={o.name: getattr(self, o.name) for o in family.options},
+            device=device,
+            budgets=budgets,
+            verify=False,  # the first-time hash runs on the worker
+        )
+        values = family_job.values
         target = dict(zip(refs, outputs, strict=True))
         shot = shot_props.settings_of(self, family.id, shard)
 
         def make_pass(write, shot_kwargs, first_pass):  # a shot's first pass records, skips nothing
+            pass_job = replace(family_job, extra=dict(shot_kwargs))
             run = sequence.BatchRun(
                 refs,
-                lambda frames_source, opts: family.run(frames_source, model.path, options=opts, **kwargs, **shot_kwargs),
+                pass_job.infer,
                 lambda ref: read_frame(ref, None if first_pass else run.report.warnings.append),
                 write,
-                options=JobOptions(device=device, progress=job.report, cancel=job.cancel_event),
+                options=pass_job.options(progress=job.report, cancel=job.cancel_event),
                 skip=(lambda ref: False) if first_pass else skip.__contains__,
                 stop_on_error=self.stop_on_error,
             )

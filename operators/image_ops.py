@@ -174,15 +174,6 @@ class LEAN_IMAGE_AI_OT_upscale(ModelJobOperator, bpy.types.Operator):
     )
     job_title = upscale.FAMILY.action
 
-    def work(self, inputs, options):
-        return upscale.run(
-            inputs.model_rgba,
-            inputs.model.path,
-            options=options,
-            memory_budget_bytes=inputs.memory_budget,
-            **inputs.adapter_kwargs,
-        )
-
     def apply(self, context, inputs, result):
         info = inputs.info
         model_rgba = image_io.to_rgba(result.image)  # 3 channels when the source had no alpha

@@ -14,10 +14,9 @@ from pathlib import Path
 import numpy as np
 from bpy.props import BoolProperty, StringProperty
 
-from ..models import library
 from ..models.base import JobOptions
 from ..models.family import Family
-from ..models.library import ModelChoice
+from ..models.job import FamilyJob
 from ..runtime.errors import LeanImageError
 from . import image_io, prefs, sources
 from .jobs import Job, WorkerOperator
@@ -32,12 +31,13 @@ class JobInputs:
     info: image_io.ImageInfo
     rgba: np.ndarray  # the source pixels as Blender holds them
     model_rgba: np.ndarray  # straight, sRGB-encoded: what models take
-    model: ModelChoice
-    adapter_kwargs: dict
-    device: str
-    memory_budget: int | None
+    job: FamilyJob  # the model, the option values, the device and the budgets (models/job.py)
     output: tuple[Path, str] | None  # (path, Blender file format)
-    options: dict  # the family's option values of this call
+
+    @property
+    def options(self) -> dict:
+        """The family's option values of this call."""
+        return self.job.values
 
 
 class ModelOperatorProperties:
@@ -93,7 +93,17 @@ class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
         # side-effect-free checks first: loading a file adds a datablock that an error must remove
         source = None if self.filepath else sources.resolve_source(context, "")
         model_path = str(sources.absolute_path(self.model_path)) if self.model_path else ""
-        model = library.resolve(self.family.id, prefs.models_folder(context), self.model_id, model_path)
+        device, budgets = prefs.configure_runtime(context)
+        family_job = FamilyJob.resolve(
+            self.family.id,
+            prefs.models_folder(context),
+            model=self.model_id,
+            model_path=model_path,
+            values=self.option_values(),
+            device=device,
+            budgets=budgets,
+            verify=False,  # a first-time hash of a multi-GB file is the worker's, not the main thread's
+        )
         if source is None:
             source = sources.resolve_source(context, self.filepath)
         keep = self.keeps_source()
@@ -103,20 +113,14 @@ class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
         model_rgba = image_io.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied)
         if source.loaded and not keep:
             job.discard()
-        device, budget = prefs.configure_runtime(context)
-        values = self.option_values()
         return JobInputs(
             source=source.image if (keep or not source.loaded) else None,
             stem=source.stem,
             info=info,
             rgba=rgba,
             model_rgba=model_rgba,
-            model=model,
-            adapter_kwargs=model.adapter_kwargs(self.family.id, **values),
-            device=device,
-            memory_budget=budget,
+            job=family_job,
             output=output,
-            options=values,
         )
 
     def prepare(self, context, job: Job):
@@ -124,14 +128,13 @@ class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
         work = self.work  # bound here: the worker must look nothing up on the operator
 
         def run(job: Job):
-            options = JobOptions(device=inputs.device, progress=job.report, cancel=job.cancel_event)
-            return work(inputs, options)
+            return work(inputs, inputs.job.options(progress=job.report, cancel=job.cancel_event))
 
         return run
 
     def work(self, inputs: JobInputs, options: JobOptions):
-        """Worker thread: the family's adapter on the gathered pixels (no bpy)."""
-        return self.family.run(inputs.model_rgba, inputs.model.path, options=options, **inputs.adapter_kwargs)
+        """Worker thread: the family's job on the gathered pixels (no bpy)."""
+        return inputs.job.infer(inputs.model_rgba, options)
 
     def apply(self, context, inputs: JobInputs, result) -> str:
         """Create Blender data from the result; returns a one-line summary for the report.

@@ -265,7 +265,7 @@ def _draw_sessions(layout, context) -> None:
     sub.enabled = bool(handles)
     _operator(sub, "lean_image_ai.unload_all", text="Unload All", icon="TRASH")
     row = layout.row(align=True)
-    _operator(row, "lean_image_ai.leak_check", text="Leak Check", icon="VIEWZOOM")
+    row.operator_menu_enum("lean_image_ai.leak_check", "family", text="Leak Check", icon="VIEWZOOM")
     _operator(row, "lean_image_ai.open_log_folder", text="Open Log Folder", icon="FILE_FOLDER")
 
 
