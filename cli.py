@@ -7,6 +7,12 @@ itself) is checked before the model runs. A batch is one runtime operation; fram
 written while the model runs (models/sequence.py). Progress goes to stdout, one line per stage;
 the last line is one JSON object with what was written, skipped and failed, the time and memory.
 
+Memory budgets, in MB as Blender's preferences (0: no limit): ``--ram-budget`` (this process's RSS
+on a CPU job) and ``--vram-budget`` (its GPU memory on a GPU job; also caps the CUDA arena), else
+``$LEAN_IMAGE_AI_RAM_BUDGET_MB`` and ``$LEAN_IMAGE_AI_VRAM_BUDGET_MB``. They are checked before
+each load and run, and an upscale's auto tile size follows the budget of the device it runs on:
+the same budget and image give the same tile plan here, on the farm and in Blender (models/job.py).
+
 Exit codes: 0 all frames written (or skipped), 2 an error or a failed frame (one line on stderr
 says why, whatever the input, option or environment variable: never a traceback), 130 interrupted
 by Ctrl+C, 143 by SIGTERM (a render farm's cancel). Either signal stops the job after the current

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -23,15 +24,17 @@ def family_job(
     device: str = "auto",
     model: str = "",
     models_dir: str = "",
+    folder: Path | None = None,
     budgets: MemoryBudgets | None = None,
     runtime=None,
     size=(96, 128),
     cancel=None,
 ) -> Callable[[], object]:
     """A callable that runs the family's job (models/job.py) once on the same image with the same
-    model (an installed one, ``model`` as an id or a file, or the family's embedded fallback)."""
+    model (an installed one, ``model`` as an id or a file, or the family's embedded fallback), from
+    the models ``folder`` a front-end found, else the one ``models_dir`` names."""
     # the first-time hash of an installed file, if any, is the first run's (never the caller's thread)
-    folder = library.models_dir(models_dir)
+    folder = folder if folder is not None else library.models_dir(models_dir)
     job = FamilyJob.resolve(family_id, folder, model=model, device=device, budgets=budgets, verify=False)
     image = card_image(*size)
     options = job.options(runtime=runtime, cancel=cancel)

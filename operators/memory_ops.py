@@ -80,8 +80,8 @@ class LEAN_IMAGE_AI_OT_leak_check(WorkerOperator, bpy.types.Operator):
 
         device, budgets = prefs.configure_runtime(context)
         runs = self.runs
-        folder = str(prefs.models_folder(context))
-        request = family_job(self.family, device=device, models_dir=folder, budgets=budgets, cancel=job.cancel_event)
+        folder = prefs.models_folder(context)
+        request = family_job(self.family, device=device, folder=folder, budgets=budgets, cancel=job.cancel_event)
 
         def work(job: Job):
             def after_run(index, _values):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from lean_image_ai import cli
 from lean_image_ai.models import families
+from lean_image_ai.runtime.settings import MAX_BUDGET_MB
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +49,8 @@ EXTRA_BAD = {  # beyond GENERIC_BAD: the edges of each range
     "--gpus-per-worker": ["-1", "inf"],
     "--address": ["nope", "ray://"],
     "--family": ["nope"],
+    "--ram-budget": ["-1", "1.5", "4GB", "0x10", "1_000", str(MAX_BUDGET_MB + 1)],
+    "--vram-budget": ["-1", "1.5", "4GB", "0x10", "1_000", str(MAX_BUDGET_MB + 1)],
 }
 ENV_BAD = {
     "LEAN_IMAGE_AI_RAM_RELEASE_DELAY": ["abc", "-1", "nan", "inf", "0x10", "1e308"],
@@ -57,6 +60,8 @@ ENV_BAD = {
     "LEAN_IMAGE_AI_MAX_PIXELS": ["-1", "abc", "1.5"],
     "LEAN_IMAGE_AI_LOG_DIR": ["{tmp}/in.png"],
     "LEAN_IMAGE_AI_MODELS_DIR": ["{tmp}/in.png", "{tmp}/missing"],
+    "LEAN_IMAGE_AI_RAM_BUDGET_MB": ["abc", "-1", "1.5", "nan", "4GB", "1_000", str(MAX_BUDGET_MB + 1)],
+    "LEAN_IMAGE_AI_VRAM_BUDGET_MB": ["abc", "-1", "1.5", "nan", "4GB", "1_000", str(MAX_BUDGET_MB + 1)],
 }
 # read by no command of the CLI: the GPU runtime's folder (Blender's installer), the test caches
 NOT_READ_BY_THE_CLI = {
