@@ -17,7 +17,6 @@ import numpy as np
 from bpy.props import BoolProperty, EnumProperty, StringProperty
 
 from ..models import families, frame_lists, image_meta, products, sequence
-from ..models.job import FamilyJob
 from ..runtime.errors import LeanImageError
 from . import image_io, options, prefs, results, shot_props, sources
 from .jobs import Job, WorkerOperator
@@ -177,18 +176,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(WorkerOperator, bpy.types.Operator):
         if outputs:
             output_type = products.describe_output(family.id, outputs[0].suffix, kind, products.BLENDER_FLOAT_SUFFIXES)
             job.name = f"{job.name}, {output_type}"
-        model_path = str(sources.absolute_path(self.model_path)) if self.model_path else ""
-        device, budgets = prefs.configure_runtime(context)
-        family_job = FamilyJob.resolve(
-            family.id,
-            prefs.models_folder(context),
-            model=self.model_id,
-            model_path=model_path,
-            values={o.name: getattr(self, o.name) for o in family.options},
-            device=device,
-            budgets=budgets,
-            verify=False,  # the first-time hash runs on the worker
-        )
+        family_job = prefs.family_job(context, self, family.id)  # a first-time hash runs on the worker
         values = family_job.values
         target = dict(zip(refs, outputs, strict=True))
         shot = shot_props.settings_of(self, family.id, shard)

@@ -92,18 +92,7 @@ class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
         )
         # side-effect-free checks first: loading a file adds a datablock that an error must remove
         source = None if self.filepath else sources.resolve_source(context, "")
-        model_path = str(sources.absolute_path(self.model_path)) if self.model_path else ""
-        device, budgets = prefs.configure_runtime(context)
-        family_job = FamilyJob.resolve(
-            self.family.id,
-            prefs.models_folder(context),
-            model=self.model_id,
-            model_path=model_path,
-            values=self.option_values(),
-            device=device,
-            budgets=budgets,
-            verify=False,  # a first-time hash of a multi-GB file is the worker's, not the main thread's
-        )
+        family_job = prefs.family_job(context, self, self.family.id)  # a first-time hash is the worker's
         if source is None:
             source = sources.resolve_source(context, self.filepath)
         keep = self.keeps_source()

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import bpy
 
-from ..models import library
+from ..models import families, library
+from ..models.job import FamilyJob
 from ..runtime import event_file, get_runtime, gpu_libraries, parse_device
 from ..runtime.providers import DEVICE_BY_KIND, DEVICES, RELEASE_RULES, release_rule
 from ..runtime.settings import MemoryBudgets, budget_bytes
+from . import sources
 
 # "lean_image_ai.operators" -> "lean_image_ai"; installed: "bl_ext.user_default.lean_image_ai".
 ADDON_ID = __package__.rpartition(".")[0] or __package__
@@ -124,6 +126,25 @@ def configure_runtime(context) -> tuple[str, MemoryBudgets]:
         coreml_cache_dir=str(user_folder("coreml")),
     )
     return device_string(prefs), job_budgets
+
+
+def family_job(context, owner, family_id: str) -> FamilyJob:
+    """The family job (models/job.py) of an operator: its Model (an id or a file: one rule) or
+    Model File, its option values, and the preferences' device and budgets, applied to the runtime.
+    Main thread: a model file never hashed is hashed by the job's first run, on the worker."""
+    device, job_budgets = configure_runtime(context)
+    family = families.get(family_id)
+    model_path = getattr(owner, "model_path", "")
+    return FamilyJob.resolve(
+        family.id,
+        models_folder(context),
+        model=getattr(owner, "model_id", ""),
+        model_path=str(sources.absolute_path(model_path)) if model_path else "",
+        values={o.name: getattr(owner, o.name) for o in family.options},
+        device=device,
+        budgets=job_budgets,
+        verify=False,
+    )
 
 
 def user_folder(name: str) -> Path:
