@@ -282,7 +282,7 @@ def _add_leak_check(subparsers) -> None:
         default=60,
         help=f"how many times ({MIN_RUNS} to {MAX_RUNS}; default 60: the first third warms up)",
     )
-    parser.add_argument("--model", help="model id or .onnx file (default: the installed or embedded one)")
+    parser.add_argument("--model", help="a catalog model id, else an ONNX file (default: the installed or embedded one)")
     parser.add_argument("--models-dir", help="models folder")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda:N")
     cli_job.budget_arguments(parser)

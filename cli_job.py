@@ -137,7 +137,7 @@ def family_arguments(parser: argparse.ArgumentParser, family: Family) -> None:
     parser.add_argument("--input", dest="input_opt", help=argparse.SUPPRESS)
     parser.add_argument("--output", dest="output_opt", help="same as OUTPUT")
     parser.add_argument("--frames", type=_frames_arg, help="frame range A-B or A-B:STEP")
-    parser.add_argument("--model", help="an ONNX file, or a catalog model id (default: the first installed)")
+    parser.add_argument("--model", help="a catalog model id, else an ONNX file (default: the first installed)")
     parser.add_argument("--models-dir", help=f"models folder (default: ${library.MODELS_DIR_ENV} or the user cache)")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda:N (default: auto)")
     budget_arguments(parser)
