@@ -76,6 +76,7 @@ class ModelOperatorProperties:
 class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
     bl_options = {"REGISTER", "UNDO"}
     family: Family  # set by operators.options.with_family_options
+    saves_family_result = True  # False: ``output_path`` holds another image (e.g. geometry's normal map)
 
     def option_values(self) -> dict:
         return {option.name: getattr(self, option.name) for option in self.family.options}
@@ -88,7 +89,9 @@ class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
         """Read the source, the model and the preferences (see module doc). A source loaded from
         ``filepath`` is removed again at once unless :meth:`keeps_source` (then when the job fails)."""
         output = sources.output_target(
-            self.output_path, family_id=self.family.id, source_file=self.filepath, overwrite=self.overwrite
+            self.output_path,
+            family_id=self.family.id if self.saves_family_result else "",
+            source_file=self.filepath, overwrite=self.overwrite
         )
         # side-effect-free checks first: loading a file adds a datablock that an error must remove
         source = None if self.filepath else sources.resolve_source(context, "")

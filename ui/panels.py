@@ -138,7 +138,7 @@ def _shot_buttons(box, s, context, family, model_id, model_path, values) -> None
     common = dict(**_sequence_source(s, context), model_id=model_id, model_path=model_path, **values, **shot)
     row = box.row(align=True)
     _operator(row, "lean_image_ai.preview_frame", text="Preview Frame", icon="HIDE_OFF", family=family.id, **common)
-    if family.id == "moge2":
+    if "camera" in family.shot:
         _operator(row, "lean_image_ai.reconstruct_shot", text="Reconstruct Shot", icon="CAMERA_DATA", frames=s.sequence_frames, **common)
 
 
