@@ -121,6 +121,9 @@ def _draw_actions(layout, context) -> None:
             )
             _shot_buttons(box, s, context, family, model_id, model_path, values)
             continue
+        if not family.operator:  # a family without a single-image operator runs on sequences only
+            box.label(text="Runs on image sequences: tick Sequence above.", icon="INFO")
+            continue
         _operator(
             box,
             options.operator_idname(family),
