@@ -25,13 +25,13 @@ def cancel_running_jobs():
     downloads.cancel_all()
 
 
-def check_family_operators(classes) -> None:
+def check_family_operators(classes=None) -> None:
     """A family that names an operator must have its class, or its N-panel button would fail when
     pressed. Checked before anything is registered."""
     from ..models import families
     from .options import operator_idname
 
-    idnames = {getattr(cls, "bl_idname", "") for cls in classes}
+    idnames = {getattr(cls, "bl_idname", "") for cls in (_classes() if classes is None else classes)}
     missing = [
         f"{family.id} ({operator_idname(family)})"
         for family in families.ALL
