@@ -3,7 +3,9 @@
 The catalog validates its entries' ``settings`` against :attr:`Family.settings`; the Blender
 operators, the N-panel's buttons and the scene settings are built from :attr:`Family.options`;
 the adapter keywords of a job come from :meth:`Family.adapter_kwargs`. Nothing else names a
-family's knobs.
+family's knobs. What a result becomes as files (default format, name tag, accepted formats,
+companion files, an image or a writer of its own) is its :class:`Output`, applied by
+models/products.py for every front-end.
 
 Two kinds of knobs:
 

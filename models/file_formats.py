@@ -5,11 +5,13 @@ and OpenEXR for the command line, Blender inside Blender, the add-on itself for 
 and Blender's ``file_format`` names for it. Every output check and every "use .png, .exr, ..."
 message is made from this table, so the command line and Blender never contradict each other.
 
-Read by: models/products.py (bits, alpha and the families' format checks), models/frame_lists.py
-(which files of a folder are frames), cli_images.py (the command line's writers and input kinds),
-operators/sources.py and operators/batch_ops.py (Blender's output checks, its ``file_format``),
-operators/image_io.py (the EXR names), operators/results.py (the format a file is saved as).
-Adding a format is one row here.
+Read by: models/products.py (the families' format checks and their messages),
+models/result_images.py (the bits a file keeps), models/frame_lists.py (which files of a folder
+are frames), cli_images.py (the command line's check, writer and input kinds; cli_shot.py's float
+files), operators/sources.py and operators/batch_ops.py (Blender's output checks, its
+``file_format``, the kind of a read frame), operators/image_io.py (the EXR names),
+operators/results.py (the format a file is saved as; float files also in image_ops.py,
+shot_ops.py, shot_props.py). Adding a format is one row here.
 """
 
 from __future__ import annotations
