@@ -304,8 +304,8 @@ def _write_pillow(path: Path, pixels: np.ndarray, product: ImageProduct) -> list
     else:
         if product.bits != "8-bit":  # e.g. 16-bit colour TIFF, which Pillow writes with 8 bits
             notes.append(
-                f"{path.name}: {image_format} is written with 8 bits here; write .png (16-bit) or .exr "
-                "(float) to keep the input's bits."
+                f"{path.name}: {image_format} is written with 8 bits here; {file_formats.KEEP_BITS} "
+                "to keep the input's bits."
             )
         array = (np.clip(pixels, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
         if array.ndim == 3 and array.shape[2] == 4 and not _keeps_alpha(path):

@@ -114,6 +114,20 @@ BLENDER_FLOAT_FILES: frozenset[str] = frozenset(n for row in FORMATS if row.floa
 EXR_BLENDER_FORMATS: frozenset[str] = frozenset(find(".exr").blender_formats)
 
 
+def keeping(bits: str) -> str:
+    """The first suffix of the table whose files keep ``bits`` ("16-bit" or "float") and that every
+    front-end writes, for notes such as "write .png (16-bit) or .exr (float)"."""
+    both = COMMAND_LINE.libraries | BLENDER_WRITER.libraries
+    for row in FORMATS:
+        keeps = row.sixteen_bit if bits == "16-bit" else row.float_samples and row.float_by & BLENDER_WRITER.libraries
+        if row.image and keeps and BLENDER in row.writers and row.writers & both - {BLENDER}:
+            return row.suffixes[0]
+    raise ValueError(f"no format keeps {bits} samples")
+
+
+KEEP_BITS = f"write {keeping('16-bit')} (16-bit) or {keeping('float')} (float)"
+
+
 def _listed(items: Iterable[str]) -> str:
     items = list(items)
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"

@@ -87,7 +87,7 @@ def range_notes(path: Path, product: ImageProduct) -> list[str]:
     if product.input_kind != "8-bit" and product.bits == "8-bit":
         return [
             f"{path.name}: the input has {product.input_kind} samples but {path.suffix.lstrip('.').upper()} "
-            "holds 8 bits; write .png (16-bit) or .exr (float) to keep them."
+            f"holds 8 bits; {file_formats.KEEP_BITS} to keep them."
         ]
     if product.value_range is None:
         return []

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from bpy.props import BoolProperty, StringProperty
 
-from ..models import library
+from ..models import file_formats, library
 from ..models.base import JobOptions
 from ..models.family import Family
 from ..models.library import ModelChoice
@@ -51,7 +51,7 @@ class ModelOperatorProperties:
     )
     output_path: StringProperty(
         name="Save Result To",
-        description="Also save the result image here (.png, .exr, .jpg or .tif), written all-or-nothing",
+        description=f"Also save the result image here ({file_formats.BLENDER_WRITER.advice()}), written all-or-nothing",
         subtype="FILE_PATH",
         default="",
     )
