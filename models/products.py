@@ -15,7 +15,7 @@ Output type, when the user named no file format (:func:`default_suffix`): it fol
 float input (EXR, HDR, float TIFF) gives a float EXR (with alpha for a cut-out; the TIFF writers
 here and in Blender keep float in one grey channel only, so EXR is the float file that holds
 colour and alpha everywhere); an 8- or 16-bit input gives PNG. Bits follow the input frame by
-frame (:func:`output_bits`): 16-bit and float sources give 16-bit PNG/TIFF where the writer can,
+frame (models/result_images.py): 16-bit and float sources give 16-bit PNG/TIFF where the writer can,
 and a note says where bits were dropped.
 
 Where results go when no OUTPUT is given: one image gives ``<stem>_<kind>.<ext>`` beside it; a
