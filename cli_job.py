@@ -158,11 +158,14 @@ def family_arguments(parser: argparse.ArgumentParser, family: Family) -> None:
                 default=option.default,
                 help=argparse_text(f"{option.description} (default: {option.default})"),
             )
-    if family.id == "upscale":
-        tile_size = next(o for o in family.options if o.name == "tile_size")
-        parser.add_argument(
-            "--tile", dest="tile_size", type=_tile_arg(_option_type(tile_size)), help="same as --tile-size; 'auto' is 0"
-        )
+        if option.alias and not option.blender_only:
+            flag = "--" + option.name.replace("_", "-")
+            parser.add_argument(
+                "--" + option.alias,
+                dest=option.name,
+                type=_auto_arg(option),
+                help=f"same as {flag}; 'auto' is {option.default}",
+            )
 
 
 def argparse_text(text: str) -> str:
@@ -185,11 +188,13 @@ def _shard_arg(text: str) -> tuple[int, int] | None:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _tile_arg(parse_tile_size):
-    def parse(text: str) -> int:
-        return 0 if text == "auto" else parse_tile_size(text)
+def _auto_arg(option):
+    parse_value = _option_type(option)
 
-    parse.__name__ = "tile size"
+    def parse(text: str):
+        return option.default if text == "auto" else parse_value(text)
+
+    parse.__name__ = option.label.lower()
     return parse
 
 
@@ -336,17 +341,11 @@ def plan_memory_plot(args, refs, outputs) -> Path | None:
 def write_result(family_id: str, out: Path, result, values: dict) -> tuple[list[str], str]:
     """Write one frame's result to ``out`` (and its companions), all or nothing; returns the notes
     for the user and the ``wrote:`` line that describes it."""
-    notes = []
-    kind = ""
-    if family_id == "moge2":
-        products.write_geometry(
-            out, result, discontinuity=values.get("discontinuity", 0.04), write_normals=cli_images.write_image
-        )
+    notes, product = products.write_result(family_id, out, result, values, cli_images.write_image)
+    if product is None:
         also = [p.name for p in products.companion_paths(family_id, out)[1:] if p.is_file()]
         kind = f" (+ {', '.join(also)})" if also else ""
     else:
-        product = products.image_product(family_id, result, out.suffix)
-        notes = cli_images.write_image(out, product)
         kind = f", {product.bits} {out.suffix.lstrip('.').upper()}"
     shape = getattr(result, "image", getattr(result, "depth", None))
     scale = f" ({result.scale}x)" if hasattr(result, "scale") else ""

@@ -18,7 +18,7 @@ from ..runtime import SessionHandle, TensorInfo, mark_last
 from ..runtime.errors import InvalidModelOutputError, ModelContractError
 from . import family_check
 from .base import FLOAT_TYPES, JobOptions, ResultSink, as_frames, check_contract, check_finite, squeeze_batch
-from .family import Family, Option, Setting, rgb_triple_or_none, size_or_none
+from .family import Family, Option, Output, Setting, rgb_triple_or_none, size_or_none
 from .imaging import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -28,6 +28,7 @@ from .imaging import (
     resize,
     to_nchw,
 )
+from .result_images import ColourImage
 
 MODEL_NAME = "BEN2"
 DEFAULT_INPUT_SIZE = 1024
@@ -208,4 +209,7 @@ FAMILY = Family(
     operator="remove_background",
     command="remove-background",
     check_session=_validate,
+    output=Output(
+        tag="cutout", what="a cut-out", suffix=".png", float_suffix=".exr", needs_alpha=True, image=ColourImage("rgba")
+    ),
 )

@@ -27,9 +27,10 @@ from ..runtime.errors import InferenceError, InferenceOutOfMemoryError, ModelCon
 from ..runtime.memory import available_system_memory_bytes
 from . import family_check
 from .base import FLOAT_TYPES, JobOptions, ResultSink, as_frames, check_contract, check_finite, fixed_hw
-from .family import Family, Option, Setting, non_negative_int, one_of, positive_int
+from .family import Family, Option, Output, Setting, non_negative_int, one_of, positive_int
 from .imaging import from_nchw, prepare_image, resize, to_nchw
 from .receptive import graph_receptive_field
+from .result_images import ColourImage
 from .tiling import refuse_oversized_result, run_tiled, tile_floor, whole_scale
 from .upscale_plan import AUTO_OVERLAP, auto_tile, impulse_probe, plan_overlap, receptive_field
 
@@ -394,6 +395,7 @@ FAMILY = Family(
             "every run; made smaller only when memory runs short)",
             min=0,
             soft_max=2048,
+            alias="tile",
         ),
         Option(
             "overlap",
@@ -413,4 +415,5 @@ FAMILY = Family(
     command="upscale",
     fallback_model=DEFAULT_MODEL_PATH,
     check_session=check_session,
+    output=Output(tag="upscaled", what="an upscaled image", suffix=".png", float_suffix=".exr", image=ColourImage("image")),
 )

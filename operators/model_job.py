@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 from bpy.props import BoolProperty, StringProperty
 
+from ..models import file_formats
 from ..models.base import JobOptions
 from ..models.family import Family
 from ..models.job import FamilyJob
@@ -51,7 +52,7 @@ class ModelOperatorProperties:
     )
     output_path: StringProperty(
         name="Save Result To",
-        description="Also save the result image here (.png, .exr, .jpg or .tif), written all-or-nothing",
+        description=f"Also save the result image here ({file_formats.BLENDER_WRITER.advice()}), written all-or-nothing",
         subtype="FILE_PATH",
         default="",
     )
@@ -76,6 +77,7 @@ class ModelOperatorProperties:
 class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
     bl_options = {"REGISTER", "UNDO"}
     family: Family  # set by operators.options.with_family_options
+    saves_family_result = True  # False: ``output_path`` holds another image (e.g. geometry's normal map)
 
     def option_values(self) -> dict:
         return {option.name: getattr(self, option.name) for option in self.family.options}
@@ -88,7 +90,9 @@ class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
         """Read the source, the model and the preferences (see module doc). A source loaded from
         ``filepath`` is removed again at once unless :meth:`keeps_source` (then when the job fails)."""
         output = sources.output_target(
-            self.output_path, family_id=self.family.id, source_file=self.filepath, overwrite=self.overwrite
+            self.output_path,
+            family_id=self.family.id if self.saves_family_result else "",
+            source_file=self.filepath, overwrite=self.overwrite
         )
         # side-effect-free checks first: loading a file adds a datablock that an error must remove
         source = None if self.filepath else sources.resolve_source(context, "")

@@ -20,8 +20,8 @@ import bpy
 import numpy as np
 from bpy.props import EnumProperty, IntProperty, StringProperty
 
-from ..models import families, frame_lists, moge2, products, sequence
-from ..models.moge2_mesh import mesh_arrays, normal_map
+from ..models import families, file_formats, frame_lists, moge2, products, sequence
+from ..models.moge2_mesh import mesh_arrays
 from ..runtime.errors import LeanImageError
 from . import batch_ops, geometry_ops, image_io, options, prefs, results, shot_props, sources
 from .jobs import Job, WorkerOperator
@@ -79,7 +79,7 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(WorkerOperator, bpy.types.Operator):
         refs = _frames(self, frame_lists.parse_frames(self.frames) if self.frames.strip() else None)
         family_job = prefs.family_job(context, self, moge2.FAMILY.id)
         values = family_job.values
-        shot = shot_props.settings_of(self, "moge2")
+        shot = shot_props.settings_of(self, moge2.FAMILY.id)
         numbers = [r.number for r in refs]
         following = dict(zip(numbers, numbers[1:] + [None], strict=True))
         previous = dict(zip(numbers, [None] + numbers[:-1], strict=True))
@@ -160,16 +160,17 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(WorkerOperator, bpy.types.Operator):
 def preview_product(family_id: str, result, shot) -> products.ImageProduct:
     """What the preview shows: the image the sequence would write for this frame (depth with
     the shot settings; a shot range needs the whole shot, so auto-shot shows this frame's own
-    robust range), MoGe-2's normal map."""
-    if family_id == "moge2":
-        return products.ImageProduct(normal_map(result.normal, result.mask), is_data=True) if result.normal is not None else \
-            products.ImageProduct(result.depth / max(float(result.depth.max()), 1e-12), is_data=True)
-    if family_id == "da3" and shot.depth is not None:
+    robust range), or what the family's output shows of a result that is not one image (MoGe-2: its
+    normal map)."""
+    output = products.output_of(family_id)
+    if output.preview is not None:
+        return output.preview(result)
+    if shot.depth is not None:
         if shot.depth.needs_first_pass:
             shot.record(None, result)
             shot.finish_first_pass()
-        return shot.depth_product(result.depth, ".png", products.BLENDER_FLOAT_SUFFIXES)[0]
-    return products.image_product(family_id, result, ".png", products.BLENDER_FLOAT_SUFFIXES)
+        return shot.depth_product(result.depth, ".png", file_formats.BLENDER_WRITER.float_suffixes)[0]
+    return products.image_product(family_id, result, ".png", file_formats.BLENDER_WRITER.float_suffixes)
 
 
 def show_in_image_editor(context, image) -> bool:

@@ -173,7 +173,8 @@ def test_every_bad_option_is_one_line_exit_2_naming_it(prefix, name, value, mark
 
 
 def _documented_variables() -> set[str]:
-    texts = [p.read_text(errors="replace") for p in [ROOT / "README.md", *ROOT.glob("*.py"), *ROOT.glob("*/*.py")]]
+    documents = [ROOT / "README.md", *ROOT.glob("docs/*.md")]  # the README and the pages beside it
+    texts = [p.read_text(errors="replace") for p in [*documents, *ROOT.glob("*.py"), *ROOT.glob("*/*.py")]]
     found = set(re.findall(r"LEAN_IMAGE_AI_[A-Z_]+[A-Z]\b", "\n".join(texts)))
     return {v for v in found if not v.startswith(("LEAN_IMAGE_AI_OT_", "LEAN_IMAGE_AI_PT_"))}  # Blender class names
 
