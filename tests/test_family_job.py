@@ -34,7 +34,7 @@ from lean_image_ai.runtime.errors import ModelFileError, SettingError  # noqa: E
 from lean_image_ai.runtime.settings import MAX_BUDGET_MB, RAM_BUDGET_ENV, MemoryBudgets, budget_bytes  # noqa: E402
 from onnx_builders import sr_model  # noqa: E402
 
-HEADROOM_MB = 2048  # above this process's RSS: the runtime's own budget check never splits a tile
+HEADROOM_MB = 1024  # above this process's RSS: the runtime's own budget check never splits a tile
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def plate(tmp_path, monkeypatch):
     monkeypatch.setenv(library.MODELS_DIR_ENV, str(tmp_path / "models"))
     monkeypatch.delenv(RAM_BUDGET_ENV, raising=False)
     budget_mb = memory_snapshot(None)["rss_bytes"] // (1 << 20) + HEADROOM_MB
-    side = int(np.sqrt((budget_mb << 20) * 0.5 / estimate_bytes_per_pixel(2)))
+    side = int(np.sqrt((budget_mb << 20) * 0.5 / estimate_bytes_per_pixel(4)))  # 4: the plan's safe side
     height, width = side + 40, 2 * side  # more than one tile each way
     rng = np.random.default_rng(7)
     (tmp_path / "plate").mkdir()
