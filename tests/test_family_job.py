@@ -151,6 +151,9 @@ def test_budget_values_mean_the_same_everywhere():
     assert budget_bytes("x", "0") is None and budget_bytes("x", 0) is None  # 0: no limit
     assert budget_bytes("x", " 512 ") == 512 << 20 == budget_bytes("x", 512)
     assert budget_bytes("x", str(MAX_BUDGET_MB)) == MAX_BUDGET_MB << 20
+    preferences = bh.import_submodule("ui.preferences").LeanImageAIPreferences.__annotations__
+    for name in ("ram_budget_mb", "gpu_memory_budget_mb"):  # the preferences take the same limits
+        assert (preferences[name].keywords["min"], preferences[name].keywords["max"]) == (0, MAX_BUDGET_MB)
     limits = MemoryBudgets(1 << 30, 2 << 30).settings()
     assert limits == {"ram_budget_bytes": 1 << 30, "vram_budget_bytes": 2 << 30, "gpu_mem_limit_bytes": 2 << 30}
 
