@@ -20,10 +20,12 @@ Ray is imported only when this command runs; the add-on never needs it.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import json
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -35,7 +37,7 @@ from .models import families, files, frame_lists, products
 from .models.family import Family
 from .models.sequence import BatchReport
 from .runtime import memory_snapshot, parse_device
-from .runtime.errors import LeanImageError
+from .runtime.errors import LeanImageError, first_line
 from .runtime.memory import peak_rss_bytes, reset_peak_rss
 
 INSTALL_HINT = "pip install 'lean_image_ai[farm]'"
@@ -54,20 +56,41 @@ def add_parser(subparsers) -> None:
     )
     per_family = farm.add_subparsers(dest="farm_family", metavar="FAMILY")
     for family in families.ALL:
-        parser = per_family.add_parser(family.command, help=f"{family.title}: {family.produces}")
+        parser = per_family.add_parser(
+            family.command, help=cli_job.argparse_text(f"{family.title}: {family.produces}")
+        )
         cli_job.family_arguments(parser, family)
         parser.add_argument(
             "--address",
+            type=_address_arg,
             default="local",
             help="local (start Ray on this machine), auto (the running cluster) or ray://HOST:PORT",
         )
-        parser.add_argument("--workers", type=int, default=0, help="worker actors (default: the cluster's CPUs / threads)")
-        parser.add_argument("--gpus-per-worker", type=float, default=0.0, help="GPUs Ray gives each worker (default 0)")
-        parser.add_argument("--threads-per-worker", type=int, default=1, help="intra-op threads = CPUs per worker")
-        parser.add_argument("--chunk-size", type=int, default=0, help=f"frames per chunk (default: up to {MAX_AUTO_CHUNK})")
-        parser.add_argument("--max-tries", type=int, default=3, help="tries of a frame before it is reported failed")
+        parser.add_argument(
+            "--workers", type=cli_job.counted(0, 100_000), default=0, help="worker actors (default: the cluster's CPUs / threads)"
+        )
+        parser.add_argument("--gpus-per-worker", type=_gpus_arg, default=0.0, help="GPUs Ray gives each worker (default 0)")
+        parser.add_argument(
+            "--threads-per-worker", type=cli_job.counted(1, 4096), default=1, help="intra-op threads = CPUs per worker"
+        )
+        parser.add_argument(
+            "--chunk-size", type=cli_job.counted(0, 1_000_000), default=0, help=f"frames per chunk (default: up to {MAX_AUTO_CHUNK})"
+        )
+        parser.add_argument(
+            "--max-tries", type=cli_job.counted(1, 100), default=3, help="tries of a frame before it is reported failed"
+        )
         parser.set_defaults(handler=run, family=family)
     farm.set_defaults(handler=lambda args: farm.print_help(sys.stderr) or EXIT_ERROR)
+
+
+def _address_arg(text: str) -> str:
+    if text in ("local", "auto") or re.fullmatch(r"(ray://)?[\w.\-\[\]:]+:\d{1,5}", text):
+        return text
+    raise argparse.ArgumentTypeError(f"give local, auto, HOST:PORT or ray://HOST:PORT, got {text!r}")
+
+
+def _gpus_arg(text: str) -> float:  # what Ray accepts: a fraction of one GPU up to many
+    return cli_job.number(text, float, 0.0, 1024.0)
 
 
 def import_ray():
@@ -85,10 +108,16 @@ def _connect(ray, address: str) -> bool:
     """Join or start Ray; True when this call started it (and so shuts it down)."""
     if ray.is_initialized():  # a caller (a pipeline script, the tests) already holds a connection
         return False
-    if address == "local":
-        ray.init(address="local", include_dashboard=False)
-    else:
-        ray.init(address=address)
+    try:
+        if address == "local":
+            ray.init(address="local", include_dashboard=False)
+        else:
+            ray.init(address=address)
+    except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ImportError...
+        hint = {
+            "auto": "no running Ray cluster was found here; start one (`ray start --head`) or use --address local",
+        }.get(address, "check the address, that the cluster is up, and for ray:// that ray[client] is installed")
+        raise CommandLineError(f"--address {address}: Ray could not connect ({first_line(exc)}); {hint}.") from None
     return True
 
 
@@ -325,9 +354,9 @@ class _Progress:
             self.last = percent
 
 
-def run(args, *, on_event=None, crash_on_write=None) -> int:
+def run(args, *, on_event=None, worker_class=FrameWorker) -> int:
     """The `farm` command. ``on_event`` sees every frame written and every worker death;
-    ``crash_on_write`` is farm_worker's test hook."""
+    ``worker_class``: FrameWorker or a test's subclass of it."""
     if args.address == "local" and "ray" not in sys.modules:
         # Ray picks its node address when imported: a one-machine instance listens on loopback
         # only, and a throwaway instance reports no usage statistics
@@ -338,10 +367,8 @@ def run(args, *, on_event=None, crash_on_write=None) -> int:
     parse_device(args.device)  # a typo fails here, before Ray starts
     if not (args.input or args.input_opt):
         raise CommandLineError("Give an INPUT image, folder or pattern on storage every worker can read.")
-    model = cli_job.resolve_model(family, args)
+    job = cli_job.family_job(family, args).for_worker()
     refs, outputs, skip = cli_job.plan(family, args)
-    values = cli_job.option_values(family, args)
-    kwargs = model.adapter_kwargs(family.id, **values)
     todo = [_Frame(ref, out, family.id) for ref, out in zip(refs, outputs, strict=True) if ref not in skip]
     before = memory_snapshot(None)
     reset_peak_rss()
@@ -352,23 +379,25 @@ def run(args, *, on_event=None, crash_on_write=None) -> int:
         chunk_size = args.chunk_size or max(1, min(MAX_AUTO_CHUNK, len(todo) // (3 * count)))
         print(
             f"farm: {len(todo)} frame(s) to do ({len(skip)} skipped) on {count} worker(s), chunks of "
-            f"{chunk_size}; model {model.path}",
+            f"{chunk_size}; model {job.model.path}",
             file=sys.stderr,
         )
-        worker = ray.remote(FrameWorker).options(
+        worker = ray.remote(worker_class).options(
             num_cpus=threads, num_gpus=args.gpus_per_worker, max_restarts=-1, max_task_retries=0
         )
-        actors = [
-            worker.remote(family.id, str(Path(model.path).resolve()), kwargs, values, args.device, threads, crash_on_write)
-            for _ in range(count)
-        ]
+        actors = [worker.remote(job, threads) for _ in range(count)]
         farm = Farm(
             ray, actors, todo, chunk_size, max_tries=max(1, args.max_tries), stop_on_error=args.stop_on_error,
             on_event=_Progress(len(todo), count, on_event),
         )
         started = time.monotonic()
         cancelled = False
+        interrupts = getattr(args, "interrupts", None)
+        if interrupts is not None:  # the driver only waits: a signal stops the waiting at once
+            interrupts.immediate = True
         try:
+            if interrupts is not None and interrupts.event.is_set():
+                raise KeyboardInterrupt  # the signal came while Ray was starting: send nothing
             farm.run()
         except KeyboardInterrupt:
             farm.cancel()
@@ -404,12 +433,15 @@ def run(args, *, on_event=None, crash_on_write=None) -> int:
     }
     for warning in dict.fromkeys(report.warnings):
         print(f"warning: {warning}", file=sys.stderr)
-    print(json.dumps(cli_job.summary(family, args.shard, refs, report, memory, farm=details)))
+    print(json.dumps(cli_job.summary(
+        family, args.shard, refs, report, memory, output_type=cli_job.output_type(family, refs, outputs), farm=details
+    )))
     for number, error in report.failed:
         print(f"error: frame {number}: {error}", file=sys.stderr)
     if farm.fatal is not None:
         print(f"error: {farm.fatal}", file=sys.stderr)
     if cancelled:
-        print(f"Interrupted; {len(report.written)} frame(s) written are kept, none half-way.", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        name = interrupts.name if interrupts is not None else "Ctrl+C"
+        print(f"Stopped by {name}; {len(report.written)} frame(s) written are kept, none half-way.", file=sys.stderr)
+        return interrupts.exit_code if interrupts is not None else EXIT_INTERRUPTED
     return EXIT_ERROR if report.failed or farm.fatal else EXIT_OK

@@ -5,7 +5,9 @@
 
 --shard I/N (a render farm's task I of N) processes only part I of N contiguous parts of the frames
 (models/sequence.py's shard_slice); with --skip-existing a retried or duplicated task redoes only
-what is missing, and every file is written all or nothing.
+what is missing, and every file is written all or nothing. Without OUTPUT the results go to the
+folder <source folder>_<kind> beside the source's folder (plates/ -> plates_depth/), each frame
+under its own number, in a file type that follows the frames (float EXR for EXR plates).
 
 Commands: remove-background, depth, geometry, upscale. Works in a fresh Blender process: the add-on
 is enabled here if the saved preferences did not enable it. Exits 0 when every frame was written
@@ -23,7 +25,6 @@ import sys
 
 import bpy
 
-COMMANDS = {"remove-background": "ben2", "depth": "da3", "geometry": "moge2", "upscale": "upscale"}
 ADDON_MODULES = ("bl_ext.user_default.lean_image_ai", "lean_image_ai")  # extension, or a legacy add-on
 
 
@@ -46,11 +47,24 @@ def _importable(module: str) -> bool:
         return False
 
 
+def family_commands(module: str) -> dict[str, str]:
+    """The add-on's commands (remove-background, depth, ...) -> family ids, from its registry."""
+    families = importlib.import_module(f"{module}.models.families")
+    return {family.command: family.id for family in families.ALL}
+
+
 def main(argv) -> int:
+    commands = family_commands(enable_addon())
     parser = argparse.ArgumentParser(prog="farm_sequence.py")
-    parser.add_argument("command", choices=sorted(COMMANDS))
+    parser.add_argument("command", choices=sorted(commands))
     parser.add_argument("source", help="a folder, a pattern like plate_####.exr, or one frame with --frames")
-    parser.add_argument("output", help="a folder, or a pattern like out_####.exr")
+    parser.add_argument(
+        "output",
+        nargs="?",
+        default="",
+        help="a folder, or a pattern like out_####.exr (default: the folder <source folder>_<kind> beside "
+        "the source's folder; the file type follows the frames: EXR plates give EXR, 16-bit give 16-bit PNG)",
+    )
     parser.add_argument("--frames", default="", help="A-B or A-B:STEP (default: every frame)")
     parser.add_argument("--model-id", default="", help="catalog model id (default: the first installed)")
     parser.add_argument("--model-path", default="", help="an ONNX file instead of a catalog model")
@@ -59,10 +73,9 @@ def main(argv) -> int:
     parser.add_argument("--stop-on-error", action="store_true")
     parser.add_argument("--shard", default="", help="I/N: part I of N of the frames (default: every frame)")
     args = parser.parse_args(argv)
-    enable_addon()
     try:
         result = bpy.ops.lean_image_ai.process_sequence(
-            family=COMMANDS[args.command],
+            family=commands[args.command],
             source=args.source,
             output=args.output,
             frames=args.frames,

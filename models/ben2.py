@@ -1,6 +1,6 @@
 """BEN2 background removal: image in -> matte (and RGBA cut-out) out, at the source resolution.
 
-Export contract (DESIGN.md §3): one NCHW RGB input (1x3x1024x1024 in the public exports, float32
+Export contract: one NCHW RGB input (1x3x1024x1024 in the public exports, float32
 or float16), resized with Lanczos and normalised with per-export constants (the catalog passes
 `mean`/`std`; mean 0 and std 1 mean plain /255); one 1-channel matte output (Nx1xHxW or NxHxW).
 The raw output is min-max normalised, resized back to the source size and multiplied into the
@@ -16,8 +16,9 @@ import numpy as np
 
 from ..runtime import SessionHandle, TensorInfo, mark_last
 from ..runtime.errors import InvalidModelOutputError, ModelContractError
+from . import family_check
 from .base import FLOAT_TYPES, JobOptions, ResultSink, as_frames, check_contract, check_finite, squeeze_batch
-from .family import Family, Option, Setting, rgb_triple_or_none, size_or_none
+from .family import Family, Option, Output, Setting, rgb_triple_or_none, size_or_none
 from .imaging import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -27,6 +28,7 @@ from .imaging import (
     resize,
     to_nchw,
 )
+from .result_images import ColourImage
 
 MODEL_NAME = "BEN2"
 DEFAULT_INPUT_SIZE = 1024
@@ -41,6 +43,7 @@ class MatteResult:
     matte: np.ndarray  # HxW float32 in [0, 1], source resolution
     rgba: np.ndarray  # HxWx4 float32: source RGB, alpha = matte * source alpha
     warnings: list[str] = field(default_factory=list)
+    input_kind: str = "8-bit"  # the source's samples: "8-bit", "16-bit" or "float"
 
 
 def run(
@@ -68,6 +71,7 @@ def run(
         op.count_results(results.held_bytes)
         handle = op.session(model_path, options.device)
         matte_output = _validate(handle)
+        family_check.require("ben2", handle)
         model_hw = _model_size(handle.inputs[0], input_size)
         for index, (image, last) in enumerate(mark_last(frames)):
             options.report(index / total, "preprocessing")
@@ -95,7 +99,7 @@ def run(
                 warnings.append(handle.fallback_warning)
             if warning:
                 warnings.append(warning)
-            results.add(MatteResult(matte.astype(np.float32, copy=False), rgba, warnings))
+            results.add(MatteResult(matte.astype(np.float32, copy=False), rgba, warnings, prepared.kind))
     options.report(1.0, "done")
     return results.value(single)
 
@@ -205,4 +209,8 @@ FAMILY = Family(
     icon="IMAGE_RGB_ALPHA",
     operator="remove_background",
     command="remove-background",
+    check_session=_validate,
+    output=Output(
+        tag="cutout", what="a cut-out", suffix=".png", float_suffix=".exr", needs_alpha=True, image=ColourImage("rgba")
+    ),
 )

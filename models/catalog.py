@@ -6,6 +6,7 @@ models folder; see models/library.py) so Blender and the command line see the sa
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -179,35 +180,132 @@ class Catalog:
         """Read user entries saved by :meth:`save_user_models`. A missing file loads nothing.
 
         Entries whose file has since disappeared are still loaded (the UI shows them as
-        missing). An entry with an unknown or ill-typed field or setting makes the whole file
-        an error that names it. With ``replace`` the current user entries are dropped first.
+        missing). Anything else that is wrong with the file (not JSON, another shape, a newer
+        format, an unknown or ill-typed field or setting, a duplicate id), or a folder that cannot
+        be read, is a LeanImageError that names the file and the problem: never an empty list.
+        With ``replace`` the current user entries are dropped first.
         """
         source = Path(path)
-        if not source.exists():
+        text = _read_store(source)
+        if text is None:
             if replace:
                 with self._lock:
                     self._user.clear()
             return []
         try:
-            payload = json.loads(source.read_text(encoding="utf-8"))
-            if not isinstance(payload, dict) or payload.get("format") not in (1, USER_MODELS_FORMAT):
-                found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
-                raise ValueError(f"expected format {USER_MODELS_FORMAT}, got {found!r}")
-            items = payload.get("user_models", [])
-            if payload["format"] == 1:
-                items = [_upgrade_format_1(item) for item in items]
-            loaded = [CatalogEntry.from_dict(item) for item in items]
-        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            loaded = _parse_store(text)
+            staged = Catalog(builtin=self._builtin.values(), user=loaded)  # clashes, before any change
+        except _NewerFormat as newer:
             raise LeanImageError(
-                f"Could not read the saved user models from {str(source)!r}: {exc}. "
+                f"The saved user models in {str(source)!r} are format {newer.version}, written by a newer "
+                f"version of the add-on (this one reads formats 1 and {USER_MODELS_FORMAT}). Update the "
+                "add-on, or point it at another models folder; the file was left as it is."
+            ) from None
+        except (ValueError, TypeError, AttributeError, KeyError, RecursionError) as exc:
+            problem = "nested too deeply to be a list of models" if isinstance(exc, RecursionError) else exc
+            raise LeanImageError(
+                f"Could not read the saved user models from {str(source)!r}: {problem}. "
                 "Fix or delete that file, then register your models again."
-            ) from exc
+            ) from None
         with self._lock:
             if replace:
                 self._user.clear()
-            for entry in loaded:
+            for entry in staged.user_entries():
                 self._put_user(entry)
         return loaded
+
+
+def _read_store(source: Path) -> str | None:
+    """The saved list's text; None when there is none. The folder's own problems (not a folder,
+    not traversable, a link loop) are errors naming it, not "no saved models"."""
+    try:
+        data = source.read_bytes()
+    except FileNotFoundError:
+        if source.parent.is_dir():
+            return None
+        if not os.path.lexists(source.parent) and not _under_a_file(source.parent):
+            return None  # a models folder that is not made yet holds nothing
+        raise _not_a_folder(source.parent) from None
+    except NotADirectoryError:
+        raise _not_a_folder(source.parent) from None
+    except IsADirectoryError:
+        raise LeanImageError(
+            f"{str(source)!r} is a folder, but the add-on keeps its list of your models in a file of "
+            "that name: move that folder away."
+        ) from None
+    except PermissionError:
+        raise LeanImageError(
+            f"Permission denied reading {str(source)!r}: this user may not open the models folder "
+            f"{str(source.parent)!r} or the file in it. Give your user read access to them, or "
+            "choose another models folder."
+        ) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise LeanImageError(
+                f"Cannot read the saved user models from {str(source)!r}: the models folder is a "
+                "symbolic link that leads back to itself (a link loop). Point the link at a real "
+                "folder, or choose another models folder."
+            ) from None
+        raise LeanImageError(
+            f"Cannot read the saved user models from {str(source)!r}: {exc.strerror or exc}. Check "
+            "the models folder, or choose another one."
+        ) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LeanImageError(
+            f"Could not read the saved user models from {str(source)!r}: it is not UTF-8 text ({exc.reason} "
+            f"at byte {exc.start}). Fix or delete that file, then register your models again."
+        ) from None
+
+
+def _not_a_folder(folder: Path) -> LeanImageError:
+    return LeanImageError(
+        f"The models folder {str(folder)!r} is not a folder (a file, or a path through one): choose a "
+        "folder for your models."
+    )
+
+
+def _under_a_file(folder: Path) -> bool:
+    for parent in folder.parents:
+        if os.path.lexists(parent):
+            return not parent.is_dir()
+    return False
+
+
+def _parse_store(text: str) -> list[CatalogEntry]:
+    payload = json.loads(text)
+    if not isinstance(payload, dict):
+        raise ValueError(f"expected a JSON object with 'format' and 'user_models', found a {type(payload).__name__}")
+    version = payload.get("format")
+    if isinstance(version, int) and not isinstance(version, bool) and version > USER_MODELS_FORMAT:
+        raise _NewerFormat(version)
+    if version not in (1, USER_MODELS_FORMAT) or isinstance(version, bool):
+        raise ValueError(f"expected format {USER_MODELS_FORMAT}, got {version!r}")
+    unknown = sorted(set(payload) - {"format", "user_models"})
+    if unknown:
+        raise ValueError(f"unknown field(s) {', '.join(map(repr, unknown))} beside 'format' and 'user_models'")
+    items = payload.get("user_models", [])
+    if not isinstance(items, list):
+        raise ValueError(f"'user_models' must be a list, found a {type(items).__name__}")
+    for number, item in enumerate(items, 1):
+        if not isinstance(item, dict):
+            raise ValueError(f"model {number} must be a JSON object, found a {type(item).__name__}")
+    if version == 1:
+        items = [_upgrade_format_1(item) for item in items]
+    entries = [CatalogEntry.from_dict(item) for item in items]
+    seen: set[str] = set()
+    for entry in entries:
+        if entry.id in seen:
+            raise ValueError(f"the id {entry.id!r} is there twice")
+        seen.add(entry.id)
+    return entries
+
+
+class _NewerFormat(ValueError):
+    def __init__(self, version: int):
+        super().__init__(version)
+        self.version = version
 
 
 __all__ = ["BUILTIN_ENTRIES", "USER_MODELS_FORMAT", "Catalog", "CatalogEntry", "register_user_model"]

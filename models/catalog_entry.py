@@ -10,6 +10,7 @@ from types import MappingProxyType
 from typing import Any
 
 from . import families
+from .http_watch import is_loopback_http
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 WEIGHT_DTYPES = (None, "float32", "float16")
@@ -73,7 +74,12 @@ class CatalogEntry:
     def __post_init__(self):
         if not self.id or not isinstance(self.id, str):
             raise ValueError("a catalog entry needs a non-empty string id")
-        if self.family not in families.IDS:
+        for name in ("variant", "title", "filename", "license", "source", "notes"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"entry {self.id!r}: {name} must be text, got {getattr(self, name)!r}")
+        if self.path is not None and (not isinstance(self.path, str) or not self.path):
+            raise ValueError(f"entry {self.id!r}: path must be the model file's path as text, got {self.path!r}")
+        if not isinstance(self.family, str) or self.family not in families.IDS:
             raise ValueError(f"entry {self.id!r}: family {self.family!r} is not one of {families.IDS}")
         if (
             not self.filename
@@ -86,8 +92,13 @@ class CatalogEntry:
                 f"entry {self.id!r}: filename {self.filename!r} must be a bare file name (no folder, "
                 "not '.' or '..'); fix the entry in the catalog file"
             )
-        if self.url is not None and not (self.url.startswith("https://") or self.url.startswith("http://")):
-            raise ValueError(f"entry {self.id!r}: url {self.url!r} must be http(s) or None")
+        if self.url is not None and not (
+            isinstance(self.url, str) and (self.url.startswith("https://") or is_loopback_http(self.url))
+        ):
+            raise ValueError(
+                f"entry {self.id!r}: url {self.url!r} must be an https address or None (models are "
+                "downloaded over https only)"
+            )
         for name in ("size_bytes", "approx_size_bytes"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):

@@ -1,6 +1,6 @@
 """Depth Anything 3: image in -> depth map (plus the model's other maps) out, at source resolution.
 
-Export contract (DESIGN.md §3): one NCHW RGB input, RGB/255 then ImageNet mean/std. A fixed input
+Export contract: one NCHW RGB input, RGB/255 then ImageNet mean/std. A fixed input
 size in the model (the community export is 1x3x280x504) is used as is; otherwise DA3's own rule:
 long side to `process_res`, each side rounded to a multiple of the patch size (14). Outputs:
 `depth` (1x1xHxW, 1xHxW or HxW; the first output when none is called "depth") and any other
@@ -23,8 +23,9 @@ import numpy as np
 
 from ..runtime import SessionHandle, TensorInfo, mark_last
 from ..runtime.errors import InvalidModelOutputError, ModelContractError
+from . import family_check
 from .base import FLOAT_TYPES, JobOptions, ResultSink, as_frames, check_contract, check_finite, squeeze_batch
-from .family import Family, Option, Setting, one_of, positive_int, rgb_triple_or_none
+from .family import Family, Option, Output, Setting, one_of, positive_int, rgb_triple_or_none
 from .imaging import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -35,6 +36,7 @@ from .imaging import (
     resize,
     to_nchw,
 )
+from .result_images import ValueImage
 
 MODEL_NAME = "Depth Anything 3"
 SKY_ACTIVATIONS = ("auto", "sigmoid", "none")
@@ -76,10 +78,8 @@ def run(
     with options.get_runtime().operation("da3", cancel=options.cancel) as op:
         op.count_results(results.held_bytes)
         handle = op.session(model_path, options.device)
-        check_contract(
-            handle, MODEL_NAME, inputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}], outputs=[{}]
-        )
-        depth_name = _validate(handle)
+        depth_name = check_session(handle)
+        family_check.require("da3", handle)
         image_input = handle.inputs[0]
         fixed = any(isinstance(d, int) and d > 0 for d in image_input.shape[2:4])
         for index, (image, last) in enumerate(mark_last(frames)):
@@ -126,6 +126,12 @@ def run(
             results.add(DepthResult(depth, extras, tuple(model_hw), warnings))
     options.report(1.0, "done")
     return results.value(single)
+
+
+def check_session(handle: SessionHandle) -> str:
+    """The family's contract (ModelContractError when the model does not fit); the depth output's name."""
+    check_contract(handle, MODEL_NAME, inputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}], outputs=[{}])
+    return _validate(handle)
 
 
 def _validate(handle: SessionHandle) -> str:
@@ -195,7 +201,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 FAMILY = Family(
     id="da3",
     title="Depth Anything 3 depth",
-    produces="a float depth map (and a displaced plane on request)",
+    produces="a float depth map",  # the plane is an option of the Blender operator only
     run=run,
     settings=(
         Setting("process_res", positive_int),
@@ -220,4 +226,7 @@ FAMILY = Family(
     icon="IMAGE_ZDEPTH",
     operator="estimate_depth",
     command="depth",
+    check_session=check_session,
+    shot=frozenset({"depth"}),
+    output=Output(tag="depth", what="depth", suffix=".exr", image=ValueImage("depth")),
 )

@@ -24,6 +24,17 @@ from pathlib import Path
 from ..runtime.errors import ModelInstallError, OperationCancelled
 from . import files
 from .catalog_entry import CatalogEntry
+from .http_watch import (
+    CANCELLED,
+    SIZE_FACTOR,
+    STALLED,
+    RefusedAddress,
+    TransferLimits,
+    Watch,
+    opener,
+    refusal,
+    size_ceiling,
+)
 
 ProgressCallback = Callable[[int, "int | None"], None]
 CancelCallback = Callable[[], bool]
@@ -33,7 +44,7 @@ USER_AGENT = "lean-image-ai/0.1 (+Blender add-on; urllib)"
 _CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
 
 
-def manual_hint(entry: CatalogEntry, dest: Path) -> str:
+def manual_hint(dest: Path) -> str:
     return (
         f"You can download it yourself and save it as {dest.name!r} in the folder "
         f"{str(dest.parent)!r} (full path: {str(dest)!r})."
@@ -42,7 +53,7 @@ def manual_hint(entry: CatalogEntry, dest: Path) -> str:
 
 def install_error(entry: CatalogEntry, dest: Path, what: str) -> ModelInstallError:
     return ModelInstallError(
-        f"Could not download {entry.title} from {entry.url}: {what}. " + manual_hint(entry, dest)
+        f"Could not download {entry.title} from {entry.url}: {what}. " + manual_hint(dest)
     )
 
 
@@ -127,14 +138,13 @@ def _validator_changed(if_range: str | None, now: dict) -> bool:
     return bool(now["last_modified"]) and now["last_modified"] != if_range
 
 
-def _open(url: str, offset: int, timeout: float, if_range: str | None = None):
+def _request(url: str, offset: int, if_range: str | None = None) -> urllib.request.Request:
     headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
     if offset > 0:
         headers["Range"] = f"bytes={offset}-"
         if if_range:
             headers["If-Range"] = if_range
-    request = urllib.request.Request(url, headers=headers)
-    return urllib.request.urlopen(request, timeout=timeout)
+    return urllib.request.Request(url, headers=headers)
 
 
 def _int_header(response, name: str) -> int | None:
@@ -148,6 +158,10 @@ def _int_header(response, name: str) -> int | None:
     return number if number >= 0 else None
 
 
+class _Stopped(Exception):
+    """The watch ended the transfer (cancel, stall, deadline), or the size ceiling was passed."""
+
+
 def download_to_part(
     entry: CatalogEntry,
     dest: Path,
@@ -156,7 +170,14 @@ def download_to_part(
     cancel: CancelCallback | None,
     timeout: float,
     chunk_size: int,
+    limits: TransferLimits | None = None,
 ) -> None:
+    """Bring ``entry``'s file into ``part``, resuming what is there when the server proves it
+    still has the same file. ``cancel`` is also called from the watch's thread."""
+    why = refusal(entry.url)
+    if why is not None:
+        raise install_error(entry, dest, why)
+    limits = limits or TransferLimits()
     expected = entry.size_bytes
     offset = part.stat().st_size if part.exists() else 0
     if expected is not None and offset > expected:
@@ -170,26 +191,67 @@ def download_to_part(
         # would catch a splice of old start + new end: start over.
         discard_part(part)
         offset = 0
+    state = {"done": offset}
+    with Watch(cancel, limits) as watch:
+        try:
+            _transfer(entry, dest, part, progress, cancel, timeout, chunk_size, watch, offset, if_range, state)
+        except (OSError, http.client.HTTPException, _Stopped) as exc:
+            if watch.reason is None:
+                raise
+            raise _stopped_error(entry, dest, part, watch, state["done"]) from exc
+        if watch.reason is not None:  # ended as the last bytes came in
+            raise _stopped_error(entry, dest, part, watch, state["done"])
 
+
+def _stopped_error(entry, dest, part, watch: Watch, done: int) -> Exception:
+    limits = watch.limits
+    if watch.reason == CANCELLED:
+        return OperationCancelled(_cancel_message(entry, part, done))
+    kept = f"{done} bytes arrived and are kept in {str(part)!r}; install again to resume"
+    if watch.reason == STALLED:
+        what = (
+            f"the transfer stalled: {watch.window_bytes} bytes came in the last "
+            f"{limits.stall_seconds:g} s (the add-on gives up below {limits.stall_bytes}); {kept}"
+        )
+    else:
+        what = f"the download did not finish within {limits.deadline_seconds:g} s; {kept}"
+    return install_error(entry, dest, what)
+
+
+def _transfer(entry, dest, part, progress, cancel, timeout, chunk_size, watch, offset, if_range, state) -> None:
+    expected = entry.size_bytes
+    ceiling = expected if expected is not None else size_ceiling(entry.approx_size_bytes)
+    fetch = opener(watch)
     restarted = False
     while True:
         if cancel is not None and cancel():
             raise OperationCancelled(_cancel_message(entry, part, offset))
         try:
-            response = _open(entry.url, offset, timeout, if_range)
+            response = fetch.open(_request(entry.url, offset, if_range), timeout=timeout)
         except urllib.error.HTTPError as exc:
             if exc.code == 416 and offset > 0 and not restarted:
                 # Our .part does not fit what the server has now: start over.
                 exc.close()
                 discard_part(part)
                 offset, restarted = 0, True
+                state["done"] = 0
                 continue
+            if watch.reason is not None:
+                raise _Stopped() from exc
             raise install_error(entry, dest, _describe_http_error(exc)) from exc
+        except RefusedAddress as exc:
+            raise install_error(entry, dest, str(exc.reason)) from exc
         except urllib.error.URLError as exc:
+            if watch.reason is not None:
+                raise _Stopped() from exc
             raise install_error(entry, dest, _describe_url_error(exc)) from exc
         except TimeoutError as exc:
+            if watch.reason is not None:
+                raise _Stopped() from exc
             raise install_error(entry, dest, _describe_url_error(exc)) from exc
         except (OSError, http.client.HTTPException) as exc:
+            if watch.reason is not None:
+                raise _Stopped() from exc
             raise install_error(entry, dest, f"network error: {exc}") from exc
 
         with response:
@@ -209,6 +271,7 @@ def download_to_part(
                         )
                     discard_part(part)
                     offset, restarted, if_range = 0, True, None
+                    state["done"] = 0
                     continue
                 total = int(match.group(3)) if match.group(3) != "*" else None
                 if total is None and length is not None:
@@ -238,10 +301,13 @@ def download_to_part(
                     f"the server offers {total} bytes but the catalog expects {expected} bytes "
                     "(size mismatch: a different file is at that address)",
                 )
+            if total is not None and total > ceiling:
+                discard_part(part)
+                raise install_error(entry, dest, f"the server offers {total} bytes, " + _over(entry, ceiling))
             if total is None:
                 total = expected
 
-            done = offset
+            done = state["done"] = offset
             if progress is not None:
                 progress(done, total)
             try:
@@ -251,37 +317,44 @@ def download_to_part(
                             fh.flush()
                             raise OperationCancelled(_cancel_message(entry, part, done))
                         try:
-                            block = response.read(chunk_size)
+                            # one read at most: every byte that came is written and counted
+                            block = response.read1(chunk_size)
                         except TimeoutError as exc:
+                            if watch.reason is not None:
+                                raise _Stopped() from exc
                             raise install_error(
                                 entry, dest, f"the transfer stalled and timed out after {done} bytes"
                             ) from exc
                         except (OSError, http.client.HTTPException) as exc:
+                            if watch.reason is not None:
+                                raise _Stopped() from exc
                             raise install_error(
                                 entry, dest, f"the transfer broke off after {done} bytes ({exc})"
                             ) from exc
                         if not block:
                             break
+                        if done + len(block) > ceiling:
+                            raise _SizeOverrun(done + len(block))
                         fh.write(block)
-                        done += len(block)
-                        if expected is not None and done > expected:
-                            raise _SizeOverrun(done)
+                        done = state["done"] = done + len(block)
+                        watch.arrived(len(block))
                         if progress is not None:
                             progress(done, total)
             except _SizeOverrun as overrun:
                 discard_part(part)
                 raise install_error(
-                    entry,
-                    dest,
-                    f"the server sent more than the expected {expected} bytes "
-                    f"(got at least {overrun.done}; size mismatch)",
+                    entry, dest, f"the server sent at least {overrun.done} bytes, " + _over(entry, ceiling)
                 ) from None
             except OSError as exc:
+                if watch.reason is not None:
+                    raise _Stopped() from exc
                 raise ModelInstallError(
                     f"Could not write {str(part)!r} while downloading {entry.title}: {exc}. "
                     "Check free disk space and write permission of the models folder."
                 ) from exc
 
+        if watch.reason is not None:
+            raise _Stopped()
         if total is not None and done < total:
             raise install_error(
                 entry,
@@ -290,6 +363,19 @@ def download_to_part(
                 f"from {str(part)!r}",
             )
         return
+
+
+def _over(entry: CatalogEntry, ceiling: int) -> str:
+    if entry.size_bytes is not None:
+        return f"more than the expected {entry.size_bytes} bytes (size mismatch); nothing was kept"
+    if entry.approx_size_bytes is not None:
+        why = f"{SIZE_FACTOR}x its approximate size of {entry.approx_size_bytes} bytes"
+    else:
+        why = "the largest single ONNX file onnxruntime can load"
+    return (
+        f"more than the {ceiling} bytes the add-on accepts for it ({why}; the catalog has no exact "
+        "size for it); nothing was kept"
+    )
 
 
 class _SizeOverrun(Exception):

@@ -82,6 +82,36 @@ def leftover_temps(target: str | os.PathLike) -> list[Path]:
         return []
 
 
+_ANY_TEMP = re.compile(rf"\.(?P<name>.+)\.[0-9a-f]{{{2 * _TEMP_TOKEN_BYTES}}}\.tmp(?P<suffix>.*)")
+
+
+def remove_stale_temps(targets, older_than: float) -> list[Path]:
+    """Delete the temporary files of :func:`temp_path_for` for ``targets`` last changed before
+    ``older_than`` (a run's start, as ``time.time()``): what an earlier writer of these very
+    outputs left when it was killed. Only those names are touched; each folder is listed once."""
+    by_folder: dict[Path, set[str]] = {}
+    for target in targets:
+        target = Path(target)
+        by_folder.setdefault(target.parent, set()).add(target.name)
+    removed = []
+    for folder, names in by_folder.items():
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            match = _ANY_TEMP.fullmatch(entry.name)
+            if not match or match["name"] not in names or match["suffix"] != Path(match["name"]).suffix:
+                continue
+            try:
+                if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < older_than:
+                    os.unlink(entry.path)
+                    removed.append(Path(entry.path))
+            except OSError:  # gone already (another task cleaned it), or not ours to remove
+                continue
+    return removed
+
+
 def replace_into(written: Path, target: Path) -> None:
     """Move a completely written file over ``target`` durably, with ``target``'s permission bits."""
     mode = _target_mode(target)

@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..runtime.errors import LeanImageError
+from .file_formats import FRAME_SUFFIXES as IMAGE_SUFFIXES
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".exr", ".bmp", ".tga", ".webp", ".hdr")
 _HASHES = re.compile(r"#+")
 _PRINTF = re.compile(r"%0?(\d*)d")
 _TRAILING_DIGITS = re.compile(r"^(.*?)(\d+)$")
+MAX_FRAME = 1_048_574  # Blender's last frame (MAXFRAME); frame numbers beyond it are a typo
+MAX_MISSING_FRAMES = 10_000  # frames of a range that may be missing (reported failed) before it is refused
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ def parse_frames(text: str) -> range:
     step = int(match.group(3) or 1)
     if last < first or step < 1:
         raise LeanImageError(f"Frames {text!r}: the end comes before the start, or the step is 0.")
+    if max(abs(first), abs(last), step) > MAX_FRAME:
+        raise LeanImageError(f"Frames {text!r}: frame numbers and steps go up to {MAX_FRAME:,} (as in Blender).")
     return range(first, last + 1, step)
 
 
@@ -80,34 +84,95 @@ def _pattern_regex(pattern: Path) -> re.Pattern:
     return re.compile(re.escape(head) + r"(\d+)" + re.escape(tail) + "$")
 
 
-def resolve_input(spec: str | Path, frames: range | None = None) -> list[FrameRef]:
-    """The frames a batch reads (see module doc); LeanImageError saying what is wrong."""
+def frame_number(pattern: str | Path, name: str) -> int | None:
+    """The frame number of file ``name`` under ``pattern`` (``shot_####.png``), None if it is not one."""
+    match = _pattern_regex(Path(pattern)).match(name)
+    return int(match.group(1)) if match else None
+
+
+def _claims(numbered: list[tuple[int, Path]], where: str) -> dict[int, Path]:
+    """Frame number -> its one file; two files claiming one number is an error naming them all."""
+    by_number: dict[int, list[Path]] = {}
+    for number, path in numbered:
+        by_number.setdefault(number, []).append(path)
+    clashes = {n: paths for n, paths in by_number.items() if len(paths) > 1}
+    if clashes:
+        shown = "; ".join(
+            f"frame {n}: {', '.join(p.name for p in sorted(paths))}" for n, paths in sorted(clashes.items())[:5]
+        )
+        more = f" (and {len(clashes) - 5} more frame numbers)" if len(clashes) > 5 else ""
+        raise LeanImageError(
+            f"{where}: several files claim the same frame number ({shown}{more}), so their results would "
+            "overwrite each other. Move or rename the extra files, or give a pattern that names one set."
+        )
+    return {n: paths[0] for n, paths in by_number.items()}
+
+
+def _in_range(claims: dict[int, Path], frames: range, pattern: Path) -> list[FrameRef]:
+    """The frames of ``frames`` (a missing one in between is reported as failed later, not
+    dropped); refused at once when none exists or when most of a huge range is missing."""
+    present = sorted(n for n in claims if n in frames)
+    if not present:
+        raise LeanImageError(f"No frame of '{pattern}' in {_describe(frames)} exists.")
+    missing = len(frames) - len(present)
+    if missing > MAX_MISSING_FRAMES:
+        raise LeanImageError(
+            f"Frames {_describe(frames)}: only {len(present)} of its {len(frames):,} frames of '{pattern}' exist "
+            f"(frames {present[0]} to {present[-1]}); give the range that exists, e.g. --frames "
+            f"{present[0]}-{present[-1]}."
+        )
+    return [FrameRef(n, claims.get(n) or frame_path(pattern, n)) for n in frames]
+
+
+def resolve_input(
+    spec: str | Path, frames: range | None = None, exclude: Callable[[Path], bool] | None = None
+) -> list[FrameRef]:
+    """The frames a batch reads (see module doc); LeanImageError saying what is wrong. Listed
+    files for which ``exclude`` is true (what the command itself writes) are not frames.
+
+    Each frame number maps to exactly one file: ``shot_####.png`` matches any number of digits
+    (as Blender does), so ``shot_0001.png`` and ``shot_1.png`` both claim frame 1 and are refused
+    together, before any model runs. A folder's frames are numbered by the digits that end each
+    file's name; a folder where no name ends in digits is numbered 1, 2, ... in name order; a
+    folder that mixes the two is refused (nothing is renumbered behind the user's back)."""
     text = str(spec)
+    exclude = exclude or (lambda path: False)
     path = Path(text).expanduser()
     if is_pattern(text):
         if not path.parent.is_dir():
             raise LeanImageError(f"Input folder '{path.parent}' does not exist.")
-        if frames is not None:
-            refs = [FrameRef(n, frame_path(path, n)) for n in frames]
-            missing = [r for r in refs if not r.path.is_file()]
-            if len(missing) == len(refs):
-                raise LeanImageError(f"No frame of '{path}' in {_describe(frames)} exists.")
-            return refs  # a missing frame in between is reported as failed, not silently dropped
         regex = _pattern_regex(path)
-        found = sorted(
-            (int(m.group(1)), p) for p in path.parent.iterdir() if (m := regex.match(p.name)) and p.is_file()
+        claims = _claims(
+            [
+                (int(m.group(1)), p)
+                for p in path.parent.iterdir()
+                if (m := regex.match(p.name)) and p.is_file() and not exclude(p)
+            ],
+            f"'{path}'",
         )
-        if not found:
+        if frames is not None:
+            return _in_range(claims, frames, path)
+        if not claims:
             raise LeanImageError(f"No file matches '{path}'.")
-        return [FrameRef(n, p) for n, p in found]
+        return [FrameRef(n, p) for n, p in sorted(claims.items())]
     if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        files = sorted(
+            p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not exclude(p)
+        )
         if not files:
             raise LeanImageError(f"Folder '{path}' holds no image files ({', '.join(IMAGE_SUFFIXES)}).")
-        numbers = [pattern_of(p)[1] if pattern_of(p) else None for p in files]
-        if None in numbers or len(set(numbers)) != len(numbers):
-            numbers = list(range(1, len(files) + 1))
-        refs = [FrameRef(n, p) for n, p in zip(numbers, files, strict=True)]
+        numbered = [(found[1], p) for p in files if (found := pattern_of(p))]
+        if not numbered:
+            refs = [FrameRef(n, p) for n, p in enumerate(files, start=1)]
+        elif len(numbered) < len(files):
+            plain = next(p.name for p in files if pattern_of(p) is None)
+            raise LeanImageError(
+                f"Folder '{path}' mixes numbered frames ({numbered[0][1].name}) with files whose names end "
+                f"in no frame number ({plain}): move those out, or give a pattern such as "
+                f"{Path(pattern_of(numbered[0][1])[0]).name} to take the numbered ones."
+            )
+        else:
+            refs = [FrameRef(n, p) for n, p in sorted(_claims(numbered, f"Folder '{path}'").items())]
         if frames is not None:
             refs = [r for r in refs if r.number in frames]
             if not refs:
@@ -115,8 +180,13 @@ def resolve_input(spec: str | Path, frames: range | None = None) -> list[FrameRe
         return refs
     if path.is_file():
         numbered = pattern_of(path)
-        if frames is not None and numbered is not None:
-            return resolve_input(numbered[0], frames)
+        if frames is not None and numbered is None:  # a range over one file would be ignored: say so
+            raise LeanImageError(
+                f"Frames {_describe(frames)} given with '{path.name}', whose name ends in no frame number: "
+                "give a frame of a numbered sequence (shot_0001.png), a pattern (shot_####.png) or a folder."
+            )
+        if frames is not None:
+            return resolve_input(numbered[0], frames, exclude)
         return [FrameRef(numbered[1] if numbered else 1, path)]
     raise LeanImageError(f"Input '{path}' not found: give an image file, a folder or a pattern like shot_####.png.")
 

@@ -25,6 +25,13 @@ class PreparedImage:
     def size(self) -> tuple[int, int]:
         return self.rgb.shape[0], self.rgb.shape[1]
 
+    @property
+    def kind(self) -> str:
+        """What the source's samples were: "8-bit", "16-bit" or "float" (the result is written alike)."""
+        if np.issubdtype(self.source_dtype, np.floating):
+            return "float"
+        return "16-bit" if self.source_dtype == np.uint16 else "8-bit"
+
 
 def prepare_image(image, *, name: str = "image") -> PreparedImage:
     """Validate and convert any supported image to float32 RGB (+ optional alpha)."""
@@ -182,10 +189,3 @@ def fit_multiple(height: int, width: int, long_side: int, multiple: int) -> tupl
         return up if up - side <= side - down else down
 
     return max(multiple, nearest(height)), max(multiple, nearest(width))
-
-
-def merge_alpha(rgb: np.ndarray, alpha: np.ndarray | None) -> np.ndarray:
-    """HxWx3 (+ HxW alpha) -> HxWx4 float32 (alpha 1 where there was none)."""
-    if alpha is None:
-        alpha = np.ones(rgb.shape[:2], np.float32)
-    return np.concatenate([rgb, alpha[:, :, None]], axis=2).astype(np.float32, copy=False)

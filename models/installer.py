@@ -21,8 +21,14 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from ..runtime.errors import ModelFileError, ModelInstallError, OperationCancelled
-from . import files
+from ..runtime.errors import (
+    ModelContractError,
+    ModelFileError,
+    ModelInstallError,
+    OperationCancelled,
+    first_line,
+)
+from . import families, files, model_check
 from .catalog_entry import CatalogEntry
 from .download import (
     CancelCallback,
@@ -33,6 +39,7 @@ from .download import (
     looks_like_text_not_model,
     manual_hint,
 )
+from .http_watch import TransferLimits, size_floor
 from .install_lock import install_lock
 
 DEFAULT_CHUNK_SIZE = 1 << 20  # 1 MiB
@@ -40,6 +47,8 @@ HASH_CHUNK_SIZE = 1 << 20
 SIDECAR_SUFFIX = ".verified.json"
 PART_SUFFIX = ".part"
 DEFAULT_LOCK_WAIT = 3600.0  # another process's download of a large model can take that long
+FIRST_USE = "trust on first use"
+USER_RECORDS_DIR = "user-files"  # the verification records of the user's registered files
 
 
 
@@ -55,14 +64,25 @@ def model_path(entry: CatalogEntry, models_dir: str | os.PathLike) -> Path:
     return Path(models_dir) / entry.filename
 
 
+def _record_base(entry: CatalogEntry, models_dir: str | os.PathLike) -> Path:
+    """What the add-on's own files about ``entry`` are named after. A downloaded model's lie beside
+    it; a user's file is never touched beside its own path (that folder is the user's): its
+    records go to ``models_dir/user-files``, keyed by the file's absolute path."""
+    if entry.path is None:
+        return model_path(entry, models_dir)
+    where = os.path.abspath(os.path.expanduser(entry.path))
+    key = hashlib.sha256(os.fsencode(where)).hexdigest()[:16]
+    return Path(models_dir) / USER_RECORDS_DIR / f"{Path(where).name}-{key}"
+
+
 def part_path(entry: CatalogEntry, models_dir: str | os.PathLike) -> Path:
-    dest = model_path(entry, models_dir)
-    return dest.with_name(dest.name + PART_SUFFIX)
+    base = _record_base(entry, models_dir)
+    return base.with_name(base.name + PART_SUFFIX)
 
 
 def sidecar_path(entry: CatalogEntry, models_dir: str | os.PathLike) -> Path:
-    dest = model_path(entry, models_dir)
-    return dest.with_name(dest.name + SIDECAR_SUFFIX)
+    base = _record_base(entry, models_dir)
+    return base.with_name(base.name + SIDECAR_SUFFIX)
 
 
 # --------------------------------------------------------------------------------------------
@@ -108,8 +128,12 @@ def _write_sidecar(
         "expected_sha256": entry.sha256,
         "expected_size": entry.size_bytes,
         "url": entry.url,
+        # no catalog checksum: this file is trusted because it loaded and fit the family when it
+        # was first installed, and later copies are held to its sha256
+        "trust": FIRST_USE if entry.sha256 is None else "catalog sha256",
     }
     try:
+        sidecar.parent.mkdir(parents=True, exist_ok=True)
         files.write_text(sidecar, json.dumps(payload, indent=2, sort_keys=True))
     except OSError:
         pass  # the sidecar is only a cache: failing to write it costs a re-hash next time
@@ -222,11 +246,12 @@ def is_installed(entry: CatalogEntry, models_dir: str | os.PathLike) -> bool:
 def remove(entry: CatalogEntry, models_dir: str | os.PathLike) -> bool:
     """Delete an installed model, its sidecar and any partial download. True if anything went.
 
-    A user-registered model's own file is never deleted (unregister it in the catalog instead).
+    For a user-registered model only the add-on's record of it (in the models folder) goes:
+    nothing beside the user's file is touched (unregister it in the catalog instead).
     """
-    removed = False
-    if not entry.is_user:
-        removed |= files.remove_if_present(model_path(entry, models_dir))
+    if entry.is_user:
+        return files.remove_if_present(sidecar_path(entry, models_dir))
+    removed = files.remove_if_present(model_path(entry, models_dir))
     removed |= files.remove_if_present(sidecar_path(entry, models_dir))
     removed |= discard_part(part_path(entry, models_dir))
     return removed
@@ -247,12 +272,18 @@ def install(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     lock_wait: float = DEFAULT_LOCK_WAIT,
     waiting: Callable[[str], None] | None = None,
+    limits: TransferLimits | None = None,
 ) -> Path:
     """Download ``entry`` into ``models_dir`` (resuming a partial download) and return its path.
 
     ``progress(done_bytes, total_bytes_or_None)`` is called as bytes arrive (``done_bytes``
-    counts resumed bytes too). ``cancel()`` is polled between chunks; when it returns True,
-    :class:`OperationCancelled` is raised and the ``.part`` file is kept for a later resume.
+    counts resumed bytes too). ``cancel()`` is polled ten times a second (also from another
+    thread, which then closes the connection); when it returns True, :class:`OperationCancelled`
+    is raised within a second and the ``.part`` file is kept for a later resume. ``limits``: when
+    a stalled or endless transfer is given up (models/http_watch.py). Only https is fetched.
+    Without a catalog size, the transfer is bounded by a ceiling over the entry's approximate
+    size; without a catalog sha256, the file is installed only once it loads in onnxruntime and
+    fits its family, and its size and sha256 are recorded as the reference (trust on first use).
     Network and HTTP failures raise :class:`ModelInstallError` naming the URL, what went wrong
     and the exact file path where the model can be saved by hand. A size or checksum mismatch
     deletes the partial file. An already installed, verified model returns at once.
@@ -296,12 +327,12 @@ def install(
             if progress is not None:
                 progress(size, size)
             return dest
-        return _download_and_install(entry, models_dir, dest, progress, cancel, timeout, chunk_size)
+        return _download_and_install(entry, models_dir, dest, progress, cancel, timeout, chunk_size, limits)
 
 
-def _download_and_install(entry, models_dir, dest, progress, cancel, timeout, chunk_size) -> Path:
+def _download_and_install(entry, models_dir, dest, progress, cancel, timeout, chunk_size, limits) -> Path:
     part = part_path(entry, models_dir)
-    download_to_part(entry, dest, part, progress, cancel, timeout, chunk_size)
+    download_to_part(entry, dest, part, progress, cancel, timeout, chunk_size, limits)
     digest = _verify_part(entry, dest, part, cancel)
 
     # Drop any stale sidecar before the file changes underneath it (keeping what the first
@@ -331,7 +362,7 @@ def _verify_part(entry: CatalogEntry, dest: Path, part: Path, cancel: CancelCall
         raise ModelInstallError(
             f"Download of {entry.title} from {entry.url} has the wrong size: expected "
             f"{entry.size_bytes} bytes, got {size}. The partial file was deleted. "
-            + manual_hint(entry, dest)
+            + manual_hint(dest)
         )
     if size == 0:
         discard_part(part)
@@ -341,18 +372,57 @@ def _verify_part(entry: CatalogEntry, dest: Path, part: Path, cancel: CancelCall
     if looks_like_text_not_model(head):
         discard_part(part)
         raise install_error(entry, dest, "the server sent a web page or a Git LFS pointer, not the model file")
+    if entry.size_bytes is None and size < size_floor(entry.approx_size_bytes):
+        # the server announced (or sent) far less than this model is: a cut-off, kept to resume
+        raise install_error(
+            entry,
+            dest,
+            f"only {size} bytes arrived for a model of about {entry.approx_size_bytes} bytes, so the "
+            f"transfer was cut off; the bytes are kept in {str(part)!r} and installing again resumes",
+        )
     digest = sha256_file(part, cancel=cancel)
     if entry.sha256 is not None and digest != entry.sha256:
         discard_part(part)
         raise ModelInstallError(
             f"Download of {entry.title} from {entry.url} failed the checksum: expected sha256 "
-            f"{entry.sha256}, got {digest}. The partial file was deleted. " + manual_hint(entry, dest)
+            f"{entry.sha256}, got {digest}. The partial file was deleted. " + manual_hint(dest)
         )
+    if entry.sha256 is None:
+        _check_loads(entry, dest, part, size)
     return digest
+
+
+def _check_loads(entry: CatalogEntry, dest: Path, part: Path, size: int) -> None:
+    """Nothing vouches for these bytes but what they are: they must load in onnxruntime and fit
+    the family's contract, or they are deleted and never installed."""
+    try:
+        model_check.check_family_contract(part, entry.family)
+    except (ModelFileError, ModelContractError) as exc:
+        discard_part(part)
+        title = families.get(entry.family).title
+        why = first_line(exc) if isinstance(exc, ModelContractError) else "onnxruntime cannot load it"
+        raise install_error(
+            entry,
+            dest,
+            f"the {size} bytes that arrived are not a {title} model ({why}), and the catalog has no "
+            "checksum to say otherwise; nothing was kept",
+        ) from exc
+
+
+def trust_note(entry: CatalogEntry, models_dir: str | os.PathLike) -> str | None:
+    """For an installed model the catalog has no checksum for: what was recorded at its first
+    install ("trust on first use, sha256 ..., N bytes"); None otherwise."""
+    if entry.sha256 is not None or entry.is_user:
+        return None
+    recorded = _read_sidecar(sidecar_path(entry, models_dir))
+    if not recorded or not recorded.get("first_sha256"):
+        return None
+    return f"{FIRST_USE}: sha256 {recorded['first_sha256'][:16]}..., {recorded.get('size')} bytes, recorded at install"
 
 
 __all__ = [
     "install",
+    "trust_note",
     "is_installed",
     "model_path",
     "part_path",

@@ -4,21 +4,24 @@ Blender's preferences, the operators and the command line all ask this module; n
 model state of its own.
 
 Models folder, first that is set: the front-end's explicit choice (Blender's "Models Folder"
-preference, the CLI's ``--models-dir``); ``$LEAN_IMAGE_AI_MODELS_DIR``; the front-end's own default
-(Blender: the extension's user folder); a per-user cache folder.
+preference, the CLI's ``--models-dir``); ``$LEAN_IMAGE_AI_MODELS_DIR``; one per-user data folder
+that Blender and the command line share (runtime/paths.py), outside the extension's own folder so
+that uninstalling or updating the add-on keeps the models. A library left in an older default
+folder (the extension's user folder) is moved there once (:func:`migrate_models`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..runtime import get_runtime
+from ..runtime import get_runtime, load_errors
 from ..runtime.errors import LeanImageError, ModelFileError
-from ..runtime.paths import user_cache_root
+from ..runtime.paths import user_data_root
 from . import families, installer
 from .catalog import Catalog, CatalogEntry
 
@@ -27,20 +30,70 @@ USER_MODELS_FILE = "user_models.json"
 PREFERENCES_HINT = "Preferences > Add-ons > Lean Image AI"
 
 
-def models_dir(choice: str | os.PathLike = "", host_default: Path | None = None) -> Path:
+# Folders someone named (a preference, --models-dir, the environment): one that is missing is an
+# error when a model is looked up there, not an empty folder to fall back from.
+_named: dict[str, str] = {}
+
+
+def models_dir(choice: str | os.PathLike = "") -> Path:
     """The models folder (see module doc); nothing is created."""
     if choice:
-        return Path(choice).expanduser()
+        folder = Path(choice).expanduser()
+        _named[str(folder)] = "the chosen models folder"
+        return folder
     if os.environ.get(MODELS_DIR_ENV):
-        return Path(os.environ[MODELS_DIR_ENV]).expanduser()
-    if host_default is not None:
-        return Path(host_default)
-    return user_cache_dir()
+        folder = Path(os.environ[MODELS_DIR_ENV]).expanduser()
+        _named[str(folder)] = MODELS_DIR_ENV
+        return folder
+    return shared_models_dir()
 
 
-def user_cache_dir() -> Path:
-    """``<the per-user folder>/models`` (runtime/paths.py)."""
-    return user_cache_root() / "models"
+def shared_models_dir() -> Path:
+    """``<the per-user data folder>/models`` (runtime/paths.py): Blender's and the CLI's default."""
+    return user_data_root() / "models"
+
+
+MIGRATED_NOTE = "MOVED_TO.txt"
+
+
+def migrate_models(old: Path, new: Path) -> list[str]:
+    """Move what an older default models folder holds into ``new``, once: each file or folder is
+    moved (a rename on one disk, never a copy left behind), one already in ``new`` is left where
+    it is. The old folder is then removed if empty, or keeps a note saying where the rest went.
+    Returns what was left behind (empty when everything moved)."""
+    old, new = Path(old), Path(new)
+    try:
+        if not old.is_dir() or old.resolve() == new.resolve():
+            return []
+        names = sorted(p.name for p in old.iterdir() if p.name != MIGRATED_NOTE)
+    except OSError:
+        return []
+    if not names:
+        return []
+    new.mkdir(parents=True, exist_ok=True)
+    left = []
+    for name in names:
+        target = new / name
+        if target.exists() or target.is_symlink():
+            left.append(name)
+        else:
+            try:
+                shutil.move(str(old / name), str(target))
+            except OSError:
+                left.append(name)
+    if left:
+        note = f"Lean Image AI's models folder is now {new}; these were already there and stayed here: {', '.join(left)}\n"
+        try:
+            (old / MIGRATED_NOTE).write_text(note, encoding="utf-8")
+        except OSError:
+            pass
+    else:
+        try:
+            old.rmdir()
+        except OSError:
+            pass
+    _catalogs.pop(str(new / USER_MODELS_FILE), None)
+    return left
 
 
 # ---- the catalog of one models folder ---------------------------------------------------------
@@ -140,28 +193,65 @@ class ModelChoice:
     title: str
     entry: CatalogEntry | None
     settings: dict[str, Any] = field(default_factory=dict)
+    note: str = ""  # how the installed file is vouched for, when the catalog has no checksum
+    # the models folder of an entry whose sha256 is still to be checked (``resolve(verify=False)``)
+    unverified_in: str = ""
+
+    def describe(self) -> str:
+        return f"{self.path} ({self.note})" if self.note else self.path
 
     def adapter_kwargs(self, family: str, **option_values) -> dict[str, Any]:
         return families.get(family).adapter_kwargs(self.settings, **option_values)
 
+    def verify(self) -> None:
+        """Hash the file once if it was chosen unverified (seconds for a multi-GB model: call it on
+        a worker, never on Blender's main thread); raises ModelFileError when it does not match."""
+        if self.unverified_in and self.entry is not None:
+            installer.verify_installed(self.entry, self.unverified_in)
+            self.note = installer.trust_note(self.entry, self.unverified_in) or self.note
+            self.unverified_in = ""
 
-def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "", device: str = "auto") -> ModelChoice:
-    """``model_path``, else catalog ``model_id``, else the family default: the first installed
-    entry of the family (the user's registered models included; off CUDA an fp32 export before an
-    fp16 one, see `prefer_for_device`), else the family's embedded fallback model. Raises
-    ModelFileError saying what to install, and where."""
+
+def names_a_file(model: str, known: Catalog) -> bool:
+    """The one rule for "is this model a file or a catalog id?" (``--model``, the leak check,
+    Blender's Model field): an id the catalog knows is that model; anything else that looks like a
+    path (a folder separator, an ``.onnx`` suffix, or something at that path) is a file; the rest is
+    an id the catalog does not know (an error naming it)."""
+    if model in known:
+        return False
+    return os.sep in model or "/" in model or model.lower().endswith(".onnx") or os.path.lexists(model)
+
+
+def resolve(
+    family: str, folder: Path, model_id: str = "", model_path: str = "", *, verify: bool = True, device: str = "auto"
+) -> ModelChoice:
+    """``model_path``, else ``model_id`` (a catalog id, or a file by :func:`names_a_file`), else
+    the family default: the first installed entry of the family (the user's registered models
+    included; off CUDA an fp32 export before an fp16 one, see `prefer_for_device`), else the
+    family's embedded fallback model. Raises ModelFileError saying what to install, and where.
+    ``verify=False``: a file not hashed since it last changed is taken on its size alone and
+    hashed later by :meth:`ModelChoice.verify` (a job's worker)."""
     record = families.get(family)
     known = catalog(folder)
+    error = catalog_error(folder)
+    if error:  # another model than the one the user's list names would be a silent substitute
+        source = _named.get(str(folder))
+        raise ModelFileError(f"{error} (That folder is named by {source}.)" if source else error)
+    if model_id and not model_path and names_a_file(model_id, known):
+        model_id, model_path = "", model_id
+    if not model_path:
+        _check_named_folder(Path(folder))
     if model_path:
         path = Path(model_path).expanduser()
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise ModelFileError(
                 f"Model file not found: '{path}'. Check model_path, or leave it empty to use the "
                 f"installed {record.title} model."
             )
+        load_errors.model_identity(path)  # a folder, pipe, device, link loop or no permission: said so
         entry = next((e for e in known.entries(family) if e.path and _same_file(e.path, path)), None)
         if entry is not None:
-            return _choice(str(path), entry)
+            return _choice(str(path), entry, folder)
         return ModelChoice(str(path), path.name, None, dict(record.user_defaults))
     if model_id:
         try:
@@ -177,20 +267,22 @@ def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "",
                 f"'{entry.title}' is a {other} model, not a {record.title} model. "
                 f"Pick a {record.title} model."
             )
-        if not installer.is_installed(entry, folder):  # hashes a file not verified yet, once
+        if not _installed(entry, folder, verify):
             raise ModelFileError(_not_installed(entry, folder))
-        return _choice(str(installer.model_path(entry, folder)), entry)
+        return _choice(str(installer.model_path(entry, folder)), entry, folder, verify)
     entries = known.entries(family)
     for entry in prefer_for_device(entries, device):
-        if installer.is_installed(entry, folder):
-            return _choice(str(installer.model_path(entry, folder)), entry)
+        if _installed(entry, folder, verify):
+            return _choice(str(installer.model_path(entry, folder)), entry, folder, verify)
     if record.fallback_model is not None:
         return ModelChoice(str(record.fallback_model), record.fallback_model.name, None, {})
-    suggestion = next((e.title for e in entries if e.downloadable), entries[0].title if entries else "")
+    suggestion = next((e for e in entries if e.downloadable), entries[0] if entries else None)
     raise ModelFileError(
         f"No {record.title} model is installed. Install one in {PREFERENCES_HINT}"
-        + (f" (for example '{suggestion}')" if suggestion else "")
-        + ", or register your own ONNX file there, or give the model file (model_path; command line: --model)."
+        + (f" (for example '{suggestion.title}')" if suggestion else "")
+        + f" or with `python -m lean_image_ai models install {suggestion.id if suggestion else 'ID'}`"
+        + f" (`models list` shows them; `models register {family} FILE` adds your own ONNX file),"
+        + f" or give the model file (model_path; command line: --model). Models folder: {folder}."
     )
 
 
@@ -204,8 +296,27 @@ def prefer_for_device(entries, device: str = "auto") -> list[CatalogEntry]:
     return sorted(entries, key=lambda entry: entry.weight_dtype == "float16")
 
 
-def _choice(path: str, entry: CatalogEntry) -> ModelChoice:
-    return ModelChoice(path, entry.title, entry, json.loads(json.dumps(dict(entry.settings))))
+def _installed(entry: CatalogEntry, folder: Path, verify: bool) -> bool:
+    if verify:
+        return installer.is_installed(entry, folder)  # hashes a file not verified yet, once
+    return status(entry, folder) in USABLE  # a stat: the hash is the worker's (ModelChoice.verify)
+
+
+def _check_named_folder(folder: Path) -> None:
+    source = _named.get(str(folder))
+    if source is None or folder.is_dir():
+        return
+    what = "does not exist" if not os.path.lexists(folder) else "is not a folder"
+    raise ModelFileError(
+        f"The models folder {str(folder)!r} ({source}) {what}, so no model can be found there. "
+        f"Create it (models are installed into it), or name the folder that holds your models."
+    )
+
+
+def _choice(path: str, entry: CatalogEntry, folder: Path, verify: bool = True) -> ModelChoice:
+    settings = json.loads(json.dumps(dict(entry.settings)))
+    unverified = "" if verify or status(entry, folder) != UNVERIFIED else str(folder)
+    return ModelChoice(path, entry.title, entry, settings, installer.trust_note(entry, folder) or "", unverified)
 
 
 def _not_installed(entry: CatalogEntry, folder: Path) -> str:
@@ -216,7 +327,7 @@ def _not_installed(entry: CatalogEntry, folder: Path) -> str:
         )
     return (
         f"Model '{entry.title}' ({entry.id}) is not installed. Install it in {PREFERENCES_HINT} "
-        f"(it goes to '{installer.model_path(entry, folder)}')."
+        f"or with `python -m lean_image_ai models install {entry.id}` (it goes to '{installer.model_path(entry, folder)}')."
     )
 
 
@@ -230,27 +341,12 @@ def _same_file(a, b) -> bool:
 # ---- registering and removing ---------------------------------------------------------------
 
 
-def _tensor_summary(infos) -> str:
+def tensor_summary(infos) -> str:
+    """``name 1x3x?x? float, ...``: a model's inputs or outputs in one line."""
     def dims(shape):
         return "x".join("?" if d is None or isinstance(d, str) else str(d) for d in shape)
 
     return ", ".join(f"{t.name} {dims(t.shape)} {t.type.removeprefix('tensor(').rstrip(')')}" for t in infos)
-
-
-def inspect_model(path: Path) -> tuple[str, str]:
-    """Load ``path`` through the shared runtime on the CPU; returns (inputs, outputs) summaries.
-
-    A session this check creates is evicted again (registering must not keep weights in memory);
-    one that was already cached for a running job is left alone.
-    """
-    runtime = get_runtime()
-    before = {id(h) for h in runtime.cached_sessions()}
-    handle = runtime.session(path, "cpu")
-    try:
-        return _tensor_summary(handle.inputs), _tensor_summary(handle.outputs)
-    finally:
-        if id(handle) not in before:
-            runtime.evict(handle, reason="registration check")
 
 
 def remove(entry: CatalogEntry, folder: Path) -> bool:
@@ -285,4 +381,4 @@ def format_size(entry: CatalogEntry) -> str:
     return f"{size}, {dtype}" if dtype else size
 
 
-__all__ = ["MODELS_DIR_ENV", "ModelChoice", "catalog", "models_dir", "resolve", "status"]
+__all__ = ["MODELS_DIR_ENV", "ModelChoice", "catalog", "migrate_models", "models_dir", "resolve", "status"]

@@ -32,11 +32,14 @@ import numpy as np
 
 from ..runtime import mark_last
 from ..runtime.errors import InvalidModelOutputError
+from . import family_check, shot_camera
 from .base import JobOptions, ResultSink, as_frames, check_finite, fixed_hw, squeeze_batch
-from .family import Family, Option, Setting, int_range, positive_int, unit_interval
+from .family import Family, Option, Output, Setting, int_range, positive_int, unit_interval
 from .imaging import prepare_image, resize, to_nchw
 from .moge2_contract import bind_contract
+from .moge2_mesh import normal_map, write_geometry
 from .moge2_solver import DegenerateGeometryError, recover_focal_shift
+from .result_images import ImageProduct
 
 PATCH_SIZE = 14
 NUM_TOKENS_RANGE = (1200, 3600)
@@ -122,6 +125,7 @@ def run(
     patch_size: int = PATCH_SIZE,
     mask_threshold: float = MASK_THRESHOLD,
     force_projection: bool = True,
+    focal_width: float | None = None,  # one camera for a shot: fx / width for every frame (shot_camera.py)
 ) -> GeometryResult | list[GeometryResult]:
     """Geometry for one image (-> GeometryResult) or a list of frames (-> list), one operation."""
     options = options or JobOptions()
@@ -137,6 +141,7 @@ def run(
         op.count_results(results.held_bytes)
         handle = op.session(model_path, options.device)
         binding = bind_contract(handle)
+        family_check.require("moge2", handle)
         for index, (frame, last) in enumerate(mark_last(frames)):
             label = "image" if single else f"frame {index + 1}"
             prepared = prepare_image(frame, name=label)
@@ -174,6 +179,7 @@ def run(
                 mask_threshold=mask_threshold,
                 force_projection=force_projection,
                 warnings=warnings,
+                focal_width=focal_width,
             )
             result.num_tokens = tokens
             results.add(result)
@@ -192,7 +198,7 @@ def _squeeze_batch(array, shape_tail: int, name: str, model_name: str) -> np.nda
 
 
 def _postprocess(
-    outputs, binding, model_name, label, source_size, *, mask_threshold, force_projection, warnings
+    outputs, binding, model_name, label, source_size, *, mask_threshold, force_projection, warnings, focal_width=None
 ) -> GeometryResult:
     points = _squeeze_batch(outputs[binding.points.name], 3, binding.points.name, model_name)
     model_h, model_w = points.shape[:2]
@@ -247,7 +253,11 @@ def _postprocess(
     if not finite.all():
         points = np.where(finite[:, :, None], points, np.float32(0.0))
     try:
-        focal, shift = recover_focal_shift(points, valid)
+        if focal_width is None:
+            focal, shift = recover_focal_shift(points, valid)
+        else:
+            focal = shot_camera.moge_focal(focal_width, model_h, model_w)
+            shift = shot_camera.shift_for_focal(points, valid, focal)
     except DegenerateGeometryError as exc:
         raise InvalidModelOutputError(
             f"{model_name} gave no usable geometry for {label}: {exc} (mask threshold "
@@ -307,6 +317,19 @@ def _postprocess(
     )
 
 
+def _write_files(path, result, values: dict, write_image) -> list[str]:
+    """The mesh, its camera and its normal map (models/moge2_mesh.py); no notes."""
+    write_geometry(path, result, discontinuity=values.get("discontinuity", 0.04), write_normals=write_image)
+    return []
+
+
+def _preview(result) -> ImageProduct:
+    """The normal map, or the depth scaled to 0..1 when the model gives no normals."""
+    if result.normal is not None:
+        return ImageProduct(normal_map(result.normal, result.mask), is_data=True)
+    return ImageProduct(result.depth / max(float(result.depth.max()), 1e-12), is_data=True)
+
+
 FAMILY = Family(
     id="moge2",
     title="MoGe-2 geometry",
@@ -358,4 +381,17 @@ FAMILY = Family(
     icon="MESH_GRID",
     operator="reconstruct_geometry",
     command="geometry",
+    check_session=bind_contract,
+    shot=frozenset({"camera"}),
+    output=Output(
+        tag="geometry",
+        what="geometry",
+        suffix=".ply",
+        formats=(".ply",),
+        formats_hint="a .ply mesh file (the camera goes to a .json file and the normal map to an .exr file beside it)",
+        companions=("{stem}.json", "{stem}_normal.exr"),
+        write=_write_files,
+        description="PLY mesh, JSON camera, float EXR normals",
+        preview=_preview,
+    ),
 )

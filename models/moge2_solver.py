@@ -8,6 +8,15 @@ is closed form; `s` is then a 1-D problem, solved by a log-spaced scan of the ne
 depth followed by golden-section refinement (deterministic, no starting guess, never puts a
 valid point behind the camera).
 
+Outliers (a few per cent of wild points: sky or edge pixels the mask let through, as a hostile
+test or a real photo gives) would drag that least squares far off, and a single one with a very
+negative z would force a huge shift through the "in front of the camera" bound. So the fit is
+robust in two steps (:func:`_robust_inliers`): a least-trimmed-squares scan over the shift (the
+best TRIM_KEEP share of points counts, points behind the camera count as outliers) finds the
+camera the bulk of the points agree on; points whose residual is over OUTLIER_SIGMAS robust
+standard deviations (from the median residual) are dropped, and the plain least squares above is
+solved on the rest. Where no point is dropped (a clean map) the result is exactly the plain one.
+
 What it refuses (`DegenerateGeometryError`, a ValueError with a message for the artist), because
 any answer would be arbitrary: fewer than MIN_VALID_POINTS valid points, all valid points at one
 place, all at one depth (then every shift fits equally well, and with it any field of view), and
@@ -76,35 +85,9 @@ def _focal_for_shift(xy, z, uv, shift):
     return focal, float(np.sum(residual * residual))
 
 
-def solve_focal_shift(uv: np.ndarray, xyz: np.ndarray, *, iterations: int = 80) -> tuple[float, float]:
-    """(focal, shift) minimising sum |f * xy / (z + s) - uv|^2 with every z + s > 0.
-
-    The search runs over t = z_min + s (depth of the nearest point): a log-spaced scan over 12
-    decades around the z-range picks the basin, golden-section search in log t refines it.
-    """
-    uv = np.asarray(uv, np.float64).reshape(-1, 2)
-    xyz = np.asarray(xyz, np.float64).reshape(-1, 3)
-    xy, z = xyz[:, :2], xyz[:, 2]
-    if len(z) < MIN_VALID_POINTS:
-        raise DegenerateGeometryError(
-            f"only {len(z)} valid point(s), and at least {MIN_VALID_POINTS} are needed for a stable "
-            "focal length and shift"
-        )
-    z_min, z_max = float(z.min()), float(z.max())
-    magnitude = max(abs(z_min), abs(z_max), float(np.abs(xy).max()))
-    span = z_max - z_min
-    if float(np.ptp(xy, axis=0).max()) <= 1e-9 * max(magnitude, 1e-30) and span <= 1e-9 * max(magnitude, 1e-30):
-        raise DegenerateGeometryError("every valid point is the same point")
-    if span <= 1e-6 * max(abs(z_min), abs(z_max), 1e-30):
-        raise DegenerateGeometryError(
-            "every valid point lies at one depth, so the depth offset (and with it the field of view) "
-            "cannot be recovered"
-        )
-    scale = span
-
-    def cost(log_t):
-        return _focal_for_shift(xy, z, uv, math.exp(log_t) * scale - z_min)[1]
-
+def _minimise_log(cost, iterations: int = 80) -> float:
+    """The log t minimising ``cost(log t)``: a log-spaced scan over 12 decades picks the basin,
+    golden-section search refines it (deterministic, no starting guess)."""
     grid = np.linspace(math.log(1e-4), math.log(1e8), 121)
     costs = np.array([cost(g) for g in grid])
     best = int(np.argmin(costs))
@@ -126,7 +109,112 @@ def solve_focal_shift(uv: np.ndarray, xyz: np.ndarray, *, iterations: int = 80) 
     log_t = (low + high) / 2.0
     if costs[best] < min(cost_a, cost_b, cost(log_t)):
         log_t = float(grid[best])
-    shift = math.exp(log_t) * scale - z_min
+    return log_t
+
+
+TRIM_KEEP = 0.75  # the least-trimmed-squares scan counts the best 75 % of points: up to 25 % outliers
+CONCENTRATION_STEPS = 6  # refits on the best points at the chosen shift (each can only lower the cost)
+REFITS = 5  # inliers chosen again from the fitted camera until they stop changing
+OUTLIER_SIGMAS = 6.0  # a Gaussian residual is this far out about once in 10^8 points: only outliers are
+
+
+def _trimmed_cost(xy, z, uv, shift: float, keep: int, steps: int = 2) -> tuple[float, np.ndarray | None]:
+    """(cost, kept points) of one shift: the focal fitted to the points in front of the camera,
+    then refitted to the ``keep`` with the smallest residuals (one concentration step of least
+    trimmed squares); inf when fewer than ``keep`` points are in front."""
+    front = np.flatnonzero(z + shift > 0.0)
+    if len(front) < keep:
+        return float("inf"), None
+    projected = xy[front] / (z[front] + shift)[:, None]
+    for _ in range(steps):
+        focal = float(np.sum(projected * uv[front])) / max(float(np.sum(projected * projected)), 1e-300)
+        squared = np.sum((focal * projected - uv[front]) ** 2, axis=1)
+        best = np.argpartition(squared, keep - 1)[:keep]
+        front, projected = front[best], projected[best]
+    focal = float(np.sum(projected * uv[front])) / max(float(np.sum(projected * projected)), 1e-300)
+    return float(np.sum((focal * projected - uv[front]) ** 2)), front
+
+
+def _robust_inliers(xy, z, uv) -> np.ndarray:
+    """Indices of the points the bulk agrees on (module doc): a least-trimmed-squares scan over
+    the shift, then every point within OUTLIER_SIGMAS robust deviations of that camera."""
+    count = len(z)
+    keep = max(MIN_VALID_POINTS, int(math.ceil(TRIM_KEEP * count)))
+    # over the median depth: shifts that put most points behind the camera are never the answer,
+    # and an outlier's very negative z bounds nothing (unlike the plain fit's nearest point)
+    z_ref = float(np.median(z))
+    low, high = np.quantile(z, [0.1, 0.9])
+    scale = float(high - low) or float(np.ptp(z)) or 1.0
+
+    def cost(log_t):
+        return _trimmed_cost(xy, z, uv, math.exp(log_t) * scale - z_ref, keep)[0]
+
+    shift = math.exp(_minimise_log(cost, iterations=40)) * scale - z_ref  # the refits below refine it
+    _, kept = _trimmed_cost(xy, z, uv, shift, keep, CONCENTRATION_STEPS)
+    if kept is None:
+        return np.arange(count)
+    return _within(xy, z, uv, shift, kept)
+
+
+def _within(xy, z, uv, shift: float, fitted: np.ndarray) -> np.ndarray:
+    """The points within OUTLIER_SIGMAS robust deviations of the camera (focal for ``shift``)
+    fitted to the points ``fitted``."""
+    front = z + shift > 0.0
+    projected = np.where(front[:, None], xy / np.where(front, z + shift, 1.0)[:, None], 0.0)
+    focal = float(np.sum(projected[fitted] * uv[fitted])) / max(float(np.sum(projected[fitted] ** 2)), 1e-300)
+    distance = np.hypot(*(focal * projected - uv).T)
+    # the fitted points' median residual norm is 1.1774 sigma for a 2-D Gaussian (Rayleigh median)
+    sigma = float(np.median(distance[fitted])) / 1.1774
+    floor = 1e-6 * float(np.sqrt(np.mean(uv * uv)))  # float32 rounding on a noise-free map
+    return np.flatnonzero(front & (distance <= OUTLIER_SIGMAS * max(sigma, floor)))
+
+
+def solve_focal_shift(uv: np.ndarray, xyz: np.ndarray, *, iterations: int = 80) -> tuple[float, float]:
+    """(focal, shift) minimising sum |f * xy / (z + s) - uv|^2 over the inliers (module doc),
+    with every inlier's z + s > 0. The search runs over t = z_min + s (depth of the nearest
+    inlier), in log t (:func:`_minimise_log`)."""
+    uv = np.asarray(uv, np.float64).reshape(-1, 2)
+    xyz = np.asarray(xyz, np.float64).reshape(-1, 3)
+    xy, z = xyz[:, :2], xyz[:, 2]
+    _check_points(xy, z)
+    inliers = _robust_inliers(xy, z, uv)
+    for _ in range(REFITS):
+        _check_points(xy[inliers], z[inliers])
+        focal, shift = _least_squares(uv[inliers], xy[inliers], z[inliers], iterations)
+        if len(inliers) == len(z):
+            break  # a clean map: exactly the plain least squares
+        again = _within(xy, z, uv, shift, inliers)
+        if np.array_equal(again, inliers):
+            break
+        inliers = again
+    return focal, shift
+
+
+def _check_points(xy, z) -> None:
+    if len(z) < MIN_VALID_POINTS:
+        raise DegenerateGeometryError(
+            f"only {len(z)} valid point(s), and at least {MIN_VALID_POINTS} are needed for a stable "
+            "focal length and shift"
+        )
+    z_min, z_max = float(z.min()), float(z.max())
+    magnitude = max(abs(z_min), abs(z_max), float(np.abs(xy).max()))
+    span = z_max - z_min
+    if float(np.ptp(xy, axis=0).max()) <= 1e-9 * max(magnitude, 1e-30) and span <= 1e-9 * max(magnitude, 1e-30):
+        raise DegenerateGeometryError("every valid point is the same point")
+    if span <= 1e-6 * max(abs(z_min), abs(z_max), 1e-30):
+        raise DegenerateGeometryError(
+            "every valid point lies at one depth, so the depth offset (and with it the field of view) "
+            "cannot be recovered"
+        )
+
+
+def _least_squares(uv, xy, z, iterations: int) -> tuple[float, float]:
+    z_min, scale = float(z.min()), float(z.max() - z.min())
+
+    def cost(log_t):
+        return _focal_for_shift(xy, z, uv, math.exp(log_t) * scale - z_min)[1]
+
+    shift = math.exp(_minimise_log(cost, iterations)) * scale - z_min
     return _focal_for_shift(xy, z, uv, shift)[0], shift
 
 

@@ -1,4 +1,4 @@
-"""The batch run over an image sequence (bpy-free); which frames it covers is models/frames.py.
+"""The batch run over an image sequence (bpy-free); which frames it covers is models/frame_lists.py.
 
 A batch is ONE runtime operation (intermediate frames never shrink; the last run of the last frame
 does). Inference runs on a worker thread over a :class:`FrameQueue` that the caller feeds, and the
@@ -15,15 +15,21 @@ import queue
 import re
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..runtime.errors import LeanImageError, OperationCancelled
+from ..runtime.oom import out_of_memory_error
 from .base import JobOptions
 from .frame_lists import FrameRef
 
 _ADAPTER_FRAME = re.compile(r"^frame \d+/\d+(, )?")
+
+
+def _as_lean_error(exc: BaseException) -> BaseException:
+    """numpy's bare MemoryError (reading, computing or writing a frame) as the runtime's
+    out-of-memory error, saying what was asked for."""
+    return out_of_memory_error(exc) if isinstance(exc, MemoryError) else exc
 
 
 class FrameQueue:
@@ -209,16 +215,15 @@ class BatchRun:
                     return self.report
                 except OperationCancelled:
                     raise
-                except LeanImageError as exc:
+                except (LeanImageError, MemoryError) as exc:
+                    exc = _as_lean_error(exc)
                     if not self._frames.in_flight:
-                        raise  # not about one frame (the model, the device): the batch cannot go on
+                        raise exc from None  # not about one frame (the model, the device): the batch cannot go on
                     ref = self._frames.fail_current()
                     self._put_result((ref, exc))
                     if self._stop_on_error or not self._frames.has_more():
                         return self.report  # no empty operation (and memory report) after the last frame
-        except BaseException as exc:  # ends the batch; pump() reports it on the caller's thread
-            if not isinstance(exc, LeanImageError):
-                traceback.print_exc()
+        except BaseException as exc:  # ends the batch; pump() raises it, traceback and all, on the caller's thread
             self._worker_error = exc
         finally:
             self._over.set()  # never a blocking put: the caller may have stopped pumping
@@ -292,6 +297,7 @@ class BatchRun:
                 time.sleep(0.002)
 
     def _frame_failed(self, ref: FrameRef, exc: BaseException, *, before_model: bool = False) -> None:
+        exc = _as_lean_error(exc)
         text = str(exc) if isinstance(exc, LeanImageError | OSError) else f"{type(exc).__name__}: {exc}"
         self.report.failed.append((ref.number, text))
         if not self._stop_on_error:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..runtime.errors import InferenceOutOfMemoryError, MemoryBudgetError, ModelContractError
+from ..runtime.oom import not_shrinking_with_tiles
 from .feather import feather_floor
 from .paste import PASTE_BAND_ROWS, blend, paste  # noqa: F401  (PASTE_BAND_ROWS: re-exported)
 from .tile_memory import (  # noqa: F401  (re-exported: the tiler's public names)
@@ -274,8 +275,10 @@ def run_tiled(
         try:
             result = run_tile(window, last and len(pending) == 1)
         except InferenceOutOfMemoryError as exc:
-            if fixed or _halve(current, overlap, min_tile) is None:
+            if fixed:
                 raise
+            if _halve(current, overlap, min_tile) is None:  # the smallest tile did not fit either
+                raise not_shrinking_with_tiles(exc, max(current)) from None
             # Split and re-acquire only after this block: while it runs, the error's traceback holds
             # the frames of the failed run, and whatever they reference (the tile's buffers, any
             # session a caller's frame still holds) would live on beside the replacement session.

@@ -24,18 +24,21 @@ import numpy as np
 from ..runtime import mark_last
 from ..runtime.errors import InferenceError, InferenceOutOfMemoryError, ModelContractError, SessionClosedError
 from ..runtime.memory import available_system_memory_bytes
+from . import family_check
 from .base import FLOAT_TYPES, JobOptions, ResultSink, as_frames, check_contract, check_finite, fixed_hw
-from .family import Family, Option, Setting, non_negative_int, one_of, positive_int
+from .family import Family, Option, Output, Setting, non_negative_int, one_of, positive_int
 from .imaging import from_nchw, prepare_image, resize, to_nchw
 from .receptive import graph_receptive_field
+from .result_images import ColourImage
 from .tiling import refuse_oversized_result, run_tiled, tile_floor, whole_scale
 from .upscale_plan import (
+    AUTO,
     AUTO_OVERLAP,
-    MEASURE_WINDOW,
-    auto_tile,
+    auto_tile_for_frame,
     impulse_probe,
     plan_overlap,
     receptive_field,
+    split_warning,
 )
 
 DEFAULT_MODEL_PATH = Path(__file__).parent / "assets" / "bicubic_x2.onnx"
@@ -54,6 +57,7 @@ class UpscaleResult:
     exact: bool = True  # tiles give exactly the pixels of one whole-image run
     warnings: list[str] = field(default_factory=list)
     feather: int = 0  # > 0: tile seams were blended over 2 * feather px (deep nets: not exact)
+    input_kind: str = "8-bit"  # the source's samples: "8-bit", "16-bit" or "float"
 
     @property
     def seams(self) -> str:
@@ -77,14 +81,16 @@ def run(
     """Upscale one image (HxW[xC] uint8/uint16/float) or a list of frames (one operation).
 
     `tile_size`: "auto" or 0 (per frame, from the working memory this model was measured to take
-    per pixel and a working target per device kind, lowered by `memory_budget_bytes` and the
-    runtime's budgets: never from the memory free at call time; see upscale_plan.auto_tile), an
-    int (window side in input pixels, overlap included), or None for one window over the image.
-    Whatever is chosen is halved on out-of-memory. Ignored for fixed-shape models, which get
-    exactly their input size.
+    per pixel and a working target per device kind, lowered by `memory_budget_bytes` when given,
+    else by the runtime's RAM or VRAM budget for the device the session runs on (runtime/budget.py
+    ``budget_for``): never from the memory free at call time, so a job's plan is the same every
+    run; see upscale_plan.auto_tile), an int (window side in input pixels, overlap included), or
+    None for one window over the image. Whatever is chosen is halved on out-of-memory. Ignored for
+    fixed-shape models, which get exactly their input size.
     `overlap`: context pixels around each tile; None or -1: the model's receptive radius
     (`model_overlap` from its catalog entry, else read from the graph, else measured by an impulse
-    probe), rounded up to `size_multiple`: then tiles give exactly one whole-image run's pixels.
+    probe), rounded up to `size_multiple`: then tiles give exactly one whole-image run's pixels
+    when the graph proved the radius (a probe's figure is measured, not proven: `exact` False).
     A radius over MAX_EXACT_RADIUS (deep nets: RRDBNet's 349 px) gets FEATHER_OVERLAP instead,
     seams blended, and the result says it is not exact (`exact`, `seams`, a warning).
     `size_multiple`: round dynamic windows up to this (models that need even sizes, say).
@@ -98,6 +104,8 @@ def run(
         raise ValueError(f"tile_size must be 'auto', an int or None, got {tile_size!r}")
     if isinstance(tile_size, (bool, float)):
         raise ValueError(f"tile_size must be 'auto', an int or None, got {tile_size!r}")
+    if isinstance(tile_size, int) and tile_size < 0:  # the Tile Size option's min (FAMILY below)
+        raise ValueError(f"tile_size must be >= 0 (0 or 'auto': a fixed size per device), got {tile_size}")
     if tile_size == 0:  # what the artist's "Tile Size 0" means
         tile_size = "auto"
     options = options or JobOptions()
@@ -141,7 +149,7 @@ def run(
                 plan_warnings.append(
                     f"Overlap reduced to {overlap} px to fit the model's {fixed[1]}x{fixed[0]} input."
                 )
-                planned.exact = planned.radius is not None and overlap >= planned.radius
+                planned.exact = planned.covers(overlap)
             # a fixed window cannot grow: the ramps must fit its core (models/feather.py)
             planned.feather = min(planned.feather, overlap, max(0, (min(fixed) - 2 * overlap) // 4))
         elif tile_size == "auto":
@@ -174,7 +182,7 @@ def run(
                 refuse_oversized_result(*shape[:2], known, channels, label=job.handle.model_name, available=available)
             if tile is AUTO or auto_sized:
                 auto_sized = True  # until a split shows the size that fits: then that size stays
-                tile = _auto_tile(job, runtime, overlap, planned.feather, memory_budget_bytes, shape[:2])
+                tile = auto_tile_for_frame(job, runtime, overlap, planned.feather, memory_budget_bytes, shape[:2])
             # auto windows all of one shape (no larger than the frame): one memory plan in ORT
             uniform = auto_sized and tile is not None and fixed is None and len(shape) >= 2
             window = tile
@@ -195,6 +203,7 @@ def run(
                 alpha_constant = float(alpha.min())  # no run needed to upscale a flat alpha
             model_alpha = alpha is not None and alpha_constant is None and alpha_mode == "model"
             source = np.concatenate([rgb, alpha[:, :, None]], axis=2) if model_alpha else rgb
+            input_kind = prepared.kind
             del rgb, prepared  # only `source` (and `alpha`) are needed from here on
 
             def run_tile(window, last, _model_alpha=model_alpha):
@@ -255,6 +264,7 @@ def run(
                     exact=exact,
                     warnings=warnings,
                     feather=0 if tiled.tiles_run == 1 else planned.feather,
+                    input_kind=input_kind,
                 )
             )
         options.report(1.0, "done")
@@ -273,12 +283,8 @@ class _Job:
         self.hinted = False  # `scale` is only a hint (`_scale_hint`), not yet seen in an output
         self.told_plan: tuple | None = None  # the auto tile plan last emitted as a `tile_plan` event
         self._buffers: dict[str, np.ndarray] = {}  # slot -> flat buffer from runtime.scratch
-        check_contract(
-            self.handle,
-            MODEL_NAME,
-            inputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}],
-            outputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}],
-        )
+        check_session(self.handle)
+        family_check.require("upscale", self.handle)  # after the shapes: what fits them may still be another family
 
     def _buffer(self, slot: str, shape: tuple, dtype) -> np.ndarray:
         """The slot's buffer as a C-contiguous `shape` (a prefix of it: an edge tile's smaller
@@ -338,38 +344,6 @@ class _Job:
         return output
 
 
-AUTO = "auto"
-
-
-def _auto_tile(job, runtime, overlap: int, feather: int, budget: int | None, frame_hw):
-    """The auto tile size for one frame (None: one window), told to the event log when it changes."""
-
-    def measure():
-        runtime.release_now("measuring working memory")  # a warm arena would hide the growth
-        grey = np.full((MEASURE_WINDOW, MEASURE_WINDOW, 3), 0.5, np.float32)
-        job.infer(to_nchw(grey, job.handle.inputs[0].dtype), last=False, slot="probe")
-
-    tile, how = auto_tile(runtime, job.handle, overlap, budget, feather=feather, measure=measure, frame_hw=frame_hw)
-    if (tile, how) != job.told_plan:
-        job.told_plan = (tile, how)
-        runtime.events.emit(
-            "tile_plan", model=job.handle.model_name, tile_size=tile, overlap=overlap, feather=feather, how=how
-        )
-    return tile
-
-
-def split_warning(tiled, *, exact: bool) -> str:
-    """What the artist reads when tiles were made smaller: by the budget, or after running out."""
-    budget = sum(s["reason"] == "memory_budget" for s in tiled.splits)
-    same = " (the same pixels: the overlap covers the model's receptive radius)" if exact else ""
-    if budget == len(tiled.splits):
-        return (
-            f"Memory budget: tiles were made smaller {budget} time(s), down to {max(tiled.tile_size)} px, "
-            f"to fit the memory free under the budget{same}."
-        )
-    return f"Ran out of memory; tiles were split {len(tiled.splits)} time(s), down to {max(tiled.tile_size)} px{same}."
-
-
 # The scale each cached session showed (by its cache key: model file identity, device, settings),
 # so the next job binds even its first run's output into its own buffer: that run would otherwise
 # return the output in arena memory, to be copied out (200 MB for a 1024 px input at x4) and
@@ -402,6 +376,16 @@ def _scale_hint(handle) -> int | None:
     return int(walked)
 
 
+def check_session(handle) -> None:
+    """The family's contract: ModelContractError when the model is not an RGB-to-RGB NCHW net."""
+    check_contract(
+        handle,
+        MODEL_NAME,
+        inputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}],
+        outputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}],
+    )
+
+
 def _static_scale(handle) -> int | None:
     """The scale from fixed input/output shapes, when the model declares both."""
     fixed_in, fixed_out = fixed_hw(handle.inputs[0].shape), fixed_hw(handle.outputs[0].shape)
@@ -432,6 +416,7 @@ FAMILY = Family(
             "smaller only when memory runs short)",
             min=0,
             soft_max=2048,
+            alias="tile",
         ),
         Option(
             "overlap",
@@ -439,7 +424,8 @@ FAMILY = Family(
             AUTO_OVERLAP,
             "Overlap",
             "Context pixels around each tile. -1: the model's receptive radius, so tiles give exactly "
-            "the pixels of one whole-image run (a warning when set below it)",
+            "the pixels of one whole-image run when the radius is read from the model's graph (a "
+            "measured one is not proven: a warning says so, as when set below it)",
             min=AUTO_OVERLAP,
             soft_max=256,
         ),
@@ -449,4 +435,6 @@ FAMILY = Family(
     operator="upscale",
     command="upscale",
     fallback_model=DEFAULT_MODEL_PATH,
+    check_session=check_session,
+    output=Output(tag="upscaled", what="an upscaled image", suffix=".png", float_suffix=".exr", image=ColourImage("image")),
 )

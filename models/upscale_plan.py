@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..runtime.budget import working_estimate
+from ..runtime.budget import budget_for, working_estimate
 from .feather import feather_floor
+from .imaging import to_nchw
 from .receptive import GLOBAL, ReceptiveField, graph_receptive_field
 from .tile_memory import BUDGET_FRACTION, FALLBACK_TILE, MAX_AUTO_TILE, tile_floor
 
@@ -45,6 +46,11 @@ class OverlapPlan:
     exact: bool  # tiles give exactly one whole-image run's pixels
     warnings: list[str] = field(default_factory=list)
     feather: int = 0  # > 0: seams blended over 2 * feather px (models/feather.py), not cropped
+    proven: bool = False  # the graph walk proved the radius; a probe's is measured, not proven
+
+    def covers(self, overlap: int) -> bool:
+        """Tiles with this overlap are exact: only a proven radius can say so."""
+        return self.proven and self.radius is not None and overlap >= self.radius
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -52,10 +58,13 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 def receptive_field(model_path, model_overlap, probe) -> ReceptiveField:
-    """The catalog's figure when it has one, else the graph's, else the probe's."""
-    if model_overlap is not None:
-        return ReceptiveField(int(model_overlap), "catalog")
+    """The catalog's figure when it has one, else the graph's, else the probe's. The catalog's
+    figure is proven only when the graph walk reads a radius it covers; a probe's never is."""
     found = graph_receptive_field(model_path)
+    if model_overlap is not None:
+        covered = found.radius is not None and not found.is_global and found.radius <= int(model_overlap)
+        gave_up = found.detail if found.radius is None else ""
+        return ReceptiveField(int(model_overlap), "catalog", gave_up, found.scale, proven=covered)
     if found.radius is None and probe is not None:
         radius = probe()
         return ReceptiveField(GLOBAL if radius is None else radius, "probe", found.detail)
@@ -87,8 +96,8 @@ def plan_overlap(name: str, field_: ReceptiveField, requested: int | None, multi
             raise ValueError(f"overlap must be >= 0 ({AUTO_OVERLAP}: the model's receptive radius), got {overlap}")
         if radius is not None and overlap < radius:
             warnings.append(
-                f"Overlap {overlap} px is below {name}'s receptive radius ({radius} px): pixels near "
-                "tile seams can differ from one whole-image run."
+                f"Overlap {overlap} px is below {name}'s receptive radius ({radius} px): with more than "
+                "one tile the result is not exact; pixels near tile seams can differ from one whole-image run."
             )
     if global_:
         where = f" ({field_.detail})" if field_.detail else ""
@@ -100,8 +109,17 @@ def plan_overlap(name: str, field_: ReceptiveField, requested: int | None, multi
         warnings.append(
             f"{name}'s receptive radius is unknown ({field_.detail}); using a {overlap} px overlap."
         )
-    exact = radius is not None and overlap >= radius
-    return OverlapPlan(overlap, radius, field_.how, exact, warnings, feather)
+    elif not field_.proven and radius is not None and overlap >= radius:
+        source = "measured by an impulse probe" if field_.how == "probe" else "given by its catalog entry"
+        why = f" (the graph walk gave up at {field_.detail})" if field_.detail else ""
+        warnings.append(
+            f"{name}'s receptive radius ({radius} px) is {source}, not proven from its "
+            f"graph{why}: with more than one tile the result is not exact; pixels near tile seams can "
+            "differ slightly from one whole-image run."
+        )
+    plan = OverlapPlan(overlap, radius, field_.how, False, warnings, feather=feather, proven=field_.proven)
+    plan.exact = plan.covers(overlap)
+    return plan
 
 
 def impulse_probe(infer, *, scale: int | None, channels: int = 3, fixed=None) -> int | None:
@@ -128,15 +146,15 @@ def impulse_probe(infer, *, scale: int | None, channels: int = 3, fixed=None) ->
 
 
 def working_target(runtime, handle, budget: int | None) -> int:
-    """The working memory one window may take: BUDGET_FRACTION of the caller's budget when given,
-    else a fixed figure per device kind, lowered by the runtime's own limits (the RAM or VRAM
-    budget; on CUDA `gpu_mem_limit`). Never the memory free at call
-    time: that made the same job's plan change run to run."""
+    """The working memory one window may take: a fixed figure per device kind, lowered to
+    BUDGET_FRACTION of the caller's budget when given, else of the job's RAM or VRAM budget for the
+    device the session runs on (runtime/budget.py ``budget_for``: the one route every front-end's
+    budget takes), and on CUDA of `gpu_mem_limit`. Never the memory free at call time: that made
+    the same job's plan change run to run."""
     settings = runtime.settings
     on_gpu = handle.gpu_device_id is not None
     limits = [AUTO_WORKING_GPU if on_gpu else AUTO_WORKING_CPU]
-    caps = [budget] if budget is not None else []
-    caps.append(settings.vram_budget_bytes if on_gpu else settings.ram_budget_bytes)
+    caps = [budget if budget is not None else budget_for(runtime, handle.gpu_device_id)]
     if on_gpu:
         caps.append(settings.gpu_mem_limit_bytes)  # the CUDA arena's cap (the weights sit outside it)
     limits += [int(BUDGET_FRACTION * cap) for cap in caps if cap]
@@ -175,3 +193,35 @@ def auto_tile(runtime, handle, overlap: int, budget: int | None, *, feather: int
         return None, f"one window ({how})"
     side = int(math.sqrt(target / rate)) // AUTO_WINDOW_STEP * AUTO_WINDOW_STEP
     return int(min(max(side, floor), MAX_AUTO_TILE)), how
+
+
+AUTO = "auto"
+
+
+def auto_tile_for_frame(job, runtime, overlap: int, feather: int, budget: int | None, frame_hw):
+    """The auto tile size for one frame (None: one window), told to the event log when it changes."""
+
+    def measure():
+        runtime.release_now("measuring working memory")  # a warm arena would hide the growth
+        grey = np.full((MEASURE_WINDOW, MEASURE_WINDOW, 3), 0.5, np.float32)
+        job.infer(to_nchw(grey, job.handle.inputs[0].dtype), last=False, slot="probe")
+
+    tile, how = auto_tile(runtime, job.handle, overlap, budget, feather=feather, measure=measure, frame_hw=frame_hw)
+    if (tile, how) != job.told_plan:
+        job.told_plan = (tile, how)
+        runtime.events.emit(
+            "tile_plan", model=job.handle.model_name, tile_size=tile, overlap=overlap, feather=feather, how=how
+        )
+    return tile
+
+
+def split_warning(tiled, *, exact: bool) -> str:
+    """What the artist reads when tiles were made smaller: by the budget, or after running out."""
+    budget = sum(s["reason"] == "memory_budget" for s in tiled.splits)
+    same = " (the same pixels: the overlap covers the model's receptive radius)" if exact else ""
+    if budget == len(tiled.splits):
+        return (
+            f"Memory budget: tiles were made smaller {budget} time(s), down to {max(tiled.tile_size)} px, "
+            f"to fit the memory free under the budget{same}."
+        )
+    return f"Ran out of memory; tiles were split {len(tiled.splits)} time(s), down to {max(tiled.tile_size)} px{same}."

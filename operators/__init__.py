@@ -10,7 +10,7 @@ from .. import registration
 
 # Submodules with a module-level `classes` tuple; registered in this order, unregistered in reverse.
 # gpu_ops' post_register() loads the CUDA/cuDNN libraries before any session is made.
-_MODULES = ("jobs", "image_ops", "geometry_ops", "batch_ops", "model_ops", "memory_ops", "gpu_ops")
+_MODULES = ("jobs", "image_ops", "geometry_ops", "batch_ops", "shot_ops", "model_ops", "memory_ops", "gpu_ops")
 
 
 def _classes():
@@ -25,8 +25,29 @@ def cancel_running_jobs():
     downloads.cancel_all()
 
 
+def check_family_operators(classes=None) -> None:
+    """A family that names an operator must have its class, or its N-panel button would fail when
+    pressed. Checked before anything is registered."""
+    from ..models import families
+    from .options import operator_idname
+
+    idnames = {getattr(cls, "bl_idname", "") for cls in (_classes() if classes is None else classes)}
+    missing = [
+        f"{family.id} ({operator_idname(family)})"
+        for family in families.ALL
+        if family.operator and operator_idname(family) not in idnames
+    ]
+    if missing:
+        raise RuntimeError(
+            f"Model families name operators that do not exist: {', '.join(missing)}. Give each an operator "
+            "class (operators/), or leave its 'operator' empty (it then runs through Process Sequence)."
+        )
+
+
 def register():
-    registration.register(__name__, _MODULES, _classes())
+    classes = _classes()
+    check_family_operators(classes)
+    registration.register(__name__, _MODULES, classes)
 
 
 def unregister():

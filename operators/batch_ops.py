@@ -8,61 +8,98 @@ in the .blend: the results are files.
 """
 
 # No ``from __future__ import annotations``: Blender reads property annotations as objects.
+import os
+from dataclasses import replace
 from pathlib import Path
 
 import bpy
+import numpy as np
 from bpy.props import BoolProperty, EnumProperty, StringProperty
 
-from ..models import families, frame_lists, library, products, sequence
-from ..models.base import JobOptions
+from ..models import families, file_formats, frame_lists, image_meta, products, result_images, sequence
 from ..runtime.errors import LeanImageError
-from . import image_io, options, prefs, results, sources
+from . import image_io, options, prefs, results, shot_props, sources
 from .jobs import Job, WorkerOperator
 
 
 def _blender_can_write(path: Path) -> None:
-    if path.suffix.lower() in (".ply", ".json"):  # written by models/products.py
-        return
-    if path.suffix.lower() not in sources.OUTPUT_FORMATS:
-        raise LeanImageError(f"Cannot save '{path.name}': Blender writes .png, .exr, .jpg or .tif here.")
+    if not file_formats.BLENDER_WRITER.writes(path.suffix):
+        raise LeanImageError(f"Cannot save '{path.name}': Blender writes {file_formats.BLENDER_WRITER.advice()} here.")
 
 
-def sequence_refs(image, frames: range | None) -> list[frame_lists.FrameRef]:
+def sequence_refs(image, frames: range | None, exclude=None) -> list[frame_lists.FrameRef]:
     """The frames of an Image datablock. A SEQUENCE image's file name is numbered the way Blender
     reads sequences (the digits before the suffix): every file of that numbering, or ``frames``."""
     path = sources.absolute_path(image.filepath_raw or image.filepath)
     numbered = frame_lists.pattern_of(path)
     if image.source == "SEQUENCE" and numbered is not None:
-        return frame_lists.resolve_input(numbered[0], frames)
-    return frame_lists.resolve_input(path, frames)
+        return frame_lists.resolve_input(numbered[0], frames, exclude)
+    return frame_lists.resolve_input(path, frames, exclude)
 
 
-def read_frame(ref: frame_lists.FrameRef):
-    """Main thread: the frame's pixels as models take them; the datablock is removed again."""
+def _kind(image) -> str:
+    """"float", "16-bit" or "8-bit": Blender keeps 16-bit PNG/TIFF in float buffers too, so the
+    file format tells float files apart."""
+    if image.file_format in file_formats.BLENDER_FLOAT_FILES:
+        return "float"
+    return "16-bit" if image.is_float else "8-bit"
+
+
+def _as_kind(rgba, kind: str):
+    """Model values as the source's sample type, so results are written with the source's bits
+    (models/products.py): 8-bit frames come back exactly as stored."""
+    if kind == "float":
+        return rgba
+    top = 255.0 if kind == "8-bit" else 65535.0
+    return (np.clip(rgba, 0.0, 1.0) * top + 0.5).astype(np.uint8 if kind == "8-bit" else np.uint16)
+
+
+def input_kind(ref: frame_lists.FrameRef) -> str:
+    """Main thread: the kind of the first frame's samples (the output type follows it)."""
+    if not ref.path.is_file():
+        return "8-bit"
     before = set(bpy.data.images)
     image = image_io.load_image_file(str(ref.path), check_existing=False)
     try:
-        rgba, info = image_io.read_image(image)
-        return image_io.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied)
+        return _kind(image)
     finally:
         if image not in before:
             bpy.data.images.remove(image)
 
 
-def write_result(family_id: str, path: Path, result, values: dict) -> list[str]:
-    if family_id == "moge2":
-        products.write_geometry(path, result, discontinuity=values["discontinuity"], write_normals=results.save_product)
-        return []
-    product = products.image_product(family_id, result, path.suffix, products.BLENDER_FLOAT_SUFFIXES)
+def read_frame(ref: frame_lists.FrameRef, warn=None):
+    """Main thread: the frame's pixels as models take them, in the source's sample type, turned
+    upright as its EXIF orientation says (as the command line reads it: Blender itself does not);
+    the datablock is removed again. A multi-page TIFF gives its first page and a warning."""
+    before = set(bpy.data.images)
+    image = image_io.load_image_file(str(ref.path), check_existing=False)
+    try:
+        rgba, info = image_io.read_image(image)
+        pixels = _as_kind(image_io.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied), _kind(image))
+    finally:
+        if image not in before:
+            bpy.data.images.remove(image)
+    if warn is not None and ref.path.suffix.lower() in (".tif", ".tiff") and (pages := image_meta.tiff_pages(ref.path)) > 1:
+        warn(f"{ref.path.name} has {pages} pages; the first (the main image by TIFF convention) was used.")
+    return image_meta.upright(pixels, image_meta.exif_orientation(ref.path))
+
+
+def _save_image(path: Path, product: products.ImageProduct) -> list[str]:
     results.save_product(path, product)
-    return products.range_notes(path, product)
+    return result_images.range_notes(path, product)
+
+
+def write_result(family_id: str, path: Path, result, values: dict) -> list[str]:
+    return products.write_result(
+        family_id, path, result, values, _save_image, file_formats.BLENDER_WRITER.float_suffixes
+    )[0]
 
 
 def _batch_properties() -> dict:
     fields = {}
     for family in families.ALL:
         fields.update(options.family_properties(family))
-    return fields
+    return {**fields, **shot_props.shot_properties()}
 
 
 @options.with_properties(_batch_properties())
@@ -88,7 +125,8 @@ class LEAN_IMAGE_AI_OT_process_sequence(WorkerOperator, bpy.types.Operator):
     frames: StringProperty(name="Frames", description="A-B or A-B:STEP. Empty: every frame")
     output: StringProperty(
         name="Save To",
-        description="A folder or a pattern (out_####.exr). Empty: default names beside the frames",
+        description="A folder or a pattern (out_####.exr). Empty: the folder <frames' folder>_<kind> "
+        "beside the frames' folder (plates/ -> plates_depth/), each frame under its own number",
         subtype="FILE_PATH",
     )
     model_id: StringProperty(name="Model", description="Catalog model id. Empty: the first installed model")
@@ -107,44 +145,55 @@ class LEAN_IMAGE_AI_OT_process_sequence(WorkerOperator, bpy.types.Operator):
         job.name = f"{family.action} (sequence)"
         frames = frame_lists.parse_frames(self.frames) if self.frames.strip() else None
         shard = frame_lists.parse_shard(self.shard)
+        output = sources.absolute_path(self.output) if self.output else None
+        if output is not None and self.output.endswith(("/", "\\")):
+            output = f"{output}{os.sep}"  # a folder still to be made keeps its trailing separator
+        exclude = products.written_by(family.id, output)  # earlier results are never frames
         if self.image_name:
             image = bpy.data.images.get(self.image_name)
             if image is None:
                 raise LeanImageError(f"There is no image called '{self.image_name}' in this file.")
-            refs = sequence_refs(image, frames)
+            refs = sequence_refs(image, frames, exclude)
         elif self.source:
-            refs = frame_lists.resolve_input(sources.absolute_path(self.source), frames)
+            refs = frame_lists.resolve_input(sources.absolute_path(self.source), frames, exclude)
         else:
             raise LeanImageError("Give the frames: an image sequence (image_name), or a folder or pattern (source).")
+        kind = input_kind(refs[0]) if refs else "8-bit"
         refs, outputs, skip = products.plan_batch(
             family.id,
             refs,
-            sources.absolute_path(self.output) if self.output else None,
-            in_sequence=len(refs) > 1,
+            output,
+            in_sequence=True,
             shard=shard,
             overwrite=self.overwrite,
             skip_existing=self.skip_existing,
             check_format=_blender_can_write,
+            writer=file_formats.BLENDER_WRITER,
+            suffix=products.default_suffix(family.id, kind),
         )
-        model_path = str(sources.absolute_path(self.model_path)) if self.model_path else ""
-        device, _budget = prefs.configure_runtime(context)
-        model = library.resolve(family.id, prefs.models_folder(context), self.model_id, model_path, device=device)
-        values = {o.name: getattr(self, o.name) for o in family.options}
-        kwargs = model.adapter_kwargs(family.id, **values)
+        if outputs:
+            output_type = products.describe_output(family.id, outputs[0].suffix, kind, file_formats.BLENDER_WRITER.float_suffixes)
+            job.name = f"{job.name}, {output_type}"
+        family_job = prefs.family_job(context, self, family.id)  # a first-time hash runs on the worker
+        values = family_job.values
         target = dict(zip(refs, outputs, strict=True))
+        shot = shot_props.settings_of(self, family.id, shard)
 
-        def infer(frames_source, opts):
-            return family.run(frames_source, model.path, options=opts, **kwargs)
+        def make_pass(write, shot_kwargs, first_pass):  # a shot's first pass records, skips nothing
+            pass_job = replace(family_job, extra=dict(shot_kwargs))
+            run = sequence.BatchRun(
+                refs,
+                pass_job.infer,
+                lambda ref: read_frame(ref, None if first_pass else run.report.warnings.append),
+                write,
+                options=pass_job.options(progress=job.report, cancel=job.cancel_event),
+                skip=(lambda ref: False) if first_pass else skip.__contains__,
+                stop_on_error=self.stop_on_error,
+            )
+            return run
 
-        batch = sequence.BatchRun(
-            refs,
-            infer,
-            read_frame,
-            lambda ref, result: write_result(family.id, target[ref], result, values),
-            options=JobOptions(device=device, progress=job.report, cancel=job.cancel_event),
-            skip=skip.__contains__,
-            stop_on_error=self.stop_on_error,
-        )
+        write = shot_props.writer(shot, target, lambda ref, result: write_result(family.id, target[ref], result, values))
+        batch = shot_props.batch(shot, make_pass, write, job.cancel_event)
         job.inputs = batch
         job.key = str(outputs[0].parent) if outputs else f"(shard {self.shard}: no frames)"
         return lambda job: batch.infer_all()
@@ -164,6 +213,8 @@ class LEAN_IMAGE_AI_OT_process_sequence(WorkerOperator, bpy.types.Operator):
         for warning in dict.fromkeys(report.warnings):
             self.report({"WARNING"}, warning)
         summary = f"{job.name}: {report.summary()} in {report.seconds:.1f} s; files in {job.key}"
+        if getattr(job.inputs, "shot_line", ""):  # a shot's first pass: the range or camera it settled
+            summary += f"; {job.inputs.shot_line}"
         if report.failed:
             details = "; ".join(f"frame {n}: {error}" for n, error in report.failed[:3])
             more = f" (and {len(report.failed) - 3} more)" if len(report.failed) > 3 else ""

@@ -69,6 +69,8 @@ class LEAN_IMAGE_AI_OT_install_gpu_runtime(WorkerOperator, bpy.types.Operator):
                 "headless: blender --online-mode), so the GPU libraries cannot be downloaded."
             )
         folder = prefs.gpu_runtime_folder(create_parent=True)
+        # A folder the add-on did not make is named now, not after a gigabyte of download.
+        gpu_libraries.check_replaceable(folder)
         size = gpu_libraries.download_size(requirements)
         job.inputs = (folder, requirements)
         python = sys.executable  # Blender's own Python inside Blender

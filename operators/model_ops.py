@@ -13,9 +13,9 @@ from pathlib import Path
 import bpy
 from bpy.props import EnumProperty, StringProperty
 
-from ..models import families, library
+from ..models import families, library, user_models
 from ..runtime import get_runtime
-from ..runtime.errors import LeanImageError, ModelFileError, first_line
+from ..runtime.errors import LeanImageError
 from . import prefs
 from .jobs import Job, WorkerOperator, downloads, manager
 
@@ -177,12 +177,17 @@ class LEAN_IMAGE_AI_OT_remove_model(bpy.types.Operator):
 FAMILY_ITEMS = tuple((f.id, f.title, f"A {f.title} model") for f in families.ALL)
 
 
-class LEAN_IMAGE_AI_OT_register_user_model(bpy.types.Operator):
-    """Use your own ONNX file (e.g. another 4x upscaler) as a model of the chosen family"""
+class LEAN_IMAGE_AI_OT_register_user_model(WorkerOperator, bpy.types.Operator):
+    """Use your own ONNX file (e.g. another 4x upscaler) as a model of the chosen family; it is
+    checked against the family first (models/family_check.py), off the main thread"""
 
     bl_idname = "lean_image_ai.register_user_model"
     bl_label = "Register ONNX Model"
     bl_options = {"INTERNAL"}
+
+    lane = downloads
+    job_title = "Register Model"
+    redraw_areas = frozenset({"PREFERENCES"})
 
     family: EnumProperty(name="Family", items=FAMILY_ITEMS, default="upscale")
     # SKIP_SAVE: a remembered path would skip the file browser on the next use
@@ -191,48 +196,45 @@ class LEAN_IMAGE_AI_OT_register_user_model(bpy.types.Operator):
 
     def invoke(self, context, event):
         if self.filepath or bpy.app.background:
-            return self.execute(context)
+            return WorkerOperator.invoke(self, context, event)
         context.window_manager.fileselect_add(self)
         return {"RUNNING_MODAL"}
 
     def execute(self, context):
+        # after the file browser Blender calls execute: check the file under the modal timer
+        if not bpy.app.background and context.window is not None:
+            return self.start_modal(context)
+        return WorkerOperator.execute(self, context)
+
+    def job_key(self) -> str:
+        return f"register:{self.filepath}"
+
+    def prepare(self, context, job: Job):
         if not self.filepath:
-            self.report({"ERROR"}, "Choose the .onnx file to register.")
-            return {"CANCELLED"}
+            raise LeanImageError("Choose the .onnx file to register.")
         path = Path(bpy.path.abspath(self.filepath)).expanduser()
-        title = families.get(self.family).title
         if not path.is_file():
-            self.report({"ERROR"}, f"Cannot register {str(path)!r}: there is no file at that path.")
+            raise LeanImageError(f"Cannot register {str(path)!r}: there is no file at that path.")
+        family = self.family
+        job.name, job.inputs = f"Register {path.name}", (family, path, prefs.models_folder(context))
+
+        def work(job: Job):
+            return user_models.check(family, path, progress=job.report)
+
+        return work
+
+    def finish(self, context, job: Job):
+        if job.state != "finished":
+            level = "WARNING" if job.state == "cancelled" else "ERROR"
+            self.report({level}, job.error_text or f"{job.name} did not finish.")
             return {"CANCELLED"}
+        family, path, folder = job.inputs
         try:
-            inputs, outputs = library.inspect_model(path)
-        except ModelFileError as exc:
-            detail = first_line(exc.__cause__) if exc.__cause__ is not None else str(exc)
-            self.report(
-                {"ERROR"},
-                f"Cannot register {path.name} as a {title} model: onnxruntime cannot load it as "
-                f"an ONNX model ({detail}). Pick a complete, valid .onnx file.",
-            )
+            registered = user_models.save(family, path, folder, *job.result)
+        except LeanImageError as exc:
+            self.report({"ERROR"}, str(exc))
             return {"CANCELLED"}
-        except LeanImageError as exc:  # e.g. not enough memory to load it
-            self.report({"ERROR"}, f"Cannot register {path.name} as a {title} model: {exc}")
-            return {"CANCELLED"}
-        except Exception as exc:
-            self.report({"ERROR"}, f"Cannot register {path.name}: onnxruntime could not load it ({first_line(exc)}).")
-            return {"CANCELLED"}
-        folder = prefs.models_folder(context)
-        known = library.catalog(folder)
-        try:
-            entry = known.add_user_model(self.family, path)
-            store = library.save_catalog(known, folder)
-        except (LeanImageError, ValueError, OSError) as exc:
-            self.report({"ERROR"}, f"Cannot register {path.name}: {exc}")
-            return {"CANCELLED"}
-        self.report(
-            {"INFO"},
-            f"Registered {entry.title} as a {title} model (inputs: {inputs}; outputs: {outputs}); "
-            f"saved in {store}.",
-        )
+        self.report({"WARNING"} if registered.verdict.warning else {"INFO"}, registered.summary())
         return {"FINISHED"}
 
 

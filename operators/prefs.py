@@ -9,8 +9,12 @@ from pathlib import Path
 
 import bpy
 
-from ..models import library
-from ..runtime import event_file, get_runtime, gpu_libraries
+from ..models import families, library
+from ..models.job import FamilyJob
+from ..runtime import event_file, get_runtime, gpu_libraries, parse_device
+from ..runtime.providers import DEVICE_BY_KIND, DEVICES, RELEASE_RULES, release_rule
+from ..runtime.settings import MemoryBudgets, budget_bytes
+from . import sources
 
 # "lean_image_ai.operators" -> "lean_image_ai"; installed: "bl_ext.user_default.lean_image_ai".
 ADDON_ID = __package__.rpartition(".")[0] or __package__
@@ -32,6 +36,8 @@ class DefaultPreferences:
     ram_release_delay_s: float = 0.0
     idle_unload_minutes: int = 0
     cudnn_max_workspace: bool = False
+    keep_models_loaded_on_dml_coreml: bool = False
+    coreml_compute_units: str = "ALL"
 
 
 def get_prefs(context=None):
@@ -46,18 +52,38 @@ def is_extension() -> bool:
 
 
 def models_folder(context=None, *, create: bool = False) -> Path:
-    """The models folder (models/library.py's order); Blender's own default is the extension's
-    user folder, or ``<user datafiles>/lean_image_ai/models`` for a legacy add-on install."""
+    """The models folder (models/library.py's order): by default the per-user data folder the
+    command line uses too, outside the extension's own folder (Blender deletes that one when the
+    extension is uninstalled or updated). A library in the old default folder is moved there once."""
     prefs = get_prefs(context)
     choice = bpy.path.abspath(prefs.models_dir) if prefs.models_dir else ""
-    if is_extension():
-        host_default = Path(bpy.utils.extension_path_user(ADDON_ID, path="models", create=False))
-    else:
-        host_default = Path(bpy.utils.user_resource("DATAFILES", path=f"{ADDON_ID}/models", create=False))
-    folder = library.models_dir(choice, host_default)
+    folder = library.models_dir(choice)
+    if folder == library.shared_models_dir():
+        _migrate_old_default(folder)
     if create:
         folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+_migrated: set[str] = set()
+
+
+def _old_default_models_folder() -> Path:
+    """Where Blender kept models before: the extension's user folder (a legacy add-on install:
+    ``<user datafiles>/lean_image_ai/models``)."""
+    if is_extension():
+        return Path(bpy.utils.extension_path_user(ADDON_ID, path="models", create=False))
+    return Path(bpy.utils.user_resource("DATAFILES", path=f"{ADDON_ID}/models", create=False))
+
+
+def _migrate_old_default(folder: Path) -> None:
+    old = _old_default_models_folder()
+    if str(old) in _migrated:
+        return
+    _migrated.add(str(old))
+    left = library.migrate_models(old, folder)
+    if left:
+        print(f"Lean Image AI: models moved to {folder}; already there, so left in {old}: {', '.join(left)}")
 
 
 def device_string(prefs) -> str:
@@ -75,25 +101,78 @@ def device_string(prefs) -> str:
 
 
 def memory_budget_bytes(prefs, name: str = "gpu_memory_budget_mb") -> int | None:
-    """A budget preference (``gpu_memory_budget_mb``, ``ram_budget_mb``) in bytes, None for no limit."""
-    mb = int(getattr(prefs, name, 0) or 0)
-    return mb * 1024 * 1024 if mb > 0 else None
+    """A budget preference (``gpu_memory_budget_mb``, ``ram_budget_mb``) in bytes, None for no limit
+    (runtime/settings.py's rule, as for the command line's flags)."""
+    return budget_bytes(name, int(getattr(prefs, name, 0) or 0))
 
 
-def configure_runtime(context) -> tuple[str, int | None]:
-    """Apply the preferences to the shared runtime; returns (device string, GPU memory budget).
-    The budgets are checked by the runtime before each job (runtime/budget.py)."""
+def budgets(prefs) -> MemoryBudgets:
+    return MemoryBudgets(memory_budget_bytes(prefs, "ram_budget_mb"), memory_budget_bytes(prefs))
+
+
+def configure_runtime(context) -> tuple[str, MemoryBudgets]:
+    """Apply the preferences to the shared runtime; returns (device string, memory budgets).
+    The budgets are checked by the runtime before each job (runtime/budget.py); a family job
+    (models/job.py) carries them too, as on the command line."""
     prefs = get_prefs(context)
-    budget = memory_budget_bytes(prefs)
+    job_budgets = budgets(prefs)
     get_runtime().configure(
+        **job_budgets.settings(),
         cpu_arena=bool(prefs.release_cpu_memory),
-        gpu_mem_limit_bytes=budget,
-        vram_budget_bytes=budget,
-        ram_budget_bytes=memory_budget_bytes(prefs, "ram_budget_mb"),
         cudnn_max_workspace=bool(getattr(prefs, "cudnn_max_workspace", False)),
         cpu_release_delay=float(getattr(prefs, "ram_release_delay_s", 0.0)),
+        keep_models_loaded_on_dml_coreml=bool(getattr(prefs, "keep_models_loaded_on_dml_coreml", False)),
+        coreml_compute_units=str(getattr(prefs, "coreml_compute_units", "ALL")),
+        coreml_cache_dir=str(user_folder("coreml")),
     )
-    return device_string(prefs), budget
+    return device_string(prefs), job_budgets
+
+
+def family_job(context, owner, family_id: str) -> FamilyJob:
+    """The family job (models/job.py) of an operator: its Model (an id or a file: one rule) or
+    Model File, its option values, and the preferences' device and budgets, applied to the runtime.
+    Main thread: a model file never hashed is hashed by the job's first run, on the worker."""
+    device, job_budgets = configure_runtime(context)
+    family = families.get(family_id)
+    model_path = getattr(owner, "model_path", "")
+    return FamilyJob.resolve(
+        family.id,
+        models_folder(context),
+        model=getattr(owner, "model_id", ""),
+        model_path=str(sources.absolute_path(model_path)) if model_path else "",
+        values={o.name: getattr(owner, o.name) for o in family.options},
+        device=device,
+        budgets=job_budgets,
+        verify=False,
+    )
+
+
+def user_folder(name: str) -> Path:
+    """``name`` in the extension's user folder, or ``<user datafiles>/lean_image_ai/<name>`` for a
+    legacy add-on install (nothing is created)."""
+    if is_extension():
+        return Path(bpy.utils.extension_path_user(ADDON_ID, path=name, create=False))
+    return Path(bpy.utils.user_resource("DATAFILES", path=f"{ADDON_ID}/{name}", create=False))
+
+
+def release_rule_lines(prefs, providers_offered: list[str]) -> list[str]:
+    """For the preferences: the release rule of the chosen device (AUTO: the device it picks
+    first), and the device each model of the last job really ran on with the rule that applied."""
+    request = parse_device(device_string(prefs))
+    kind = request.kind
+    if kind == "auto":
+        ranked = sorted((d for d in DEVICES if d.auto_rank is not None), key=lambda d: d.auto_rank)
+        kind = next((d.kind for d in ranked if d.provider in providers_offered), "cpu")
+    device = DEVICE_BY_KIND[kind]
+    rule = release_rule(
+        [device.provider],
+        cpu_arena=bool(getattr(prefs, "release_cpu_memory", True)),
+        keep_loaded=bool(getattr(prefs, "keep_models_loaded_on_dml_coreml", False)),
+    )
+    lines = [f"Memory on {device.label}: {RELEASE_RULES[rule]}"]
+    last = get_runtime().last_job_memory or {}
+    lines += [f"Last job ran on {note}" for note in last.get("release_rules") or ()]
+    return lines
 
 
 def gpu_runtime_folder(*, create_parent: bool = False) -> Path:
@@ -116,11 +195,7 @@ def log_folder() -> Path:
     """Where the runtime's event log goes (runtime/event_file.py): the extension's user folder
     (``logs``), or ``<user datafiles>/lean_image_ai/logs`` for a legacy add-on install;
     ``LEAN_IMAGE_AI_LOG_DIR`` overrides both. Nothing is created here."""
-    if is_extension():
-        host = Path(bpy.utils.extension_path_user(ADDON_ID, path="logs", create=False))
-    else:
-        host = Path(bpy.utils.user_resource("DATAFILES", path=f"{ADDON_ID}/logs", create=False))
-    return event_file.log_folder(host)
+    return event_file.log_folder(user_folder("logs"))
 
 
 def gpu_requirements() -> Path | None:

@@ -8,18 +8,19 @@ final run explicitly (`last=True`), so only that run carries the arena-shrink en
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from . import cuda_preload, gpu_index, load_errors
+from . import cuda_preload, device_sessions, gpu_index, load_errors, native_log
 from .cpu_arena import RELEASE_PROBE_MODEL, env_cpu_arena_config, register_env_cpu_arena
-from .deferred_release import DeferredRelease, delay_from_environment
+from .deferred_release import DeferredRelease
 from .errors import (
     DeviceSpecError,
     InferenceOutOfMemoryError,
@@ -30,44 +31,23 @@ from .memory import memory_snapshot, nvidia_gpu_count, trim_process_heap
 from .oom import out_of_memory_resource
 from .operation import Operation
 from .providers import (
+    COREML,
     CPU,
     CUDA,
     SHRINK_CONFIG_KEY,
     DeviceRequest,
+    ProviderChoices,
     parse_device,
     resolve_providers,
 )
 from .scratch import ScratchBuffers
 from .session import LIBRARY_RAM, SessionHandle, onnxruntime_module
+from .settings import RuntimeSettings, settings_from_environment
 from .timeline import figures
 
-
-@dataclass(frozen=True)
-class RuntimeSettings:
-    release_memory: bool = True
-    """Shrink arenas at the end of every operation (the spec). Off only for comparisons."""
-    cpu_arena: bool = True
-    """Give CPU sessions a shrinkable (kSameAsRequested) process-wide arena, so RAM comes back too."""
-    cpu_arena_max_bytes: int | None = None
-    """Cap for that arena. Applied when the arena is first registered (once per process)."""
-    gpu_mem_limit_bytes: int | None = None
-    """CUDA arena budget (`gpu_mem_limit`)."""
-    ram_budget_bytes: int | None = None
-    """Process RAM (RSS) a CPU job may bring this process to; checked before each load and run."""
-    vram_budget_bytes: int | None = None
-    """This process's memory on a GPU (NVML), the same check for CUDA jobs."""
-    cudnn_max_workspace: bool = False
-    """`cudnn_conv_use_max_workspace`: on, cuDNN may take most free VRAM, outside the budget."""
-    cudnn_conv_algo_search: str = "HEURISTIC"
-    """`cudnn_conv_algo_search` (HEURISTIC, EXHAUSTIVE or DEFAULT); see providers.py."""
-    intra_op_threads: int = 0
-    cpu_release_delay: float = 0.0
-    """Seconds without a job before RAM goes back; 0 releases in each job's last run (deferred_release.py)."""
-
-    @property
-    def ram_kept_between_jobs(self) -> bool:
-        """RAM is not due back at each job's end: releasing is off, or put off until jobs stop."""
-        return not self.release_memory or self.cpu_release_delay > 0
+# The events are the runtime's record (event log, file, panels): no raw JSON lines on stderr from
+# logging's last-resort handler where no logging was set up (where it was, the records still go).
+logging.getLogger("lean_image_ai").addHandler(logging.NullHandler())
 
 
 def visible_cuda_count() -> int | None:
@@ -113,11 +93,14 @@ class Runtime:
             return self.settings
 
     # ---- sessions -------------------------------------------------------------------------
-    def session(self, model_path, device: str | DeviceRequest = "auto", *, holder=None) -> SessionHandle:
+    def session(
+        self, model_path, device: str | DeviceRequest = "auto", *, holder=None, static_shapes: bool | None = None
+    ) -> SessionHandle:
         """The cached session for (model file, device, runtime settings); created on first use.
 
         ``holder`` (an Operation) marks the session as in use by that job until it ends: an
         eviction meanwhile drops it from the cache but the job keeps running on it.
+        ``static_shapes``: CoreML RequireStaticInputShapes (None: whether the file fixes every input).
         """
         request = parse_device(device)
         if request.kind == "cuda":
@@ -128,13 +111,8 @@ class Runtime:
         if request.kind == "auto" and CUDA in available and not self._cuda_usable():
             # onnxruntime-gpu lists CUDA even with no GPU; "auto" should quietly mean CPU there
             available = [p for p in available if p != CUDA]
-        providers = resolve_providers(
-            request,
-            available,
-            gpu_mem_limit=settings.gpu_mem_limit_bytes,
-            cudnn_max_workspace=settings.cudnn_max_workspace,
-            conv_algo_search=settings.cudnn_conv_algo_search,
-        )
+        choices = ProviderChoices.of(settings, static_shapes=static_shapes, model_path=path)
+        providers = resolve_providers(request, available, choices)
         # Only CPU sessions join the shared CPU arena. CUDA sessions keep their host allocators as
         # ORT sets them up (env allocators interact with CUDA's pinned allocator: onnxruntime
         # #25211), and DirectML/CoreML sessions run exactly as before.
@@ -142,6 +120,8 @@ class Runtime:
         key = (identity, str(request), settings.gpu_mem_limit_bytes, cpu_arena, settings.intra_op_threads)
         if providers[0][0] == CUDA:  # the cuDNN choices make another CUDA session, not another CPU one
             key += (settings.cudnn_max_workspace, settings.cudnn_conv_algo_search)
+        if providers[0][0] == COREML:  # other compute units or shapes: another compiled model
+            key += tuple(sorted(providers[0][1].items()))
         with self._lock:
             handle = self._sessions.get(key)
             if handle is None and holder is not None:
@@ -151,6 +131,11 @@ class Runtime:
                 self.events.emit("session_reuse", model=handle.model_name, device=handle.device_label)
             else:
                 handle = self._create(key, path, request, providers, cpu_arena)
+                if handle.fallback_warning and providers[0][0] == CUDA and settings.cpu_arena:
+                    handle = self._recreate_on_cpu(key, path, request, handle)
+                if handle.fallback_warning:  # said once, after the CPU remake
+                    fallback = {"model": handle.model_name, "requested": str(request), "providers": handle.providers}
+                    self.events.emit("provider_fallback", **fallback, message=handle.fallback_warning)
                 self._sessions[key] = handle
             if holder is not None:
                 self.hold(handle, holder)
@@ -183,13 +168,9 @@ class Runtime:
 
     def _create(self, key, path: Path, request: DeviceRequest, providers, cpu_arena: bool) -> SessionHandle:
         ort = onnxruntime_module()
-        options = ort.SessionOptions()
-        if self.settings.intra_op_threads:
-            options.intra_op_num_threads = self.settings.intra_op_threads
+        options = device_sessions.session_options(ort, providers, intra_op_threads=self.settings.intra_op_threads)
         uses_cuda = providers[0][0] == CUDA
         if uses_cuda:
-            # weights outside the arena, so the arena holds only transient memory
-            options.add_session_config_entry("session.use_device_allocator_for_initializers", "1")
             self._preload_cuda_dlls()
         if cpu_arena:
             register_env_cpu_arena(self.settings.cpu_arena_max_bytes)
@@ -202,8 +183,10 @@ class Runtime:
         started = time.perf_counter()
         gpu_id = int(providers[0][1].get("device_id", 0)) if uses_cuda else None
         loading = figures(memory_snapshot(gpu_id))
+        ort_log: list[str] = []
         try:
-            session = self._session_factory(str(path), options, providers)
+            with native_log.captured() as ort_log:
+                session = self._session_factory(str(path), options, providers)
         except Exception as exc:
             resource = out_of_memory_resource(exc, on_gpu=uses_cuda)
             if resource:
@@ -219,7 +202,12 @@ class Runtime:
                 raise
             on_device = providers[0][0] != CPU
             raise load_errors.load_failure(exc, path, device=str(request), on_device=on_device) from exc
+        finally:
+            if ort_log:
+                self.events.emit("onnxruntime_log", model=path.name, requested=str(request), lines=ort_log)
         handle = SessionHandle(key, path, request, session, cpu_arena=cpu_arena)
+        handle.onnxruntime_log = ort_log  # what ORT said while creating it (kept, not printed)
+        device_sessions.note_partitions(handle, ort_log)
         loaded = figures(memory_snapshot(handle.gpu_device_id))
         handle.load_growth = {k: loaded[k] - loading[k] for k in loaded if None not in (loaded[k], loading[k])}
         if handle.gpu_device_id is not None and "vram" in handle.load_growth:
@@ -233,7 +221,9 @@ class Runtime:
             requested=str(request),
             providers=handle.providers,
             shrink=handle.shrink,
+            release=handle.release,
             seconds=round(time.perf_counter() - started, 4),
+            **({"partitions": handle.partitions} if handle.partitions else {}),
         )
         failed = cuda_preload.failure(self._preload, handle.providers) if uses_cuda else None
         if failed:
@@ -241,14 +231,16 @@ class Runtime:
                 f"{handle.fallback_warning or ''} CUDA/cuDNN libraries that did not load: {self._preload.describe()}."
             ).strip()
             self.events.emit("cuda_preload_failed", model=handle.model_name, **failed)
-        if handle.fallback_warning:
-            self.events.emit(
-                "provider_fallback",
-                model=handle.model_name,
-                requested=str(request),
-                providers=handle.providers,
-                message=handle.fallback_warning,
-            )
+        return handle
+
+    def _recreate_on_cpu(self, key, path: Path, request: DeviceRequest, fallen: SessionHandle) -> SessionHandle:
+        """A CUDA request that landed on CPU, made again in the shared CPU arena so the job gives
+        its RAM back like a CPU job (ORT's own fallback has no shrinkable arena); the warning stays."""
+        fallen.session = None
+        gc.collect()
+        handle = self._create(key, path, request, [(CPU, {})], True)
+        handle.fallback_warning = fallen.fallback_warning
+        handle.onnxruntime_log = fallen.onnxruntime_log + handle.onnxruntime_log
         return handle
 
     def _check_gpu_index(self, request: DeviceRequest) -> None:
@@ -367,12 +359,19 @@ class Runtime:
         """Drop the cached sessions (all, or only those on ``device``, a device label such as
         ``CUDA:1`` or ``CPU``): weights and arenas go with them; other devices are untouched."""
         handles = [h for h in self.cached_sessions() if device is None or h.device_label == device]
+        return self.unload_sessions(handles, reason, arena=device is None)
+
+    def unload_sessions(self, handles: list[SessionHandle], reason: str, *, arena: bool = False) -> dict:
+        """Drop these sessions now and measure what that gave back (``memory_freed``); the shared
+        CPU arena's free regions go too when one of them used it (or ``arena``)."""
 
         def work():
             for handle in handles:
                 self.evict(handle, reason)
-            if any(h.cpu_arena for h in handles) or device is None:
+            if arena or any(h.cpu_arena for h in handles):
                 self.release_cpu_arena()
+            else:  # what the sessions' own allocators freed, out of the C heap
+                trim_process_heap()
             return len(handles)
 
         return self._measured(reason, self._gpu_ids(handles), work)
@@ -421,15 +420,5 @@ def get_runtime() -> Runtime:
     global _runtime
     with _runtime_lock:
         if _runtime is None:
-            _runtime = Runtime(_settings_from_environment())
+            _runtime = Runtime(settings_from_environment())
         return _runtime
-
-
-def _settings_from_environment() -> RuntimeSettings:
-    """Headless/farm knobs; Blender preferences call `configure()` instead."""
-    settings = RuntimeSettings()
-    if os.environ.get("LEAN_IMAGE_AI_RELEASE_CPU", "").lower() in ("0", "false", "no"):
-        settings = replace(settings, cpu_arena=False)
-    if os.environ.get("LEAN_IMAGE_AI_CUDNN_MAX_WORKSPACE", "").lower() in ("1", "true", "yes"):
-        settings = replace(settings, cudnn_max_workspace=True)
-    return replace(settings, cpu_release_delay=delay_from_environment())

@@ -15,30 +15,13 @@ A job that fails or is cancelled still gives its memory back at once (operation.
 from __future__ import annotations
 
 import atexit
-import math
-import os
 import threading
 import weakref
 
+from .settings import MAX_RELEASE_DELAY_S
+
 _LIVE: weakref.WeakSet = weakref.WeakSet()
-DELAY_ENV = "LEAN_IMAGE_AI_RAM_RELEASE_DELAY"
 _TIMER_NAME = "lean-image-ai-deferred-release"
-
-
-def delay_from_environment() -> float:
-    """The headless knob (`LEAN_IMAGE_AI_RAM_RELEASE_DELAY`, seconds); 0 when unset."""
-    text = os.environ.get(DELAY_ENV, "").strip()
-    if not text:
-        return 0.0
-    try:
-        delay = float(text)
-    except ValueError:
-        delay = math.nan
-    if not (math.isfinite(delay) and delay >= 0):
-        raise ValueError(
-            f"{DELAY_ENV}={text!r}: give the seconds without a job before RAM goes back (0 or more)."
-        )
-    return delay
 
 
 class DeferredRelease:
@@ -73,7 +56,8 @@ class DeferredRelease:
             self._owed = self._owed or owes_release
             if not self._owed or self._running_jobs or runtime is None:
                 return
-            delay = max(0.0, float(runtime.settings.cpu_release_delay))
+            # RuntimeSettings keeps the delay in range; the clamp keeps a timer alive whatever it is given
+            delay = min(max(0.0, float(runtime.settings.cpu_release_delay)), MAX_RELEASE_DELAY_S)
             self._stop_timer()
             timer = threading.Timer(delay, self._due, args=(self._generation,))
             timer.daemon = True

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import io
 import os
 import platform
 import re
@@ -23,11 +22,8 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
-from . import gpu_libraries, gpu_loading, memory
+from . import gpu_libraries, gpu_loading, memory, native_log
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-# ORT's log prefix: "2026-01-01 12:00:00.000 [E:onnxruntime:Default, provider_bridge_ort.cc:2458 operator()] "
-_ORT_PREFIX = re.compile(r"^\S+ \S+ \[([EWIV]):onnxruntime:[^\]]*\]\s*")
 _REASON_PATTERNS = (
     re.compile(r"Failed to load library .*? with error: (.+)"),
     re.compile(r"(Failed to create CUDAExecutionProvider\..*?)(?: Please install|$)"),
@@ -68,6 +64,8 @@ class Report:
     cuda_libraries_note: str | None = None
     cuda_probe: CudaProbe | None = None
     gpu_runtime: dict = field(default_factory=dict)  # the add-on's own CUDA/cuDNN folder, when activated
+    bundled_wheels: list[str] = field(default_factory=list)  # the onnxruntime wheel(s) this zip ships
+    session: dict = field(default_factory=dict)  # what an "auto" job's session really gets, and its release rule
 
 
 # --- onnxruntime --------------------------------------------------------------------------------
@@ -200,33 +198,8 @@ def _cuda_library_facts(report: Report, ort, directory: str | None) -> None:
 # --- what a CUDA session really gets --------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _captured_output():
-    """Capture fd 2 (ORT's C++ log) and Python's stdout (preload_dlls' prints) into a list."""
-    lines: list[str] = []
-    stdout = io.StringIO()
-    try:
-        sys.stderr.flush()
-    except Exception:
-        pass
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            with contextlib.redirect_stdout(stdout):
-                yield lines
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            sink.seek(0)
-            captured = sink.read().decode(errors="replace") + stdout.getvalue()
-            lines.extend(ln for ln in captured.splitlines() if ln.strip())
-            with contextlib.suppress(Exception):  # still visible in the console, as without the probe
-                sys.stderr.write(captured)
-
-
 def _clean(line: str) -> str:
-    return _ORT_PREFIX.sub("", _ANSI.sub("", line)).strip()
+    return native_log.clean(line)
 
 
 def _fallback_reason(messages: list[str]) -> str | None:
@@ -238,23 +211,32 @@ def _fallback_reason(messages: list[str]) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def _probe_model():
+    """A model file for a probe session: x -> x, no nodes: nothing to compute, nothing to allocate."""
+    from . import cpu_arena
+
+    with tempfile.TemporaryDirectory(prefix="lean_image_ai_probe_") as tmp:
+        model = os.path.join(tmp, "probe.onnx")
+        with open(model, "wb") as f:
+            f.write(cpu_arena.RELEASE_PROBE_MODEL)
+        yield model
+
+
 def probe_cuda(device: str = "cuda", runtime=None) -> CudaProbe:
     """Create one tiny session for `device` and report what it really got (never raises)."""
     import numpy as np
 
-    from . import core, cpu_arena
+    from . import core
     from .errors import LeanImageError
     from .providers import CUDA
 
     runtime = runtime or core.Runtime()
     probe = CudaProbe(attempted=True)
-    with tempfile.TemporaryDirectory(prefix="lean_image_ai_probe_") as tmp:
-        model = os.path.join(tmp, "probe.onnx")
-        with open(model, "wb") as f:
-            f.write(cpu_arena.RELEASE_PROBE_MODEL)  # x -> x, no nodes: nothing to compute, nothing to allocate
+    with _probe_model() as model:
         handle = None
         try:
-            with _captured_output() as captured:
+            with native_log.captured(python_stdout=True) as captured:
                 handle = runtime.session(model, device)
                 probe.providers = list(handle.providers)
                 handle.session.run(None, {"x": np.zeros(1, np.float32)})
@@ -266,7 +248,8 @@ def probe_cuda(device: str = "cuda", runtime=None) -> CudaProbe:
             if handle is not None:
                 runtime.evict(handle, "diagnostics")
         # Lines starting "{" are this runtime's own events (logged to stderr too), not ORT's.
-        probe.ort_messages = [c for c in map(_clean, captured) if c and not c.startswith("{")]
+        ort_said = handle.onnxruntime_log if handle is not None else []
+        probe.ort_messages = [c for c in map(_clean, [*ort_said, *captured]) if c and not c.startswith("{")]
     probe.ok = probe.providers[:1] == [CUDA] and probe.fallback_reason is None
     if not probe.ok and probe.fallback_reason is None:
         probe.fallback_reason = _fallback_reason(probe.ort_messages) or (
@@ -276,6 +259,50 @@ def probe_cuda(device: str = "cuda", runtime=None) -> CudaProbe:
 
 
 # --- the report ---------------------------------------------------------------------------------
+
+
+def bundled_wheels(root: str | None = None) -> list[str]:
+    """The wheel files the installed zip's manifest lists (tools/build_extension.py writes them;
+    their names carry the onnxruntime build and version); empty in a source checkout."""
+    manifest = os.path.join(root or os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "blender_manifest.toml")
+    try:
+        with open(manifest, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return []
+    block = re.search(r"^wheels\s*=\s*\[(.*?)\]", text, re.M | re.S)
+    return [os.path.basename(w) for w in re.findall(r'"([^"]+\.whl)"', block.group(1))] if block else []
+
+
+def probe_session(device: str = "auto", runtime=None) -> dict:
+    """What a job on ``device`` really gets (one tiny session through the runtime) and the
+    release rule that applies to it; never raises (``error`` then says why)."""
+    import numpy as np
+
+    from . import core
+    from .providers import RELEASE_RULES, describe_providers, release_rule
+
+    runtime = runtime or core.Runtime(core.get_runtime().settings)
+    facts: dict = {"requested": device}
+    with _probe_model() as model:
+        handle = None
+        try:
+            handle = runtime.session(model, device)
+            handle.session.run(None, {"x": np.zeros(1, np.float32)})
+        except Exception as exc:
+            facts["error"] = _one_line(exc)
+        finally:
+            if handle is not None:
+                keep = runtime.settings.keep_models_loaded_on_dml_coreml
+                rule = release_rule(handle.providers, cpu_arena=handle.cpu_arena, keep_loaded=keep)
+                facts.update(
+                    providers=list(handle.providers),
+                    device=describe_providers(handle.providers),
+                    release_rule=rule,
+                    release_text=RELEASE_RULES[rule],
+                )
+                runtime.evict(handle, "diagnostics")
+    return facts
 
 
 def collect(*, cuda_probe: bool = True, directory: str | None = None, runtime=None) -> Report:
@@ -306,6 +333,9 @@ def collect(*, cuda_probe: bool = True, directory: str | None = None, runtime=No
         )
     elif cuda_probe:
         report.cuda_probe = probe_cuda("cuda", runtime)
+    report.bundled_wheels = bundled_wheels()
+    if ort is not None:
+        report.session = probe_session("auto", runtime)
     return report
 
 
@@ -324,6 +354,16 @@ def format_report(report: Report) -> str:
             + (f" (built for CUDA {report.build_cuda_version})" if report.build_cuda_version else "")
         )
         lines.append(f"Providers offered: {', '.join(report.available_providers) or 'none'}")
+    if report.bundled_wheels:
+        lines.append(f"Bundled with this zip: {', '.join(report.bundled_wheels)}")
+    session = report.session
+    if session.get("device"):
+        lines.append(
+            f"A job on Auto runs on: {session['device']} ({', '.join(session['providers'])});"
+            f" release rule: {session['release_rule']}: {session['release_text']}"
+        )
+    elif session.get("error"):
+        lines.append(f"A job on Auto: no session ({session['error']})")
     nvml = report.nvml
     if nvml.get("available"):
         lines.append(
@@ -371,4 +411,7 @@ def format_report(report: Report) -> str:
         else:
             got = ", ".join(probe.providers) or "no session"
             lines.append(f"CUDA session: fell back to {got}: {probe.fallback_reason or 'no reason given by ORT'}")
+        if probe.ort_messages:  # ORT's own log while the session was made (kept off the console)
+            lines.append("  onnxruntime said:")
+            lines.extend(f"    {message}" for message in probe.ort_messages)
     return "\n".join(lines)

@@ -19,6 +19,10 @@ class ModelContractError(LeanImageError):
     """The model loads, but its inputs/outputs do not match what its family needs."""
 
 
+class SettingError(LeanImageError, ValueError):
+    """A setting (environment variable, preference, RuntimeSettings field, option) out of its range."""
+
+
 class DeviceSpecError(LeanImageError, ValueError):
     """A device string that the runtime does not understand."""
 

@@ -39,6 +39,8 @@ from .errors import LeanImageError, OperationCancelled
 REQUIREMENTS_DIR = "gpu_requirements"
 FOLDER_ENV = "LEAN_IMAGE_AI_GPU_RUNTIME_DIR"  # headless/farm: a folder of libraries set up once
 MARKER = "lean_image_ai_gpu_runtime.json"  # written last, inside staging: its presence means complete
+# Written first into a staging folder the add-on made: only a leftover carrying it is deleted.
+STAGING_MARKER = "lean_image_ai_gpu_staging"
 _STAGING_SUFFIX = ".staging"
 _OLD_SUFFIX = ".old"
 
@@ -169,9 +171,61 @@ def is_current(target_dir: str | os.PathLike, requirements_file: str | os.PathLi
 # --- install / remove -----------------------------------------------------------------------------
 
 
-def _rmtree(path: Path) -> None:
-    if path.exists():
+def _carries(folder: Path, marker: str) -> bool:
+    mark = folder / marker
+    return mark.is_file() and not mark.is_symlink()
+
+
+def _not_ours(path: Path, what: str, marker: str) -> GpuRuntimeError:
+    return GpuRuntimeError(
+        f"{path} {what}, and it was not made by this add-on (it has no {marker} in it), so it is "
+        f"left alone: nothing was deleted. Point {FOLDER_ENV} at a new or empty folder for the GPU "
+        "libraries, or move that folder away yourself."
+    )
+
+
+def _check_ours(path: Path, marker: str) -> bool:
+    """May ``path`` be deleted? True for a folder the add-on made (it carries ``marker``) or an
+    empty one, False when nothing is there; raises GpuRuntimeError naming anything else."""
+    if path.is_symlink():
+        raise _not_ours(path, "is a symbolic link", marker)
+    if not path.exists():
+        return False
+    if not path.is_dir():
+        raise _not_ours(path, "is a file, not a folder", marker)
+    if _carries(path, marker):
+        return True
+    try:
+        empty = next(path.iterdir(), None) is None
+    except OSError as exc:
+        raise GpuRuntimeError(f"Cannot look into {path}: {exc}. Nothing was deleted.") from exc
+    if not empty:
+        raise _not_ours(path, "holds files", marker)
+    return True
+
+
+def _remove_ours(path: Path, marker: str) -> bool:
+    """Delete ``path`` when the add-on made it (see :func:`_check_ours`); False when it was not there."""
+    if not _check_ours(path, marker):
+        return False
+    if _carries(path, marker):
         shutil.rmtree(path)
+    else:
+        path.rmdir()  # an empty folder: rmdir fails rather than delete anything put there meanwhile
+    return True
+
+
+def check_replaceable(target_dir: str | os.PathLike) -> None:
+    """Raise GpuRuntimeError (naming the folder) when an install could not replace what is at
+    ``target_dir`` and its leftovers without deleting something the add-on did not make."""
+    target = Path(target_dir).resolve()
+    _check_ours(target, MARKER)
+    _check_ours(_old_dir(target), MARKER)
+    _check_ours(_staging_dir(target), STAGING_MARKER)
+
+
+def _old_dir(target: Path) -> Path:
+    return target.with_name(target.name + _OLD_SUFFIX)
 
 
 def _staging_dir(target: Path) -> Path:
@@ -242,11 +296,14 @@ def install(
     report = progress or (lambda fraction, stage: None)
     cancelled = cancel or (lambda: False)
     staging = _staging_dir(target)
+    check_replaceable(target)  # before pip downloads a gigabyte it could not put in place
     target.parent.mkdir(parents=True, exist_ok=True)
-    _rmtree(staging)  # left by a Blender that was killed mid-install
+    _remove_ours(staging, STAGING_MARKER)  # left by a Blender that was killed mid-install
+    staging.mkdir()
+    (staging / STAGING_MARKER).write_text("made by Lean Image AI's GPU runtime installer\n", encoding="utf-8")
     site = staging / "site"
     tmp = staging / "tmp"
-    tmp.mkdir(parents=True)
+    tmp.mkdir()
     command = [
         python, "-m", "pip", "install", "--target", str(site),
         "--no-deps", "--require-hashes", "--only-binary=:all:", "--no-input",
@@ -351,9 +408,9 @@ def _check_installed(site: Path, requirements: list[Requirement]) -> None:
 
 
 def _move_into_place(site: Path, target: Path) -> None:
-    old = target.with_name(target.name + _OLD_SUFFIX)
-    _rmtree(old)
-    if target.exists():
+    old = _old_dir(target)
+    _remove_ours(old, MARKER)
+    if _check_ours(target, MARKER):
         try:
             target.rename(old)
         except OSError as exc:  # Windows: libraries of the old install are loaded in this Blender
@@ -362,21 +419,27 @@ def _move_into_place(site: Path, target: Path) -> None:
             ) from exc
     site.rename(target)
     with contextlib.suppress(OSError):
-        _rmtree(old)
+        _remove_ours(old, MARKER)
 
 
 def remove(target_dir: str | os.PathLike) -> bool:
     """Delete the installed libraries; False when there was nothing to remove.
 
-    Libraries already loaded stay in this process until Blender quits (Windows refuses to delete
-    them: that is reported as GpuRuntimeError with what to do).
+    Only folders the add-on made are deleted: one that carries no marker of the add-on (a shared
+    folder, $HOME, named by LEAN_IMAGE_AI_GPU_RUNTIME_DIR) raises GpuRuntimeError naming it, and
+    nothing is deleted. Libraries already loaded stay in this process until Blender quits (Windows
+    refuses to delete them: that is reported as GpuRuntimeError with what to do).
     """
-    target = Path(target_dir)
-    leftovers = [_staging_dir(target), target.with_name(target.name + _OLD_SUFFIX)]
-    present = target.exists()
+    target = Path(target_dir).resolve()
+    owned = [(target, MARKER), (_old_dir(target), MARKER), (_staging_dir(target), STAGING_MARKER)]
+    for path, marker in owned:  # all checked before anything goes
+        _check_ours(path, marker)
+    present = _carries(target, MARKER)
     try:
-        for path in (target, *leftovers):
-            _rmtree(path)
+        for path, marker in owned:
+            if path == target and not present:
+                continue  # an empty folder the user made for the libraries stays
+            _remove_ours(path, marker)
     except OSError as exc:
         raise GpuRuntimeError(
             f"Cannot delete {target}: {exc}. The libraries are in use by this Blender: restart Blender "

@@ -16,11 +16,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import SettingError
 from .memory import memory_snapshot
 from .memory_report import LABELS, mb
 from .timeline import figures
 
 DEFAULT_TOLERANCE_PER_RUN = 256 * 1024
+MIN_RUNS = 8  # two warm-up runs and the six the slope and the thirds need
+MAX_RUNS = 100_000
 
 
 @dataclass
@@ -47,6 +50,8 @@ class LeakResult:
 
 def analyse(samples: dict[str, list[int]], *, tolerance: int = DEFAULT_TOLERANCE_PER_RUN) -> LeakResult:
     runs = max((len(v) for v in samples.values()), default=0)
+    if runs < MIN_RUNS:  # nothing measured is not "stable"
+        raise SettingError(f"runs={runs}: a leak check needs at least {MIN_RUNS} runs with memory figures.")
     # the first third only warms up: the allocator settles its free lists and per-thread arenas
     # over the first tens of jobs (measured here: RSS rises ~4 MB over ~25 upscale jobs, then flat)
     warmup = max(2, runs // 3)
@@ -75,6 +80,8 @@ def leak_check(
     after_run: Callable[[int, dict], object] | None = None,
 ) -> LeakResult:
     """Run ``job()`` ``runs`` times; memory after each run (after a garbage collection)."""
+    if isinstance(runs, bool) or not isinstance(runs, int) or not MIN_RUNS <= runs <= MAX_RUNS:
+        raise SettingError(f"runs={runs!r}: a leak check needs from {MIN_RUNS} to {MAX_RUNS} runs.")
     samples: dict[str, list[int]] = {}
     for index in range(runs):
         job()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 from pathlib import Path
 
 from .errors import ModelFileError, ProviderUnavailableError, first_line
@@ -95,11 +96,7 @@ def load_failure(
             "widely supported), or use an onnxruntime that supports it."
         )
     if any(marker in text for marker in _NOT_ONNX):
-        return ModelFileError(
-            f"{path} ({_size_text(path)}) is not a readable ONNX model: it is truncated (an "
-            "interrupted download or copy) or not an ONNX file at all. Remove it and install it "
-            "again, or export it again if it is your own file."
-        )
+        return not_onnx(path)
     if "Permission denied" in text or "errno 13" in text.lower():
         return os_error(path, PermissionError(errno.EACCES, "Permission denied"))
     if on_device or any(word in text for word in _DEVICE_WORDS):
@@ -109,10 +106,70 @@ def load_failure(
             "`python -m lean_image_ai doctor` to see which GPU libraries are missing."
         )
     return ModelFileError(
-        f"onnxruntime {version} could not load {path} ({line}). If the file came from the add-on's "
-        "installer, remove it and install it again; if it is your own export, check it with "
-        "onnx.checker and export it again."
+        f"onnxruntime {version} could not load {path} ({line}). If the add-on downloaded it, install "
+        "it again from its model list; if it is your own export, check it with onnx.checker and "
+        "export it again."
     )
+
+
+_MAGIC = (
+    (b"\x89PNG", "a PNG image"),
+    (b"\xff\xd8\xff", "a JPEG image"),
+    (b"PK\x03\x04", "a zip archive (unpack it and choose the .onnx file inside)"),
+    (b"\x1f\x8b", "a gzip archive (unpack it and choose the .onnx file inside)"),
+    (b"%PDF", "a PDF document"),
+)
+_ADVICE = "Choose the model's .onnx file"
+
+
+def not_onnx(path: Path) -> ModelFileError:
+    """onnxruntime could not parse the file: say what the file is, and advise deleting nothing
+    (it may be any file of the user's, given as the model by mistake)."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(256)
+        size = path.stat().st_size
+    except OSError:
+        head, size = b"", None
+    if size == 0:
+        return ModelFileError(
+            f"{path} is empty (0 bytes), so it is not a model. {_ADVICE}; if the add-on downloaded "
+            "this one, install it again from its model list."
+        )
+    kind = next((name for magic, name in _MAGIC if head.startswith(magic)), None)
+    if kind is not None:
+        return ModelFileError(f"{path} is {kind}, not an ONNX model. {_ADVICE}.")
+    if head and _is_text(head):
+        begins = head.decode("utf-8", "replace").splitlines()[0][:40] if head.strip() else ""
+        return ModelFileError(f"{path} is a text file (it begins {begins!r}), not an ONNX model. {_ADVICE}.")
+    return ModelFileError(
+        f"{path} ({_size_text(path)}) is not a readable ONNX model: it is truncated (an interrupted "
+        "download or copy) or not an ONNX file at all. If the add-on downloaded it, install it again "
+        "from its model list; if it is your own export, export it again."
+    )
+
+
+def _is_text(head: bytes) -> bool:
+    try:
+        decoded = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return all(ch.isprintable() or ch in "\r\n\t" for ch in decoded)
+
+
+def not_a_file(path: Path, mode: int) -> ModelFileError:
+    """The model path names something that is no regular file: say what it is."""
+    if stat.S_ISDIR(mode):
+        what = "is a folder: choose the .onnx file itself (the one inside it)"
+    elif stat.S_ISFIFO(mode):
+        what = "is a named pipe (FIFO), not a file: choose the .onnx file itself"
+    elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        what = "is a device, not a file: choose the .onnx file itself"
+    elif stat.S_ISSOCK(mode):
+        what = "is a socket, not a file: choose the .onnx file itself"
+    else:
+        what = "is not a regular file: choose the .onnx file itself"
+    return ModelFileError(f"Model path {path} {what}.")
 
 
 def _what_is_unsupported(text: str) -> str:
@@ -135,11 +192,17 @@ def _what_is_unsupported(text: str) -> str:
 
 def model_identity(model_path) -> tuple[Path, tuple]:
     """The model file checked readable, and its identity for the session cache: path, size, mtime."""
-    path = Path(model_path).expanduser()
+    given = Path(model_path).expanduser()
+    path = given
     try:
         path = path.resolve()
-        stat = path.stat()
+        info = path.stat()
     except FileNotFoundError:
+        if given.is_symlink():
+            raise ModelFileError(
+                f"Model path {given} is a link to {path}, which does not exist. Point the link at the "
+                "model file, or choose the .onnx file itself."
+            ) from None
         raise ModelFileError(
             f"Model file not found: {path}. Install the model from the add-on preferences "
             "(Lean Image AI > Models) or put the file at that path."
@@ -148,14 +211,13 @@ def model_identity(model_path) -> tuple[Path, tuple]:
         raise symlink_loop(path) from exc
     except OSError as exc:
         raise os_error(path, exc) from exc
-    if not path.is_file():
-        raise ModelFileError(
-            f"Model path {path} is not a file (a folder or a device). Choose the .onnx file "
-            "itself, or install the model again from the add-on preferences."
-        )
+    if not stat.S_ISREG(info.st_mode):
+        raise not_a_file(path, info.st_mode)
+    if info.st_size == 0:  # onnxruntime's words for it would blame a missing graph
+        raise not_onnx(path)
     try:  # the OS's own answer (permission, busy), before onnxruntime turns it into prose
         os.close(os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0)))
     except OSError as exc:
         raise os_error(path, exc) from exc
     # size + mtime: a model replaced on disk gets a new session instead of a stale one
-    return path, (str(path), stat.st_size, stat.st_mtime_ns)
+    return path, (str(path), info.st_size, info.st_mtime_ns)

@@ -174,8 +174,8 @@ def trim_process_heap() -> bool:
     return True
 
 
-def available_system_memory_bytes() -> int | None:
-    """RAM the OS could give this process without swapping, in bytes; None when unknown."""
+def os_available_memory_bytes() -> int | None:
+    """RAM the OS could give any process without swapping (MemAvailable), in bytes; None when unknown."""
     try:
         if sys.platform == "win32":
             return _windows_available_bytes()
@@ -191,6 +191,66 @@ def available_system_memory_bytes() -> int | None:
         return int(psutil.virtual_memory().available)
     except Exception:
         return None
+
+
+def address_space_headroom_bytes() -> int | None:
+    """What ``RLIMIT_AS`` (``ulimit -v``, ``prlimit --as``) still lets this process map: the limit
+    less the address space in use (VmSize); None without a limit."""
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    except (ImportError, AttributeError, OSError, ValueError):
+        return None
+    if limit == resource.RLIM_INFINITY or limit < 0:
+        return None
+    in_use = _status_kib("VmSize")
+    return None if in_use is None else max(0, limit - in_use * 1024)
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+        return int(text)
+    except (OSError, ValueError):  # "max" (no limit), or no such file
+        return None
+
+
+def cgroup_headroom_bytes(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """What this process's memory cgroup (a container's or a SLURM job's) still allows: the
+    tightest ``memory.max - memory.current`` of its cgroup and those above it (v2), or
+    ``memory.limit_in_bytes - memory.usage_in_bytes`` (v1); None without a limit."""
+    try:
+        with open(proc_cgroup) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    headrooms = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2: the unified hierarchy
+            base, names = root, ("memory.max", "memory.current")
+        elif "memory" in controllers.split(","):
+            base, names = f"{root}/memory", ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        for depth in range(len(parts), -1, -1):
+            folder = "/".join([base, *parts[:depth]])
+            limit, used = _read_int(f"{folder}/{names[0]}"), _read_int(f"{folder}/{names[1]}")
+            if limit is not None and used is not None and limit < 1 << 60:  # v1 writes ~2**63 for none
+                headrooms.append(max(0, limit - used))
+    return min(headrooms, default=None)
+
+
+def available_system_memory_bytes() -> int | None:
+    """What this process could still allocate, in bytes: the tightest of the OS's available RAM,
+    its address-space limit (RLIMIT_AS) and its cgroup's memory limit; None when none is known.
+    Every "would it fit" check uses this, so a container or `ulimit -v` is refused up front
+    instead of failing half-way with a MemoryError."""
+    figures = [os_available_memory_bytes(), address_space_headroom_bytes(), cgroup_headroom_bytes()]
+    return min((f for f in figures if f is not None), default=None)
 
 
 def _nvml():

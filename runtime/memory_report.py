@@ -28,8 +28,7 @@ LABELS = {
 def mb(value) -> str:
     if value is None:
         return "n/a"
-    sign = "-" if value < 0 else ""
-    return f"{sign}{abs(value) / 2**20:.0f} MB"
+    return f"{int(round(value / 2**20))} MB"  # an int: a few KB below zero is "0 MB", never "-0 MB"
 
 
 def _sub(a, b):
@@ -139,6 +138,7 @@ def format_job_memory(job: dict) -> list[str]:
             )
         ]
     lines.append("  " + three_figures(job))
+    lines += [f"  release rule: {note}" for note in job.get("release_rules") or ()]
     lines += [f"  budget: {note}" for note in job.get("budget") or ()]
     return lines
 

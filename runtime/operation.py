@@ -18,9 +18,9 @@ from .errors import (
     first_line,
 )
 from .memory import gpu_snapshot, memory_snapshot, trim_process_heap
-from .memory_report import format_job_memory, job_figures
+from .memory_report import format_job_memory, job_figures, mb
 from .oom import out_of_memory_resource
-from .providers import CPU, CUDA, SHRINK_CONFIG_KEY, parse_device
+from .providers import CPU, CUDA, KEEP, RELEASE_RULES, SHRINK_CONFIG_KEY, UNLOAD, parse_device, release_rule
 from .session import LIBRARY_RAM, SessionHandle, onnxruntime_module
 from .timeline import Timeline, figures
 
@@ -35,7 +35,9 @@ class Operation:
     `last=True` on the final run of each session it used, and only that run carries the shrink
     entry. If the operation ends by cancellation or error (or without a final run), the memory
     it grew is given back on exit: the shared CPU arena by a probe run, a CUDA session's arena by
-    evicting that session (the only way to free it without another model run).
+    evicting that session (the only way to free it without another model run). Sessions on a device
+    without an ORT arena (DirectML, CoreML: the UNLOAD rule of providers.py's table) are unloaded
+    when the job ends, however it ends, unless the artist keeps models loaded.
     """
 
     def __init__(self, runtime, name: str, *, cancel=None):  # runtime: the core.Runtime that made it
@@ -43,7 +45,6 @@ class Operation:
         self.name = name
         self._cancel = _as_cancel_check(cancel)
         self.runs = 0
-        self.shrink_runs = 0
         self._dirty: dict[int, SessionHandle] = {}  # by id(handle): ran since their last shrink
         self._finished: set[int] = set()
         self._started = None
@@ -60,6 +61,7 @@ class Operation:
         self._working_key = None  # (model, input shapes) of the largest run: what budget.py remembers
         self.budget = JobBudget(runtime, self.timeline)  # checked before each load and new input shape
         self.memory: dict | None = None  # the job's memory report (memory_report), after the block
+        self.unloaded: dict | None = None  # what the UNLOAD rule gave back (Runtime.unload_sessions)
 
     def __enter__(self):
         self._started = time.perf_counter()
@@ -70,8 +72,9 @@ class Operation:
         self.runtime.events.emit("operation_start", operation=self.name)
         return self
 
-    def session(self, model_path, device="auto") -> SessionHandle:
-        """The session for a model; the job keeps it until it ends, even if it is evicted meanwhile."""
+    def session(self, model_path, device="auto", *, static_shapes: bool | None = None) -> SessionHandle:
+        """The session for a model; the job keeps it until it ends, even if it is evicted meanwhile.
+        ``static_shapes``: its inputs never change shape (see Runtime.session)."""
         request = parse_device(device)
         if "vram" not in self._job_before and request.kind in ("cuda", "auto"):
             vram = figures({"gpu": gpu_snapshot(request.index or 0)})["vram"]
@@ -79,7 +82,7 @@ class Operation:
                 self._job_before["vram"] = vram
         self.budget.before_load(model_path, request, keep=list(self._held.values()))
         created = self.runtime.sessions_created
-        handle = self.runtime.session(model_path, device, holder=self)
+        handle = self.runtime.session(model_path, device, holder=self, static_shapes=static_shapes)
         if self.runtime.sessions_created != created:
             self._loaded.append(handle)
         self._held[handle.key] = handle
@@ -199,7 +202,6 @@ class Operation:
             elif handle.cpu_arena:
                 trim_process_heap()  # the arena shrank in the run; the C heap's free pages too
             self._dirty.pop(id(handle), None)
-            self.shrink_runs += 1
             self._emit_release("operation_complete", handle, started, in_run=True)
         elif last:
             self._dirty.pop(id(handle), None)
@@ -263,7 +265,8 @@ class Operation:
             outcome = "out_of_memory"
         else:
             outcome = "error"
-        for handle in self._held.values():  # an evicted session goes with its last job
+        held = list(self._held.values())
+        for handle in held:  # an evicted session goes with its last job
             self.runtime.unhold(handle, self)
             if isinstance(exc, ModelContractError) and not handle.evicted:
                 # a model that does not fit the job is of no use cached: give its weights back
@@ -275,6 +278,7 @@ class Operation:
         finally:
             self.runtime.deferred.job_ended(owes_release=self._owes_cpu_release)
         self._dirty.clear()
+        self._unload_by_rule(held)
         self._report_memory(outcome)
         self.runtime.events.emit(
             "operation_end",
@@ -319,7 +323,8 @@ class Operation:
                 "outcome": outcome,
                 "devices": sorted({h.device_label for h in self._used.values()}),
                 "loaded_models": ["the onnxruntime library"] * library + [h.model_name for h in self._loaded],
-                "released": bool(self.release_events),
+                "released": bool(self.release_events or self.unloaded),
+                "release_rules": self._release_notes(),
                 "release_deferred_s": self.runtime.settings.cpu_release_delay if self._owes_cpu_release else 0,
                 "runs": self.runs,
                 "live_output_bytes": self._live_output_bytes,
@@ -331,11 +336,41 @@ class Operation:
             remember_working(self.runtime, job)
             self.memory = job
             self.runtime.last_job_memory = job
-            self.runtime.last_timeline = self.timeline.as_dict()
+            # named, so the picture (memory_plot.py) can say which job on which device
+            self.runtime.last_timeline = {**self.timeline.as_dict(), "operation": self.name, "devices": job["devices"], "outcome": outcome}
             self.runtime.events.emit("job_memory", **job)
         except Exception as exc:  # a report must never break the job
             self.timeline.stop()
             self.runtime.events.emit("job_memory_unavailable", operation=self.name, error=first_line(exc))
+
+    def _rule(self, handle: SessionHandle) -> str:
+        settings = self.runtime.settings
+        if not settings.release_memory:
+            return KEEP
+        return release_rule(
+            handle.providers, cpu_arena=handle.cpu_arena, keep_loaded=settings.keep_models_loaded_on_dml_coreml
+        )
+
+    def _unload_by_rule(self, held: list[SessionHandle]) -> None:
+        """DirectML and CoreML have no arena a run could shrink: the UNLOAD rule drops the sessions
+        this job used (their weights and every buffer their runs kept) now that it has ended."""
+        handles = [h for h in held if h.session is not None and not h.evicted and self._rule(h) == UNLOAD]
+        if handles:
+            self.unloaded = self.runtime.unload_sessions(handles, "release rule: unload after the job")
+
+    def _release_notes(self) -> list[str]:
+        """One line per device the job ran on: the rule that applied to it and what it gave back."""
+        notes: dict[str, None] = {}
+        for handle in self._used.values():
+            rule = self._rule(handle)
+            note = f"{handle.device_label}: {rule} ({RELEASE_RULES[rule]})"
+            if rule == UNLOAD and self.unloaded:
+                gave = ", ".join(f"{k} {mb(v)}" for k, v in self.unloaded["by"].items() if v is not None)
+                note += f"; {self.unloaded['sessions']} session(s) unloaded, giving back {gave or 'n/a'}"
+            elif rule == KEEP and handle.release == UNLOAD:
+                note += "; the preference 'Keep models loaded on DirectML/CoreML' is on"
+            notes.setdefault(note)
+        return list(notes)
 
     def _loaded_bytes(self, key: str) -> int:
         """What loading added during this job: its new sessions (and onnxruntime, if it was first

@@ -8,9 +8,12 @@ CUDA request can silently land on CPU and a shrink entry naming a missing arena 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import DeviceSpecError, ProviderUnavailableError
+from .onnx_inputs import all_inputs_static
+from .paths import user_cache_root
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
@@ -18,13 +21,140 @@ DML = "DmlExecutionProvider"
 COREML = "CoreMLExecutionProvider"
 
 SHRINK_CONFIG_KEY = "memory.enable_memory_arena_shrinkage"
-
-# Providers whose arena ORT's shrink entry may name. DirectML and CoreML have no ORT arena,
-# TensorRT keeps engine memory outside it; anything not listed runs exactly as before.
-ARENA_DEVICE_BY_PROVIDER = {CUDA: "gpu", CPU: "cpu"}
+# DirectML's pooling allocator (BucketizedBufferAllocator) keeps every freed per-run buffer,
+# rounded up to a power of two, until the session is destroyed; with this session entry its
+# sizes are not rounded after load, so per-run buffers go back when their run ends
+# (onnxruntime dml_provider_factory.cc reads it; ExecutionProvider OnSessionInitializationEnd).
+DML_DISABLE_ARENA_KEY = "ep.dml.disable_memory_arena"
 
 # cudnn_conv_algo_search values ORT 1.31 accepts (cuda_execution_provider_info.cc)
 CONV_ALGO_SEARCHES = ("HEURISTIC", "EXHAUSTIVE", "DEFAULT")
+# MLComputeUnits values ORT's CoreML provider accepts (coreml_options.cc); CPUOnly is left out
+# of the preference: the CPU device does that without CoreML's conversion.
+COREML_COMPUTE_UNITS = ("ALL", "CPUAndGPU", "CPUAndNeuralEngine")
+
+# ---- release rules: what gives a device's memory back when a job ends ----------------------
+SHRINK = "shrink"  # the shrink entry on the job's last run of each session (the spec)
+UNLOAD = "unload"  # the job's sessions are dropped when it ends; the next job loads them again
+KEEP = "keep"  # nothing is given back: no arena to shrink, or the artist keeps models loaded
+RELEASE_RULES = {
+    SHRINK: "the arena shrinks in the job's last run; weights stay loaded",
+    UNLOAD: "the job's sessions are unloaded when it ends; the next job loads the model again",
+    KEEP: "nothing is given back at the job's end (models stay loaded)",
+}
+
+
+@dataclass(frozen=True)
+class ProviderChoices:
+    """The settings that shape a provider's options (from RuntimeSettings; see core.py)."""
+
+    gpu_mem_limit: int | None = None
+    cudnn_max_workspace: bool = False
+    conv_algo_search: str = "HEURISTIC"
+    coreml_compute_units: str = "ALL"
+    coreml_cache_dir: str | None = None
+    # CoreML RequireStaticInputShapes; None: on when the model file declares every input's shape
+    static_shapes: bool | None = None
+    model_path: str | None = None
+
+    @classmethod
+    def of(cls, settings, *, static_shapes: bool | None = None, model_path=None) -> ProviderChoices:
+        """The choices a core.RuntimeSettings makes (CoreML's cache: the per-user cache folder)."""
+        return cls(
+            gpu_mem_limit=settings.gpu_mem_limit_bytes,
+            cudnn_max_workspace=settings.cudnn_max_workspace,
+            conv_algo_search=settings.cudnn_conv_algo_search,
+            coreml_compute_units=settings.coreml_compute_units,
+            coreml_cache_dir=settings.coreml_cache_dir or str(user_cache_root() / "coreml"),
+            static_shapes=static_shapes,
+            model_path=None if model_path is None else str(model_path),
+        )
+
+
+def _cuda_options(request: DeviceRequest, choices: ProviderChoices) -> dict:
+    if choices.conv_algo_search not in CONV_ALGO_SEARCHES:
+        raise ValueError(
+            f"cudnn_conv_algo_search must be one of {CONV_ALGO_SEARCHES}, got {choices.conv_algo_search!r}"
+        )
+    options = {
+        "device_id": str(request.index),
+        # Every region can be returned; with kNextPowerOfTwo region 0 is never freed.
+        "arena_extend_strategy": "kSameAsRequested",
+        # On (ORT's default), cuDNN's algorithm search sizes its workspace from free VRAM (up
+        # to ~90 % of it), outside gpu_mem_limit, for every new input shape: Blender's VRAM.
+        "cudnn_conv_use_max_workspace": "1" if choices.cudnn_max_workspace else "0",
+        # HEURISTIC picks an algorithm without running each one: tiles of varying shapes (edge
+        # tiles, splits after out of memory, frames of other sizes) each trigger a new search,
+        # and EXHAUSTIVE's benchmark runs allocate every candidate's workspace each time.
+        "cudnn_conv_algo_search": choices.conv_algo_search,
+    }
+    if choices.gpu_mem_limit:
+        options["gpu_mem_limit"] = str(int(choices.gpu_mem_limit))
+    return options
+
+
+def _directml_options(request: DeviceRequest, choices: ProviderChoices) -> dict:
+    return {"device_id": str(request.index)}
+
+
+def _coreml_options(request: DeviceRequest, choices: ProviderChoices) -> dict:
+    if choices.coreml_compute_units not in COREML_COMPUTE_UNITS:
+        raise ValueError(
+            f"CoreML compute units must be one of {COREML_COMPUTE_UNITS}, got {choices.coreml_compute_units!r}"
+        )
+    static = choices.static_shapes
+    if static is None:  # fixed inputs (a fixed-tile upscaler, DA3's 280x504): compiled once for them
+        static = choices.model_path is not None and all_inputs_static(choices.model_path)
+    options = {
+        # ML Program runs fp16/fp32 on the GPU and Neural Engine and covers more operators than
+        # the older NeuralNetwork format (ORT's default)
+        "ModelFormat": "MLProgram",
+        "MLComputeUnits": choices.coreml_compute_units,
+        # on for a model with a free dimension, CoreML would take none of its graph
+        "RequireStaticInputShapes": "1" if static else "0",
+    }
+    if choices.coreml_cache_dir:
+        # compiled once per model and shape, not at every load (the unload rule loads often)
+        options["ModelCacheDirectory"] = str(choices.coreml_cache_dir)
+    return options
+
+
+@dataclass(frozen=True)
+class DeviceKind:
+    """One row of the device table: everything the runtime knows about a kind of device."""
+
+    kind: str  # the device string's name: "cuda", "directml", "coreml", "cpu"
+    provider: str  # onnxruntime's provider
+    label: str  # what the artist reads
+    takes_index: bool  # "cuda:1", "directml:1"
+    auto_rank: int | None  # order "auto" tries it in (None: only as the fallback)
+    arena_device: str | None  # the shrink entry's device name ("gpu", "cpu"), None: no ORT arena
+    options: Callable[[DeviceRequest, ProviderChoices], dict]
+    release: str  # SHRINK, UNLOAD or KEEP
+    session_entries: tuple[tuple[str, str], ...] = ()  # session config entries it needs
+
+    @property
+    def release_text(self) -> str:
+        return RELEASE_RULES[self.release]
+
+
+DEVICES: tuple[DeviceKind, ...] = (
+    DeviceKind(
+        "cuda", CUDA, "CUDA", True, 0, "gpu", _cuda_options, SHRINK,
+        # weights outside the arena, so the arena holds only what the runs grew
+        (("session.use_device_allocator_for_initializers", "1"),),
+    ),
+    DeviceKind("directml", DML, "DirectML", True, 1, None, _directml_options, UNLOAD, ((DML_DISABLE_ARENA_KEY, "1"),)),
+    DeviceKind("coreml", COREML, "CoreML", False, 2, None, _coreml_options, UNLOAD),
+    # CPU shrinks only the runtime's shared env arena (core.py); without it, as before: KEEP
+    DeviceKind("cpu", CPU, "CPU", False, None, "cpu", lambda request, choices: {}, SHRINK),
+)  # fmt: skip
+DEVICE_BY_KIND = {d.kind: d for d in DEVICES}
+DEVICE_BY_PROVIDER = {d.provider: d for d in DEVICES}
+_INDEXED = tuple(d.kind for d in DEVICES if d.takes_index)
+_NAMES = ", ".join(  # as messages list them: 'cpu', 'cuda', 'cuda:N', ...
+    f"'{d.kind}'" + (f", '{d.kind}:N'" if d.takes_index else "") for d in sorted(DEVICES, key=lambda d: d.auto_rank or -1)
+)
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|directml|dml|coreml)(?::(\d+))?$")
 
@@ -35,7 +165,7 @@ class DeviceRequest:
     index: int = 0
 
     def __str__(self):
-        return f"{self.kind}:{self.index}" if self.kind in ("cuda", "directml") else self.kind
+        return f"{self.kind}:{self.index}" if self.kind in _INDEXED else self.kind
 
 
 def parse_device(device: str | DeviceRequest | None) -> DeviceRequest:
@@ -43,73 +173,52 @@ def parse_device(device: str | DeviceRequest | None) -> DeviceRequest:
         return device
     if device is not None and not str(device).strip():
         raise DeviceSpecError(
-            "The device is empty. Use one of: 'auto', 'cpu', 'cuda', 'cuda:N', 'directml', "
-            "'directml:N', 'coreml' (or leave the option out for 'auto')."
+            f"The device is empty. Use one of: 'auto', {_NAMES} (or leave the option out for 'auto')."
         )
     text = (device or "auto").strip().lower()
     match = _DEVICE_RE.match(text)
     if not match:
-        raise DeviceSpecError(
-            f"Unknown device {device!r}. Use one of: 'auto', 'cpu', 'cuda', 'cuda:N', "
-            "'directml', 'directml:N', 'coreml'."
-        )
+        raise DeviceSpecError(f"Unknown device {device!r}. Use one of: 'auto', {_NAMES}.")
     kind, index = match.group(1), match.group(2)
     kind = "directml" if kind == "dml" else kind
-    if index is not None and kind not in ("cuda", "directml"):
+    if index is not None and kind not in _INDEXED:
         raise DeviceSpecError(f"Device {device!r}: only 'cuda' and 'directml' take an index (e.g. 'cuda:1').")
     return DeviceRequest(kind, int(index or 0))
 
 
 def resolve_providers(
-    request: DeviceRequest,
-    available: list[str],
-    *,
-    gpu_mem_limit: int | None = None,
-    cudnn_max_workspace: bool = False,
-    conv_algo_search: str = "HEURISTIC",
+    request: DeviceRequest, available: list[str], choices: ProviderChoices | None = None
 ) -> list[tuple[str, dict]]:
     """The provider list (with options) to create a session with."""
+    choices = choices or ProviderChoices()
     if request.kind == "auto":
-        for kind, provider in (("cuda", CUDA), ("directml", DML), ("coreml", COREML)):
-            if provider in available:
-                return resolve_providers(
-                    DeviceRequest(kind, 0),
-                    available,
-                    gpu_mem_limit=gpu_mem_limit,
-                    cudnn_max_workspace=cudnn_max_workspace,
-                    conv_algo_search=conv_algo_search,
-                )
+        ranked = sorted((d for d in DEVICES if d.auto_rank is not None), key=lambda d: d.auto_rank)
+        for device in ranked:
+            if device.provider in available:
+                return resolve_providers(DeviceRequest(device.kind, 0), available, choices)
         return [(CPU, {})]
-    if request.kind == "cpu":
+    device = DEVICE_BY_KIND[request.kind]
+    if device.provider == CPU:
         return [(CPU, {})]
-    provider = {"cuda": CUDA, "directml": DML, "coreml": COREML}[request.kind]
-    if provider not in available:
+    if device.provider not in available:
         raise ProviderUnavailableError(
-            f"Device '{request}' needs {provider}, which the installed onnxruntime does not offer "
+            f"Device '{request}' needs {device.provider}, which the installed onnxruntime does not offer "
             f"(it offers {', '.join(available)}). Choose another device in the add-on preferences, "
             "or install the onnxruntime build for that device."
         )
-    if request.kind == "cuda":
-        if conv_algo_search not in CONV_ALGO_SEARCHES:
-            raise ValueError(f"cudnn_conv_algo_search must be one of {CONV_ALGO_SEARCHES}, got {conv_algo_search!r}")
-        options = {
-            "device_id": str(request.index),
-            # Every region can be returned; with kNextPowerOfTwo region 0 is never freed.
-            "arena_extend_strategy": "kSameAsRequested",
-            # On (ORT's default), cuDNN's algorithm search sizes its workspace from free VRAM (up
-            # to ~90 % of it), outside gpu_mem_limit, for every new input shape: Blender's VRAM.
-            "cudnn_conv_use_max_workspace": "1" if cudnn_max_workspace else "0",
-            # HEURISTIC picks an algorithm without running each one: tiles of varying shapes (edge
-            # tiles, splits after out of memory, frames of other sizes) each trigger a new search,
-            # and EXHAUSTIVE's benchmark runs allocate every candidate's workspace each time.
-            "cudnn_conv_algo_search": conv_algo_search,
-        }
-        if gpu_mem_limit:
-            options["gpu_mem_limit"] = str(int(gpu_mem_limit))
-        return [(CUDA, options), (CPU, {})]
-    if request.kind == "directml":
-        return [(DML, {"device_id": str(request.index)}), (CPU, {})]
-    return [(COREML, {}), (CPU, {})]
+    return [(device.provider, device.options(request, choices)), (CPU, {})]
+
+
+def release_rule(actual_providers: list[str], *, cpu_arena: bool, keep_loaded: bool = False) -> str:
+    """The rule that gives a session's memory back (SHRINK, UNLOAD or KEEP), from what the
+    session really got: its primary provider's row; a CPU session shrinks only the shared arena;
+    ``keep_loaded`` (the artist's choice) turns UNLOAD into KEEP."""
+    device = DEVICE_BY_PROVIDER.get(actual_providers[0]) if actual_providers else None
+    if device is None or (device.provider == CPU and not cpu_arena):
+        return KEEP
+    if device.release == UNLOAD and keep_loaded:
+        return KEEP
+    return device.release
 
 
 def shrink_spec(actual_providers: list[str], provider_options: dict, *, cpu_arena_shrinkable: bool) -> str:
@@ -119,22 +228,47 @@ def shrink_spec(actual_providers: list[str], provider_options: dict, *, cpu_aren
     CoreML session also lists CPU as a fallback, but must run exactly as before. A CUDA session
     names only its own GPU arena; only CPU sessions use the runtime's shared CPU arena.
     """
-    if not actual_providers:
+    if release_rule(actual_providers, cpu_arena=cpu_arena_shrinkable) != SHRINK:
         return ""
-    primary = actual_providers[0]
-    if primary == CUDA:
-        return f"gpu:{int((provider_options.get(CUDA) or {}).get('device_id', 0))}"
-    if primary == CPU and cpu_arena_shrinkable:
-        return "cpu:0"
-    return ""
+    device = DEVICE_BY_PROVIDER[actual_providers[0]]
+    index = int((provider_options.get(device.provider) or {}).get("device_id", 0)) if device.takes_index else 0
+    return f"{device.arena_device}:{index}"
 
 
 def describe_providers(actual_providers: list[str]) -> str:
-    names = {
-        CUDA: "CUDA",
-        CPU: "CPU",
-        DML: "DirectML",
-        COREML: "CoreML",
-        "TensorrtExecutionProvider": "TensorRT",
-    }
+    names = {d.provider: d.label for d in DEVICES} | {"TensorrtExecutionProvider": "TensorRT"}
     return names.get(actual_providers[0], actual_providers[0]) if actual_providers else "none"
+
+
+# ---- CoreML's partition report ------------------------------------------------------------
+_COREML_PARTITIONS = re.compile(
+    r"number of partitions supported by CoreML: (\d+) number of nodes in the graph: (\d+) "
+    r"number of nodes supported by CoreML: (\d+)"
+)
+
+
+def coreml_partitions(log_lines) -> dict | None:
+    """ORT's own summary (CoreMLExecutionProvider::GetCapability, logged at session creation:
+    WARNING when the graph splits into several partitions, INFO otherwise) as
+    ``{"partitions", "nodes", "coreml_nodes"}``; None when the log has none."""
+    for line in reversed(list(log_lines)):
+        match = _COREML_PARTITIONS.search(line)
+        if match:
+            partitions, nodes, supported = map(int, match.groups())
+            return {"partitions": partitions, "nodes": nodes, "coreml_nodes": supported}
+    return None
+
+
+def coreml_partition_warning(model_name: str, facts: dict | None, *, most_on_cpu: float = 0.5, many: int = 8) -> str | None:
+    """One line when CoreML takes under half the graph or cuts it into many pieces (each cut
+    is a CPU round trip); None when it runs well or nothing was logged."""
+    if not facts or not facts["nodes"]:
+        return None
+    share = facts["coreml_nodes"] / facts["nodes"]
+    if share >= most_on_cpu and facts["partitions"] <= many:
+        return None
+    return (
+        f"CoreML runs {facts['coreml_nodes']} of {facts['nodes']} operators of {model_name} "
+        f"({share:.0%}) in {facts['partitions']} piece(s); the rest runs on the CPU, so this model "
+        "may be slower than on the CPU device. Try the CPU device, or another Compute Units choice."
+    )

@@ -12,7 +12,7 @@ from typing import TypeVar
 import numpy as np
 
 from .memory import process_rss_bytes
-from .providers import CPU, CUDA, DeviceRequest, describe_providers, shrink_spec
+from .providers import CPU, CUDA, DEVICE_BY_KIND, DeviceRequest, describe_providers, release_rule, shrink_spec
 
 LIBRARY_RAM: dict = {}
 """``{"bytes": n}``: the RSS the first import of onnxruntime added, when this module imported it
@@ -68,14 +68,27 @@ class SessionHandle:
         self.provider_options: dict = dict(session.get_provider_options() or {})
         self.cpu_arena = cpu_arena and self.providers[:1] == [CPU]
         self.shrink = shrink_spec(self.providers, self.provider_options, cpu_arena_shrinkable=self.cpu_arena)
+        # what gives its memory back when a job ends (providers.py's device table); the artist's
+        # "keep models loaded" choice is applied when the job ends (operation.py)
+        self.release = release_rule(self.providers, cpu_arena=self.cpu_arena)
+        self.partitions: dict | None = None  # CoreML: ORT's partition report (device_sessions.py)
+        self.partition_warning: str | None = None
         self.inputs = [TensorInfo(i.name, tuple(i.shape), i.type) for i in session.get_inputs()]
         self.outputs = [TensorInfo(o.name, tuple(o.shape), o.type) for o in session.get_outputs()]
         self.fallback_warning: str | None = None
+        self.onnxruntime_log: list[str] = []  # ORT's own lines while it was created (runtime/native_log.py)
         if request.kind == "cuda" and self.providers[:1] != [CUDA]:
             self.fallback_warning = (
                 f"CUDA was requested for {self.model_name} but the session runs on "
                 f"{describe_providers(self.providers)}: the GPU or its CUDA/cuDNN libraries could not be used. "
                 "Check the NVIDIA driver and the onnxruntime-gpu install; results are correct but slower."
+            )
+        elif request.kind in ("directml", "coreml") and self.providers[:1] != [DEVICE_BY_KIND[request.kind].provider]:
+            label = DEVICE_BY_KIND[request.kind].label
+            self.fallback_warning = (
+                f"{label} was requested for {self.model_name} but the session runs on "
+                f"{describe_providers(self.providers)}: {label} could not use this GPU. Update the graphics "
+                "driver; results are correct but slower."
             )
         self.evicted = False
         self.evict_reason: str | None = None

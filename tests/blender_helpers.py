@@ -105,6 +105,7 @@ def isolated_blender_env(root: Path, *, pythonpath: list[Path] | None = None) ->
         HOME=str(home),
         XDG_CONFIG_HOME=str(home / ".config"),
         XDG_CACHE_HOME=str(home / ".cache"),
+        XDG_DATA_HOME=str(home / ".local" / "share"),  # the shared models folder
         BLENDER_USER_RESOURCES=str(root / "blender_user"),
         BLENDER_USER_CONFIG=str(root / "blender_user" / "config"),
         BLENDER_USER_SCRIPTS=str(root / "blender_user" / "scripts"),
@@ -113,6 +114,7 @@ def isolated_blender_env(root: Path, *, pythonpath: list[Path] | None = None) ->
         PYTHONDONTWRITEBYTECODE="1",
     )
     env.pop("PYTHONPATH", None)
+    env.pop("LEAN_IMAGE_AI_MODELS_DIR", None)
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(str(p) for p in pythonpath)
     return env

@@ -11,6 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lean_image_ai.models import installer  # noqa: E402
+from lean_image_ai.models.http_watch import loopback_http_for_tests  # noqa: E402
 from lean_image_ai.runtime.errors import ModelInstallError  # noqa: E402
 from model_server import loopback_entry  # noqa: E402
 
@@ -19,13 +20,14 @@ entry = loopback_entry(
     url, None, size_bytes=None if size == "-" else int(size), sha256=None if sha == "-" else sha
 )
 try:
-    path = installer.install(
-        entry,
-        folder,
-        chunk_size=16 * 1024,
-        lock_wait=float(wait),
-        waiting=lambda holder: print(f"waiting: {holder}", flush=True),
-    )
+    with loopback_http_for_tests():
+        path = installer.install(
+            entry,
+            folder,
+            chunk_size=16 * 1024,
+            lock_wait=float(wait),
+            waiting=lambda holder: print(f"waiting: {holder}", flush=True),
+        )
     print(json.dumps({"ok": True, "path": str(path)}), flush=True)
 except ModelInstallError as exc:
     print(json.dumps({"ok": False, "error": str(exc)}), flush=True)

@@ -33,6 +33,15 @@ class _Handler(BaseHTTPRequestHandler):
             # keep the server thread forever)
             srv.held += 1
             srv.hold.wait(srv.hold_limit)
+        if self.path in srv.redirects:
+            self.send_response(302)
+            self.send_header("Location", srv.redirects[self.path])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if srv.endless:
+            self._endless()
+            return
         body = srv.files.get(self.path)
         if body is None:
             self.send_response(404)
@@ -64,8 +73,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("ETag", etag)
             self.send_header("Last-Modified", modified)
         self.send_header("Content-Type", "application/octet-stream")
+        if srv.short_length is not None:  # announces (and sends) less than the file
+            rest = rest[: srv.short_length]
         self.send_header("Content-Length", str(len(rest)))
         self.end_headers()
+        if srv.drip:
+            self._drip(rest)
+            return
         if srv.truncate_after is not None:
             cut, srv.truncate_after = srv.truncate_after, None  # only the next response is cut
             self.wfile.write(rest[:cut])
@@ -79,6 +93,35 @@ class _Handler(BaseHTTPRequestHandler):
                     time.sleep(srv.throttle)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client cancelled
+
+
+    def _drip(self, rest: bytes) -> None:
+        """One byte every `drip` seconds: never silent long enough for a socket timeout."""
+        srv = self.server
+        try:
+            for i in range(len(rest)):
+                self.wfile.write(rest[i : i + 1])
+                self.wfile.flush()
+                srv.dripped += 1
+                time.sleep(srv.drip)
+        except (BrokenPipeError, ConnectionResetError):
+            srv.drip_stopped = time.monotonic()  # the client went away
+
+    def _endless(self) -> None:
+        """Random bytes with no Content-Length until the client stops reading (bounded)."""
+        srv = self.server
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        block = bytes(range(256)) * 256
+        try:
+            while srv.endless_sent < srv.endless_limit:
+                self.wfile.write(block)
+                srv.endless_sent += len(block)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        self.close_connection = True
 
 
 def _validators(body: bytes) -> tuple[str, str]:
@@ -103,6 +146,14 @@ class ModelServer(ThreadingHTTPServer):
         self.hold: threading.Event | None = None  # set: requests wait for it before any answer
         self.hold_limit = 20.0
         self.held = 0  # requests that waited on `hold`
+        self.redirects: dict[str, str] = {}  # path -> Location of a 302
+        self.short_length: int | None = None  # send only this many bytes, announced as the length
+        self.drip = 0.0  # seconds between single bytes of the body (0: normal speed)
+        self.dripped = 0
+        self.drip_stopped: float | None = None
+        self.endless = False  # stream bytes with no Content-Length, up to endless_limit
+        self.endless_limit = 256 << 20
+        self.endless_sent = 0
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}{path}"
@@ -121,6 +172,37 @@ def serving():
         srv.shutdown()
         srv.server_close()
         thread.join(timeout=5)
+
+
+def onnx_payload(size: int, seed: int = 0) -> bytes:
+    """A real upscale-family ONNX model (4x nearest Resize) of exactly ``size`` bytes: an unused
+    initializer of random bytes pads it, so two seeds give two different, loadable files."""
+    import random
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, None, None])
+    y = helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 3, None, None])
+    node = helper.make_node("Resize", ["input", "", "scales"], ["output"], mode="nearest")
+    scales = helper.make_tensor("scales", TensorProto.FLOAT, [4], [1.0, 1.0, 4.0, 4.0])
+    noise = random.Random(seed)
+
+    def build(pad: int) -> bytes:
+        blob = helper.make_tensor("padding", TensorProto.UINT8, [pad], noise.randbytes(pad), raw=True)
+        graph = helper.make_graph([node], "sr4x", [x], [y], initializer=[scales, blob])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        return model.SerializeToString()
+
+    pad = size
+    for _ in range(8):  # the length prefixes grow with the padding: converge on the exact size
+        data = build(pad)
+        if len(data) == size:
+            onnx.checker.check_model(onnx.load_from_string(data))
+            return data
+        pad += size - len(data)
+    raise ValueError(f"cannot build an ONNX model of exactly {size} bytes")
 
 
 def loopback_entry(url: str | None, data: bytes | None, **overrides) -> CatalogEntry:

@@ -1,12 +1,16 @@
-"""Runs inside a *stock* bpy 5.0.1 (its own venv: no onnxruntime, Pillow, psutil): install the built
-zip, run the upscale operator headless, uninstall. Prints one ``RESULT {json}`` line.
+"""Runs inside a *stock* bpy (its own venv: no onnxruntime, Pillow, psutil, onnx): install the built
+zip, register a model, run all four operators and a sequence headless, draw the panels and the
+preferences, uninstall. Prints one ``RESULT {json}`` line.
 
-    python stock_blender_job.py <zip> <work folder>
+    python stock_blender_job.py <zip> <work folder> <models.json> <tests folder>
 
-Used by tests/test_stock_blender.py; the temporary HOME and Blender user folders come from its
-environment, so nothing touches the real user's Blender.
+``models.json`` names the small stand-in ONNX files the test built (a stock Blender has no onnx
+package to build them); the tests folder gives ``recording_layout`` (a stand-in UILayout, since
+bpy as a module never makes a real one). Used by tests/test_stock_blender.py; the temporary HOME
+and Blender user folders come from its environment, so nothing touches the real user's Blender.
 """
 
+import importlib
 import importlib.util
 import json
 import os
@@ -29,7 +33,55 @@ PKG = "lean_image_ai"
 MODULE = f"bl_ext.user_default.{PKG}"
 
 
-def main(zip_path: str, work: Path) -> dict:
+def write_picture(path: Path, width: int, height: int, shift: float = 0.0) -> np.ndarray:
+    """A smooth test picture, written by Blender itself (no Pillow here)."""
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+    rgba = np.stack([xx / width, yy / height, 0.5 + 0.25 * np.sin(xx / 5 + shift), np.ones_like(xx)], -1)
+    image = bpy.data.images.new(path.stem, width, height, alpha=True)
+    image.pixels.foreach_set(rgba.ravel())
+    image.filepath_raw = str(path)
+    image.file_format = "PNG"
+    image.save()
+    bpy.data.images.remove(image)
+    return rgba
+
+
+def call(out: dict, name: str, operator, **kwargs) -> None:
+    """Run an operator; its result set, or the one-line error it reported."""
+    try:
+        out[name] = sorted(operator(**kwargs))
+    except RuntimeError as exc:
+        out[name] = [f"error: {str(exc).strip().splitlines()[-1]}"]
+
+
+def draw_ui(out: dict, tests: Path) -> None:
+    """Draw the N-panels and the preferences (model list included) into recording layouts."""
+    sys.path.insert(0, str(tests))
+    from recording_layout import FakePanel, RecordingLayout
+
+    panels = importlib.import_module(MODULE + ".ui.panels")
+    drawn = {}
+    for cls in panels.classes:
+        fake = FakePanel()
+        cls.draw(fake, bpy.context)
+        drawn[cls.__name__] = len(fake.layout.log)
+    prefs = bpy.context.preferences.addons[MODULE].preferences
+
+    class Proxy:  # ``self`` for the preferences' draw: their properties, a recording layout
+        def __init__(self):
+            self.layout = RecordingLayout()
+
+        def __getattr__(self, name):
+            return getattr(prefs, name)
+
+    proxy = Proxy()
+    type(prefs).draw(proxy, bpy.context)
+    drawn["preferences"] = len(proxy.layout.log)
+    out["drawn"] = drawn
+    out["preferences_text"] = [str(getattr(c, "text", "")) for c in proxy.layout.log if getattr(c, "text", "")]
+
+
+def main(zip_path: str, work: Path, models: dict, tests: Path) -> dict:
     out: dict = {"python": list(sys.version_info[:2]), "bpy": bpy.app.version_string}
     # What a stock Blender lacks, before the add-on brings anything.
     out["missing_before"] = {
@@ -37,26 +89,42 @@ def main(zip_path: str, work: Path) -> dict:
         for name in ("onnxruntime", "PIL", "psutil", "flatbuffers", "google.protobuf", "packaging", "pynvml")
     }
     out["extensions_dir"] = bpy.utils.user_resource("EXTENSIONS")
-
-    # A smooth test picture, written by Blender itself (no Pillow here).
     width, height = 48, 32
-    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
-    rgba = np.stack([xx / width, yy / height, 0.5 + 0.25 * np.sin(xx / 5), np.ones_like(xx)], -1)
-    source = bpy.data.images.new("stock_src", width, height, alpha=True)
-    source.pixels.foreach_set(rgba.ravel())
-    source.filepath_raw = str(work / "source.png")
-    source.file_format = "PNG"
-    source.save()
-    bpy.data.images.remove(source)
+    rgba = write_picture(work / "source.png", width, height)
+    seq = work / "seq"
+    seq.mkdir()
+    for frame in (1, 2, 3):
+        write_picture(seq / f"frame_{frame:04d}.png", 24, 16, shift=frame)
 
-    result = bpy.ops.extensions.package_install_files(
-        filepath=zip_path, repo="user_default", enable_on_install=True
-    )
+    result = bpy.ops.extensions.package_install_files(filepath=zip_path, repo="user_default", enable_on_install=True)
     out["install"] = sorted(result)
     out["enabled"] = MODULE in bpy.context.preferences.addons.keys()
+    prefs_module = importlib.import_module(MODULE + ".operators.prefs")
+    folder = prefs_module.models_folder(bpy.context, create=True)
+    out["models_folder"] = str(folder)
+    models = {**models, "bicubic": str(Path(sys.modules[MODULE].__file__).parent / "models" / "assets" / "bicubic_x2.onnx")}
+
+    ops = bpy.ops.lean_image_ai
+    call(out, "register", ops.register_user_model, family="upscale", filepath=models["upscale"])
+    call(out, "register_wrong_family", ops.register_user_model, family="upscale", filepath=models["ben2"])
+    store = folder / "user_models.json"
+    out["registered"] = [e["path"] for e in json.loads(store.read_text())["user_models"]] if store.is_file() else []
 
     output = work / "upscaled.png"
-    out["upscale"] = sorted(bpy.ops.lean_image_ai.upscale(filepath=str(work / "source.png"), output_path=str(output)))
+    source = str(work / "source.png")
+    call(out, "upscale", ops.upscale, filepath=source, output_path=str(output), model_path=models["bicubic"])
+    call(out, "remove_background", ops.remove_background, filepath=source, model_path=models["ben2"])
+    call(out, "estimate_depth", ops.estimate_depth, filepath=source, model_path=models["da3"])
+    before_objects = len(bpy.data.objects)
+    call(out, "reconstruct_geometry", ops.reconstruct_geometry, filepath=source, model_path=models["moge2"])
+    out["objects_added"] = len(bpy.data.objects) - before_objects
+    out["images"] = sorted(i.name for i in bpy.data.images)
+    call(
+        out, "sequence", ops.process_sequence, family="upscale", source=str(seq / "frame_####.png"),
+        output=str(work / "seq_out" / "up_####.png"), model_path=models["bicubic"],
+    )  # fmt: skip
+    out["sequence_files"] = sorted(p.name for p in (work / "seq_out").glob("*")) if (work / "seq_out").is_dir() else []
+    draw_ui(out, tests)
 
     ort = sys.modules.get("onnxruntime")
     out["onnxruntime_file"] = getattr(ort, "__file__", None)
@@ -92,12 +160,13 @@ def main(zip_path: str, work: Path) -> dict:
     out["left_under_extensions"] = sorted(
         str(p.relative_to(ext_root)) for p in ext_root.rglob("*") if PKG in p.name or "onnxruntime" in p.name
     )
+    out["models_kept_after"] = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
     return out
 
 
 if __name__ == "__main__":
     try:
-        report = main(sys.argv[1], Path(sys.argv[2]))
+        report = main(sys.argv[1], Path(sys.argv[2]), json.loads(Path(sys.argv[3]).read_text()), Path(sys.argv[4]))
     except BaseException:
         report = {"error": traceback.format_exc()}
     print("RESULT " + json.dumps(report), flush=True)

@@ -36,6 +36,7 @@ def registered():
 
 @pytest.fixture(autouse=True)
 def clean(tmp_path, monkeypatch):
+    (tmp_path / "models").mkdir()  # a named models folder that is missing is an error
     monkeypatch.setenv(library.MODELS_DIR_ENV, str(tmp_path / "models"))
     bh.reset_blender()
     yield

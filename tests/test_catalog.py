@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -263,25 +262,13 @@ def test_format_1_files_load_without_the_retired_keys(tmp_path):
 
 
 def test_models_dir_order(monkeypatch, tmp_path):
-    """An explicit choice, then the one environment variable, then the front-end's default."""
+    """An explicit choice, then the one environment variable, then the shared per-user data folder
+    (per OS: tests/test_cli_models.py)."""
     monkeypatch.setenv("LEAN_IMAGE_AI_MODELS_DIR", str(tmp_path / "env"))
-    assert library.models_dir(tmp_path / "chosen", tmp_path / "host") == tmp_path / "chosen"
-    assert library.models_dir("", tmp_path / "host") == tmp_path / "env"
+    assert library.models_dir(tmp_path / "chosen") == tmp_path / "chosen"
+    assert library.models_dir("") == tmp_path / "env"
     monkeypatch.delenv("LEAN_IMAGE_AI_MODELS_DIR")
-    assert library.models_dir("", tmp_path / "host") == tmp_path / "host"
-
-
-def test_default_models_dir_per_user_cache(monkeypatch, tmp_path):
-    monkeypatch.delenv("LEAN_IMAGE_AI_MODELS_DIR", raising=False)
-    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("USERPROFILE", str(tmp_path))
-    got = library.models_dir()
-    assert got.parts[-2:] == ("lean_image_ai", "models")
-    if sys.platform.startswith("linux"):
-        assert got == tmp_path / ".cache" / "lean_image_ai" / "models"
-        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-        assert library.models_dir() == tmp_path / "xdg" / "lean_image_ai" / "models"
+    assert library.models_dir("") == library.shared_models_dir()
 
 
 @pytest.mark.parametrize("name", ["..", ".", "../x.onnx", "a\\\\b.onnx"])

@@ -131,7 +131,7 @@ def test_ctrl_c_cancels_between_runs_and_exits_130(tmp_path):
         "upscale", "--device", "cpu", "--tile", "64", "--output", str(out), cwd=tmp_path, prelude=prelude
     )
     assert done.returncode == 130, done.stderr
-    assert "Cancelling after the current model run" in done.stderr and "nothing was written" in done.stderr
+    assert "cancelling after the current model run" in done.stderr and "nothing was written" in done.stderr
     assert "wrote:" not in done.stdout and list(tmp_path.iterdir()) == []
 
 

@@ -36,12 +36,12 @@ def picture(height, width):
 
 
 def test_a_deep_net_gets_a_bounded_feathered_overlap_and_is_never_called_exact():
-    plan = plan_overlap("rrdb.onnx", ReceptiveField(349, "graph"), None)
+    plan = plan_overlap("rrdb.onnx", ReceptiveField(349, "graph", proven=True), None)
     assert (plan.overlap, plan.feather, plan.exact) == (FEATHER_OVERLAP, FEATHER_OVERLAP // 2, False)
     assert plan.warnings and plan.warnings[0].startswith("Not exact: rrdb.onnx's receptive radius is 349 px")
-    compact = plan_overlap("compact.onnx", ReceptiveField(34, "graph"), None)
+    compact = plan_overlap("compact.onnx", ReceptiveField(34, "graph", proven=True), None)
     assert (compact.overlap, compact.feather, compact.exact) == (34, 0, True)  # exact where it is cheap
-    asked = plan_overlap("rrdb.onnx", ReceptiveField(349, "graph"), 349)  # the artist may pay for exact
+    asked = plan_overlap("rrdb.onnx", ReceptiveField(349, "graph", proven=True), 349)  # the artist may pay for exact
     assert (asked.overlap, asked.feather, asked.exact) == (349, 0, True)
     assert MAX_EXACT_RADIUS < 349
 

@@ -173,16 +173,16 @@ def test_jobs_in_a_row_find_the_arena_warm_and_the_memory_still_comes_back(tmp_p
 
 
 def test_headless_knob_sets_the_delay_and_a_wrong_one_says_what_it_wants(monkeypatch):
-    from lean_image_ai.runtime import core
+    from lean_image_ai.runtime import settings as core
 
     monkeypatch.delenv("LEAN_IMAGE_AI_RAM_RELEASE_DELAY", raising=False)
-    assert core._settings_from_environment().cpu_release_delay == 0.0
+    assert core.settings_from_environment().cpu_release_delay == 0.0
     monkeypatch.setenv("LEAN_IMAGE_AI_RAM_RELEASE_DELAY", "2.5")
-    assert core._settings_from_environment().cpu_release_delay == 2.5
+    assert core.settings_from_environment().cpu_release_delay == 2.5
     for wrong in ("soon", "-1", "nan"):
         monkeypatch.setenv("LEAN_IMAGE_AI_RAM_RELEASE_DELAY", wrong)
         with pytest.raises(ValueError, match="seconds without a job"):
-            core._settings_from_environment()
+            core.settings_from_environment()
 
 
 # ---- the bound outputs' buffers are kept warm with the arena, and go back with it ------------

@@ -120,3 +120,21 @@ def test_without_onnxruntime_everything_is_one_readable_line(tmp_path):
     assert "\n" not in out["error"]
     assert f"onnxruntime: {out['error']}" in out["text"].splitlines()
     assert out["probe"] is False
+
+
+def test_doctor_names_the_device_a_job_really_gets_and_its_release_rule(report):
+    session = report.session
+    if _gpu_visible():
+        pytest.skip("a GPU is visible: Auto may pick it")
+    assert session["requested"] == "auto" and session["providers"][0] == CPU
+    assert session["device"] == "CPU" and session["release_rule"] == "shrink"
+    text = diagnostics.format_report(report)
+    assert "A job on Auto runs on: CPU (CPUExecutionProvider); release rule: shrink: the arena shrinks" in text
+
+
+def test_doctor_reads_the_bundled_wheels_from_the_zips_manifest(tmp_path):
+    (tmp_path / "blender_manifest.toml").write_text(
+        'id = "x"\nwheels = [\n  "./wheels/onnxruntime_directml-1.24.4-cp311-cp311-win_amd64.whl",\n]\n[build]\n'
+    )
+    assert diagnostics.bundled_wheels(str(tmp_path)) == ["onnxruntime_directml-1.24.4-cp311-cp311-win_amd64.whl"]
+    assert diagnostics.bundled_wheels() == []  # a source checkout names no wheel

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lean_image_ai import cli, farm_ray
+from lean_image_ai import cli, cli_job, farm_ray
+from lean_image_ai.farm_worker import FrameWorker
+from lean_image_ai.models import files
 from lean_image_ai.runtime.errors import LeanImageError
 from onnx_builders import sr_model, weights_model
 from PIL import Image
@@ -89,12 +91,14 @@ def plate(tmp_path_factory):
     return pattern, model, reference
 
 
-def farm(tmp_path, capsys, pattern, model, *extra, **hooks):
+def farm(tmp_path, capsys, pattern, model, *extra, interrupts=None, **hooks):
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     argv = ["farm", "upscale", pattern, str(out) + "/", "--model", str(model), "--device", "cpu", "--workers", "2", *extra]
     capsys.readouterr()
-    code = farm_ray.run(cli.build_parser().parse_args(argv), **hooks)
+    args = cli.build_parser().parse_args(argv)
+    args.interrupts = interrupts
+    code = farm_ray.run(args, **hooks)
     captured = capsys.readouterr()
     return code, json.loads(captured.out.strip().splitlines()[-1]), captured.err, out
 
@@ -142,10 +146,52 @@ def test_a_worker_killed_mid_chunk_loses_nothing_and_writes_nothing_twice(ray_lo
     assert "died" in err
 
 
+def test_sigterm_to_the_driver_cancels_the_farm_keeps_written_frames_exit_143(ray_local, plate, tmp_path, capsys):
+    """A real SIGTERM (a render farm's cancel) to this process, the driver, once a frame is written."""
+    pattern, model, reference = plate
+    sent = []
+
+    def terminate_after_first_frame(event):
+        if event["event"] == "frame" and not sent:
+            sent.append(event["frame"])
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with cli_job.Interrupts() as interrupts:
+        hooks = {"on_event": terminate_after_first_frame, "interrupts": interrupts}
+        code, line, err, out = farm(tmp_path, capsys, pattern, model, "--chunk-size", "2", **hooks)
+    assert sent and code == cli_job.EXIT_TERMINATED, err
+    assert line["cancelled"] is True and 1 <= line["written"] < FRAMES
+    assert err.strip().splitlines()[-1].startswith("Stopped by SIGTERM;")
+    written = outputs(out)
+    assert written and all(written[name] == reference[name] for name in written)  # whole frames, no temp file
+
+
+class DiesWhileWriting(FrameWorker):
+    """The first worker that writes frame ``crash_frame`` dies by SIGKILL half-way through writing it
+    (its temporary file is on disk): a real process death. The marker file, created exclusively,
+    makes it happen once."""
+
+    crash_frame, marker = 0, ""
+
+    def write(self, ref, out, result):
+        if ref.number == self.crash_frame:
+            try:  # exclusive creation: only the first worker to get here dies, and only once
+                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return super().write(ref, out, result)
+            with files.atomic_path(out) as temp:
+                temp.write_bytes(b"half a frame")
+                os.kill(os.getpid(), signal.SIGKILL)  # no finally runs: the temp file stays behind
+        return super().write(ref, out, result)
+
+
 def test_a_worker_dying_while_writing_a_frame_leaves_no_temp_file(ray_local, plate, tmp_path, capsys):
     pattern, model, reference = plate
     marker = tmp_path / "died-once"
-    code, line, err, out = farm(tmp_path, capsys, pattern, model, crash_on_write=(7, str(marker)))
+    cloudpickle = pytest.importorskip("ray.cloudpickle")
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import this test module
+    worker = type("DiesOnFrame7", (DiesWhileWriting,), {"crash_frame": 7, "marker": str(marker)})
+    code, line, err, out = farm(tmp_path, capsys, pattern, model, worker_class=worker)
     assert code == farm_ray.EXIT_OK, err
     assert marker.exists() and line["farm"]["worker_deaths"] == 1
     # the dead worker's half-written temporary file was there, and the driver removed it

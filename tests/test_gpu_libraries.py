@@ -125,6 +125,88 @@ def test_pip_failure_names_what_pip_said(tmp_path, wheels):
     assert not (tmp_path / "gpu").exists() and not (tmp_path / "gpu.staging").exists()
 
 
+def _user_folder(path: Path) -> dict[str, bytes]:
+    path.mkdir(parents=True)
+    files = {"thesis.docx": b"years of work", "sub/notes.txt": b"more"}
+    for name, data in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_bytes(data)
+    return files
+
+
+def _still_there(path: Path, files: dict[str, bytes]) -> None:
+    assert {name: (path / name).read_bytes() for name in files} == files
+
+
+def test_remove_refuses_a_folder_the_add_on_did_not_make(tmp_path, monkeypatch):
+    shared = tmp_path / "studio share"
+    kept = _user_folder(shared)
+    monkeypatch.setenv(G.FOLDER_ENV, str(shared))
+    with pytest.raises(G.GpuRuntimeError, match="not made by this add-on") as info:
+        G.remove(G.folder(tmp_path / "default"))
+    assert str(shared) in str(info.value) and "nothing was deleted" in str(info.value)
+    _still_there(shared, kept)
+
+
+def test_install_refuses_to_replace_a_folder_the_add_on_did_not_make(tmp_path, wheels):
+    shared = tmp_path / "home"
+    kept = _user_folder(shared)
+    with pytest.raises(G.GpuRuntimeError, match="not made by this add-on") as info:
+        G.install(shared, write_requirements(tmp_path / "req.txt", wheels), index_args=_index(wheels))
+    assert str(shared) in str(info.value)
+    _still_there(shared, kept)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "index", "req.txt"]  # pip never ran
+
+
+@pytest.mark.parametrize("leftover", [".old", ".staging"])
+def test_a_user_folder_named_like_a_leftover_is_never_deleted(tmp_path, wheels, leftover):
+    target = tmp_path / "gpu_runtime"
+    lookalike = tmp_path / f"gpu_runtime{leftover}"
+    kept = _user_folder(lookalike)
+    req = write_requirements(tmp_path / "req.txt", wheels)
+    with pytest.raises(G.GpuRuntimeError, match=str(lookalike)):
+        G.install(target, req, index_args=_index(wheels))
+    with pytest.raises(G.GpuRuntimeError, match=str(lookalike)):
+        G.remove(target)
+    _still_there(lookalike, kept)
+
+
+def test_a_file_or_a_link_at_the_folder_is_refused(tmp_path, wheels):
+    req = write_requirements(tmp_path / "req.txt", wheels)
+    afile = tmp_path / "libs"
+    afile.write_bytes(b"not a folder")
+    with pytest.raises(G.GpuRuntimeError, match="is a file"):
+        G.install(afile, req, index_args=_index(wheels))
+    with pytest.raises(G.GpuRuntimeError, match="is a file"):
+        G.remove(afile)
+    assert afile.read_bytes() == b"not a folder"
+    real = tmp_path / "real"
+    G.install(real, req, index_args=_index(wheels))
+    (tmp_path / "real.staging").symlink_to(tmp_path / "index")  # someone else's link beside ours
+    with pytest.raises(G.GpuRuntimeError, match="symbolic link"):
+        G.remove(real)
+    assert G.installed_packages(real) and (tmp_path / "index").is_dir()
+
+
+def test_an_empty_folder_made_for_the_libraries_is_used_and_kept(tmp_path, wheels):
+    target = tmp_path / "gpu_runtime"
+    target.mkdir()
+    assert G.remove(target) is False and target.is_dir()  # nothing of ours in it
+    G.install(target, write_requirements(tmp_path / "req.txt", wheels), index_args=_index(wheels))
+    assert G.installed_packages(target)
+    assert G.remove(target) is True and not target.exists()
+
+
+def test_a_staging_folder_left_by_a_killed_install_is_cleared(tmp_path, wheels):
+    target = tmp_path / "gpu_runtime"
+    staging = tmp_path / "gpu_runtime.staging"
+    (staging / "site").mkdir(parents=True)
+    (staging / G.STAGING_MARKER).write_text("x")
+    (staging / "site" / "half.so").write_bytes(b"half")
+    G.install(target, write_requirements(tmp_path / "req.txt", wheels), index_args=_index(wheels))
+    assert not staging.exists() and G.installed_packages(target)
+
+
 def test_activate_without_libraries_reports_and_never_raises(tmp_path):
     empty = L.activate(tmp_path / "nothing")
     assert not empty.ok and "No GPU libraries" in empty.error

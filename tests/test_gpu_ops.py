@@ -104,6 +104,20 @@ def test_wrong_hash_is_refused_through_the_operator(setup):
     assert any(c.alert and "checksum" in c.text for c in box.calls("label"))  # the last failure stays visible
 
 
+def test_a_folder_the_add_on_did_not_make_is_neither_replaced_nor_removed(setup):
+    folder = setup["folder"]
+    folder.mkdir(parents=True)
+    (folder / "shared.blend").write_bytes(b"a studio's file")
+    with pytest.raises(RuntimeError, match="not made by this add-on") as info:
+        bpy.ops.lean_image_ai.install_gpu_runtime(requirements=str(setup["req"]))
+    assert str(folder) in str(info.value)
+    with pytest.raises(RuntimeError, match="not made by this add-on") as info:
+        bpy.ops.lean_image_ai.remove_gpu_runtime()
+    assert str(folder) in str(info.value)
+    assert [p.name for p in folder.iterdir()] == ["shared.blend"]
+    assert (folder / "shared.blend").read_bytes() == b"a studio's file"
+
+
 def test_install_refused_offline(setup):
     bpy.context.preferences.system.use_online_access = False
     with pytest.raises(RuntimeError, match="Online access is disabled"):

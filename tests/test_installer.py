@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from lean_image_ai.models import installer
 from lean_image_ai.models.catalog import BUILTIN_ENTRIES, Catalog
+from lean_image_ai.models.http_watch import loopback_http_for_tests
 from lean_image_ai.runtime.errors import ModelFileError, ModelInstallError, OperationCancelled
-from model_server import loopback_entry
+from model_server import loopback_entry, onnx_payload
 from polling import wait_until
 
 PAYLOAD_SIZE = 300 * 1024
@@ -24,7 +25,8 @@ CHUNK = 16 * 1024
 
 @pytest.fixture
 def payload() -> bytes:
-    return os.urandom(PAYLOAD_SIZE)
+    # a real model: an entry without a catalog checksum is installed only once it loads
+    return onnx_payload(PAYLOAD_SIZE)
 
 
 def _tiny_onnx_bytes() -> bytes:
@@ -127,11 +129,11 @@ def test_404_names_url_folder_and_filename(server, payload, tmp_path):
 def test_connection_refused_is_a_clear_error(payload, tmp_path):
     url = f"http://127.0.0.1:{_closed_port()}/m.onnx"
     entry = loopback_entry(url, payload)
-    with pytest.raises(ModelInstallError) as info:
+    with pytest.raises(ModelInstallError) as info, loopback_http_for_tests():
         installer.install(entry, tmp_path, timeout=5)
     msg = str(info.value)
     assert url in msg
-    assert "refused" in msg
+    assert "connection was refused" in msg
     assert str(tmp_path) in msg
 
 
@@ -253,7 +255,7 @@ def test_resume_after_the_server_file_changed_restarts_from_zero(server, payload
     if validator == "last_modified":  # a server that sends no ETag: Last-Modified proves it
         record["etag"] = None
         (tmp_path / "test-model.onnx.part.json").write_text(json.dumps(record))
-    new = os.urandom(PAYLOAD_SIZE)  # same size: only a validator can tell them apart
+    new = onnx_payload(PAYLOAD_SIZE, seed=1)  # same size: only a validator can tell them apart
     server.files["/m.onnx"] = new
 
     path = installer.install(entry, tmp_path, chunk_size=CHUNK)
@@ -283,7 +285,7 @@ def test_server_ignoring_if_range_is_caught_by_its_etag(server, payload, tmp_pat
     server.honour_if_range = False  # sends the range of the *new* file
     entry = loopback_entry(server.url("/m.onnx"), None)
     _cut_download(server, entry, tmp_path, 100 * 1024)
-    new = os.urandom(PAYLOAD_SIZE)
+    new = onnx_payload(PAYLOAD_SIZE, seed=1)
     server.files["/m.onnx"] = new
     path = installer.install(entry, tmp_path, chunk_size=CHUNK)
     assert [r["range"] for r in server.requests[1:]] == ["bytes=102400-", None]
@@ -295,7 +297,7 @@ def test_part_without_validator_or_checksum_starts_over(server, payload, tmp_pat
     server.validators = False
     entry = loopback_entry(server.url("/m.onnx"), None)
     _cut_download(server, entry, tmp_path, 100 * 1024)
-    new = os.urandom(PAYLOAD_SIZE)
+    new = onnx_payload(PAYLOAD_SIZE, seed=1)
     server.files["/m.onnx"] = new
     path = installer.install(entry, tmp_path, chunk_size=CHUNK)
     assert server.requests[-1]["range"] is None, "nothing proves the .part is the same file"
@@ -382,6 +384,36 @@ def test_user_model_install_returns_its_own_path(tmp_path):
     own.unlink()
     with pytest.raises(ModelFileError):
         installer.install(entry, tmp_path / "models")
+
+
+def test_nothing_beside_a_registered_file_is_written_or_deleted(tmp_path):
+    """A registered model with a sha256 is verified with a record in the models folder; removing
+    the entry deletes only that record, never `<its path>.part` and the like (the user's files)."""
+    from dataclasses import replace
+
+    from lean_image_ai.models import library
+
+    own_folder = tmp_path / "thesis"
+    own_folder.mkdir()
+    own = own_folder / "thesis.docx"
+    own.write_bytes(b"the model bytes")
+    neighbours = {f"thesis.docx{s}": f"user's {s}".encode() for s in (".part", ".part.json", ".verified.json")}
+    for name, data in neighbours.items():
+        (own_folder / name).write_bytes(data)
+    models = tmp_path / "models"
+    entry = replace(
+        Catalog().add_user_model("upscale", own), sha256=hashlib.sha256(b"the model bytes").hexdigest()
+    )
+    assert installer.verify_installed(entry, models) == own.resolve()
+    record = installer.sidecar_path(entry, models)
+    assert record.parent == models / installer.USER_RECORDS_DIR and record.is_file()
+    assert json.loads(record.read_text())["sha256"] == entry.sha256
+    assert installer.is_verified(entry, models)  # the record vouches without re-hashing
+
+    assert library.remove(entry, models) is True  # the record went
+    assert not record.exists()
+    assert own.read_bytes() == b"the model bytes"
+    assert {p.name: p.read_bytes() for p in own_folder.iterdir() if p != own} == neighbours
 
 
 # -- installed state without re-hashing ------------------------------------------------------

@@ -134,5 +134,69 @@ def test_symlink_loop_is_named(tmp_path, good):
 
 
 def test_a_folder_is_not_a_model_file(tmp_path, good):
-    with pytest.raises(ModelFileError, match="is not a file .*Choose the .onnx file itself"):
+    with pytest.raises(ModelFileError, match="is a folder: choose the .onnx file itself"):
         Runtime().session(tmp_path, "cpu")
+
+
+def _cli_model(model: str, tmp_path):
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    image = tmp_path / "in.png"
+    Image.fromarray(np.full((8, 8, 3), 50, np.uint8)).save(image)
+    out = tmp_path / "out.png"
+    command = [sys.executable, "-m", "lean_image_ai", "upscale", "--input", str(image), "--output", str(out)]
+    done = subprocess.run(
+        command + ["--model", model, "--device", "cpu"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert not out.exists()
+    return lines[0]
+
+
+def _model_paths(tmp_path) -> dict:
+    folder = tmp_path / "a folder"
+    folder.mkdir()
+    pipe = tmp_path / "pipe.onnx"
+    os.mkfifo(pipe)
+    loop = tmp_path / "loop.onnx"
+    loop.symlink_to(tmp_path / "loop2.onnx")
+    (tmp_path / "loop2.onnx").symlink_to(loop)
+    dangling = tmp_path / "gone.onnx"
+    dangling.symlink_to(tmp_path / "never there.onnx")
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    text = tmp_path / "passwd"
+    text.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    png = tmp_path / "photo.onnx"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 100)
+    return {
+        "folder": (folder, "is a folder: choose the .onnx file itself"),
+        "fifo": (pipe, "is a named pipe (FIFO)"),
+        "device": (os.devnull, "is a device"),
+        "link-loop": (loop, "link loop"),
+        "dangling-link": (dangling, "which does not exist"),
+        "zero-bytes": (empty, "is empty (0 bytes)"),
+        "text-file": (text, "is a text file (it begins 'root:x:0:0:root:/root:/bin/bash')"),
+        "png": (png, "is a PNG image, not an ONNX model"),
+    }
+
+
+@pytest.mark.skipif(os.name != "posix", reason="FIFOs, /dev/null and symlinks as POSIX has them")
+@pytest.mark.parametrize(
+    "case", ["folder", "fifo", "device", "link-loop", "dangling-link", "zero-bytes", "text-file", "png"]
+)
+def test_the_cli_says_what_a_model_path_is(tmp_path, case):
+    """Not "Model file not found" for what exists, and no "remove it" for a file that may be any
+    of the user's."""
+    path, expect = _model_paths(tmp_path)[case]
+    line = _cli_model(str(path), tmp_path)
+    assert expect in line and str(path) in line
+    assert "not found" not in line.lower() or case == "dangling-link"
+    assert "remove it" not in line.lower()
+    if case in ("zero-bytes", "text-file", "png"):
+        assert os.path.exists(path)

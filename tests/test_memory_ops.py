@@ -184,8 +184,11 @@ def test_the_memory_plot_image_after_a_job(runtime, upscale_input):
     assert tuple(image.size) == (memory_plot.WIDTH, memory_plot.HEIGHT)
     pixels = np.empty(len(image.pixels), np.float32)
     image.pixels.foreach_get(pixels)
-    rgba = np.rint(pixels.reshape(memory_plot.HEIGHT, memory_plot.WIDTH, 4) * 255).astype(np.uint8)
-    run = (rgba[:, :, :3] == memory_plot.COLOURS["run"]).all(axis=2).any(axis=0)
+    rgba = np.rint(pixels.reshape(memory_plot.HEIGHT, memory_plot.WIDTH, 4) * 255).astype(np.uint8)[::-1]
+    assert np.array_equal(rgba, memory_plot.render(runtime.last_timeline)), "the same picture as --memory-plot"
+    left, top, right, bottom = memory_plot.plot_box(runtime.last_timeline)
+    plot = rgba[top + 1 : bottom, left + 1 : right]  # the marks; the legend's swatches are below
+    run = (plot[:, :, :3] == memory_plot.COLOURS["run"]).all(axis=2).any(axis=0)
     marks = int(np.count_nonzero(run[1:] & ~run[:-1]) + run[0])
     assert marks == runtime.last_job_memory["runs"] > 1
     assert bpy.ops.lean_image_ai.show_memory_plot() == {"FINISHED"}
@@ -204,3 +207,18 @@ def test_the_ram_budget_preference_refuses_a_job_it_cannot_fit(runtime, upscale_
     finally:
         bpy.context.preferences.addons.remove(addon)
         runtime.configure(ram_budget_bytes=None)
+
+
+def test_leak_check_repeats_the_chosen_family_job(runtime, tmp_path, monkeypatch):
+    """The family's job as every front-end builds it (models/job.py): its installed model from the
+    preferences' models folder; a family with nothing installed says what to install."""
+    from builders_families import da3_like_model
+    from lean_image_ai.models import catalog, library
+
+    monkeypatch.setenv(library.MODELS_DIR_ENV, str(tmp_path))
+    entry = catalog.Catalog().get("da3-metric-large")  # no size/sha256 known: a present file counts
+    model = da3_like_model(tmp_path / entry.filename, fixed_hw=None)
+    assert bpy.ops.lean_image_ai.leak_check(runs=8, family="da3") == {"FINISHED"}
+    assert [h.model_path for h in get_runtime().cached_sessions()] == [Path(model).resolve()]
+    with pytest.raises(RuntimeError, match="No BEN2 .* model is installed"):
+        bpy.ops.lean_image_ai.leak_check(runs=8, family="ben2")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -63,8 +64,55 @@ def test_peak_rss_holds_the_high_water_mark():
 
 
 def test_available_memory_agrees_with_psutil():
-    ours, reference = memory.available_system_memory_bytes(), psutil.virtual_memory().available
+    ours, reference = memory.os_available_memory_bytes(), psutil.virtual_memory().available
     assert 0.8 < ours / reference < 1.25  # other processes move it between the two reads
+    assert memory.available_system_memory_bytes() <= ours  # never more than the OS has
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prlimit and /proc/self/status are Linux")
+def test_an_address_space_limit_is_what_the_process_can_still_allocate(tmp_path):
+    """`prlimit --as`: the OS still says gigabytes are free, but this process can map far less."""
+    code = (
+        "import json, resource\n"
+        "from lean_image_ai.runtime import memory\n"
+        "def figures(): return {'os': memory.os_available_memory_bytes(), 'as': memory.address_space_headroom_bytes(),\n"
+        "    'all': memory.available_system_memory_bytes()}\n"
+        "before = figures()\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_AS)\n"
+        "in_use = memory._status_kib('VmSize') * 1024\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (in_use + (200 << 20), hard))\n"
+        "print(json.dumps({'before': before, 'after': figures()}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["before"]["as"] is None  # no limit set: not a figure
+    after = result["after"]
+    assert after["as"] is not None and after["as"] <= 200 << 20
+    assert after["all"] == min(after["os"], after["as"]) and after["all"] < after["os"]
+
+
+def test_the_cgroup_limit_is_read_from_the_tightest_cgroup(tmp_path):
+    """cgroup v2 (the process's own cgroup and the ones above it) and v1, from their real files."""
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/slurm/job_7/step_0\n")
+    job = tmp_path / "sys" / "slurm" / "job_7"
+    (job / "step_0").mkdir(parents=True)
+    (job / "memory.max").write_text("1073741824\n")  # the job's 1 GiB
+    (job / "memory.current").write_text("268435456\n")
+    (job / "step_0" / "memory.max").write_text("max\n")  # the step itself: no limit of its own
+    (job / "step_0" / "memory.current").write_text("268435456\n")
+    assert memory.cgroup_headroom_bytes(str(proc), str(tmp_path / "sys")) == (1 << 30) - (1 << 28)
+    proc.write_text("4:memory:/docker/abc\n1:cpu:/docker/abc\n")
+    v1 = tmp_path / "sys" / "memory" / "docker" / "abc"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text(str(512 << 20))
+    (v1 / "memory.usage_in_bytes").write_text(str(100 << 20))
+    (tmp_path / "sys" / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712")  # none
+    (tmp_path / "sys" / "memory" / "memory.usage_in_bytes").write_text(str(5 << 30))
+    assert memory.cgroup_headroom_bytes(str(proc), str(tmp_path / "sys")) == 412 << 20
+    proc.write_text("0::/\n")
+    assert memory.cgroup_headroom_bytes(str(proc), str(tmp_path / "empty")) is None
 
 
 def test_everything_works_without_psutil_or_nvidia_ml_py(tmp_path):

@@ -111,6 +111,24 @@ def test_install_downloads_verifies_and_remove_deletes(server, models_dir, catal
     assert bpy.ops.lean_image_ai.remove_model(model_id="test-sr") == {"CANCELLED"}  # nothing left
 
 
+def test_a_model_without_catalog_checksum_is_shown_as_trust_on_first_use(server, models_dir, catalog, tmp_path):
+    data = tiny_onnx(tmp_path / "src.onnx").read_bytes()
+    server.files["/sr.onnx"] = data
+    entry = entry_for(server.url("/sr.onnx"), None)  # no size, no sha256: like DA3's entry
+    use_entries(catalog, entry)
+    layout = RecordingLayout()
+    P.draw_model_catalog(layout, bpy.context)
+    assert "trust on first use" not in layout.joined_text()  # nothing installed yet
+    assert bpy.ops.lean_image_ai.install_model(model_id="test-sr") == {"FINISHED"}
+    layout = RecordingLayout()
+    P.draw_model_catalog(layout, bpy.context)
+    digest = installer.sha256_file(models_dir / "test-sr.onnx")
+    text = layout.joined_text()
+    assert "No catalog checksum: trust on first use" in text and digest[:16] in text and str(len(data)) in text
+    choice = library.resolve("upscale", models_dir, "test-sr")  # what the command line prints
+    assert choice.describe() == f"{models_dir / 'test-sr.onnx'} ({installer.trust_note(entry, models_dir)})"
+
+
 def test_install_404_names_url_and_folder(server, models_dir, catalog):
     url = server.url("/gone.onnx")
     use_entries(catalog, entry_for(url, b"whatever"))

@@ -47,6 +47,7 @@ def registered():
 def models_dir(tmp_path, monkeypatch):
     """An empty models folder for this test (nothing installed)."""
     path = tmp_path / "models"
+    path.mkdir()  # a named models folder that is missing is an error
     monkeypatch.setenv(library.MODELS_DIR_ENV, str(path))
     return path
 
@@ -176,6 +177,22 @@ def test_sequence_toggle_turns_every_button_into_a_sequence_job(settings, models
     assert buttons[3].props["tile_size"] == 64
     drawn = {c.name for c in layout.calls("prop")}
     assert {"use_sequence", "sequence_source", "sequence_frames", "sequence_output", "skip_existing"} <= drawn
+
+
+def test_sequence_box_has_the_shot_options_preview_and_one_camera(settings, models_dir, clean_jobs, runtime):
+    settings.use_sequence = True
+    settings.sequence_source = "//plates/shot_####.png"
+    settings.depth_range = "auto-shot"
+    settings.shot_camera = "shot"
+    layout = draw(panels.LEAN_IMAGE_AI_PT_image_editor)
+    assert {"depth_range", "align_depth", "shot_camera", "shot_fov"} <= {c.name for c in layout.calls("prop")}
+    sequence = [c for c in layout.calls("operator") if c.name == "lean_image_ai.process_sequence"]
+    assert {b.props["depth_range"] for b in sequence} == {"auto-shot"}
+    previews = [c for c in layout.calls("operator") if c.name == "lean_image_ai.preview_frame"]
+    assert [b.props["family"] for b in previews] == ["ben2", "da3", "moge2", "upscale"]
+    assert previews[1].props["source"] == "//plates/shot_####.png"
+    shots = [c for c in layout.calls("operator") if c.name == "lean_image_ai.reconstruct_shot"]
+    assert len(shots) == 1 and shots[0].props["shot_camera"] == "shot"
 
 
 def _tiny_file(path: Path, data: bytes = b"\x08\x08onnx-ish") -> Path:

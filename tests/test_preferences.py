@@ -122,7 +122,8 @@ def test_defaults_mirror_the_blender_properties():
     annotations = P.LeanImageAIPreferences.__annotations__
     defaults = R.DefaultPreferences()
     for name in ("models_dir", "device", "cuda_device_index", "gpu_memory_budget_mb", "ram_budget_mb",
-                 "release_cpu_memory", "ram_release_delay_s", "idle_unload_minutes", "cudnn_max_workspace"):
+                 "release_cpu_memory", "ram_release_delay_s", "idle_unload_minutes", "cudnn_max_workspace",
+                 "keep_models_loaded_on_dml_coreml", "coreml_compute_units"):
         assert name in annotations and hasattr(defaults, name)
         prop = annotations[name]
         if name != "device":  # dynamic enum: default is the item number 0 == AUTO
@@ -168,11 +169,17 @@ def test_models_dir_resolution(registered, tmp_path, monkeypatch):
         monkeypatch.setenv(library.MODELS_DIR_ENV, str(tmp_path / "env"))
         assert R.models_folder(bpy.context) == tmp_path / "env"
         assert not (tmp_path / "env").exists()
-        # default when not installed as an extension: Blender's user datafiles
+        # default: the per-user data folder the command line uses too, outside Blender's folders;
+        # a library in the old default (Blender's user datafiles) is moved there once
         monkeypatch.delenv(library.MODELS_DIR_ENV)
+        monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+        old = Path(bpy.utils.user_resource("DATAFILES", path="lean_image_ai/models", create=False))
+        old.mkdir(parents=True, exist_ok=True)
+        (old / "kept.onnx").write_bytes(b"weights")
+        R._migrated.clear()
         default = R.models_folder(bpy.context)
-        assert default.parts[-2:] == ("lean_image_ai", "models")
-        assert default.parent.parent == Path(bpy.utils.user_resource("DATAFILES"))
+        assert default == tmp_path / "data" / "lean_image_ai" / "models" == library.models_dir()
+        assert (default / "kept.onnx").read_bytes() == b"weights" and not (old / "kept.onnx").exists()
     finally:
         bpy.context.preferences.addons.remove(addon)
 
@@ -217,6 +224,7 @@ def test_draw_shows_every_property_and_calls_the_catalog_hook(registered, monkey
         "ram_release_delay_s",
         "idle_unload_minutes",
         "cudnn_max_workspace",
+        "keep_models_loaded_on_dml_coreml",  # CoreML's compute units: only where CoreML is offered
     }
     assert hook == [fake.layout, fake.layout]  # the GPU runtime box and the model list
     assert any("onnxruntime" in text for kind, text in log if kind == "label")
@@ -229,6 +237,9 @@ def test_draw_shows_every_property_and_calls_the_catalog_hook(registered, monkey
         ("cudnn_max_workspace", "cudnn_max_workspace", False, True),
         # 0 by default (RAM back at each job's end); seconds without a job once the artist sets it
         ("ram_release_delay_s", "cpu_release_delay", 0.0, 2.5),
+        # DirectML/CoreML: the job's models unloaded at its end unless the artist keeps them
+        ("keep_models_loaded_on_dml_coreml", "keep_models_loaded_on_dml_coreml", False, True),
+        ("coreml_compute_units", "coreml_compute_units", "ALL", "CPUAndNeuralEngine"),
     ],
 )
 def test_preference_reaches_the_runtime(registered, pref, setting, default, chosen):
@@ -248,3 +259,28 @@ def test_preference_reaches_the_runtime(registered, pref, setting, default, chos
     finally:
         runtime.settings = saved
         bpy.context.preferences.addons.remove(addon)
+
+
+def test_preferences_name_the_release_rule_and_the_device_the_last_job_got(registered):
+    from lean_image_ai.runtime import get_runtime
+
+    runtime = get_runtime()
+    saved = runtime.last_job_memory
+    try:
+        runtime.last_job_memory = None
+        prefs = R.DefaultPreferences(device="DIRECTML")
+        assert R.release_rule_lines(prefs, ["DmlExecutionProvider", "CPUExecutionProvider"]) == [
+            "Memory on DirectML: the job's sessions are unloaded when it ends; the next job loads the model again"
+        ]
+        kept = R.DefaultPreferences(device="AUTO", keep_models_loaded_on_dml_coreml=True)
+        assert R.release_rule_lines(kept, ["CoreMLExecutionProvider", "CPUExecutionProvider"])[0] == (
+            "Memory on CoreML: nothing is given back at the job's end (models stay loaded)"
+        )
+        cpu = R.DefaultPreferences(device="AUTO")
+        runtime.last_job_memory = {"release_rules": ["CPU: shrink (the arena shrinks in the job's last run)"]}
+        assert R.release_rule_lines(cpu, ["CPUExecutionProvider"]) == [
+            "Memory on CPU: the arena shrinks in the job's last run; weights stay loaded",
+            "Last job ran on CPU: shrink (the arena shrinks in the job's last run)",
+        ]
+    finally:
+        runtime.last_job_memory = saved

@@ -92,7 +92,55 @@ def test_an_op_the_walk_does_not_know_is_measured_by_a_probe(tmp_path, runtime):
     model = save_model(graph, tmp_path / "softsign.onnx")
     assert graph_receptive_field(model).radius is None
     result = upscale.run(picture(30, 30), model, options=opts(runtime), tile_size=24)
-    assert result.receptive_radius == 2 and result.overlap == 2 and result.exact
+    # a probe measures, it does not prove: tiled, the result is never reported exact
+    assert result.receptive_radius == 2 and result.overlap == 2 and not result.exact
+    assert any("measured by an impulse probe, not proven" in w and "not exact" in w for w in result.warnings)
+    one = upscale.run(picture(30, 30), model, options=opts(runtime), tile_size=None)
+    assert one.exact  # one window is one whole-image run, whatever the radius
+
+
+def resize_by_constant(path, constant: dict):
+    """Conv 5x5 then a nearest x2 Resize whose scales sit in a `Constant` node, as
+    `torch.onnx.export` writes them (`constant`: the node's attribute)."""
+    w = numpy_helper.from_array(np.full((3, 3, 5, 5), 0.04, np.float32), "w")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["input", "w"], ["c"], pads=[2, 2, 2, 2]),
+            helper.make_node("Constant", [], ["scales"], **constant),
+            helper.make_node("Resize", ["c", "", "scales"], ["r"], mode="nearest"),
+            helper.make_node("Conv", ["r", "w"], ["output"], pads=[2, 2, 2, 2]),
+        ],
+        "constant_scales",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, "H", "W"])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 3, "OH", "OW"])],
+        [w],
+    )
+    return save_model(graph, path)
+
+
+SCALES = [1.0, 1.0, 2.0, 2.0]
+
+
+@pytest.mark.parametrize(
+    "constant",
+    [
+        {"value": numpy_helper.from_array(np.array(SCALES, np.float32), "scales_value")},
+        {"value_floats": SCALES},
+    ],
+    ids=["value", "value_floats"],
+)
+def test_resize_scales_in_a_constant_node_are_read(tmp_path, constant):
+    found = graph_receptive_field(resize_by_constant(tmp_path / "c.onnx", constant))
+    # 2 px before the x2 resize, then 2 output px = 1 input px after it
+    assert (found.radius, found.scale, found.proven) == (3, 2.0, True)
+
+
+def test_a_catalog_figure_is_exact_only_when_the_graph_proves_it(tmp_path, runtime):
+    model = resize_by_constant(tmp_path / "c.onnx", {"value_floats": SCALES})
+    covered = upscale.run(picture(30, 30), model, options=opts(runtime), tile_size=24, model_overlap=4)
+    assert covered.exact and covered.overlap == 4
+    short = upscale.run(picture(30, 30), model, options=opts(runtime), tile_size=24, model_overlap=2)
+    assert not short.exact and short.overlap == 2
 
 
 def test_the_catalog_figure_and_the_size_multiple(runtime, tmp_path):

@@ -24,6 +24,7 @@ from lean_image_ai.runtime import (
     memory_snapshot,
 )
 from lean_image_ai.runtime.cpu_arena import RELEASE_PROBE_MODEL
+from lean_image_ai.runtime.settings import settings_from_environment
 from onnx_builders import conv_model, release_probe_model
 from recording import RecordingFactory
 
@@ -197,12 +198,17 @@ def test_cuda_request_that_falls_back_to_cpu_gets_no_gpu_entry(conv, caplog):
     if handle.providers[0] == "CUDAExecutionProvider":
         pytest.skip("a real GPU is present: no fallback to observe")
     assert factory.calls[0]["providers"][0][0] == "CUDAExecutionProvider", "CUDA was really requested"
-    assert all("gpu:" not in entry for entry in factory.sessions[0].shrink_entries)
-    assert factory.sessions[0].shrink_entries == [""], "a CUDA request never joins the CPU arena"
+    assert "session.use_env_allocators" not in factory.calls[0]["config"], "a CUDA request never joins the CPU arena"
+    # ORT's own fallback has no shrinkable arena: the session is made again as a CPU one, which
+    # gives its RAM back like any CPU job (and never gets a gpu: entry)
+    assert factory.calls[1]["providers"] == [("CPUExecutionProvider", {})]
+    assert factory.calls[1]["config"]["session.use_env_allocators"] == "1"
+    assert factory.sessions[1].shrink_entries == ["cpu:0"]
+    assert handle.shrink == "cpu:0" and runtime.sessions_created == 2
     assert outputs[0].shape == (1, 3, 32, 32)
     assert "CUDA was requested" in handle.fallback_warning
     fallback = runtime.events.recent("provider_fallback")
-    assert fallback and fallback[0]["requested"] == "cuda:0"
+    assert len(fallback) == 1 and fallback[0]["requested"] == "cuda:0"
     assert any('"provider_fallback"' in r.getMessage() for r in caplog.records)
 
 
@@ -259,9 +265,8 @@ def test_cudnn_workspace_and_search_are_chosen_and_make_their_own_session(conv, 
         ("1", "EXHAUSTIVE"),
     ]
     assert runtime.session(conv, "cuda:0") is second
-    runtime.configure(cudnn_conv_algo_search="FASTEST")
-    with pytest.raises(ValueError, match="cudnn_conv_algo_search"):
-        runtime.session(conv, "cuda:0")
+    with pytest.raises(ValueError, match="cudnn_conv_algo_search"):  # refused where it enters
+        runtime.configure(cudnn_conv_algo_search="FASTEST")
     # CPU sessions take no cuDNN option and are not split by them
     cpu = runtime.session(conv, "cpu")
     runtime.configure(cudnn_max_workspace=False)
@@ -270,9 +275,9 @@ def test_cudnn_workspace_and_search_are_chosen_and_make_their_own_session(conv, 
 
 def test_headless_knob_turns_the_cudnn_workspace_on(monkeypatch):
     monkeypatch.delenv("LEAN_IMAGE_AI_CUDNN_MAX_WORKSPACE", raising=False)
-    assert core._settings_from_environment().cudnn_max_workspace is False
+    assert settings_from_environment().cudnn_max_workspace is False
     monkeypatch.setenv("LEAN_IMAGE_AI_CUDNN_MAX_WORKSPACE", "1")
-    assert core._settings_from_environment().cudnn_max_workspace is True
+    assert settings_from_environment().cudnn_max_workspace is True
 
 
 def test_cuda_session_cancelled_is_evicted_to_free_its_arena(conv):
@@ -395,7 +400,7 @@ def test_missing_model_file_is_named(tmp_path, conv):
 def test_file_that_is_not_onnx_is_named(tmp_path):
     bad = tmp_path / "photo.onnx"
     bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 100)
-    with pytest.raises(ModelFileError, match="photo.onnx.*not a readable ONNX model: it is truncated"):
+    with pytest.raises(ModelFileError, match="photo.onnx is a PNG image, not an ONNX model"):
         Runtime().session(bad, "cpu")
 
 

@@ -1,15 +1,25 @@
 """End to end, for real: the linux-x64 zip built with the real onnxruntime-gpu wheel works in a stock
-Blender whose Python has no onnxruntime, Pillow or psutil, and leaves nothing behind when removed.
+Blender whose Python has no onnxruntime, Pillow or psutil, and leaves nothing behind when removed
+but the user's models (a per-user data folder outside the extension's own).
 
-Needs PyPI (the wheel and bpy are downloaded once, then reused): without it the test fails with
-pip's message rather than skipping, because a zip that was never tried is the bug this guards.
+Blender versions: the newest of each Python line by default (``5.0.1``: Python 3.11, the py311 zip;
+``5.3.0``: Python 3.13, the py313 zip); ``LEAN_IMAGE_AI_STOCK_BPY=4.2.23,5.0.1,5.2.3,5.3.0`` runs
+the LTS lines too. In each: install, register a model (and have one of the wrong family refused),
+all four operators, a sequence, the N-panels and the preferences drawn, uninstall.
+
+Needs PyPI (the wheels and bpy are downloaded once, then reused) and a Python 3.13 for the 5.1+
+lines (``LEAN_IMAGE_AI_PYTHON313``, else ``python3.13`` on PATH or in pyenv): without them the test
+fails with the reason rather than skipping, because a zip that was never tried is the bug this
+guards.
 
 Caches (override the root with LEAN_IMAGE_AI_CACHE): ``<root>/wheels`` for the build tool's
-downloads, ``<root>/stock-bpy-5.0.1`` for a venv holding only ``bpy==5.0.1`` and what it pulls in.
+downloads, ``<root>/stock-bpy-<version>`` for a venv holding only ``bpy==<version>`` and what it
+pulls in (CI keeps them between runs, so a run costs the build and the jobs, not the downloads).
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -23,29 +33,47 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import blender_helpers as bh  # noqa: E402
+from builders_families import ben2_like_model, da3_like_model  # noqa: E402
+from builders_moge2 import moge2_like_model  # noqa: E402
+from onnx_builders import sr_model  # noqa: E402
 
 CACHE = Path(os.environ.get("LEAN_IMAGE_AI_CACHE", Path.home() / ".cache" / "lean_image_ai"))
-BPY_VERSION = "5.0.1"
+PYTHON_OF = {"4.2": "3.11", "4.5": "3.11", "5.0": "3.11"}  # Blender 5.1 and later: Python 3.13
+NEWEST = ("5.0.1", "5.3.0")
+VERSIONS = tuple(v.strip() for v in os.environ.get("LEAN_IMAGE_AI_STOCK_BPY", ",".join(NEWEST)).split(",") if v.strip())
 JOB_SCRIPT = Path(__file__).with_name("stock_blender_job.py")
 
 
-def _stock_python() -> Path:
+def python_line(bpy_version: str) -> str:
+    return PYTHON_OF.get(".".join(bpy_version.split(".")[:2]), "3.13")
+
+
+def _base_python(line: str) -> str:
+    if line == f"{sys.version_info[0]}.{sys.version_info[1]}":
+        return sys.executable
+    found = os.environ.get(f"LEAN_IMAGE_AI_PYTHON{line.replace('.', '')}") or shutil.which(f"python{line}")
+    found = found or next(iter(sorted(glob.glob(str(Path.home() / f".pyenv/versions/{line}.*/bin/python{line}")))), None)
+    assert found, f"no Python {line} for bpy's {line} line: set LEAN_IMAGE_AI_PYTHON{line.replace('.', '')}"
+    return found
+
+
+def _stock_python(version: str) -> Path:
     """A venv with only bpy (and its own requirements); built once, into place by rename."""
-    venv = CACHE / f"stock-bpy-{BPY_VERSION}"
+    venv = CACHE / f"stock-bpy-{version}"
     python = venv / "bin" / "python"
     if (venv / ".complete").is_file() and python.is_file():
         return python
     CACHE.mkdir(parents=True, exist_ok=True)
     partial = CACHE / f"{venv.name}.partial-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(partial)], check=True)
+    subprocess.run([_base_python(python_line(version)), "-m", "venv", str(partial)], check=True)
     proc = subprocess.run(
-        [str(partial / "bin" / "python"), "-m", "pip", "install", "-q", f"bpy=={BPY_VERSION}"],
+        [str(partial / "bin" / "python"), "-m", "pip", "install", "-q", f"bpy=={version}"],
         capture_output=True,
         text=True,
     )
-    assert proc.returncode == 0, f"pip install bpy=={BPY_VERSION} failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
-    (partial / ".complete").write_text(BPY_VERSION)
+    assert proc.returncode == 0, f"pip install bpy=={version} failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+    (partial / ".complete").write_text(version)
     shutil.rmtree(venv, ignore_errors=True)
     # Renamed whole so a killed run never leaves a half venv in place; its console scripts keep
     # the old path in their shebangs, but this test only ever starts bin/python by path.
@@ -59,65 +87,97 @@ def timings() -> dict:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory, timings) -> dict:
-    out = tmp_path_factory.mktemp("stock_zip")
-    started = time.perf_counter()
-    proc = subprocess.run(
-        [
-            sys.executable, str(bh.REPO_ROOT / "tools" / "build_extension.py"),
-            "--platform", "linux-x64", "--python", "3.11",
-            "--output-dir", str(out), "--wheels-dir", str(CACHE / "wheels"),
-        ],
-        capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
-    timings["build_s"] = time.perf_counter() - started
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(report["zips"]) == 1, report
-    return report["zips"][0]
+def zips(tmp_path_factory, timings) -> dict:
+    """The linux-x64 zip of each Python line asked for, built once per line."""
+    built = {}
+    for line in sorted({python_line(v) for v in VERSIONS}):
+        out = tmp_path_factory.mktemp(f"stock_zip_{line}")
+        started = time.perf_counter()
+        proc = subprocess.run(
+            [
+                sys.executable, str(bh.REPO_ROOT / "tools" / "build_extension.py"),
+                "--platform", "linux-x64", "--python", line,
+                "--output-dir", str(out), "--wheels-dir", str(CACHE / "wheels"),
+            ],
+            capture_output=True, text=True, timeout=1800,
+        )  # fmt: skip
+        timings[f"build_py{line}_s"] = time.perf_counter() - started
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        report = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert len(report["zips"]) == 1, report
+        built[line] = report["zips"][0]
+    return built
 
 
 @pytest.fixture(scope="module")
-def stock_run(built, tmp_path_factory, timings) -> dict:
+def standins(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("stock_models")
+    return {
+        "ben2": str(ben2_like_model(root / "ben2.onnx", fixed=False)),
+        "da3": str(da3_like_model(root / "da3.onnx", fixed_hw=None)),
+        "moge2": str(moge2_like_model(root / "moge2.onnx")),
+        "upscale": str(sr_model(root / "my_x2.onnx", scale=2)),
+    }
+
+
+@pytest.fixture(scope="module", params=VERSIONS)
+def stock_run(request, zips, standins, tmp_path_factory, timings) -> dict:
+    version = request.param
+    built = zips[python_line(version)]
     started = time.perf_counter()
-    python = _stock_python()
-    timings["stock_venv_s"] = time.perf_counter() - started
-    root = tmp_path_factory.mktemp("stock_blender")
+    python = _stock_python(version)
+    timings[f"{version}_venv_s"] = time.perf_counter() - started
+    root = tmp_path_factory.mktemp(f"stock_blender_{version}")
     work = root / "work"
     work.mkdir()
+    models_json = root / "models.json"
+    models_json.write_text(json.dumps(standins))
     env = bh.isolated_blender_env(root)
     started = time.perf_counter()
     proc = subprocess.run(
-        [str(python), str(JOB_SCRIPT), built["path"], str(work)],
-        capture_output=True, text=True, env=env, cwd=str(work), timeout=600,
+        [str(python), str(JOB_SCRIPT), built["path"], str(work), str(models_json), str(JOB_SCRIPT.parent)],
+        capture_output=True, text=True, env=env, cwd=str(work), timeout=900,
     )  # fmt: skip
-    timings["blender_job_s"] = time.perf_counter() - started
+    timings[f"{version}_job_s"] = time.perf_counter() - started
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-4000:] + proc.stderr[-4000:]
+    # bpy 4.2 as a module segfaults on exit once an extension whose PropertyGroup has a Python
+    # callback property (update/get/set/items) was uninstalled: a 10-line extension with one
+    # BoolProperty(update=...) does the same, 5.0 and later do not. The job's work is all done and
+    # reported by then; the exit code is checked in test_exit_code.
+    allowed = {0, -11} if version.startswith("4.2.") else {0}
+    assert proc.returncode in allowed and lines, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(lines[-1][len("RESULT ") :])
     assert "error" not in result, result["error"] + proc.stderr[-4000:]
-    result["root"] = str(root)
-    result["console"] = proc.stdout + proc.stderr
-    print(f"\nstock Blender e2e timings: {json.dumps({k: round(v, 1) for k, v in timings.items()})}")
+    console = "\n".join(ln for ln in (proc.stdout + proc.stderr).splitlines() if not ln.startswith("RESULT "))
+    result.update(root=str(root), home=env["HOME"], console=console, version=version, zip=built, returncode=proc.returncode)
+    print(f"\nstock Blender {version} e2e timings: {json.dumps({k: round(v, 1) for k, v in timings.items()})}")
     return result
 
 
-def test_zip_carries_exactly_the_onnxruntime_wheel_and_the_license(built):
+def test_zip_carries_exactly_the_onnxruntime_wheel_and_the_license(stock_run):
+    built = stock_run["zip"]
+    line = python_line(stock_run["version"])
+    cp = "cp" + line.replace(".", "")
     with zipfile.ZipFile(built["path"]) as zf:
         names = zf.namelist()
         manifest = zf.read("blender_manifest.toml").decode()
     wheels = [n for n in names if n.endswith(".whl")]
     assert len(wheels) == 1 and Path(wheels[0]).name.startswith("onnxruntime_gpu-"), wheels
-    assert "-cp311-cp311-manylinux" in wheels[0]
+    assert f"-{cp}-{cp}-manylinux" in wheels[0]
     assert [w["name"] for w in built["wheels"]] == [Path(wheels[0]).name]
     assert "LICENSE" in names
     assert not any("numpy" in n.lower() for n in names)
     assert not any(n.endswith(".png") and "/" not in n for n in names), names
-    assert 'blender_version_max = "5.1.0"' in manifest  # cp311: Blender 4.2 to 5.0 only
+    assert not any(n.startswith("docs/") for n in names)
+    if line == "3.11":
+        assert 'blender_version_max = "5.1.0"' in manifest  # cp311: Blender 4.2 to 5.0 only
+    else:
+        assert 'blender_version_min = "5.1.0"' in manifest
 
 
 def test_stock_blender_lacks_what_the_addon_must_bring(stock_run):
-    assert stock_run["python"] == [3, 11] and stock_run["bpy"] == BPY_VERSION
+    line = python_line(stock_run["version"])
+    assert stock_run["python"] == [int(p) for p in line.split(".")] and stock_run["bpy"].split()[0] == stock_run["version"]
     assert all(stock_run["missing_before"].values()), stock_run["missing_before"]
 
 
@@ -127,7 +187,7 @@ def test_upscale_runs_in_stock_blender_with_the_bundled_onnxruntime(stock_run):
     ext = Path(stock_run["extensions_dir"]).resolve()
     assert ext.is_relative_to(Path(stock_run["root"]).resolve())  # the temporary user folders
     # Blender unpacks extension wheels into one site-packages under the user extensions folder.
-    site = ext / ".local" / "lib" / "python3.11" / "site-packages"
+    site = ext / ".local" / "lib" / f"python{python_line(stock_run['version'])}" / "site-packages"
     assert stock_run["site_packages"] == [str(site)]
     assert Path(stock_run["onnxruntime_file"]).resolve().is_relative_to(site)
     assert Path(stock_run["addon_file"]).resolve() == ext / "user_default" / "lean_image_ai" / "__init__.py"
@@ -162,3 +222,36 @@ def test_auto_device_skips_cuda_quietly_without_an_nvidia_driver(stock_run):
         pass
     assert "CUDAExecutionProvider" not in stock_run["console"], stock_run["console"][-3000:]
     assert "libcublas" not in stock_run["console"]
+
+
+def test_all_four_operators_and_a_sequence_run(stock_run):
+    assert stock_run["remove_background"] == ["FINISHED"], stock_run["remove_background"]
+    assert stock_run["estimate_depth"] == ["FINISHED"], stock_run["estimate_depth"]
+    assert stock_run["reconstruct_geometry"] == ["FINISHED"], stock_run["reconstruct_geometry"]
+    assert stock_run["objects_added"] >= 1  # the point cloud / mesh (and camera)
+    assert any(name.startswith("source") and name != "source.png" for name in stock_run["images"]), stock_run["images"]
+    assert stock_run["sequence"] == ["FINISHED"], stock_run["sequence"]
+    assert stock_run["sequence_files"] == ["up_0001.png", "up_0002.png", "up_0003.png"]
+
+
+def test_panels_and_preferences_draw(stock_run):
+    drawn = stock_run["drawn"]
+    assert set(drawn) >= {"LEAN_IMAGE_AI_PT_image_editor", "LEAN_IMAGE_AI_PT_view3d", "preferences"}
+    assert all(count > 0 for count in drawn.values()), drawn
+    text = " ".join(stock_run["preferences_text"])
+    assert "my_x2 (your model)" in text  # the registered model is in the preferences' list
+
+
+def test_models_live_in_the_shared_folder_and_survive_uninstall(stock_run):
+    shared = Path(stock_run["home"]) / ".local" / "share" / "lean_image_ai" / "models"
+    assert Path(stock_run["models_folder"]) == shared
+    assert stock_run["register"] == ["FINISHED"] and stock_run["registered"][0].endswith("my_x2.onnx")
+    (refused,) = stock_run["register_wrong_family"]
+    assert refused.startswith("error: ") and "this looks like a background-removal (matte) model" in refused
+    assert stock_run["models_kept_after"] == ["user_models.json"]  # uninstalling kept the library
+
+
+def test_exit_code(stock_run):
+    """0, except the Blender 4.2 exit crash described in stock_run (the RESULT line came first)."""
+    expected = -11 if stock_run["version"].startswith("4.2.") else 0
+    assert stock_run["returncode"] == expected

@@ -1,15 +1,19 @@
-"""Build the installable extension zips: one per platform and per Blender Python, with onnxruntime.
+"""Build the installable extension zips: one per build and per Blender Python, with onnxruntime.
 
-    python tools/build_extension.py                                  # every platform, Python 3.11 and 3.13
+    python tools/build_extension.py                                  # every build, Python 3.11 and 3.13
     python tools/build_extension.py --platform linux-x64 --python 3.11 --output-dir dist
+    python tools/build_extension.py --pin-onnxruntime                # rewrite tools/onnxruntime_pins/
 
-A stock Blender has no onnxruntime, so each zip carries the onnxruntime wheel for its platform
-(onnxruntime-gpu on linux-x64 and windows-x64, onnxruntime on macos-arm64) and Blender installs
-it into the extensions' own site-packages on enable. Steps:
+A stock Blender has no onnxruntime, so each zip carries the onnxruntime wheel of its build
+(BUILDS: onnxruntime-gpu on linux-x64, two Windows zips, onnxruntime-gpu for NVIDIA and
+onnxruntime-directml for any DirectX 12 GPU, and onnxruntime on macos-arm64) and Blender installs
+it into the extensions' own site-packages on enable. Both Windows zips have the same extension
+id: installing one replaces the other. Steps:
 
-1. `pip download --no-deps --only-binary=:all: --python-version X.Y --platform TAG` each wheel
-   into the wheels folder (`./wheels/`, gitignored; `--wheels-dir` to share one cache). A wheel
-   already there is not downloaded again; pip's own cache makes a re-download a local copy.
+1. `pip download --no-deps --only-binary=:all: --require-hashes -r tools/onnxruntime_pins/<build>-cpXY.txt`
+   (the version and sha256 pinned per build and Python, written by `--pin-onnxruntime` from the
+   downloaded files) into the wheels folder (`./wheels/`, gitignored; `--wheels-dir` to share one
+   cache). A wheel already there is checked against its pinned sha256 and not downloaded again.
 2. Copy the source tree to a staging folder, link the wheels in, and write the build copy of the
    manifest there (`wheels`, `platforms`, Blender version range). The committed manifest never
    names a wheel, so a clean clone still validates.
@@ -28,7 +32,7 @@ extension must not ship it), and flatbuffers, packaging and protobuf are importe
 tests/test_stock_blender.py runs the add-on in a Blender whose Python has none of them).
 
 Prints each zip's size and top-level contents, then one JSON line: per zip its name, size,
-sha256, platform, Python and wheels (with their sha256).
+sha256, build, platform, Python, onnxruntime and wheels (with their sha256), each validated.
 """
 
 from __future__ import annotations
@@ -44,17 +48,42 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-ORT_VERSION = "1.31.1"  # the version the test suite runs; bump both together
+ORT_VERSION = "1.31.1"  # onnxruntime-gpu: the version the test suite runs; bump both together
+PINS_DIR = Path(__file__).resolve().parent / "onnxruntime_pins"
 
-# Blender platform -> (distribution, pip --platform tag, substrings every matching wheel file has)
-PLATFORMS: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "linux-x64": ("onnxruntime-gpu", "manylinux_2_28_x86_64", ("manylinux", "x86_64")),
-    "windows-x64": ("onnxruntime-gpu", "win_amd64", ("win_amd64",)),
-    "macos-arm64": ("onnxruntime", "macosx_14_0_arm64", ("macosx", "arm64")),
-}
+
+@dataclass(frozen=True)
+class Build:
+    """One zip per Python: a Blender platform with one onnxruntime build."""
+
+    name: str  # "windows-x64-directml": the pin file's and the build's name
+    platform: str  # Blender's platform: linux-x64, windows-x64, macos-arm64
+    distribution: str
+    version: str
+    pip_platform: str
+    markers: tuple[str, ...]  # substrings every matching wheel file name has
+    zip_suffix: str = ""  # after Blender's platform in the zip's name: "-directml"
+    note: str = ""  # written into the zip's manifest as a comment, for people and `doctor`
+
+
+BUILDS: tuple[Build, ...] = (
+    Build("linux-x64", "linux-x64", "onnxruntime-gpu", ORT_VERSION, "manylinux_2_28_x86_64", ("manylinux", "x86_64"),
+          note="NVIDIA GPUs with the GPU runtime installed from the preferences, else the CPU"),
+    Build("windows-x64-cuda", "windows-x64", "onnxruntime-gpu", ORT_VERSION, "win_amd64", ("win_amd64",), "-cuda",
+          note="NVIDIA GPUs with the GPU runtime installed from the preferences, else the CPU"),
+    # the newest DirectML build on the package index (no 1.25+ onnxruntime-directml wheel)
+    Build("windows-x64-directml", "windows-x64", "onnxruntime-directml", "1.24.4", "win_amd64", ("win_amd64",),
+          "-directml", note="any DirectX 12 GPU (AMD, Intel, NVIDIA) through DirectML, else the CPU"),
+    # onnxruntime >= 1.24 ships macOS wheels for macOS 14+ only (macosx_14_0_arm64): the floor
+    Build("macos-arm64", "macos-arm64", "onnxruntime", "1.32.0", "macosx_14_0_arm64", ("macosx", "arm64"),
+          note="Apple silicon through CoreML; needs macOS 14 or later"),
+)  # fmt: skip
+BUILD_BY_NAME = {b.name: b for b in BUILDS}
+PLATFORMS = tuple(dict.fromkeys(b.platform for b in BUILDS))  # Blender platforms, in BUILDS' order
 
 # NVIDIA's libraries onnxruntime-gpu's CUDA provider needs, as its wheel's extras name them
 # (`cuda`: nvrtc, runtime, cufft, curand; `cudnn`: nvidia-cudnn-cu13), plus what those require
@@ -115,43 +144,80 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _wheel_prefix(distribution: str, version: str, python: str) -> str:
-    cp = "cp" + python.replace(".", "")
-    return f"{distribution.replace('-', '_')}-{version}-{cp}-{cp}-"
+def pin_path(build: Build, python: str) -> Path:
+    return PINS_DIR / f"{build.name}-cp{python.replace('.', '')}.txt"
 
 
-def find_wheel(wheels_dir: Path, platform: str, python: str, version: str) -> Path | None:
-    distribution, _, markers = PLATFORMS[platform]
-    prefix = _wheel_prefix(distribution, version, python)
-    for path in sorted(wheels_dir.glob(prefix + "*.whl")):
-        platform_tag = path.name[len(prefix) : -len(".whl")]
-        if all(m in platform_tag for m in markers):
-            return path
-    return None
+def read_pin(build: Build, python: str) -> tuple[str, str]:
+    """(wheel file name, sha256) that tools/onnxruntime_pins/ pins for the build and Python."""
+    path = pin_path(build, python)
+    if not path.is_file():
+        raise SystemExit(f"{path} is missing: run tools/build_extension.py --pin-onnxruntime first")
+    for line in path.read_text().splitlines():
+        match = re.match(r"^(\S+)==(\S+) --hash=sha256:([0-9a-f]{64})\s+# size: \d+ (\S+\.whl)", line)
+        if match:
+            if (match.group(1), match.group(2)) != (build.distribution, build.version):
+                raise SystemExit(f"{path} pins {match.group(1)}=={match.group(2)}, the build {build.name} "
+                                 f"wants {build.distribution}=={build.version}: run --pin-onnxruntime")
+            return match.group(4), match.group(3)
+    raise SystemExit(f"{path} holds no pinned wheel line")
 
 
-def ensure_wheel(wheels_dir: Path, platform: str, python: str, version: str, log=print) -> Path:
-    """The onnxruntime wheel for (platform, python) in wheels_dir, downloaded only when absent."""
-    found = find_wheel(wheels_dir, platform, python, version)
-    if found is not None:
-        log(f"  have     {found.name}")
-        return found
-    distribution, pip_platform, _ = PLATFORMS[platform]
-    wheels_dir.mkdir(parents=True, exist_ok=True)
+def _pip_download(build: Build, python: str, dest: Path, requirement: list[str]) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--python-version", python, "--implementation", "cp", "--platform", pip_platform,
-        "--dest", str(wheels_dir), "--progress-bar", "off", f"{distribution}=={version}",
+        "--python-version", python, "--implementation", "cp", "--platform", build.pip_platform,
+        "--dest", str(dest), "--progress-bar", "off", *requirement,
     ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    found = find_wheel(wheels_dir, platform, python, version)
-    if proc.returncode != 0 or found is None:
-        raise SystemExit(
-            f"pip download of {distribution}=={version} for {platform} / Python {python} failed"
-            f" (exit {proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
-        )
-    log(f"  fetched  {found.name}")
-    return found
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def ensure_wheel(wheels_dir: Path, build: Build, python: str, log=print) -> Path:
+    """The pinned onnxruntime wheel of (build, python) in wheels_dir, downloaded only when absent,
+    its sha256 checked against the pin either way."""
+    name, digest = read_pin(build, python)
+    path = wheels_dir / name
+    if not path.is_file():
+        wheels_dir.mkdir(parents=True, exist_ok=True)
+        proc = _pip_download(build, python, wheels_dir, ["--require-hashes", "-r", str(pin_path(build, python))])
+        if proc.returncode != 0 or not path.is_file():
+            raise SystemExit(
+                f"pip download of {name} for {build.name} / Python {python} failed"
+                f" (exit {proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+            )
+        log(f"  fetched  {name}")
+    else:
+        log(f"  have     {name}")
+    if sha256_of(path) != digest:
+        raise SystemExit(f"{path} does not match its pinned sha256 {digest}: delete it and build again")
+    return path
+
+
+def write_onnxruntime_pins(builds: list[Build], pythons: list[str], wheels_dir: Path, log=print) -> list[dict]:
+    """Download each build's onnxruntime wheel (no hash yet) and write its pin file from the file
+    itself: `name==version --hash=sha256:... # size: N file`."""
+    PINS_DIR.mkdir(parents=True, exist_ok=True)
+    written = []
+    for build in builds:
+        for python in pythons:
+            proc = _pip_download(build, python, wheels_dir, [f"{build.distribution}=={build.version}"])
+            cp = "cp" + python.replace(".", "")
+            prefix = f"{build.distribution.replace('-', '_')}-{build.version}-{cp}-{cp}-"
+            found = [w for w in sorted(wheels_dir.glob(prefix + "*.whl")) if all(m in w.name for m in build.markers)]
+            if proc.returncode != 0 or len(found) != 1:
+                raise SystemExit(f"pip download for {build.name} / Python {python} failed or is ambiguous"
+                                 f" ({[w.name for w in found]}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+            wheel = found[0]
+            text = (
+                f"# onnxruntime for the {build.name} zip, Python {python}: {build.note}.\n"
+                "# Written by tools/build_extension.py --pin-onnxruntime from the downloaded wheel. Do not edit by hand.\n"
+                f"{build.distribution}=={build.version} --hash=sha256:{sha256_of(wheel)}"
+                f"  # size: {wheel.stat().st_size} {wheel.name}\n"
+            )
+            pin_path(build, python).write_text(text)
+            log(f"  pinned   {wheel.name}")
+            written.append({"build": build.name, "python": python, "wheel": wheel.name, "size": wheel.stat().st_size})
+    return written
 
 
 _SAVED = re.compile(r"^(?:Saved|File was already downloaded)\s+(.+\.whl)\s*$")
@@ -226,12 +292,14 @@ def write_gpu_requirements(
     return written
 
 
-def build_manifest_text(text: str, *, wheels: list[str], platforms: list[str], python: str) -> str:
-    """The committed manifest with the build keys set (top-level keys go before the first table)."""
+def build_manifest_text(text: str, *, wheels: list[str], platforms: list[str], python: str, note: str = "") -> str:
+    """The committed manifest with the build keys set (top-level keys go before the first table);
+    ``note`` (which onnxruntime, for which GPUs) as a comment."""
     lines = [ln for ln in text.splitlines() if not re.match(rf"^({'|'.join(_BUILD_KEYS)})\s*=", ln)]
     first_table = next(i for i, ln in enumerate(lines) if ln.startswith("["))
     version_min, version_max = PYTHONS[python]
-    added = [f"# Written by tools/build_extension.py for Python {python}.", f'blender_version_min = "{version_min}"']
+    added = [f"# Written by tools/build_extension.py for Python {python}." + (f" onnxruntime: {note}." if note else "")]
+    added.append(f'blender_version_min = "{version_min}"')
     if version_max:
         added.append(f'blender_version_max = "{version_max}"')
     added.append("platforms = [" + ", ".join(json.dumps(p) for p in platforms) + "]")
@@ -272,9 +340,14 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(extension_cli()), *args], capture_output=True, text=True)
 
 
-def build(
-    platforms: list[str], pythons: list[str], output_dir: Path, wheels_dir: Path, version: str = ORT_VERSION, log=print
-) -> list[dict]:
+def select_builds(platforms: list[str] | None = None, names: list[str] | None = None) -> list[Build]:
+    """The builds of the given Blender platforms and/or build names (all when neither is given)."""
+    if not platforms and not names:
+        return list(BUILDS)
+    return [b for b in BUILDS if b.platform in (platforms or ()) or b.name in (names or ())]
+
+
+def build(builds: list[Build], pythons: list[str], output_dir: Path, wheels_dir: Path, log=print) -> list[dict]:
     output_dir.mkdir(parents=True, exist_ok=True)
     manifest = (REPO_ROOT / "blender_manifest.toml").read_text()
     ext_id = re.search(r'^id\s*=\s*"([^"]+)"', manifest, re.M).group(1)
@@ -282,90 +355,92 @@ def build(
     results = []
     for python in pythons:
         log(f"Python {python} (Blender {PYTHONS[python][0]} to {PYTHONS[python][1] or 'newer'}):")
-        wheels = {p: ensure_wheel(wheels_dir, p, python, version, log) for p in platforms}
         out_base = output_dir / f"{ext_id}-{ext_version}-py{python.replace('.', '')}.zip"
-        # Blender appends the platform: <id>-<version>-pyXY-linux_x64.zip
-        expected = {p: out_base.with_name(f"{out_base.stem}-{p.replace('-', '_')}.zip") for p in platforms}
-        gpu_files = {}
-        # One build per platform (not one split build for all): Blender's split filters only
-        # wheels, and each zip carries only its own GPU requirements file.
-        for platform in platforms:
-            gpu_file = GPU_REQUIREMENTS_DIR / gpu_requirements_name(platform, python)
-            if platform in GPU_PLATFORM_TAGS and not gpu_file.is_file():
-                raise SystemExit(f"{gpu_file} is missing: run tools/build_extension.py --gpu-requirements first")
-            gpu_files[platform] = [gpu_file] if gpu_file.is_file() else []
-            text = build_manifest_text(manifest, wheels=[wheels[platform].name], platforms=[platform], python=python)
+        # One build per zip (not one split build for all): Blender's split filters only wheels,
+        # and each zip carries only its own GPU requirements file.
+        for item in builds:
+            wheel = ensure_wheel(wheels_dir, item, python, log)
+            gpu_file = GPU_REQUIREMENTS_DIR / gpu_requirements_name(item.platform, python)
+            gpu_files = []
+            if item.distribution == "onnxruntime-gpu":  # the CUDA libraries only a CUDA build uses
+                if not gpu_file.is_file():
+                    raise SystemExit(f"{gpu_file} is missing: run tools/build_extension.py --gpu-requirements first")
+                gpu_files = [gpu_file]
+            note = f"{item.distribution} {item.version}, {item.note}"
+            text = build_manifest_text(manifest, wheels=[wheel.name], platforms=[item.platform], python=python, note=note)
+            # Blender appends the platform: <id>-<version>-pyXY-windows_x64.zip; the build's suffix follows
+            written = out_base.with_name(f"{out_base.stem}-{item.platform.replace('-', '_')}.zip")
+            path = written.with_name(f"{written.stem}{item.zip_suffix}.zip")
             with tempfile.TemporaryDirectory(prefix="lean_image_ai_build_") as tmp:
                 stage = Path(tmp) / "src"
-                stage_source(stage, [wheels[platform]], text, gpu_files[platform])
-                expected[platform].unlink(missing_ok=True)
+                stage_source(stage, [wheel], text, gpu_files)
+                written.unlink(missing_ok=True)
                 proc = run_cli(
                     "build", "--source-dir", str(stage), "--output-filepath", str(out_base),
                     "--split-platforms", "--valid-tags", str(valid_tags_file()),
                 )  # fmt: skip
-                if proc.returncode != 0:
-                    raise SystemExit(f"blender_ext build failed:\n{proc.stdout[-4000:]}{proc.stderr[-4000:]}")
-        for platform, path in expected.items():
-            if not path.is_file():
-                raise SystemExit(f"blender_ext build did not write {path}:\n{proc.stdout[-4000:]}")
-            check = run_cli("validate", str(path), "--valid-tags", str(valid_tags_file()))
-            if check.returncode != 0:
-                raise SystemExit(f"blender_ext validate rejected {path.name}:\n{check.stdout}{check.stderr}")
-            with zipfile.ZipFile(path) as zf:
-                names = zf.namelist()
-            zipped_wheels = sorted(Path(n).name for n in names if n.endswith(".whl"))
-            if zipped_wheels != [wheels[platform].name]:
-                raise SystemExit(f"{path.name} holds wheels {zipped_wheels}, expected {wheels[platform].name}")
-            zipped_gpu = sorted(n for n in names if n.startswith("gpu_requirements/") and n.endswith(".txt"))
-            if zipped_gpu != [f"gpu_requirements/{p.name}" for p in gpu_files[platform]]:
-                raise SystemExit(f"{path.name} holds GPU requirements {zipped_gpu}, expected {gpu_files[platform]}")
-            top = sorted({n.split("/", 1)[0] + ("/" if "/" in n else "") for n in names})
-            size = path.stat().st_size
-            log(f"{path.name}: {size / 2**20:.1f} MiB, {len(names)} files; top level: {' '.join(top)}")
-            results.append(
-                {
-                    "name": path.name,
-                    "path": str(path),
-                    "size": size,
-                    "sha256": sha256_of(path),
-                    "platform": platform,
-                    "python": python,
-                    "blender_version_min": PYTHONS[python][0],
-                    "blender_version_max": PYTHONS[python][1],
-                    "wheels": [{"name": wheels[platform].name, "sha256": sha256_of(wheels[platform])}],
-                    "gpu_requirements": [p.name for p in gpu_files[platform]],
-                }
-            )
+                if proc.returncode != 0 or not written.is_file():
+                    raise SystemExit(f"blender_ext build did not write {written}:\n{proc.stdout[-4000:]}{proc.stderr[-4000:]}")
+                if path != written:
+                    written.replace(path)
+            results.append(_validated(path, item, python, wheel, gpu_files, log))
     return results
+
+
+def _validated(path: Path, item: Build, python: str, wheel: Path, gpu_files: list[Path], log) -> dict:
+    """Blender's own validator on the zip, then what it holds: exactly its wheel and GPU file."""
+    check = run_cli("validate", str(path), "--valid-tags", str(valid_tags_file()))
+    if check.returncode != 0:
+        raise SystemExit(f"blender_ext validate rejected {path.name}:\n{check.stdout}{check.stderr}")
+    with zipfile.ZipFile(path) as zf:
+        names = zf.namelist()
+    zipped_wheels = sorted(Path(n).name for n in names if n.endswith(".whl"))
+    if zipped_wheels != [wheel.name]:
+        raise SystemExit(f"{path.name} holds wheels {zipped_wheels}, expected {wheel.name}")
+    zipped_gpu = sorted(n for n in names if n.startswith("gpu_requirements/") and n.endswith(".txt"))
+    if zipped_gpu != [f"gpu_requirements/{p.name}" for p in gpu_files]:
+        raise SystemExit(f"{path.name} holds GPU requirements {zipped_gpu}, expected {gpu_files}")
+    top = sorted({n.split("/", 1)[0] + ("/" if "/" in n else "") for n in names})
+    size = path.stat().st_size
+    log(f"{path.name}: {size / 2**20:.1f} MiB, {len(names)} files; top level: {' '.join(top)}")
+    return {
+        "name": path.name, "path": str(path), "size": size, "sha256": sha256_of(path), "build": item.name,
+        "platform": item.platform, "python": python, "onnxruntime": f"{item.distribution}=={item.version}",
+        "blender_version_min": PYTHONS[python][0], "blender_version_max": PYTHONS[python][1],
+        "wheels": [{"name": wheel.name, "sha256": sha256_of(wheel)}],
+        "gpu_requirements": [p.name for p in gpu_files], "validated": True,
+    }  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--platform", action="append", choices=sorted(PLATFORMS), help="default: all")
+    parser.add_argument("--platform", action="append", choices=PLATFORMS, help="every build of a platform; default: all")
+    parser.add_argument("--build", action="append", choices=sorted(BUILD_BY_NAME), help="one build; default: all")
     parser.add_argument("--python", action="append", choices=sorted(PYTHONS), help="default: all")
     parser.add_argument("--output-dir", type=Path, default=REPO_ROOT / "dist")
     parser.add_argument("--wheels-dir", type=Path, default=REPO_ROOT / "wheels")
-    parser.add_argument("--onnxruntime-version", default=ORT_VERSION)
     parser.add_argument(
         "--gpu-requirements", action="store_true",
         help="download NVIDIA's CUDA/cuDNN wheels and (re)write gpu_requirements/<platform>-cpXY.txt"
         " from them (committed files; the zips ship them), then stop",
     )  # fmt: skip
+    parser.add_argument(
+        "--pin-onnxruntime", action="store_true",
+        help="download each build's onnxruntime wheel and (re)write tools/onnxruntime_pins/ from them, then stop",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    pythons = args.python or list(PYTHONS)
     if args.gpu_requirements:
         written = write_gpu_requirements(
-            args.platform or list(GPU_PLATFORM_TAGS), args.python or list(PYTHONS), args.wheels_dir.resolve(),
-            ort_version=args.onnxruntime_version,
-        )  # fmt: skip
+            args.platform or list(GPU_PLATFORM_TAGS), pythons, args.wheels_dir.resolve(), ort_version=ORT_VERSION
+        )
         print(json.dumps({"gpu_requirements": written}))
         return 0
-    results = build(
-        args.platform or list(PLATFORMS),
-        args.python or list(PYTHONS),
-        args.output_dir.resolve(),
-        args.wheels_dir.resolve(),
-        args.onnxruntime_version,
-    )
+    builds = select_builds(args.platform, args.build)
+    if args.pin_onnxruntime:
+        print(json.dumps({"onnxruntime_pins": write_onnxruntime_pins(builds, pythons, args.wheels_dir.resolve())}))
+        return 0
+    results = build(builds, pythons, args.output_dir.resolve(), args.wheels_dir.resolve())
     print(json.dumps({"zips": results}))
     return 0
 

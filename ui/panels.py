@@ -10,7 +10,7 @@ import time
 import bpy
 
 from ..models import families
-from ..operators import options, prefs
+from ..operators import options, prefs, shot_props
 from ..operators.jobs import manager
 from ..runtime import get_runtime, memory_plot, memory_snapshot
 from ..runtime.diagnostics import onnxruntime_import_error
@@ -93,6 +93,8 @@ def _draw_actions(layout, context) -> None:
         box = col.box()
         for name in ("sequence_source", "sequence_frames", "sequence_output", "skip_existing"):
             box.prop(s, name)
+        for name in shot_props.NAMES:  # the shot: one depth range, aligned depth, one camera
+            box.prop(s, name)
     for family in families.ALL:
         box = col.box()
         box.label(text=family.action, icon=family.icon)
@@ -115,7 +117,12 @@ def _draw_actions(layout, context) -> None:
                 model_id=model_id,
                 model_path=model_path,
                 **values,
+                **{name: getattr(s, name) for name in shot_props.NAMES},
             )
+            _shot_buttons(box, s, context, family, model_id, model_path, values)
+            continue
+        if not family.operator:  # a family without a single-image operator runs on sequences only
+            box.label(text="Runs on image sequences: tick Sequence above.", icon="INFO")
             continue
         _operator(
             box,
@@ -126,6 +133,16 @@ def _draw_actions(layout, context) -> None:
             model_path=model_path,
             **values,
         )
+
+
+def _shot_buttons(box, s, context, family, model_id, model_path, values) -> None:
+    """Preview Frame (this frame, no file), and for MoGe-2 the shot as meshes under one camera."""
+    shot = {name: getattr(s, name) for name in shot_props.NAMES}
+    common = dict(**_sequence_source(s, context), model_id=model_id, model_path=model_path, **values, **shot)
+    row = box.row(align=True)
+    _operator(row, "lean_image_ai.preview_frame", text="Preview Frame", icon="HIDE_OFF", family=family.id, **common)
+    if "camera" in family.shot:
+        _operator(row, "lean_image_ai.reconstruct_shot", text="Reconstruct Shot", icon="CAMERA_DATA", frames=s.sequence_frames, **common)
 
 
 def _sequence_source(settings, context) -> dict:
@@ -251,7 +268,7 @@ def _draw_sessions(layout, context) -> None:
     sub.enabled = bool(handles)
     _operator(sub, "lean_image_ai.unload_all", text="Unload All", icon="TRASH")
     row = layout.row(align=True)
-    _operator(row, "lean_image_ai.leak_check", text="Leak Check", icon="VIEWZOOM")
+    row.operator_menu_enum("lean_image_ai.leak_check", "family", text="Leak Check", icon="VIEWZOOM")
     _operator(row, "lean_image_ai.open_log_folder", text="Open Log Folder", icon="FILE_FOLDER")
 
 

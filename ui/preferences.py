@@ -16,17 +16,25 @@ from bpy.props import BoolProperty, EnumProperty, FloatProperty, IntProperty, St
 from ..models import families, installer, library
 from ..operators.gpu_ops import JOB_KEY as GPU_JOB_KEY
 from ..operators.jobs import downloads
-from ..operators.prefs import ADDON_ID, gpu_requirements, gpu_runtime_folder, models_folder
+from ..operators.prefs import (
+    ADDON_ID,
+    gpu_requirements,
+    gpu_runtime_folder,
+    models_folder,
+    release_rule_lines,
+)
 from ..runtime import diagnostics, gpu_libraries, gpu_loading
+from ..runtime.providers import DEVICE_BY_KIND
+from ..runtime.settings import MAX_BUDGET_MB, MAX_RELEASE_DELAY_S
 
 # identifier, label, description, onnxruntime provider needed (None: always offered), stable number.
 # The numbers are what Blender stores, so they must never change (a dynamic enum is saved as int).
 DEVICE_CHOICES = (
     ("AUTO", "Auto", "Best available: CUDA, then DirectML, then CoreML, else CPU", None, 0),
     ("CPU", "CPU", "Run on the CPU", None, 1),
-    ("CUDA", "CUDA (NVIDIA)", "Run on an NVIDIA GPU with CUDA", "CUDAExecutionProvider", 2),
-    ("DIRECTML", "DirectML", "Run on a DirectX 12 GPU (Windows)", "DmlExecutionProvider", 3),
-    ("COREML", "CoreML (Apple)", "Run with Apple CoreML", "CoreMLExecutionProvider", 4),
+    ("CUDA", "CUDA (NVIDIA)", "Run on an NVIDIA GPU with CUDA", DEVICE_BY_KIND["cuda"].provider, 2),
+    ("DIRECTML", "DirectML", "Run on a DirectX 12 GPU (Windows)", DEVICE_BY_KIND["directml"].provider, 3),
+    ("COREML", "CoreML (Apple)", "Run with Apple CoreML", DEVICE_BY_KIND["coreml"].provider, 4),
 )
 
 # Blender requires the strings of dynamic enum items to stay alive while the enum is used:
@@ -60,12 +68,6 @@ def device_items(_self=None, _context=None):
     """Items callback of ``LeanImageAIPreferences.device`` (computed once, then cached)."""
     if not _device_items:
         _device_items.extend(compute_device_items())
-    return _device_items
-
-
-def refresh_device_items() -> list[tuple[str, str, str, str, int]]:
-    """Recompute the device list (e.g. after onnxruntime was installed); returns the new items."""
-    _device_items[:] = compute_device_items()
     return _device_items
 
 
@@ -135,6 +137,9 @@ def _draw_entry(layout, entry, folder, download) -> None:
     row.label(text=text, icon=icon)
     col.label(text=f"{entry.family}  |  {library.format_size(entry)}  |  license: {entry.license}")
     dest = installer.model_path(entry, folder)
+    trust = installer.trust_note(entry, folder) if status == library.INSTALLED else None
+    if trust:
+        wrapped_labels(col, f"No catalog checksum: {trust}.", icon="INFO")
 
     if download is not None and download.key == entry.id:
         row = col.row()
@@ -189,9 +194,13 @@ def _draw_gpu_runtime(layout, context) -> None:
         wrapped_labels(box, f"Folder: {folder}")
         activation = gpu_loading.active()
         if activation is not None and activation.folder == str(folder):
-            wrapped_labels(box, activation.summary(), icon="NONE" if activation.ok else "ERROR", alert=not activation.ok)
+            wrapped_labels(
+                box, activation.summary(), icon="NONE" if activation.ok else "ERROR", alert=not activation.ok
+            )
         if not gpu_libraries.is_current(folder, requirements):
-            box.label(text="This add-on version pins other library versions: Install updates them.", icon="INFO")
+            box.label(
+                text="This add-on version pins other library versions: Install updates them.", icon="INFO"
+            )
     else:
         size = gpu_libraries.download_size(requirements)
         box.label(text="Not installed: models run on the CPU (needed for the CUDA device).", icon="NONE")
@@ -219,7 +228,8 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
 
     models_dir: StringProperty(
         name="Models Folder",
-        description="Where models are downloaded and looked up. Empty: the add-on's own user folder",
+        description="Where models are downloaded and looked up. Empty: the per-user folder the command line "
+        "shares (kept when the add-on is updated or uninstalled), unless LEAN_IMAGE_AI_MODELS_DIR is set",
         subtype="DIR_PATH",
         default="",
     )
@@ -243,6 +253,7 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         "refused with what it needs. Also caps the inference arena. 0: no limit",
         default=0,
         min=0,
+        max=MAX_BUDGET_MB,
         soft_max=262144,
     )
     ram_budget_mb: IntProperty(
@@ -251,6 +262,7 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         "each job like the GPU budget. 0: no limit (only the memory the system has free)",
         default=0,
         min=0,
+        max=MAX_BUDGET_MB,
         soft_max=1048576,
     )
     idle_unload_minutes: IntProperty(
@@ -273,6 +285,23 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         description="Give system memory (RAM) back after each job on the CPU too, not only GPU memory",
         default=True,
     )
+    keep_models_loaded_on_dml_coreml: BoolProperty(
+        name="Keep Models Loaded on DirectML/CoreML",
+        description="DirectML and CoreML have no memory pool the add-on can empty, so it unloads a job's "
+        "models when the job ends and the next job loads them again (seconds for large models). On: models "
+        "stay loaded between jobs (faster); their GPU memory is not given back to Blender until you unload them",
+        default=False,
+    )
+    coreml_compute_units: EnumProperty(
+        name="CoreML Compute Units",
+        description="Which Apple silicon units CoreML may use",
+        items=(
+            ("ALL", "All", "CPU, GPU and Neural Engine: CoreML chooses"),
+            ("CPUAndGPU", "CPU and GPU", "Leave the Neural Engine out"),
+            ("CPUAndNeuralEngine", "CPU and Neural Engine", "Leave the GPU to Blender"),
+        ),
+        default="ALL",
+    )
     ram_release_delay_s: FloatProperty(
         name="Give RAM Back After (s)",
         description="Seconds without a job before system memory goes back, so jobs run one after another "
@@ -280,6 +309,7 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         "always goes back at the end of each job",
         default=0.0,
         min=0.0,
+        max=MAX_RELEASE_DELAY_S,  # the limits RuntimeSettings checks (runtime/settings.py)
         soft_max=60.0,
         step=50,
         precision=1,
@@ -297,6 +327,11 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         sub = col.column()
         sub.enabled = self.device in ("CUDA", "AUTO")
         sub.prop(self, "cudnn_max_workspace")
+        sub = col.column()
+        sub.enabled = self.device in ("DIRECTML", "COREML", "AUTO")
+        sub.prop(self, "keep_models_loaded_on_dml_coreml")
+        if self.device in ("COREML", "AUTO") and DEVICE_BY_KIND["coreml"].provider in available_providers():
+            col.prop(self, "coreml_compute_units")
         col.prop(self, "release_cpu_memory")
         sub = col.column()
         sub.enabled = self.release_cpu_memory
@@ -307,12 +342,16 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
             wrapped_labels(col, problem, icon="ERROR", alert=True)
         else:
             col.label(text="onnxruntime providers: " + ", ".join(available_providers()))
+            for line in release_rule_lines(self, available_providers()):
+                wrapped_labels(col, line)
         draw_gpu_runtime(layout, context)
 
         layout.separator()
         col = layout.column()
         col.prop(self, "models_dir")
-        col.label(text=f"Models are stored in: {models_folder(context)}")
+        folder = models_folder(context)
+        shared = " (shared with the command line; kept on uninstall)" if folder == library.shared_models_dir() else ""
+        col.label(text=f"Models are stored in: {folder}{shared}")
         draw_model_catalog(layout, context)
 
 

@@ -9,7 +9,7 @@ import bpy
 from bpy.props import BoolProperty, EnumProperty, StringProperty
 
 from ..models import families, library
-from ..operators import options
+from ..operators import options, shot_props
 from ..operators.prefs import models_folder
 
 # A family's embedded model (upscale: models/assets/bicubic_x2.onnx): no catalog entry, no install.
@@ -112,6 +112,7 @@ def _settings_annotations() -> dict:
         ),
         skip_existing=BoolProperty(name="Skip Existing", description="Keep existing outputs, do only the rest"),
     )
+    fields.update(shot_props.shot_properties())  # depth range, alignment, camera of a shot
     return fields
 
 

@@ -1,0 +1,210 @@
+"""The network side of a model download (bpy-free, stdlib only): which addresses may be fetched,
+how large a transfer may grow, and a watch that ends a transfer that is cancelled, stalls or runs
+past its deadline.
+
+urllib's timeout bounds each socket read, so a server that sends one byte every half second never
+times out, and a Cancel polled between large reads waits as long as the server likes. Here a watch
+thread looks at the cancel flag, the overall deadline and the bytes that arrived ten times a
+second, and when one of them says stop it shuts the connection's socket down from outside: the
+blocked read returns at once, and the reader raises what the watch saw.
+
+Addresses: https only. Plain http reaches only a loopback host, and only inside
+:func:`loopback_http_for_tests` (the tests' model server has no certificate); no setting,
+environment variable or catalog field turns that on. A redirect is held to the same rule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import socket
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+_loopback_http_allowed = False
+
+# The largest single .onnx file onnxruntime can load: the protobuf it is parsed from is limited
+# to 2 GiB (bigger models keep their weights in external data files, which a one-file catalog
+# download cannot be). Nothing past this can be the model, whatever the catalog says.
+HARD_MAX_BYTES = 2 << 30
+# Without a catalog size or checksum, a download may be at most this many times the entry's
+# approximate size, and one under 1/SIZE_FACTOR of it is taken for a transfer that was cut off.
+# The approximate size is a rounded display hint ("~0.7 GB"), and a re-export at the same address
+# can move it by tens of per cent; 2x still stops a server that streams forever after wasting at
+# most one more model's worth of disk and time.
+SIZE_FACTOR = 2
+
+
+@contextlib.contextmanager
+def loopback_http_for_tests() -> Iterator[None]:
+    """Within the block, allow ``http://`` to 127.0.0.1, ::1 and localhost (and nowhere else)."""
+    global _loopback_http_allowed
+    previous, _loopback_http_allowed = _loopback_http_allowed, True
+    try:
+        yield
+    finally:
+        _loopback_http_allowed = previous
+
+
+def is_loopback_http(url: str) -> bool:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme == "http" and parts.hostname in LOOPBACK_HOSTS
+
+
+def refusal(url: str) -> str | None:
+    """Why ``url`` may not be downloaded from, or None when it may."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "https" and parts.hostname:
+        return None
+    if is_loopback_http(url) and _loopback_http_allowed:
+        return None
+    return f"only https addresses are downloaded from, and {url!r} is not one"
+
+
+def size_ceiling(approx_size_bytes: int | None) -> int:
+    """The most bytes a download whose real size the catalog does not know may bring."""
+    if approx_size_bytes is None:
+        return HARD_MAX_BYTES
+    return min(HARD_MAX_BYTES, SIZE_FACTOR * approx_size_bytes)
+
+
+def size_floor(approx_size_bytes: int | None) -> int:
+    """Fewer bytes than this, for an entry of that approximate size, is a cut-off transfer."""
+    return 0 if approx_size_bytes is None else approx_size_bytes // SIZE_FACTOR
+
+
+@dataclass(frozen=True)
+class TransferLimits:
+    """When a transfer is given up: fewer than ``stall_bytes`` in ``stall_seconds`` (a server
+    that stopped, or drips), or the whole download taking longer than ``deadline_seconds``
+    (a 2 GiB model at 100 KB/s takes about six hours). ``poll_seconds``: how often the watch
+    looks, which bounds how long a Cancel takes."""
+
+    stall_seconds: float = 60.0
+    stall_bytes: int = 64 * 1024
+    deadline_seconds: float = 6 * 3600.0
+    poll_seconds: float = 0.1
+
+
+CANCELLED, STALLED, DEADLINE = "cancelled", "stalled", "deadline"
+
+
+class Watch:
+    """Ends the watched connection when ``cancel()`` turns true (polled from the watch's own
+    thread), when too few bytes arrive, or at the deadline. The reader reports bytes with
+    :meth:`arrived` and, on any read error or end of data, asks :attr:`reason` first."""
+
+    def __init__(self, cancel: Callable[[], bool] | None, limits: TransferLimits):
+        self.limits = limits
+        self.received = 0  # bytes of body that arrived, all requests together
+        self.reason: str | None = None
+        self.window_bytes = 0  # what arrived in the last stall window, when it stalled
+        self._cancel = cancel
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lean_image_ai:download-watch", daemon=True)
+
+    def __enter__(self) -> Watch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def arrived(self, count: int) -> None:
+        self.received += count
+
+    def attach(self, sock: socket.socket) -> None:
+        """The socket the transfer reads from now (the raw one, then its TLS wrapper)."""
+        with self._lock:
+            self._sockets.append(sock)
+            tripped = self.reason is not None
+        if tripped:
+            _shut(sock)
+
+    def _run(self) -> None:
+        limits = self.limits
+        start = time.monotonic()
+        window_start, window_received = start, 0
+        while not self._stop.wait(limits.poll_seconds):
+            now = time.monotonic()
+            reason = None
+            if self._cancel is not None and self._cancel():
+                reason = CANCELLED
+            elif now - start >= limits.deadline_seconds:
+                reason = DEADLINE
+            elif now - window_start >= limits.stall_seconds:
+                got = self.received - window_received
+                if got < limits.stall_bytes:
+                    self.window_bytes, reason = got, STALLED
+                else:
+                    window_start, window_received = now, self.received
+            if reason is not None:
+                with self._lock:
+                    self.reason = reason
+                    sockets = list(self._sockets)
+                for sock in sockets:
+                    _shut(sock)
+                return
+
+
+def _shut(sock: socket.socket) -> None:
+    # The OS-level shutdown wakes a read blocked in another thread; an SSLSocket's own shutdown()
+    # would also drop its TLS state under that reader.
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+class RefusedAddress(urllib.error.URLError):
+    """A redirect to an address :func:`refusal` does not allow."""
+
+
+def _watched(connection_class, watch: Watch):
+    class Watched(connection_class):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            create = self._create_connection
+
+            def created(*a, **kw):
+                sock = create(*a, **kw)
+                watch.attach(sock)
+                return sock
+
+            self._create_connection = created
+
+        def connect(self):
+            super().connect()
+            watch.attach(self.sock)  # https: the TLS socket that replaced the raw one
+
+    return Watched
+
+
+def opener(watch: Watch) -> urllib.request.OpenerDirector:
+    """urllib with the user's proxies, every connection watched and redirects held to https."""
+    http_connection = _watched(http.client.HTTPConnection, watch)
+    https_connection = _watched(http.client.HTTPSConnection, watch)
+
+    class HTTPHandler(urllib.request.HTTPHandler):
+        def http_open(self, req):
+            return self.do_open(http_connection, req)
+
+    class HTTPSHandler(urllib.request.HTTPSHandler):
+        def https_open(self, req):
+            return self.do_open(https_connection, req, context=self._context)
+
+    class Redirects(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, req, fp, code, msg, headers, newurl):
+            why = refusal(newurl)
+            if why is not None:
+                raise RefusedAddress(f"the server redirected to another address, which is refused: {why}")
+            return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+    return urllib.request.build_opener(HTTPHandler(), HTTPSHandler(), Redirects())

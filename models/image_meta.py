@@ -1,0 +1,131 @@
+"""What an image file says about itself beyond its pixels, read from its header (bpy-free, no
+Pillow: Blender ships neither Pillow nor an EXIF reader, and Blender 5.0 does not apply EXIF
+orientation itself, checked with bpy 5.0.1).
+
+- :func:`exif_orientation`: the EXIF Orientation tag (1..8) of a JPEG, PNG (eXIf) or WebP file;
+  :func:`upright` turns an array the way the tag says, as image viewers show the photo;
+- :func:`tiff_pages`: how many pages (IFDs) a TIFF holds; only the first is read.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+
+ORIENTATION_TAG = 0x0112
+_MAX_HEADER_BYTES = 1 << 20  # EXIF lives in the first segments; never read a whole large file
+
+
+def _tiff_orientation(data: bytes) -> int:
+    """The Orientation tag of IFD0 in a TIFF-structured block (EXIF's payload), else 1."""
+    if len(data) < 8 or data[:2] not in (b"II", b"MM"):
+        return 1
+    order = "<" if data[:2] == b"II" else ">"
+    offset = struct.unpack(order + "I", data[4:8])[0]
+    if offset + 2 > len(data):
+        return 1
+    count = struct.unpack(order + "H", data[offset : offset + 2])[0]
+    for index in range(count):
+        entry = offset + 2 + 12 * index
+        if entry + 12 > len(data):
+            break
+        tag, kind = struct.unpack(order + "HH", data[entry : entry + 4])
+        if tag == ORIENTATION_TAG and kind == 3:  # SHORT, stored in the entry itself
+            value = struct.unpack(order + "H", data[entry + 8 : entry + 10])[0]
+            return value if 1 <= value <= 8 else 1
+    return 1
+
+
+def _jpeg_exif(data: bytes) -> bytes:
+    position = 2
+    while position + 4 <= len(data) and data[position] == 0xFF:
+        marker = data[position + 1]
+        if marker in (0xD9, 0xDA):  # end of image, start of scan: no EXIF after this
+            break
+        length = struct.unpack(">H", data[position + 2 : position + 4])[0]
+        body = data[position + 4 : position + 2 + length]
+        if marker == 0xE1 and body.startswith(b"Exif\x00\x00"):
+            return body[6:]
+        position += 2 + length
+    return b""
+
+
+def _png_exif(data: bytes) -> bytes:
+    position = 8
+    while position + 8 <= len(data):
+        length, kind = struct.unpack(">I4s", data[position : position + 8])
+        if kind == b"eXIf":
+            return data[position + 8 : position + 8 + length]
+        if kind == b"IEND":
+            break
+        position += 12 + length
+    return b""
+
+
+def _webp_exif(data: bytes) -> bytes:
+    position = 12
+    while position + 8 <= len(data):
+        kind, length = struct.unpack("<4sI", data[position : position + 8])
+        if kind == b"EXIF":
+            body = data[position + 8 : position + 8 + length]
+            return body[6:] if body.startswith(b"Exif\x00\x00") else body
+        position += 8 + length + (length & 1)
+    return b""
+
+
+def exif_orientation(path: str | Path) -> int:
+    """The file's EXIF orientation, 1 (upright) when it has none or cannot be read."""
+    try:
+        with open(path, "rb") as stream:
+            data = stream.read(_MAX_HEADER_BYTES)
+    except OSError:
+        return 1
+    if data.startswith(b"\xff\xd8"):
+        block = _jpeg_exif(data)
+    elif data.startswith(b"\x89PNG\r\n\x1a\n"):
+        block = _png_exif(data)
+    elif data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        block = _webp_exif(data)
+    else:
+        return 1  # TIFF's own tag is the reader's business; other formats have none
+    return _tiff_orientation(block)
+
+
+def upright(array: np.ndarray, orientation: int) -> np.ndarray:
+    """``array`` (rows top first) turned as EXIF ``orientation`` says it is displayed."""
+    turns = {
+        2: lambda a: a[:, ::-1],  # mirrored left-right
+        3: lambda a: a[::-1, ::-1],  # upside down
+        4: lambda a: a[::-1],  # mirrored top-bottom
+        5: lambda a: a.swapaxes(0, 1),  # mirrored along the main diagonal
+        6: lambda a: np.rot90(a, -1),  # stored turned a quarter left: turn it right
+        7: lambda a: a[::-1, ::-1].swapaxes(0, 1),  # mirrored along the other diagonal
+        8: lambda a: np.rot90(a, 1),
+    }
+    turn = turns.get(orientation)
+    return array if turn is None else np.ascontiguousarray(turn(array))
+
+
+def tiff_pages(path: str | Path, limit: int = 1000) -> int:
+    """How many images (IFDs) a TIFF file chains; 1 for anything else or a damaged chain."""
+    try:
+        with open(path, "rb") as stream:
+            header = stream.read(8)
+            if len(header) < 8 or header[:2] not in (b"II", b"MM"):
+                return 1
+            order = "<" if header[:2] == b"II" else ">"
+            if struct.unpack(order + "H", header[2:4])[0] != 42:
+                return 1  # BigTIFF (43) and others: not counted
+            offset, pages, seen = struct.unpack(order + "I", header[4:8])[0], 0, set()
+            while offset and offset not in seen and pages < limit:
+                seen.add(offset)
+                stream.seek(offset)
+                count = struct.unpack(order + "H", stream.read(2))[0]
+                stream.seek(offset + 2 + 12 * count)
+                offset = struct.unpack(order + "I", stream.read(4))[0]
+                pages += 1
+            return max(pages, 1)
+    except (OSError, struct.error):
+        return 1

@@ -1,0 +1,234 @@
+"""A MoGe-2 shot as one camera and a mesh per frame, and Preview Frame (bpy).
+
+Reconstruct Shot: the frames' meshes share ONE camera (models/shot_camera.py: a first pass fits
+one focal, or the given field of view; every frame's shift is solved for it). Each frame is its
+own mesh object whose visibility is keyed to its frame, rather than a mesh sequence: MoGe's
+topology changes from frame to frame (the mask and the depth-edge cut differ), which shape keys
+cannot hold, and Blender's mesh sequence (Mesh Sequence Cache) reads only Alembic/USD files that
+would have to be written and kept beside the .blend; per-frame objects work with any topology,
+keep each frame's texture, and live in the .blend.
+
+Preview Frame: the Process Sequence settings on one frame (the scene's current frame by
+default), shown in an Image Editor, nothing written to disk.
+"""
+
+# No ``from __future__ import annotations``: Blender reads property annotations as objects.
+from dataclasses import replace
+from types import SimpleNamespace
+
+import bpy
+import numpy as np
+from bpy.props import EnumProperty, IntProperty, StringProperty
+
+from ..models import families, file_formats, frame_lists, moge2, products, sequence
+from ..models.moge2_mesh import mesh_arrays
+from ..runtime.errors import LeanImageError
+from . import batch_ops, geometry_ops, image_io, options, prefs, results, shot_props, sources
+from .jobs import Job, WorkerOperator
+
+PREVIEW_IMAGE = "Lean Image AI Preview"
+
+
+def _frames(owner, frames: range | None) -> list:
+    if owner.image_name:
+        image = bpy.data.images.get(owner.image_name)
+        if image is None:
+            raise LeanImageError(f"There is no image called '{owner.image_name}' in this file.")
+        return batch_ops.sequence_refs(image, frames)
+    if owner.source:
+        return frame_lists.resolve_input(sources.absolute_path(owner.source), frames)
+    raise LeanImageError("Give the frames: an image sequence (image_name), or a folder or pattern (source).")
+
+
+def _source_properties() -> dict:
+    return {
+        "image_name": StringProperty(name="Image", description="An Image datablock whose source is an image sequence"),
+        "source": StringProperty(name="Frames From", description="A folder or a numbered pattern (shot_####.png)", subtype="FILE_PATH"),
+        "model_id": StringProperty(name="Model", description="Catalog model id. Empty: the first installed model"),
+        "model_path": StringProperty(name="Model File", description="An ONNX file instead of a catalog model", subtype="FILE_PATH"),
+    }
+
+
+def key_visible_on(obj, number: int, previous: int | None, following: int | None) -> None:
+    """``obj`` shows (viewport and render) on frame ``number`` only: hidden on the neighbouring
+    frames of the shot, keys held constant between."""
+    for frame, hidden in ((previous, True), (number, False), (following, True)):
+        if frame is None:
+            continue
+        obj.hide_viewport = obj.hide_render = hidden
+        obj.keyframe_insert("hide_viewport", frame=frame)
+        obj.keyframe_insert("hide_render", frame=frame)
+
+
+@options.with_properties({**options.family_properties(moge2.FAMILY), **_source_properties(), **shot_props.shot_properties()})
+class LEAN_IMAGE_AI_OT_reconstruct_shot(WorkerOperator, bpy.types.Operator):
+    """Reconstruct every frame of a shot with MoGe-2 under one camera"""
+
+    bl_idname = "lean_image_ai.reconstruct_shot"
+    bl_label = "Reconstruct Shot"
+    bl_description = (
+        "A mesh per frame of an image sequence (each shown on its own frame) and ONE camera for the "
+        "shot: one focal fitted for the whole shot, or the field of view given"
+    )
+    bl_options = {"REGISTER", "UNDO"}
+    job_title = "Reconstruct Shot"
+
+    frames: StringProperty(name="Frames", description="A-B or A-B:STEP. Empty: every frame")
+
+    def prepare(self, context, job: Job):
+        refs = _frames(self, frame_lists.parse_frames(self.frames) if self.frames.strip() else None)
+        family_job = prefs.family_job(context, self, moge2.FAMILY.id)
+        values = family_job.values
+        shot = shot_props.settings_of(self, moge2.FAMILY.id)
+        numbers = [r.number for r in refs]
+        following = dict(zip(numbers, numbers[1:] + [None], strict=True))
+        previous = dict(zip(numbers, [None] + numbers[:-1], strict=True))
+        made = SimpleNamespace(objects=[], near=np.inf, far=0.0, fov_x=None, size=None, stem=refs[0].path.stem if refs else "shot")
+        discontinuity = values["discontinuity"]
+
+        def add_frame(ref, geometry):
+            arrays = mesh_arrays(geometry.points, geometry.mask, discontinuity=discontinuity)
+            if len(arrays.vertices) == 0:
+                raise LeanImageError(f"MoGe-2 found no geometry in frame {ref.number}; it has no mesh.")
+            name = f"{ref.path.stem}_geometry"
+            with results.created_data() as created:
+                texture = created.add(bpy.data.images, image_io.load_image_file(str(ref.path), check_existing=True))
+                mesh = created.add(bpy.data.meshes, results.build_mesh(name, arrays.vertices, arrays.quads, arrays.uv))
+                mesh.materials.append(created.add(bpy.data.materials, geometry_ops.make_material(name, texture)))
+                obj = created.add(bpy.data.objects, bpy.data.objects.new(name, mesh))
+                key_visible_on(obj, ref.number, previous[ref.number], following[ref.number])
+            made.objects.append(obj)
+            depth = geometry.depth[geometry.mask]
+            made.near, made.far = min(made.near, float(depth.min())), max(made.far, float(depth.max()))
+            made.fov_x, made.size = geometry.fov_x, geometry.mask.shape
+            return []
+
+        def make_pass(write, shot_kwargs, first_pass):
+            pass_job = replace(family_job, extra=dict(shot_kwargs))
+            return sequence.BatchRun(
+                refs,
+                pass_job.infer,
+                batch_ops.read_frame,
+                write,
+                options=pass_job.options(progress=job.report, cancel=job.cancel_event),
+            )
+
+        job.inputs = shot_props.batch(shot, make_pass, add_frame, job.cancel_event)
+        job.inputs.made = made
+        job.key = str(refs[0].path.parent) if refs else ""
+        return lambda job: job.inputs.infer_all()
+
+    def pump(self, context, job: Job, budget: float) -> bool:
+        try:
+            return job.inputs.pump(budget)
+        except LeanImageError as exc:  # the shot could not run at all (the model, the device)
+            job.error, job.error_text, job.state = exc, str(exc), "failed"
+            return True
+
+    def finish(self, context, job: Job):
+        report, made = job.inputs.report, job.inputs.made
+        if report.cancelled or job.state == "failed":  # the frames made so far go again: nothing half-done stays
+            for obj in made.objects:
+                mesh = obj.data
+                bpy.data.objects.remove(obj)
+                bpy.data.meshes.remove(mesh)
+            made.objects.clear()
+        for warning in dict.fromkeys(report.warnings):
+            self.report({"WARNING"}, warning)
+        if not made.objects:
+            failed = "; ".join(f"frame {n}: {e}" for n, e in report.failed[:3])
+            self.report({"ERROR"}, job.error_text or f"No frame gave a mesh. {failed}")
+            return {"CANCELLED"}
+        scene = context.scene
+        collection = getattr(context, "collection", None) or scene.collection
+        for obj in made.objects:
+            collection.objects.link(obj)
+        stand_in = SimpleNamespace(fov_x=made.fov_x, depth=np.array([made.near, made.far]), mask=np.array([True, True]))
+        with results.created_data() as created:
+            camera = geometry_ops.make_camera(f"{made.stem}_shot_camera", stand_in, created)
+            collection.objects.link(camera)
+        scene.camera = camera
+        scene.render.resolution_y, scene.render.resolution_x = made.size
+        numbers = [r for r in report.written]
+        scene.frame_start, scene.frame_end = min(numbers), max(numbers)
+        line = getattr(job.inputs, "shot_line", "")
+        self.report({"INFO"}, f"{len(made.objects)} frame mesh(es) and one camera '{camera.name}' "
+                    f"({np.degrees(made.fov_x):.2f} deg){'; ' + line if line else ''}; {report.summary()}")
+        return {"CANCELLED"} if report.failed or report.cancelled else {"FINISHED"}
+
+
+def preview_product(family_id: str, result, shot) -> products.ImageProduct:
+    """What the preview shows: the image the sequence would write for this frame (depth with
+    the shot settings; a shot range needs the whole shot, so auto-shot shows this frame's own
+    robust range), or what the family's output shows of a result that is not one image (MoGe-2: its
+    normal map)."""
+    output = products.output_of(family_id)
+    if output.preview is not None:
+        return output.preview(result)
+    if shot.depth is not None:
+        if shot.depth.needs_first_pass:
+            shot.record(None, result)
+            shot.finish_first_pass()
+        return shot.depth_product(result.depth, ".png", file_formats.BLENDER_WRITER.float_suffixes)[0]
+    return products.image_product(family_id, result, ".png", file_formats.BLENDER_WRITER.float_suffixes)
+
+
+def show_in_image_editor(context, image) -> bool:
+    """Shows ``image`` in the first Image Editor of the screen; False when there is none."""
+    screen = getattr(context, "screen", None)
+    for area in getattr(screen, "areas", ()):
+        if area.type == "IMAGE_EDITOR":
+            area.spaces.active.image = image
+            return True
+    return False
+
+
+@options.with_properties(
+    {**{k: v for f in families.ALL for k, v in options.family_properties(f).items()}, **_source_properties(), **shot_props.shot_properties()}
+)
+class LEAN_IMAGE_AI_OT_preview_frame(WorkerOperator, bpy.types.Operator):
+    """Run the sequence settings on one frame and show the result, writing no file"""
+
+    bl_idname = "lean_image_ai.preview_frame"
+    bl_label = "Preview Frame"
+    bl_description = "Run the current settings on the current frame (or Frame) and show the result in an Image Editor; no file is written"
+    bl_options = {"REGISTER"}
+    job_title = "Preview Frame"
+
+    family: EnumProperty(name="Model Kind", items=[(f.id, f.action, f.produces) for f in families.ALL])
+    frame: IntProperty(name="Frame", description="The frame to preview; 0: the scene's current frame", default=0)
+
+    def prepare(self, context, job: Job):
+        family = families.get(self.family)
+        number = self.frame or context.scene.frame_current
+        refs = [r for r in _frames(self, None) if r.number == number]
+        if not refs:
+            raise LeanImageError(f"Frame {number} is not in the sequence; choose one of its frames to preview.")
+        family_job = prefs.family_job(context, self, family.id)
+        shot = shot_props.settings_of(self, family.id)
+        family_job.extra.update(shot.adapter_kwargs())  # a given field of view; a fitted shot focal needs the shot
+        pixels = batch_ops.read_frame(refs[0])  # main thread: Blender reads the file
+        job.inputs = SimpleNamespace(number=number, shot=shot, family=family)
+        opts = family_job.options(progress=job.report, cancel=job.cancel_event)
+        return lambda job: family_job.infer(pixels, opts)
+
+    def finish(self, context, job: Job):
+        if job.state != "finished":
+            self.report({"ERROR"} if job.state == "failed" else {"WARNING"}, job.error_text)
+            return {"CANCELLED"}
+        inputs = job.inputs
+        product = preview_product(inputs.family.id, job.result, inputs.shot)
+        old = bpy.data.images.get(PREVIEW_IMAGE)
+        if old is not None:
+            bpy.data.images.remove(old)
+        image = image_io.array_to_new_image(
+            PREVIEW_IMAGE, product.pixels, float_buffer=True, colorspace="Non-Color" if product.is_data else None
+        )
+        shown = show_in_image_editor(context, image)
+        where = "shown in the Image Editor" if shown else f"in the image '{PREVIEW_IMAGE}' (open an Image Editor to see it)"
+        span = f", depth {product.value_range[0]:.4g}..{product.value_range[1]:.4g}" if product.value_range else ""
+        self.report({"INFO"}, f"Preview of frame {inputs.number}{span}: {where}; no file was written")
+        return {"FINISHED"}
+
+
+classes = (LEAN_IMAGE_AI_OT_reconstruct_shot, LEAN_IMAGE_AI_OT_preview_frame)

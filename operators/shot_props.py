@@ -1,0 +1,79 @@
+"""The shot options in Blender (bpy): one depth range and aligned depth for a depth sequence, one
+camera for a MoGe-2 sequence. The same properties on Process Sequence, Preview Frame and the
+scene settings (functions: Blender needs a fresh definition per class); the maths is
+models/shot_depth.py and models/shot_camera.py, the two passes models/shot_batch.py."""
+
+from bpy.props import BoolProperty, EnumProperty, FloatProperty, StringProperty
+
+from ..models import file_formats, result_images, shot_camera, shot_depth
+from ..models.shot_batch import ShotSettings, TwoPassBatch
+from . import results
+
+
+def shot_properties() -> dict:
+    return {
+        "depth_range": StringProperty(
+            name="Depth Range",
+            description="How depth maps to 0..1 in 8/16-bit files: per-frame (each frame's own min..max), "
+            "auto-shot (a first pass finds one range for the whole shot, so a still wall keeps its grey), "
+            "or A:B (given)",
+            default=shot_depth.PER_FRAME,
+        ),
+        "align_depth": BoolProperty(
+            name="Align Depth",
+            description="Align each frame's depth to the previous one (robust scale and shift on the pixels "
+            "that agree), so a still background keeps its value",
+        ),
+        "shot_camera": EnumProperty(
+            name="Camera",
+            items=[
+                (shot_camera.PER_FRAME, "Per Frame", "Each frame fits its own focal length"),
+                (shot_camera.SHOT, "One for the Shot", "A first pass fits one focal length (median over the frames)"),
+            ],
+            default=shot_camera.PER_FRAME,
+        ),
+        "shot_fov": FloatProperty(
+            name="Field of View",
+            description="Fix the horizontal field of view for every frame (degrees); 0: fitted",
+            default=0.0,
+            min=0.0,
+            max=170.0,
+        ),
+    }
+
+
+NAMES = tuple(shot_properties())
+
+
+def settings_of(owner, family_id: str, shard=None) -> ShotSettings:
+    """The shot settings an operator (or the scene settings) holds."""
+    return ShotSettings(
+        family_id,
+        depth_range=owner.depth_range,
+        align_depth=owner.align_depth,
+        camera=owner.shot_camera,
+        fov=owner.shot_fov or None,
+        shard=shard,
+    )
+
+
+def writer(shot: ShotSettings, target: dict, write):
+    """``write(ref, result)``, or for a depth sequence with shot options the shot's depth product
+    (Blender's image writers keep no custom metadata: the range goes into the report)."""
+    if shot.depth is None:
+        return write
+
+    def write_depth(ref, result):
+        path = target[ref]
+        product, notes = shot.depth_product(result.depth, path.suffix, file_formats.BLENDER_WRITER.float_suffixes)
+        results.save_product(path, product)
+        return notes + result_images.range_notes(path, product)
+
+    return write_depth
+
+
+def batch(shot: ShotSettings, make_pass, write, cancel):
+    """One BatchRun, or a first pass then the writing pass (TwoPassBatch) when the shot needs it."""
+    if not shot.needs_first_pass:
+        return make_pass(write, shot.adapter_kwargs(), False)
+    return TwoPassBatch(shot, make_pass, write, cancel)

@@ -1,0 +1,125 @@
+"""The family check (models/family_check.py): each family's stand-in against each family's contract
+(16 pairs), the probe for what the graph cannot tell, and a job refusing a file of another family."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from builders_families import ben2_like_model, da3_like_model, photo
+from builders_moge2 import moge2_like_model
+from builders_upscale import resize_model
+from lean_image_ai.models import ben2, da3, family_check
+from lean_image_ai.models.base import JobOptions
+from lean_image_ai.runtime.errors import ModelContractError
+from onnx_builders import sr_model
+
+FAMILIES = ("ben2", "da3", "moge2", "upscale")
+
+
+@pytest.fixture(scope="module")
+def standins(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("standins")
+    return {
+        "ben2": ben2_like_model(root / "ben2.onnx", size=64),
+        "da3": da3_like_model(root / "da3.onnx", fixed_hw=(56, 84)),
+        "moge2": moge2_like_model(root / "moge2.onnx"),
+        "upscale": sr_model(root / "sr.onnx", scale=4),
+    }
+
+
+@pytest.mark.parametrize("claimed", FAMILIES)
+@pytest.mark.parametrize("actual", FAMILIES)
+def test_each_family_against_each_stand_in(standins, fresh_runtime, claimed, actual):
+    verdict, _io = family_check.check_file(claimed, standins[actual], fresh_runtime)
+    assert verdict.finding.looks_like == actual, verdict.message()
+    if claimed == actual:
+        assert verdict.fits and not verdict.refused and verdict.warning is None
+    else:
+        assert verdict.refused, verdict.message()
+        assert f"this looks like {family_check.LOOKS[actual]}" in verdict.message()
+    assert fresh_runtime.cached_sessions() == []  # the check's session was dropped again
+
+
+def test_a_final_sigmoid_is_found_through_shape_only_ops(standins):
+    # the stand-in ends Sigmoid -> Identity; the SR stand-in ends in DepthToSpace
+    assert family_check.final_ops(standins["ben2"]) == {"output": "Sigmoid"}
+    assert family_check.final_ops(standins["upscale"]) == {"output": "DepthToSpace"}
+    assert family_check.final_ops(Path(__file__)) == {}  # not an ONNX file: nothing, no error
+
+
+def test_a_dynamic_upscaler_is_told_by_the_probe(tmp_path, fresh_runtime):
+    path = resize_model(tmp_path / "x3.onnx", factor=3.0)  # dynamic shapes: the graph cannot tell
+    verdict, _io = family_check.check_file("ben2", path, fresh_runtime)
+    assert verdict.probed and verdict.refused
+    assert "3x the probe (56x56 -> 168x168)" in verdict.message()
+    assert family_check.check_file("upscale", path, fresh_runtime)[0].fits
+
+
+def test_a_one_times_image_model_fits_no_family_and_is_only_warned_about(tmp_path, fresh_runtime):
+    path = resize_model(tmp_path / "x1.onnx", factor=1.0)
+    verdict, _io = family_check.check_file("upscale", path, fresh_runtime)
+    assert verdict.finding.looks_like is None and not verdict.refused
+    assert "on a 56x56 probe its outputs are 'output' [1, 3, 56, 56]" in verdict.warning
+
+
+def test_probe_ranges_decide_matte_or_depth_but_only_warn(tmp_path, fresh_runtime):
+    # no Sigmoid, no 'depth' name: values in [0, 1] look like a matte, positive unbounded like depth
+    matte = ben2_like_model(tmp_path / "constant.onnx", output="constant", constant=0.8, fixed=False)
+    depth = da3_like_model(tmp_path / "unnamed.onnx", fixed_hw=None, depth_name="out", with_sky=False)
+    as_depth, _ = family_check.check_file("da3", matte, fresh_runtime)
+    assert as_depth.finding.looks_like == "ben2" and not as_depth.refused
+    assert "within [0, 1] (values 0.8 to 0.8 on a probe image)" in as_depth.warning
+    as_matte, _ = family_check.check_file("ben2", depth, fresh_runtime)
+    assert as_matte.finding.looks_like == "da3" and not as_matte.refused
+    assert "unbounded and positive" in as_matte.warning
+    assert family_check.check_file("da3", depth, fresh_runtime)[0].fits
+
+
+def test_a_job_refuses_a_model_of_another_family(standins, fresh_runtime):
+    options = JobOptions(runtime=fresh_runtime)
+    with pytest.raises(ModelContractError, match="this looks like a depth model: an output named 'depth'"):
+        ben2.run(photo(), standins["da3"], options=options)
+    with pytest.raises(ModelContractError, match="this looks like a background-removal"):
+        da3.run(photo(), standins["ben2"], options=options)
+    assert ben2.run(photo(), standins["ben2"], options=options).matte.shape == (37, 53)
+
+
+REFERENCE_MANIFEST = Path(
+    os.environ.get("LEAN_IMAGE_AI_REFERENCE_DIR", Path.home() / ".cache/lean_image_ai/reference_models")
+) / "manifest.json"
+
+
+def _reference_models():
+    if not REFERENCE_MANIFEST.is_file():
+        return []
+    data = json.loads(REFERENCE_MANIFEST.read_text())
+    items = data.get("models", data) if isinstance(data, dict) else data
+    items = list(items.values()) if isinstance(items, dict) else items  # {name: record} or [record]
+    found = []
+    for item in items:
+        family = item.get("family")
+        path = REFERENCE_MANIFEST.parent / item.get("file", item.get("path", ""))
+        if family in FAMILIES and path.is_file():
+            found.append(pytest.param(family, path, id=path.name))
+    return found
+
+
+@pytest.mark.skipif(not _reference_models(), reason=f"no real-architecture exports at {REFERENCE_MANIFEST}")
+@pytest.mark.parametrize("family,path", _reference_models() or [pytest.param(None, None, id="none")])
+def test_real_architectures_fit_their_own_family_only(family, path, fresh_runtime):
+    own, _ = family_check.check_file(family, path, fresh_runtime)
+    assert own.fits, own.message()
+    for other in FAMILIES:  # what the file looks like does not depend on the family asked for
+        if other != family:
+            assert family_check.Verdict(other, own.finding).refused, own.message()
+
+
+def test_probe_feeds_follow_the_inputs(standins, fresh_runtime):
+    handle = fresh_runtime.session(standins["moge2"], "cpu")
+    feeds = family_check.probe_feeds(handle)
+    assert feeds["image"].shape == (1, 3, 56, 56) and feeds["image"].dtype == np.float32
+    assert feeds["num_tokens"].dtype == np.int64 and int(feeds["num_tokens"]) == family_check.PROBE_NUM_TOKENS

@@ -1,0 +1,135 @@
+"""Shot options in real bpy 5.0.1 with the real onnxruntime: Process Sequence with one depth range
+for the shot, Reconstruct Shot (one camera, a mesh per frame keyed to its frame), Preview Frame."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image as PILImage
+
+sys.path.insert(0, str(Path(__file__).parent))
+import blender_helpers as bh  # noqa: E402
+
+bpy = pytest.importorskip("bpy")
+bh.import_package()
+
+from builders_moge2 import moge2_like_model  # noqa: E402
+from builders_shot import background_mask, drifting_depth_model, write_shot  # noqa: E402
+from lean_image_ai.models import library  # noqa: E402
+from lean_image_ai.operators import batch_ops, geometry_ops, jobs, shot_ops  # noqa: E402
+from onnx_builders import sr_model  # noqa: E402
+from test_moge2 import red_image  # noqa: E402
+
+FRAMES = 6
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    with bh.registered_classes([*jobs.classes, *geometry_ops.classes, *batch_ops.classes, *shot_ops.classes]):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def clean(tmp_path, monkeypatch):
+    monkeypatch.setenv(library.MODELS_DIR_ENV, str(tmp_path / "models"))
+    bh.reset_blender()
+    yield
+    assert jobs.manager.current is None, "a job was left running"
+    bh.reset_blender()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shot_models")
+    return {
+        "da3": drifting_depth_model(root / "drift.onnx"),
+        "moge2": moge2_like_model(root / "moge2.onnx"),
+        "upscale": sr_model(root / "sr.onnx", scale=2, mid_channels=4),
+    }
+
+
+def _greys(folder: Path) -> list[np.ndarray]:
+    frames = []
+    for path in sorted(folder.glob("*.png")):
+        with PILImage.open(path) as image:
+            frames.append(np.asarray(image).astype(np.int64))
+    return frames
+
+
+def test_process_sequence_with_one_depth_range_for_the_shot(tmp_path, models):
+    shot = write_shot(tmp_path / "in", FRAMES, noise=False)
+    background = background_mask(FRAMES)
+    spreads = {}
+    for mode in ("per-frame", "auto-shot"):
+        out = tmp_path / mode
+        result = bpy.ops.lean_image_ai.process_sequence(
+            family="da3", source=str(shot), output=str(out / "d_####.png"), model_path=str(models["da3"]), depth_range=mode
+        )
+        assert result == {"FINISHED"}
+        greys = _greys(out)
+        assert len(greys) == FRAMES
+        spreads[mode] = int(np.ptp([g[background] for g in greys], axis=0).max())
+    assert spreads["auto-shot"] == 0 and spreads["per-frame"] > 20, spreads  # of 255: Blender writes 8-bit PNG
+
+
+def _red_shot(folder: Path, count: int = 4) -> Path:
+    folder.mkdir()
+    for n in range(1, count + 1):
+        PILImage.fromarray((red_image(30, 40) * 255).astype(np.uint8)).save(folder / f"r_{n:04d}.png")
+    return folder
+
+
+@pytest.mark.parametrize("fov", [0.0, 40.0])
+def test_reconstruct_shot_makes_one_camera_and_a_mesh_per_frame(tmp_path, models, fov):
+    shot = _red_shot(tmp_path / "in")
+    result = bpy.ops.lean_image_ai.reconstruct_shot(
+        source=str(shot), model_path=str(models["moge2"]), shot_camera="shot", shot_fov=fov
+    )
+    assert result == {"FINISHED"}
+    cameras = [o for o in bpy.data.objects if o.type == "CAMERA"]
+    meshes = sorted((o for o in bpy.data.objects if o.type == "MESH"), key=lambda o: o.name)
+    assert len(cameras) == 1 and len(meshes) == 4
+    scene = bpy.context.scene
+    assert scene.camera == cameras[0] and (scene.frame_start, scene.frame_end) == (1, 4)
+    if fov:
+        assert np.degrees(cameras[0].data.angle_x) == pytest.approx(fov, abs=1e-4)
+    for frame in range(1, 5):
+        scene.frame_set(frame)
+        shown = [o.name for o in meshes if not o.hide_render and not o.hide_viewport]
+        assert shown == [f"r_{frame:04d}_geometry"], (frame, shown)
+    assert not list(tmp_path.glob("**/*.ply"))  # a shot in the .blend, not files
+
+
+def test_preview_frame_shows_one_frame_and_writes_nothing(tmp_path, models):
+    shot = write_shot(tmp_path / "in", 3, noise=False)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    bpy.context.scene.frame_set(2)
+    result = bpy.ops.lean_image_ai.preview_frame(
+        family="da3", source=str(shot), model_path=str(models["da3"]), depth_range="5:15"
+    )
+    assert result == {"FINISHED"}
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+    image = bpy.data.images[shot_ops.PREVIEW_IMAGE]
+    pixels = np.empty(image.size[0] * image.size[1] * 4, np.float32)
+    image.pixels.foreach_get(pixels)
+    grey = pixels.reshape(image.size[1], image.size[0], 4)[::-1, :, 0].copy()  # Blender stores bottom row first
+    editor = next(a for a in bpy.data.screens["UV Editing"].areas if a.type == "IMAGE_EDITOR")
+    with bpy.context.temp_override(screen=bpy.data.screens["UV Editing"]):  # a screen with an Image Editor
+        shown = bpy.ops.lean_image_ai.preview_frame(family="upscale", source=str(shot), model_path=str(models["upscale"]))
+    assert shown == {"FINISHED"} and editor.spaces.active.image == bpy.data.images[shot_ops.PREVIEW_IMAGE]
+    assert bpy.data.images[shot_ops.PREVIEW_IMAGE].size[:] == (2 * 84, 2 * 56)  # the x2 model's frame 2
+    direct = bpy.ops.lean_image_ai.preview_frame(
+        family="da3", source=str(shot), model_path=str(models["da3"]), depth_range="per-frame", frame=2
+    )
+    assert direct == {"FINISHED"}
+    image = bpy.data.images[shot_ops.PREVIEW_IMAGE]
+    image.pixels.foreach_get(pixels)
+    own = pixels.reshape(image.size[1], image.size[0], 4)[::-1, :, 0]
+    assert own.min() == pytest.approx(0.0, abs=1e-6) and own.max() == pytest.approx(1.0, abs=1e-6)
+    assert 0.0 < grey.min() and grey.max() < 1.0  # the given 5..15 range: depths 7.9..14.2 sit inside it
+    with pytest.raises(RuntimeError, match="Frame 9 is not in the sequence"):
+        bpy.ops.lean_image_ai.preview_frame(family="da3", source=str(shot), model_path=str(models["da3"]), frame=9)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # three previews, no file written
