@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..runtime import mark_last
+from ..runtime.budget import budget_for
 from ..runtime.errors import InferenceError, InferenceOutOfMemoryError, ModelContractError, SessionClosedError
 from ..runtime.memory import available_system_memory_bytes
 from . import family_check
@@ -153,6 +154,8 @@ def run(
             # a fixed window cannot grow: the ramps must fit its core (models/feather.py)
             planned.feather = min(planned.feather, overlap, max(0, (min(fixed) - 2 * overlap) // 4))
         elif tile_size == "auto":
+            if memory_budget_bytes is None:  # the job's RAM or VRAM budget, by where the session runs
+                memory_budget_bytes = budget_for(runtime, job.handle.gpu_device_id)
             tile = AUTO  # sized per frame below, from the model's measured working memory
         elif tile_size is None:
             tile = None

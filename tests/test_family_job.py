@@ -23,12 +23,12 @@ bh.import_package()
 
 from lean_image_ai import cli, cli_job  # noqa: E402
 from lean_image_ai.farm_worker import FrameWorker  # noqa: E402
-from lean_image_ai.models import families, installer, library, upscale  # noqa: E402
+from lean_image_ai.models import families, installer, library, upscale_plan  # noqa: E402
 from lean_image_ai.models.catalog import Catalog  # noqa: E402
 from lean_image_ai.models.catalog_entry import CatalogEntry  # noqa: E402
 from lean_image_ai.models.job import FamilyJob  # noqa: E402
-from lean_image_ai.models.tile_memory import estimate_bytes_per_pixel  # noqa: E402
-from lean_image_ai.models.upscale_plan import AUTO_WINDOW_CPU  # noqa: E402
+from lean_image_ai.models.tile_memory import BUDGET_FRACTION, estimate_bytes_per_pixel  # noqa: E402
+from lean_image_ai.models.upscale_plan import AUTO_WORKING_CPU  # noqa: E402
 from lean_image_ai.runtime import get_runtime, memory_snapshot  # noqa: E402
 from lean_image_ai.runtime.errors import ModelFileError, SettingError  # noqa: E402
 from lean_image_ai.runtime.settings import MAX_BUDGET_MB, RAM_BUDGET_ENV, MemoryBudgets, budget_bytes  # noqa: E402
@@ -48,17 +48,17 @@ def runtime_kept():
 
 @pytest.fixture
 def tile_plans(monkeypatch):
-    """Every auto tile size an upscale plans, with the budget it was planned from (the real
-    upscale_plan.auto_tile, recorded)."""
+    """Every auto tile size an upscale plans, with the budget it was planned from and the working
+    target per window it says it used (the real upscale_plan.auto_tile, recorded)."""
     plans = []
-    real = upscale.auto_tile
+    real = upscale_plan.auto_tile
 
-    def recording(handle, scale, dtype, overlap, budget):
-        tile = real(handle, scale, dtype, overlap, budget)
-        plans.append({"budget": budget, "overlap": overlap, "tile": tile})
-        return tile
+    def recording(runtime, handle, overlap, budget, **kwargs):
+        tile, how = real(runtime, handle, overlap, budget, **kwargs)
+        plans.append({"budget": budget, "overlap": overlap, "tile": tile, "how": how})
+        return tile, how
 
-    monkeypatch.setattr(upscale, "auto_tile", recording)
+    monkeypatch.setattr(upscale_plan, "auto_tile", recording)
     return plans
 
 
@@ -129,16 +129,19 @@ def test_every_front_end_plans_the_same_tiles_for_the_same_budget(plate, tmp_pat
     assert all(plan == tile_plans[0] for plan in tile_plans), dict(zip(front_ends, tile_plans, strict=True))
     plan = tile_plans[0]
     assert plan["budget"] == budget_mb << 20  # the budget itself reached the plan, not a default
-    height, width = Image.open(source).size[::-1]
-    assert plan["tile"] < min(AUTO_WINDOW_CPU, width)  # so it was planned from the budget
-    # what the frame reports agrees too: the largest window that ran (the plan's side at most)
+    # so it was planned from the budget: half of it per window, below the 2 GiB CPU default
+    target = int(BUDGET_FRACTION * (budget_mb << 20))
+    assert target < AUTO_WORKING_CPU and f"{target / 2**30:.1f} GiB per window" in plan["how"], plan
+    # what the frame reports agrees too: the largest window that ran (the plan's side at most;
+    # None: one window over the frame, which this small model's measured memory allows)
     ran = [int(t) for t in re.findall(r"tile (\d+) px", printed)]
-    assert ran == worker.tiles and ran[0] <= plan["tile"], (ran, worker.tiles)
+    assert ran == worker.tiles and ran[0] <= (plan["tile"] or max(Image.open(source).size)), (ran, worker.tiles)
 
-    # without a budget the same job plans the fixed CPU window: the budget is what changed it
+    # without a budget the same job plans against the CPU default: the budget is what changed it
     tile_plans.clear()
     assert cli.main(["upscale", str(source), str(tmp_path / "none.png"), *common]) == 0
-    assert tile_plans[0]["budget"] is None and tile_plans[0]["tile"] >= AUTO_WINDOW_CPU
+    assert tile_plans[0]["budget"] is None, tile_plans
+    assert f"{AUTO_WORKING_CPU / 2**30:.1f} GiB per window" in tile_plans[0]["how"], tile_plans
 
 
 @pytest.mark.parametrize("text", ["abc", "-1", "1.5", "4GB", "0x10", "1_000", " ", str(MAX_BUDGET_MB + 1), "nan"])
