@@ -224,3 +224,25 @@ def test_every_family_job_fills_in_the_defaults_of_options_a_front_end_lacks(tmp
             continue
         job = FamilyJob.resolve(family.id, tmp_path, values={})
         assert set(job.values) == {o.name for o in family.options}
+
+
+def test_the_jobs_device_picks_the_default_model(tmp_path, monkeypatch):
+    """Every front-end's device reaches the default pick through the job: off CUDA an installed
+    fp32 export before an fp16 one (library.prefer_for_device), on CUDA the catalog's order."""
+    model = sr_model(tmp_path / "source.onnx", scale=2, mid_channels=4)
+    data = model.read_bytes()
+    folder = tmp_path / "models"
+    folder.mkdir()
+    entries = []
+    for entry_id, dtype in (("sr-half", "float16"), ("sr-full", "float32")):
+        entry = CatalogEntry(
+            id=entry_id, family="upscale", variant=entry_id, title=entry_id, filename=f"{entry_id}.onnx", url=None,
+            size_bytes=len(data), sha256=installer.sha256_file(model), license="test", source="this test",
+            weight_dtype=dtype,
+        )
+        (folder / entry.filename).write_bytes(data)
+        entries.append(entry)
+    monkeypatch.setattr(library, "catalog", lambda _folder: Catalog(builtin=entries))
+    for device, expected in (("cpu", "sr-full"), ("auto", "sr-full"), ("cuda:0", "sr-half")):
+        job = FamilyJob.resolve("upscale", folder, device=device, verify=False)
+        assert job.model.entry.id == expected, device
