@@ -21,11 +21,12 @@ import threading
 import time
 from pathlib import Path
 
-from . import cli_images, cli_job
+from . import cli_images, cli_job, cli_shot
 from .models import families, files
 from .models.base import JobOptions
 from .models.frame_lists import FrameRef
 from .models.sequence import BatchRun
+from .models.shot_batch import ShotSettings
 from .runtime import get_runtime
 from .runtime.errors import LeanImageError
 from .runtime.memory import peak_rss_bytes, reset_peak_rss
@@ -40,8 +41,10 @@ class FrameWorker:
     disk), a real process death; the marker file, created exclusively, makes it happen once.
     """
 
-    def __init__(self, family_id, model_path, kwargs, values, device="auto", threads=1, crash_on_write=None):
+    def __init__(self, family_id, model_path, kwargs, values, device="auto", threads=1, crash_on_write=None, shot=None):
         self.family = families.get(family_id)
+        # the driver's shot options (cli_shot.ShotRun.options): a given depth range or field of view
+        self.write_result = cli_shot.shot_writer(ShotSettings(family_id, **(shot or {}), farm=True), cli_job.write_result)
         self.model_path, self.kwargs, self.values = str(model_path), dict(kwargs), dict(values)
         self.device = device
         self.runtime = get_runtime()
@@ -73,7 +76,7 @@ class FrameWorker:
 
         def write(ref, result):
             self._maybe_crash(ref, target[ref])
-            notes, _ = cli_job.write_result(self.family.id, target[ref], result, self.values)
+            notes, _ = self.write_result(self.family.id, target[ref], result, self.values)
             return notes
 
         batch = BatchRun(refs, infer, lambda ref: cli_images.read_image(ref.path), write, options=options)
