@@ -37,7 +37,7 @@ from .base import JobOptions, ResultSink, as_frames, check_finite, fixed_hw, squ
 from .family import Family, Option, Setting, int_range, positive_int, unit_interval
 from .imaging import prepare_image, resize, to_nchw
 from .moge2_contract import bind_contract
-from .moge2_solver import DegenerateGeometryError, recover_focal_shift
+from .moge2_solver import DegenerateGeometryError, recover_focal_shift, shift_for_focal
 
 PATCH_SIZE = 14
 NUM_TOKENS_RANGE = (1200, 3600)
@@ -254,7 +254,7 @@ def _postprocess(
             focal, shift = recover_focal_shift(points, valid)
         else:
             focal = shot_camera.moge_focal(focal_width, model_h, model_w)
-            shift = shot_camera.shift_for_focal(points, valid, focal)
+            shift = shift_for_focal(points, valid, focal)
     except DegenerateGeometryError as exc:
         raise InvalidModelOutputError(
             f"{model_name} gave no usable geometry for {label}: {exc} (mask threshold "
