@@ -14,6 +14,22 @@ REPO_ROOT = TESTS_DIR.parent
 os.environ.setdefault("LEAN_IMAGE_AI_LOG_DIR", tempfile.mkdtemp(prefix="lean_image_ai_test_logs_"))
 
 
+@pytest.fixture(scope="session")
+def family_models(tmp_path_factory):
+    """A stand-in model of each family by its CLI command (tests/builders_*.py; upscale: None,
+    the embedded bicubic x2)."""
+    from builders_families import ben2_like_model, da3_like_model
+    from builders_moge2 import moge2_like_model
+
+    root = tmp_path_factory.mktemp("family_models")
+    return {
+        "remove-background": ben2_like_model(root / "ben2.onnx", size=64),
+        "depth": da3_like_model(root / "da3.onnx", fixed_hw=None),
+        "geometry": moge2_like_model(root / "moge2.onnx"),
+        "upscale": None,
+    }
+
+
 @pytest.fixture
 def fresh_runtime():
     """A private Runtime with the real onnxruntime (the process-wide one stays untouched)."""

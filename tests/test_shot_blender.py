@@ -18,7 +18,6 @@ bh.import_package()
 
 from builders_moge2 import moge2_like_model  # noqa: E402
 from builders_shot import background_mask, drifting_depth_model, write_shot  # noqa: E402
-from lean_image_ai.models import library  # noqa: E402
 from lean_image_ai.operators import batch_ops, geometry_ops, jobs, shot_ops  # noqa: E402
 from onnx_builders import sr_model  # noqa: E402
 from test_moge2 import red_image  # noqa: E402
@@ -34,11 +33,7 @@ def registered():
 
 @pytest.fixture(autouse=True)
 def clean(tmp_path, monkeypatch):
-    monkeypatch.setenv(library.MODELS_DIR_ENV, str(tmp_path / "models"))
-    bh.reset_blender()
-    yield
-    assert jobs.manager.current is None, "a job was left running"
-    bh.reset_blender()
+    yield from bh.fresh_blender(tmp_path, monkeypatch, make_models_dir=False)
 
 
 @pytest.fixture(scope="module")
