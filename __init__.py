@@ -8,6 +8,7 @@ Blender glue (operators/, ui/) is imported only from register()/unregister().
 def register():
     from . import operators, ui
 
+    operators.check_family_operators()  # before anything is registered: no half-made panel
     ui.register()
     operators.register()
 

@@ -7,6 +7,12 @@ itself) is checked before the model runs. A batch is one runtime operation; fram
 written while the model runs (models/sequence.py). Progress goes to stdout, one line per stage;
 the last line is one JSON object with what was written, skipped and failed, the time and memory.
 
+Memory budgets, in MB as Blender's preferences (0: no limit): ``--ram-budget`` (this process's RSS
+on a CPU job) and ``--vram-budget`` (its GPU memory on a GPU job; also caps the CUDA arena), else
+``$LEAN_IMAGE_AI_RAM_BUDGET_MB`` and ``$LEAN_IMAGE_AI_VRAM_BUDGET_MB``. They are checked before
+each load and run, and an upscale's auto tile size follows the budget of the device it runs on:
+the same budget and image give the same tile plan here, on the farm and in Blender (models/job.py).
+
 Exit codes: 0 all frames written (or skipped), 2 an error or a failed frame (one line on stderr
 says why, whatever the input, option or environment variable: never a traceback), 130 interrupted
 by Ctrl+C, 143 by SIGTERM (a render farm's cancel). Either signal stops the job after the current
@@ -30,7 +36,6 @@ import numpy as np
 
 from . import cli_images, cli_job, cli_models, cli_shot, farm_ray
 from .models import families, files, frame_claims, sequence
-from .models.base import JobOptions
 from .models.family import Family
 from .runtime import (
     event_file,
@@ -98,7 +103,7 @@ def _gpu_id(device: str) -> int | None:
     return request.index if request.kind == "cuda" else None
 
 
-def _print_memory_report(runtime, since: float, before: dict, gpu_id: int | None) -> None:
+def _print_memory_report(runtime, since: float, gpu_id: int | None) -> None:
     """The job's memory in the runtime's own wording (runtime/memory_report.py): what it grew,
     what the release gave back, what stays and in which floor."""
     jobs = [e for e in runtime.events.recent("job_memory") if e["time"] >= since]
@@ -132,7 +137,8 @@ def _add_family(subparsers, family: Family) -> None:
 def _run(args) -> int:
     family: Family = args.family
     parse_device(args.device)  # a typo fails here, before anything is loaded
-    model = cli_job.resolve_model(family, args)
+    job = cli_job.family_job(family, args)
+    model = job.model
     shot = cli_shot.ShotRun(family, args)  # a bad shot option fails before any folder is made
     refs, outputs, skip = cli_job.plan(family, args)
     plot = cli_job.plan_memory_plot(args, refs, outputs)
@@ -140,8 +146,7 @@ def _run(args) -> int:
     refs, skip = shot.frames(refs, skip)
     write_result = shot.writer(cli_job.write_result)
     demo = not (args.input or args.input_opt)
-    values = cli_job.option_values(family, args)
-    kwargs = model.adapter_kwargs(family.id, **values)
+    values = job.values
     height, width = DEMO_SIZE
     shard = f" (shard {args.shard[0]}/{args.shard[1]})" if args.shard else ""
     if demo:
@@ -163,23 +168,20 @@ def _run(args) -> int:
             print(f"warning: {note}")
         print(line, flush=True)
 
-    def infer(frames, options):
-        return family.run(frames, model.path, options=options, **kwargs)
-
     runtime = get_runtime()
     gpu_id = _gpu_id(args.device)
     since = time.time()
     before = memory_snapshot(gpu_id)
     reset_peak_rss()
     interrupt = args.interrupts
-    options = JobOptions(device=args.device, progress=_Progress(), cancel=interrupt.event, runtime=runtime)
-    kwargs.update(shot.first_pass(lambda record: sequence.BatchRun(refs, infer, read, record, options=options).run()))
+    options = job.options(progress=_Progress(), cancel=interrupt.event, runtime=runtime)
+    job.extra.update(shot.first_pass(lambda record: sequence.BatchRun(refs, job.infer, read, record, options=options).run()))
     # --skip-existing runs sharing a folder each compute a missing frame once (models/frame_claims.py)
     claims = frame_claims.FrameClaims()
     share = {"claim": lambda ref: claims.take(target[ref]), "release": lambda ref: claims.release(target[ref])}
     batch = sequence.BatchRun(
         refs,
-        infer,
+        job.infer,
         read,
         write,
         options=options,
@@ -194,7 +196,7 @@ def _run(args) -> int:
     fallbacks = [e["message"] for e in runtime.events.recent("provider_fallback") if e["time"] >= since]
     for warning in dict.fromkeys([*fallbacks, *report.warnings]):  # each said once per job
         print(f"warning: {warning}")
-    _print_memory_report(runtime, since, before, gpu_id)
+    _print_memory_report(runtime, since, gpu_id)
     plot_error = _write_memory_plot(plot, runtime.last_timeline) if plot else None
     after = memory_snapshot(gpu_id)
     memory = {"rss_before": before.get("rss_bytes"), "rss_peak": peak_rss_bytes(), "rss_after": after.get("rss_bytes")}
@@ -259,7 +261,12 @@ def _leak_check(args) -> int:
     family = families.get(args.family_id)
     parse_device(args.device)
     job = family_job(
-        family.id, device=args.device, model=args.model or "", models_dir=args.models_dir or "", cancel=args.interrupts.event
+        family.id,
+        device=args.device,
+        model=args.model or "",
+        models_dir=args.models_dir or "",
+        budgets=cli_job.budgets(args),
+        cancel=args.interrupts.event,
     )
     print(f"leak check: {family.command} on a generated image, {args.runs} runs, device {args.device}")
 
@@ -288,9 +295,10 @@ def _add_leak_check(subparsers) -> None:
         default=60,
         help=f"how many times ({MIN_RUNS} to {MAX_RUNS}; default 60: the first third warms up)",
     )
-    parser.add_argument("--model", help="model id or .onnx file (default: the installed or embedded one)")
+    parser.add_argument("--model", help="a catalog model id, else an ONNX file (default: the installed or embedded one)")
     parser.add_argument("--models-dir", help="models folder")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda:N")
+    cli_job.budget_arguments(parser)
     parser.set_defaults(handler=_leak_check)
 
 

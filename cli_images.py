@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .models import files
-from .models.products import ImageProduct, range_notes
+from .models import file_formats, files
+from .models.result_images import ImageProduct, range_notes
 from .runtime.errors import LeanImageError
 
 
@@ -50,17 +50,17 @@ def _openexr():
 
 def check_writable_format(path: Path) -> None:
     """Fail before the model runs when nothing here can write ``path``'s format."""
-    if path.suffix.lower() == ".exr":
+    library = file_formats.COMMAND_LINE.library(path.suffix)
+    if library == file_formats.OPENEXR:
         _openexr()
-        return
-    if path.suffix.lower() in (".ply", ".json"):  # written by models/products.py, no library needed
-        return
-    Image = _pillow()
-    image_format = Image.registered_extensions().get(path.suffix.lower())
-    if image_format is None or image_format not in Image.SAVE:
+    elif library == file_formats.PILLOW:
+        Image = _pillow()
+        if Image.registered_extensions().get(path.suffix.lower()) in Image.SAVE:
+            return
+    if not library or library == file_formats.PILLOW:  # none here, or a Pillow built without it
         raise CommandLineError(
             f"Cannot write {path.name}: unknown or unsupported image file extension "
-            f"{path.suffix or '(none)'}. Use .png (keeps alpha), .exr or .tif (float), .webp or .jpg."
+            f"{path.suffix or '(none)'}. Use {file_formats.COMMAND_LINE.advice()}."
         )
 
 
@@ -75,7 +75,7 @@ def read_image(path: Path, warn=_warn) -> np.ndarray:
     alone silently drops the rest. A multi-page TIFF or a multi-picture JPEG (MPO) gives its
     first image with a warning: both keep the main image first and add thumbnails, reduced
     copies or depth/gain maps after it."""
-    if path.suffix.lower() == ".exr":
+    if file_formats.COMMAND_LINE.library(path.suffix) == file_formats.OPENEXR:
         return _read_exr(path)
     Image = _pillow()
     _apply_pixel_limit(Image)
@@ -113,7 +113,8 @@ def read_image(path: Path, warn=_warn) -> np.ndarray:
 def input_kind(path: Path) -> str:
     """What ``path``'s samples are, from its header: "float", "16-bit" or "8-bit" (the output
     type follows it, models/products.py); "8-bit" when it cannot be told."""
-    if path.suffix.lower() in (".exr", ".hdr"):
+    row = file_formats.find(path.suffix)
+    if row is not None and row.float_samples:
         return "float"
     Image = _pillow()
     try:
@@ -257,7 +258,7 @@ def write_image(path: Path, product: ImageProduct) -> list[str]:
     pixels = np.asarray(product.pixels, np.float32)
     suffix = path.suffix.lower()
     try:
-        if suffix == ".exr":
+        if file_formats.COMMAND_LINE.library(suffix) == file_formats.OPENEXR:
             _write_exr(path, pixels, product)
             return []
         return _write_pillow(path, pixels, product)
@@ -303,11 +304,11 @@ def _write_pillow(path: Path, pixels: np.ndarray, product: ImageProduct) -> list
     else:
         if product.bits != "8-bit":  # e.g. 16-bit colour TIFF, which Pillow writes with 8 bits
             notes.append(
-                f"{path.name}: {image_format} is written with 8 bits here; write .png (16-bit) or .exr "
-                "(float) to keep the input's bits."
+                f"{path.name}: {image_format} is written with 8 bits here; {file_formats.KEEP_BITS} "
+                "to keep the input's bits."
             )
         array = (np.clip(pixels, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
-        if array.ndim == 3 and array.shape[2] == 4 and image_format in ("JPEG", "BMP"):
+        if array.ndim == 3 and array.shape[2] == 4 and not _keeps_alpha(path):
             array = array[:, :, :3]
             notes.append(f"{image_format} has no alpha channel; alpha was dropped (write .png to keep it).")
         mode = "L" if array.ndim == 2 else {3: "RGB", 4: "RGBA"}[array.shape[2]]
@@ -317,6 +318,11 @@ def _write_pillow(path: Path, pixels: np.ndarray, product: ImageProduct) -> list
     with files.atomic_path(path) as temp:
         picture.save(temp, format=image_format, **metadata)
     return notes
+
+
+def _keeps_alpha(path: Path) -> bool:
+    row = file_formats.find(path.suffix)
+    return row is None or row.alpha
 
 
 def png16_bytes(array: np.ndarray) -> bytes:

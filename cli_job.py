@@ -21,7 +21,9 @@ from . import cli_images
 from .cli_images import CommandLineError
 from .models import files, frame_lists, library, products
 from .models.family import Family
+from .models.job import FamilyJob
 from .models.sequence import BatchReport
+from .runtime import settings
 from .runtime.errors import LeanImageError
 from .runtime.settings import FALSE_WORDS, TRUE_WORDS
 
@@ -135,9 +137,10 @@ def family_arguments(parser: argparse.ArgumentParser, family: Family) -> None:
     parser.add_argument("--input", dest="input_opt", help=argparse.SUPPRESS)
     parser.add_argument("--output", dest="output_opt", help="same as OUTPUT")
     parser.add_argument("--frames", type=_frames_arg, help="frame range A-B or A-B:STEP")
-    parser.add_argument("--model", help="an ONNX file, or a catalog model id (default: the first installed)")
+    parser.add_argument("--model", help="a catalog model id, else an ONNX file (default: the first installed)")
     parser.add_argument("--models-dir", help=f"models folder (default: ${library.MODELS_DIR_ENV} or the user cache)")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda:N (default: auto)")
+    budget_arguments(parser)
     parser.add_argument("--overwrite", action="store_true", help="replace existing output files")
     parser.add_argument("--skip-existing", action="store_true", help="keep existing outputs, do only the rest")
     parser.add_argument("--stop-on-error", action="store_true", help="stop at the first frame that fails")
@@ -155,11 +158,14 @@ def family_arguments(parser: argparse.ArgumentParser, family: Family) -> None:
                 default=option.default,
                 help=argparse_text(f"{option.description} (default: {option.default})"),
             )
-    if family.id == "upscale":
-        tile_size = next(o for o in family.options if o.name == "tile_size")
-        parser.add_argument(
-            "--tile", dest="tile_size", type=_tile_arg(_option_type(tile_size)), help="same as --tile-size; 'auto' is 0"
-        )
+        if option.alias and not option.blender_only:
+            flag = "--" + option.name.replace("_", "-")
+            parser.add_argument(
+                "--" + option.alias,
+                dest=option.name,
+                type=_auto_arg(option),
+                help=f"same as {flag}; 'auto' is {option.default}",
+            )
 
 
 def argparse_text(text: str) -> str:
@@ -182,19 +188,66 @@ def _shard_arg(text: str) -> tuple[int, int] | None:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _tile_arg(parse_tile_size):
-    def parse(text: str) -> int:
-        return 0 if text == "auto" else parse_tile_size(text)
+def _auto_arg(option):
+    parse_value = _option_type(option)
 
-    parse.__name__ = "tile size"
+    def parse(text: str):
+        return option.default if text == "auto" else parse_value(text)
+
+    parse.__name__ = option.label.lower()
     return parse
 
 
-def resolve_model(family: Family, args) -> library.ModelChoice:
-    folder = library.models_dir(args.models_dir or "")
-    model = args.model or ""
-    as_file = model and (Path(model).expanduser().is_file() or model.endswith(".onnx"))
-    return library.resolve(family.id, folder, "" if as_file else model, model if as_file else "")
+def family_job(family: Family, args) -> FamilyJob:
+    """The job the command line (and the farm's workers) run: models/job.py, as every front-end."""
+    return FamilyJob.resolve(
+        family.id,
+        library.models_dir(args.models_dir or ""),
+        model=args.model or "",
+        values=option_values(family, args),
+        device=args.device,
+        budgets=budgets(args),
+    )
+
+
+def budgets(args) -> settings.MemoryBudgets:
+    """``--ram-budget``/``--vram-budget`` (MB), else their environment variables, else no limit."""
+    from_environment = settings.budgets_from_environment()
+    ram, vram = getattr(args, "ram_budget", None), getattr(args, "vram_budget", None)
+    return settings.MemoryBudgets(
+        from_environment.ram_bytes if ram is None else ram or None,  # a flag's 0: no limit, whatever the variable says
+        from_environment.vram_bytes if vram is None else vram or None,
+    )
+
+
+def budget_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--ram-budget`` and ``--vram-budget``: MB, with the unit and limits of Blender's preferences."""
+    for kind, env, what in (
+        ("ram", settings.RAM_BUDGET_ENV, "system memory (RSS) of a CPU job"),
+        ("vram", settings.VRAM_BUDGET_ENV, "this process's GPU memory of a GPU job (also caps the CUDA arena)"),
+    ):
+        parser.add_argument(
+            f"--{kind}-budget",
+            metavar="MB",
+            type=_budget_arg(f"--{kind}-budget"),
+            help=f"most {what}, in MB, as Blender's preference: checked before each load and run, and an "
+            f"upscale's auto tile size follows it; 0: no limit (default: ${env}, else no limit)",
+        )
+
+
+def _budget_arg(flag: str):
+    """argparse type of a budget flag: the preferences' and the variables' rule (runtime/settings.py)."""
+
+    def parse(text: str) -> int:
+        try:
+            return settings.budget_bytes(flag, text) or 0
+        except settings.SettingError:
+            raise argparse.ArgumentTypeError(
+                f"give a whole number of MB from 0 (no limit) to {settings.MAX_BUDGET_MB}, got {text!r}"
+            ) from None
+
+    parse.__name__ = "memory budget"
+    return parse
 
 
 def option_values(family: Family, args) -> dict:
@@ -288,17 +341,11 @@ def plan_memory_plot(args, refs, outputs) -> Path | None:
 def write_result(family_id: str, out: Path, result, values: dict) -> tuple[list[str], str]:
     """Write one frame's result to ``out`` (and its companions), all or nothing; returns the notes
     for the user and the ``wrote:`` line that describes it."""
-    notes = []
-    kind = ""
-    if family_id == "moge2":
-        products.write_geometry(
-            out, result, discontinuity=values.get("discontinuity", 0.04), write_normals=cli_images.write_image
-        )
+    notes, product = products.write_result(family_id, out, result, values, cli_images.write_image)
+    if product is None:
         also = [p.name for p in products.companion_paths(family_id, out)[1:] if p.is_file()]
         kind = f" (+ {', '.join(also)})" if also else ""
     else:
-        product = products.image_product(family_id, result, out.suffix)
-        notes = cli_images.write_image(out, product)
         kind = f", {product.bits} {out.suffix.lstrip('.').upper()}"
     shape = getattr(result, "image", getattr(result, "depth", None))
     scale = f" ({result.scale}x)" if hasattr(result, "scale") else ""

@@ -13,14 +13,14 @@ import argparse
 
 from .cli_images import CommandLineError
 from .cli_job import number
-from .models import products, shot_camera, shot_depth
+from .models import file_formats, shot_camera, shot_depth
 from .models.shot_batch import ShotSettings
 from .runtime.errors import LeanImageError, OperationCancelled
 
 
 def add_arguments(parser: argparse.ArgumentParser, family) -> None:
     group = parser.add_argument_group("shot (sequences)")
-    if family.id == "da3":
+    if "depth" in family.shot:
         group.add_argument(
             "--depth-range",
             default=shot_depth.PER_FRAME,
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser, family) -> None:
             help="align each frame's depth to the previous one (robust scale and shift on the pixels "
             "that agree), so a static background keeps its value",
         )
-    if family.id == "moge2":
+    if "camera" in family.shot:
         group.add_argument(
             "--camera",
             choices=shot_camera.MODES,
@@ -116,7 +116,7 @@ def shot_writer(settings: ShotSettings, write_result):
     from . import cli_images
 
     def write(family_id, out, result, values):
-        product, notes = settings.depth_product(result.depth, out.suffix, products.FLOAT_SUFFIXES)
+        product, notes = settings.depth_product(result.depth, out.suffix, file_formats.COMMAND_LINE.float_suffixes)
         notes = notes + cli_images.write_image(out, product)
         low, high = product.metadata["lean_image_ai:depth_range"].split()
         size = f"{product.pixels.shape[1]}x{product.pixels.shape[0]}"

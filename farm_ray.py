@@ -355,9 +355,9 @@ class _Progress:
             self.last = percent
 
 
-def run(args, *, on_event=None, crash_on_write=None) -> int:
+def run(args, *, on_event=None, worker_class=FrameWorker) -> int:
     """The `farm` command. ``on_event`` sees every frame written and every worker death;
-    ``crash_on_write`` is farm_worker's test hook."""
+    ``worker_class``: FrameWorker or a test's subclass of it."""
     if args.address == "local" and "ray" not in sys.modules:
         # Ray picks its node address when imported: a one-machine instance listens on loopback
         # only, and a throwaway instance reports no usage statistics
@@ -369,10 +369,9 @@ def run(args, *, on_event=None, crash_on_write=None) -> int:
     if not (args.input or args.input_opt):
         raise CommandLineError("Give an INPUT image, folder or pattern on storage every worker can read.")
     shot = cli_shot.ShotRun(family, args, farm=True)  # a shot value that needs the whole shot first is refused
-    model = cli_job.resolve_model(family, args)
+    job = cli_job.family_job(family, args).for_worker()
+    job.extra.update(shot.settings.adapter_kwargs())  # a given field of view
     refs, outputs, skip = cli_job.plan(family, args)
-    values = cli_job.option_values(family, args)
-    kwargs = {**model.adapter_kwargs(family.id, **values), **shot.settings.adapter_kwargs()}
     todo = [_Frame(ref, out, family.id) for ref, out in zip(refs, outputs, strict=True) if ref not in skip]
     before = memory_snapshot(None)
     reset_peak_rss()
@@ -383,19 +382,13 @@ def run(args, *, on_event=None, crash_on_write=None) -> int:
         chunk_size = args.chunk_size or max(1, min(MAX_AUTO_CHUNK, len(todo) // (3 * count)))
         print(
             f"farm: {len(todo)} frame(s) to do ({len(skip)} skipped) on {count} worker(s), chunks of "
-            f"{chunk_size}; model {model.path}",
+            f"{chunk_size}; model {job.model.path}",
             file=sys.stderr,
         )
-        worker = ray.remote(FrameWorker).options(
+        worker = ray.remote(worker_class).options(
             num_cpus=threads, num_gpus=args.gpus_per_worker, max_restarts=-1, max_task_retries=0
         )
-        actors = [
-            worker.remote(
-                family.id, str(Path(model.path).resolve()), kwargs, values, args.device, threads, crash_on_write,
-                shot=shot.options,
-            )
-            for _ in range(count)
-        ]
+        actors = [worker.remote(job, threads, shot=shot.options) for _ in range(count)]
         farm = Farm(
             ray, actors, todo, chunk_size, max_tries=max(1, args.max_tries), stop_on_error=args.stop_on_error,
             on_event=_Progress(len(todo), count, on_event),

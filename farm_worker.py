@@ -15,16 +15,14 @@ dies had already finished) without waiting for the chunk's end.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import threading
 import time
 from pathlib import Path
 
 from . import cli_images, cli_job, cli_shot
-from .models import families, files
-from .models.base import JobOptions
 from .models.frame_lists import FrameRef
+from .models.job import FamilyJob
 from .models.sequence import BatchRun
 from .models.shot_batch import ShotSettings
 from .runtime import get_runtime
@@ -33,24 +31,17 @@ from .runtime.memory import peak_rss_bytes, reset_peak_rss
 
 
 class FrameWorker:
-    """One worker: ``family_id``'s adapter on ``model_path``, with ``kwargs`` (the model's
-    settings) and ``values`` (the job options), ``threads`` intra-op threads per session.
+    """One worker: the driver's family job (models/job.py, the model named by its absolute path),
+    ``threads`` intra-op threads per session."""
 
-    ``crash_on_write`` is for tests only: ``(frame number, marker file)`` makes the first worker
-    that writes that frame die by SIGKILL half-way through writing it (its temporary file is on
-    disk), a real process death; the marker file, created exclusively, makes it happen once.
-    """
-
-    def __init__(self, family_id, model_path, kwargs, values, device="auto", threads=1, crash_on_write=None, shot=None):
-        self.family = families.get(family_id)
+    def __init__(self, job: FamilyJob, threads: int = 1, shot: dict | None = None):
+        self.job = job
         # the driver's shot options (cli_shot.ShotRun.options): a given depth range or field of view
-        self.write_result = cli_shot.shot_writer(ShotSettings(family_id, **(shot or {}), farm=True), cli_job.write_result)
-        self.model_path, self.kwargs, self.values = str(model_path), dict(kwargs), dict(values)
-        self.device = device
+        settings = ShotSettings(job.family_id, **(shot or {}), farm=True)
+        self.write_result = cli_shot.shot_writer(settings, cli_job.write_result)
         self.runtime = get_runtime()
         if threads:  # sessions made from now on; a worker makes its one session after this
             self.runtime.configure(intra_op_threads=int(threads))
-        self.crash_on_write = crash_on_write
         self.frames_done = 0
         reset_peak_rss()
 
@@ -69,17 +60,12 @@ class FrameWorker:
         refs = [FrameRef(int(number), Path(source)) for number, source, _ in chunk]
         target = {ref: Path(out) for ref, (_, _, out) in zip(refs, chunk, strict=True)}
         since = time.time()
-        options = JobOptions(device=self.device, runtime=self.runtime, cancel=threading.Event())
-
-        def infer(frames, job_options):
-            return self.family.run(frames, self.model_path, options=job_options, **self.kwargs)
+        options = self.job.options(runtime=self.runtime, cancel=threading.Event())
 
         def write(ref, result):
-            self._maybe_crash(ref, target[ref])
-            notes, _ = self.write_result(self.family.id, target[ref], result, self.values)
-            return notes
+            return self.write(ref, target[ref], result)
 
-        batch = BatchRun(refs, infer, lambda ref: cli_images.read_image(ref.path), write, options=options)
+        batch = BatchRun(refs, self.job.infer, lambda ref: cli_images.read_image(ref.path), write, options=options)
         report, over, outcome = batch.report, threading.Event(), {}
 
         def whole_chunk():  # exactly as the command line runs a batch: reader, model, writer threads
@@ -118,13 +104,7 @@ class FrameWorker:
             "warnings": list(dict.fromkeys(fallbacks + report.warnings)),
         }
 
-    def _maybe_crash(self, ref: FrameRef, out: Path) -> None:
-        if self.crash_on_write is None or ref.number != self.crash_on_write[0]:
-            return
-        try:  # exclusive creation: only the first worker to get here dies, and only once
-            os.close(os.open(self.crash_on_write[1], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        except FileExistsError:
-            return
-        with files.atomic_path(out) as temp:
-            temp.write_bytes(b"half a frame")
-            os.kill(os.getpid(), signal.SIGKILL)  # no finally runs: the temp file stays behind
+    def write(self, ref: FrameRef, out: Path, result) -> list[str]:
+        """Write one frame as the command line does; returns the notes for the user."""
+        notes, _ = self.write_result(self.job.family_id, out, result, self.job.values)
+        return notes

@@ -1,4 +1,4 @@
-"""What the add-on costs on top of onnxruntime, side by side in one run (ratios only: DESIGN.md §5).
+"""What the add-on costs on top of onnxruntime, side by side in one run (ratios only).
 
     .venv/bin/python bench/overhead.py [--pairs 7] [--threads 2]
 

@@ -1,6 +1,6 @@
 """What the UNLOAD release rule (DirectML, CoreML: the job's sessions are dropped when it ends)
 costs the next job: the model is loaded again. Measured on CPU stand-ins of a few sizes, side by
-side in one run (DESIGN.md §5): jobs in a row with the rule (every job loads the model) and with
+side in one run: jobs in a row with the rule (every job loads the model) and with
 "Keep models loaded on DirectML/CoreML" (only the first does).
 
     .venv/bin/python bench/reload.py [--jobs 5] [--sizes 1024,2048,4096,6144]

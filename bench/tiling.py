@@ -1,4 +1,4 @@
-"""Tiling benchmark, side by side in one run (ratios, not absolute times: see DESIGN.md §5).
+"""Tiling benchmark, side by side in one run (ratios, not absolute times).
 
     .venv/bin/python bench/tiling.py
 

@@ -25,7 +25,6 @@ import sys
 
 import bpy
 
-COMMANDS = {"remove-background": "ben2", "depth": "da3", "geometry": "moge2", "upscale": "upscale"}
 ADDON_MODULES = ("bl_ext.user_default.lean_image_ai", "lean_image_ai")  # extension, or a legacy add-on
 
 
@@ -48,9 +47,16 @@ def _importable(module: str) -> bool:
         return False
 
 
+def family_commands(module: str) -> dict[str, str]:
+    """The add-on's commands (remove-background, depth, ...) -> family ids, from its registry."""
+    families = importlib.import_module(f"{module}.models.families")
+    return {family.command: family.id for family in families.ALL}
+
+
 def main(argv) -> int:
+    commands = family_commands(enable_addon())
     parser = argparse.ArgumentParser(prog="farm_sequence.py")
-    parser.add_argument("command", choices=sorted(COMMANDS))
+    parser.add_argument("command", choices=sorted(commands))
     parser.add_argument("source", help="a folder, a pattern like plate_####.exr, or one frame with --frames")
     parser.add_argument(
         "output",
@@ -67,10 +73,9 @@ def main(argv) -> int:
     parser.add_argument("--stop-on-error", action="store_true")
     parser.add_argument("--shard", default="", help="I/N: part I of N of the frames (default: every frame)")
     args = parser.parse_args(argv)
-    enable_addon()
     try:
         result = bpy.ops.lean_image_ai.process_sequence(
-            family=COMMANDS[args.command],
+            family=commands[args.command],
             source=args.source,
             output=args.output,
             frames=args.frames,

@@ -1,6 +1,6 @@
 """BEN2 background removal: image in -> matte (and RGBA cut-out) out, at the source resolution.
 
-Export contract (DESIGN.md §3): one NCHW RGB input (1x3x1024x1024 in the public exports, float32
+Export contract: one NCHW RGB input (1x3x1024x1024 in the public exports, float32
 or float16), resized with Lanczos and normalised with per-export constants (the catalog passes
 `mean`/`std`; mean 0 and std 1 mean plain /255); one 1-channel matte output (Nx1xHxW or NxHxW).
 The raw output is min-max normalised, resized back to the source size and multiplied into the
@@ -18,7 +18,7 @@ from ..runtime import SessionHandle, TensorInfo, mark_last
 from ..runtime.errors import InvalidModelOutputError, ModelContractError
 from . import family_check
 from .base import FLOAT_TYPES, JobOptions, ResultSink, as_frames, check_contract, check_finite, squeeze_batch
-from .family import Family, Option, Setting, rgb_triple_or_none, size_or_none
+from .family import Family, Option, Output, Setting, rgb_triple_or_none, size_or_none
 from .imaging import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -28,6 +28,7 @@ from .imaging import (
     resize,
     to_nchw,
 )
+from .result_images import ColourImage
 
 MODEL_NAME = "BEN2"
 DEFAULT_INPUT_SIZE = 1024
@@ -208,4 +209,7 @@ FAMILY = Family(
     operator="remove_background",
     command="remove-background",
     check_session=_validate,
+    output=Output(
+        tag="cutout", what="a cut-out", suffix=".png", float_suffix=".exr", needs_alpha=True, image=ColourImage("rgba")
+    ),
 )

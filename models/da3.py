@@ -1,6 +1,6 @@
 """Depth Anything 3: image in -> depth map (plus the model's other maps) out, at source resolution.
 
-Export contract (DESIGN.md §3): one NCHW RGB input, RGB/255 then ImageNet mean/std. A fixed input
+Export contract: one NCHW RGB input, RGB/255 then ImageNet mean/std. A fixed input
 size in the model (the community export is 1x3x280x504) is used as is; otherwise DA3's own rule:
 long side to `process_res`, each side rounded to a multiple of the patch size (14). Outputs:
 `depth` (1x1xHxW, 1xHxW or HxW; the first output when none is called "depth") and any other
@@ -25,7 +25,7 @@ from ..runtime import SessionHandle, TensorInfo, mark_last
 from ..runtime.errors import InvalidModelOutputError, ModelContractError
 from . import family_check
 from .base import FLOAT_TYPES, JobOptions, ResultSink, as_frames, check_contract, check_finite, squeeze_batch
-from .family import Family, Option, Setting, one_of, positive_int, rgb_triple_or_none
+from .family import Family, Option, Output, Setting, one_of, positive_int, rgb_triple_or_none
 from .imaging import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -36,6 +36,7 @@ from .imaging import (
     resize,
     to_nchw,
 )
+from .result_images import ValueImage
 
 MODEL_NAME = "Depth Anything 3"
 SKY_ACTIVATIONS = ("auto", "sigmoid", "none")
@@ -225,4 +226,6 @@ FAMILY = Family(
     operator="estimate_depth",
     command="depth",
     check_session=check_session,
+    shot=frozenset({"depth"}),
+    output=Output(tag="depth", what="depth", suffix=".exr", image=ValueImage("depth")),
 )

@@ -44,7 +44,7 @@ USER_AGENT = "lean-image-ai/0.1 (+Blender add-on; urllib)"
 _CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
 
 
-def manual_hint(entry: CatalogEntry, dest: Path) -> str:
+def manual_hint(dest: Path) -> str:
     return (
         f"You can download it yourself and save it as {dest.name!r} in the folder "
         f"{str(dest.parent)!r} (full path: {str(dest)!r})."
@@ -53,7 +53,7 @@ def manual_hint(entry: CatalogEntry, dest: Path) -> str:
 
 def install_error(entry: CatalogEntry, dest: Path, what: str) -> ModelInstallError:
     return ModelInstallError(
-        f"Could not download {entry.title} from {entry.url}: {what}. " + manual_hint(entry, dest)
+        f"Could not download {entry.title} from {entry.url}: {what}. " + manual_hint(dest)
     )
 
 

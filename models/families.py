@@ -1,7 +1,10 @@
 """The model families the add-on knows, in the order menus list them (see models/family.py).
 
-Adding a family: write its adapter module with a ``FAMILY`` record, add it to :data:`ALL`, and add
-its downloadable models to models/builtin_models.py.
+Adding a family: write its adapter module with a ``FAMILY`` record (its options, its outputs, its
+operator and command names) and add it to :data:`ALL` (and its downloadable models to
+models/builtin_models.py). A family from outside the add-on (a plug-in, a test) is added with
+:func:`register` before the command line's parser or Blender's classes are built: both read
+:data:`ALL` once, when they are made.
 """
 
 from __future__ import annotations
@@ -12,6 +15,19 @@ from .family import Family
 ALL: tuple[Family, ...] = (ben2.FAMILY, da3.FAMILY, moge2.FAMILY, upscale.FAMILY)
 IDS: tuple[str, ...] = tuple(f.id for f in ALL)
 _BY_ID = {f.id: f for f in ALL}
+
+
+def register(family: Family) -> None:
+    """Add ``family`` after the families above (see the module doc for when)."""
+    global ALL, IDS
+    if family.id in _BY_ID:
+        raise ValueError(f"a model family {family.id!r} is already registered")
+    taken = {o.name for f in ALL for o in f.options} & {o.name for o in family.options}
+    if taken:  # the scene settings hold every family's options side by side
+        raise ValueError(f"family {family.id!r}: option names {sorted(taken)} are another family's already")
+    ALL = (*ALL, family)
+    IDS = (*IDS, family.id)
+    _BY_ID[family.id] = family
 
 
 def get(family_id: str) -> Family:

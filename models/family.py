@@ -3,7 +3,9 @@
 The catalog validates its entries' ``settings`` against :attr:`Family.settings`; the Blender
 operators, the N-panel's buttons and the scene settings are built from :attr:`Family.options`;
 the adapter keywords of a job come from :meth:`Family.adapter_kwargs`. Nothing else names a
-family's knobs.
+family's knobs. What a result becomes as files (default format, name tag, accepted formats,
+companion files, an image or a writer of its own) is its :class:`Output`, applied by
+models/products.py for every front-end.
 
 Two kinds of knobs:
 
@@ -44,6 +46,33 @@ class Option:
     soft_max: float | None = None
     to_adapter: bool = True  # False: used by the front-end only (e.g. the mesh's discontinuity)
     blender_only: bool = False  # about Blender data (a camera, replacing pixels): no CLI flag
+    alias: str = ""  # a shorter command-line flag that also takes the word "auto" for the default
+
+
+@dataclass(frozen=True)
+class Output:
+    """What a family's result becomes as files: the family's own record of its outputs."""
+
+    tag: str  # default names: ``<stem>_<tag>.<ext>``, a sequence's folder ``<input folder>_<tag>``
+    what: str  # how messages name one result ("a cut-out")
+    suffix: str  # the default format for an 8- or 16-bit input
+    float_suffix: str = ""  # the default format for a float input ("": ``suffix``)
+    formats: tuple[str, ...] = ()  # the only suffixes it can be written to; (): any image format
+    formats_hint: str = ""  # what to give instead, when ``formats`` refuses a name
+    needs_alpha: bool = False  # the result is the alpha: formats without alpha are refused
+    companions: tuple[str, ...] = ()  # more files per result, as ``{stem}`` templates ("{stem}.json")
+    image: Any = None  # an image result: .product(result, suffix, float_suffixes), .describe(...)
+    # a result that is not one image: write(path, result, option_values, write_image) -> notes
+    write: Callable[..., list[str]] | None = None
+    description: str = ""  # how the report names what ``write`` writes
+    preview: Callable[[Any], Any] | None = None  # the image Preview Frame shows of such a result
+
+    def default_suffix(self, input_kind: str = "8-bit") -> str:
+        return (self.float_suffix or self.suffix) if input_kind == "float" else self.suffix
+
+    def companion_paths(self, path: Path) -> list[Path]:
+        """Every file one result writes, the main one first."""
+        return [path] + [path.with_name(template.format(stem=path.stem)) for template in self.companions]
 
 
 @dataclass(frozen=True)
@@ -63,6 +92,10 @@ class Family:
     # check_session(handle): raises ModelContractError when a loaded model's inputs and outputs
     # do not fit the family (the same check a job makes; the installer asks it of a download)
     check_session: Callable[[Any], Any] | None = None
+    output: Output | None = None  # what a result becomes as files (models/products.py applies it)
+    # the shot options a sequence of it takes (models/shot_batch.py): "depth" (one depth range,
+    # aligned depth: results with ``.depth``), "camera" (one camera fitted for the shot)
+    shot: frozenset[str] = frozenset()
     _by_name: Mapping[str, Setting] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..runtime.errors import LeanImageError
+from .file_formats import FRAME_SUFFIXES as IMAGE_SUFFIXES
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".exr", ".bmp", ".tga", ".webp", ".hdr")
 _HASHES = re.compile(r"#+")
 _PRINTF = re.compile(r"%0?(\d*)d")
 _TRAILING_DIGITS = re.compile(r"^(.*?)(\d+)$")

@@ -189,10 +189,3 @@ def fit_multiple(height: int, width: int, long_side: int, multiple: int) -> tupl
         return up if up - side <= side - down else down
 
     return max(multiple, nearest(height)), max(multiple, nearest(width))
-
-
-def merge_alpha(rgb: np.ndarray, alpha: np.ndarray | None) -> np.ndarray:
-    """HxWx3 (+ HxW alpha) -> HxWx4 float32 (alpha 1 where there was none)."""
-    if alpha is None:
-        alpha = np.ones(rgb.shape[:2], np.float32)
-    return np.concatenate([rgb, alpha[:, :, None]], axis=2).astype(np.float32, copy=False)

@@ -362,7 +362,7 @@ def _verify_part(entry: CatalogEntry, dest: Path, part: Path, cancel: CancelCall
         raise ModelInstallError(
             f"Download of {entry.title} from {entry.url} has the wrong size: expected "
             f"{entry.size_bytes} bytes, got {size}. The partial file was deleted. "
-            + manual_hint(entry, dest)
+            + manual_hint(dest)
         )
     if size == 0:
         discard_part(part)
@@ -385,7 +385,7 @@ def _verify_part(entry: CatalogEntry, dest: Path, part: Path, cancel: CancelCall
         discard_part(part)
         raise ModelInstallError(
             f"Download of {entry.title} from {entry.url} failed the checksum: expected sha256 "
-            f"{entry.sha256}, got {digest}. The partial file was deleted. " + manual_hint(entry, dest)
+            f"{entry.sha256}, got {digest}. The partial file was deleted. " + manual_hint(dest)
         )
     if entry.sha256 is None:
         _check_loads(entry, dest, part, size)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
-from . import families, library
-from .base import JobOptions
+from ..runtime.settings import MemoryBudgets
+from . import library
+from .job import FamilyJob
 
 
 def card_image(height: int = 96, width: int = 128) -> np.ndarray:
@@ -22,20 +24,18 @@ def family_job(
     device: str = "auto",
     model: str = "",
     models_dir: str = "",
+    folder: Path | None = None,
+    budgets: MemoryBudgets | None = None,
     runtime=None,
     size=(96, 128),
     cancel=None,
 ) -> Callable[[], object]:
-    """A callable that runs the family's adapter once on the same image with the same model
-    (an installed one, ``model`` as an id or a file, or the family's embedded fallback)."""
-    family = families.get(family_id)
-    as_file = model.endswith(".onnx")
-    choice = library.resolve(family.id, library.models_dir(models_dir), "" if as_file else model, model if as_file else "")
-    kwargs = choice.adapter_kwargs(family.id)
+    """A callable that runs the family's job (models/job.py) once on the same image with the same
+    model (an installed one, ``model`` as an id or a file, or the family's embedded fallback), from
+    the models ``folder`` a front-end found, else the one ``models_dir`` names."""
+    # the first-time hash of an installed file, if any, is the first run's (never the caller's thread)
+    folder = folder if folder is not None else library.models_dir(models_dir)
+    job = FamilyJob.resolve(family_id, folder, model=model, device=device, budgets=budgets, verify=False)
     image = card_image(*size)
-    options = JobOptions(device=device, runtime=runtime, cancel=cancel)
-
-    def job():
-        return family.run([image], choice.path, options=options, **kwargs)
-
-    return job
+    options = job.options(runtime=runtime, cancel=cancel)
+    return lambda: job.infer([image], options)

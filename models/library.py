@@ -194,6 +194,8 @@ class ModelChoice:
     entry: CatalogEntry | None
     settings: dict[str, Any] = field(default_factory=dict)
     note: str = ""  # how the installed file is vouched for, when the catalog has no checksum
+    # the models folder of an entry whose sha256 is still to be checked (``resolve(verify=False)``)
+    unverified_in: str = ""
 
     def describe(self) -> str:
         return f"{self.path} ({self.note})" if self.note else self.path
@@ -201,17 +203,39 @@ class ModelChoice:
     def adapter_kwargs(self, family: str, **option_values) -> dict[str, Any]:
         return families.get(family).adapter_kwargs(self.settings, **option_values)
 
+    def verify(self) -> None:
+        """Hash the file once if it was chosen unverified (seconds for a multi-GB model: call it on
+        a worker, never on Blender's main thread); raises ModelFileError when it does not match."""
+        if self.unverified_in and self.entry is not None:
+            installer.verify_installed(self.entry, self.unverified_in)
+            self.note = installer.trust_note(self.entry, self.unverified_in) or self.note
+            self.unverified_in = ""
 
-def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "") -> ModelChoice:
-    """``model_path``, else catalog ``model_id``, else the family default: the first installed
-    entry of the family (the user's registered models included), else the family's embedded
-    fallback model. Raises ModelFileError saying what to install, and where."""
+
+def names_a_file(model: str, known: Catalog) -> bool:
+    """The one rule for "is this model a file or a catalog id?" (``--model``, the leak check,
+    Blender's Model field): an id the catalog knows is that model; anything else that looks like a
+    path (a folder separator, an ``.onnx`` suffix, or something at that path) is a file; the rest is
+    an id the catalog does not know (an error naming it)."""
+    if model in known:
+        return False
+    return os.sep in model or "/" in model or model.lower().endswith(".onnx") or os.path.lexists(model)
+
+
+def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "", *, verify: bool = True) -> ModelChoice:
+    """``model_path``, else ``model_id`` (a catalog id, or a file by :func:`names_a_file`), else
+    the family default: the first installed entry of the family (the user's registered models
+    included), else the family's embedded fallback model. Raises ModelFileError saying what to
+    install, and where. ``verify=False``: a file not hashed since it last changed is taken on its
+    size alone and hashed later by :meth:`ModelChoice.verify` (a job's worker)."""
     record = families.get(family)
     known = catalog(folder)
     error = catalog_error(folder)
     if error:  # another model than the one the user's list names would be a silent substitute
         source = _named.get(str(folder))
         raise ModelFileError(f"{error} (That folder is named by {source}.)" if source else error)
+    if model_id and not model_path and names_a_file(model_id, known):
+        model_id, model_path = "", model_id
     if not model_path:
         _check_named_folder(Path(folder))
     if model_path:
@@ -230,8 +254,6 @@ def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "")
         try:
             entry = known.get(model_id)
         except KeyError:
-            if os.sep in model_id or "/" in model_id or os.path.lexists(model_id):
-                return resolve(family, folder, model_path=model_id)  # a path, whatever it names
             raise ModelFileError(
                 f"Unknown model '{model_id}': it is neither a built-in model nor one of your "
                 f"registered models. See the model list in {PREFERENCES_HINT}."
@@ -242,13 +264,13 @@ def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "")
                 f"'{entry.title}' is a {other} model, not a {record.title} model. "
                 f"Pick a {record.title} model."
             )
-        if not installer.is_installed(entry, folder):  # hashes a file not verified yet, once
+        if not _installed(entry, folder, verify):
             raise ModelFileError(_not_installed(entry, folder))
-        return _choice(str(installer.model_path(entry, folder)), entry, folder)
+        return _choice(str(installer.model_path(entry, folder)), entry, folder, verify)
     entries = known.entries(family)
     for entry in entries:
-        if installer.is_installed(entry, folder):
-            return _choice(str(installer.model_path(entry, folder)), entry, folder)
+        if _installed(entry, folder, verify):
+            return _choice(str(installer.model_path(entry, folder)), entry, folder, verify)
     if record.fallback_model is not None:
         return ModelChoice(str(record.fallback_model), record.fallback_model.name, None, {})
     suggestion = next((e for e in entries if e.downloadable), entries[0] if entries else None)
@@ -259,6 +281,12 @@ def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "")
         + f" (`models list` shows them; `models register {family} FILE` adds your own ONNX file),"
         + f" or give the model file (model_path; command line: --model). Models folder: {folder}."
     )
+
+
+def _installed(entry: CatalogEntry, folder: Path, verify: bool) -> bool:
+    if verify:
+        return installer.is_installed(entry, folder)  # hashes a file not verified yet, once
+    return status(entry, folder) in USABLE  # a stat: the hash is the worker's (ModelChoice.verify)
 
 
 def _check_named_folder(folder: Path) -> None:
@@ -272,9 +300,10 @@ def _check_named_folder(folder: Path) -> None:
     )
 
 
-def _choice(path: str, entry: CatalogEntry, folder: Path) -> ModelChoice:
+def _choice(path: str, entry: CatalogEntry, folder: Path, verify: bool = True) -> ModelChoice:
     settings = json.loads(json.dumps(dict(entry.settings)))
-    return ModelChoice(path, entry.title, entry, settings, installer.trust_note(entry, folder) or "")
+    unverified = "" if verify or status(entry, folder) != UNVERIFIED else str(folder)
+    return ModelChoice(path, entry.title, entry, settings, installer.trust_note(entry, folder) or "", unverified)
 
 
 def _not_installed(entry: CatalogEntry, folder: Path) -> str:

@@ -34,10 +34,12 @@ from ..runtime import mark_last
 from ..runtime.errors import InvalidModelOutputError
 from . import family_check, shot_camera
 from .base import JobOptions, ResultSink, as_frames, check_finite, fixed_hw, squeeze_batch
-from .family import Family, Option, Setting, int_range, positive_int, unit_interval
+from .family import Family, Option, Output, Setting, int_range, positive_int, unit_interval
 from .imaging import prepare_image, resize, to_nchw
 from .moge2_contract import bind_contract
+from .moge2_mesh import normal_map, write_geometry
 from .moge2_solver import DegenerateGeometryError, recover_focal_shift, shift_for_focal
+from .result_images import ImageProduct
 
 PATCH_SIZE = 14
 NUM_TOKENS_RANGE = (1200, 3600)
@@ -314,6 +316,19 @@ def _postprocess(
     )
 
 
+def _write_files(path, result, values: dict, write_image) -> list[str]:
+    """The mesh, its camera and its normal map (models/moge2_mesh.py); no notes."""
+    write_geometry(path, result, discontinuity=values.get("discontinuity", 0.04), write_normals=write_image)
+    return []
+
+
+def _preview(result) -> ImageProduct:
+    """The normal map, or the depth scaled to 0..1 when the model gives no normals."""
+    if result.normal is not None:
+        return ImageProduct(normal_map(result.normal, result.mask), is_data=True)
+    return ImageProduct(result.depth / max(float(result.depth.max()), 1e-12), is_data=True)
+
+
 FAMILY = Family(
     id="moge2",
     title="MoGe-2 geometry",
@@ -366,4 +381,16 @@ FAMILY = Family(
     operator="reconstruct_geometry",
     command="geometry",
     check_session=bind_contract,
+    shot=frozenset({"camera"}),
+    output=Output(
+        tag="geometry",
+        what="geometry",
+        suffix=".ply",
+        formats=(".ply",),
+        formats_hint="a .ply mesh file (the camera goes to a .json file and the normal map to an .exr file beside it)",
+        companions=("{stem}.json", "{stem}_normal.exr"),
+        write=_write_files,
+        description="PLY mesh, JSON camera, float EXR normals",
+        preview=_preview,
+    ),
 )

@@ -14,10 +14,17 @@ from, and the command line writes as PLY.
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+
+from ..runtime.errors import LeanImageError
+from . import files
+from .result_images import ImageProduct
 
 MAX_GRID_SIDE = 512
 
@@ -77,3 +84,54 @@ def normal_map(normal, mask) -> np.ndarray:
     rgba[..., :3] = np.clip(n * 0.5 + 0.5, 0.0, 1.0)
     rgba[..., 3] = 1.0
     return rgba
+
+
+def write_geometry(
+    path: Path, result, *, discontinuity: float, write_normals: Callable[[Path, ImageProduct], None] | None = None
+) -> tuple[list[Path], ImageProduct | None]:
+    """The mesh (PLY) and camera (JSON) of a MoGe-2 result; returns the files written and the
+    normal map still to be written by the front-end (None when the model gives no normals, or when
+    ``write_normals(path, product)`` wrote it here). The mesh is written last: skip-existing looks at
+    it, so a run killed half-way through a frame never leaves a mesh whose companions are missing."""
+    arrays = mesh_arrays(result.points, result.mask, discontinuity=discontinuity)
+    if len(arrays.vertices) == 0:
+        raise LeanImageError(f"MoGe-2 found no geometry for '{path.name}'; nothing was written.")
+    height, width = result.mask.shape
+    camera = {
+        "image_size": [int(width), int(height)],
+        "intrinsics_px": np.asarray(result.intrinsics, float).round(6).tolist(),
+        "fov_x_deg": round(float(np.degrees(result.fov_x)), 6),
+        "fov_y_deg": round(float(np.degrees(result.fov_y)), 6),
+        "metric_scale": float(result.metric_scale),
+        "axes": "x right, y up, camera looking down -z (Blender/OpenGL camera)",
+        "mesh_stride_px": int(arrays.stride),
+    }
+    camera_path = path.with_suffix(".json")
+    files.write_text(camera_path, json.dumps(camera, indent=2))
+    normals = None
+    if result.normal is not None:
+        normals = ImageProduct(normal_map(result.normal, result.mask)[..., :3], is_data=True)
+        if write_normals is not None:
+            write_normals(path.with_name(f"{path.stem}_normal.exr"), normals)
+            normals = None
+    _write_ply(path, arrays.vertices, arrays.quads, arrays.uv)
+    return [path, camera_path], normals
+
+
+def _write_ply(path: Path, vertices: np.ndarray, quads: np.ndarray, uv: np.ndarray) -> None:
+    """Binary little-endian PLY: float xyz + uv per vertex, quads as 4-index faces."""
+    header = (
+        "ply\nformat binary_little_endian 1.0\ncomment made by Lean Image AI (MoGe-2)\n"
+        f"element vertex {len(vertices)}\nproperty float x\nproperty float y\nproperty float z\n"
+        "property float s\nproperty float t\n"
+        f"element face {len(quads)}\nproperty list uchar int vertex_indices\nend_header\n"
+    ).encode("ascii")
+    vertex = np.empty(len(vertices), [("xyz", "<f4", 3), ("uv", "<f4", 2)])
+    vertex["xyz"], vertex["uv"] = vertices, uv
+    face = np.empty(len(quads), [("n", "u1"), ("v", "<i4", 4)])
+    face["n"], face["v"] = 4, quads
+    with files.atomic_path(path) as temp:
+        with open(temp, "wb") as stream:
+            stream.write(header)
+            stream.write(vertex.tobytes())
+            stream.write(face.tobytes())

@@ -1,20 +1,21 @@
 """What each family's result becomes as files, and which files can hold it (bpy-free).
 
-The policy, the same for Blender and the command line, single images and sequences:
+The policy, the same for Blender and the command line, single images and sequences; what a
+family's result becomes (its tag, default format, the formats it accepts, companion files, an
+image or a writer of its own) is the family's :class:`~.family.Output` record in its own module,
+what a format keeps is models/file_formats.py. Two kinds of image result:
 
-- a cut-out (BEN2) needs alpha: a format without it (JPEG, BMP) is refused before anything runs;
-- depth (DA3) defaults to EXR (float). A float TIFF keeps it too. An 8/16-bit format (PNG, JPEG)
-  gets the depth normalised to 0..1, and the range it was mapped from is returned with the image
-  so the writer can record it (report, and the file's metadata where the format has it);
-- geometry (MoGe-2) is a mesh file (PLY, in Blender's camera axes: x right, y up, -z forward),
-  a JSON file beside it with the camera intrinsics, and the normal map as an EXR beside it;
-- an upscaled image is written like its source (alpha kept where the format has it).
+- :class:`ColourImage` (a cut-out, an upscale): written like its source (alpha kept where the
+  format has it);
+- :class:`ValueImage` (depth): float where the file keeps float (EXR, a one-channel TIFF from the
+  command line), else normalised to 0..1 with the range it was mapped from returned with the image
+  so the writer can record it (report, and the file's metadata where the format has it).
 
 Output type, when the user named no file format (:func:`default_suffix`): it follows the input. A
 float input (EXR, HDR, float TIFF) gives a float EXR (with alpha for a cut-out; the TIFF writers
 here and in Blender keep float in one grey channel only, so EXR is the float file that holds
 colour and alpha everywhere); an 8- or 16-bit input gives PNG. Bits follow the input frame by
-frame (:func:`output_bits`): 16-bit and float sources give 16-bit PNG/TIFF where the writer can,
+frame (models/result_images.py): 16-bit and float sources give 16-bit PNG/TIFF where the writer can,
 and a note says where bits were dropped.
 
 Where results go when no OUTPUT is given: one image gives ``<stem>_<kind>.<ext>`` beside it; a
@@ -25,83 +26,47 @@ inputs leaves out any file this command would write (:func:`written_by`), so an 
 input folder still never feeds earlier results back in as frames.
 
 The front-end encodes the images (Blender with its own writers, the command line with Pillow and
-OpenEXR); this module decides what is written and writes the non-image files.
+OpenEXR); this module decides what is written; a family's ``write`` writes its non-image files.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from ..runtime.errors import LeanImageError
-from . import files, frame_lists
+from . import file_formats, frame_lists
+from .family import Output
 from .frame_lists import output_paths, shard_slice
-from .moge2_mesh import mesh_arrays, normal_map
-
-FLOAT_SUFFIXES = frozenset({".exr", ".tif", ".tiff", ".hdr"})  # Pillow/OpenEXR keep floats in these
-BLENDER_FLOAT_SUFFIXES = frozenset({".exr", ".hdr"})  # Blender's TIFF writer is 8/16-bit
-NO_ALPHA_SUFFIXES = frozenset({".jpg", ".jpeg", ".bmp", ".hdr"})
-MESH_SUFFIXES = frozenset({".ply"})
-
-DEFAULT_SUFFIX = {"ben2": ".png", "da3": ".exr", "moge2": ".ply", "upscale": ".png"}
-NAME_TAG = {"ben2": "cutout", "da3": "depth", "moge2": "geometry", "upscale": "upscaled"}
+from .result_images import FLOAT_SUFFIXES, ImageProduct
 
 
-@dataclass
-class ImageProduct:
-    pixels: np.ndarray  # HxW (one channel) or HxWxC float32
-    is_data: bool  # values, not colour: no colour transform, linear
-    value_range: tuple[float, float] | None = None  # what 0..1 stands for when normalised
-    bits: str = "8-bit"  # what the file keeps: "8-bit", "16-bit" or "float" (output_bits)
-    input_kind: str = "8-bit"  # what the source's samples were
+def output_of(family_id: str) -> Output:
+    """The family's record of its outputs (models/family.py)."""
+    from . import families  # the families' modules import this one
 
-
-INPUT_KINDS = ("8-bit", "16-bit", "float")  # what an input image's samples are
+    family = families.get(family_id)
+    if family.output is None:
+        raise LeanImageError(f"The {family.title} family declares no output files; it cannot write results.")
+    return family.output
 
 
 def default_suffix(family_id: str, input_kind: str = "8-bit") -> str:
     """The output format when the user named none: it follows the input (module doc)."""
-    if family_id in ("ben2", "upscale") and input_kind == "float":
-        return ".exr"
-    return DEFAULT_SUFFIX[family_id]
-
-
-def output_bits(suffix: str, input_kind: str, float_suffixes=FLOAT_SUFFIXES) -> str:
-    """What a file of ``suffix`` keeps of an ``input_kind`` source: "float", "16-bit" or "8-bit"."""
-    suffix = suffix.lower()
-    if suffix in float_suffixes and suffix not in (".tif", ".tiff"):
-        return "float"
-    if input_kind != "8-bit" and suffix in SIXTEEN_BIT_SUFFIXES:
-        return "16-bit"
-    return "8-bit"
-
-
-SIXTEEN_BIT_SUFFIXES = frozenset({".png", ".tif", ".tiff"})
+    return output_of(family_id).default_suffix(input_kind)
 
 
 def describe_output(family_id: str, suffix: str, input_kind: str, float_suffixes=FLOAT_SUFFIXES) -> str:
     """How the report names what is written, e.g. "float EXR (follows the float input)"."""
-    if family_id == "moge2":
-        return "PLY mesh, JSON camera, float EXR normals"
-    bits = "float" if family_id == "da3" and suffix.lower() in float_suffixes else output_bits(
-        suffix, input_kind, float_suffixes
-    )
-    if family_id == "da3" and bits != "float":
-        bits = "16-bit normalised" if suffix.lower() in SIXTEEN_BIT_SUFFIXES else "8-bit normalised"
-    text = f"{bits} {suffix.lstrip('.').upper()}"
-    if family_id != "da3" and bits != "8-bit" and input_kind != "8-bit":
-        text += f" (follows the {input_kind} input)"
-    return text
+    output = output_of(family_id)
+    return output.description or output.image.describe(suffix, input_kind, float_suffixes)
 
 
 def default_name(family_id: str, stem: str, number: int | None = None, suffix: str | None = None) -> str:
-    tag, suffix = NAME_TAG[family_id], suffix or DEFAULT_SUFFIX[family_id]
+    output = output_of(family_id)
+    tag, suffix = output.tag, suffix or output.suffix
     return f"{stem}_{tag}{suffix}" if number is None else f"{stem}_{tag}_{number:04d}{suffix}"
 
 
@@ -120,7 +85,7 @@ def default_name_for(
 def default_folder(family_id: str, input_folder: Path) -> Path:
     """Where a folder's or a pattern's results go when no OUTPUT is given: ``<folder>_<kind>``
     beside the input folder (``plates/`` -> ``plates_depth/``)."""
-    return input_folder.parent / f"{input_folder.name or 'frames'}_{NAME_TAG[family_id]}"
+    return input_folder.parent / f"{input_folder.name or 'frames'}_{output_of(family_id).tag}"
 
 
 def written_by(family_id: str, output: str | os.PathLike | None) -> Callable[[Path], bool]:
@@ -131,17 +96,19 @@ def written_by(family_id: str, output: str | os.PathLike | None) -> Callable[[Pa
         return lambda path: False
     text = str(output)
     target = Path(text).expanduser().resolve()
+    output_files = output_of(family_id)
     if frame_lists.is_pattern(text):
-        companion = "_normal.exr" if family_id == "moge2" else None
+        patterns = output_files.companion_paths(target)
 
         def in_pattern(path: Path) -> bool:
-            name = path.name
-            if companion and name.endswith(companion):
-                name = name[: -len(companion)] + target.suffix
-            return path.resolve().parent == target.parent and frame_lists.frame_number(target, name) is not None
+            return path.resolve().parent == target.parent and any(
+                frame_lists.frame_number(pattern, path.name) is not None for pattern in patterns
+            )
 
         return in_pattern
-    names = re.compile(rf"^.+_{NAME_TAG[family_id]}_\d+(_normal)?\.[^.]+$")
+    stem = rf".+_{re.escape(output_files.tag)}_\d+"
+    companions = [re.escape(t).replace(re.escape("{stem}"), stem) for t in output_files.companions]
+    names = re.compile("^(?:" + "|".join([stem + r"\.[^.]+", *companions]) + ")$")
     folder_given = target.is_dir() or text.endswith(("/", "\\")) or not target.suffix
 
     def written(path: Path) -> bool:
@@ -153,27 +120,23 @@ def written_by(family_id: str, output: str | os.PathLike | None) -> Callable[[Pa
     return written
 
 
-def check_output(family_id: str, path: Path) -> None:
+def check_output(family_id: str, path: Path, writer: file_formats.Writer = file_formats.COMMAND_LINE) -> None:
     """Refuse, before any model runs, a file that could not hold the family's result."""
+    output = output_of(family_id)
     suffix = path.suffix.lower()
-    if family_id == "moge2":
-        if suffix not in MESH_SUFFIXES:
-            raise LeanImageError(
-                f"Cannot write geometry to '{path.name}': give a .ply mesh file (the camera goes to "
-                "a .json file and the normal map to an .exr file beside it)."
-            )
-    elif family_id == "ben2" and suffix in NO_ALPHA_SUFFIXES:
+    if output.formats and suffix not in output.formats:
+        raise LeanImageError(f"Cannot write {output.what} to '{path.name}': give {output.formats_hint}.")
+    row = file_formats.find(suffix)
+    if output.needs_alpha and row is not None and not row.alpha:
         raise LeanImageError(
-            f"Cannot write a cut-out to '{path.name}': {suffix} has no alpha channel, and the cut-out "
-            "is the alpha. Use .png, .tif, .webp or .exr."
+            f"Cannot write {output.what} to '{path.name}': {suffix} has no alpha channel, and "
+            f"{output.what} needs it. Use {writer.advice(alpha=True)}."
         )
 
 
 def companion_paths(family_id: str, path: Path) -> list[Path]:
     """Every file one result writes (checked up front like the main one)."""
-    if family_id == "moge2":
-        return [path, path.with_suffix(".json"), path.with_name(f"{path.stem}_normal.exr")]
-    return [path]
+    return output_of(family_id).companion_paths(path)
 
 
 def plan_outputs(
@@ -184,6 +147,7 @@ def plan_outputs(
     overwrite: bool,
     skip_existing: bool,
     check_format: Callable[[Path], None],
+    writer: file_formats.Writer = file_formats.COMMAND_LINE,
 ) -> set[int]:
     """Check every output before any model runs, then make the output folders not there yet;
     returns the indices to skip (existing outputs
@@ -192,7 +156,7 @@ def plan_outputs(
     to_make: set[Path] = set()
     sources = {os.path.normcase(str(p.resolve())) for p in inputs}
     for index, out in enumerate(outputs):
-        check_output(family_id, out)
+        check_output(family_id, out, writer)
         for path in companion_paths(family_id, out):
             check_format(path)
             if os.path.normcase(str(path)) in sources:
@@ -235,6 +199,7 @@ def plan_batch(
     check_format: Callable[[Path], None],
     inputs_are_files: bool = True,
     suffix: str | None = None,
+    writer: file_formats.Writer = file_formats.COMMAND_LINE,
 ) -> tuple[list, list[Path], set]:
     """(this task's frames, their output files, the frames to skip): output names from the whole
     frame list (so N shards write what one run would), then this shard's part, then every check
@@ -258,7 +223,8 @@ def plan_batch(
     part = shard_slice(len(refs), shard)
     refs, outputs = refs[part], outputs[part]
     skipped = plan_outputs(
-        family_id, inputs, outputs, overwrite=overwrite, skip_existing=skip_existing, check_format=check_format
+        family_id, inputs, outputs, overwrite=overwrite, skip_existing=skip_existing, check_format=check_format,
+        writer=writer,
     )
     return refs, outputs, {refs[i] for i in skipped}
 
@@ -266,81 +232,20 @@ def plan_batch(
 def image_product(family_id: str, result, suffix: str, float_suffixes=FLOAT_SUFFIXES) -> ImageProduct:
     """The image a family's result is written as, for a file with ``suffix`` (the writer keeps
     floats in ``float_suffixes``)."""
-    if family_id in ("ben2", "upscale"):
-        pixels = result.rgba if family_id == "ben2" else result.image
-        kind = getattr(result, "input_kind", "8-bit")
-        return ImageProduct(pixels, is_data=False, bits=output_bits(suffix, kind, float_suffixes), input_kind=kind)
-    if family_id == "da3":
-        depth = np.asarray(result.depth, np.float32)
-        if suffix.lower() in float_suffixes:
-            return ImageProduct(depth, is_data=True, bits="float")
-        low, high = float(depth.min()), float(depth.max())
-        span = high - low
-        normalised = (depth - low) / span if span > 0 else np.zeros_like(depth)
-        bits = output_bits(suffix, "float", float_suffixes)  # normalised depth: as many bits as the file holds
-        return ImageProduct(normalised.astype(np.float32), is_data=True, value_range=(low, high), bits=bits)
-    raise ValueError(f"{family_id} results are not one image")
+    output = output_of(family_id)
+    if output.image is None:
+        raise ValueError(f"{family_id} results are not one image")
+    return output.image.product(result, suffix, float_suffixes)
 
 
-def range_notes(path: Path, product: ImageProduct) -> list[str]:
-    """What the file does not keep of the result, for the report."""
-    if product.input_kind != "8-bit" and product.bits == "8-bit":
-        return [
-            f"{path.name}: the input has {product.input_kind} samples but {path.suffix.lstrip('.').upper()} "
-            "holds 8 bits; write .png (16-bit) or .exr (float) to keep them."
-        ]
-    if product.value_range is None:
-        return []
-    low, high = product.value_range
-    return [f"{path.name}: values {low:.6g}..{high:.6g} were mapped to 0..1 (write .exr to keep them)."]
-
-
-def write_geometry(
-    path: Path, result, *, discontinuity: float, write_normals: Callable[[Path, ImageProduct], None] | None = None
-) -> tuple[list[Path], ImageProduct | None]:
-    """The mesh (PLY) and camera (JSON) of a MoGe-2 result; returns the files written and the
-    normal map still to be written by the front-end (None when the model gives no normals, or when
-    ``write_normals(path, product)`` wrote it here). The mesh is written last: skip-existing looks at
-    it, so a run killed half-way through a frame never leaves a mesh whose companions are missing."""
-    arrays = mesh_arrays(result.points, result.mask, discontinuity=discontinuity)
-    if len(arrays.vertices) == 0:
-        raise LeanImageError(f"MoGe-2 found no geometry for '{path.name}'; nothing was written.")
-    height, width = result.mask.shape
-    camera = {
-        "image_size": [int(width), int(height)],
-        "intrinsics_px": np.asarray(result.intrinsics, float).round(6).tolist(),
-        "fov_x_deg": round(float(np.degrees(result.fov_x)), 6),
-        "fov_y_deg": round(float(np.degrees(result.fov_y)), 6),
-        "metric_scale": float(result.metric_scale),
-        "axes": "x right, y up, camera looking down -z (Blender/OpenGL camera)",
-        "mesh_stride_px": int(arrays.stride),
-    }
-    camera_path = path.with_suffix(".json")
-    files.write_text(camera_path, json.dumps(camera, indent=2))
-    normals = None
-    if result.normal is not None:
-        normals = ImageProduct(normal_map(result.normal, result.mask)[..., :3], is_data=True)
-        if write_normals is not None:
-            write_normals(path.with_name(f"{path.stem}_normal.exr"), normals)
-            normals = None
-    _write_ply(path, arrays.vertices, arrays.quads, arrays.uv)
-    return [path, camera_path], normals
-
-
-def _write_ply(path: Path, vertices: np.ndarray, quads: np.ndarray, uv: np.ndarray) -> None:
-    """Binary little-endian PLY: float xyz + uv per vertex, quads as 4-index faces."""
-    header = (
-        "ply\nformat binary_little_endian 1.0\ncomment made by Lean Image AI (MoGe-2)\n"
-        f"element vertex {len(vertices)}\nproperty float x\nproperty float y\nproperty float z\n"
-        "property float s\nproperty float t\n"
-        f"element face {len(quads)}\nproperty list uchar int vertex_indices\nend_header\n"
-    ).encode("ascii")
-    vertex = np.empty(len(vertices), [("xyz", "<f4", 3), ("uv", "<f4", 2)])
-    vertex["xyz"], vertex["uv"] = vertices, uv
-    face = np.empty(len(quads), [("n", "u1"), ("v", "<i4", 4)])
-    face["n"], face["v"] = 4, quads
-    with files.atomic_path(path) as temp:
-        with open(temp, "wb") as stream:
-            stream.write(header)
-            stream.write(vertex.tobytes())
-            stream.write(face.tobytes())
+def write_result(
+    family_id: str, path: Path, result, values: dict, write_image: Callable[[Path, ImageProduct], list[str]],
+    float_suffixes=FLOAT_SUFFIXES,
+) -> tuple[list[str], ImageProduct | None]:
+    """Write one result to ``path`` and its companions with the front-end's ``write_image``;
+    returns the notes for the user and the image written (None for a result that is not one)."""
+    output = output_of(family_id)
+    if output.write is not None:
+        return output.write(path, result, values, write_image), None
+    product = output.image.product(result, path.suffix, float_suffixes)
+    return write_image(path, product) or [], product

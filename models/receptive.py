@@ -90,7 +90,7 @@ def _ints(wire: int, value) -> list[int]:
     return out
 
 
-def _floats(wire: int, value) -> list[float]:
+def _floats(value) -> list[float]:
     data = bytes(value)
     return list(struct.unpack(f"<{len(data) // 4}f", data))
 
@@ -109,7 +109,7 @@ def _attribute(data) -> tuple[str, object]:
         elif number == 5:
             tensor = _tensor(value)
         elif number == 7:
-            floats += _floats(wire, value)
+            floats += _floats(value)
         elif number == 8:
             ints += _ints(wire, value)
     return name, tensor if tensor is not None else (ints or floats or single)
@@ -130,7 +130,7 @@ def _tensor(data) -> _Tensor:
         elif number == 2:
             dtype = value
         elif number == 4:
-            values = (values or []) + _floats(wire, value)
+            values = (values or []) + _floats(value)
         elif number == 7:
             values = (values or []) + [float(v) for v in _ints(wire, value)]
         elif number == 8:

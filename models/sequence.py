@@ -1,4 +1,4 @@
-"""The batch run over an image sequence (bpy-free); which frames it covers is models/frames.py.
+"""The batch run over an image sequence (bpy-free); which frames it covers is models/frame_lists.py.
 
 A batch is ONE runtime operation (intermediate frames never shrink; the last run of the last frame
 does). Inference runs on a worker thread over a :class:`FrameQueue` that the caller feeds, and the

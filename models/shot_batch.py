@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 
 from ..runtime.errors import LeanImageError, OperationCancelled
-from . import shot_camera, shot_depth
+from . import families, shot_camera, shot_depth
 from .sequence import BatchRun
 
 
@@ -24,10 +24,11 @@ class ShotSettings:
         self.family_id = family_id
         self.depth = None
         self.camera = None
-        if family_id == "da3":
+        shot = families.get(family_id).shot
+        if "depth" in shot:
             depth = shot_depth.ShotDepth(shot_depth.parse_depth_range(depth_range), align=align_depth)
             self.depth = depth if depth.changes_output else None
-        if family_id == "moge2":
+        if "camera" in shot:
             chosen = shot_camera.ShotCamera(camera, fov)
             self.camera = chosen if chosen.changes_output else None
         if self.depth is not None and self.depth.align and (skip_existing or shard or farm):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..runtime.errors import LeanImageError
-from .products import ImageProduct
+from .result_images import ImageProduct
 
 PER_FRAME, AUTO_SHOT, GIVEN = "per-frame", "auto-shot", "given"
 MODES = (PER_FRAME, AUTO_SHOT)  # plus "A:B"

@@ -22,13 +22,15 @@ from pathlib import Path
 import numpy as np
 
 from ..runtime import mark_last
+from ..runtime.budget import budget_for
 from ..runtime.errors import InferenceError, InferenceOutOfMemoryError, ModelContractError, SessionClosedError
 from ..runtime.memory import available_system_memory_bytes
 from . import family_check
 from .base import FLOAT_TYPES, JobOptions, ResultSink, as_frames, check_contract, check_finite, fixed_hw
-from .family import Family, Option, Setting, non_negative_int, one_of, positive_int
+from .family import Family, Option, Output, Setting, non_negative_int, one_of, positive_int
 from .imaging import from_nchw, prepare_image, resize, to_nchw
 from .receptive import graph_receptive_field
+from .result_images import ColourImage
 from .tiling import refuse_oversized_result, run_tiled, tile_floor, whole_scale
 from .upscale_plan import AUTO_OVERLAP, auto_tile, impulse_probe, plan_overlap, receptive_field
 
@@ -65,7 +67,8 @@ def run(
 ) -> UpscaleResult | list[UpscaleResult]:
     """Upscale one image (HxW[xC] uint8/uint16/float) or a list of frames (one operation).
 
-    `tile_size`: "auto" or 0 (from `memory_budget_bytes` when given, else a fixed window per device
+    `tile_size`: "auto" or 0 (from `memory_budget_bytes` when given, else from the runtime's RAM or
+    VRAM budget for the device the session runs on (runtime/budget.py), else a fixed window per device
     kind: never from the memory free at call time, so a job's plan is the same every run), an int (window side in input pixels, overlap included), or None for
     one window over the whole image. Whatever is chosen is halved on out-of-memory. Ignored for
     fixed-shape models, which get exactly their input size.
@@ -130,6 +133,8 @@ def run(
                 )
                 planned.exact = planned.covers(overlap)
         elif tile_size == "auto":
+            if memory_budget_bytes is None:  # the job's RAM or VRAM budget, by where the session runs
+                memory_budget_bytes = budget_for(runtime, job.handle.gpu_device_id)
             tile = auto_tile(job.handle, scale, dtype, overlap, memory_budget_bytes)
         elif tile_size is None:
             tile = None
@@ -390,6 +395,7 @@ FAMILY = Family(
             "every run; made smaller only when memory runs short)",
             min=0,
             soft_max=2048,
+            alias="tile",
         ),
         Option(
             "overlap",
@@ -409,4 +415,5 @@ FAMILY = Family(
     command="upscale",
     fallback_model=DEFAULT_MODEL_PATH,
     check_session=check_session,
+    output=Output(tag="upscaled", what="an upscaled image", suffix=".png", float_suffix=".exr", image=ColourImage("image")),
 )

@@ -25,8 +25,29 @@ def cancel_running_jobs():
     downloads.cancel_all()
 
 
+def check_family_operators(classes=None) -> None:
+    """A family that names an operator must have its class, or its N-panel button would fail when
+    pressed. Checked before anything is registered."""
+    from ..models import families
+    from .options import operator_idname
+
+    idnames = {getattr(cls, "bl_idname", "") for cls in (_classes() if classes is None else classes)}
+    missing = [
+        f"{family.id} ({operator_idname(family)})"
+        for family in families.ALL
+        if family.operator and operator_idname(family) not in idnames
+    ]
+    if missing:
+        raise RuntimeError(
+            f"Model families name operators that do not exist: {', '.join(missing)}. Give each an operator "
+            "class (operators/), or leave its 'operator' empty (it then runs through Process Sequence)."
+        )
+
+
 def register():
-    registration.register(__name__, _MODULES, _classes())
+    classes = _classes()
+    check_family_operators(classes)
+    registration.register(__name__, _MODULES, classes)
 
 
 def unregister():

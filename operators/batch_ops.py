@@ -9,24 +9,22 @@ in the .blend: the results are files.
 
 # No ``from __future__ import annotations``: Blender reads property annotations as objects.
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import bpy
 import numpy as np
 from bpy.props import BoolProperty, EnumProperty, StringProperty
 
-from ..models import families, frame_lists, image_meta, library, products, sequence
-from ..models.base import JobOptions
+from ..models import families, file_formats, frame_lists, image_meta, products, result_images, sequence
 from ..runtime.errors import LeanImageError
 from . import image_io, options, prefs, results, shot_props, sources
 from .jobs import Job, WorkerOperator
 
 
 def _blender_can_write(path: Path) -> None:
-    if path.suffix.lower() in (".ply", ".json"):  # written by models/products.py
-        return
-    if path.suffix.lower() not in sources.OUTPUT_FORMATS:
-        raise LeanImageError(f"Cannot save '{path.name}': Blender writes .png, .exr, .jpg or .tif here.")
+    if not file_formats.BLENDER_WRITER.writes(path.suffix):
+        raise LeanImageError(f"Cannot save '{path.name}': Blender writes {file_formats.BLENDER_WRITER.advice()} here.")
 
 
 def sequence_refs(image, frames: range | None, exclude=None) -> list[frame_lists.FrameRef]:
@@ -39,13 +37,10 @@ def sequence_refs(image, frames: range | None, exclude=None) -> list[frame_lists
     return frame_lists.resolve_input(path, frames, exclude)
 
 
-_FLOAT_FILES = {"OPEN_EXR", "OPEN_EXR_MULTILAYER", "HDR"}
-
-
 def _kind(image) -> str:
     """"float", "16-bit" or "8-bit": Blender keeps 16-bit PNG/TIFF in float buffers too, so the
     file format tells float files apart."""
-    if image.file_format in _FLOAT_FILES:
+    if image.file_format in file_formats.BLENDER_FLOAT_FILES:
         return "float"
     return "16-bit" if image.is_float else "8-bit"
 
@@ -89,13 +84,15 @@ def read_frame(ref: frame_lists.FrameRef, warn=None):
     return image_meta.upright(pixels, image_meta.exif_orientation(ref.path))
 
 
-def write_result(family_id: str, path: Path, result, values: dict) -> list[str]:
-    if family_id == "moge2":
-        products.write_geometry(path, result, discontinuity=values["discontinuity"], write_normals=results.save_product)
-        return []
-    product = products.image_product(family_id, result, path.suffix, products.BLENDER_FLOAT_SUFFIXES)
+def _save_image(path: Path, product: products.ImageProduct) -> list[str]:
     results.save_product(path, product)
-    return products.range_notes(path, product)
+    return result_images.range_notes(path, product)
+
+
+def write_result(family_id: str, path: Path, result, values: dict) -> list[str]:
+    return products.write_result(
+        family_id, path, result, values, _save_image, file_formats.BLENDER_WRITER.float_suffixes
+    )[0]
 
 
 def _batch_properties() -> dict:
@@ -172,25 +169,24 @@ class LEAN_IMAGE_AI_OT_process_sequence(WorkerOperator, bpy.types.Operator):
             overwrite=self.overwrite,
             skip_existing=self.skip_existing,
             check_format=_blender_can_write,
+            writer=file_formats.BLENDER_WRITER,
             suffix=products.default_suffix(family.id, kind),
         )
         if outputs:
-            output_type = products.describe_output(family.id, outputs[0].suffix, kind, products.BLENDER_FLOAT_SUFFIXES)
+            output_type = products.describe_output(family.id, outputs[0].suffix, kind, file_formats.BLENDER_WRITER.float_suffixes)
             job.name = f"{job.name}, {output_type}"
-        model_path = str(sources.absolute_path(self.model_path)) if self.model_path else ""
-        model = library.resolve(family.id, prefs.models_folder(context), self.model_id, model_path)
-        device, _budget = prefs.configure_runtime(context)
-        values = {o.name: getattr(self, o.name) for o in family.options}
-        kwargs = model.adapter_kwargs(family.id, **values)
+        family_job = prefs.family_job(context, self, family.id)  # a first-time hash runs on the worker
+        values = family_job.values
         target = dict(zip(refs, outputs, strict=True))
 
         def make_pass(write, shot_kwargs, first_pass):  # a shot's first pass records, skips nothing
+            pass_job = replace(family_job, extra=dict(shot_kwargs))
             run = sequence.BatchRun(
                 refs,
-                lambda frames_source, opts: family.run(frames_source, model.path, options=opts, **kwargs, **shot_kwargs),
+                pass_job.infer,
                 lambda ref: read_frame(ref, None if first_pass else run.report.warnings.append),
                 write,
-                options=JobOptions(device=device, progress=job.report, cancel=job.cancel_event),
+                options=pass_job.options(progress=job.report, cancel=job.cancel_event),
                 skip=(lambda ref: False) if first_pass else skip.__contains__,
                 stop_on_error=self.stop_on_error,
             )

@@ -38,6 +38,7 @@ class LEAN_IMAGE_AI_OT_reconstruct_geometry(ModelJobOperator, bpy.types.Operator
         "and a camera matching the photo's field of view"
     )
     job_title = moge2.FAMILY.action
+    saves_family_result = False  # ``output_path`` is the normal map; the mesh stays in the .blend
 
     def keeps_source(self):
         return True  # the mesh's material shows it

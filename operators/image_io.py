@@ -36,7 +36,7 @@ from pathlib import Path
 import bpy
 import numpy as np
 
-from ..models import files
+from ..models import file_formats, files
 from ..runtime.errors import InvalidImageError, LeanImageError
 
 __all__ = [
@@ -371,7 +371,6 @@ def load_image_file(path, *, check_existing: bool = False):
     return image
 
 
-_EXR_FORMATS = {"OPEN_EXR", "OPEN_EXR_MULTILAYER"}
 
 
 def _save_supports_copy() -> bool:
@@ -393,7 +392,7 @@ def _save_exr_as_render(image, filepath: str, file_format: str) -> None:
 
 
 def _write_image_file(image, filepath: str, file_format: str) -> None:
-    if file_format in _EXR_FORMATS and not image.colorspace_settings.is_data:
+    if file_format in file_formats.EXR_BLENDER_FORMATS and not image.colorspace_settings.is_data:
         _save_exr_as_render(image, filepath, file_format)
         return
     old_format = image.file_format

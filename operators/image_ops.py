@@ -10,7 +10,7 @@ import math
 import bpy
 import numpy as np
 
-from ..models import ben2, da3, products, upscale
+from ..models import ben2, da3, file_formats, products, result_images, upscale
 from ..runtime.errors import InvalidImageError
 from . import image_io, results
 from .model_job import ModelJobOperator
@@ -112,11 +112,13 @@ def _save_depth(image, depth, output) -> str:
     if not output:
         return ""
     path, _file_format = output
-    if path.suffix.lower() in products.BLENDER_FLOAT_SUFFIXES:
+    if path.suffix.lower() in file_formats.BLENDER_WRITER.float_suffixes:
         return results.save_output(image, output)
-    product = products.image_product("da3", da3.DepthResult(depth), path.suffix, products.BLENDER_FLOAT_SUFFIXES)
+    product = products.image_product(
+        da3.FAMILY.id, da3.DepthResult(depth), path.suffix, file_formats.BLENDER_WRITER.float_suffixes
+    )
     results.save_product(path, product)
-    return f"; saved {path} ({' '.join(products.range_notes(path, product))})"
+    return f"; saved {path} ({' '.join(result_images.range_notes(path, product))})"
 
 
 def grid_mesh(name: str, width: float, height: float, nx: int, ny: int):
@@ -173,15 +175,6 @@ class LEAN_IMAGE_AI_OT_upscale(ModelJobOperator, bpy.types.Operator):
         "bicubic x2 when none is installed): a new '<image>_x<scale>' image"
     )
     job_title = upscale.FAMILY.action
-
-    def work(self, inputs, options):
-        return upscale.run(
-            inputs.model_rgba,
-            inputs.model.path,
-            options=options,
-            memory_budget_bytes=inputs.memory_budget,
-            **inputs.adapter_kwargs,
-        )
 
     def apply(self, context, inputs, result):
         info = inputs.info

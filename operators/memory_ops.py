@@ -13,9 +13,10 @@ never in background mode (there are no timers there and a script decides for its
 import bpy
 import numpy as np
 
+from ..models import families
 from ..runtime import event_file, get_runtime, memory_plot
 from ..runtime.errors import OperationCancelled
-from ..runtime.leak_check import leak_check
+from ..runtime.leak_check import MIN_RUNS, leak_check
 from ..runtime.memory_report import format_freed
 from . import prefs
 from .jobs import Job, WorkerOperator, manager
@@ -60,20 +61,27 @@ class LEAN_IMAGE_AI_OT_unload_all(bpy.types.Operator):
 
 
 class LEAN_IMAGE_AI_OT_leak_check(WorkerOperator, bpy.types.Operator):
-    """Run the same small upscale N times and say whether memory is stable or growing"""
+    """Run the same small job of a model family N times and say whether memory is stable or growing"""
 
     bl_idname = "lean_image_ai.leak_check"
     bl_label = "Leak Check"
     job_title = "Leak Check"  # on the model lane: it uses the loaded models, so never beside a job
 
-    runs: bpy.props.IntProperty(name="Runs", default=30, min=8, max=500)
+    runs: bpy.props.IntProperty(name="Runs", default=30, min=MIN_RUNS, max=500)
+    family: bpy.props.EnumProperty(
+        name="Model Kind",
+        description="Whose job is repeated (its installed model, or the embedded one)",
+        items=[(f.id, f.title, f.produces) for f in families.ALL],
+        default="upscale",
+    )
 
     def prepare(self, context, job: Job):
         from ..models.leak_job import family_job
 
-        device, _budget = prefs.configure_runtime(context)
+        device, budgets = prefs.configure_runtime(context)
         runs = self.runs
-        request = family_job("upscale", device=device, cancel=job.cancel_event)
+        folder = prefs.models_folder(context)
+        request = family_job(self.family, device=device, folder=folder, budgets=budgets, cancel=job.cancel_event)
 
         def work(job: Job):
             def after_run(index, _values):

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 from bpy.props import BoolProperty, StringProperty
 
-from ..models import library
+from ..models import file_formats
 from ..models.base import JobOptions
 from ..models.family import Family
-from ..models.library import ModelChoice
+from ..models.job import FamilyJob
 from ..runtime.errors import LeanImageError
 from . import image_io, prefs, sources
 from .jobs import Job, WorkerOperator
@@ -32,12 +32,13 @@ class JobInputs:
     info: image_io.ImageInfo
     rgba: np.ndarray  # the source pixels as Blender holds them
     model_rgba: np.ndarray  # straight, sRGB-encoded: what models take
-    model: ModelChoice
-    adapter_kwargs: dict
-    device: str
-    memory_budget: int | None
+    job: FamilyJob  # the model, the option values, the device and the budgets (models/job.py)
     output: tuple[Path, str] | None  # (path, Blender file format)
-    options: dict  # the family's option values of this call
+
+    @property
+    def options(self) -> dict:
+        """The family's option values of this call."""
+        return self.job.values
 
 
 class ModelOperatorProperties:
@@ -51,7 +52,7 @@ class ModelOperatorProperties:
     )
     output_path: StringProperty(
         name="Save Result To",
-        description="Also save the result image here (.png, .exr, .jpg or .tif), written all-or-nothing",
+        description=f"Also save the result image here ({file_formats.BLENDER_WRITER.advice()}), written all-or-nothing",
         subtype="FILE_PATH",
         default="",
     )
@@ -76,6 +77,7 @@ class ModelOperatorProperties:
 class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
     bl_options = {"REGISTER", "UNDO"}
     family: Family  # set by operators.options.with_family_options
+    saves_family_result = True  # False: ``output_path`` holds another image (e.g. geometry's normal map)
 
     def option_values(self) -> dict:
         return {option.name: getattr(self, option.name) for option in self.family.options}
@@ -88,12 +90,13 @@ class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
         """Read the source, the model and the preferences (see module doc). A source loaded from
         ``filepath`` is removed again at once unless :meth:`keeps_source` (then when the job fails)."""
         output = sources.output_target(
-            self.output_path, family_id=self.family.id, source_file=self.filepath, overwrite=self.overwrite
+            self.output_path,
+            family_id=self.family.id if self.saves_family_result else "",
+            source_file=self.filepath, overwrite=self.overwrite
         )
         # side-effect-free checks first: loading a file adds a datablock that an error must remove
         source = None if self.filepath else sources.resolve_source(context, "")
-        model_path = str(sources.absolute_path(self.model_path)) if self.model_path else ""
-        model = library.resolve(self.family.id, prefs.models_folder(context), self.model_id, model_path)
+        family_job = prefs.family_job(context, self, self.family.id)  # a first-time hash is the worker's
         if source is None:
             source = sources.resolve_source(context, self.filepath)
         keep = self.keeps_source()
@@ -103,20 +106,14 @@ class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
         model_rgba = image_io.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied)
         if source.loaded and not keep:
             job.discard()
-        device, budget = prefs.configure_runtime(context)
-        values = self.option_values()
         return JobInputs(
             source=source.image if (keep or not source.loaded) else None,
             stem=source.stem,
             info=info,
             rgba=rgba,
             model_rgba=model_rgba,
-            model=model,
-            adapter_kwargs=model.adapter_kwargs(self.family.id, **values),
-            device=device,
-            memory_budget=budget,
+            job=family_job,
             output=output,
-            options=values,
         )
 
     def prepare(self, context, job: Job):
@@ -124,14 +121,13 @@ class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
         work = self.work  # bound here: the worker must look nothing up on the operator
 
         def run(job: Job):
-            options = JobOptions(device=inputs.device, progress=job.report, cancel=job.cancel_event)
-            return work(inputs, options)
+            return work(inputs, inputs.job.options(progress=job.report, cancel=job.cancel_event))
 
         return run
 
     def work(self, inputs: JobInputs, options: JobOptions):
-        """Worker thread: the family's adapter on the gathered pixels (no bpy)."""
-        return self.family.run(inputs.model_rgba, inputs.model.path, options=options, **inputs.adapter_kwargs)
+        """Worker thread: the family's job on the gathered pixels (no bpy)."""
+        return inputs.job.infer(inputs.model_rgba, options)
 
     def apply(self, context, inputs: JobInputs, result) -> str:
         """Create Blender data from the result; returns a one-line summary for the report.

@@ -9,9 +9,12 @@ from pathlib import Path
 
 import bpy
 
-from ..models import library
+from ..models import families, library
+from ..models.job import FamilyJob
 from ..runtime import event_file, get_runtime, gpu_libraries, parse_device
 from ..runtime.providers import DEVICE_BY_KIND, DEVICES, RELEASE_RULES, release_rule
+from ..runtime.settings import MemoryBudgets, budget_bytes
+from . import sources
 
 # "lean_image_ai.operators" -> "lean_image_ai"; installed: "bl_ext.user_default.lean_image_ai".
 ADDON_ID = __package__.rpartition(".")[0] or __package__
@@ -98,28 +101,50 @@ def device_string(prefs) -> str:
 
 
 def memory_budget_bytes(prefs, name: str = "gpu_memory_budget_mb") -> int | None:
-    """A budget preference (``gpu_memory_budget_mb``, ``ram_budget_mb``) in bytes, None for no limit."""
-    mb = int(getattr(prefs, name, 0) or 0)
-    return mb * 1024 * 1024 if mb > 0 else None
+    """A budget preference (``gpu_memory_budget_mb``, ``ram_budget_mb``) in bytes, None for no limit
+    (runtime/settings.py's rule, as for the command line's flags)."""
+    return budget_bytes(name, int(getattr(prefs, name, 0) or 0))
 
 
-def configure_runtime(context) -> tuple[str, int | None]:
-    """Apply the preferences to the shared runtime; returns (device string, GPU memory budget).
-    The budgets are checked by the runtime before each job (runtime/budget.py)."""
+def budgets(prefs) -> MemoryBudgets:
+    return MemoryBudgets(memory_budget_bytes(prefs, "ram_budget_mb"), memory_budget_bytes(prefs))
+
+
+def configure_runtime(context) -> tuple[str, MemoryBudgets]:
+    """Apply the preferences to the shared runtime; returns (device string, memory budgets).
+    The budgets are checked by the runtime before each job (runtime/budget.py); a family job
+    (models/job.py) carries them too, as on the command line."""
     prefs = get_prefs(context)
-    budget = memory_budget_bytes(prefs)
+    job_budgets = budgets(prefs)
     get_runtime().configure(
+        **job_budgets.settings(),
         cpu_arena=bool(prefs.release_cpu_memory),
-        gpu_mem_limit_bytes=budget,
-        vram_budget_bytes=budget,
-        ram_budget_bytes=memory_budget_bytes(prefs, "ram_budget_mb"),
         cudnn_max_workspace=bool(getattr(prefs, "cudnn_max_workspace", False)),
         cpu_release_delay=float(getattr(prefs, "ram_release_delay_s", 0.0)),
         keep_models_loaded_on_dml_coreml=bool(getattr(prefs, "keep_models_loaded_on_dml_coreml", False)),
         coreml_compute_units=str(getattr(prefs, "coreml_compute_units", "ALL")),
         coreml_cache_dir=str(user_folder("coreml")),
     )
-    return device_string(prefs), budget
+    return device_string(prefs), job_budgets
+
+
+def family_job(context, owner, family_id: str) -> FamilyJob:
+    """The family job (models/job.py) of an operator: its Model (an id or a file: one rule) or
+    Model File, its option values, and the preferences' device and budgets, applied to the runtime.
+    Main thread: a model file never hashed is hashed by the job's first run, on the worker."""
+    device, job_budgets = configure_runtime(context)
+    family = families.get(family_id)
+    model_path = getattr(owner, "model_path", "")
+    return FamilyJob.resolve(
+        family.id,
+        models_folder(context),
+        model=getattr(owner, "model_id", ""),
+        model_path=str(sources.absolute_path(model_path)) if model_path else "",
+        values={o.name: getattr(owner, o.name) for o in family.options},
+        device=device,
+        budgets=job_budgets,
+        verify=False,
+    )
 
 
 def user_folder(name: str) -> Path:

@@ -8,8 +8,8 @@ from pathlib import Path
 import bpy
 import numpy as np
 
-from ..models import products
-from . import image_io, sources
+from ..models import file_formats, products
+from . import image_io
 
 
 def new_image_like(name: str, straight: np.ndarray, info: image_io.ImageInfo):
@@ -106,7 +106,7 @@ def link_object(context, obj) -> None:
 def save_product(path: Path, product: products.ImageProduct) -> None:
     """Main thread: an image product saved through a temporary datablock, all or nothing. A
     16-bit product goes through a float buffer: Blender writes PNG and TIFF from one with 16 bits."""
-    is_float = path.suffix.lower() in products.BLENDER_FLOAT_SUFFIXES or product.bits == "16-bit"
+    is_float = path.suffix.lower() in file_formats.BLENDER_WRITER.float_suffixes or product.bits == "16-bit"
     pixels = product.pixels
     if product.is_data:
         colorspace = "Non-Color"
@@ -116,6 +116,6 @@ def save_product(path: Path, product: products.ImageProduct) -> None:
             pixels = image_io.from_model_rgb(image_io.to_rgba(pixels), True, premultiplied=True)
     image = image_io.array_to_new_image(path.stem, pixels, float_buffer=is_float, colorspace=colorspace)
     try:
-        image_io.save_image_atomically(image, path, sources.OUTPUT_FORMATS[path.suffix.lower()])
+        image_io.save_image_atomically(image, path, file_formats.find(path.suffix).blender_format)
     finally:
         bpy.data.images.remove(image)

@@ -13,15 +13,15 @@ default), shown in an Image Editor, nothing written to disk.
 """
 
 # No ``from __future__ import annotations``: Blender reads property annotations as objects.
+from dataclasses import replace
 from types import SimpleNamespace
 
 import bpy
 import numpy as np
 from bpy.props import EnumProperty, IntProperty, StringProperty
 
-from ..models import families, frame_lists, library, moge2, products, sequence
-from ..models.base import JobOptions
-from ..models.moge2_mesh import mesh_arrays, normal_map
+from ..models import families, file_formats, frame_lists, moge2, products, sequence
+from ..models.moge2_mesh import mesh_arrays
 from ..runtime.errors import LeanImageError
 from . import batch_ops, geometry_ops, image_io, options, prefs, results, shot_props, sources
 from .jobs import Job, WorkerOperator
@@ -38,11 +38,6 @@ def _frames(owner, frames: range | None) -> list:
     if owner.source:
         return frame_lists.resolve_input(sources.absolute_path(owner.source), frames)
     raise LeanImageError("Give the frames: an image sequence (image_name), or a folder or pattern (source).")
-
-
-def _model(owner, context, family_id):
-    model_path = str(sources.absolute_path(owner.model_path)) if owner.model_path else ""
-    return library.resolve(family_id, prefs.models_folder(context), owner.model_id, model_path)
 
 
 def _source_properties() -> dict:
@@ -90,11 +85,9 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(WorkerOperator, bpy.types.Operator):
 
     def prepare(self, context, job: Job):
         refs = _frames(self, frame_lists.parse_frames(self.frames) if self.frames.strip() else None)
-        model = _model(self, context, "moge2")
-        device, _budget = prefs.configure_runtime(context)
-        values = {o.name: getattr(self, o.name) for o in moge2.FAMILY.options}
-        kwargs = model.adapter_kwargs("moge2", **values)
-        shot = shot_props.settings_of(self, "moge2")
+        family_job = prefs.family_job(context, self, moge2.FAMILY.id)
+        values = family_job.values
+        shot = shot_props.settings_of(self, moge2.FAMILY.id)
         numbers = [r.number for r in refs]
         following = dict(zip(numbers, numbers[1:] + [None], strict=True))
         previous = dict(zip(numbers, [None] + numbers[:-1], strict=True))
@@ -124,12 +117,13 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(WorkerOperator, bpy.types.Operator):
             return []
 
         def make_pass(write, shot_kwargs, first_pass):
+            pass_job = replace(family_job, extra=dict(shot_kwargs))
             return sequence.BatchRun(
                 refs,
-                lambda source, opts: moge2.run(source, model.path, options=opts, **kwargs, **shot_kwargs),
+                pass_job.infer,
                 batch_ops.read_frame,
                 write,
-                options=JobOptions(device=device, progress=job.report, cancel=job.cancel_event),
+                options=pass_job.options(progress=job.report, cancel=job.cancel_event),
             )
 
         job.inputs = shot_props.batch(shot, make_pass, add_frame, job.cancel_event)
@@ -180,16 +174,17 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(WorkerOperator, bpy.types.Operator):
 def preview_product(family_id: str, result, shot) -> products.ImageProduct:
     """What the preview shows: the image the sequence would write for this frame (depth with
     the shot settings; a shot range needs the whole shot, so auto-shot shows this frame's own
-    robust range), MoGe-2's normal map."""
-    if family_id == "moge2":
-        return products.ImageProduct(normal_map(result.normal, result.mask), is_data=True) if result.normal is not None else \
-            products.ImageProduct(result.depth / max(float(result.depth.max()), 1e-12), is_data=True)
-    if family_id == "da3" and shot.depth is not None:
+    robust range), or what the family's output shows of a result that is not one image (MoGe-2: its
+    normal map)."""
+    output = products.output_of(family_id)
+    if output.preview is not None:
+        return output.preview(result)
+    if shot.depth is not None:
         if shot.depth.needs_first_pass:
             shot.record(None, result)
             shot.finish_first_pass()
-        return shot.depth_product(result.depth, ".png", products.BLENDER_FLOAT_SUFFIXES)[0]
-    return products.image_product(family_id, result, ".png", products.BLENDER_FLOAT_SUFFIXES)
+        return shot.depth_product(result.depth, ".png", file_formats.BLENDER_WRITER.float_suffixes)[0]
+    return products.image_product(family_id, result, ".png", file_formats.BLENDER_WRITER.float_suffixes)
 
 
 def show_in_image_editor(context, image) -> bool:
@@ -223,16 +218,13 @@ class LEAN_IMAGE_AI_OT_preview_frame(WorkerOperator, bpy.types.Operator):
         refs = [r for r in _frames(self, None) if r.number == number]
         if not refs:
             raise LeanImageError(f"Frame {number} is not in the sequence; choose one of its frames to preview.")
-        model = _model(self, context, family.id)
-        device, _budget = prefs.configure_runtime(context)
-        values = {o.name: getattr(self, o.name) for o in family.options}
-        kwargs = model.adapter_kwargs(family.id, **values)
+        family_job = prefs.family_job(context, self, family.id)
         shot = shot_props.settings_of(self, family.id)
-        kwargs.update(shot.adapter_kwargs())  # a given field of view; a fitted shot focal needs the shot
+        family_job.extra.update(shot.adapter_kwargs())  # a given field of view; a fitted shot focal needs the shot
         pixels = batch_ops.read_frame(refs[0])  # main thread: Blender reads the file
         job.inputs = SimpleNamespace(number=number, shot=shot, family=family)
-        opts = JobOptions(device=device, progress=job.report, cancel=job.cancel_event)
-        return lambda job: family.run(pixels, model.path, options=opts, **kwargs)
+        opts = family_job.options(progress=job.report, cancel=job.cancel_event)
+        return lambda job: family_job.infer(pixels, opts)
 
     def finish(self, context, job: Job):
         if job.state != "finished":

@@ -5,7 +5,7 @@ models/shot_depth.py and models/shot_camera.py, the two passes models/shot_batch
 
 from bpy.props import BoolProperty, EnumProperty, FloatProperty, StringProperty
 
-from ..models import products, shot_camera, shot_depth
+from ..models import file_formats, result_images, shot_camera, shot_depth
 from ..models.shot_batch import ShotSettings, TwoPassBatch
 from . import results
 
@@ -66,9 +66,9 @@ def writer(shot: ShotSettings, target: dict, write):
 
     def write_depth(ref, result):
         path = target[ref]
-        product, notes = shot.depth_product(result.depth, path.suffix, products.BLENDER_FLOAT_SUFFIXES)
+        product, notes = shot.depth_product(result.depth, path.suffix, file_formats.BLENDER_WRITER.float_suffixes)
         results.save_product(path, product)
-        return notes + products.range_notes(path, product)
+        return notes + result_images.range_notes(path, product)
 
     return write_depth
 

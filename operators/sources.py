@@ -13,32 +13,9 @@ from pathlib import Path
 
 import bpy
 
-from ..models import products
+from ..models import file_formats, products
 from ..runtime.errors import InvalidImageError, LeanImageError
 from . import image_io
-
-OUTPUT_FORMATS = {
-    ".png": "PNG",
-    ".exr": "OPEN_EXR",
-    ".jpg": "JPEG",
-    ".jpeg": "JPEG",
-    ".tif": "TIFF",
-    ".tiff": "TIFF",
-}
-
-_IMAGE_SUFFIXES = {
-    *OUTPUT_FORMATS,
-    ".bmp",
-    ".tga",
-    ".hdr",
-    ".webp",
-    ".dpx",
-    ".cin",
-    ".jp2",
-    ".j2c",
-    ".sgi",
-    ".rgb",
-}
 
 NO_SOURCE_MESSAGE = (
     "No image to work on. Open an image in the Image Editor, select an Image Texture node, or give filepath."
@@ -57,7 +34,7 @@ def image_stem(image) -> str:
     and without an image-file suffix (``frame_0001.png.001`` -> ``frame_0001``)."""
     name = re.sub(r"\.\d{3,}$", "", image.name) or image.name
     root, ext = os.path.splitext(name)
-    return root if root and ext.lower() in _IMAGE_SUFFIXES else name
+    return root if root and ext.lower() in file_formats.IMAGE_SUFFIXES else name
 
 
 def _editor_image(context):
@@ -138,14 +115,15 @@ def output_target(output_path: str, *, family_id: str, source_file: str = "", ov
     path = absolute_path(output_path)
     if path.is_dir():
         raise LeanImageError(f"Cannot save to '{path}': it is a folder, not a file name.")
-    file_format = OUTPUT_FORMATS.get(path.suffix.lower())
-    if file_format is None:
+    row = file_formats.find(path.suffix)
+    file_format = row.blender_format if row is not None and row.image else ""
+    if not file_format:
         raise LeanImageError(
             f"Cannot save to '{path}': unknown image format '{path.suffix or '(no suffix)'}'. "
-            "Use .png, .exr, .jpg or .tif."
+            f"Use {file_formats.BLENDER_WRITER.advice()}."
         )
-    if family_id != "moge2":  # the geometry operator saves its normal map, not a mesh
-        products.check_output(family_id, path)
+    if family_id:  # the family's own format rules (none for an image that is not its result)
+        products.check_output(family_id, path, file_formats.BLENDER_WRITER)
     if not path.parent.is_dir():
         raise LeanImageError(f"Cannot save to '{path}': the folder '{path.parent}' does not exist.")
     if not os.access(path.parent, os.W_OK):

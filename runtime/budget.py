@@ -113,7 +113,7 @@ def _used_now(gpu_device_id: int | None) -> int | None:
     return figures(memory_snapshot(gpu_device_id))["ram" if gpu_device_id is None else "vram"]
 
 
-def free_bytes(runtime, gpu_device_id: int | None, budget: int | None) -> int | None:
+def free_bytes(gpu_device_id: int | None, budget: int | None) -> int | None:
     """What a job may still take: the device's free memory, and under a budget no more than the
     budget less what this process uses now (RSS, or its NVML figure on a GPU)."""
     if gpu_device_id is None:
@@ -133,7 +133,7 @@ def make_room(runtime, decision: BudgetDecision, gpu_device_id, keep=()) -> Budg
     budget = decision.budget
     runtime.release_now()
     decision.actions.append("releasing arenas")
-    decision.free = free_bytes(runtime, gpu_device_id, budget)
+    decision.free = free_bytes(gpu_device_id, budget)
     kept = {id(h) for h in keep}
     # only sessions whose memory is on this device: unloading a CPU model frees no VRAM
     on_device = [h for h in runtime.cached_sessions() if h.gpu_device_id == gpu_device_id]
@@ -144,7 +144,7 @@ def make_room(runtime, decision: BudgetDecision, gpu_device_id, keep=()) -> Budg
             continue
         runtime.evict(handle, "budget")
         decision.actions.append(f"unloading {handle.model_name} (least recently used)")
-        decision.free = free_bytes(runtime, gpu_device_id, budget)
+        decision.free = free_bytes(gpu_device_id, budget)
     decision.fits = decision.free is None or decision.needed <= decision.free
     if budget:
         decision.used = _used_now(gpu_device_id)
@@ -156,7 +156,7 @@ def make_room(runtime, decision: BudgetDecision, gpu_device_id, keep=()) -> Budg
 
 
 def decide(runtime, needed: int, gpu_device_id, *, budget, known=True, how="", keep=()) -> BudgetDecision:
-    decision = BudgetDecision(False, needed, free_bytes(runtime, gpu_device_id, budget), known, budget=budget, how=how)
+    decision = BudgetDecision(False, needed, free_bytes(gpu_device_id, budget), known, budget=budget, how=how)
     if budget:
         decision.used = _used_now(gpu_device_id)
     if decision.free is None or needed <= decision.free:

@@ -1,5 +1,5 @@
 """Recognising out-of-memory failures. ORT raises plain `Exception` subclasses whose only
-reliable signal is the message text, so this matches text (see DESIGN.md §2).
+reliable signal is the message text, so this matches text.
 
 The CUDA provider formats library errors as ``"<lib> failure <code>: <name or text> ; GPU=<id> ;
 hostname=... ; expr=..."`` (cuda_call.cc), with the text from ``cudaGetErrorString``, its own

@@ -45,7 +45,6 @@ class Operation:
         self.name = name
         self._cancel = _as_cancel_check(cancel)
         self.runs = 0
-        self.shrink_runs = 0
         self._dirty: dict[int, SessionHandle] = {}  # by id(handle): ran since their last shrink
         self._finished: set[int] = set()
         self._started = None
@@ -202,7 +201,6 @@ class Operation:
             elif handle.cpu_arena:
                 trim_process_heap()  # the arena shrank in the run; the C heap's free pages too
             self._dirty.pop(id(handle), None)
-            self.shrink_runs += 1
             self._emit_release("operation_complete", handle, started, in_run=True)
         elif last:
             self._dirty.pop(id(handle), None)

@@ -151,9 +151,6 @@ DEVICES: tuple[DeviceKind, ...] = (
 )  # fmt: skip
 DEVICE_BY_KIND = {d.kind: d for d in DEVICES}
 DEVICE_BY_PROVIDER = {d.provider: d for d in DEVICES}
-# Providers whose arena ORT's shrink entry may name. DirectML and CoreML have no ORT arena,
-# TensorRT keeps engine memory outside it; anything not listed runs exactly as before.
-ARENA_DEVICE_BY_PROVIDER = {d.provider: d.arena_device for d in DEVICES if d.arena_device}
 _INDEXED = tuple(d.kind for d in DEVICES if d.takes_index)
 _NAMES = ", ".join(  # as messages list them: 'cpu', 'cuda', 'cuda:N', ...
     f"'{d.kind}'" + (f", '{d.kind}:N'" if d.takes_index else "") for d in sorted(DEVICES, key=lambda d: d.auto_rank or -1)

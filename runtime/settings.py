@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, fields
 
 from .errors import SettingError
@@ -24,6 +25,9 @@ RELEASE_DELAY_ENV = "LEAN_IMAGE_AI_RAM_RELEASE_DELAY"
 RELEASE_CPU_ENV = "LEAN_IMAGE_AI_RELEASE_CPU"
 CUDNN_MAX_WORKSPACE_ENV = "LEAN_IMAGE_AI_CUDNN_MAX_WORKSPACE"
 KEEP_MODELS_LOADED_ENV = "LEAN_IMAGE_AI_KEEP_MODELS_LOADED_ON_DML_COREML"
+RAM_BUDGET_ENV = "LEAN_IMAGE_AI_RAM_BUDGET_MB"
+VRAM_BUDGET_ENV = "LEAN_IMAGE_AI_VRAM_BUDGET_MB"
+MAX_BUDGET_MB = MAX_BYTES >> 20  # the preferences', the flags' and the variables' upper limit
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
@@ -55,6 +59,41 @@ def check_release_delay(name: str, value) -> float:
             f"from 0 (at each job's end) to {MAX_RELEASE_DELAY_S:.0f} (a day)."
         )
     return float(value)
+
+
+def budget_bytes(name: str, value) -> int | None:
+    """A memory budget given in MB (the unit of the preferences, the command-line flags and the
+    environment variables): a whole number from 0 (no limit: None) to MAX_BUDGET_MB; text is read
+    as decimal digits only. Returns bytes."""
+    text = value.strip() if isinstance(value, str) else None
+    if text is not None and re.fullmatch(r"[0-9]+", text):
+        value = int(text)
+    if not _is_int(value) or not 0 <= value <= MAX_BUDGET_MB:
+        raise SettingError(f"{name}={value!r}: give a whole number of MB from 0 (no limit) to {MAX_BUDGET_MB}.")
+    return value << 20 if value else None
+
+
+@dataclass(frozen=True)
+class MemoryBudgets:
+    """A job's RAM and VRAM budgets in bytes (None: no limit). They reach the runtime as its
+    settings (:meth:`settings`); the runtime checks them before each load and run, and an
+    upscale's auto tile size reads the one of the device its session really runs on
+    (runtime/budget.py ``budget_for``), whichever front-end gave them."""
+
+    ram_bytes: int | None = None
+    vram_bytes: int | None = None
+
+    @classmethod
+    def from_mb(cls, ram_mb, vram_mb, *, ram_name: str = "ram_budget_mb", vram_name: str = "vram_budget_mb"):
+        return cls(budget_bytes(ram_name, ram_mb), budget_bytes(vram_name, vram_mb))
+
+    def settings(self) -> dict:
+        """The runtime settings they set; the VRAM budget also caps the CUDA arena."""
+        return {
+            "ram_budget_bytes": self.ram_bytes,
+            "vram_budget_bytes": self.vram_bytes,
+            "gpu_mem_limit_bytes": self.vram_bytes,
+        }
 
 
 @dataclass(frozen=True)
@@ -143,9 +182,20 @@ def release_delay_from_environment() -> float:
         return check_release_delay(RELEASE_DELAY_ENV, text)
 
 
+def budgets_from_environment() -> MemoryBudgets:
+    """`LEAN_IMAGE_AI_RAM_BUDGET_MB` and `LEAN_IMAGE_AI_VRAM_BUDGET_MB` (0 or unset: no limit)."""
+    return MemoryBudgets.from_mb(
+        os.environ.get(RAM_BUDGET_ENV, "").strip() or 0,
+        os.environ.get(VRAM_BUDGET_ENV, "").strip() or 0,
+        ram_name=RAM_BUDGET_ENV,
+        vram_name=VRAM_BUDGET_ENV,
+    )
+
+
 def settings_from_environment() -> RuntimeSettings:
     """Headless/farm knobs; Blender preferences call `Runtime.configure()` instead."""
     return RuntimeSettings(
+        **budgets_from_environment().settings(),
         cpu_arena=env_flag(RELEASE_CPU_ENV, True),
         cudnn_max_workspace=env_flag(CUDNN_MAX_WORKSPACE_ENV, False),
         keep_models_loaded_on_dml_coreml=env_flag(KEEP_MODELS_LOADED_ENV, False),

@@ -1,4 +1,4 @@
-"""Small real ONNX models that honour the BEN2 and DA3 export contracts (DESIGN.md §3).
+"""Small real ONNX models that honour the BEN2 and DA3 export contracts.
 
 Their outputs are simple known functions of the input, so tests can compute the expected
 result in numpy from the same preprocessing:

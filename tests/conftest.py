@@ -12,6 +12,10 @@ REPO_ROOT = TESTS_DIR.parent
 # the event log of every runtime the tests start (and their subprocesses) goes to a scratch folder,
 # not the user's own; tests of the log itself give their own folder
 os.environ.setdefault("LEAN_IMAGE_AI_LOG_DIR", tempfile.mkdtemp(prefix="lean_image_ai_test_logs_"))
+# Ray reads these when first imported (any test may import it first): a local Ray then binds its
+# node to loopback, so nothing a test starts listens beyond 127.0.0.1
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
 @pytest.fixture(scope="session")

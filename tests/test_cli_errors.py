@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from lean_image_ai import cli
 from lean_image_ai.models import families
+from lean_image_ai.runtime.settings import MAX_BUDGET_MB
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +49,8 @@ EXTRA_BAD = {  # beyond GENERIC_BAD: the edges of each range
     "--gpus-per-worker": ["-1", "inf"],
     "--address": ["nope", "ray://"],
     "--family": ["nope"],
+    "--ram-budget": ["-1", "1.5", "4GB", "0x10", "1_000", str(MAX_BUDGET_MB + 1)],
+    "--vram-budget": ["-1", "1.5", "4GB", "0x10", "1_000", str(MAX_BUDGET_MB + 1)],
 }
 ENV_BAD = {
     "LEAN_IMAGE_AI_RAM_RELEASE_DELAY": ["abc", "-1", "nan", "inf", "0x10", "1e308"],
@@ -57,6 +60,8 @@ ENV_BAD = {
     "LEAN_IMAGE_AI_MAX_PIXELS": ["-1", "abc", "1.5"],
     "LEAN_IMAGE_AI_LOG_DIR": ["{tmp}/in.png"],
     "LEAN_IMAGE_AI_MODELS_DIR": ["{tmp}/in.png", "{tmp}/missing"],
+    "LEAN_IMAGE_AI_RAM_BUDGET_MB": ["abc", "-1", "1.5", "nan", "4GB", "1_000", str(MAX_BUDGET_MB + 1)],
+    "LEAN_IMAGE_AI_VRAM_BUDGET_MB": ["abc", "-1", "1.5", "nan", "4GB", "1_000", str(MAX_BUDGET_MB + 1)],
 }
 # read by no command of the CLI: the GPU runtime's folder (Blender's installer), the test caches
 NOT_READ_BY_THE_CLI = {
@@ -168,7 +173,8 @@ def test_every_bad_option_is_one_line_exit_2_naming_it(prefix, name, value, mark
 
 
 def _documented_variables() -> set[str]:
-    texts = [p.read_text(errors="replace") for p in [ROOT / "README.md", *ROOT.glob("*.py"), *ROOT.glob("*/*.py")]]
+    documents = [ROOT / "README.md", *ROOT.glob("docs/*.md")]  # the README and the pages beside it
+    texts = [p.read_text(errors="replace") for p in [*documents, *ROOT.glob("*.py"), *ROOT.glob("*/*.py")]]
     found = set(re.findall(r"LEAN_IMAGE_AI_[A-Z_]+[A-Z]\b", "\n".join(texts)))
     return {v for v in found if not v.startswith(("LEAN_IMAGE_AI_OT_", "LEAN_IMAGE_AI_PT_"))}  # Blender class names
 

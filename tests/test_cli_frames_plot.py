@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from lean_image_ai.models import frame_lists
+from lean_image_ai.runtime import memory_plot
 from lean_image_ai.runtime.errors import LeanImageError
 from PIL import Image
 
@@ -132,7 +133,7 @@ def test_the_memory_plot_is_a_real_png_written_atomically(job, tmp_path):
     done = cli("upscale", str(source), str(out), "--device", "cpu", "--memory-plot", str(plot), "--overwrite", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     with Image.open(plot) as image:
-        assert image.format == "PNG" and image.size == (480, 200)
+        assert image.format == "PNG" and image.size == (memory_plot.WIDTH, memory_plot.HEIGHT)
     assert f"memory plot: {plot}" in done.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.png", "memory.png", "out.png"]  # no temp file
 

@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from lean_image_ai import cli, cli_job, farm_ray
+from lean_image_ai.farm_worker import FrameWorker
+from lean_image_ai.models import files
 from lean_image_ai.runtime.errors import LeanImageError
 from onnx_builders import sr_model, weights_model
 from PIL import Image
@@ -186,10 +188,32 @@ def test_sigterm_to_the_driver_cancels_the_farm_keeps_written_frames_exit_143(ra
     assert written and all(written[name] == reference[name] for name in written)  # whole frames, no temp file
 
 
+class DiesWhileWriting(FrameWorker):
+    """The first worker that writes frame ``crash_frame`` dies by SIGKILL half-way through writing it
+    (its temporary file is on disk): a real process death. The marker file, created exclusively,
+    makes it happen once."""
+
+    crash_frame, marker = 0, ""
+
+    def write(self, ref, out, result):
+        if ref.number == self.crash_frame:
+            try:  # exclusive creation: only the first worker to get here dies, and only once
+                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return super().write(ref, out, result)
+            with files.atomic_path(out) as temp:
+                temp.write_bytes(b"half a frame")
+                os.kill(os.getpid(), signal.SIGKILL)  # no finally runs: the temp file stays behind
+        return super().write(ref, out, result)
+
+
 def test_a_worker_dying_while_writing_a_frame_leaves_no_temp_file(ray_local, plate, tmp_path, capsys):
     pattern, model, reference = plate
     marker = tmp_path / "died-once"
-    code, line, err, out = farm(tmp_path, capsys, pattern, model, crash_on_write=(7, str(marker)))
+    cloudpickle = pytest.importorskip("ray.cloudpickle")
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import this test module
+    worker = type("DiesOnFrame7", (DiesWhileWriting,), {"crash_frame": 7, "marker": str(marker)})
+    code, line, err, out = farm(tmp_path, capsys, pattern, model, worker_class=worker)
     assert code == farm_ray.EXIT_OK, err
     assert marker.exists() and line["farm"]["worker_deaths"] == 1
     # the dead worker's half-written temporary file was there, and the driver removed it

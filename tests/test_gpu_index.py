@@ -106,7 +106,7 @@ def test_snapshot_and_tiler_budget_read_the_mapped_device(monkeypatch):
     assert ("handle", 1) in nvml.calls and nvml.calls.count(("handle", 0)) == 1  # 0 only listed, not read
     assert snap["mapping"] == "CUDA_VISIBLE_DEVICES, PCI bus order"
     # the budget check (and the tiler's auto size through it) sees the same device
-    assert budget.free_bytes(None, 0, None) == 20000 * MiB
+    assert budget.free_bytes(0, None) == 20000 * MiB
 
 
 def test_snapshot_says_when_the_order_is_assumed(monkeypatch):

@@ -28,7 +28,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "lean_image_ai"
 NOT_PRODUCTION = {"tests", "bench", "tools", "build", "dist", "examples", "venv", ".venv", "__pycache__"}
-CORE = ("runtime", "models")  # bpy-free layers (DESIGN.md §1)
+CORE = ("runtime", "models")  # bpy-free layers
 BLENDER_MODULES = {"bpy", "bpy_extras", "bpy_types", "bmesh", "mathutils", "gpu", "gpu_extras", "idprop"}
 
 
@@ -319,7 +319,7 @@ def package_graph() -> Graph:
 
 def test_no_blender_module_is_imported_under_runtime_or_models(package_graph):
     assert package_graph.blender_imports == [], (
-        "runtime/ and models/ must stay bpy-free (DESIGN.md §1):\n" + "\n".join(package_graph.blender_imports)
+        "runtime/ and models/ must stay bpy-free:\n" + "\n".join(package_graph.blender_imports)
     )
 
 

@@ -207,3 +207,18 @@ def test_the_ram_budget_preference_refuses_a_job_it_cannot_fit(runtime, upscale_
     finally:
         bpy.context.preferences.addons.remove(addon)
         runtime.configure(ram_budget_bytes=None)
+
+
+def test_leak_check_repeats_the_chosen_family_job(runtime, tmp_path, monkeypatch):
+    """The family's job as every front-end builds it (models/job.py): its installed model from the
+    preferences' models folder; a family with nothing installed says what to install."""
+    from builders_families import da3_like_model
+    from lean_image_ai.models import catalog, library
+
+    monkeypatch.setenv(library.MODELS_DIR_ENV, str(tmp_path))
+    entry = catalog.Catalog().get("da3-metric-large")  # no size/sha256 known: a present file counts
+    model = da3_like_model(tmp_path / entry.filename, fixed_hw=None)
+    assert bpy.ops.lean_image_ai.leak_check(runs=8, family="da3") == {"FINISHED"}
+    assert [h.model_path for h in get_runtime().cached_sessions()] == [Path(model).resolve()]
+    with pytest.raises(RuntimeError, match="No BEN2 .* model is installed"):
+        bpy.ops.lean_image_ai.leak_check(runs=8, family="ben2")

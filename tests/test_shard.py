@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from lean_image_ai.models import frame_lists, products
+from lean_image_ai.models import frame_lists, moge2_mesh
 from lean_image_ai.runtime.errors import LeanImageError
 from PIL import Image
 
@@ -148,6 +148,6 @@ def test_geometry_writes_its_mesh_last_so_skip_existing_never_keeps_half_a_frame
         seen.append((path.name, mesh.exists(), mesh.with_suffix(".json").exists()))
         path.write_bytes(b"normals")
 
-    written, normals = products.write_geometry(mesh, result, discontinuity=0.04, write_normals=write_normals)
+    written, normals = moge2_mesh.write_geometry(mesh, result, discontinuity=0.04, write_normals=write_normals)
     assert seen == [("frame_0001_normal.exr", False, True)] and normals is None
     assert written == [mesh, mesh.with_suffix(".json")] and mesh.is_file()

@@ -121,6 +121,9 @@ def _draw_actions(layout, context) -> None:
             )
             _shot_buttons(box, s, context, family, model_id, model_path, values)
             continue
+        if not family.operator:  # a family without a single-image operator runs on sequences only
+            box.label(text="Runs on image sequences: tick Sequence above.", icon="INFO")
+            continue
         _operator(
             box,
             options.operator_idname(family),
@@ -138,7 +141,7 @@ def _shot_buttons(box, s, context, family, model_id, model_path, values) -> None
     common = dict(**_sequence_source(s, context), model_id=model_id, model_path=model_path, **values, **shot)
     row = box.row(align=True)
     _operator(row, "lean_image_ai.preview_frame", text="Preview Frame", icon="HIDE_OFF", family=family.id, **common)
-    if family.id == "moge2":
+    if "camera" in family.shot:
         _operator(row, "lean_image_ai.reconstruct_shot", text="Reconstruct Shot", icon="CAMERA_DATA", frames=s.sequence_frames, **common)
 
 
@@ -265,7 +268,7 @@ def _draw_sessions(layout, context) -> None:
     sub.enabled = bool(handles)
     _operator(sub, "lean_image_ai.unload_all", text="Unload All", icon="TRASH")
     row = layout.row(align=True)
-    _operator(row, "lean_image_ai.leak_check", text="Leak Check", icon="VIEWZOOM")
+    row.operator_menu_enum("lean_image_ai.leak_check", "family", text="Leak Check", icon="VIEWZOOM")
     _operator(row, "lean_image_ai.open_log_folder", text="Open Log Folder", icon="FILE_FOLDER")
 
 

@@ -25,7 +25,7 @@ from ..operators.prefs import (
 )
 from ..runtime import diagnostics, gpu_libraries, gpu_loading
 from ..runtime.providers import DEVICE_BY_KIND
-from ..runtime.settings import MAX_BYTES, MAX_RELEASE_DELAY_S
+from ..runtime.settings import MAX_BUDGET_MB, MAX_RELEASE_DELAY_S
 
 # identifier, label, description, onnxruntime provider needed (None: always offered), stable number.
 # The numbers are what Blender stores, so they must never change (a dynamic enum is saved as int).
@@ -68,12 +68,6 @@ def device_items(_self=None, _context=None):
     """Items callback of ``LeanImageAIPreferences.device`` (computed once, then cached)."""
     if not _device_items:
         _device_items.extend(compute_device_items())
-    return _device_items
-
-
-def refresh_device_items() -> list[tuple[str, str, str, str, int]]:
-    """Recompute the device list (e.g. after onnxruntime was installed); returns the new items."""
-    _device_items[:] = compute_device_items()
     return _device_items
 
 
@@ -259,7 +253,7 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         "refused with what it needs. Also caps the inference arena. 0: no limit",
         default=0,
         min=0,
-        max=MAX_BYTES >> 20,
+        max=MAX_BUDGET_MB,
         soft_max=262144,
     )
     ram_budget_mb: IntProperty(
@@ -268,7 +262,7 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         "each job like the GPU budget. 0: no limit (only the memory the system has free)",
         default=0,
         min=0,
-        max=MAX_BYTES >> 20,
+        max=MAX_BUDGET_MB,
         soft_max=1048576,
     )
     idle_unload_minutes: IntProperty(

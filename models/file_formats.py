@@ -1,0 +1,133 @@
+"""Every file format the add-on reads or writes, one row each (bpy-free).
+
+A row says what the format keeps (alpha, 16-bit, float samples), which writers write it (Pillow
+and OpenEXR for the command line, Blender inside Blender, the add-on itself for its data files)
+and Blender's ``file_format`` names for it. Every output check and every "use .png, .exr, ..."
+message is made from this table, so the command line and Blender never contradict each other.
+
+Read by: models/products.py (the families' format checks and their messages),
+models/result_images.py (the bits a file keeps), models/frame_lists.py (which files of a folder
+are frames), cli_images.py (the command line's check, writer and input kinds; cli_shot.py's float
+files), operators/sources.py and operators/batch_ops.py (Blender's output checks, its
+``file_format``, the kind of a read frame), operators/image_io.py (the EXR names),
+operators/results.py (the format a file is saved as; float files also in image_ops.py,
+shot_ops.py, shot_props.py). Adding a format is one row here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+PILLOW, OPENEXR, BLENDER, ADDON = "Pillow", "OpenEXR", "Blender", "the add-on"  # who writes a file
+
+
+@dataclass(frozen=True)
+class FileFormat:
+    suffixes: tuple[str, ...]  # the first is the one messages name
+    label: str
+    alpha: bool = False
+    sixteen_bit: bool = False  # keeps 16-bit samples
+    float_samples: bool = False  # its colour samples are float (an input of it is a float input)
+    float_by: frozenset[str] = frozenset()  # the writers that keep float values in it (one channel at least)
+    writers: frozenset[str] = frozenset()
+    blender_formats: tuple[str, ...] = ()  # Blender's Image.file_format names: the one written first
+    frames: bool = False  # a folder's files of this format are frames of a sequence
+    image: bool = True  # False: a data file the add-on writes beside an image or a mesh
+
+    @property
+    def blender_format(self) -> str:
+        """What Blender saves it as; "" when Blender does not write it here."""
+        return self.blender_formats[0] if BLENDER in self.writers else ""
+
+
+_ANY = frozenset({PILLOW, OPENEXR, BLENDER})
+
+FORMATS: tuple[FileFormat, ...] = (
+    FileFormat((".png",), "PNG", alpha=True, sixteen_bit=True, writers=frozenset({PILLOW, BLENDER}),
+               blender_formats=("PNG",), frames=True),
+    FileFormat((".exr",), "EXR", alpha=True, float_samples=True, float_by=frozenset({OPENEXR, BLENDER}),
+               writers=frozenset({OPENEXR, BLENDER}), blender_formats=("OPEN_EXR", "OPEN_EXR_MULTILAYER"),
+               frames=True),
+    FileFormat((".jpg", ".jpeg"), "JPEG", writers=frozenset({PILLOW, BLENDER}), blender_formats=("JPEG",), frames=True),
+    # Pillow keeps one float channel in a TIFF; Blender's TIFF writer is 8/16-bit
+    FileFormat((".tif", ".tiff"), "TIFF", alpha=True, sixteen_bit=True, float_by=frozenset({PILLOW}),
+               writers=frozenset({PILLOW, BLENDER}), blender_formats=("TIFF",), frames=True),
+    FileFormat((".webp",), "WebP", alpha=True, writers=frozenset({PILLOW}), blender_formats=("WEBP",), frames=True),
+    FileFormat((".bmp",), "BMP", writers=frozenset({PILLOW}), blender_formats=("BMP",), frames=True),
+    FileFormat((".tga",), "Targa", alpha=True, writers=frozenset({PILLOW}), blender_formats=("TARGA",), frames=True),
+    FileFormat((".hdr",), "Radiance HDR", float_samples=True, float_by=_ANY, blender_formats=("HDR",), frames=True),
+    # read by Blender (an image datablock's file), never written here
+    FileFormat((".dpx",), "DPX", blender_formats=("DPX",)),
+    FileFormat((".cin",), "Cineon", blender_formats=("CINEON",)),
+    FileFormat((".jp2", ".j2c"), "JPEG 2000", blender_formats=("JPEG2000",)),
+    FileFormat((".sgi", ".rgb"), "Iris", blender_formats=("IRIS",)),
+    # data files a family writes itself (models/products.py)
+    FileFormat((".ply",), "PLY mesh", writers=frozenset({ADDON}), image=False),
+    FileFormat((".json",), "JSON", writers=frozenset({ADDON}), image=False),
+)
+
+_BY_SUFFIX = {suffix: row for row in FORMATS for suffix in row.suffixes}
+
+
+def find(suffix: str) -> FileFormat | None:
+    return _BY_SUFFIX.get(suffix.lower())
+
+
+@dataclass(frozen=True)
+class Writer:
+    """A front-end's writers: which rows it can write, and where it keeps float values."""
+
+    name: str
+    libraries: frozenset[str]
+
+    def writes(self, suffix: str) -> bool:
+        row = find(suffix)
+        return row is not None and bool(row.writers & (self.libraries | {ADDON}))
+
+    def library(self, suffix: str) -> str:
+        """Which of its libraries writes ``suffix`` ("" when none does)."""
+        row = find(suffix)
+        found = sorted(row.writers & (self.libraries | {ADDON})) if row else []
+        return found[0] if found else ""
+
+    @property
+    def float_suffixes(self) -> frozenset[str]:
+        return frozenset(s for row in FORMATS if row.float_by & self.libraries for s in row.suffixes)
+
+    def advice(self, *, alpha: bool = False) -> str:
+        """The suffixes to suggest in a message, e.g. ".png, .exr, .jpg or .tif"."""
+        return _listed(
+            row.suffixes[0]
+            for row in FORMATS
+            if row.image and row.writers & self.libraries and (row.alpha or not alpha)
+        )
+
+
+COMMAND_LINE = Writer("the command line", frozenset({PILLOW, OPENEXR}))
+BLENDER_WRITER = Writer("Blender", frozenset({BLENDER}))
+
+FRAME_SUFFIXES: tuple[str, ...] = tuple(s for row in FORMATS if row.frames for s in row.suffixes)
+IMAGE_SUFFIXES: frozenset[str] = frozenset(s for row in FORMATS if row.image for s in row.suffixes)
+# Blender's file_format of a read image whose samples are float (16-bit PNG/TIFF load as float too)
+BLENDER_FLOAT_FILES: frozenset[str] = frozenset(n for row in FORMATS if row.float_samples for n in row.blender_formats)
+EXR_BLENDER_FORMATS: frozenset[str] = frozenset(find(".exr").blender_formats)
+
+
+def keeping(bits: str) -> str:
+    """The first suffix of the table whose files keep ``bits`` ("16-bit" or "float") and that every
+    front-end writes, for notes such as "write .png (16-bit) or .exr (float)"."""
+    both = COMMAND_LINE.libraries | BLENDER_WRITER.libraries
+    for row in FORMATS:
+        keeps = row.sixteen_bit if bits == "16-bit" else row.float_samples and row.float_by & BLENDER_WRITER.libraries
+        if row.image and keeps and BLENDER in row.writers and row.writers & both - {BLENDER}:
+            return row.suffixes[0]
+    raise ValueError(f"no format keeps {bits} samples")
+
+
+KEEP_BITS = f"write {keeping('16-bit')} (16-bit) or {keeping('float')} (float)"
+
+
+def _listed(items: Iterable[str]) -> str:
+    items = list(items)
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"

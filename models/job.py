@@ -1,0 +1,81 @@
+"""One family job, defined once (bpy-free): the family, the model it runs, the artist's option
+values, the device and the memory budgets, and the one call that runs it on frames.
+
+Every front-end builds its job here and runs it through :meth:`FamilyJob.infer` (the callable a
+models/sequence.py BatchRun takes): the command line (cli.py), the farm's workers
+(farm_worker.py), Blender's single-image operators (operators/model_job.py), Process Sequence
+(operators/batch_ops.py) and the leak check (models/leak_job.py). So they agree on:
+
+- which model a ``--model``/Model text names (models/library.py ``names_a_file``);
+- the adapter's keywords (the model's settings and the job's option values);
+- the budgets: :meth:`infer` gives them to the runtime (runtime/settings.py ``MemoryBudgets``),
+  which checks them before each load and run, and an upscale's auto tile size reads the one of the
+  device its session runs on; the same budgets and image give the same tile plan everywhere;
+- a model file not hashed since it changed is hashed by :meth:`infer`, on the worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..runtime.settings import MemoryBudgets
+from . import families, library
+from .base import JobOptions
+from .family import Family
+
+
+@dataclass
+class FamilyJob:
+    family_id: str
+    model: library.ModelChoice
+    values: dict = field(default_factory=dict)  # the family's option values (front-end-only ones too)
+    device: str = "auto"
+    budgets: MemoryBudgets = field(default_factory=MemoryBudgets)
+    # adapter keywords a later pass adds (a shot's focal length once its first pass settled it)
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def resolve(
+        cls,
+        family_id: str,
+        folder,
+        *,
+        model: str = "",
+        model_path: str = "",
+        values: dict | None = None,
+        device: str = "auto",
+        budgets: MemoryBudgets | None = None,
+        verify: bool = True,
+    ) -> FamilyJob:
+        """The job of ``family_id`` with ``model`` (an id or a file: one rule) or ``model_path``,
+        else the installed or embedded default, from the models ``folder``. ``verify=False`` leaves
+        the first-time hash of an installed file to :meth:`infer` (Blender's main thread)."""
+        family = families.get(family_id)
+        choice = library.resolve(family.id, Path(folder), model, model_path, verify=verify)
+        known = {o.name: o.default for o in family.options}
+        return cls(family.id, choice, {**known, **(values or {})}, device, budgets or MemoryBudgets())
+
+    @property
+    def family(self) -> Family:
+        return families.get(self.family_id)
+
+    def adapter_kwargs(self) -> dict:
+        return {**self.model.adapter_kwargs(self.family_id, **self.values), **self.extra}
+
+    def options(self, **fields) -> JobOptions:
+        """Job options on this job's device (progress, cancel, runtime as given)."""
+        return JobOptions(device=self.device, **fields)
+
+    def for_worker(self) -> FamilyJob:
+        """The same job for another process: the model named by its absolute path."""
+        model = library.ModelChoice(**{**vars(self.model), "path": str(Path(self.model.path).resolve())})
+        return FamilyJob(self.family_id, model, dict(self.values), self.device, self.budgets, dict(self.extra))
+
+    def infer(self, frames, options: JobOptions | None = None):
+        """Run the family's adapter on ``frames`` (one image, a list, or a lazy frame source) as
+        one runtime operation; the budgets go to the runtime first."""
+        options = options or self.options()
+        options.get_runtime().configure(**self.budgets.settings())
+        self.model.verify()
+        return self.family.run(frames, self.model.path, options=options, **self.adapter_kwargs())

@@ -1,0 +1,95 @@
+"""How a result becomes an image file's pixels and bits, for every front-end (bpy-free).
+
+A family's :class:`~.family.Output` names one of the two kinds here (a colour image, an image of
+values); models/products.py plans the files and the front-end's writer encodes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import file_formats
+
+
+@dataclass
+class ImageProduct:
+    pixels: np.ndarray  # HxW (one channel) or HxWxC float32
+    is_data: bool  # values, not colour: no colour transform, linear
+    value_range: tuple[float, float] | None = None  # what 0..1 stands for when normalised
+    bits: str = "8-bit"  # what the file keeps: "8-bit", "16-bit" or "float" (output_bits)
+    input_kind: str = "8-bit"  # what the source's samples were
+
+
+INPUT_KINDS = ("8-bit", "16-bit", "float")  # what an input image's samples are
+FLOAT_SUFFIXES = file_formats.COMMAND_LINE.float_suffixes  # the command line's writers' float files
+
+
+def output_bits(suffix: str, input_kind: str, float_suffixes=FLOAT_SUFFIXES) -> str:
+    """What a file of ``suffix`` keeps of an ``input_kind`` source: "float", "16-bit" or "8-bit"."""
+    row = file_formats.find(suffix)
+    if row is not None and row.float_samples and suffix.lower() in float_suffixes:
+        return "float"
+    if input_kind != "8-bit" and row is not None and row.sixteen_bit:
+        return "16-bit"
+    return "8-bit"
+
+
+@dataclass(frozen=True)
+class ColourImage:
+    """A colour result (``result.<attribute>``, HxWxC in 0..1), written with the source's bits."""
+
+    attribute: str
+
+    def product(self, result, suffix: str, float_suffixes=FLOAT_SUFFIXES) -> ImageProduct:
+        kind = getattr(result, "input_kind", "8-bit")
+        pixels = getattr(result, self.attribute)
+        return ImageProduct(pixels, is_data=False, bits=output_bits(suffix, kind, float_suffixes), input_kind=kind)
+
+    def describe(self, suffix: str, input_kind: str, float_suffixes=FLOAT_SUFFIXES) -> str:
+        bits = output_bits(suffix, input_kind, float_suffixes)
+        text = f"{bits} {suffix.lstrip('.').upper()}"
+        if bits != "8-bit" and input_kind != "8-bit":
+            text += f" (follows the {input_kind} input)"
+        return text
+
+
+@dataclass(frozen=True)
+class ValueImage:
+    """One channel of values (``result.<attribute>``, e.g. depth): kept as float where the file
+    holds float, else normalised to 0..1 and the range it was mapped from recorded."""
+
+    attribute: str
+
+    def product(self, result, suffix: str, float_suffixes=FLOAT_SUFFIXES) -> ImageProduct:
+        values = np.asarray(getattr(result, self.attribute), np.float32)
+        if suffix.lower() in float_suffixes:
+            return ImageProduct(values, is_data=True, bits="float")
+        low, high = float(values.min()), float(values.max())
+        span = high - low
+        normalised = (values - low) / span if span > 0 else np.zeros_like(values)
+        bits = output_bits(suffix, "float", float_suffixes)  # normalised: as many bits as the file holds
+        return ImageProduct(normalised.astype(np.float32), is_data=True, value_range=(low, high), bits=bits)
+
+    def describe(self, suffix: str, input_kind: str, float_suffixes=FLOAT_SUFFIXES) -> str:
+        if suffix.lower() in float_suffixes:
+            bits = "float"
+        else:
+            row = file_formats.find(suffix)
+            bits = "16-bit normalised" if row is not None and row.sixteen_bit else "8-bit normalised"
+        return f"{bits} {suffix.lstrip('.').upper()}"
+
+
+def range_notes(path: Path, product: ImageProduct) -> list[str]:
+    """What the file does not keep of the result, for the report."""
+    if product.input_kind != "8-bit" and product.bits == "8-bit":
+        return [
+            f"{path.name}: the input has {product.input_kind} samples but {path.suffix.lstrip('.').upper()} "
+            f"holds 8 bits; {file_formats.KEEP_BITS} to keep them."
+        ]
+    if product.value_range is None:
+        return []
+    low, high = product.value_range
+    return [f"{path.name}: values {low:.6g}..{high:.6g} were mapped to 0..1 (write .exr to keep them)."]

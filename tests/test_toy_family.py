@@ -1,0 +1,251 @@
+"""A fifth model family defined here, in one module and one registry entry, with nothing else of
+the add-on edited: it shows up in the command line's subcommands and runs there, in the farm's
+subcommands and its worker, in the scene settings, the N-panel and Process Sequence (real bpy),
+and writes its files. Its model, built here, inverts the colours (1 - x).
+
+The Blender part and the command-line run happen in fresh interpreters: the operators' and the
+scene settings' properties are made from the registry when those modules are imported, so the
+family is registered first, as a plug-in would be. The in-process checks put the registry back.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from lean_image_ai import cli
+from lean_image_ai.models import families, products
+from onnx import TensorProto, helper, numpy_helper
+from onnx_builders import save_model
+from PIL import Image
+
+TESTS = Path(__file__).resolve().parent
+
+TOY_MODULE = '''
+"""Colour inversion: a family written by tests/test_toy_family.py, outside the add-on."""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lean_image_ai.models.base import JobOptions, ResultSink, as_frames
+from lean_image_ai.models.family import Family, Option, Output
+from lean_image_ai.models.imaging import from_nchw, prepare_image, to_nchw
+from lean_image_ai.models.result_images import ColourImage
+from lean_image_ai.runtime import mark_last
+
+
+@dataclass
+class InvertResult:
+    image: np.ndarray  # HxWx3 in 0..1
+    input_kind: str = "8-bit"
+    warnings: list = field(default_factory=list)
+
+
+def run(images, model_path, *, options=None, invert_amount=1.0):
+    options = options or JobOptions()
+    frames, single = as_frames(images)
+    results = ResultSink(options)
+    with options.get_runtime().operation("invert", cancel=options.cancel) as op:
+        handle = op.session(model_path, options.device)
+        for image, last in mark_last(frames):
+            prepared = prepare_image(image)
+            outputs = op.run(handle, {handle.inputs[0].name: to_nchw(prepared.rgb)}, last=last)
+            inverted = from_nchw(outputs[handle.outputs[0].name])
+            mixed = prepared.rgb + invert_amount * (inverted - prepared.rgb)
+            results.add(InvertResult(np.clip(mixed, 0.0, 1.0), prepared.kind))
+    return results.value(single)
+
+
+FAMILY = Family(
+    id="invert",
+    title="colour inversion",
+    produces="the image with its colours inverted",
+    run=run,
+    settings=(),
+    user_defaults={},
+    options=(Option("invert_amount", float, 1.0, "Amount", "0: unchanged, 1: fully inverted", min=0.0, max=1.0),),
+    action="Invert Colours",
+    icon="IMAGE_RGB",
+    command="invert",
+    output=Output(tag="inverted", what="an inverted image", suffix=".png", float_suffix=".exr", image=ColourImage("image")),
+)
+'''
+
+REGISTER = "import sys\nsys.path.insert(0, {folder!r})\nimport toy_invert\nfrom lean_image_ai.models import families\nfamilies.register(toy_invert.FAMILY)\n"
+
+
+def invert_model(path: Path) -> Path:
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, "h", "w"])
+    y = helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 3, "h", "w"])
+    one = numpy_helper.from_array(np.ones((1,), np.float32), "one")
+    node = helper.make_node("Sub", ["one", "input"], ["output"])
+    return save_model(helper.make_graph([node], "invert", [x], [y], [one]), path)
+
+
+@pytest.fixture
+def toy(tmp_path):
+    """(folder holding toy_invert.py, the model, a folder of three frames)."""
+    folder = tmp_path / "plugin"
+    folder.mkdir()
+    (folder / "toy_invert.py").write_text(textwrap.dedent(TOY_MODULE))
+    model = invert_model(tmp_path / "invert.onnx")
+    frames = tmp_path / "plates"
+    frames.mkdir()
+    rng = np.random.default_rng(0)
+    for n in range(1, 4):
+        Image.fromarray((rng.random((12, 16, 3)) * 255).astype(np.uint8)).save(frames / f"plate_{n:04d}.png")
+    return folder, model, frames
+
+
+def assert_inverted(source: Path, written: Path) -> None:
+    with Image.open(source) as a, Image.open(written) as b:
+        expected = 255 - np.asarray(a.convert("RGB"), np.int16)
+        got = np.asarray(b.convert("RGB"), np.int16)
+    assert got.shape == expected.shape and np.abs(got - expected).max() <= 1, written
+
+
+@pytest.fixture
+def registered_here(toy, monkeypatch):
+    """The family registered in this process; the registry is put back after the test."""
+    monkeypatch.setattr(families, "ALL", families.ALL)
+    monkeypatch.setattr(families, "IDS", families.IDS)
+    monkeypatch.setattr(families, "_BY_ID", dict(families._BY_ID))
+    monkeypatch.syspath_prepend(str(toy[0]))
+    import toy_invert
+
+    families.register(toy_invert.FAMILY)
+    yield toy_invert.FAMILY
+    sys.modules.pop("toy_invert", None)
+
+
+def test_the_command_line_and_the_farm_list_it_with_its_options(registered_here):
+    parser = cli.build_parser()
+    args = parser.parse_args(["invert", "in.png", "out.png", "--invert-amount", "0.5"])
+    assert args.family is registered_here and args.invert_amount == 0.5
+    farm = parser.parse_args(["farm", "invert", "in_####.png", "out/", "--workers", "2", "--invert-amount", "0"])
+    assert farm.family is registered_here and farm.invert_amount == 0.0 and farm.workers == 2
+    with pytest.raises(SystemExit):  # its option's range is checked like the others'
+        parser.parse_args(["invert", "in.png", "--invert-amount", "2"])
+    assert products.default_name("invert", "photo") == "photo_inverted.png"
+    assert products.default_suffix("invert", "float") == ".exr"
+
+
+def test_the_farm_worker_writes_its_frames(registered_here, toy, tmp_path):
+    from lean_image_ai.farm_worker import FrameWorker
+    from lean_image_ai.models.job import FamilyJob
+
+    _, model, frames = toy
+    out = tmp_path / "farm_out"
+    out.mkdir()
+    chunk = [(n, str(frames / f"plate_{n:04d}.png"), str(out / f"plate_inverted_{n:04d}.png")) for n in (1, 2)]
+    job = FamilyJob.resolve("invert", tmp_path, model_path=str(model), values={"invert_amount": 1.0}, device="cpu")
+    worker = FrameWorker(job.for_worker())  # what the farm's driver hands each worker
+    messages = list(worker.process(chunk))
+    assert [m["frame"] for m in messages if "frame" in m and "error" not in m] == [1, 2], messages
+    for _, source, written in chunk:
+        assert_inverted(Path(source), Path(written))
+
+
+def test_the_command_line_runs_it_on_an_image_and_a_folder(toy, tmp_path):
+    folder, model, frames = toy
+    code = REGISTER.format(folder=str(folder)) + textwrap.dedent(f"""
+        from lean_image_ai.cli import main
+        one = main(["invert", {str(frames / "plate_0001.png")!r}, {str(tmp_path / "one.png")!r},
+                    "--model", {str(model)!r}, "--device", "cpu"])
+        many = main(["invert", {str(frames)!r}, "--model", {str(model)!r}, "--device", "cpu"])
+        sys.exit(one or many)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert_inverted(frames / "plate_0001.png", tmp_path / "one.png")
+    written = tmp_path / "plates_inverted"  # the family's tag names the default folder
+    assert sorted(p.name for p in written.iterdir()) == [f"plate_inverted_{n:04d}.png" for n in (1, 2, 3)]
+    for n in (1, 2, 3):
+        assert_inverted(frames / f"plate_{n:04d}.png", written / f"plate_inverted_{n:04d}.png")
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["command"] == "invert"
+
+
+BLENDER_CHECK = """
+import bpy
+import lean_image_ai
+from lean_image_ai.ui import panels
+sys.path.insert(0, {tests!r})
+from recording_layout import RecordingLayout
+
+lean_image_ai.register()
+try:
+    settings = bpy.context.scene.lean_image_ai
+    report = {{"settings": [n for n in ("invert_model", "invert_amount") if n in settings.bl_rna.properties]}}
+    family_items = bpy.ops.lean_image_ai.process_sequence.get_rna_type().properties["family"].enum_items
+    report["sequence_families"] = [item.identifier for item in family_items]
+    settings.invert_amount = 0.75
+    for use_sequence in (False, True):
+        settings.use_sequence = use_sequence
+        layout = RecordingLayout()
+        panels._draw_actions(layout, bpy.context)
+        buttons = [c for c in layout.operators("lean_image_ai.process_sequence") if c.props.get("family") == "invert"]
+        report[f"sequence_buttons_{{use_sequence}}"] = [c.props.get("invert_amount") for c in buttons]
+        report[f"labels_{{use_sequence}}"] = [t for t in layout.texts() if "Runs on image sequences" in t]
+    report["run"] = sorted(bpy.ops.lean_image_ai.process_sequence(
+        family="invert", source={frames!r}, output={out!r} + "/", model_path={model!r}, invert_amount=1.0))
+finally:
+    lean_image_ai.unregister()
+print(json.dumps(report))
+"""
+
+
+def test_blender_shows_it_and_process_sequence_writes_its_files(toy, tmp_path):
+    pytest.importorskip("bpy")
+    sys.path.insert(0, str(TESTS))
+    import blender_helpers as bh
+
+    folder, model, frames = toy
+    out = tmp_path / "blender_out"
+    code = "import json\n" + REGISTER.format(folder=str(folder)) + BLENDER_CHECK.format(
+        tests=str(TESTS), frames=str(frames), out=str(out), model=str(model)
+    )
+    env = bh.isolated_blender_env(tmp_path / "blender", pythonpath=[bh.package_search_dir(tmp_path / "pkg")])
+    done = bh.run_python(code, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["settings"] == ["invert_model", "invert_amount"]
+    assert report["sequence_families"][-1] == "invert"
+    assert report["sequence_buttons_True"] == [0.75]  # the scene's value goes to the button
+    assert report["sequence_buttons_False"] == [] and report["labels_False"]  # no single-image operator
+    assert report["run"] == ["FINISHED"]
+    for n in (1, 2, 3):
+        assert_inverted(frames / f"plate_{n:04d}.png", out / f"plate_inverted_{n:04d}.png")
+
+
+def test_a_family_naming_an_operator_it_lacks_is_refused_at_registration(toy, tmp_path):
+    pytest.importorskip("bpy")
+    sys.path.insert(0, str(TESTS))
+    import blender_helpers as bh
+
+    folder, _, _ = toy
+    code = REGISTER.format(folder=str(folder)).replace(
+        "families.register(toy_invert.FAMILY)",
+        "import dataclasses\nfamilies.register(dataclasses.replace(toy_invert.FAMILY, operator='invert_colours'))",
+    ) + textwrap.dedent("""
+        import bpy
+        import lean_image_ai
+        try:
+            lean_image_ai.register()
+        except RuntimeError as exc:
+            print("refused:", exc)
+            print("panel registered:", hasattr(bpy.types, "LEAN_IMAGE_AI_PT_view3d"))
+        else:
+            print("registered")
+    """)
+    env = bh.isolated_blender_env(tmp_path / "blender", pythonpath=[bh.package_search_dir(tmp_path / "pkg")])
+    done = bh.run_python(code, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "refused:" in done.stdout and "invert (lean_image_ai.invert_colours)" in done.stdout, done.stdout
+    assert "panel registered: False" in done.stdout
