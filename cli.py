@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from . import cli_images, cli_job, cli_models, cli_shot, farm_ray
-from .models import families, files, sequence
+from .models import families, files, frame_claims, sequence
 from .models.family import Family
 from .runtime import (
     event_file,
@@ -181,10 +181,23 @@ def _run(args) -> int:
     interrupt = args.interrupts
     options = job.options(progress=_Progress(), cancel=interrupt.event, runtime=runtime)
     job.extra.update(shot.first_pass(lambda record: sequence.BatchRun(refs, job.infer, read, record, options=options).run()))
+    # --skip-existing runs sharing a folder each compute a missing frame once (models/frame_claims.py)
+    claims = frame_claims.FrameClaims()
+    share = {"claim": lambda ref: claims.take(target[ref]), "release": lambda ref: claims.release(target[ref])}
     batch = sequence.BatchRun(
-        refs, job.infer, read, write, options=options, skip=skip.__contains__, stop_on_error=args.stop_on_error
+        refs,
+        job.infer,
+        read,
+        write,
+        options=options,
+        skip=skip.__contains__,
+        stop_on_error=args.stop_on_error,
+        **(share if args.skip_existing and not demo else {}),
     )
-    report = batch.run()
+    try:
+        report = batch.run()
+    finally:
+        claims.release_all()
     fallbacks = [e["message"] for e in runtime.events.recent("provider_fallback") if e["time"] >= since]
     for warning in dict.fromkeys([*fallbacks, *report.warnings]):  # each said once per job
         print(f"warning: {warning}")

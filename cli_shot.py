@@ -55,16 +55,24 @@ class ShotRun:
     """What the shot options add to one command's run: the frames, a first pass, the writer, the
     JSON fields (the options themselves: models/shot_batch.py's ShotSettings)."""
 
-    def __init__(self, family, args):
+    def __init__(self, family, args, *, farm: bool = False):
         self.preview = getattr(args, "preview", None)
+        if farm and self.preview is not None:
+            raise CommandLineError(f"--preview {self.preview} is one frame: run it without the farm ({family.command} ... --preview N).")
+        # what a farm worker needs to make the same settings (plain values: Ray sends them)
+        self.options = {
+            "depth_range": getattr(args, "depth_range", shot_depth.PER_FRAME),
+            "align_depth": bool(getattr(args, "align_depth", False)),
+            "camera": getattr(args, "camera", shot_camera.PER_FRAME),
+            "fov": getattr(args, "fov", None),
+        }
         try:
             self.settings = ShotSettings(
                 family.id,
-                depth_range=getattr(args, "depth_range", shot_depth.PER_FRAME),
-                align_depth=bool(getattr(args, "align_depth", False)),
-                camera=getattr(args, "camera", shot_camera.PER_FRAME),
-                fov=getattr(args, "fov", None),
+                **self.options,
                 shard=args.shard,
+                skip_existing=bool(getattr(args, "skip_existing", False)),
+                farm=farm,
             )
         except LeanImageError as exc:
             raise CommandLineError(str(exc)) from None
@@ -91,23 +99,27 @@ class ShotRun:
         return self.settings.adapter_kwargs()
 
     def writer(self, write_result):
-        """``write_result(family_id, out, result, values)``, with the shot's depth product."""
-        if self.settings.depth is None:
-            return write_result
-
-        from . import cli_images
-
-        def write(family_id, out, result, values):
-            product, notes = self.settings.depth_product(result.depth, out.suffix, file_formats.COMMAND_LINE.float_suffixes)
-            notes = notes + cli_images.write_image(out, product)
-            low, high = product.metadata["lean_image_ai:depth_range"].split()
-            size = f"{product.pixels.shape[1]}x{product.pixels.shape[0]}"
-            return notes, f"wrote: {out} {size}, depth range {float(low):.6g}..{float(high):.6g}"
-
-        return write
+        return shot_writer(self.settings, write_result)
 
     def as_dict(self) -> dict:
         fields = self.settings.as_dict()
         if self.preview is not None:
             fields["preview"] = self.preview
         return fields
+
+
+def shot_writer(settings: ShotSettings, write_result):
+    """``write_result(family_id, out, result, values)``, with the shot's depth product."""
+    if settings.depth is None:
+        return write_result
+
+    from . import cli_images
+
+    def write(family_id, out, result, values):
+        product, notes = settings.depth_product(result.depth, out.suffix, file_formats.COMMAND_LINE.float_suffixes)
+        notes = notes + cli_images.write_image(out, product)
+        low, high = product.metadata["lean_image_ai:depth_range"].split()
+        size = f"{product.pixels.shape[1]}x{product.pixels.shape[0]}"
+        return notes, f"wrote: {out} {size}, depth range {float(low):.6g}..{float(high):.6g}"
+
+    return write

@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import cli_job
+from . import cli_job, cli_shot
 from .cli_images import CommandLineError
 from .farm_worker import FrameWorker
 from .models import families, files, frame_lists, products
@@ -60,6 +60,7 @@ def add_parser(subparsers) -> None:
             family.command, help=cli_job.argparse_text(f"{family.title}: {family.produces}")
         )
         cli_job.family_arguments(parser, family)
+        cli_shot.add_arguments(parser, family)  # those a farm can honour; the rest refused in run()
         parser.add_argument(
             "--address",
             type=_address_arg,
@@ -367,7 +368,9 @@ def run(args, *, on_event=None, worker_class=FrameWorker) -> int:
     parse_device(args.device)  # a typo fails here, before Ray starts
     if not (args.input or args.input_opt):
         raise CommandLineError("Give an INPUT image, folder or pattern on storage every worker can read.")
+    shot = cli_shot.ShotRun(family, args, farm=True)  # a shot value that needs the whole shot first is refused
     job = cli_job.family_job(family, args).for_worker()
+    job.extra.update(shot.settings.adapter_kwargs())  # a given field of view
     refs, outputs, skip = cli_job.plan(family, args)
     todo = [_Frame(ref, out, family.id) for ref, out in zip(refs, outputs, strict=True) if ref not in skip]
     before = memory_snapshot(None)
@@ -385,7 +388,7 @@ def run(args, *, on_event=None, worker_class=FrameWorker) -> int:
         worker = ray.remote(worker_class).options(
             num_cpus=threads, num_gpus=args.gpus_per_worker, max_restarts=-1, max_task_retries=0
         )
-        actors = [worker.remote(job, threads) for _ in range(count)]
+        actors = [worker.remote(job, threads, shot=shot.options) for _ in range(count)]
         farm = Farm(
             ray, actors, todo, chunk_size, max_tries=max(1, args.max_tries), stop_on_error=args.stop_on_error,
             on_event=_Progress(len(todo), count, on_event),
@@ -434,7 +437,8 @@ def run(args, *, on_event=None, worker_class=FrameWorker) -> int:
     for warning in dict.fromkeys(report.warnings):
         print(f"warning: {warning}", file=sys.stderr)
     print(json.dumps(cli_job.summary(
-        family, args.shard, refs, report, memory, output_type=cli_job.output_type(family, refs, outputs), farm=details
+        family, args.shard, refs, report, memory, output_type=cli_job.output_type(family, refs, outputs), farm=details,
+        **shot.as_dict(),
     )))
     for number, error in report.failed:
         print(f"error: frame {number}: {error}", file=sys.stderr)

@@ -20,10 +20,11 @@ import threading
 import time
 from pathlib import Path
 
-from . import cli_images, cli_job
+from . import cli_images, cli_job, cli_shot
 from .models.frame_lists import FrameRef
 from .models.job import FamilyJob
 from .models.sequence import BatchRun
+from .models.shot_batch import ShotSettings
 from .runtime import get_runtime
 from .runtime.errors import LeanImageError
 from .runtime.memory import peak_rss_bytes, reset_peak_rss
@@ -33,8 +34,11 @@ class FrameWorker:
     """One worker: the driver's family job (models/job.py, the model named by its absolute path),
     ``threads`` intra-op threads per session."""
 
-    def __init__(self, job: FamilyJob, threads: int = 1):
+    def __init__(self, job: FamilyJob, threads: int = 1, shot: dict | None = None):
         self.job = job
+        # the driver's shot options (cli_shot.ShotRun.options): a given depth range or field of view
+        settings = ShotSettings(job.family_id, **(shot or {}), farm=True)
+        self.write_result = cli_shot.shot_writer(settings, cli_job.write_result)
         self.runtime = get_runtime()
         if threads:  # sessions made from now on; a worker makes its one session after this
             self.runtime.configure(intra_op_threads=int(threads))
@@ -102,5 +106,5 @@ class FrameWorker:
 
     def write(self, ref: FrameRef, out: Path, result) -> list[str]:
         """Write one frame as the command line does; returns the notes for the user."""
-        notes, _ = cli_job.write_result(self.job.family_id, out, result, self.job.values)
+        notes, _ = self.write_result(self.job.family_id, out, result, self.job.values)
         return notes

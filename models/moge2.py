@@ -38,7 +38,7 @@ from .family import Family, Option, Output, Setting, int_range, positive_int, un
 from .imaging import prepare_image, resize, to_nchw
 from .moge2_contract import bind_contract
 from .moge2_mesh import normal_map, write_geometry
-from .moge2_solver import DegenerateGeometryError, recover_focal_shift
+from .moge2_solver import DegenerateGeometryError, recover_focal_shift, shift_for_focal
 from .result_images import ImageProduct
 
 PATCH_SIZE = 14
@@ -257,7 +257,7 @@ def _postprocess(
             focal, shift = recover_focal_shift(points, valid)
         else:
             focal = shot_camera.moge_focal(focal_width, model_h, model_w)
-            shift = shot_camera.shift_for_focal(points, valid, focal)
+            shift = shift_for_focal(points, valid, focal)
     except DegenerateGeometryError as exc:
         raise InvalidModelOutputError(
             f"{model_name} gave no usable geometry for {label}: {exc} (mask threshold "

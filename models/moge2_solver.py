@@ -156,12 +156,13 @@ def _robust_inliers(xy, z, uv) -> np.ndarray:
     return _within(xy, z, uv, shift, kept)
 
 
-def _within(xy, z, uv, shift: float, fitted: np.ndarray) -> np.ndarray:
-    """The points within OUTLIER_SIGMAS robust deviations of the camera (focal for ``shift``)
-    fitted to the points ``fitted``."""
+def _within(xy, z, uv, shift: float, fitted: np.ndarray, focal: float | None = None) -> np.ndarray:
+    """The points within OUTLIER_SIGMAS robust deviations of the camera (``focal``, or the focal
+    for ``shift`` fitted to the points ``fitted``)."""
     front = z + shift > 0.0
     projected = np.where(front[:, None], xy / np.where(front, z + shift, 1.0)[:, None], 0.0)
-    focal = float(np.sum(projected[fitted] * uv[fitted])) / max(float(np.sum(projected[fitted] ** 2)), 1e-300)
+    if focal is None:
+        focal = float(np.sum(projected[fitted] * uv[fitted])) / max(float(np.sum(projected[fitted] ** 2)), 1e-300)
     distance = np.hypot(*(focal * projected - uv).T)
     # the fitted points' median residual norm is 1.1774 sigma for a 2-D Gaussian (Rayleigh median)
     sigma = float(np.median(distance[fitted])) / 1.1774
@@ -169,21 +170,25 @@ def _within(xy, z, uv, shift: float, fitted: np.ndarray) -> np.ndarray:
     return np.flatnonzero(front & (distance <= OUTLIER_SIGMAS * max(sigma, floor)))
 
 
-def solve_focal_shift(uv: np.ndarray, xyz: np.ndarray, *, iterations: int = 80) -> tuple[float, float]:
+def solve_focal_shift(
+    uv: np.ndarray, xyz: np.ndarray, *, iterations: int = 80, focal: float | None = None
+) -> tuple[float, float]:
     """(focal, shift) minimising sum |f * xy / (z + s) - uv|^2 over the inliers (module doc),
-    with every inlier's z + s > 0. The search runs over t = z_min + s (depth of the nearest
-    inlier), in log t (:func:`_minimise_log`)."""
+    with every inlier's z + s > 0; a given ``focal`` (one camera for a shot) is kept and only the
+    shift solved. The search runs over t = z_min + s (depth of the nearest inlier), in log t
+    (:func:`_minimise_log`)."""
     uv = np.asarray(uv, np.float64).reshape(-1, 2)
     xyz = np.asarray(xyz, np.float64).reshape(-1, 3)
     xy, z = xyz[:, :2], xyz[:, 2]
     _check_points(xy, z)
     inliers = _robust_inliers(xy, z, uv)
+    given = focal
     for _ in range(REFITS):
         _check_points(xy[inliers], z[inliers])
-        focal, shift = _least_squares(uv[inliers], xy[inliers], z[inliers], iterations)
+        focal, shift = _least_squares(uv[inliers], xy[inliers], z[inliers], iterations, given)
         if len(inliers) == len(z):
             break  # a clean map: exactly the plain least squares
-        again = _within(xy, z, uv, shift, inliers)
+        again = _within(xy, z, uv, shift, inliers, given)
         if np.array_equal(again, inliers):
             break
         inliers = again
@@ -208,14 +213,43 @@ def _check_points(xy, z) -> None:
         )
 
 
-def _least_squares(uv, xy, z, iterations: int) -> tuple[float, float]:
+def _least_squares(uv, xy, z, iterations: int, focal: float | None = None) -> tuple[float, float]:
+    """(focal, shift) of the plain least squares: the focal fitted with the shift, or the one given."""
     z_min, scale = float(z.min()), float(z.max() - z.min())
 
     def cost(log_t):
-        return _focal_for_shift(xy, z, uv, math.exp(log_t) * scale - z_min)[1]
+        shift = math.exp(log_t) * scale - z_min
+        if focal is None:
+            return _focal_for_shift(xy, z, uv, shift)[1]
+        residual = focal * xy / (z + shift)[:, None] - uv
+        return float(np.sum(residual * residual))
 
     shift = math.exp(_minimise_log(cost, iterations)) * scale - z_min
-    return _focal_for_shift(xy, z, uv, shift)[0], shift
+    return (_focal_for_shift(xy, z, uv, shift)[0] if focal is None else focal), shift
+
+
+def _valid_samples(points, mask, grid: int, min_points: int):
+    """(xyz, uv) of an HxWx3 point map's finite, masked pixels on the solver's subsample."""
+    points = np.asarray(points)
+    if points.ndim != 3 or points.shape[2] != 3:
+        raise ValueError(f"points must be HxWx3, got shape {points.shape}")
+    height, width = points.shape[:2]
+    valid = np.isfinite(points).all(axis=2)
+    if mask is not None:
+        mask = np.asarray(mask, bool)
+        if mask.shape != (height, width):
+            raise ValueError(f"mask shape {mask.shape} does not match points {points.shape[:2]}")
+        valid &= mask
+    return _subsample(points, view_plane_uv(height, width), valid, grid, min_points)
+
+
+def shift_for_focal(
+    points: np.ndarray, mask: np.ndarray | None, focal: float, *, grid: int = 64, min_points: int = 1024
+) -> float:
+    """The z-shift of an HxWx3 affine point map for a given ``focal`` (MoGe's convention; one
+    camera for a shot, models/shot_camera.py), as robust to outliers as the joint fit."""
+    xyz, uv = _valid_samples(points, mask, grid, min_points)
+    return solve_focal_shift(uv, xyz, focal=focal)[1]
 
 
 def recover_focal_shift(
@@ -227,17 +261,7 @@ def recover_focal_shift(
     `shift` is added to z. Solved on a `grid` x `grid` nearest subsample of the valid pixels, refined
     to a denser grid when fewer than `min_points` valid samples land on it (small masks).
     """
-    points = np.asarray(points)
-    if points.ndim != 3 or points.shape[2] != 3:
-        raise ValueError(f"points must be HxWx3, got shape {points.shape}")
-    height, width = points.shape[:2]
-    valid = np.isfinite(points).all(axis=2)
-    if mask is not None:
-        mask = np.asarray(mask, bool)
-        if mask.shape != (height, width):
-            raise ValueError(f"mask shape {mask.shape} does not match points {points.shape[:2]}")
-        valid &= mask
-    xyz, uv = _subsample(points, view_plane_uv(height, width), valid, grid, min_points)
+    xyz, uv = _valid_samples(points, mask, grid, min_points)
     focal, shift = solve_focal_shift(uv, xyz)
     if math.isfinite(focal) and focal > 0:
         fov = math.degrees(2.0 * math.atan(1.0 / focal))  # focal is relative to the half diagonal

@@ -150,9 +150,14 @@ class BatchRun:
         skip: Callable[[FrameRef], bool] = lambda ref: False,
         stop_on_error: bool = False,
         depth: int = 2,
+        claim: Callable[[FrameRef], bool] = lambda ref: True,
+        release: Callable[[FrameRef], None] = lambda ref: None,
     ):
         self.report = BatchReport(total=len(refs))
         self._infer, self._read, self._write = infer, read, write
+        # taken just before a frame is read (another process may be computing it: then skipped),
+        # released once it is written or failed (models/frame_claims.py)
+        self._claim, self._release = claim, release
         self._options = options
         self._stop_on_error = stop_on_error
         self._cancel = options.cancel if isinstance(options.cancel, threading.Event) else threading.Event()
@@ -246,7 +251,10 @@ class BatchRun:
     def _feed_one(self) -> None:
         ref = self._todo.popleft()
         try:
-            self._frames.put(ref, self._read(ref))
+            if self._claim(ref):
+                self._frames.put(ref, self._read(ref))
+            else:
+                self.report.skipped.append(ref.number)
         except Exception as exc:  # noqa: BLE001 - any unreadable frame is reported, never raised
             self._frame_failed(ref, exc, before_model=True)
         if not self._todo:
@@ -290,6 +298,7 @@ class BatchRun:
                         self.report.warnings.extend(getattr(result, "warnings", None) or [])
                     except Exception as exc:  # noqa: BLE001 - reported per frame
                         self._frame_failed(ref, exc)
+                    self._release(ref)
                 progressed = True
             if time.monotonic() >= deadline:
                 return False
@@ -297,6 +306,7 @@ class BatchRun:
                 time.sleep(0.002)
 
     def _frame_failed(self, ref: FrameRef, exc: BaseException, *, before_model: bool = False) -> None:
+        self._release(ref)
         exc = _as_lean_error(exc)
         text = str(exc) if isinstance(exc, LeanImageError | OSError) else f"{type(exc).__name__}: {exc}"
         self.report.failed.append((ref.number, text))

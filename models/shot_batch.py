@@ -19,7 +19,8 @@ from .sequence import BatchRun
 
 class ShotSettings:
     def __init__(self, family_id: str, *, depth_range: str = shot_depth.PER_FRAME, align_depth: bool = False,
-                 camera: str = shot_camera.PER_FRAME, fov: float | None = None, shard=None):
+                 camera: str = shot_camera.PER_FRAME, fov: float | None = None, shard=None,
+                 skip_existing: bool = False, farm: bool = False):
         self.family_id = family_id
         self.depth = None
         self.camera = None
@@ -30,6 +31,22 @@ class ShotSettings:
         if "camera" in shot:
             chosen = shot_camera.ShotCamera(camera, fov)
             self.camera = chosen if chosen.changes_output else None
+        if self.depth is not None and self.depth.align and (skip_existing or shard or farm):
+            # Refused, not resumed from the written file: only a float EXR holds the aligned depth
+            # exactly (8/16-bit files are quantised and clipped to the range), and a frame another
+            # process is computing now (frame claims) has no file yet to align to.
+            breaks = "Skip Existing (--skip-existing)" if skip_existing else "a shard" if shard else "a farm"
+            raise LeanImageError(
+                f"Align Depth (--align-depth) aligns each frame to the one before it, so it runs the shot in "
+                f"order from its first frame, and {breaks} would restart that chain part-way. Run the whole "
+                "shot in one job (Overwrite, --overwrite), or turn off Align Depth."
+            )
+        if farm and self.needs_first_pass:
+            raise LeanImageError(
+                "A farm writes frames as they are computed, so it cannot look at the whole shot first. Give the "
+                "shot's values: a depth range A:B (--depth-range A:B; a run with --depth-range auto-shot prints it "
+                "as 'shot depth range: A..B'), a field of view (--fov DEG; --camera shot prints it)."
+            )
         if shard and self.needs_first_pass:
             raise LeanImageError(
                 "A shot-wide depth range (auto-shot) or one camera fitted for the shot looks at the whole "

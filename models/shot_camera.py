@@ -4,7 +4,7 @@ z-shift solved for that focal.
 MoGe-2 recovers focal and shift per frame (models/moge2_solver.py), so a locked-off shot's field
 of view jitters. Here the focal is the median of the frames' own fits (robust to the few frames
 whose geometry is ambiguous), or a field of view the artist gives; each frame then only solves
-its shift. Focals are carried as ``fx / image width`` (``focal_width``), which does not depend
+its shift (models/moge2_solver.py's shift_for_focal). Focals are carried as ``fx / image width`` (``focal_width``), which does not depend
 on the size the model ran at.
 """
 
@@ -13,10 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 
-import numpy as np
-
 from ..runtime.errors import LeanImageError
-from .moge2_solver import MIN_VALID_POINTS, DegenerateGeometryError, _subsample, view_plane_uv
 
 PER_FRAME, SHOT = "per-frame", "shot"
 MODES = (PER_FRAME, SHOT)
@@ -42,48 +39,6 @@ def shot_focal_width(focal_widths) -> float:
     if not values:
         raise LeanImageError("No frame of the shot gave a camera, so there is no shot focal; nothing was written.")
     return statistics.median(values)
-
-
-def solve_shift(uv: np.ndarray, xyz: np.ndarray, focal: float, *, iterations: int = 80) -> float:
-    """The shift minimising sum |focal * xy / (z + s) - uv|^2 with every z + s > 0: a log-spaced
-    scan of the nearest point's depth, then golden-section refinement (as the joint solve)."""
-    uv = np.asarray(uv, np.float64).reshape(-1, 2)
-    xyz = np.asarray(xyz, np.float64).reshape(-1, 3)
-    xy, z = xyz[:, :2], xyz[:, 2]
-    if len(z) < MIN_VALID_POINTS:
-        raise DegenerateGeometryError(f"only {len(z)} valid point(s); at least {MIN_VALID_POINTS} are needed")
-    z_min = float(z.min())
-    scale = max(float(np.ptp(z)), float(np.abs(xy).max()), 1e-12)
-
-    def cost(log_t):
-        residual = focal * xy / (z + (math.exp(log_t) * scale - z_min))[:, None] - uv
-        return float(np.sum(residual * residual))
-
-    grid = np.linspace(math.log(1e-4), math.log(1e8), 121)
-    costs = [cost(g) for g in grid]
-    best = int(np.argmin(costs))
-    low, high = grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)]
-    ratio = (math.sqrt(5.0) - 1.0) / 2.0
-    for _ in range(iterations):
-        a, b = high - ratio * (high - low), low + ratio * (high - low)
-        if cost(a) <= cost(b):
-            high = b
-        else:
-            low = a
-        if high - low < 1e-13:
-            break
-    log_t = (low + high) / 2.0
-    if costs[best] < cost(log_t):
-        log_t = float(grid[best])
-    return math.exp(log_t) * scale - z_min
-
-
-def shift_for_focal(points: np.ndarray, mask: np.ndarray, focal: float, *, grid: int = 64) -> float:
-    """The z-shift of an HxWx3 affine point map for a given focal (MoGe's convention)."""
-    height, width = points.shape[:2]
-    valid = np.isfinite(points).all(axis=2) & np.asarray(mask, bool)
-    xyz, uv = _subsample(points, view_plane_uv(height, width), valid, grid, 1024)
-    return solve_shift(uv, xyz, focal)
 
 
 class ShotCamera:

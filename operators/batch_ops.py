@@ -145,6 +145,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(WorkerOperator, bpy.types.Operator):
         job.name = f"{family.action} (sequence)"
         frames = frame_lists.parse_frames(self.frames) if self.frames.strip() else None
         shard = frame_lists.parse_shard(self.shard)
+        shot = shot_props.settings_of(self, family.id, shard)  # a refused combination makes no folder
         output = sources.absolute_path(self.output) if self.output else None
         if output is not None and self.output.endswith(("/", "\\")):
             output = f"{output}{os.sep}"  # a folder still to be made keeps its trailing separator
@@ -177,7 +178,6 @@ class LEAN_IMAGE_AI_OT_process_sequence(WorkerOperator, bpy.types.Operator):
         family_job = prefs.family_job(context, self, family.id)  # a first-time hash runs on the worker
         values = family_job.values
         target = dict(zip(refs, outputs, strict=True))
-        shot = shot_props.settings_of(self, family.id, shard)
 
         def make_pass(write, shot_kwargs, first_pass):  # a shot's first pass records, skips nothing
             pass_job = replace(family_job, extra=dict(shot_kwargs))

@@ -60,6 +60,14 @@ def key_visible_on(obj, number: int, previous: int | None, following: int | None
         obj.keyframe_insert("hide_render", frame=frame)
 
 
+def _frame_texture(path, created):
+    """The frame's image for its material; recorded in ``created`` only when this load made it (an
+    image already in the file, the user's, is reused and never removed)."""
+    known = {image.as_pointer() for image in bpy.data.images}
+    texture = image_io.load_image_file(str(path), check_existing=True)
+    return texture if texture.as_pointer() in known else created.add(bpy.data.images, texture)
+
+
 @options.with_properties({**options.family_properties(moge2.FAMILY), **_source_properties(), **shot_props.shot_properties()})
 class LEAN_IMAGE_AI_OT_reconstruct_shot(WorkerOperator, bpy.types.Operator):
     """Reconstruct every frame of a shot with MoGe-2 under one camera"""
@@ -83,7 +91,9 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(WorkerOperator, bpy.types.Operator):
         numbers = [r.number for r in refs]
         following = dict(zip(numbers, numbers[1:] + [None], strict=True))
         previous = dict(zip(numbers, [None] + numbers[:-1], strict=True))
-        made = SimpleNamespace(objects=[], near=np.inf, far=0.0, fov_x=None, size=None, stem=refs[0].path.stem if refs else "shot")
+        made = SimpleNamespace(
+            objects=[], created=[], near=np.inf, far=0.0, fov_x=None, size=None, stem=refs[0].path.stem if refs else "shot"
+        )
         discontinuity = values["discontinuity"]
 
         def add_frame(ref, geometry):
@@ -92,12 +102,15 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(WorkerOperator, bpy.types.Operator):
                 raise LeanImageError(f"MoGe-2 found no geometry in frame {ref.number}; it has no mesh.")
             name = f"{ref.path.stem}_geometry"
             with results.created_data() as created:
-                texture = created.add(bpy.data.images, image_io.load_image_file(str(ref.path), check_existing=True))
+                texture = _frame_texture(ref.path, created)
                 mesh = created.add(bpy.data.meshes, results.build_mesh(name, arrays.vertices, arrays.quads, arrays.uv))
                 mesh.materials.append(created.add(bpy.data.materials, geometry_ops.make_material(name, texture)))
                 obj = created.add(bpy.data.objects, bpy.data.objects.new(name, mesh))
                 key_visible_on(obj, ref.number, previous[ref.number], following[ref.number])
+                if obj.animation_data is not None and obj.animation_data.action is not None:
+                    created.add(bpy.data.actions, obj.animation_data.action)
             made.objects.append(obj)
+            made.created.append(created)
             depth = geometry.depth[geometry.mask]
             made.near, made.far = min(made.near, float(depth.min())), max(made.far, float(depth.max()))
             made.fov_x, made.size = geometry.fov_x, geometry.mask.shape
@@ -128,13 +141,14 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(WorkerOperator, bpy.types.Operator):
     def finish(self, context, job: Job):
         report, made = job.inputs.report, job.inputs.made
         if report.cancelled or job.state == "failed":  # the frames made so far go again: nothing half-done stays
-            for obj in made.objects:
-                mesh = obj.data
-                bpy.data.objects.remove(obj)
-                bpy.data.meshes.remove(mesh)
+            for created in reversed(made.created):  # objects, actions, materials, meshes, textures this job made
+                created.remove_all()
             made.objects.clear()
         for warning in dict.fromkeys(report.warnings):
             self.report({"WARNING"}, warning)
+        if report.cancelled or job.state == "cancelled":  # what the user asked for: a warning, not an error
+            self.report({"WARNING"}, job.error_text or f"{self.job_title} was cancelled; nothing was changed.")
+            return {"CANCELLED"}
         if not made.objects:
             failed = "; ".join(f"frame {n}: {e}" for n, e in report.failed[:3])
             self.report({"ERROR"}, job.error_text or f"No frame gave a mesh. {failed}")

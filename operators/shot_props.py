@@ -54,6 +54,7 @@ def settings_of(owner, family_id: str, shard=None) -> ShotSettings:
         camera=owner.shot_camera,
         fov=owner.shot_fov or None,
         shard=shard,
+        skip_existing=bool(getattr(owner, "skip_existing", False)),
     )
 
 

@@ -142,6 +142,24 @@ def reset_blender(*, use_empty: bool = True) -> None:
     bpy.ops.wm.read_factory_settings(use_empty=use_empty)
 
 
+def fresh_blender(tmp_path: Path, monkeypatch, *, make_models_dir: bool = True):
+    """The body of an operator test module's autouse fixture (``yield from``): an empty models
+    folder of the test's own (no catalog model counts as installed unless the test says so; named
+    only, not made, for tests that list ``tmp_path``), a factory-reset Blender before and after,
+    and no job left running. Yields the models folder."""
+    from lean_image_ai.models import library
+    from lean_image_ai.operators import jobs
+
+    models_dir = tmp_path / "models"
+    if make_models_dir:
+        models_dir.mkdir(exist_ok=True)  # a named models folder that is missing is an error (for a catalog model)
+    monkeypatch.setenv(library.MODELS_DIR_ENV, str(models_dir))
+    reset_blender()
+    yield models_dir
+    assert jobs.manager.current is None, "a job was left running"
+    reset_blender()
+
+
 def remove_all_images() -> None:
     import bpy
 

@@ -18,6 +18,22 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
+@pytest.fixture(scope="session")
+def family_models(tmp_path_factory):
+    """A stand-in model of each family by its CLI command (tests/builders_*.py; upscale: None,
+    the embedded bicubic x2)."""
+    from builders_families import ben2_like_model, da3_like_model
+    from builders_moge2 import moge2_like_model
+
+    root = tmp_path_factory.mktemp("family_models")
+    return {
+        "remove-background": ben2_like_model(root / "ben2.onnx", size=64),
+        "depth": da3_like_model(root / "da3.onnx", fixed_hw=None),
+        "geometry": moge2_like_model(root / "moge2.onnx"),
+        "upscale": None,
+    }
+
+
 @pytest.fixture
 def fresh_runtime():
     """A private Runtime with the real onnxruntime (the process-wide one stays untouched)."""

@@ -19,7 +19,6 @@ bh.import_package()
 
 from builders_families import ben2_like_model, da3_like_model  # noqa: E402
 from builders_moge2 import moge2_like_model  # noqa: E402
-from lean_image_ai.models import library  # noqa: E402
 from lean_image_ai.operators import batch_ops, geometry_ops, image_ops, jobs  # noqa: E402
 from lean_image_ai.runtime import get_runtime  # noqa: E402
 from onnx_builders import sr_model  # noqa: E402
@@ -36,12 +35,7 @@ def registered():
 
 @pytest.fixture(autouse=True)
 def clean(tmp_path, monkeypatch):
-    (tmp_path / "models").mkdir()  # a named models folder that is missing is an error
-    monkeypatch.setenv(library.MODELS_DIR_ENV, str(tmp_path / "models"))
-    bh.reset_blender()
-    yield
-    assert jobs.manager.current is None, "a job was left running"
-    bh.reset_blender()
+    yield from bh.fresh_blender(tmp_path, monkeypatch)
 
 
 @pytest.fixture(scope="module")

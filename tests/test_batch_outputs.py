@@ -18,7 +18,7 @@ bh.import_package()
 
 from builders_families import da3_like_model  # noqa: E402
 from lean_image_ai import cli_images  # noqa: E402
-from lean_image_ai.models import library, upscale  # noqa: E402
+from lean_image_ai.models import upscale  # noqa: E402
 from lean_image_ai.operators import batch_ops, jobs  # noqa: E402
 
 BICUBIC = str(upscale.DEFAULT_MODEL_PATH)  # the embedded x2: a flat image stays flat
@@ -32,11 +32,7 @@ def registered():
 
 @pytest.fixture(autouse=True)
 def clean(tmp_path, monkeypatch):
-    monkeypatch.setenv(library.MODELS_DIR_ENV, str(tmp_path / "models"))
-    bh.reset_blender()
-    yield
-    assert jobs.manager.current is None, "a job was left running"
-    bh.reset_blender()
+    yield from bh.fresh_blender(tmp_path, monkeypatch, make_models_dir=False)
 
 
 def write_frames(folder: Path, numbers) -> Path:

@@ -138,20 +138,6 @@ def test_ctrl_c_cancels_between_runs_and_exits_130(tmp_path):
 # ---- every family, files and folders, output policy ------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def family_models(tmp_path_factory):
-    from builders_families import ben2_like_model, da3_like_model
-    from builders_moge2 import moge2_like_model
-
-    root = tmp_path_factory.mktemp("cli_models")
-    return {
-        "remove-background": ben2_like_model(root / "ben2.onnx", size=64),
-        "depth": da3_like_model(root / "da3.onnx", fixed_hw=None),
-        "geometry": moge2_like_model(root / "moge2.onnx"),
-        "upscale": None,  # the embedded bicubic x2
-    }
-
-
 def write_frames(folder, count=3, size=(30, 40)):
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(1)

@@ -15,20 +15,6 @@ from PIL import Image
 from test_cli import cli, model_args, summary
 
 
-@pytest.fixture(scope="module")
-def family_models(tmp_path_factory):
-    from builders_families import ben2_like_model, da3_like_model
-    from builders_moge2 import moge2_like_model
-
-    root = tmp_path_factory.mktemp("output_models")
-    return {
-        "remove-background": ben2_like_model(root / "ben2.onnx", size=64),
-        "depth": da3_like_model(root / "da3.onnx", fixed_hw=None),
-        "geometry": moge2_like_model(root / "moge2.onnx"),
-        "upscale": None,  # the embedded bicubic x2
-    }
-
-
 def frames_named(folder, numbers, size=(20, 30)):
     folder.mkdir(parents=True)
     rng = np.random.default_rng(7)

@@ -57,6 +57,28 @@ def test_farm_command_line_carries_the_family_options():
     assert (args.tile_size, args.workers, args.address, args.threads_per_worker) == (64, 3, "auto", 1)
 
 
+@pytest.mark.parametrize(
+    "command, options, says",
+    [
+        ("depth", ["--depth-range", "auto-shot"], "Give the shot's values: a depth range A:B"),
+        ("geometry", ["--camera", "shot"], "a field of view (--fov DEG; --camera shot prints it)"),
+        ("depth", ["--align-depth"], "Align Depth (--align-depth) aligns each frame to the one before it"),
+        ("depth", ["--preview", "2"], "--preview 2 is one frame: run it without the farm"),
+    ],
+)
+def test_shot_options_a_farm_cannot_honour_are_refused_before_ray_starts(tmp_path, command, options, says):
+    (tmp_path / "in").mkdir()
+    for n in (1, 2):
+        Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "in" / f"s_{n:04d}.png")
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"unused: refused first")
+    not_started = "import sys, types\nsys.modules['ray'] = types.ModuleType('ray')  # any use of Ray would fail"
+    done = run_cli("farm", command, str(tmp_path / "in"), "--model", str(model), *options, cwd=tmp_path, prelude=not_started)
+    assert done.returncode == cli.EXIT_ERROR
+    assert says in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "m.onnx"]  # nothing made
+
+
 # ---- on a real local Ray ----------------------------------------------------------------------
 
 
@@ -245,8 +267,18 @@ def test_a_model_the_family_cannot_use_ends_the_run_with_one_error(ray_local, pl
     assert list((tmp_path / "out").iterdir()) == []  # nothing written, no temp file
 
 
-@pytest.mark.parametrize("command", ["remove-background", "depth", "geometry"])
-def test_every_other_family_writes_on_the_farm_what_its_command_writes(ray_local, tmp_path, capsys, command):
+@pytest.mark.parametrize(
+    "command, shot",
+    [
+        ("remove-background", []),
+        ("depth", []),
+        ("geometry", []),
+        ("depth", ["--depth-range", "0.5:9"]),  # a given shot range: each frame writes with it
+        ("geometry", ["--fov", "40"]),  # one given camera for every frame
+    ],
+    ids=["remove-background", "depth", "geometry", "depth range A:B", "geometry fov"],
+)
+def test_every_other_family_writes_on_the_farm_what_its_command_writes(ray_local, tmp_path, capsys, command, shot):
     from builders_families import ben2_like_model, da3_like_model
     from builders_moge2 import moge2_like_model
 
@@ -257,7 +289,7 @@ def test_every_other_family_writes_on_the_farm_what_its_command_writes(ray_local
     for n in range(1, 5):
         rng = np.random.default_rng(n)
         Image.fromarray((rng.random((30, 40, 3)) * 255).astype(np.uint8)).save(tmp_path / "in" / f"shot_{n:04d}.png")
-    common = ["--model", str(model), "--device", "cpu"]
+    common = ["--model", str(model), "--device", "cpu", *shot]
     # Ray starts its workers with OMP_NUM_THREADS=1 (one per CPU they hold); numpy's BLAS then sums
     # in another order than on two threads, which float EXRs show (1.4e-6 on depths near 6 here)
     one_blas_thread = {"OMP_NUM_THREADS": "1"}
@@ -270,5 +302,9 @@ def test_every_other_family_writes_on_the_farm_what_its_command_writes(ray_local
     assert code == farm_ray.EXIT_OK, captured.err
     line = json.loads(captured.out.strip().splitlines()[-1])
     assert (line["command"], line["written"], line["failed"]) == (command, 4, [])
+    if "--depth-range" in shot:
+        assert line["depth_range"] == {"mode": "given", "range": [0.5, 9.0]}, line
+    if "--fov" in shot:
+        assert line["camera"]["fov_x_deg"] == pytest.approx(40.0), line
     # every file of every frame (geometry: the mesh and its companions), byte for byte, no temp file
     assert outputs(tmp_path / "farm") == outputs(tmp_path / "cli")

@@ -22,7 +22,7 @@ bpy = pytest.importorskip("bpy")
 bh.import_package()
 
 from builders_moge2 import moge2_like_model  # noqa: E402
-from lean_image_ai.models import library, moge2, moge2_mesh  # noqa: E402
+from lean_image_ai.models import moge2, moge2_mesh  # noqa: E402
 from lean_image_ai.models.base import JobOptions  # noqa: E402
 from lean_image_ai.operators import geometry_ops, image_io, image_ops, jobs  # noqa: E402
 from lean_image_ai.runtime import Runtime  # noqa: E402
@@ -39,12 +39,7 @@ def registered():
 
 @pytest.fixture(autouse=True)
 def clean(tmp_path, monkeypatch):
-    (tmp_path / "models").mkdir()  # a named models folder that is missing is an error
-    monkeypatch.setenv(library.MODELS_DIR_ENV, str(tmp_path / "models"))
-    bh.reset_blender()
-    yield
-    assert jobs.manager.current is None
-    bh.reset_blender()
+    yield from bh.fresh_blender(tmp_path, monkeypatch)
 
 
 @pytest.fixture(scope="module")

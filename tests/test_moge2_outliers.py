@@ -45,6 +45,16 @@ def test_a_few_per_cent_of_outliers_leave_the_focal_at_the_noise_level(height, w
     assert abs(ours_f - focal) <= abs(moge_f - focal)  # never worse than MoGe's own solver
 
 
+@pytest.mark.parametrize("fraction", [0.01, 0.05, 0.1])
+def test_the_shift_for_a_given_focal_leaves_the_same_outliers_out(fraction):
+    """A shot's camera (one focal for every frame) solves each frame's shift with the joint fit's
+    inliers: a few per cent of wild points leave it at the noise level."""
+    height, width, focal, shift = 48, 64, 1.2, 0.7
+    points, mask, wild = with_outliers(height, width, focal, shift, fraction, seed=5)
+    assert wild > 0
+    assert abs(moge2_solver.shift_for_focal(points, mask, focal) - shift) < 2e-3  # the plain fit: 70-220 off
+
+
 @pytest.mark.parametrize("height,width,focal,shift", [c for c in SOLVER_CASES if max(c[:2]) <= 64])
 def test_a_clean_map_gives_exactly_the_plain_least_squares(height, width, focal, shift):
     # up to 64 a side every valid pixel is a sample: the same points as scipy's

@@ -44,14 +44,7 @@ def registered():
 
 @pytest.fixture(autouse=True)
 def clean_blender(tmp_path, monkeypatch):
-    # an empty models folder of our own: no catalog model counts as installed unless a test says so
-    models_dir = tmp_path / "models"
-    models_dir.mkdir()
-    monkeypatch.setenv(library.MODELS_DIR_ENV, str(models_dir))
-    bh.reset_blender()
-    yield models_dir
-    assert jobs.manager.current is None, "a job was left running"
-    bh.reset_blender()
+    yield from bh.fresh_blender(tmp_path, monkeypatch)
 
 
 @pytest.fixture(scope="module")

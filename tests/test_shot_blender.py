@@ -18,7 +18,6 @@ bh.import_package()
 
 from builders_moge2 import moge2_like_model  # noqa: E402
 from builders_shot import background_mask, drifting_depth_model, write_shot  # noqa: E402
-from lean_image_ai.models import library  # noqa: E402
 from lean_image_ai.operators import batch_ops, geometry_ops, jobs, shot_ops  # noqa: E402
 from onnx_builders import sr_model  # noqa: E402
 from test_moge2 import red_image  # noqa: E402
@@ -34,11 +33,7 @@ def registered():
 
 @pytest.fixture(autouse=True)
 def clean(tmp_path, monkeypatch):
-    monkeypatch.setenv(library.MODELS_DIR_ENV, str(tmp_path / "models"))
-    bh.reset_blender()
-    yield
-    assert jobs.manager.current is None, "a job was left running"
-    bh.reset_blender()
+    yield from bh.fresh_blender(tmp_path, monkeypatch, make_models_dir=False)
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +70,16 @@ def test_process_sequence_with_one_depth_range_for_the_shot(tmp_path, models):
     assert spreads["auto-shot"] == 0 and spreads["per-frame"] > 20, spreads  # of 255: Blender writes 8-bit PNG
 
 
+def test_process_sequence_refuses_align_depth_with_skip_existing(tmp_path, models):
+    shot = write_shot(tmp_path / "in", 3, noise=False)
+    with pytest.raises(RuntimeError, match=r"Align Depth \(--align-depth\) aligns each frame to the one before it"):
+        bpy.ops.lean_image_ai.process_sequence(
+            family="da3", source=str(shot), output=str(tmp_path / "o" / "d_####.png"), model_path=str(models["da3"]),
+            align_depth=True, skip_existing=True,
+        )
+    assert not (tmp_path / "o").exists()
+
+
 def _red_shot(folder: Path, count: int = 4) -> Path:
     folder.mkdir()
     for n in range(1, count + 1):
@@ -101,6 +106,29 @@ def test_reconstruct_shot_makes_one_camera_and_a_mesh_per_frame(tmp_path, models
         shown = [o.name for o in meshes if not o.hide_render and not o.hide_viewport]
         assert shown == [f"r_{frame:04d}_geometry"], (frame, shown)
     assert not list(tmp_path.glob("**/*.ply"))  # a shot in the .blend, not files
+
+
+def test_cancelled_reconstruct_shot_leaves_no_data_of_its_own_and_keeps_the_users(tmp_path, models, monkeypatch):
+    """Cancel after two frames: the meshes, objects, materials, textures and visibility actions it
+    made are gone; an image of a frame the user had loaded before stays."""
+    shot = _red_shot(tmp_path / "in")
+    users_image = bpy.data.images.load(str(shot / "r_0002.png"))
+    kinds = ("objects", "meshes", "materials", "images", "actions")
+    before = {kind: set(getattr(bpy.data, kind).keys()) for kind in kinds}
+    real_key, keyed = shot_ops.key_visible_on, []
+
+    def key_then_cancel(obj, number, previous, following):
+        real_key(obj, number, previous, following)
+        keyed.append(number)
+        if number == 2:
+            jobs.manager.current.cancel()  # what Esc or the panel's Cancel does
+
+    monkeypatch.setattr(shot_ops, "key_visible_on", key_then_cancel)
+    result = bpy.ops.lean_image_ai.reconstruct_shot(source=str(shot), model_path=str(models["moge2"]), shot_fov=40.0)
+    assert result == {"CANCELLED"} and keyed[:2] == [1, 2]
+    after = {kind: set(getattr(bpy.data, kind).keys()) for kind in kinds}
+    assert after == before, {kind: after[kind] - before[kind] for kind in kinds}
+    assert bpy.data.images.get(users_image.name) == users_image
 
 
 def test_preview_frame_shows_one_frame_and_writes_nothing(tmp_path, models):

@@ -48,7 +48,7 @@ def test_shot_focal_is_one_focal_near_the_truth_where_frames_vary():
 
 def test_shift_for_a_given_focal():
     for points, mask, shift in _noisy_shot(6)[:2]:  # frames 0 and 1: 2 % noise
-        found = shot_camera.shift_for_focal(points, mask, FOCAL)
+        found = moge2_solver.shift_for_focal(points, mask, FOCAL)
         depth = points[..., 2][mask] + shift  # true depth 2.2..3.8
         assert abs(found - shift) < 0.03 * float(np.median(depth))
 

@@ -150,6 +150,20 @@ def test_cli_align_depth_with_shot_range(tmp_path, capsys, model):
     assert frame_to_frame_change(unaligned, background) > ALIGN_FACTOR * frame_to_frame_change(frames, background)
 
 
+@pytest.mark.parametrize("breaks", [["--skip-existing"], ["--shard", "1/2"]], ids=["skip-existing", "shard"])
+def test_align_depth_refuses_what_would_restart_its_chain(tmp_path, capsys, model, breaks):
+    """Aligning chains each frame to the one before: a resumed run (skipped frames, or frames
+    another process claims) or a shard would restart it part-way, so it is refused up front."""
+    shot = write_shot(tmp_path / "in", 3, noise=False)
+    out = tmp_path / "o"
+    code = main(["depth", str(shot), str(out / "d_####.exr"), "--model", str(model), "--align-depth", *breaks])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "Align Depth (--align-depth) aligns each frame to the one before it" in err, err
+    assert "Run the whole shot in one job (Overwrite, --overwrite), or turn off Align Depth." in err
+    assert not out.exists()
+
+
 def test_preview_writes_one_frame(tmp_path, capsys, model):
     shot = write_shot(tmp_path / "in", 5, noise=False)
     summary, _ = _cli_depth(tmp_path, capsys, shot, tmp_path / "o" / "d_####.png", model, "--preview", "3")
