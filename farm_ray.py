@@ -13,9 +13,8 @@ the plan was finished (its report was lost with the worker), the others get thei
 temporary files removed (the only writer of that frame is dead) and are queued again, one frame
 per chunk, first in line, for whichever worker is free. A frame that fails (unreadable, the model
 refuses it) or whose worker dies is tried at most ``--max-tries`` times, then reported. So every
-output ends complete and written by exactly one try, and nothing is retried forever.
-
-Ray is imported only when this command runs; the add-on never needs it.
+output ends complete and written by exactly one try, and nothing is retried forever. Ray is
+imported only when this command runs; the add-on never needs it.
 """
 
 from __future__ import annotations

@@ -344,7 +344,9 @@ def test_memory_dashboard_after_a_real_release(settings, models_dir, clean_jobs,
         (release,) = layout.operators("lean_image_ai.release_memory")
         (unload,) = layout.operators("lean_image_ai.unload_all")
         assert release.enabled and unload.enabled
-        assert layout.operators("lean_image_ai.leak_check") and layout.operators("lean_image_ai.open_log_folder")
+        (leak_check,) = [c for c in layout.calls("operator_menu_enum") if c.name == "lean_image_ai.leak_check"]
+        assert leak_check.props == {"property": "family"}  # a family to check, chosen from the menu
+        assert layout.operators("lean_image_ai.open_log_folder")
         # the memory picture: its caption in words, and the button that shows it
         assert "marks: 1 run(s) orange, release red, before/after grey" in text
         assert layout.operators("lean_image_ai.show_memory_plot")
