@@ -28,6 +28,7 @@ from ..runtime.memory import available_system_memory_bytes
 from . import family_check
 from .base import FLOAT_TYPES, JobOptions, ResultSink, as_frames, check_contract, check_finite, fixed_hw
 from .family import Family, Option, Output, Setting, non_negative_int, one_of, positive_int
+from .feather import feather_floor
 from .imaging import from_nchw, prepare_image, resize, to_nchw
 from .receptive import graph_receptive_field
 from .result_images import ColourImage
@@ -161,7 +162,8 @@ def run(
             tile = None
         else:
             tile = int(tile_size)
-            floor = tile_floor(overlap)
+            # feathered seams need room for their ramps inside each tile (models/feather.py)
+            floor = max(tile_floor(overlap), feather_floor(overlap, planned.feather) if planned.feather else 0)
             if tile < floor:
                 plan_warnings.append(
                     f"Tile size {tile} is below the minimum for a {overlap} px overlap; using {floor}."

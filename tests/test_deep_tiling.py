@@ -59,6 +59,18 @@ def test_the_result_the_cli_line_and_the_json_say_not_exact(model):
     runtime.clear("test teardown")
 
 
+def test_a_tile_size_too_small_for_the_feather_ramps_is_raised_not_a_crash(model):
+    """A user's tile (e.g. 32 px) below what an overlap and its ramps need: raised, said, and run."""
+    runtime = Runtime()
+    image = picture(200, 260)
+    result = upscale.run(image, model, options=JobOptions(device="cpu", runtime=runtime), tile_size=32, model_overlap=100)
+    floor = [w for w in result.warnings if w.startswith("Tile size 32 is below the minimum")]
+    assert floor and result.tile_size_used < 200 and result.seams == "feathered (not exact)"  # tiled, blended
+    whole = upscale.run(image, model, options=JobOptions(device="cpu", runtime=runtime), tile_size=None)
+    np.testing.assert_allclose(result.image, whole.image, atol=1e-5)
+    runtime.clear("test teardown")
+
+
 def test_auto_tiles_come_from_the_measured_working_memory(model):
     runtime = Runtime()
     options = JobOptions(device="cpu", runtime=runtime)
