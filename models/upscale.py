@@ -259,6 +259,8 @@ def run(
             if job.handle.fallback_warning:  # CUDA asked for, CPU given: the user must hear it
                 warnings.append(job.handle.fallback_warning)
             exact = planned.exact or (tiled.tiles_run == 1 and not tiled.splits)
+            if exact and not planned.exact:  # one window: no seam, so the plan's "not exact" is moot
+                warnings = [w for w in warnings if w not in planned.warnings]
             results.add(
                 UpscaleResult(
                     image,

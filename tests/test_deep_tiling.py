@@ -71,6 +71,14 @@ def test_a_tile_size_too_small_for_the_feather_ramps_is_raised_not_a_crash(model
     runtime.clear("test teardown")
 
 
+def test_one_window_has_no_seam_so_no_not_exact_warning(model):
+    runtime = Runtime()
+    result = upscale.run(picture(40, 48), model, options=JobOptions(device="cpu", runtime=runtime), tile_size=None, model_overlap=100)
+    assert result.exact is True and result.seams == "exact"
+    assert not [w for w in result.warnings if w.startswith("Not exact:")]
+    runtime.clear("test teardown")
+
+
 def test_auto_tiles_come_from_the_measured_working_memory(model):
     runtime = Runtime()
     options = JobOptions(device="cpu", runtime=runtime)
