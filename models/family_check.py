@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from ..runtime.errors import ModelContractError
+from ..runtime.onnx_wire import fields
 
 PROBE_SIDE = 56  # a multiple of 14 (ViT patches) and 8 (window attention); small enough to be quick
 PROBE_NUM_TOKENS = 1200  # MoGe-2's lowest resolution level
@@ -94,38 +95,6 @@ class Verdict:
 # ---- the graph, read from the file ------------------------------------------------------------
 
 
-def _varint(buf, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-
-
-def _fields(buf, start: int, end: int):
-    """(field number, wire type, value or (start, end)) of one protobuf message, skipping payloads."""
-    pos = start
-    while pos < end:
-        key, pos = _varint(buf, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _varint(buf, pos)
-            yield number, wire, value
-        elif wire == 2:
-            length, pos = _varint(buf, pos)
-            yield number, wire, (pos, pos + length)
-            pos += length
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire}")
-
-
 def final_ops(path: str | os.PathLike) -> dict[str, str]:
     """Each graph output's producing op, looked through shape-only ops (Identity, Cast, Reshape,
     Resize...): ``{"output": "Sigmoid"}``. Empty when the file cannot be read this way."""
@@ -141,17 +110,17 @@ def _text(buf, span) -> str:
 
 
 def _final_ops(buf) -> dict[str, str]:
-    graph = next((v for n, w, v in _fields(buf, 0, len(buf)) if n == 7 and w == 2), None)
+    graph = next((v for n, w, v in fields(buf) if n == 7 and w == 2), None)
     if graph is None:
         return {}
     producer: dict[str, tuple[str, str | None]] = {}  # tensor -> (op type, its first input)
     outputs: list[str] = []
-    for number, wire, span in _fields(buf, *graph):
+    for number, wire, span in fields(buf, *graph):
         if wire != 2:
             continue
         if number == 1:  # NodeProto: input 1, output 2, op_type 4
             ins, outs, op = [], [], ""
-            for n, w, v in _fields(buf, *span):
+            for n, w, v in fields(buf, *span):
                 if w == 2 and n == 1:
                     ins.append(_text(buf, v))
                 elif w == 2 and n == 2:
@@ -161,7 +130,7 @@ def _final_ops(buf) -> dict[str, str]:
             for name in outs:
                 producer[name] = (op, ins[0] if ins else None)
         elif number == 12:  # ValueInfoProto: name 1
-            outputs.extend(_text(buf, v) for n, w, v in _fields(buf, *span) if n == 1 and w == 2)
+            outputs.extend(_text(buf, v) for n, w, v in fields(buf, *span) if n == 1 and w == 2)
     found = {}
     for name in outputs:
         tensor, op = name, ""

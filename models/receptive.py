@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from ..runtime import onnx_wire
+
 GLOBAL = math.inf
 
 
@@ -45,35 +47,10 @@ class ReceptiveField:
 # ---- protobuf wire format -----------------------------------------------------------------------
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-
-
-def _fields(data: bytes):
-    """(field number, wire type, value) of one message; length-delimited values as memoryviews."""
-    pos, end = 0, len(data)
-    while pos < end:
-        key, pos = _varint(data, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _varint(data, pos)
-        elif wire == 1:
-            value, pos = data[pos : pos + 8], pos + 8
-        elif wire == 2:
-            length, pos = _varint(data, pos)
-            value, pos = data[pos : pos + length], pos + length
-        elif wire == 5:
-            value, pos = data[pos : pos + 4], pos + 4
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire}")
-        yield number, wire, value
+def _fields(data):
+    """(field number, wire type, value) of one message; non-varint values as slices of ``data``."""
+    for number, wire, value in onnx_wire.fields(data):
+        yield number, wire, (value if wire == onnx_wire.VARINT else data[value[0] : value[1]])
 
 
 def _signed(value: int) -> int:
@@ -85,7 +62,7 @@ def _ints(wire: int, value) -> list[int]:
         return [_signed(value)]
     out, pos, data = [], 0, bytes(value)
     while pos < len(data):
-        item, pos = _varint(data, pos)
+        item, pos = onnx_wire.varint(data, pos)
         out.append(_signed(item))
     return out
 
