@@ -19,7 +19,7 @@ from bpy.props import BoolProperty, EnumProperty, StringProperty
 from ..models import families, file_formats, frame_lists, image_meta, products, result_images, sequence
 from ..runtime.errors import LeanImageError
 from . import image_io, options, prefs, results, shot_props, sources
-from .jobs import Job, WorkerOperator
+from .jobs import BatchOperator, Job
 
 
 def _blender_can_write(path: Path) -> None:
@@ -103,7 +103,7 @@ def _batch_properties() -> dict:
 
 
 @options.with_properties(_batch_properties())
-class LEAN_IMAGE_AI_OT_process_sequence(WorkerOperator, bpy.types.Operator):
+class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
     """Run a model over every frame of an image sequence, a folder or a numbered pattern"""
 
     bl_idname = "lean_image_ai.process_sequence"
@@ -198,12 +198,6 @@ class LEAN_IMAGE_AI_OT_process_sequence(WorkerOperator, bpy.types.Operator):
         job.key = str(outputs[0].parent) if outputs else f"(shard {self.shard}: no frames)"
         return lambda job: batch.infer_all()
 
-    def pump(self, context, job: Job, budget: float) -> bool:
-        try:
-            return job.inputs.pump(budget)
-        except LeanImageError as exc:  # the batch could not run at all (the model, the device)
-            job.error, job.error_text, job.state = exc, str(exc), "failed"
-            return True
 
     def finish(self, context, job: Job):
         report = job.inputs.report

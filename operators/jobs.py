@@ -360,3 +360,15 @@ class LEAN_IMAGE_AI_OT_cancel_job(bpy.types.Operator):
 
 
 classes = (LEAN_IMAGE_AI_OT_cancel_job,)
+
+
+class BatchOperator(WorkerOperator):
+    """A WorkerOperator whose ``job.inputs`` is a batch (models/sequence.py's BatchRun, or a shot's
+    two passes): its frames are read and written here, on the main thread, between the worker's runs."""
+
+    def pump(self, context, job: Job, budget: float) -> bool:
+        try:
+            return job.inputs.pump(budget)
+        except LeanImageError as exc:  # the batch could not run at all (the model, the device)
+            job.error, job.error_text, job.state = exc, str(exc), "failed"
+            return True

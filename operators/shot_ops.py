@@ -24,7 +24,7 @@ from ..models import families, file_formats, frame_lists, moge2, products, seque
 from ..models.moge2_mesh import mesh_arrays
 from ..runtime.errors import LeanImageError
 from . import batch_ops, geometry_ops, image_io, options, prefs, results, shot_props, sources
-from .jobs import Job, WorkerOperator
+from .jobs import BatchOperator, Job, WorkerOperator
 
 PREVIEW_IMAGE = "Lean Image AI Preview"
 
@@ -69,7 +69,7 @@ def _frame_texture(path, created):
 
 
 @options.with_properties({**options.family_properties(moge2.FAMILY), **_source_properties(), **shot_props.shot_properties()})
-class LEAN_IMAGE_AI_OT_reconstruct_shot(WorkerOperator, bpy.types.Operator):
+class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
     """Reconstruct every frame of a shot with MoGe-2 under one camera"""
 
     bl_idname = "lean_image_ai.reconstruct_shot"
@@ -131,12 +131,6 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(WorkerOperator, bpy.types.Operator):
         job.key = str(refs[0].path.parent) if refs else ""
         return lambda job: job.inputs.infer_all()
 
-    def pump(self, context, job: Job, budget: float) -> bool:
-        try:
-            return job.inputs.pump(budget)
-        except LeanImageError as exc:  # the shot could not run at all (the model, the device)
-            job.error, job.error_text, job.state = exc, str(exc), "failed"
-            return True
 
     def finish(self, context, job: Job):
         report, made = job.inputs.report, job.inputs.made
