@@ -154,7 +154,8 @@ def _run(args) -> int:
     else:
         print(f"input: {len(refs)} frame(s){shard}" + (f" from {refs[0].path}" if refs else ""))
     print(f"model: {model.describe()}")
-    print(f"output: {cli_job.output_type(family, refs, outputs)}")
+    output_type = cli_job.output_type(family, refs, outputs)  # reads the first frame's header: once
+    print(f"output: {output_type}")
 
     def read(ref):
         image = demo_image() if demo else cli_images.read_image(ref.path)
@@ -214,7 +215,7 @@ def _run(args) -> int:
         report,
         memory,
         single=single,
-        output_type=cli_job.output_type(family, refs, outputs),
+        output_type=output_type,
         **shot.as_dict(),
         **extra,
     )
