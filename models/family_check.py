@@ -23,14 +23,16 @@ Blender has none).
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ..runtime import get_runtime
 from ..runtime.errors import ModelContractError
 from ..runtime.onnx_wire import fields
 
@@ -287,20 +289,27 @@ def require(family: str, handle) -> Verdict:
     return verdict
 
 
-def check_file(family: str, path: str | os.PathLike, runtime, *, probe: bool = True) -> tuple[Verdict, object]:
-    """At registration: load ``path`` on the CPU through ``runtime``, check it (with a probe run
-    when the graph cannot tell), and drop the session again unless a job already had it cached.
-    Returns (verdict, the handle's inputs and outputs as (inputs, outputs))."""
+@contextlib.contextmanager
+def loaded_on_cpu(path, reason: str, runtime=None) -> Iterator:
+    """``path``'s session handle on the CPU, through the shared runtime, for a look at it
+    (ModelFileError when onnxruntime cannot load it). A session this opens is evicted again (a
+    check must not keep weights in memory); one already cached for a job is left alone."""
+    runtime = runtime or get_runtime()
     before = {id(h) for h in runtime.cached_sessions()}
     handle = runtime.session(Path(path), "cpu")
     try:
-        with runtime.operation("family check") as op:
-            runner = (lambda feeds: op.run(handle, feeds, last=True)) if probe else None
-            verdict = check(family, handle, runner)
-        return verdict, (handle.inputs, handle.outputs)
+        yield handle
     finally:
         if id(handle) not in before:
-            runtime.evict(handle, reason="family check")
+            runtime.evict(handle, reason=reason)
 
 
-__all__ = ["Finding", "Verdict", "check", "check_file", "final_ops", "require"]
+def check_file(family: str, path: str | os.PathLike, runtime, *, probe: bool = True) -> tuple[Verdict, object]:
+    """At registration: load ``path`` on the CPU (``loaded_on_cpu``), check it with a probe run
+    when the graph cannot tell. Returns (verdict, the handle's inputs and outputs as (inputs, outputs))."""
+    with loaded_on_cpu(path, "family check", runtime) as handle, runtime.operation("family check") as op:
+        runner = (lambda feeds: op.run(handle, feeds, last=True)) if probe else None
+        return check(family, handle, runner), (handle.inputs, handle.outputs)
+
+
+__all__ = ["Finding", "Verdict", "check", "check_file", "final_ops", "loaded_on_cpu", "require"]

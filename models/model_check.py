@@ -1,31 +1,16 @@
 """Load a model file once on the CPU through the shared runtime, to look at it (bpy-free).
 
-Registering a user's file and installing a download without a catalog checksum both ask this
-before the file is taken as a model. A session this opens is evicted again (a check must not keep
-weights in memory); one already cached for a running job is left alone.
+Installing a download without a catalog checksum asks this before the file is taken as a model;
+registering a user's file goes through family_check.check_file. Both load it with
+family_check.loaded_on_cpu.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 
-from ..runtime import get_runtime
 from . import families, family_check
-
-
-@contextlib.contextmanager
-def loaded_on_cpu(path: Path, reason: str) -> Iterator:
-    """The file's session handle for the block (ModelFileError when onnxruntime cannot load it)."""
-    runtime = get_runtime()
-    before = {id(h) for h in runtime.cached_sessions()}
-    handle = runtime.session(path, "cpu")
-    try:
-        yield handle
-    finally:
-        if id(handle) not in before:
-            runtime.evict(handle, reason=reason)
+from .family_check import loaded_on_cpu
 
 
 def check_family_contract(path: Path, family_id: str) -> None:
