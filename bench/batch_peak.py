@@ -34,10 +34,10 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 
 def child(mode: str, frames: int, size: int, tile: int, mid: int) -> dict:
-    from lean_image_ai.models import upscale
+    from lean_image_ai.models.adapters import upscale
     from lean_image_ai.models.base import JobOptions
     from lean_image_ai.runtime import Runtime, RuntimeSettings
-    from lean_image_ai.runtime.memory import process_rss_bytes
+    from lean_image_ai.runtime.measure.memory import process_rss_bytes
     from onnx_builders import sr_model
 
     model = sr_model(Path(tempfile.mkdtemp()) / "sr.onnx", scale=2, mid_channels=mid)

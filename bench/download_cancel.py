@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from lean_image_ai.models import installer  # noqa: E402
-from lean_image_ai.models.http_watch import TransferLimits, loopback_http_for_tests  # noqa: E402
+from lean_image_ai.models.store import installer  # noqa: E402
+from lean_image_ai.models.store.http_watch import TransferLimits, loopback_http_for_tests  # noqa: E402
 from model_server import loopback_entry, onnx_payload, serving  # noqa: E402
 
 DRIP = 0.5

@@ -66,7 +66,7 @@ def steady_rate(times: list[float]) -> float:
 
 
 def run_cli(pattern: str, model: Path, out: Path) -> tuple[float, float]:
-    from lean_image_ai import cli
+    from lean_image_ai.ui.cli import main as cli
 
     stamped = _Stamped()
     with contextlib.redirect_stdout(stamped):
@@ -77,7 +77,8 @@ def run_cli(pattern: str, model: Path, out: Path) -> tuple[float, float]:
 
 
 def run_farm(pattern: str, model: Path, out: Path, workers: int) -> tuple[float, float]:
-    from lean_image_ai import cli, farm_ray
+    from lean_image_ai.ui.cli import farm_ray
+    from lean_image_ai.ui.cli import main as cli
 
     times = []
 

@@ -58,7 +58,7 @@ def _images(args, job: str) -> list[np.ndarray] | np.ndarray:
 def _context(runtime, args, sampler) -> int:
     """Start the CUDA context (and the runtime) with a model that has no weights and no kernels;
     the level it leaves."""
-    from lean_image_ai.runtime import cpu_arena
+    from lean_image_ai.runtime.release import cpu_arena
 
     probe = Path(tempfile.mkdtemp()) / "probe.onnx"
     probe.write_bytes(cpu_arena.RELEASE_PROBE_MODEL)
@@ -71,7 +71,7 @@ def _context(runtime, args, sampler) -> int:
 
 def child_floors(args) -> dict:
     """Context, then weights, then libraries after a full-size warm-up: levels, cumulative."""
-    from lean_image_ai.models import upscale
+    from lean_image_ai.models.adapters import upscale
     from lean_image_ai.models.base import JobOptions
 
     runtime, model = _setup(args)
@@ -93,7 +93,7 @@ def child_floors(args) -> dict:
 
 
 def child_release(args, release: str, ending: str, job: str) -> dict:
-    from lean_image_ai.models import upscale
+    from lean_image_ai.models.adapters import upscale
     from lean_image_ai.models.base import JobOptions
     from lean_image_ai.runtime import OperationCancelled
 
@@ -206,7 +206,7 @@ def child_device_index(args) -> dict:
     expected = "cpu:0" if args.dry_run_cpu else f"gpu:{args.device}"
     nvml = None
     if not args.dry_run_cpu:
-        from lean_image_ai.runtime.memory import gpu_snapshot
+        from lean_image_ai.runtime.measure.memory import gpu_snapshot
 
         snap = gpu_snapshot(args.device)  # NVML's device for this CUDA index (gpu_index)
         nvml = {k: snap.get(k) for k in ("nvml_index", "mapping", "name", "process_used_bytes")}
@@ -223,7 +223,7 @@ def child_device_index(args) -> dict:
 def child_workspace(args, on: str, search: str) -> dict:
     """Peak of a job over several tile shapes (each a new cuDNN algorithm search), cuDNN's max
     workspace on vs off."""
-    from lean_image_ai.models import upscale
+    from lean_image_ai.models.adapters import upscale
     from lean_image_ai.models.base import JobOptions
 
     runtime, model = _setup(args, cudnn_max_workspace=on == "1", cudnn_conv_algo_search=search)
@@ -261,7 +261,7 @@ def preflight() -> str | None:
         return f"onnxruntime cannot be imported: {exc}"
     if CUDA not in ort.get_available_providers():
         return f"{getattr(ort, 'package_name', 'onnxruntime')} offers no CUDAExecutionProvider: install onnxruntime-gpu[cuda,cudnn]"
-    from lean_image_ai.runtime.memory import _nvml, _nvml_state
+    from lean_image_ai.runtime.measure.memory import _nvml, _nvml_state
 
     nvml = _nvml()
     if nvml is None:

@@ -23,7 +23,7 @@ class Sampler:
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def read(self, before_cuda: bool = False) -> tuple[int, int | None]:
-        from lean_image_ai.runtime.memory import gpu_snapshot, process_rss_bytes
+        from lean_image_ai.runtime.measure.memory import gpu_snapshot, process_rss_bytes
 
         if self.device is None:
             return process_rss_bytes(), None

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from lean_image_ai.models import moge2_solver  # noqa: E402
+from lean_image_ai.models.adapters import moge2_solver  # noqa: E402
 from test_moge2 import SOLVER_CASES  # noqa: E402
 from test_moge2_outliers import moge_reference, with_outliers  # noqa: E402
 

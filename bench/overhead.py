@@ -131,7 +131,7 @@ def _release_parts(job, release, bare, pairs: int) -> dict[str, np.ndarray]:
 
 def _deferred_release_came(runtime, delay: float, size: int, figures: dict) -> None:
     """Wait (no job running) for the deferred release; record when it came and what it gave back."""
-    from lean_image_ai.runtime.memory import process_rss_bytes
+    from lean_image_ai.runtime.measure.memory import process_rss_bytes
 
     ended, rss = time.perf_counter(), process_rss_bytes()
     while runtime.deferred.pending and time.perf_counter() - ended < delay + 30:
@@ -159,7 +159,7 @@ def main() -> None:
 
     import onnxruntime as ort
     from builders_upscale import compact_model
-    from lean_image_ai.models import upscale
+    from lean_image_ai.models.adapters import upscale
     from lean_image_ai.models.base import JobOptions
     from lean_image_ai.models.imaging import to_nchw
     from lean_image_ai.runtime import Runtime

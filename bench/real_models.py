@@ -49,7 +49,7 @@ def _peak() -> int:
 
 
 def child_product(args) -> dict:
-    from lean_image_ai.models import upscale
+    from lean_image_ai.models.adapters import upscale
     from lean_image_ai.models.base import JobOptions
     from lean_image_ai.runtime import Runtime
     from lean_image_ai.runtime.core import RuntimeSettings
@@ -73,7 +73,7 @@ def child_product(args) -> dict:
 def child_bare(args) -> dict:
     import numpy as np
     import onnxruntime as ort
-    from lean_image_ai.models.tiling import plan_tiles
+    from lean_image_ai.models.tiles.tiling import plan_tiles
 
     image = _image(args.height, args.width).astype(np.float32) / 255
     options = ort.SessionOptions()

@@ -29,7 +29,7 @@ def main(argv=None) -> dict:
 
     from lean_image_ai.runtime import OperationCancelled, Runtime, RuntimeSettings, mark_last
     from lean_image_ai.runtime.errors import InferenceError
-    from lean_image_ai.runtime.memory import peak_rss_bytes, process_rss_bytes, reset_peak_rss
+    from lean_image_ai.runtime.measure.memory import peak_rss_bytes, process_rss_bytes, reset_peak_rss
     from onnx_builders import conv_model
 
     tmp = Path(tempfile.mkdtemp())

@@ -1,7 +1,7 @@
 """Sequence throughput and memory: frames read and written while the model runs vs strictly serial.
 
 Same frames, same model, same files, measured side by side in one run:
-- pipelined: models/sequence.py's BatchRun (the caller reads the next frame and writes the last
+- pipelined: models/batch/sequence.py's BatchRun (the caller reads the next frame and writes the last
   result while the worker runs the model, 2 frames buffered each way);
 - serial: the same adapter over the same frames, each read just before its run and written just
   after it on the same thread (still one runtime operation).
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 
 def make_frames(folder: Path, count: int, size: int) -> list:
-    from lean_image_ai.models.frame_lists import FrameRef
+    from lean_image_ai.models.batch.frame_lists import FrameRef
     from PIL import Image
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -72,9 +72,9 @@ def writer(folder: Path):
 
 
 def pipelined(refs, model, out: Path, runtime) -> float:
-    from lean_image_ai.models import upscale
+    from lean_image_ai.models.adapters import upscale
     from lean_image_ai.models.base import JobOptions
-    from lean_image_ai.models.sequence import BatchRun
+    from lean_image_ai.models.batch.sequence import BatchRun
 
     options = JobOptions(device="cpu", runtime=runtime, cancel=threading.Event())
     started = time.perf_counter()
@@ -99,7 +99,7 @@ class SerialFrames:
 
 
 def serial(refs, model, out: Path, runtime) -> float:
-    from lean_image_ai.models import upscale
+    from lean_image_ai.models.adapters import upscale
     from lean_image_ai.models.base import JobOptions
 
     write, numbers = writer(out), iter(refs)
@@ -116,7 +116,7 @@ from pathlib import Path
 sys.path.insert(0, {str(ROOT / 'bench')!r})
 import sequence as bench
 from lean_image_ai.runtime import Runtime
-from lean_image_ai.runtime.memory import peak_rss_bytes
+from lean_image_ai.runtime.measure.memory import peak_rss_bytes
 with tempfile.TemporaryDirectory() as tmp:
     refs = bench.make_frames(Path(tmp) / "in", {frames}, {size})
     out = Path(tmp) / "out"; out.mkdir()

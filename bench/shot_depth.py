@@ -36,7 +36,7 @@ def _grey16(depth: np.ndarray, low: float, high: float) -> np.ndarray:
 
 
 def flicker_and_alignment(model: Path, count: int = 24) -> dict:
-    from lean_image_ai.models import da3, shot_depth
+    from lean_image_ai.models.adapters import da3, shot_depth
 
     background = background_mask(count)
     steady = [r.depth for r in da3.run([shot_frame(i, count, noise=False) for i in range(count)], model, process_res=84)]

@@ -49,7 +49,7 @@ def _image(size: int, seed: int = 0) -> np.ndarray:
 
 
 def throughput(model: Path, repeats: int = 3) -> dict:
-    from lean_image_ai.models import upscale
+    from lean_image_ai.models.adapters import upscale
     from lean_image_ai.models.base import JobOptions
     from lean_image_ai.runtime import Runtime
 
@@ -80,10 +80,10 @@ def throughput(model: Path, repeats: int = 3) -> dict:
 
 def child_peak(model: str, size: int, mode: str) -> dict:
     """One upscale in this (fresh) process; RSS figures relative to the post-warm-up baseline."""
-    from lean_image_ai.models import upscale
+    from lean_image_ai.models.adapters import upscale
     from lean_image_ai.models.base import JobOptions
     from lean_image_ai.runtime import Runtime
-    from lean_image_ai.runtime.memory import peak_rss_bytes, process_rss_bytes, reset_peak_rss
+    from lean_image_ai.runtime.measure.memory import peak_rss_bytes, process_rss_bytes, reset_peak_rss
 
     runtime = Runtime()
     options = JobOptions(device="cpu", runtime=runtime)
@@ -139,7 +139,7 @@ def peaks(model: Path) -> dict:
 
 def plumbing(repeats: int = 3) -> dict:
     from lean_image_ai.models.imaging import from_nchw, prepare_image, to_nchw
-    from lean_image_ai.models.tiling import run_tiled
+    from lean_image_ai.models.tiles.tiling import run_tiled
 
     source = (_image(PLUMBING_SIZE) * 255).astype(np.uint8)
 

@@ -4,7 +4,7 @@
         depth /shots/plate_####.exr /out/ --frames 1001-1100 [--shard I/N] [--skip-existing] [--model-id ID]
 
 --shard I/N (a render farm's task I of N) processes only part I of N contiguous parts of the frames
-(models/sequence.py's shard_slice); with --skip-existing a retried or duplicated task redoes only
+(models/batch/sequence.py's shard_slice); with --skip-existing a retried or duplicated task redoes only
 what is missing, and every file is written all or nothing. Without OUTPUT the results go to the
 folder <source folder>_<kind> beside the source's folder (plates/ -> plates_depth/), each frame
 under its own number, in a file type that follows the frames (float EXR for EXR plates).

@@ -2,14 +2,14 @@
 
 Adding a family: write its adapter module with a ``FAMILY`` record (its options, its outputs, its
 operator and command names) and add it to :data:`ALL` (and its downloadable models to
-models/builtin_models.py). A family from outside the add-on (a plug-in, a test) is added with
+models/store/builtin_models.py). A family from outside the add-on (a plug-in, a test) is added with
 :func:`register` before the command line's parser or Blender's classes are built: both read
 :data:`ALL` once, when they are made.
 """
 
 from __future__ import annotations
 
-from . import ben2, da3, moge2, upscale
+from .adapters import ben2, da3, moge2, upscale
 from .family import Family
 
 ALL: tuple[Family, ...] = (ben2.FAMILY, da3.FAMILY, moge2.FAMILY, upscale.FAMILY)

@@ -6,8 +6,8 @@ and Blender's ``file_format`` names for it. Every output check and every "use .p
 message is made from this table, so the command line and Blender never contradict each other.
 
 Read by: models/products.py (the families' format checks and their messages),
-models/result_images.py (the bits a file keeps), models/frame_lists.py (which files of a folder
-are frames), cli_images.py (the command line's check, writer and input kinds; cli_shot.py's float
+models/result_images.py (the bits a file keeps), models/batch/frame_lists.py (which files of a folder
+are frames), ui/cli/cli_images.py (the command line's check, writer and input kinds; ui/cli/cli_shot.py's float
 files), operators/sources.py and operators/batch_ops.py (Blender's output checks, its
 ``file_format``, the kind of a read frame), operators/image_io.py (the EXR names),
 operators/results.py (the format a file is saved as; float files also in image_ops.py,

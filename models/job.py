@@ -2,11 +2,11 @@
 values, the device and the memory budgets, and the one call that runs it on frames.
 
 Every front-end builds its job here and runs it through :meth:`FamilyJob.infer` (the callable a
-models/sequence.py BatchRun takes): the command line (cli.py), the farm's workers
-(farm_worker.py), Blender's single-image operators (operators/model_job.py), Process Sequence
+models/batch/sequence.py BatchRun takes): the command line (ui/cli/main.py), the farm's workers
+(ui/cli/farm_worker.py), Blender's single-image operators (operators/model_job.py), Process Sequence
 (operators/batch_ops.py) and the leak check (models/leak_job.py). So they agree on:
 
-- which model a ``--model``/Model text names (models/library.py ``names_a_file``);
+- which model a ``--model``/Model text names (models/store/library.py ``names_a_file``);
 - the adapter's keywords (the model's settings and the job's option values);
 - the budgets: :meth:`infer` gives them to the runtime (runtime/settings.py ``MemoryBudgets``),
   which checks them before each load and run, and an upscale's auto tile size reads the one of the
@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..runtime.settings import MemoryBudgets
-from . import families, library
+from . import families
 from .base import JobOptions
 from .family import Family
+from .store import library
 
 
 @dataclass

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from ..runtime.settings import MemoryBudgets
-from . import library
 from .job import FamilyJob
+from .store import library
 
 
 def card_image(height: int = 96, width: int = 128) -> np.ndarray:

@@ -37,9 +37,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..runtime.errors import LeanImageError
-from . import file_formats, frame_lists
+from . import file_formats
+from .batch import frame_lists
+from .batch.frame_lists import output_paths, shard_slice
 from .family import Output
-from .frame_lists import output_paths, shard_slice
 from .result_images import FLOAT_SUFFIXES, ImageProduct
 
 

@@ -6,7 +6,7 @@ Helpers without classes: ``image_io`` (pixels), ``sources`` (input image, output
 from the family records), ``model_job`` (the model operators' base), ``jobs`` (the job engine).
 """
 
-from .. import registration
+from ..ui import registration
 
 # Submodules with a module-level `classes` tuple; registered in this order, unregistered in reverse.
 # gpu_ops' post_register() loads the CUDA/cuDNN libraries before any session is made.

@@ -2,7 +2,7 @@
 
 One operator for the four families (``family``). The frames are read and the results written by
 Blender on the main thread (bpy is not thread safe) while the model runs on the worker, through
-models/sequence.py's BatchRun: the whole sequence is one runtime operation, each frame is written
+models/batch/sequence.py's BatchRun: the whole sequence is one runtime operation, each frame is written
 all or nothing, a cancelled or failed batch keeps the frames already written. Nothing is created
 in the .blend: the results are files.
 """
@@ -16,7 +16,8 @@ import bpy
 import numpy as np
 from bpy.props import BoolProperty, EnumProperty, StringProperty
 
-from ..models import families, file_formats, frame_lists, image_meta, products, result_images, sequence
+from ..models import families, file_formats, image_meta, products, result_images
+from ..models.batch import frame_lists, sequence
 from ..runtime.errors import LeanImageError
 from . import image_io, options, prefs, results, shot_props, sources
 from .jobs import BatchOperator, Job

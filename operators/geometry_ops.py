@@ -1,6 +1,6 @@
 """Reconstruct geometry (MoGe-2): a mesh, a material, a normal map and a matching camera (bpy).
 
-The mesh arrays are built from MoGe-2's point map in the worker thread (models/moge2_mesh.py) and
+The mesh arrays are built from MoGe-2's point map in the worker thread (models/adapters/moge2_mesh.py) and
 turned into Blender data on the main thread with ``foreach_set``.
 """
 
@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import bpy
 import numpy as np
 
-from ..models import moge2
-from ..models.moge2_mesh import MeshArrays, mesh_arrays, normal_map
+from ..models.adapters import moge2
+from ..models.adapters.moge2_mesh import MeshArrays, mesh_arrays, normal_map
 from ..runtime.errors import InvalidModelOutputError
 from . import image_io, results
 from .model_job import ModelJobOperator

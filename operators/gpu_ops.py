@@ -4,7 +4,7 @@ Install runs on the job engine's download lane (operators/jobs.py), beside a mod
 in the preferences' GPU runtime box, Esc or the box's Cancel (``lean_image_ai.cancel_download``)
 stops pip and nothing is left; in background mode it runs synchronously. pip is Blender's own
 (``sys.executable`` inside Blender) with its usual configuration and PIP_* environment variables.
-What is installed, and how it is loaded, is the runtime's business (runtime/gpu_libraries.py).
+What is installed, and how it is loaded, is the runtime's business (runtime/cuda/gpu_libraries.py).
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from pathlib import Path
 import bpy
 from bpy.props import StringProperty
 
-from ..models import library
-from ..runtime import get_runtime, gpu_libraries, gpu_loading
+from ..models.store import library
+from ..runtime import get_runtime
+from ..runtime.cuda import gpu_libraries, gpu_loading
 from ..runtime.errors import LeanImageError
 from . import prefs
 from .jobs import Job, WorkerOperator, downloads, manager

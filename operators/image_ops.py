@@ -10,7 +10,8 @@ import math
 import bpy
 import numpy as np
 
-from ..models import ben2, da3, file_formats, products, result_images, upscale
+from ..models import file_formats, products, result_images
+from ..models.adapters import ben2, da3, upscale
 from ..runtime.errors import InvalidImageError
 from . import image_io, results
 from .model_job import ModelJobOperator

@@ -363,7 +363,7 @@ classes = (LEAN_IMAGE_AI_OT_cancel_job,)
 
 
 class BatchOperator(WorkerOperator):
-    """A WorkerOperator whose ``job.inputs`` is a batch (models/sequence.py's BatchRun, or a shot's
+    """A WorkerOperator whose ``job.inputs`` is a batch (models/batch/sequence.py's BatchRun, or a shot's
     two passes): its frames are read and written here, on the main thread, between the worker's runs."""
 
     def pump(self, context, job: Job, budget: float) -> bool:

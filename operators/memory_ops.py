@@ -5,7 +5,7 @@ Release now keeps the sessions (weights stay loaded) and gives back arena memory
 drops the sessions. Both report what they freed, in the runtime's wording. The leak check runs
 on the job engine's worker like a model job (progress, Esc or Cancel) and says stable or growing
 at the end. After each finished job the image "Lean Image AI Memory" shows its memory timeline
-(runtime/memory_plot.py); a cancelled or failed job changes no Blender data, that image included.
+(runtime/measure/memory_plot.py); a cancelled or failed job changes no Blender data, that image included.
 Idle unload is a Blender timer armed after each job, re-armed only while sessions are cached,
 never in background mode (there are no timers there and a script decides for itself).
 """
@@ -14,10 +14,12 @@ import bpy
 import numpy as np
 
 from ..models import families
-from ..runtime import event_file, get_runtime, memory_plot
+from ..runtime import get_runtime
 from ..runtime.errors import OperationCancelled
-from ..runtime.leak_check import MIN_RUNS, leak_check
-from ..runtime.memory_report import format_freed
+from ..runtime.log import event_file
+from ..runtime.measure import memory_plot
+from ..runtime.measure.leak_check import MIN_RUNS, leak_check
+from ..runtime.measure.memory_report import format_freed
 from . import prefs
 from .jobs import Job, WorkerOperator, manager
 

@@ -3,7 +3,7 @@
 Installing runs on the job engine's download lane (operators/jobs.py): beside a model job, with
 progress in the preferences' model list, Esc or the list's Cancel stops it and keeps the ``.part``
 for a resume; in background mode it runs synchronously. What is installed, and where, is the
-model library's business (models/library.py).
+model library's business (models/store/library.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 import bpy
 from bpy.props import EnumProperty, StringProperty
 
-from ..models import families, library, user_models
+from ..models import families
+from ..models.store import library, user_models
 from ..runtime import get_runtime
 from ..runtime.errors import LeanImageError
 from . import prefs
@@ -179,7 +180,7 @@ FAMILY_ITEMS = tuple((f.id, f.title, f"A {f.title} model") for f in families.ALL
 
 class LEAN_IMAGE_AI_OT_register_user_model(WorkerOperator, bpy.types.Operator):
     """Use your own ONNX file (e.g. another 4x upscaler) as a model of the chosen family; it is
-    checked against the family first (models/family_check.py), off the main thread"""
+    checked against the family first (models/store/family_check.py), off the main thread"""
 
     bl_idname = "lean_image_ai.register_user_model"
     bl_label = "Register ONNX Model"

@@ -9,9 +9,12 @@ from pathlib import Path
 
 import bpy
 
-from ..models import families, library
+from ..models import families
 from ..models.job import FamilyJob
-from ..runtime import event_file, get_runtime, gpu_libraries, parse_device
+from ..models.store import library
+from ..runtime import get_runtime, parse_device
+from ..runtime.cuda import gpu_libraries
+from ..runtime.log import event_file
 from ..runtime.providers import DEVICE_BY_KIND, DEVICES, RELEASE_RULES, release_rule
 from ..runtime.settings import MemoryBudgets, budget_bytes
 from . import sources
@@ -52,7 +55,7 @@ def is_extension() -> bool:
 
 
 def models_folder(context=None, *, create: bool = False) -> Path:
-    """The models folder (models/library.py's order): by default the per-user data folder the
+    """The models folder (models/store/library.py's order): by default the per-user data folder the
     command line uses too, outside the extension's own folder (Blender deletes that one when the
     extension is uninstalled or updated). A library in the old default folder is moved there once."""
     prefs = get_prefs(context)
@@ -112,7 +115,7 @@ def budgets(prefs) -> MemoryBudgets:
 
 def configure_runtime(context) -> tuple[str, MemoryBudgets]:
     """Apply the preferences to the shared runtime; returns (device string, memory budgets).
-    The budgets are checked by the runtime before each job (runtime/budget.py); a family job
+    The budgets are checked by the runtime before each job (runtime/measure/budget.py); a family job
     (models/job.py) carries them too, as on the command line."""
     prefs = get_prefs(context)
     job_budgets = budgets(prefs)
@@ -176,7 +179,7 @@ def release_rule_lines(prefs, providers_offered: list[str]) -> list[str]:
 
 
 def gpu_runtime_folder(*, create_parent: bool = False) -> Path:
-    """Where the NVIDIA CUDA/cuDNN libraries go (runtime/gpu_libraries.py): the extension's user
+    """Where the NVIDIA CUDA/cuDNN libraries go (runtime/cuda/gpu_libraries.py): the extension's user
     folder (kept across add-on updates), or ``<user datafiles>/lean_image_ai/gpu_runtime`` for a
     legacy add-on install; ``LEAN_IMAGE_AI_GPU_RUNTIME_DIR`` overrides both (a farm's shared copy).
 
@@ -192,7 +195,7 @@ def gpu_runtime_folder(*, create_parent: bool = False) -> Path:
 
 
 def log_folder() -> Path:
-    """Where the runtime's event log goes (runtime/event_file.py): the extension's user folder
+    """Where the runtime's event log goes (runtime/log/event_file.py): the extension's user folder
     (``logs``), or ``<user datafiles>/lean_image_ai/logs`` for a legacy add-on install;
     ``LEAN_IMAGE_AI_LOG_DIR`` overrides both. Nothing is created here."""
     return event_file.log_folder(user_folder("logs"))

@@ -1,6 +1,6 @@
 """A MoGe-2 shot as one camera and a mesh per frame, and Preview Frame (bpy).
 
-Reconstruct Shot: the frames' meshes share ONE camera (models/shot_camera.py: a first pass fits
+Reconstruct Shot: the frames' meshes share ONE camera (models/adapters/shot_camera.py: a first pass fits
 one focal, or the given field of view; every frame's shift is solved for it). Each frame is its
 own mesh object whose visibility is keyed to its frame, rather than a mesh sequence: MoGe's
 topology changes from frame to frame (the mask and the depth-edge cut differ), which shape keys
@@ -20,8 +20,10 @@ import bpy
 import numpy as np
 from bpy.props import EnumProperty, IntProperty, StringProperty
 
-from ..models import families, file_formats, frame_lists, moge2, products, sequence
-from ..models.moge2_mesh import mesh_arrays
+from ..models import families, file_formats, products
+from ..models.adapters import moge2
+from ..models.adapters.moge2_mesh import mesh_arrays
+from ..models.batch import frame_lists, sequence
 from ..runtime.errors import LeanImageError
 from . import batch_ops, geometry_ops, image_io, options, prefs, results, shot_props, sources
 from .jobs import BatchOperator, Job, WorkerOperator

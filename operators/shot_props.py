@@ -1,12 +1,13 @@
 """The shot options in Blender (bpy): one depth range and aligned depth for a depth sequence, one
 camera for a MoGe-2 sequence. The same properties on Process Sequence, Preview Frame and the
 scene settings (functions: Blender needs a fresh definition per class); the maths is
-models/shot_depth.py and models/shot_camera.py, the two passes models/shot_batch.py."""
+models/adapters/shot_depth.py and models/adapters/shot_camera.py, the two passes models/batch/shot_batch.py."""
 
 from bpy.props import BoolProperty, EnumProperty, FloatProperty, StringProperty
 
-from ..models import file_formats, result_images, shot_camera, shot_depth
-from ..models.shot_batch import ShotSettings, TwoPassBatch
+from ..models import file_formats, result_images
+from ..models.adapters import shot_camera, shot_depth
+from ..models.batch.shot_batch import ShotSettings, TwoPassBatch
 from . import results
 
 

@@ -83,7 +83,7 @@ def resolve_source(context, filepath: str) -> Source:
 
 
 def _sequence_frame(context, image) -> Source:
-    from ..models import frame_lists
+    from ..models.batch import frame_lists
 
     path = absolute_path(image.filepath_raw or image.filepath)
     numbered = frame_lists.pattern_of(path)

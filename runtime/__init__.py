@@ -1,7 +1,6 @@
 """The shared inference runtime (bpy-free). Every ONNX run in the add-on goes through here."""
 
 from .core import Runtime, RuntimeSettings, get_runtime
-from .cpu_arena import env_cpu_arena_config
 from .errors import (
     DeviceSpecError,
     InferenceError,
@@ -16,9 +15,10 @@ from .errors import (
     ProviderUnavailableError,
     SessionClosedError,
 )
-from .memory import format_snapshot, memory_snapshot
+from .measure.memory import format_snapshot, memory_snapshot
 from .operation import Operation
 from .providers import DeviceRequest, parse_device
+from .release.cpu_arena import env_cpu_arena_config
 from .session import SessionHandle, TensorInfo, mark_last
 
 __all__ = [

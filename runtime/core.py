@@ -18,16 +18,17 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cuda_preload, device_sessions, gpu_index, load_errors, native_log
-from .cpu_arena import RELEASE_PROBE_MODEL, env_cpu_arena_config, register_env_cpu_arena
-from .deferred_release import DeferredRelease
+from . import device_sessions, load_errors
+from .cuda import cuda_preload, gpu_index
 from .errors import (
     DeviceSpecError,
     InferenceOutOfMemoryError,
     SessionClosedError,
 )
-from .events import EventLog
-from .memory import memory_snapshot, nvidia_gpu_count, trim_process_heap
+from .log import native_log
+from .log.events import EventLog
+from .measure.memory import memory_snapshot, nvidia_gpu_count, trim_process_heap
+from .measure.timeline import figures
 from .oom import out_of_memory_resource
 from .operation import Operation
 from .providers import (
@@ -40,10 +41,11 @@ from .providers import (
     parse_device,
     resolve_providers,
 )
-from .scratch import ScratchBuffers
+from .release.cpu_arena import RELEASE_PROBE_MODEL, env_cpu_arena_config, register_env_cpu_arena
+from .release.deferred_release import DeferredRelease
+from .release.scratch import ScratchBuffers
 from .session import LIBRARY_RAM, SessionHandle, onnxruntime_module
 from .settings import RuntimeSettings, settings_from_environment
-from .timeline import figures
 
 # The events are the runtime's record (event log, file, panels): no raw JSON lines on stderr from
 # logging's last-resort handler where no logging was set up (where it was, the records still go).

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import native_log
+from .log import native_log
 from .providers import COREML, DEVICE_BY_PROVIDER, DML, coreml_partition_warning, coreml_partitions
 
 ORT_INFO = 1  # SessionOptions.log_severity_level: 0 verbose, 1 info, 2 warning (ORT's default)
@@ -37,7 +37,7 @@ def session_options(ort, providers: list[tuple[str, dict]], *, intra_op_threads:
 
 
 def note_partitions(handle, lines: list[str]) -> None:
-    """From ORT's log lines of a session's creation (runtime/native_log.py), a CoreML session's partition report (``handle.partitions``) and, when CoreML takes little
+    """From ORT's log lines of a session's creation (runtime/log/native_log.py), a CoreML session's partition report (``handle.partitions``) and, when CoreML takes little
     of the graph, the artist's warning (``handle.partition_warning``)."""
     handle.partitions = coreml_partitions(lines) if handle.providers[:1] == [COREML] else None
     handle.partition_warning = coreml_partition_warning(handle.model_name, handle.partitions)

@@ -3,8 +3,8 @@
 Blender ships no onnx package, and a model file can be gigabytes of weights around a small graph:
 readers walk the wire format over a buffer (bytes, a memoryview or an mmap) and skip the payloads
 they do not need. One reader for the three uses: the graph inputs' declared shapes
-(runtime/onnx_inputs.py), each output's producing op (models/family_check.py) and the receptive
-radius walk (models/receptive.py).
+(runtime/onnx_inputs.py), each output's producing op (models/store/family_check.py) and the receptive
+radius walk (models/tiles/receptive.py).
 """
 
 from __future__ import annotations

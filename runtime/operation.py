@@ -7,7 +7,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .budget import JobBudget, elements, remember_working
 from .errors import (
     InferenceError,
     InferenceOutOfMemoryError,
@@ -17,12 +16,13 @@ from .errors import (
     SessionClosedError,
     first_line,
 )
-from .memory import gpu_snapshot, memory_snapshot, trim_process_heap
-from .memory_report import format_job_memory, job_figures, mb
+from .measure.budget import JobBudget, elements, remember_working
+from .measure.memory import gpu_snapshot, memory_snapshot, trim_process_heap
+from .measure.memory_report import format_job_memory, job_figures, mb
+from .measure.timeline import Timeline, figures
 from .oom import out_of_memory_resource
 from .providers import CPU, CUDA, KEEP, RELEASE_RULES, SHRINK_CONFIG_KEY, UNLOAD, parse_device, release_rule
 from .session import LIBRARY_RAM, SessionHandle, onnxruntime_module
-from .timeline import Timeline, figures
 
 # ORT's answer when a shrink entry names a device the session has no arena for
 _ARENA_NOT_FOUND = "Did not find an arena based allocator"

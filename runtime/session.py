@@ -11,7 +11,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from .memory import process_rss_bytes
+from .measure.memory import process_rss_bytes
 from .providers import CPU, CUDA, DEVICE_BY_KIND, DeviceRequest, describe_providers, release_rule, shrink_spec
 
 LIBRARY_RAM: dict = {}
@@ -76,7 +76,7 @@ class SessionHandle:
         self.inputs = [TensorInfo(i.name, tuple(i.shape), i.type) for i in session.get_inputs()]
         self.outputs = [TensorInfo(o.name, tuple(o.shape), o.type) for o in session.get_outputs()]
         self.fallback_warning: str | None = None
-        self.onnxruntime_log: list[str] = []  # ORT's own lines while it was created (runtime/native_log.py)
+        self.onnxruntime_log: list[str] = []  # ORT's own lines while it was created (runtime/log/native_log.py)
         if request.kind == "cuda" and self.providers[:1] != [CUDA]:
             self.fallback_warning = (
                 f"CUDA was requested for {self.model_name} but the session runs on "

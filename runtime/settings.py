@@ -78,7 +78,7 @@ class MemoryBudgets:
     """A job's RAM and VRAM budgets in bytes (None: no limit). They reach the runtime as its
     settings (:meth:`settings`); the runtime checks them before each load and run, and an
     upscale's auto tile size reads the one of the device its session really runs on
-    (runtime/budget.py ``budget_for``), whichever front-end gave them."""
+    (runtime/measure/budget.py ``budget_for``), whichever front-end gave them."""
 
     ram_bytes: int | None = None
     vram_bytes: int | None = None

@@ -147,7 +147,7 @@ def fresh_blender(tmp_path: Path, monkeypatch, *, make_models_dir: bool = True):
     folder of the test's own (no catalog model counts as installed unless the test says so; named
     only, not made, for tests that list ``tmp_path``), a factory-reset Blender before and after,
     and no job left running. Yields the models folder."""
-    from lean_image_ai.models import library
+    from lean_image_ai.models.store import library
     from lean_image_ai.operators import jobs
 
     models_dir = tmp_path / "models"

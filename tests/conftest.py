@@ -47,7 +47,7 @@ def fresh_runtime():
 @pytest.fixture
 def server():
     """A loopback model server (tests/model_server.py) for installer and download tests."""
-    from lean_image_ai.models.http_watch import loopback_http_for_tests
+    from lean_image_ai.models.store.http_watch import loopback_http_for_tests
     from model_server import serving
 
     with serving() as srv, loopback_http_for_tests():

@@ -10,8 +10,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lean_image_ai.models import installer  # noqa: E402
-from lean_image_ai.models.http_watch import loopback_http_for_tests  # noqa: E402
+from lean_image_ai.models.store import installer  # noqa: E402
+from lean_image_ai.models.store.http_watch import loopback_http_for_tests  # noqa: E402
 from lean_image_ai.runtime.errors import ModelInstallError  # noqa: E402
 from model_server import loopback_entry  # noqa: E402
 

@@ -12,7 +12,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from lean_image_ai.models.catalog import CatalogEntry
+from lean_image_ai.models.store.catalog import CatalogEntry
 
 CHUNK = 16 * 1024
 

@@ -13,11 +13,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lean_image_ai.models import upscale  # noqa: E402
+from lean_image_ai.models.adapters import upscale  # noqa: E402
 from lean_image_ai.models.base import JobOptions  # noqa: E402
 from lean_image_ai.runtime import Runtime, RuntimeSettings  # noqa: E402
 from lean_image_ai.runtime.core import default_session_factory  # noqa: E402
-from lean_image_ai.runtime.memory import process_rss_bytes  # noqa: E402
+from lean_image_ai.runtime.measure.memory import process_rss_bytes  # noqa: E402
 
 model, cap, side = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 loads = []  # per session the runtime asks for: RSS just before and just after it loads

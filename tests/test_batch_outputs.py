@@ -17,9 +17,9 @@ bpy = pytest.importorskip("bpy")
 bh.import_package()
 
 from builders_families import da3_like_model  # noqa: E402
-from lean_image_ai import cli_images  # noqa: E402
-from lean_image_ai.models import upscale  # noqa: E402
+from lean_image_ai.models.adapters import upscale  # noqa: E402
 from lean_image_ai.operators import batch_ops, jobs  # noqa: E402
+from lean_image_ai.ui.cli import cli_images  # noqa: E402
 
 BICUBIC = str(upscale.DEFAULT_MODEL_PATH)  # the embedded x2: a flat image stays flat
 
@@ -146,7 +146,7 @@ def test_frames_are_turned_upright_and_a_multi_page_tiff_warns(tmp_path):
     frames[0].save(pages / "t_0001.tif", save_all=True, append_images=frames[1:])
     assert bpy.ops.lean_image_ai.process_sequence(family="upscale", source=str(pages), model_path=BICUBIC) == {"FINISHED"}
     assert (tmp_path / "pages_upscaled" / "t_upscaled_0001.png").is_file()
-    from lean_image_ai.models.frame_lists import FrameRef
+    from lean_image_ai.models.batch.frame_lists import FrameRef
 
     warnings = []  # what the operator's report gets for that frame
     first = batch_ops.read_frame(FrameRef(1, pages / "t_0001.tif"), warnings.append)

@@ -5,7 +5,7 @@ import threading
 import numpy as np
 import pytest
 from builders_families import ben2_like_model, photo
-from lean_image_ai.models import ben2
+from lean_image_ai.models.adapters import ben2
 from lean_image_ai.models.imaging import resize
 from lean_image_ai.runtime import (
     InvalidImageError,

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import blender_helpers as bh  # noqa: E402
 
 MANIFEST = bh.REPO_ROOT / "blender_manifest.toml"
-DEV_ONLY_TOP = ("tests/", "bench/", "tools/", "farm/", "examples/", ".venv/", ".ci/", ".git/", "pyproject.toml")
+DEV_ONLY_TOP = ("tests/", "bench/", "tools/", "ui/cli/flamenco/", "examples/", ".venv/", ".ci/", ".git/", "pyproject.toml")
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_manifest_fields():
     for needed in (
         "/tests/",
         "/bench/",
-        "/farm/",
+        "/ui/cli/flamenco/",
         "/tools/",
         "/.venv/",
         "/.ci/",

@@ -7,8 +7,9 @@ import re
 from pathlib import Path
 
 import pytest
-from lean_image_ai.models import families, library
-from lean_image_ai.models.catalog import BUILTIN_ENTRIES, Catalog, CatalogEntry, register_user_model
+from lean_image_ai.models import families
+from lean_image_ai.models.store import library
+from lean_image_ai.models.store.catalog import BUILTIN_ENTRIES, Catalog, CatalogEntry, register_user_model
 from lean_image_ai.runtime.errors import LeanImageError, ModelFileError
 
 FAMILIES = families.IDS
@@ -287,7 +288,7 @@ def _ben2_entry(entry_id: str, dtype):
 
 
 def test_off_cuda_an_fp32_export_is_picked_before_an_fp16_one():
-    from lean_image_ai.models.library import format_size, prefer_for_device
+    from lean_image_ai.models.store.library import format_size, prefer_for_device
 
     fp16, fp32, unknown = _ben2_entry("half", "float16"), _ben2_entry("full", "float32"), _ben2_entry("mine", None)
     assert [e.id for e in prefer_for_device([fp16, fp32, unknown], "cpu")] == ["full", "mine", "half"]

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 import pytest
-from lean_image_ai.cli import build_parser, demo_image
+from lean_image_ai.ui.cli.main import build_parser, demo_image
 from PIL import Image
 
 
@@ -15,7 +15,7 @@ def cli(*args, cwd, prelude=None, timeout=120):
     if prelude is None:
         command = [sys.executable, "-m", "lean_image_ai", *args]
     else:  # run main() after some setup in the same interpreter (e.g. hiding Pillow)
-        code = f"{prelude}\nimport sys\nfrom lean_image_ai.cli import main\nsys.exit(main({list(args)!r}))"
+        code = f"{prelude}\nimport sys\nfrom lean_image_ai.ui.cli.main import main\nsys.exit(main({list(args)!r}))"
         command = [sys.executable, "-c", code]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
@@ -118,7 +118,7 @@ def test_ctrl_c_cancels_between_runs_and_exits_130(tmp_path):
     # a real SIGINT, sent by the process to itself when the first tile is reported
     prelude = (
         "import os, signal\n"
-        "from lean_image_ai import cli as _cli\n"
+        "from lean_image_ai.ui.cli import main as _cli\n"
         "_report = _cli._Progress.__call__\n"
         "def _interrupting(self, fraction, stage):\n"
         "    _report(self, fraction, stage)\n"

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lean_image_ai import cli
 from lean_image_ai.models import families
 from lean_image_ai.runtime.settings import MAX_BUDGET_MB
+from lean_image_ai.ui.cli import main as cli
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]

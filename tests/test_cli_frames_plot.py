@@ -11,14 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lean_image_ai.models import frame_lists
-from lean_image_ai.runtime import memory_plot
+from lean_image_ai.models.batch import frame_lists
 from lean_image_ai.runtime.errors import LeanImageError
+from lean_image_ai.runtime.measure import memory_plot
 from PIL import Image
 
 
 def cli(*args, cwd, prelude=""):
-    code = f"{prelude}\nimport sys\nfrom lean_image_ai.cli import main\nsys.exit(main({list(args)!r}))"
+    code = f"{prelude}\nimport sys\nfrom lean_image_ai.ui.cli.main import main\nsys.exit(main({list(args)!r}))"
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=cwd)
 
 

@@ -1,5 +1,5 @@
 """`python -m lean_image_ai models ...` and the one models folder Blender and the CLI share
-(models/library.py, runtime/paths.py): default per OS, overrides, the one-time move."""
+(models/store/library.py, runtime/paths.py): default per OS, overrides, the one-time move."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import json
 
 import pytest
 from builders_families import ben2_like_model, da3_like_model
-from lean_image_ai import cli
-from lean_image_ai.models import library
-from lean_image_ai.models.catalog import Catalog
+from lean_image_ai.models.store import library
+from lean_image_ai.models.store.catalog import Catalog
 from lean_image_ai.runtime import paths
+from lean_image_ai.ui.cli import main as cli
 from model_server import loopback_entry
 from onnx_builders import sr_model
 

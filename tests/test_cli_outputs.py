@@ -10,7 +10,7 @@ import zlib
 import numpy as np
 import OpenEXR
 import pytest
-from lean_image_ai import cli_images
+from lean_image_ai.ui.cli import cli_images
 from PIL import Image
 from test_cli import cli, model_args, summary
 

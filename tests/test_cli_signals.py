@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 # each progress report waits a little, so a 12-frame job lasts seconds and the signal lands mid-job
 SLOW = (
     "import time\n"
-    "from lean_image_ai import cli as _cli\n"
+    "from lean_image_ai.ui.cli import main as _cli\n"
     "_report = _cli._Progress.__call__\n"
     "def _slow(self, fraction, stage):\n"
     "    _report(self, fraction, stage)\n"
@@ -38,7 +38,7 @@ def _frames(folder: Path, count: int = 12) -> str:
 
 
 def _start(args, cwd, prelude=SLOW) -> subprocess.Popen:
-    code = f"{prelude}\nimport sys\nfrom lean_image_ai.cli import main\nsys.exit(main({list(args)!r}))"
+    code = f"{prelude}\nimport sys\nfrom lean_image_ai.ui.cli.main import main\nsys.exit(main({list(args)!r}))"
     return subprocess.Popen(
         [sys.executable, "-c", code], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 import pytest
-from lean_image_ai.runtime import native_log
+from lean_image_ai.runtime.log import native_log
 
 REPO = Path(__file__).resolve().parents[1]
 

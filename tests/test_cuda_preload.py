@@ -61,7 +61,7 @@ def test_failed_preload_is_reported_when_the_cuda_session_lands_on_cpu():
 def test_printed_failures_are_parsed_on_linux_and_windows_paths():
     """preload_dlls prints f"Failed to load {dll_path}: {e}" (onnxruntime 1.31 __init__.py): a
     Windows path has a drive colon and may hold spaces."""
-    from lean_image_ai.runtime import cuda_preload
+    from lean_image_ai.runtime.cuda import cuda_preload
 
     printed = (
         "Failed to load /opt/site/nvidia/cu13/lib/libcublasLt.so.13: libcublasLt.so.13: cannot open shared object file\n"

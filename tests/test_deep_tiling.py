@@ -10,10 +10,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from lean_image_ai.models import upscale
-from lean_image_ai.models.base import JobOptions
-from lean_image_ai.models.receptive import ReceptiveField
-from lean_image_ai.models.upscale_plan import (
+from lean_image_ai.models.adapters import upscale
+from lean_image_ai.models.adapters.upscale_plan import (
     AUTO_WINDOW_STEP,
     FEATHER_OVERLAP,
     MAX_EXACT_RADIUS,
@@ -21,6 +19,8 @@ from lean_image_ai.models.upscale_plan import (
     plan_overlap,
     working_target,
 )
+from lean_image_ai.models.base import JobOptions
+from lean_image_ai.models.tiles.receptive import ReceptiveField
 from lean_image_ai.runtime import Runtime
 from lean_image_ai.runtime.core import RuntimeSettings
 from onnx_builders import sr_model

@@ -137,7 +137,7 @@ def test_jobs_in_a_row_find_the_arena_warm_and_the_memory_still_comes_back(tmp_p
     code = """
         import resource, numpy as np
         from lean_image_ai.runtime import Runtime, RuntimeSettings
-        from lean_image_ai.runtime.memory import process_rss_bytes
+        from lean_image_ai.runtime.measure.memory import process_rss_bytes
         from lean_image_ai.models import upscale
         from lean_image_ai.models.base import JobOptions
         import sys
@@ -206,7 +206,7 @@ def image(seed, size=48):
     ],
 )
 def test_output_buffers_are_kept_only_while_the_arena_is(compact, settings, kept_after_the_job):
-    from lean_image_ai.models import upscale
+    from lean_image_ai.models.adapters import upscale
     from lean_image_ai.models.base import JobOptions
 
     runtime = Runtime(settings)
@@ -221,7 +221,7 @@ def test_output_buffers_are_kept_only_while_the_arena_is(compact, settings, kept
 def test_jobs_at_once_each_get_their_own_buffer_and_results_match_jobs_one_by_one(compact):
     """Two threads upscaling different images at once on one runtime, edge tiles included (their
     outputs are bound to a prefix of the full tile's buffer): each gets the pixels it gets alone."""
-    from lean_image_ai.models import upscale
+    from lean_image_ai.models.adapters import upscale
     from lean_image_ai.models.base import JobOptions
 
     runtime = Runtime(RuntimeSettings(cpu_release_delay=60))

@@ -16,8 +16,9 @@ import weakref
 import numpy as np
 import onnxruntime as ort
 import pytest
-from lean_image_ai.runtime import Runtime, RuntimeSettings, mark_last, native_log, settings
-from lean_image_ai.runtime.memory_report import format_job_memory
+from lean_image_ai.runtime import Runtime, RuntimeSettings, mark_last, settings
+from lean_image_ai.runtime.log import native_log
+from lean_image_ai.runtime.measure.memory_report import format_job_memory
 from lean_image_ai.runtime.onnx_inputs import all_inputs_static, declared_input_shapes
 from lean_image_ai.runtime.providers import (
     COREML,

@@ -1,4 +1,4 @@
-"""runtime/diagnostics.py against the real onnxruntime(-gpu) of this venv. The development machines
+"""runtime/log/diagnostics.py against the real onnxruntime(-gpu) of this venv. The development machines
 have no GPU: the CPU-only facts are asserted, and a CUDA request must come back as a fallback with
 ORT's reason, not as a crash. On a machine with a working GPU the probe must say OK instead."""
 
@@ -17,7 +17,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import blender_helpers as bh  # noqa: E402
 
 bh.import_package()
-from lean_image_ai.runtime import diagnostics, get_runtime, memory  # noqa: E402
+from lean_image_ai.runtime import get_runtime  # noqa: E402
+from lean_image_ai.runtime.log import diagnostics  # noqa: E402
+from lean_image_ai.runtime.measure import memory  # noqa: E402
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -107,7 +109,7 @@ def test_without_onnxruntime_everything_is_one_readable_line(tmp_path):
     code = (
         "import json, sys\n"
         "sys.modules['onnxruntime'] = None  # import now raises ImportError\n"
-        "from lean_image_ai.runtime import diagnostics\n"
+        "from lean_image_ai.runtime.log import diagnostics\n"
         "report = diagnostics.collect()\n"
         "print(json.dumps({'error': diagnostics.onnxruntime_import_error(),\n"
         "                  'text': diagnostics.format_report(report),\n"

@@ -10,9 +10,9 @@ import threading
 import time
 
 import pytest
-from lean_image_ai.models import http_watch, installer
-from lean_image_ai.models.catalog_entry import CatalogEntry
-from lean_image_ai.models.http_watch import TransferLimits
+from lean_image_ai.models.store import http_watch, installer
+from lean_image_ai.models.store.catalog_entry import CatalogEntry
+from lean_image_ai.models.store.http_watch import TransferLimits
 from lean_image_ai.runtime.errors import ModelInstallError, OperationCancelled
 from model_server import loopback_entry, onnx_payload
 
@@ -225,7 +225,7 @@ def test_the_overall_deadline_ends_a_slow_but_steady_transfer(server, tmp_path, 
 
 
 def test_catalog_entries_are_all_https():
-    from lean_image_ai.models.builtin_models import BUILTIN_ENTRIES
+    from lean_image_ai.models.store.builtin_models import BUILTIN_ENTRIES
 
     assert all(e.url is None or e.url.startswith("https://") for e in BUILTIN_ENTRIES)
     assert isinstance(BUILTIN_ENTRIES[0], CatalogEntry)

@@ -1,4 +1,4 @@
-"""Issue 11, the event log on disk (runtime/event_file.py): real runtime jobs, real files."""
+"""Issue 11, the event log on disk (runtime/log/event_file.py): real runtime jobs, real files."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lean_image_ai.runtime import Runtime, event_file, mark_last
+from lean_image_ai.runtime import Runtime, mark_last
+from lean_image_ai.runtime.log import event_file
 from onnx_builders import conv_model
 
 

@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 import pytest
-from lean_image_ai.models import upscale
+from lean_image_ai.models.adapters import upscale
 from lean_image_ai.models.base import JobOptions
 from lean_image_ai.runtime import Runtime, SessionClosedError
 from onnx_builders import sr_model

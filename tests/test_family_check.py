@@ -1,4 +1,4 @@
-"""The family check (models/family_check.py): each family's stand-in against each family's contract
+"""The family check (models/store/family_check.py): each family's stand-in against each family's contract
 (16 pairs), the probe for what the graph cannot tell, and a job refusing a file of another family."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import pytest
 from builders_families import ben2_like_model, da3_like_model, photo
 from builders_moge2 import moge2_like_model
 from builders_upscale import resize_model
-from lean_image_ai.models import ben2, da3, family_check
+from lean_image_ai.models.adapters import ben2, da3
 from lean_image_ai.models.base import JobOptions
+from lean_image_ai.models.store import family_check
 from lean_image_ai.runtime.errors import ModelContractError
 from onnx_builders import sr_model
 

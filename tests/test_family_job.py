@@ -21,17 +21,20 @@ import blender_helpers as bh  # noqa: E402
 bpy = pytest.importorskip("bpy")
 bh.import_package()
 
-from lean_image_ai import cli, cli_job  # noqa: E402
-from lean_image_ai.farm_worker import FrameWorker  # noqa: E402
-from lean_image_ai.models import families, installer, library, upscale_plan  # noqa: E402
-from lean_image_ai.models.catalog import Catalog  # noqa: E402
-from lean_image_ai.models.catalog_entry import CatalogEntry  # noqa: E402
+from lean_image_ai.models import families  # noqa: E402
+from lean_image_ai.models.adapters import upscale_plan  # noqa: E402
+from lean_image_ai.models.adapters.upscale_plan import AUTO_WORKING_CPU  # noqa: E402
 from lean_image_ai.models.job import FamilyJob  # noqa: E402
-from lean_image_ai.models.tile_memory import BUDGET_FRACTION, estimate_bytes_per_pixel  # noqa: E402
-from lean_image_ai.models.upscale_plan import AUTO_WORKING_CPU  # noqa: E402
+from lean_image_ai.models.store import installer, library  # noqa: E402
+from lean_image_ai.models.store.catalog import Catalog  # noqa: E402
+from lean_image_ai.models.store.catalog_entry import CatalogEntry  # noqa: E402
+from lean_image_ai.models.tiles.tile_memory import BUDGET_FRACTION, estimate_bytes_per_pixel  # noqa: E402
 from lean_image_ai.runtime import get_runtime, memory_snapshot  # noqa: E402
 from lean_image_ai.runtime.errors import ModelFileError, SettingError  # noqa: E402
 from lean_image_ai.runtime.settings import MAX_BUDGET_MB, RAM_BUDGET_ENV, MemoryBudgets, budget_bytes  # noqa: E402
+from lean_image_ai.ui.cli import cli_job  # noqa: E402
+from lean_image_ai.ui.cli import main as cli  # noqa: E402
+from lean_image_ai.ui.cli.farm_worker import FrameWorker  # noqa: E402
 from onnx_builders import sr_model  # noqa: E402
 
 HEADROOM_MB = 1024  # above this process's RSS: the runtime's own budget check never splits a tile

@@ -1,4 +1,4 @@
-"""The Ray farm runner (farm_ray.py, farm_worker.py) on a real local Ray instance (loopback only,
+"""The Ray farm runner (ui/cli/farm_ray.py, ui/cli/farm_worker.py) on a real local Ray instance (loopback only,
 2 CPUs, started once for the module) with the real onnxruntime and a small super-resolution
 net: the same files as the single-process command line, one session per worker process, a
 worker killed mid-run (a real SIGKILL) or dying half-way through writing a frame, and a frame
@@ -15,10 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lean_image_ai import cli, cli_job, farm_ray
-from lean_image_ai.farm_worker import FrameWorker
 from lean_image_ai.models import files
 from lean_image_ai.runtime.errors import LeanImageError
+from lean_image_ai.ui.cli import cli_job, farm_ray
+from lean_image_ai.ui.cli import main as cli
+from lean_image_ai.ui.cli.farm_worker import FrameWorker
 from onnx_builders import sr_model, weights_model
 from PIL import Image
 
@@ -26,7 +27,7 @@ FRAMES = 24
 
 
 def run_cli(*args, cwd, prelude="", timeout=180, env=None):
-    code = f"{prelude}\nimport sys\nfrom lean_image_ai.cli import main\nsys.exit(main({list(args)!r}))"
+    code = f"{prelude}\nimport sys\nfrom lean_image_ai.ui.cli.main import main\nsys.exit(main({list(args)!r}))"
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, cwd=cwd,
         env=None if env is None else {**os.environ, **env},
@@ -41,7 +42,7 @@ def test_without_ray_the_package_imports_and_farm_says_what_to_install(tmp_path)
     assert done.returncode == cli.EXIT_ERROR
     assert "pip install 'lean_image_ai[farm]'" in done.stderr and "Traceback" not in done.stderr
     imported = subprocess.run(
-        [sys.executable, "-c", f"{HIDE_RAY}\nimport lean_image_ai, lean_image_ai.cli, lean_image_ai.farm_ray\n"
+        [sys.executable, "-c", f"{HIDE_RAY}\nimport lean_image_ai, lean_image_ai.ui.cli.main, lean_image_ai.ui.cli.farm_ray\n"
          "print('ray' in sys.modules and sys.modules['ray'] is not None)"],
         capture_output=True, text=True, timeout=120,
     )

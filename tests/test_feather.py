@@ -1,4 +1,4 @@
-"""models/feather.py through run_tiled: feathered seams for an overlap below the receptive radius.
+"""models/tiles/feather.py through run_tiled: feathered seams for an overlap below the receptive radius.
 
 The weights of neighbouring tiles add up to 1 everywhere (corners and a split's T-junctions
 included), so a model whose tiles all agree gives back exactly its untiled output; a model whose
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from lean_image_ai.models.feather import feather_floor, ramp
-from lean_image_ai.models.tiling import run_tiled
+from lean_image_ai.models.tiles.feather import feather_floor, ramp
+from lean_image_ai.models.tiles.tiling import run_tiled
 from lean_image_ai.runtime.errors import InferenceOutOfMemoryError
 
 
@@ -89,7 +89,7 @@ def test_splits_stop_where_owned_spans_keep_their_ramps_apart():
 
 
 def test_uniform_windows_have_one_shape_and_stay_inside_the_image():
-    from lean_image_ai.models.tiling import plan_tiles
+    from lean_image_ai.models.tiles.tiling import plan_tiles
 
     tiles = plan_tiles(1080, 1920, 384, 32, uniform=True)
     assert {t.window_shape for t in tiles} == {(384, 384)}

@@ -10,9 +10,9 @@ import re
 from pathlib import Path
 
 import pytest
-from lean_image_ai import cli_images
 from lean_image_ai.models import file_formats, products
 from lean_image_ai.runtime.errors import LeanImageError
+from lean_image_ai.ui.cli import cli_images
 
 WRITERS = (file_formats.COMMAND_LINE, file_formats.BLENDER_WRITER)
 

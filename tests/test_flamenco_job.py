@@ -1,4 +1,4 @@
-"""farm/flamenco/lean_image_ai.js, the Flamenco 3 job type, run under node with a stand-in of
+"""ui/cli/flamenco/lean_image_ai.js, the Flamenco 3 job type, run under node with a stand-in of
 Flamenco's `author` API: its tasks' frames follow the CLI's shard rule, and the commands it
 compiles, run as a render node would (bpy standing in for Blender), write every frame once."""
 
@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from lean_image_ai.models import frame_lists
+from lean_image_ai.models.batch import frame_lists
 
 REPO = Path(__file__).resolve().parents[1]
-JOB_TYPE = REPO / "farm" / "flamenco" / "lean_image_ai.js"
+JOB_TYPE = REPO / "ui" / "cli" / "flamenco" / "lean_image_ai.js"
 NODE = shutil.which("node")
 pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed: the job type cannot be run here")
 

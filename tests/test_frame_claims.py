@@ -1,5 +1,5 @@
 """Two `--skip-existing` runs on one folder share the work: each missing frame is computed by one
-of them (models/frame_claims.py), a dead writer's claim is free at once, nothing is left behind
+of them (models/batch/frame_claims.py), a dead writer's claim is free at once, nothing is left behind
 and a file that is not a claim is never removed."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lean_image_ai.models.frame_claims import FrameClaims, claim_path
+from lean_image_ai.models.batch.frame_claims import FrameClaims, claim_path
 from lean_image_ai.runtime.errors import LeanImageError
 from PIL import Image
 
@@ -30,7 +30,7 @@ TOGETHER = (
     "(gate / str(os.getpid())).touch()\n"
     "while len(list(gate.iterdir())) < 2:\n"
     "    time.sleep(0.01)\n"
-    "from lean_image_ai import cli as _cli\n"
+    "from lean_image_ai.ui.cli import main as _cli\n"
     "_report = _cli._Progress.__call__\n"
     "def _slow(self, fraction, stage):\n"
     "    _report(self, fraction, stage)\n"
@@ -80,7 +80,7 @@ def test_two_skip_existing_runs_on_one_folder_compute_each_frame_once(tmp_path):
 
 HOLD = (
     "import os, sys, time\n"
-    "from lean_image_ai.models.frame_claims import FrameClaims\n"
+    "from lean_image_ai.models.batch.frame_claims import FrameClaims\n"
     "claims = FrameClaims()\n"
     "print(claims.take(sys.argv[1]), flush=True)\n"
     "time.sleep(60)\n"
@@ -131,7 +131,7 @@ def test_a_claim_file_removed_between_open_and_lock_is_claimed_anew(tmp_path, mo
     """The holder removes its claim file while locked; a claimant that opened the old file just
     before finds it gone once it gets the lock and claims a new file, so one frame never has two
     holders (one on the removed file, one on the new)."""
-    from lean_image_ai.models import frame_claims
+    from lean_image_ai.models.batch import frame_claims
 
     target = tmp_path / "o_0001.png"
     first, second = FrameClaims(), FrameClaims()

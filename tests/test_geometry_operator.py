@@ -22,7 +22,7 @@ bpy = pytest.importorskip("bpy")
 bh.import_package()
 
 from builders_moge2 import moge2_like_model  # noqa: E402
-from lean_image_ai.models import moge2, moge2_mesh  # noqa: E402
+from lean_image_ai.models.adapters import moge2, moge2_mesh  # noqa: E402
 from lean_image_ai.models.base import JobOptions  # noqa: E402
 from lean_image_ai.operators import geometry_ops, image_io, image_ops, jobs  # noqa: E402
 from lean_image_ai.runtime import Runtime  # noqa: E402

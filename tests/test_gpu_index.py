@@ -1,4 +1,4 @@
-"""CUDA device index -> NVML device (runtime/gpu_index.py), and the snapshot and budget that read
+"""CUDA device index -> NVML device (runtime/cuda/gpu_index.py), and the snapshot and budget that read
 it. NVML and a CUDA runtime cannot exist here: a recorded NVML stand-in answers with what
 nvidia-ml-py returns (bytes bus ids like "00000000:41:00.0", "GPU-..." UUIDs, memory structs),
 records every call the runtime makes, and the CUDA runtime's cudaDeviceGetPCIBusId answer
@@ -9,8 +9,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from lean_image_ai.runtime import budget, gpu_index, memory
-from lean_image_ai.runtime.gpu_index import NvmlDevice, map_cuda_index
+from lean_image_ai.runtime.cuda import gpu_index
+from lean_image_ai.runtime.cuda.gpu_index import NvmlDevice, map_cuda_index
+from lean_image_ai.runtime.measure import budget, memory
 
 MiB = 1 << 20
 # Two GPUs of different kinds, in NVML's order (PCI bus order): CUDA's FASTEST_FIRST would put

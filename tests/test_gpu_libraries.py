@@ -1,4 +1,4 @@
-"""runtime/gpu_libraries.py with the real pip (this venv's) and tiny real wheels from a local
+"""runtime/cuda/gpu_libraries.py with the real pip (this venv's) and tiny real wheels from a local
 folder (``--no-index --find-links``): install, wrong hash, cancel, remove, download size, activate.
 """
 
@@ -11,10 +11,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_wheels import build_wheel, sha256_file, write_requirements  # noqa: E402
-from lean_image_ai.runtime import diagnostics  # noqa: E402
-from lean_image_ai.runtime import gpu_libraries as G  # noqa: E402
-from lean_image_ai.runtime import gpu_loading as L  # noqa: E402
+from lean_image_ai.runtime.cuda import gpu_libraries as G  # noqa: E402
+from lean_image_ai.runtime.cuda import gpu_loading as L  # noqa: E402
 from lean_image_ai.runtime.errors import OperationCancelled  # noqa: E402
+from lean_image_ai.runtime.log import diagnostics  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -24,9 +24,9 @@ GO = bh.import_submodule("operators.gpu_ops")
 R = bh.import_submodule("operators.prefs")
 P = bh.import_submodule("ui.preferences")
 jobs = bh.import_submodule("operators.jobs")
-from lean_image_ai.runtime import diagnostics  # noqa: E402
-from lean_image_ai.runtime import gpu_libraries as G  # noqa: E402
-from lean_image_ai.runtime import gpu_loading as L  # noqa: E402
+from lean_image_ai.runtime.cuda import gpu_libraries as G  # noqa: E402
+from lean_image_ai.runtime.cuda import gpu_loading as L  # noqa: E402
+from lean_image_ai.runtime.log import diagnostics  # noqa: E402
 
 
 @pytest.fixture
@@ -89,7 +89,7 @@ def test_install_through_the_operator_then_remove(setup):
 
 
 def library_size_text(requirements: Path) -> str:
-    from lean_image_ai.models import library
+    from lean_image_ai.models.store import library
 
     return library.format_bytes(G.download_size(requirements))
 

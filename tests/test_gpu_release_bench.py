@@ -55,7 +55,7 @@ def test_dry_run_exercises_every_check_and_its_figures_hold_together():
 
 def test_real_mode_without_a_gpu_exits_non_zero_and_says_why():
     if "CUDAExecutionProvider" in ort.get_available_providers():
-        from lean_image_ai.runtime.memory import nvidia_gpu_count
+        from lean_image_ai.runtime.measure.memory import nvidia_gpu_count
 
         if nvidia_gpu_count():
             pytest.skip("a GPU is here: the real check would run")

@@ -24,7 +24,7 @@ def test_freed_heap_pages_come_back_to_the_os():
     before, freed_rss, trimmed_rss, trimmed, freed_bytes = map(int, run_fresh(
         """
         import numpy as np
-        from lean_image_ai.runtime.memory import process_rss_bytes, trim_process_heap
+        from lean_image_ai.runtime.measure.memory import process_rss_bytes, trim_process_heap
         before = process_rss_bytes()
         blocks = [np.ones(64 * 1024 // 8) for _ in range(2048)]
         keep = blocks[-1]

@@ -1,5 +1,7 @@
 """The package's static import graph: no import cycle between modules, no Blender module in the
-bpy-free core (runtime/, models/).
+bpy-free parts (runtime/, models/ and the headless front-ends in ui/cli/), data flowing one way
+(runtime never reaches models, models never reach operators/ or ui/, the command line never reaches
+the Blender glue), and no folder holding more than FOLDER_LIMIT modules.
 
 The graph is read from the source with `ast`, never by importing anything: module-level and
 function-level imports alike (an import inside a function is still a dependency, it only runs
@@ -28,7 +30,15 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "lean_image_ai"
 NOT_PRODUCTION = {"tests", "bench", "tools", "build", "dist", "examples", "venv", ".venv", "__pycache__"}
-CORE = ("runtime", "models")  # bpy-free layers
+BPY_FREE = ("runtime", "models", "ui.cli")  # dotted prefixes (under PACKAGE) that never import Blender
+# The one-way flow: a module under the key never imports one under the values (direct edges; with
+# no cycles and every layer checked, no longer path can climb back either).
+LAYER_RULES = {
+    "runtime": ("models", "operators", "ui"),
+    "models": ("operators", "ui"),
+    "ui.cli": ("operators", "ui.panels", "ui.preferences", "ui.settings", "ui.registration"),
+}
+FOLDER_LIMIT = 15  # modules per folder, its __init__ not counted
 BLENDER_MODULES = {"bpy", "bpy_extras", "bpy_types", "bmesh", "mathutils", "gpu", "gpu_extras", "idprop"}
 
 
@@ -116,7 +126,7 @@ class Graph:
 
     def _imported(self, name: str, dotted: str, lineno: int) -> None:
         top = dotted.split(".")[0]
-        if top in BLENDER_MODULES and name.split(".")[1:2] and name.split(".")[1] in CORE:
+        if top in BLENDER_MODULES and _under(name, BPY_FREE):
             self.blender_imports.append(f"{self._where(name, lineno)} imports {dotted}")
 
     def _read(self, name: str) -> None:
@@ -158,6 +168,24 @@ class Graph:
                     target = self._absolute(name, level, target.lstrip(".") or None, node.lineno)
                 if target.split(".")[0] == PACKAGE:
                     self._add(name, self._owner(target))
+
+    def layer_violations(self) -> list[str]:
+        """Every import that flows against LAYER_RULES, as "runtime.core -> models.base"."""
+        found = []
+        for name, targets in sorted(self.edges.items()):
+            for layer, forbidden in LAYER_RULES.items():
+                if _under(name, (layer,)):
+                    found += [f"{_short(name)} -> {_short(t)}" for t in sorted(targets) if _under(t, forbidden)]
+        return found
+
+    def crowded_folders(self) -> list[str]:
+        """Folders holding more than FOLDER_LIMIT modules, as "models (16 modules)"."""
+        counts = {}
+        for path in self.modules.values():
+            if path.name != "__init__.py":
+                folder = path.parent.relative_to(self.root).as_posix()
+                counts[folder] = counts.get(folder, 0) + 1
+        return [f"{folder} ({count} modules)" for folder, count in sorted(counts.items()) if count > FOLDER_LIMIT]
 
     def cycles(self) -> list[list[str]]:
         """The shortest cycle through each module of every tangle (strongly connected component),
@@ -232,6 +260,11 @@ def _shortest_cycle(edges, start: str, within: set[str]) -> list[str]:
     raise AssertionError(f"{start} is in a component but on no cycle")
 
 
+def _under(name: str, prefixes) -> bool:
+    """Is the module `name` inside one of the dotted `prefixes` (rooted under PACKAGE)?"""
+    return any(name == f"{PACKAGE}.{p}" or name.startswith(f"{PACKAGE}.{p}.") for p in prefixes)
+
+
 def _short(name: str) -> str:
     return name.removeprefix(PACKAGE + ".")
 
@@ -304,6 +337,31 @@ def test_checker_finds_blender_imports_in_the_core_only(tmp_path):
     assert Graph(root).cycles() == []
 
 
+def test_checker_finds_imports_against_the_layers_and_crowded_folders(tmp_path):
+    files = {
+        "__init__.py": "",
+        "runtime/__init__.py": "",
+        "runtime/core.py": "from ..models import base\n",  # runtime reaching up into models
+        "models/__init__.py": "",
+        "models/base.py": "def f():\n    from ..operators import ops\n",  # models reaching the glue
+        "operators/__init__.py": "",
+        "operators/ops.py": "import bpy\nfrom ..models import base\n",  # allowed: glue -> models
+        "ui/__init__.py": "",
+        "ui/panels.py": "import bpy\n",
+        "ui/cli/__init__.py": "",
+        "ui/cli/main.py": "from ..panels import x\nimport bpy\nfrom ...models import base\n",
+    }
+    files.update({f"models/m{i}.py": "" for i in range(FOLDER_LIMIT)})  # models/: base + 15 = 16
+    graph = Graph(_write(tmp_path, files))
+    assert graph.layer_violations() == [
+        "models.base -> operators.ops",
+        "runtime.core -> models.base",
+        "ui.cli.main -> ui.panels",
+    ]
+    assert graph.blender_imports == ["ui/cli/main.py:2 imports bpy"]
+    assert graph.crowded_folders() == [f"models ({FOLDER_LIMIT + 1} modules)"]
+
+
 # ---- the package itself ------------------------------------------------------------------------
 
 
@@ -317,10 +375,19 @@ def package_graph() -> Graph:
     return graph
 
 
-def test_no_blender_module_is_imported_under_runtime_or_models(package_graph):
+def test_no_blender_module_is_imported_under_runtime_models_or_the_command_line(package_graph):
     assert package_graph.blender_imports == [], (
-        "runtime/ and models/ must stay bpy-free:\n" + "\n".join(package_graph.blender_imports)
+        "runtime/, models/ and ui/cli/ must stay bpy-free:\n" + "\n".join(package_graph.blender_imports)
     )
+
+
+def test_data_flows_one_way_between_the_layers(package_graph):
+    found = package_graph.layer_violations()
+    assert not found, "imports against the layers (see LAYER_RULES):\n" + "\n".join(found)
+
+
+def test_no_folder_holds_more_than_the_limit_of_modules(package_graph):
+    assert package_graph.crowded_folders() == [], package_graph.crowded_folders()
 
 
 def test_no_import_cycle_between_modules(package_graph):

@@ -12,9 +12,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from lean_image_ai.models import installer
-from lean_image_ai.models.catalog import BUILTIN_ENTRIES, Catalog
-from lean_image_ai.models.http_watch import loopback_http_for_tests
+from lean_image_ai.models.store import installer
+from lean_image_ai.models.store.catalog import BUILTIN_ENTRIES, Catalog
+from lean_image_ai.models.store.http_watch import loopback_http_for_tests
 from lean_image_ai.runtime.errors import ModelFileError, ModelInstallError, OperationCancelled
 from model_server import loopback_entry, onnx_payload
 from polling import wait_until
@@ -391,7 +391,7 @@ def test_nothing_beside_a_registered_file_is_written_or_deleted(tmp_path):
     the entry deletes only that record, never `<its path>.part` and the like (the user's files)."""
     from dataclasses import replace
 
-    from lean_image_ai.models import library
+    from lean_image_ai.models.store import library
 
     own_folder = tmp_path / "thesis"
     own_folder.mkdir()

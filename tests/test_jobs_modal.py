@@ -37,7 +37,7 @@ bh.import_package()
 
 import modal_standins  # noqa: E402
 from lean_image_ai import operators  # noqa: E402
-from lean_image_ai.models import library  # noqa: E402
+from lean_image_ai.models.store import library  # noqa: E402
 from lean_image_ai.operators import geometry_ops, image_io, image_ops, jobs  # noqa: E402
 from lean_image_ai.runtime import get_runtime  # noqa: E402
 from modal_standins import ESC, TIMER, Event, StandInContext, driver_class, pump  # noqa: E402

@@ -4,7 +4,7 @@ a single window fed the image itself."""
 from __future__ import annotations
 
 import numpy as np
-from lean_image_ai.models import upscale
+from lean_image_ai.models.adapters import upscale
 from lean_image_ai.models.base import JobOptions
 from onnx_builders import sr_model
 

@@ -1,4 +1,4 @@
-"""Issue 11, the budget acting before a job (runtime/budget.py), bpy-free.
+"""Issue 11, the budget acting before a job (runtime/measure/budget.py), bpy-free.
 
 Real CPU sessions with the RAM budget set low relative to a figure measured in the same process
 (the budget reads this process's RSS, so those tests run in a fresh process each: memory left
@@ -17,12 +17,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from lean_image_ai.models import upscale
+from lean_image_ai.models.adapters import upscale
 from lean_image_ai.models.base import JobOptions
-from lean_image_ai.runtime import Runtime, RuntimeSettings, core, mark_last, memory
-from lean_image_ai.runtime.budget import WHAT_TO_DO
+from lean_image_ai.runtime import Runtime, RuntimeSettings, core, mark_last
 from lean_image_ai.runtime.errors import MemoryBudgetError
-from lean_image_ai.runtime.memory import process_rss_bytes
+from lean_image_ai.runtime.measure import memory
+from lean_image_ai.runtime.measure.budget import WHAT_TO_DO
+from lean_image_ai.runtime.measure.memory import process_rss_bytes
 from onnx_builders import conv_model, sr_model
 from recording import CPU, RecordingFactory
 
@@ -147,7 +148,7 @@ class RecordedNvml(SimpleNamespace):
         self.calls.append(("nvmlDeviceGetHandleByIndex", index))
         return ("handle", index)
 
-    def nvmlDeviceGetPciInfo(self, handle):  # how the runtime finds CUDA device 0 (runtime/gpu_index.py)
+    def nvmlDeviceGetPciInfo(self, handle):  # how the runtime finds CUDA device 0 (runtime/cuda/gpu_index.py)
         self.calls.append(("nvmlDeviceGetPciInfo", handle))
         return SimpleNamespace(busId=b"00000000:19:00.0")  # NVML's format; this one bus id is made up
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from lean_image_ai.models.leak_job import family_job
 from lean_image_ai.runtime import Runtime, mark_last
-from lean_image_ai.runtime.leak_check import analyse, leak_check
-from lean_image_ai.runtime.memory_report import format_freed, format_job_memory, job_figures
+from lean_image_ai.runtime.measure.leak_check import analyse, leak_check
+from lean_image_ai.runtime.measure.memory_report import format_freed, format_job_memory, job_figures
 from onnx_builders import conv_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -123,7 +123,7 @@ LEAKING_JOB = """
 import json
 from lean_image_ai.models.leak_job import family_job
 from lean_image_ai.runtime import Runtime
-from lean_image_ai.runtime.leak_check import leak_check
+from lean_image_ai.runtime.measure.leak_check import leak_check
 
 kept = []
 real = family_job("upscale", device="cpu", runtime=Runtime(), size=(192, 256))
@@ -181,8 +181,8 @@ def test_budget_decisions_in_a_fresh_process():
 
 @pytest.mark.skipif(not __import__("os").environ.get("LEAN_IMAGE_AI_BUDGET_TEST"), reason="runs in its own process")
 def test_budget_remembers_working_memory_then_releases_evicts_lru_and_refuses(conv, tmp_path):
-    from lean_image_ai.runtime import budget
-    from lean_image_ai.runtime.memory import process_rss_bytes
+    from lean_image_ai.runtime.measure import budget
+    from lean_image_ai.runtime.measure.memory import process_rss_bytes
 
     runtime = Runtime()
     shapes = [(1, 3, 256, 256)]

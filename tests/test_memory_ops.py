@@ -21,7 +21,9 @@ bpy = pytest.importorskip("bpy")
 memory_ops = bh.import_submodule("operators.memory_ops")
 prefs = bh.import_submodule("operators.prefs")
 jobs = bh.import_submodule("operators.jobs")
-from lean_image_ai.runtime import event_file, get_runtime, mark_last, memory_plot  # noqa: E402
+from lean_image_ai.runtime import get_runtime, mark_last  # noqa: E402
+from lean_image_ai.runtime.log import event_file  # noqa: E402
+from lean_image_ai.runtime.measure import memory_plot  # noqa: E402
 from modal_standins import ESC, StandInContext, drive, driver_class, pump  # noqa: E402
 
 
@@ -213,7 +215,7 @@ def test_leak_check_repeats_the_chosen_family_job(runtime, tmp_path, monkeypatch
     """The family's job as every front-end builds it (models/job.py): its installed model from the
     preferences' models folder; a family with nothing installed says what to install."""
     from builders_families import da3_like_model
-    from lean_image_ai.models import catalog, library
+    from lean_image_ai.models.store import catalog, library
 
     monkeypatch.setenv(library.MODELS_DIR_ENV, str(tmp_path))
     entry = catalog.Catalog().get("da3-metric-large")  # no size/sha256 known: a present file counts

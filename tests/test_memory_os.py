@@ -1,4 +1,4 @@
-"""runtime/memory.py reads memory from the OS itself (a stock Blender has no psutil); psutil, installed
+"""runtime/measure/memory.py reads memory from the OS itself (a stock Blender has no psutil); psutil, installed
 in the dev venv, is the reference. Comparisons are ratios, never absolute figures."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import blender_helpers as bh  # noqa: E402
 
 bh.import_package()
-from lean_image_ai.runtime import memory  # noqa: E402
+from lean_image_ai.runtime.measure import memory  # noqa: E402
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -74,7 +74,7 @@ def test_an_address_space_limit_is_what_the_process_can_still_allocate(tmp_path)
     """`prlimit --as`: the OS still says gigabytes are free, but this process can map far less."""
     code = (
         "import json, resource\n"
-        "from lean_image_ai.runtime import memory\n"
+        "from lean_image_ai.runtime.measure import memory\n"
         "def figures(): return {'os': memory.os_available_memory_bytes(), 'as': memory.address_space_headroom_bytes(),\n"
         "    'all': memory.available_system_memory_bytes()}\n"
         "before = figures()\n"
@@ -121,7 +121,7 @@ def test_everything_works_without_psutil_or_nvidia_ml_py(tmp_path):
     code = (
         "import json, sys\n"
         "sys.modules['psutil'] = None; sys.modules['pynvml'] = None  # import now raises ImportError\n"
-        "from lean_image_ai.runtime import memory\n"
+        "from lean_image_ai.runtime.measure import memory\n"
         "print(json.dumps({'rss': memory.process_rss_bytes(), 'peak': memory.peak_rss_bytes(),\n"
         "    'available': memory.available_system_memory_bytes(), 'gpus': memory.nvidia_gpu_count(),\n"
         "    'snapshot': memory.memory_snapshot(0)}))\n"
@@ -163,7 +163,7 @@ def test_runtime_and_models_never_import_psutil_or_pil(tmp_path):
         "    pkg = importlib.import_module('lean_image_ai.' + sub)\n"
         "    for info in pkgutil.iter_modules(pkg.__path__):\n"
         "        importlib.import_module(f'lean_image_ai.{sub}.{info.name}')\n"
-        "from lean_image_ai.runtime import memory\n"
+        "from lean_image_ai.runtime.measure import memory\n"
         "assert memory.process_rss_bytes() is None or memory.process_rss_bytes() > 0\n"
         "print('OK')\n"
     )

@@ -1,4 +1,4 @@
-"""Issue 11, the picture of a job's memory (runtime/memory_plot.py): drawn from a real job's
+"""Issue 11, the picture of a job's memory (runtime/measure/memory_plot.py): drawn from a real job's
 timeline, decoded with Pillow (which the add-on itself never needs)."""
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import sys
 
 import numpy as np
 import pytest
-from lean_image_ai.runtime import Runtime, event_file, mark_last, memory_plot
+from lean_image_ai.runtime import Runtime, mark_last
+from lean_image_ai.runtime.log import event_file
+from lean_image_ai.runtime.measure import memory_plot
 from onnx_builders import conv_model
 from PIL import Image
 
@@ -89,7 +91,7 @@ def test_the_command_line_writes_the_plot(tmp_path):
 def test_the_picture_explains_itself():
     """Axes in MB and seconds with round ticks, the title, the before/after levels and the legend,
     in the picture itself (checked against the same text drawn by the built-in font)."""
-    from lean_image_ai.runtime.bitmap_font import draw_text, text_width
+    from lean_image_ai.runtime.measure.bitmap_font import draw_text, text_width
 
     mb = 1 << 20
     marks = [(0.0, "before", {"ram": 200 * mb, "vram": 100 * mb})]

@@ -1,4 +1,4 @@
-"""runtime/memory_report.py from given snapshots: figures that add up and are never negative.
+"""runtime/measure/memory_report.py from given snapshots: figures that add up and are never negative.
 
 The snapshots are the shapes seen on real exports (issue 20): a release that also gives back
 pages the load touched (DA3 METRIC-LARGE read "the job kept -788 MB"), and a 1080p x4 upscale
@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lean_image_ai.runtime.memory_report import format_figures, job_figures
+from lean_image_ai.runtime.measure.memory_report import format_figures, job_figures
 
 MB = 2**20
 
@@ -103,7 +103,7 @@ print(json.dumps({{"figure": op.memory["figures"][0], "lines": op.memory["lines"
 
 def test_an_upscale_reports_its_result_as_held_not_as_kept_by_the_runtime():
     import numpy as np
-    from lean_image_ai.models import upscale
+    from lean_image_ai.models.adapters import upscale
     from lean_image_ai.models.base import JobOptions
     from lean_image_ai.runtime import Runtime
 

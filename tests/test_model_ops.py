@@ -27,8 +27,8 @@ M = bh.import_submodule("operators.model_ops")
 P = bh.import_submodule("ui.preferences")
 S = bh.import_submodule("ui.settings")
 jobs = bh.import_submodule("operators.jobs")
-from lean_image_ai.models import installer, library  # noqa: E402
-from lean_image_ai.models.catalog import Catalog, CatalogEntry  # noqa: E402
+from lean_image_ai.models.store import installer, library  # noqa: E402
+from lean_image_ai.models.store.catalog import Catalog, CatalogEntry  # noqa: E402
 from lean_image_ai.runtime import get_runtime  # noqa: E402
 
 CHUNK = 16 * 1024

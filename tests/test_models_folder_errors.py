@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lean_image_ai.models import library
-from lean_image_ai.models.catalog import Catalog
+from lean_image_ai.models.store import library
+from lean_image_ai.models.store.catalog import Catalog
 from PIL import Image
 
 GOOD_ENTRY = {
@@ -135,7 +135,7 @@ def test_a_models_folder_this_user_cannot_open_is_an_error(image):
         out = base / "out.png"
         args = ["upscale", "--input", str(base / "in.png"), "--output", str(out), "--device", "cpu"]
         code = (
-            "import os, sys\nimport lean_image_ai.cli as cli, onnxruntime, PIL.Image, numpy\n"
+            "import os, sys\nimport lean_image_ai.ui.cli.main as cli, onnxruntime, PIL.Image, numpy\n"
             f"{drop}\nsys.exit(cli.main({args!r}))"
         )
         env = {**os.environ, library.MODELS_DIR_ENV: str(folder)}

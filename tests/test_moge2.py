@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 from builders_moge2 import PLANE, expected_depth, moge2_like_model
-from lean_image_ai.models import moge2, moge2_solver
+from lean_image_ai.models.adapters import moge2, moge2_solver
 from lean_image_ai.runtime.errors import (
     InvalidModelOutputError,
     ModelContractError,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from lean_image_ai.models import moge2_solver
+from lean_image_ai.models.adapters import moge2_solver
 from scipy.optimize import least_squares
 from test_moge2 import SOLVER_CASES, scipy_reference, synthetic_points
 

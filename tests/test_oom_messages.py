@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 from lean_image_ai.models.base import JobOptions
-from lean_image_ai.models.frame_lists import FrameRef
-from lean_image_ai.models.sequence import BatchRun
+from lean_image_ai.models.batch.frame_lists import FrameRef
+from lean_image_ai.models.batch.sequence import BatchRun
 from lean_image_ai.runtime import InferenceOutOfMemoryError
 from onnx import TensorProto, helper, numpy_helper
 from onnx_builders import save_model

@@ -26,9 +26,10 @@ bh.import_package()
 
 from builders_families import ben2_like_model, da3_like_model  # noqa: E402
 from builders_upscale import resize_model  # noqa: E402
-from lean_image_ai.models import ben2, catalog, da3, library, moge2, upscale  # noqa: E402
+from lean_image_ai.models.adapters import ben2, da3, moge2, upscale  # noqa: E402
 from lean_image_ai.models.base import JobOptions  # noqa: E402
 from lean_image_ai.models.imaging import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402
+from lean_image_ai.models.store import catalog, library  # noqa: E402
 from lean_image_ai.operators import geometry_ops, image_io, image_ops, jobs  # noqa: E402
 from lean_image_ai.runtime import Runtime, get_runtime  # noqa: E402
 from onnx_builders import sr_model  # noqa: E402

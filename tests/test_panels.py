@@ -22,9 +22,9 @@ bpy = pytest.importorskip("bpy")
 panels = bh.import_submodule("ui.panels")
 S = bh.import_submodule("ui.settings")
 jobs = bh.import_submodule("operators.jobs")
-from lean_image_ai.models import library  # noqa: E402
-from lean_image_ai.models.catalog import Catalog, CatalogEntry  # noqa: E402
-from lean_image_ai.models.upscale import DEFAULT_MODEL_PATH  # noqa: E402
+from lean_image_ai.models.adapters.upscale import DEFAULT_MODEL_PATH  # noqa: E402
+from lean_image_ai.models.store import library  # noqa: E402
+from lean_image_ai.models.store.catalog import Catalog, CatalogEntry  # noqa: E402
 from lean_image_ai.runtime import get_runtime  # noqa: E402
 
 MAIN_PANELS = ("LEAN_IMAGE_AI_PT_image_editor", "LEAN_IMAGE_AI_PT_view3d")

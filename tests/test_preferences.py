@@ -14,7 +14,7 @@ import blender_helpers as bh  # noqa: E402
 bpy = pytest.importorskip("bpy")
 P = bh.import_submodule("ui.preferences")
 R = bh.import_submodule("operators.prefs")  # what operators read of the preferences
-from lean_image_ai.models import library  # noqa: E402
+from lean_image_ai.models.store import library  # noqa: E402
 
 EXPECTED_PROVIDER = {
     "CUDA": "CUDAExecutionProvider",

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lean_image_ai.models import da3, moge2_contract, upscale
+from lean_image_ai.models.adapters import da3, moge2_contract, upscale
 from lean_image_ai.models.base import JobOptions
-from lean_image_ai.models.receptive import graph_receptive_field
+from lean_image_ai.models.tiles.receptive import graph_receptive_field
 
 pytestmark = pytest.mark.real_models
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from builders_upscale import compact_model, global_context_model
-from lean_image_ai.models import tile_memory, upscale
+from lean_image_ai.models.adapters import upscale
 from lean_image_ai.models.base import JobOptions
-from lean_image_ai.models.receptive import graph_receptive_field
+from lean_image_ai.models.tiles import tile_memory
+from lean_image_ai.models.tiles.receptive import graph_receptive_field
 from lean_image_ai.runtime.core import Runtime, RuntimeSettings
 from onnx import TensorProto, helper, numpy_helper
 from onnx_builders import save_model, sr_model

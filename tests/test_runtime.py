@@ -23,7 +23,7 @@ from lean_image_ai.runtime import (
     mark_last,
     memory_snapshot,
 )
-from lean_image_ai.runtime.cpu_arena import RELEASE_PROBE_MODEL
+from lean_image_ai.runtime.release.cpu_arena import RELEASE_PROBE_MODEL
 from lean_image_ai.runtime.settings import settings_from_environment
 from onnx_builders import conv_model, release_probe_model
 from recording import RecordingFactory
@@ -474,7 +474,7 @@ def test_importing_the_package_does_not_import_bpy():
 
 def test_auto_on_a_machine_without_a_usable_gpu_quietly_means_cpu(conv):
     """onnxruntime-gpu lists CUDA even without a GPU; 'auto' must not try it (no fallback noise)."""
-    from lean_image_ai.runtime.memory import nvidia_gpu_count
+    from lean_image_ai.runtime.measure.memory import nvidia_gpu_count
 
     if nvidia_gpu_count() != 0:
         pytest.skip("a GPU is visible (or NVML is not installed): nothing to check here")
@@ -491,7 +491,7 @@ import numpy as np
 sys.path.insert(0, sys.argv[1])
 from onnx_builders import conv_model
 from lean_image_ai.runtime import Runtime, mark_last
-from lean_image_ai.runtime.memory import peak_rss_bytes, process_rss_bytes, reset_peak_rss
+from lean_image_ai.runtime.measure.memory import peak_rss_bytes, process_rss_bytes, reset_peak_rss
 
 if not reset_peak_rss() or peak_rss_bytes() is None:
     print(json.dumps({"unsupported": True}))

@@ -1,4 +1,4 @@
-"""models/frame_lists.py and models/sequence.py with the real onnxruntime: frame lists, output names, and the batch run (one
+"""models/batch/frame_lists.py and models/batch/sequence.py with the real onnxruntime: frame lists, output names, and the batch run (one
 runtime operation, release only at the very end, cancel/skip/failure per frame)."""
 
 from __future__ import annotations
@@ -8,10 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lean_image_ai.models import files, frame_lists, upscale
+from lean_image_ai.models import files
+from lean_image_ai.models.adapters import upscale
 from lean_image_ai.models.base import JobOptions
-from lean_image_ai.models.frame_lists import FrameRef
-from lean_image_ai.models.sequence import BatchRun
+from lean_image_ai.models.batch import frame_lists
+from lean_image_ai.models.batch.frame_lists import FrameRef
+from lean_image_ai.models.batch.sequence import BatchRun
 from lean_image_ai.runtime.errors import LeanImageError
 from onnx_builders import sr_model
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from lean_image_ai.runtime import Runtime, RuntimeSettings, settings
 from lean_image_ai.runtime.errors import LeanImageError, SettingError
-from lean_image_ai.runtime.leak_check import analyse, leak_check
+from lean_image_ai.runtime.measure.leak_check import analyse, leak_check
 from onnx_builders import conv_model
 
 

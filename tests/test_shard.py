@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from lean_image_ai.models import frame_lists, moge2_mesh
+from lean_image_ai.models.adapters import moge2_mesh
+from lean_image_ai.models.batch import frame_lists
 from lean_image_ai.runtime.errors import LeanImageError
 from PIL import Image
 

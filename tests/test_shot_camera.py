@@ -1,4 +1,4 @@
-"""One camera per MoGe-2 shot (models/shot_camera.py): a focal for the shot, each frame's shift
+"""One camera per MoGe-2 shot (models/adapters/shot_camera.py): a focal for the shot, each frame's shift
 for that focal, and the command line's --camera shot / --fov on a real-onnxruntime stand-in."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import math
 import numpy as np
 import pytest
 from builders_moge2 import moge2_like_model
-from lean_image_ai.cli import main
-from lean_image_ai.models import moge2, moge2_solver, shot_camera
+from lean_image_ai.models.adapters import moge2, moge2_solver, shot_camera
 from lean_image_ai.models.base import JobOptions
 from lean_image_ai.runtime.errors import LeanImageError
+from lean_image_ai.ui.cli.main import main
 from PIL import Image
 from test_moge2 import red_image, synthetic_points
 

@@ -1,4 +1,4 @@
-"""Shot-consistent depth (models/shot_depth.py, cli_shot.py) on a generated shot with known depth
+"""Shot-consistent depth (models/adapters/shot_depth.py, ui/cli/cli_shot.py) on a generated shot with known depth
 and a real-onnxruntime stand-in whose output drifts per frame (tests/builders_shot.py)."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import numpy as np
 import OpenEXR
 import pytest
 from builders_shot import background_mask, drifting_depth_model, shot_frame, write_shot
-from lean_image_ai.cli import main
-from lean_image_ai.models import da3, shot_depth
+from lean_image_ai.models.adapters import da3, shot_depth
 from lean_image_ai.models.base import JobOptions
-from lean_image_ai.models.frame_lists import FrameRef
-from lean_image_ai.models.sequence import BatchRun
+from lean_image_ai.models.batch.frame_lists import FrameRef
+from lean_image_ai.models.batch.sequence import BatchRun
 from lean_image_ai.runtime.errors import LeanImageError
+from lean_image_ai.ui.cli.main import main
 from PIL import Image
 
 FRAMES = 8
@@ -235,7 +235,7 @@ def _pumped(batch) -> None:
 
 
 def _two_pass(model, runtime, count, write, cancel, settings):
-    from lean_image_ai.models.shot_batch import TwoPassBatch
+    from lean_image_ai.models.batch.shot_batch import TwoPassBatch
 
     refs = [FrameRef(n, None) for n in range(1, count + 1)]
 
@@ -252,7 +252,7 @@ def _two_pass(model, runtime, count, write, cancel, settings):
 def test_two_pass_batch_pumped_like_blender(model, fresh_runtime):
     import threading
 
-    from lean_image_ai.models.shot_batch import ShotSettings
+    from lean_image_ai.models.batch.shot_batch import ShotSettings
 
     settings = ShotSettings("da3", depth_range="auto-shot")
     written = []
@@ -267,7 +267,7 @@ def test_two_pass_batch_pumped_like_blender(model, fresh_runtime):
 def test_two_pass_batch_cancelled_in_its_first_pass_writes_nothing(model, fresh_runtime):
     import threading
 
-    from lean_image_ai.models.shot_batch import ShotSettings
+    from lean_image_ai.models.batch.shot_batch import ShotSettings
 
     settings = ShotSettings("da3", depth_range="auto-shot")
     cancel = threading.Event()

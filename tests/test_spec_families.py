@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 from builders_families import ben2_like_model, da3_like_model
 from builders_moge2 import moge2_like_model
-from lean_image_ai.models import ben2, da3, moge2, upscale
+from lean_image_ai.models.adapters import ben2, da3, moge2, upscale
 from lean_image_ai.models.base import JobOptions
 from lean_image_ai.runtime import Runtime, RuntimeSettings
 from onnx_builders import sr_model

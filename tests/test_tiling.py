@@ -1,4 +1,4 @@
-"""models/tiling.py: planning, reflect context, seam-free assembly, last-run marking, split on OOM.
+"""models/tiles/tiling.py: planning, reflect context, seam-free assembly, last-run marking, split on OOM.
 
 Tolerance for tiled == untiled: atol 1e-5 on outputs of magnitude ~1. Every output pixel sees the
 same inputs with the same weights in both runs (overlap >= receptive radius); only the float32
@@ -14,9 +14,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from builders_upscale import resize_model
-from lean_image_ai.models import tiling
+from lean_image_ai.models.adapters.upscale import DEFAULT_MODEL_PATH
 from lean_image_ai.models.imaging import from_nchw, to_nchw
-from lean_image_ai.models.tiling import (
+from lean_image_ai.models.tiles import tiling
+from lean_image_ai.models.tiles.tiling import (
     Tile,
     auto_tile_size,
     cut_window,
@@ -26,7 +27,6 @@ from lean_image_ai.models.tiling import (
     run_tiled,
     tile_floor,
 )
-from lean_image_ai.models.upscale import DEFAULT_MODEL_PATH
 from lean_image_ai.runtime import Runtime
 from lean_image_ai.runtime.errors import InferenceOutOfMemoryError, ModelContractError
 from onnx_builders import sr_model
@@ -244,7 +244,7 @@ def test_only_the_final_tile_of_the_final_image_is_marked_last():
 def test_split_on_oom_halves_keeps_done_tiles_and_marks_the_new_final_tile():
     picture = image(70, 90, seed=2)
     recorder = Recorder(limit=32)
-    from lean_image_ai.runtime.events import EventLog
+    from lean_image_ai.runtime.log.events import EventLog
 
     events, splits_seen = EventLog(), []
     reports = []
@@ -304,7 +304,7 @@ def test_split_after_some_tiles_were_done_continues_from_there():
 
 
 def test_split_stops_at_the_floor_and_re_raises_the_readable_error():
-    from lean_image_ai.runtime.events import EventLog
+    from lean_image_ai.runtime.log.events import EventLog
 
     recorder, events = Recorder(always_oom=True), EventLog()
     with pytest.raises(InferenceOutOfMemoryError, match="Out of system memory"):
@@ -363,7 +363,7 @@ def test_auto_tile_size_from_free_system_memory_is_bounded():
 
 
 def test_a_large_tile_is_pasted_in_bands_on_threads_like_one_pass(monkeypatch):
-    from lean_image_ai.models import paste
+    from lean_image_ai.models.tiles import paste
 
     monkeypatch.setattr(paste, "_paste_workers", lambda: 3)  # whatever this machine's core count
     rows = 3 * tiling.PASTE_BAND_ROWS + 40  # three bands, the last one uneven

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lean_image_ai import cli
 from lean_image_ai.models import families, products
+from lean_image_ai.ui.cli import main as cli
 from onnx import TensorProto, helper, numpy_helper
 from onnx_builders import save_model
 from PIL import Image
@@ -137,8 +137,8 @@ def test_the_command_line_and_the_farm_list_it_with_its_options(registered_here)
 
 
 def test_the_farm_worker_writes_its_frames(registered_here, toy, tmp_path):
-    from lean_image_ai.farm_worker import FrameWorker
     from lean_image_ai.models.job import FamilyJob
+    from lean_image_ai.ui.cli.farm_worker import FrameWorker
 
     _, model, frames = toy
     out = tmp_path / "farm_out"
@@ -155,7 +155,7 @@ def test_the_farm_worker_writes_its_frames(registered_here, toy, tmp_path):
 def test_the_command_line_runs_it_on_an_image_and_a_folder(toy, tmp_path):
     folder, model, frames = toy
     code = REGISTER.format(folder=str(folder)) + textwrap.dedent(f"""
-        from lean_image_ai.cli import main
+        from lean_image_ai.ui.cli.main import main
         one = main(["invert", {str(frames / "plate_0001.png")!r}, {str(tmp_path / "one.png")!r},
                     "--model", {str(model)!r}, "--device", "cpu"])
         many = main(["invert", {str(frames)!r}, "--model", {str(model)!r}, "--device", "cpu"])

@@ -1,4 +1,4 @@
-"""models/upscale.py and the embedded bicubic model, on real onnxruntime sessions.
+"""models/adapters/upscale.py and the embedded bicubic model, on real onnxruntime sessions.
 
 Tolerances: tiled vs untiled results use atol 1e-5 (float32 summation order only, see
 test_tiling.py). The fp16 model is compared with its fp32 twin at atol 2e-2: fp16 weights and
@@ -18,7 +18,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from builders_upscale import resize_model
-from lean_image_ai.models import upscale
+from lean_image_ai.models.adapters import upscale
 from lean_image_ai.models.base import JobOptions
 from lean_image_ai.models.imaging import resize
 from lean_image_ai.runtime import Runtime

@@ -1,12 +1,13 @@
-"""models/upscale.py and models/tiling.py: results too big for memory are refused before any run;
+"""models/adapters/upscale.py and models/tiles/tiling.py: results too big for memory are refused before any run;
 outputs are written into the job's own buffers from the very first run (real onnxruntime)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from lean_image_ai.models import tiling, upscale
-from lean_image_ai.models.tile_memory import refuse_oversized_result
+from lean_image_ai.models.adapters import upscale
+from lean_image_ai.models.tiles import tiling
+from lean_image_ai.models.tiles.tile_memory import refuse_oversized_result
 from lean_image_ai.runtime import Runtime
 from lean_image_ai.runtime.errors import InvalidImageError
 from onnx import TensorProto, helper, numpy_helper

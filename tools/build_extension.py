@@ -262,7 +262,7 @@ def gpu_requirements_text(wheels: list[Path], platform: str, python: str, ort_ve
     lines = [
         f"# NVIDIA CUDA 13 / cuDNN 9 libraries for onnxruntime-gpu {ort_version}, {platform}, Python {python}.",
         "# Written by tools/build_extension.py --gpu-requirements from the downloaded wheels; installed by",
-        "# runtime/gpu_libraries.py with pip --require-hashes --no-deps. Do not edit by hand.",
+        "# runtime/cuda/gpu_libraries.py with pip --require-hashes --no-deps. Do not edit by hand.",
         f"# total size: {total}",
     ]
     for wheel in wheels:

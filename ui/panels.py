@@ -12,8 +12,9 @@ import bpy
 from ..models import families
 from ..operators import options, prefs, shot_props
 from ..operators.jobs import manager
-from ..runtime import get_runtime, memory_plot, memory_snapshot
-from ..runtime.diagnostics import onnxruntime_import_error
+from ..runtime import get_runtime, memory_snapshot
+from ..runtime.log.diagnostics import onnxruntime_import_error
+from ..runtime.measure import memory_plot
 from . import preferences
 from . import settings as scene_settings
 

@@ -1,5 +1,5 @@
 """Add-on preferences: models folder, inference device, memory settings, and the model list
-(drawn from the model library, models/library.py; operators read the values via operators/prefs.py).
+(drawn from the model library, models/store/library.py; operators read the values via operators/prefs.py).
 
 ``bl_idname`` is the add-on's root package, which is ``lean_image_ai`` when imported from a
 checkout and ``bl_ext.user_default.lean_image_ai`` when installed as an extension.
@@ -13,7 +13,8 @@ import traceback
 import bpy
 from bpy.props import BoolProperty, EnumProperty, FloatProperty, IntProperty, StringProperty
 
-from ..models import families, installer, library
+from ..models import families
+from ..models.store import installer, library
 from ..operators.gpu_ops import JOB_KEY as GPU_JOB_KEY
 from ..operators.jobs import downloads
 from ..operators.prefs import (
@@ -23,7 +24,8 @@ from ..operators.prefs import (
     models_folder,
     release_rule_lines,
 )
-from ..runtime import diagnostics, gpu_libraries, gpu_loading
+from ..runtime.cuda import gpu_libraries, gpu_loading
+from ..runtime.log import diagnostics
 from ..runtime.providers import DEVICE_BY_KIND
 from ..runtime.settings import MAX_BUDGET_MB, MAX_RELEASE_DELAY_S
 

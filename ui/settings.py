@@ -8,7 +8,8 @@ the operators directly never depends on them.
 import bpy
 from bpy.props import BoolProperty, EnumProperty, StringProperty
 
-from ..models import families, library
+from ..models import families
+from ..models.store import library
 from ..operators import options, shot_props
 from ..operators.prefs import models_folder
 

@@ -1,0 +1,398 @@
+"""MoGe-2 monocular geometry: image -> point map, depth, normals, mask and camera intrinsics.
+
+The public export (`Ruicheng/moge-2-*-normal-onnx`) holds only MoGe's `forward()`: inputs
+`image` (1x3xHxW RGB in [0, 1]; ImageNet normalisation happens inside) and `num_tokens` (int64
+scalar), outputs `points` (1xHxWx3, an *affine* point map: the true camera-space points up to an
+unknown focal length and z-shift), `normal` (1xHxWx3), `mask` (1xHxW sigmoid) and `metric_scale`.
+The camera recovery that MoGe's `infer()` does in PyTorch + scipy is re-done here in numpy
+(Blender ships no scipy):
+
+* focal and shift: least squares over a subsample of valid pixels (models/adapters/moge2_solver.py).
+* intrinsics: principal point at the image centre; `fx, fy` in pixels of the SOURCE image.
+* `depth = (z + shift) * metric_scale`; points re-projected from depth and intrinsics (MoGe's
+  default `force_projection=True`), or `(xyz + [0, 0, shift]) * metric_scale` when that is off.
+
+Model input size rule (MoGe-2 `forward()`): for `T = num_tokens` and source aspect `a = W / H`,
+the ViT grid is `rows = round(sqrt(T / a))`, `cols = round(sqrt(T * a))` patches of 14 px, so the
+image is fed at `(14 * rows, 14 * cols)`: the aspect of the source (up to rounding of one patch),
+about `T` tokens, and the export's own resize to that grid becomes an identity (its ONNX mode
+resizes without antialiasing; ours antialiases). `T = int(1200 + level / 9 * 2400)` for
+`resolution_level` 0..9, as in MoGe's `infer()`.
+
+Frames: points/normals are in MoGe's camera frame (OpenCV convention: x right, y down, z
+forward). Values outside `mask` are what the model predicted there and carry no meaning.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...runtime import mark_last
+from ...runtime.errors import InvalidModelOutputError
+from ..base import JobOptions, ResultSink, as_frames, check_finite, fixed_hw, squeeze_batch
+from ..family import Family, Option, Output, Setting, int_range, positive_int, unit_interval
+from ..imaging import prepare_image, resize, to_nchw
+from ..result_images import ImageProduct
+from ..store import family_check
+from . import shot_camera
+from .moge2_contract import bind_contract
+from .moge2_mesh import normal_map, write_geometry
+from .moge2_solver import DegenerateGeometryError, recover_focal_shift, shift_for_focal
+
+PATCH_SIZE = 14
+NUM_TOKENS_RANGE = (1200, 3600)
+RESOLUTION_LEVELS = 10
+MASK_THRESHOLD = 0.5
+
+
+@dataclass
+class GeometryResult:
+    points: np.ndarray  # HxWx3 float32, camera space (OpenCV axes), metric when the model has a scale
+    depth: np.ndarray  # HxW float32, z of `points`
+    normal: np.ndarray | None  # HxWx3 float32 unit vectors, or None when the model has no normal output
+    mask: np.ndarray  # HxW bool: model mask > threshold and finite depth > 0
+    intrinsics: np.ndarray  # 3x3 float32, pixels of the source image, principal point at its centre
+    fov_x: float  # radians
+    fov_y: float  # radians
+    metric_scale: float
+    model_size: tuple[int, int]  # (h, w) the model ran at
+    warnings: list[str] = field(default_factory=list)
+    num_tokens: int = 0
+    focal: float = 0.0  # relative to half the image diagonal (MoGe's convention)
+    shift: float = 0.0  # z-shift added to the affine points, before metric scaling
+
+
+# ---- sizes and token counts --------------------------------------------------------------------
+
+
+def num_tokens_for_level(
+    resolution_level: int,
+    num_tokens_range: tuple[int, int] = NUM_TOKENS_RANGE,
+    resolution_levels: int = RESOLUTION_LEVELS,
+) -> int:
+    """MoGe's `infer()` rule: level 0..levels-1 maps linearly (truncated) onto the token range."""
+    top = resolution_levels - 1
+    if isinstance(resolution_level, bool) or not isinstance(resolution_level, (int, np.integer)):
+        raise ValueError(f"resolution_level must be an integer 0..{top}, got {resolution_level!r}")
+    if not 0 <= resolution_level <= top:
+        raise ValueError(f"resolution_level must be 0..{top}, got {resolution_level}")
+    low, high = num_tokens_range
+    return int(low + (int(resolution_level) / top) * (high - low))
+
+
+def model_input_size(
+    height: int, width: int, num_tokens: int, patch_size: int = PATCH_SIZE
+) -> tuple[int, int]:
+    """(h, w) to feed: multiples of the patch size, source aspect, about `num_tokens` patches."""
+    aspect = width / height
+    rows = max(1, round(math.sqrt(num_tokens / aspect)))
+    cols = max(1, round(math.sqrt(num_tokens * aspect)))
+    return rows * patch_size, cols * patch_size
+
+
+# ---- model contract ----------------------------------------------------------------------------
+
+
+def resolve_num_tokens(
+    resolution_level: int = 9,
+    num_tokens: int | None = None,
+    num_tokens_range: tuple[int, int] = NUM_TOKENS_RANGE,
+    resolution_levels: int = RESOLUTION_LEVELS,
+) -> int:
+    low, high = (int(v) for v in num_tokens_range)
+    if num_tokens is None:
+        return num_tokens_for_level(resolution_level, (low, high), resolution_levels)
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)):
+        raise ValueError(f"num_tokens must be an integer in [{low}, {high}], got {num_tokens!r}")
+    if not low <= num_tokens <= high:
+        raise ValueError(
+            f"num_tokens must be in [{low}, {high}] (the range MoGe-2 was trained on), got {num_tokens}"
+        )
+    return int(num_tokens)
+
+
+def run(
+    images,
+    model_path,
+    *,
+    options: JobOptions | None = None,
+    resolution_level: int = 9,
+    num_tokens: int | None = None,
+    num_tokens_range: tuple[int, int] = NUM_TOKENS_RANGE,
+    resolution_levels: int = RESOLUTION_LEVELS,
+    patch_size: int = PATCH_SIZE,
+    mask_threshold: float = MASK_THRESHOLD,
+    force_projection: bool = True,
+    focal_width: float | None = None,  # one camera for a shot: fx / width for every frame (shot_camera.py)
+) -> GeometryResult | list[GeometryResult]:
+    """Geometry for one image (-> GeometryResult) or a list of frames (-> list), one operation."""
+    options = options or JobOptions()
+    frames, single = as_frames(images)
+    tokens = resolve_num_tokens(resolution_level, num_tokens, num_tokens_range, resolution_levels)
+    if not frames:
+        return []
+    runtime = options.get_runtime()
+    results = ResultSink(options)
+    count = len(frames)
+    options.report(0.0, "preprocessing")
+    with runtime.operation("moge2", cancel=options.cancel) as op:
+        op.count_results(results.held_bytes)
+        handle = op.session(model_path, options.device)
+        binding = bind_contract(handle)
+        family_check.require("moge2", handle)
+        for index, (frame, last) in enumerate(mark_last(frames)):
+            label = "image" if single else f"frame {index + 1}"
+            prepared = prepare_image(frame, name=label)
+            warnings = list(prepared.warnings)
+            if handle.fallback_warning:
+                warnings.append(handle.fallback_warning)
+            source_h, source_w = prepared.size
+            fixed = fixed_hw(binding.image.shape)
+            if fixed is not None:
+                model_h, model_w = fixed
+                if abs(model_w / model_h - source_w / source_h) > 0.02 * source_w / source_h:
+                    warnings.append(
+                        f"{handle.model_name} takes a fixed {model_w}x{model_h} input, so the "
+                        f"{source_w}x{source_h} image is stretched; geometry may be distorted."
+                    )
+            else:
+                model_h, model_w = model_input_size(source_h, source_w, tokens, patch_size)
+            rgb = np.clip(resize(prepared.rgb, (model_h, model_w), "lanczos3"), 0.0, 1.0)
+            token_shape = (1,) * len(binding.tokens.shape)
+            feeds = {
+                binding.image.name: to_nchw(rgb, binding.image.dtype),
+                binding.tokens.name: np.array(tokens, dtype=binding.tokens.dtype).reshape(token_shape),
+            }
+            del rgb
+            options.report(index / count, f"frame {index + 1}/{count}" if not single else "inference")
+            outputs = op.run(handle, feeds, last=last, output_names=binding.output_names)
+            op.check_cancelled()
+            options.report((index + 0.8) / count, "recovering camera")
+            result = _postprocess(
+                outputs,
+                binding,
+                handle.model_name,
+                label,
+                (source_h, source_w),
+                mask_threshold=mask_threshold,
+                force_projection=force_projection,
+                warnings=warnings,
+                focal_width=focal_width,
+            )
+            result.num_tokens = tokens
+            results.add(result)
+    options.report(1.0, "done")
+    return results.value(single)
+
+
+def _squeeze_batch(array, shape_tail: int, name: str, model_name: str) -> np.ndarray:
+    array = squeeze_batch(array, shape_tail)
+    if array.ndim != shape_tail:
+        raise InvalidModelOutputError(
+            f"{model_name} returned '{name}' with shape {list(np.shape(array))}; "
+            f"expected a batch of one ({shape_tail} dims after the batch)."
+        )
+    return array.astype(np.float32, copy=False)
+
+
+def _postprocess(
+    outputs, binding, model_name, label, source_size, *, mask_threshold, force_projection, warnings, focal_width=None
+) -> GeometryResult:
+    points = _squeeze_batch(outputs[binding.points.name], 3, binding.points.name, model_name)
+    model_h, model_w = points.shape[:2]
+    if points.shape[2] != 3:
+        raise InvalidModelOutputError(
+            f"{model_name} returned '{binding.points.name}' with shape {list(points.shape)}; expected HxWx3."
+        )
+    normal = None
+    if binding.normal is not None:
+        normal = _squeeze_batch(outputs[binding.normal.name], 3, binding.normal.name, model_name)
+        check_finite(normal, model_name, binding.normal.name)
+        if normal.shape != points.shape:
+            raise InvalidModelOutputError(
+                f"{model_name} returned '{binding.normal.name}' {list(normal.shape)} but points "
+                f"{list(points.shape)}; they must match."
+            )
+    if binding.mask is not None:
+        mask_prob = _squeeze_batch(outputs[binding.mask.name], 2, binding.mask.name, model_name)
+        check_finite(mask_prob, model_name, binding.mask.name)
+        if mask_prob.shape != (model_h, model_w):
+            raise InvalidModelOutputError(
+                f"{model_name} returned '{binding.mask.name}' {list(mask_prob.shape)} but points "
+                f"{[model_h, model_w]}; they must match."
+            )
+        valid = mask_prob > mask_threshold
+    else:
+        valid = np.ones((model_h, model_w), bool)
+        warnings.append(f"{model_name} has no mask output: every pixel is treated as valid.")
+    if binding.scale is not None:
+        scale_array = np.asarray(outputs[binding.scale.name], np.float64)
+        check_finite(scale_array, model_name, binding.scale.name)
+        if scale_array.size != 1 or not scale_array.reshape(-1)[0] > 0:
+            raise InvalidModelOutputError(
+                f"{model_name} returned '{binding.scale.name}' = {scale_array.ravel()[:4].tolist()}; "
+                "expected one positive number."
+            )
+        metric_scale = float(scale_array.reshape(-1)[0])
+    else:
+        metric_scale = 1.0
+        warnings.append(f"{model_name} has no metric scale output: geometry is up to an unknown scale.")
+
+    no_geometry = (
+        f"{model_name} found no valid geometry in {label}: its mask rejects every pixel (threshold "
+        f"{mask_threshold}). The image may be blank, or show only sky or background."
+    )
+    if not valid.any():
+        raise InvalidModelOutputError(no_geometry)
+    # non-finite points matter only where the mask keeps them
+    finite = np.isfinite(points).all(axis=2)
+    if not finite[valid].all():
+        check_finite(points[valid], model_name, binding.points.name)
+    if not finite.all():
+        points = np.where(finite[:, :, None], points, np.float32(0.0))
+    try:
+        if focal_width is None:
+            focal, shift = recover_focal_shift(points, valid)
+        else:
+            focal = shot_camera.moge_focal(focal_width, model_h, model_w)
+            shift = shift_for_focal(points, valid, focal)
+    except DegenerateGeometryError as exc:
+        raise InvalidModelOutputError(
+            f"{model_name} gave no usable geometry for {label}: {exc} (mask threshold "
+            f"{mask_threshold}); nothing was written."
+        ) from None
+    if not (math.isfinite(focal) and focal > 0 and math.isfinite(shift)):
+        raise InvalidModelOutputError(
+            f"{model_name} produced a point map for {label} that no pinhole camera explains "
+            f"(recovered focal {focal:.4g}); nothing was written."
+        )
+    depth_model = points[:, :, 2] + np.float32(shift)
+    valid &= depth_model > 0
+    if not valid.any():
+        raise InvalidModelOutputError(no_geometry)
+
+    half_diagonal = math.hypot(model_h, model_w) / 2.0
+    fx_norm = focal * half_diagonal / model_w  # fraction of the image width
+    fy_norm = focal * half_diagonal / model_h
+    fov_x = 2.0 * math.atan(0.5 / fx_norm)
+    fov_y = 2.0 * math.atan(0.5 / fy_norm)
+    height, width = source_size
+    # the model image is the whole source stretched to (model_h, model_w): normalised intrinsics
+    # carry over, so pixels of the source are fx_norm * width (fx != fy only by the size rounding)
+    fx, fy = fx_norm * width, fy_norm * height
+    cx, cy = width / 2.0, height / 2.0
+    intrinsics = np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]], np.float32)
+
+    depth = resize(depth_model, (height, width), "linear") * np.float32(metric_scale)
+    mask = resize(valid.astype(np.float32), (height, width), "nearest") > 0.5
+    mask &= np.isfinite(depth) & (depth > 0)
+    if force_projection:
+        x = ((np.arange(width, dtype=np.float32) + 0.5 - cx) / fx)[None, :]
+        y = ((np.arange(height, dtype=np.float32) + 0.5 - cy) / fy)[:, None]
+        points_out = np.stack(np.broadcast_arrays(x * depth, y * depth, depth), axis=-1).astype(np.float32)
+    else:
+        shifted = points.copy()
+        shifted[:, :, 2] = depth_model
+        points_out = resize(shifted, (height, width), "linear") * np.float32(metric_scale)
+    if normal is not None:
+        normal = resize(normal, (height, width), "linear")
+        length = np.linalg.norm(normal, axis=2, keepdims=True)
+        # interpolation shortens the vectors between pixels; zero ones (no data) stay zero
+        normal = np.where(length > 1e-12, normal / np.maximum(length, 1e-12), 0.0).astype(np.float32)
+    return GeometryResult(
+        points=np.ascontiguousarray(points_out, np.float32),
+        depth=np.ascontiguousarray(depth, np.float32),
+        normal=normal,
+        mask=mask,
+        intrinsics=intrinsics,
+        fov_x=fov_x,
+        fov_y=fov_y,
+        metric_scale=metric_scale,
+        model_size=(model_h, model_w),
+        warnings=warnings,
+        focal=float(focal),
+        shift=float(shift),
+    )
+
+
+def _write_files(path, result, values: dict, write_image) -> list[str]:
+    """The mesh, its camera and its normal map (models/adapters/moge2_mesh.py); no notes."""
+    write_geometry(path, result, discontinuity=values.get("discontinuity", 0.04), write_normals=write_image)
+    return []
+
+
+def _preview(result) -> ImageProduct:
+    """The normal map, or the depth scaled to 0..1 when the model gives no normals."""
+    if result.normal is not None:
+        return ImageProduct(normal_map(result.normal, result.mask), is_data=True)
+    return ImageProduct(result.depth / max(float(result.depth.max()), 1e-12), is_data=True)
+
+
+FAMILY = Family(
+    id="moge2",
+    title="MoGe-2 geometry",
+    produces="a metric mesh of the photo, its normal map and a matching camera",
+    run=run,
+    settings=(
+        Setting("num_tokens_range", int_range),
+        Setting("resolution_levels", positive_int),
+        Setting("patch_size", positive_int),
+        Setting("mask_threshold", unit_interval),
+    ),
+    user_defaults={
+        "num_tokens_range": NUM_TOKENS_RANGE,
+        "resolution_levels": RESOLUTION_LEVELS,
+        "patch_size": PATCH_SIZE,
+        "mask_threshold": MASK_THRESHOLD,
+    },
+    options=(
+        Option(
+            "resolution_level",
+            int,
+            9,
+            "Resolution Level",
+            "Detail the model works at: 0 fastest, 9 finest",
+            min=0,
+            max=RESOLUTION_LEVELS - 1,
+        ),
+        Option(
+            "discontinuity",
+            float,
+            0.04,
+            "Discontinuity",
+            "Relative depth jump above which no face joins neighbouring pixels (0.04 = 4%)",
+            min=0.0,
+            soft_max=1.0,
+            to_adapter=False,
+        ),
+        Option(
+            "make_camera",
+            bool,
+            True,
+            "Make Camera",
+            "Add a camera at the origin whose field of view matches the photo, and make it the scene camera",
+            to_adapter=False,
+            blender_only=True,
+        ),
+    ),
+    action="Reconstruct Geometry",
+    icon="MESH_GRID",
+    operator="reconstruct_geometry",
+    command="geometry",
+    check_session=bind_contract,
+    shot=frozenset({"camera"}),
+    output=Output(
+        tag="geometry",
+        what="geometry",
+        suffix=".ply",
+        formats=(".ply",),
+        formats_hint="a .ply mesh file (the camera goes to a .json file and the normal map to an .exr file beside it)",
+        companions=("{stem}.json", "{stem}_normal.exr"),
+        write=_write_files,
+        description="PLY mesh, JSON camera, float EXR normals",
+        preview=_preview,
+    ),
+)

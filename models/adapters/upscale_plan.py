@@ -1,0 +1,227 @@
+"""How an upscale job cuts its image: the overlap (from the model's receptive radius) and the
+tile size (deterministic: the same image, model and settings give the same plan, whatever memory
+is free; memory pressure is met by the out-of-memory split, which with an overlap at least the
+radius does not change a single pixel).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...runtime.measure.budget import budget_for, working_estimate
+from ..imaging import to_nchw
+from ..tiles.feather import feather_floor
+from ..tiles.receptive import GLOBAL, ReceptiveField, graph_receptive_field
+from ..tiles.tile_memory import BUDGET_FRACTION, FALLBACK_TILE, MAX_AUTO_TILE, tile_floor
+
+AUTO_OVERLAP = -1  # the artist's "Overlap -1": the model's receptive radius
+GLOBAL_OVERLAP = 32  # context for a model that sees the whole image, when it must be tiled
+PROBE_RADIUS = 48  # an impulse probe sees this far; a model reaching past it counts as global
+AUTO_WORKING_CPU = 2 << 30
+"""Working memory one auto window may take on CPU: RealESRGAN_x4plus (~16 KB per input pixel)
+then runs 1920x1080 in ~350 px windows and peaks under 4 GB; the compact x4 net (~0.9 KB/px)
+in windows of up to MAX_AUTO_TILE."""
+AUTO_WORKING_GPU = 4 << 30  # the same on CUDA (the weights and cuDNN's workspaces come on top)
+MEASURE_WINDOW = 128  # side of the window a never-measured model is first run on, to measure it
+SMALL_IMAGE = 2 * MEASURE_WINDOW  # frames up to this side run as one window without measuring
+AUTO_WINDOW_STEP = 32
+MAX_EXACT_RADIUS = 64
+"""Largest receptive radius tiled exactly by default. Past it the overlap costs more than the
+tile (RRDBNet, 349 px: a 2048 px window keeps a 1350 px core, and that window's working memory
+is ~64 GB), so a bounded overlap with feathered seams is used instead, and said to be not exact."""
+FEATHER_OVERLAP = 32
+"""The bounded overlap of a deep net's tiles (input pixels); its seams are blended over
+`FEATHER_OVERLAP` px (half on each side of the boundary). Chosen by measurement on the seeded
+RealESRGAN_x4plus (RRDBNet) export against one whole-image run: see README, 'Deep nets'."""
+
+
+@dataclass
+class OverlapPlan:
+    overlap: int
+    radius: int | None  # input pixels; None when the receptive field is global
+    how: str  # "graph", "probe", "catalog"
+    exact: bool  # tiles give exactly one whole-image run's pixels
+    warnings: list[str] = field(default_factory=list)
+    feather: int = 0  # > 0: seams blended over 2 * feather px (models/tiles/feather.py), not cropped
+    proven: bool = False  # the graph walk proved the radius; a probe's is measured, not proven
+
+    def covers(self, overlap: int) -> bool:
+        """Tiles with this overlap are exact: only a proven radius can say so."""
+        return self.proven and self.radius is not None and overlap >= self.radius
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-int(value) // multiple) * multiple if multiple > 1 else int(value)
+
+
+def receptive_field(model_path, model_overlap, probe) -> ReceptiveField:
+    """The catalog's figure when it has one, else the graph's, else the probe's. The catalog's
+    figure is proven only when the graph walk reads a radius it covers; a probe's never is."""
+    found = graph_receptive_field(model_path)
+    if model_overlap is not None:
+        covered = found.radius is not None and not found.is_global and found.radius <= int(model_overlap)
+        gave_up = found.detail if found.radius is None else ""
+        return ReceptiveField(int(model_overlap), "catalog", gave_up, found.scale, proven=covered)
+    if found.radius is None and probe is not None:
+        radius = probe()
+        return ReceptiveField(GLOBAL if radius is None else radius, "probe", found.detail)
+    return found
+
+
+def plan_overlap(name: str, field_: ReceptiveField, requested: int | None, multiple: int = 1) -> OverlapPlan:
+    """The overlap to run with, and what the artist should be told about it."""
+    warnings: list[str] = []
+    if field_.radius is None:  # no probe possible: keep the old default and say so
+        radius, global_ = None, False
+    else:
+        global_ = field_.is_global
+        radius = None if global_ else int(field_.radius)
+    feather = 0
+    if (requested is None or requested == AUTO_OVERLAP) and radius is not None and radius > MAX_EXACT_RADIUS:
+        overlap = _round_up(FEATHER_OVERLAP, multiple)
+        feather = overlap // 2
+        warnings.append(
+            f"Not exact: {name}'s receptive radius is {radius} px, too large to tile exactly at a sane cost; "
+            f"tiles overlap {overlap} px and are blended across their seams, so pixels near seams can differ "
+            "slightly from one whole-image run (Overlap set to the radius makes it exact, at that cost)."
+        )
+    elif requested is None or requested == AUTO_OVERLAP:
+        overlap = _round_up(radius, multiple) if radius is not None else GLOBAL_OVERLAP
+    else:
+        overlap = int(requested)
+        if overlap < 0:
+            raise ValueError(f"overlap must be >= 0 ({AUTO_OVERLAP}: the model's receptive radius), got {overlap}")
+        if radius is not None and overlap < radius:
+            warnings.append(
+                f"Overlap {overlap} px is below {name}'s receptive radius ({radius} px): with more than "
+                "one tile the result is not exact; pixels near tile seams can differ from one whole-image run."
+            )
+    if global_:
+        where = f" ({field_.detail})" if field_.detail else ""
+        warnings.append(
+            f"{name} sees the whole image{where}: it cannot be tiled exactly; results with more than "
+            "one tile differ from one whole-image run."
+        )
+    elif field_.radius is None:
+        warnings.append(
+            f"{name}'s receptive radius is unknown ({field_.detail}); using a {overlap} px overlap."
+        )
+    elif not field_.proven and radius is not None and overlap >= radius:
+        source = "measured by an impulse probe" if field_.how == "probe" else "given by its catalog entry"
+        why = f" (the graph walk gave up at {field_.detail})" if field_.detail else ""
+        warnings.append(
+            f"{name}'s receptive radius ({radius} px) is {source}, not proven from its "
+            f"graph{why}: with more than one tile the result is not exact; pixels near tile seams can "
+            "differ slightly from one whole-image run."
+        )
+    plan = OverlapPlan(overlap, radius, field_.how, False, warnings, feather=feather, proven=field_.proven)
+    plan.exact = plan.covers(overlap)
+    return plan
+
+
+def impulse_probe(infer, *, scale: int | None, channels: int = 3, fixed=None) -> int | None:
+    """Measure the radius once: how far a change of one input pixel reaches in the output.
+
+    `infer(window HxWxC float32) -> (H*s)x(W*s)xC`. None when it reaches the window's edge
+    (global, or beyond PROBE_RADIUS).
+    """
+    side = fixed[0] if fixed else 2 * PROBE_RADIUS + 1
+    width = fixed[1] if fixed else side
+    base = np.full((side, width, channels), 0.5, np.float32)
+    cy, cx = side // 2, width // 2
+    bumped = base.copy()
+    bumped[cy, cx] += 0.25
+    before, after = infer(base), infer(bumped)
+    s = scale or before.shape[0] // side
+    changed = np.argwhere(np.abs(after - before).max(axis=2) > 0)
+    if changed.size == 0:
+        return 0
+    ys, xs = changed[:, 0] // s, changed[:, 1] // s
+    reach = int(max(np.abs(ys - cy).max(), np.abs(xs - cx).max()))
+    edge = min(cy, cx, side - 1 - cy, width - 1 - cx)
+    return None if reach >= edge else reach
+
+
+def working_target(runtime, handle, budget: int | None) -> int:
+    """The working memory one window may take: a fixed figure per device kind, lowered to
+    BUDGET_FRACTION of the caller's budget when given, else of the job's RAM or VRAM budget for the
+    device the session runs on (runtime/measure/budget.py ``budget_for``: the one route every front-end's
+    budget takes), and on CUDA of `gpu_mem_limit`. Never the memory free at call time: that made
+    the same job's plan change run to run."""
+    settings = runtime.settings
+    on_gpu = handle.gpu_device_id is not None
+    limits = [AUTO_WORKING_GPU if on_gpu else AUTO_WORKING_CPU]
+    caps = [budget if budget is not None else budget_for(runtime, handle.gpu_device_id)]
+    if on_gpu:
+        caps.append(settings.gpu_mem_limit_bytes)  # the CUDA arena's cap (the weights sit outside it)
+    limits += [int(BUDGET_FRACTION * cap) for cap in caps if cap]
+    return max(1, min(limits))
+
+
+def measured_bytes_per_pixel(runtime, handle) -> float | None:
+    """Working memory per input pixel of this model on this device, as measured (the budget
+    remembers what runs grew per model and input shape; runtime/measure/budget.py); None: not yet."""
+    shape = ((1, 3, MEASURE_WINDOW, MEASURE_WINDOW),)  # the upscale contract: 3 input channels
+    grew, _how = working_estimate(runtime, handle.model_name, shape)
+    return None if not grew else grew / (MEASURE_WINDOW * MEASURE_WINDOW)
+
+
+def auto_tile(runtime, handle, overlap: int, budget: int | None, *, feather: int = 0, measure=None, frame_hw=None):
+    """(window side in input pixels, or None for one window over the frame; how it was chosen).
+
+    From the working memory this model was measured to take per pixel and `working_target`:
+    the whole frame when it fits, else the largest square window that does, rounded down to
+    AUTO_WINDOW_STEP so a few percent of measuring noise rarely moves the plan. A model never
+    measured is measured first by `measure()` (one MEASURE_WINDOW run: the job's first, which the
+    budget meters), unless the frame is no larger than SMALL_IMAGE (then one window)."""
+    floor = max(tile_floor(overlap), feather_floor(overlap, feather) if feather else 0, 4 * overlap)
+    height, width = frame_hw if frame_hw is not None else (None, None)
+    rate = measured_bytes_per_pixel(runtime, handle)
+    if rate is None and height is not None and max(height, width) <= SMALL_IMAGE:
+        return None, "one window (a small image)"
+    if rate is None and measure is not None:
+        measure()
+        rate = measured_bytes_per_pixel(runtime, handle)
+    if rate is None:
+        return max(FALLBACK_TILE, floor), "a fixed size (working memory could not be measured)"
+    target = working_target(runtime, handle, budget)
+    how = f"{rate / 1024:.1f} KB per pixel measured, {target / 2**30:.1f} GiB per window"
+    if height is not None and height * width * rate <= target and max(height, width) <= MAX_AUTO_TILE:
+        return None, f"one window ({how})"
+    side = int(math.sqrt(target / rate)) // AUTO_WINDOW_STEP * AUTO_WINDOW_STEP
+    return int(min(max(side, floor), MAX_AUTO_TILE)), how
+
+
+AUTO = "auto"
+
+
+def auto_tile_for_frame(job, runtime, overlap: int, feather: int, budget: int | None, frame_hw):
+    """The auto tile size for one frame (None: one window), told to the event log when it changes."""
+
+    def measure():
+        runtime.release_now("measuring working memory")  # a warm arena would hide the growth
+        grey = np.full((MEASURE_WINDOW, MEASURE_WINDOW, 3), 0.5, np.float32)
+        job.infer(to_nchw(grey, job.handle.inputs[0].dtype), last=False, slot="probe")
+
+    tile, how = auto_tile(runtime, job.handle, overlap, budget, feather=feather, measure=measure, frame_hw=frame_hw)
+    if (tile, how) != job.told_plan:
+        job.told_plan = (tile, how)
+        runtime.events.emit(
+            "tile_plan", model=job.handle.model_name, tile_size=tile, overlap=overlap, feather=feather, how=how
+        )
+    return tile
+
+
+def split_warning(tiled, *, exact: bool) -> str:
+    """What the artist reads when tiles were made smaller: by the budget, or after running out."""
+    budget = sum(s["reason"] == "memory_budget" for s in tiled.splits)
+    same = " (the same pixels: the overlap covers the model's receptive radius)" if exact else ""
+    if budget == len(tiled.splits):
+        return (
+            f"Memory budget: tiles were made smaller {budget} time(s), down to {max(tiled.tile_size)} px, "
+            f"to fit the memory free under the budget{same}."
+        )
+    return f"Ran out of memory; tiles were split {len(tiled.splits)} time(s), down to {max(tiled.tile_size)} px{same}."

@@ -1,0 +1,1 @@
+"""Sequences: which frames a batch covers, the batch run, frames shared between processes, the shot's two passes (bpy-free)."""

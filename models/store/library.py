@@ -1,0 +1,385 @@
+"""The model library: where models live, which are installed, and which file a job uses (bpy-free).
+
+Blender's preferences, the operators and the command line all ask this module; none of them keeps
+model state of its own.
+
+Models folder, first that is set: the front-end's explicit choice (Blender's "Models Folder"
+preference, the CLI's ``--models-dir``); ``$LEAN_IMAGE_AI_MODELS_DIR``; one per-user data folder
+that Blender and the command line share (runtime/paths.py), outside the extension's own folder so
+that uninstalling or updating the add-on keeps the models. A library left in an older default
+folder (the extension's user folder) is moved there once (:func:`migrate_models`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...runtime import get_runtime, load_errors
+from ...runtime.errors import LeanImageError, ModelFileError
+from ...runtime.paths import user_data_root
+from .. import families
+from . import installer
+from .catalog import Catalog, CatalogEntry
+
+MODELS_DIR_ENV = "LEAN_IMAGE_AI_MODELS_DIR"
+USER_MODELS_FILE = "user_models.json"
+PREFERENCES_HINT = "Preferences > Add-ons > Lean Image AI"
+
+
+# Folders someone named (a preference, --models-dir, the environment): one that is missing is an
+# error when a model is looked up there, not an empty folder to fall back from.
+_named: dict[str, str] = {}
+
+
+def models_dir(choice: str | os.PathLike = "") -> Path:
+    """The models folder (see module doc); nothing is created."""
+    if choice:
+        folder = Path(choice).expanduser()
+        _named[str(folder)] = "the chosen models folder"
+        return folder
+    if os.environ.get(MODELS_DIR_ENV):
+        folder = Path(os.environ[MODELS_DIR_ENV]).expanduser()
+        _named[str(folder)] = MODELS_DIR_ENV
+        return folder
+    return shared_models_dir()
+
+
+def shared_models_dir() -> Path:
+    """``<the per-user data folder>/models`` (runtime/paths.py): Blender's and the CLI's default."""
+    return user_data_root() / "models"
+
+
+MIGRATED_NOTE = "MOVED_TO.txt"
+
+
+def migrate_models(old: Path, new: Path) -> list[str]:
+    """Move what an older default models folder holds into ``new``, once: each file or folder is
+    moved (a rename on one disk, never a copy left behind), one already in ``new`` is left where
+    it is. The old folder is then removed if empty, or keeps a note saying where the rest went.
+    Returns what was left behind (empty when everything moved)."""
+    old, new = Path(old), Path(new)
+    try:
+        if not old.is_dir() or old.resolve() == new.resolve():
+            return []
+        names = sorted(p.name for p in old.iterdir() if p.name != MIGRATED_NOTE)
+    except OSError:
+        return []
+    if not names:
+        return []
+    new.mkdir(parents=True, exist_ok=True)
+    left = []
+    for name in names:
+        target = new / name
+        if target.exists() or target.is_symlink():
+            left.append(name)
+        else:
+            try:
+                shutil.move(str(old / name), str(target))
+            except OSError:
+                left.append(name)
+    if left:
+        note = f"Lean Image AI's models folder is now {new}; these were already there and stayed here: {', '.join(left)}\n"
+        try:
+            (old / MIGRATED_NOTE).write_text(note, encoding="utf-8")
+        except OSError:
+            pass
+    else:
+        try:
+            old.rmdir()
+        except OSError:
+            pass
+    _catalogs.pop(str(new / USER_MODELS_FILE), None)
+    return left
+
+
+# ---- the catalog of one models folder ---------------------------------------------------------
+
+# One Catalog per models folder, reloaded when its user_models.json changes on disk.
+_catalogs: dict[str, tuple[Any, Catalog, str | None]] = {}
+
+
+def _mtime_ns(path: Path):
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def catalog(folder: Path) -> Catalog:
+    """The built-in models plus the user's registered ONNX files saved in ``folder``."""
+    store = Path(folder) / USER_MODELS_FILE
+    stamp = _mtime_ns(store)
+    cached = _catalogs.get(str(store))
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    loaded, error = Catalog(), None
+    try:
+        loaded.load_user_models(store)
+    except LeanImageError as exc:  # a broken JSON must not hide the built-in models
+        error = str(exc)
+    _catalogs[str(store)] = (stamp, loaded, error)
+    return loaded
+
+
+def catalog_error(folder: Path) -> str | None:
+    """Why the saved user models in ``folder`` could not be read (None when they could)."""
+    cached = _catalogs.get(str(Path(folder) / USER_MODELS_FILE))
+    return cached[2] if cached is not None else None
+
+
+def save_catalog(saved: Catalog, folder: Path) -> Path:
+    """Persist ``saved``'s user models in ``folder``; returns the file written."""
+    store = saved.save_user_models(Path(folder) / USER_MODELS_FILE)
+    _catalogs[str(store)] = (_mtime_ns(store), saved, None)
+    return store
+
+
+# ---- installed state ----------------------------------------------------------------------------
+
+# USABLE states count as installed for the model menus (an unverified file is checked against its
+# sha256 when it is installed or verified).
+INSTALLED, UNVERIFIED, MISSING, PARTIAL, WRONG_SIZE, USER_FILE, USER_FILE_MISSING = (
+    "installed",
+    "unverified",
+    "missing",
+    "partial",
+    "wrong_size",
+    "user_file",
+    "user_file_missing",
+)
+USABLE = frozenset({INSTALLED, UNVERIFIED, USER_FILE})
+
+
+def status(entry: CatalogEntry, folder: Path) -> str:
+    """Installed state without hashing anything (menus call this on every redraw)."""
+    dest = installer.model_path(entry, folder)
+    if entry.is_user:
+        return USER_FILE if dest.is_file() else USER_FILE_MISSING
+    try:
+        st = dest.stat()
+    except OSError:
+        return PARTIAL if installer.part_path(entry, folder).is_file() else MISSING
+    if entry.size_bytes is not None and st.st_size != entry.size_bytes:
+        return WRONG_SIZE
+    if entry.sha256 is None:
+        return INSTALLED
+    return INSTALLED if installer.is_verified(entry, folder) else UNVERIFIED
+
+
+def installed_entries(family: str, folder: Path) -> list[CatalogEntry]:
+    """Entries of ``family`` whose file is there (catalog order: built-ins, then the user's)."""
+    return [e for e in catalog(folder).entries(family) if status(e, folder) in USABLE]
+
+
+def fetch(entry: CatalogEntry, folder: Path, *, progress=None, cancel=None, chunk_size=None) -> Path:
+    """Download ``entry`` (resuming), or only verify a file already in place when it cannot be
+    downloaded; returns the installed file."""
+    if status(entry, folder) == UNVERIFIED and entry.url is None:
+        return installer.verify_installed(entry, folder, cancel=cancel)
+    kwargs = {} if chunk_size is None else {"chunk_size": chunk_size}
+    return installer.install(entry, folder, progress=progress, cancel=cancel, **kwargs)
+
+
+# ---- which model a job uses ---------------------------------------------------------------------
+
+
+@dataclass
+class ModelChoice:
+    path: str
+    title: str
+    entry: CatalogEntry | None
+    settings: dict[str, Any] = field(default_factory=dict)
+    note: str = ""  # how the installed file is vouched for, when the catalog has no checksum
+    # the models folder of an entry whose sha256 is still to be checked (``resolve(verify=False)``)
+    unverified_in: str = ""
+
+    def describe(self) -> str:
+        return f"{self.path} ({self.note})" if self.note else self.path
+
+    def adapter_kwargs(self, family: str, **option_values) -> dict[str, Any]:
+        return families.get(family).adapter_kwargs(self.settings, **option_values)
+
+    def verify(self) -> None:
+        """Hash the file once if it was chosen unverified (seconds for a multi-GB model: call it on
+        a worker, never on Blender's main thread); raises ModelFileError when it does not match."""
+        if self.unverified_in and self.entry is not None:
+            installer.verify_installed(self.entry, self.unverified_in)
+            self.note = installer.trust_note(self.entry, self.unverified_in) or self.note
+            self.unverified_in = ""
+
+
+def names_a_file(model: str, known: Catalog) -> bool:
+    """The one rule for "is this model a file or a catalog id?" (``--model``, the leak check,
+    Blender's Model field): an id the catalog knows is that model; anything else that looks like a
+    path (a folder separator, an ``.onnx`` suffix, or something at that path) is a file; the rest is
+    an id the catalog does not know (an error naming it)."""
+    if model in known:
+        return False
+    return os.sep in model or "/" in model or model.lower().endswith(".onnx") or os.path.lexists(model)
+
+
+def resolve(
+    family: str, folder: Path, model_id: str = "", model_path: str = "", *, verify: bool = True, device: str = "auto"
+) -> ModelChoice:
+    """``model_path``, else ``model_id`` (a catalog id, or a file by :func:`names_a_file`), else
+    the family default: the first installed entry of the family (the user's registered models
+    included; off CUDA an fp32 export before an fp16 one, see `prefer_for_device`), else the
+    family's embedded fallback model. Raises ModelFileError saying what to install, and where.
+    ``verify=False``: a file not hashed since it last changed is taken on its size alone and
+    hashed later by :meth:`ModelChoice.verify` (a job's worker)."""
+    record = families.get(family)
+    known = catalog(folder)
+    error = catalog_error(folder)
+    if error:  # another model than the one the user's list names would be a silent substitute
+        source = _named.get(str(folder))
+        raise ModelFileError(f"{error} (That folder is named by {source}.)" if source else error)
+    if model_id and not model_path and names_a_file(model_id, known):
+        model_id, model_path = "", model_id
+    if not model_path:
+        _check_named_folder(Path(folder))
+    if model_path:
+        path = Path(model_path).expanduser()
+        if not os.path.lexists(path):
+            raise ModelFileError(
+                f"Model file not found: '{path}'. Check model_path, or leave it empty to use the "
+                f"installed {record.title} model."
+            )
+        load_errors.model_identity(path)  # a folder, pipe, device, link loop or no permission: said so
+        entry = next((e for e in known.entries(family) if e.path and _same_file(e.path, path)), None)
+        if entry is not None:
+            return _choice(str(path), entry, folder)
+        return ModelChoice(str(path), path.name, None, dict(record.user_defaults))
+    if model_id:
+        try:
+            entry = known.get(model_id)
+        except KeyError:
+            raise ModelFileError(
+                f"Unknown model '{model_id}': it is neither a built-in model nor one of your "
+                f"registered models. See the model list in {PREFERENCES_HINT}."
+            ) from None
+        if entry.family != family:
+            other = families.get(entry.family).title
+            raise ModelFileError(
+                f"'{entry.title}' is a {other} model, not a {record.title} model. "
+                f"Pick a {record.title} model."
+            )
+        if not _installed(entry, folder, verify):
+            raise ModelFileError(_not_installed(entry, folder))
+        return _choice(str(installer.model_path(entry, folder)), entry, folder, verify)
+    entries = known.entries(family)
+    for entry in prefer_for_device(entries, device):
+        if _installed(entry, folder, verify):
+            return _choice(str(installer.model_path(entry, folder)), entry, folder, verify)
+    if record.fallback_model is not None:
+        return ModelChoice(str(record.fallback_model), record.fallback_model.name, None, {})
+    suggestion = next((e for e in entries if e.downloadable), entries[0] if entries else None)
+    raise ModelFileError(
+        f"No {record.title} model is installed. Install one in {PREFERENCES_HINT}"
+        + (f" (for example '{suggestion.title}')" if suggestion else "")
+        + f" or with `python -m lean_image_ai models install {suggestion.id if suggestion else 'ID'}`"
+        + f" (`models list` shows them; `models register {family} FILE` adds your own ONNX file),"
+        + f" or give the model file (model_path; command line: --model). Models folder: {folder}."
+    )
+
+
+def prefer_for_device(entries, device: str = "auto") -> list[CatalogEntry]:
+    """`entries` in the order a default is picked for `device`: on CPU (anything but CUDA, "auto"
+    included: without a GPU it runs on CPU) fp16-weight files last, since ORT's CPU provider has
+    no fp16 kernel for most ops and casts back (BEN2 fp16: 1.22x slower, +0.86 GB peak); on CUDA
+    the catalog's order. Stable otherwise."""
+    if str(device).lower().startswith("cuda"):
+        return list(entries)
+    return sorted(entries, key=lambda entry: entry.weight_dtype == "float16")
+
+
+def _installed(entry: CatalogEntry, folder: Path, verify: bool) -> bool:
+    if verify:
+        return installer.is_installed(entry, folder)  # hashes a file not verified yet, once
+    return status(entry, folder) in USABLE  # a stat: the hash is the worker's (ModelChoice.verify)
+
+
+def _check_named_folder(folder: Path) -> None:
+    source = _named.get(str(folder))
+    if source is None or folder.is_dir():
+        return
+    what = "does not exist" if not os.path.lexists(folder) else "is not a folder"
+    raise ModelFileError(
+        f"The models folder {str(folder)!r} ({source}) {what}, so no model can be found there. "
+        f"Create it (models are installed into it), or name the folder that holds your models."
+    )
+
+
+def _choice(path: str, entry: CatalogEntry, folder: Path, verify: bool = True) -> ModelChoice:
+    settings = json.loads(json.dumps(dict(entry.settings)))
+    unverified = "" if verify or status(entry, folder) != UNVERIFIED else str(folder)
+    return ModelChoice(path, entry.title, entry, settings, installer.trust_note(entry, folder) or "", unverified)
+
+
+def _not_installed(entry: CatalogEntry, folder: Path) -> str:
+    if entry.is_user:
+        return (
+            f"Model '{entry.title}' ({entry.id}) is registered but its file '{entry.path}' is missing. "
+            f"Put the file back, or register it again in {PREFERENCES_HINT}."
+        )
+    return (
+        f"Model '{entry.title}' ({entry.id}) is not installed. Install it in {PREFERENCES_HINT} "
+        f"or with `python -m lean_image_ai models install {entry.id}` (it goes to '{installer.model_path(entry, folder)}')."
+    )
+
+
+def _same_file(a, b) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+# ---- registering and removing ---------------------------------------------------------------
+
+
+def tensor_summary(infos) -> str:
+    """``name 1x3x?x? float, ...``: a model's inputs or outputs in one line."""
+    def dims(shape):
+        return "x".join("?" if d is None or isinstance(d, str) else str(d) for d in shape)
+
+    return ", ".join(f"{t.name} {dims(t.shape)} {t.type.removeprefix('tensor(').rstrip(')')}" for t in infos)
+
+
+def remove(entry: CatalogEntry, folder: Path) -> bool:
+    """Delete an installed model's file (its open sessions are dropped first, since an open
+    session keeps the file busy on Windows). False when there was nothing to delete."""
+    dest = installer.model_path(entry, folder)
+    runtime = get_runtime()
+    for handle in runtime.cached_sessions():
+        if handle.model_path == dest.resolve():
+            runtime.evict(handle, reason="model removed")
+    return installer.remove(entry, folder)
+
+
+def format_bytes(count) -> str:
+    if count is None:
+        return "?"
+    for unit, factor in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if count >= factor:
+            return f"{count / factor:.1f} {unit}"
+    return f"{count} B"
+
+
+def format_size(entry: CatalogEntry) -> str:
+    """The file's size, and its weights' dtype where the catalog knows it (the panel's line)."""
+    if entry.size_bytes is not None:
+        size = format_bytes(entry.size_bytes)
+    elif entry.approx_size_bytes is not None:
+        size = "~" + format_bytes(entry.approx_size_bytes)
+    else:
+        size = "size unknown"
+    dtype = {"float16": "fp16 weights (slower on CPU)", "float32": "fp32 weights"}.get(entry.weight_dtype or "")
+    return f"{size}, {dtype}" if dtype else size
+
+
+__all__ = ["MODELS_DIR_ENV", "ModelChoice", "catalog", "migrate_models", "models_dir", "resolve", "status"]

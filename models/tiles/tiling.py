@@ -1,0 +1,371 @@
+"""Tiled inference for image-to-image models, independent of any model family (numpy only).
+
+Vocabulary:
+- *tile size*: the side of the window a model run sees (input pixels), overlap included. For a
+  model with a fixed input size it is that size; for dynamic models it is chosen (or halved on
+  out-of-memory).
+- *overlap*: context pixels on each side of a tile that are computed and then cropped away. When
+  the overlap is at least the model's receptive radius, every output pixel sees exactly the input
+  it would see in one untiled run, so the seams disappear (crop, no blending needed).
+- *owned region*: the part of the image a tile's cropped result covers. Owned regions partition
+  the image.
+
+Windows are clipped to the image: at the image border the model sees what it sees in one
+whole-image run (its own padding), so "untiled" means one run on the image itself, with no padded
+copy, and with an overlap at least the model's receptive radius a tiled run equals it bit for bit,
+borders included. Only what a fixed input size or a size multiple needs beyond the image is
+gathered by reflection (numpy's "reflect" mode), never building a padded copy.
+
+Split on out-of-memory: when a run raises `InferenceOutOfMemoryError` (the runtime has already
+evicted the session), the tile size is halved, the tiles not yet done are planned again with it,
+`on_split` is called (the caller re-acquires its session there) and the job continues. Tiles
+already done are kept. Below the floor (`min_tile`, and at least 2 * overlap + 8) the error is
+re-raised as it came. Models with a fixed input size cannot be fed a smaller window, so for them
+the error is re-raised at once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...runtime.errors import InferenceOutOfMemoryError, MemoryBudgetError, ModelContractError
+from ...runtime.oom import not_shrinking_with_tiles
+from .feather import feather_floor
+from .paste import PASTE_BAND_ROWS, blend, paste  # noqa: F401  (PASTE_BAND_ROWS: re-exported)
+from .tile_memory import (  # noqa: F401  (re-exported: the tiler's public names)
+    BUDGET_FRACTION,
+    DEFAULT_FEATURE_CHANNELS,
+    FALLBACK_TILE,
+    GPU_RESERVE_BYTES,
+    MAX_AUTO_TILE,
+    SYSTEM_RESERVE_BYTES,
+    auto_tile_size,
+    estimate_bytes_per_pixel,
+    refuse_oversized_result,
+    tile_floor,
+)
+
+# --- planning ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tile:
+    """Owned region [y0, y1) x [x0, x1) and model window [wy0, wy1) x [wx0, wx1), image coordinates.
+
+    The window may reach outside the image (negative or past the size): that part is reflected.
+    """
+
+    y0: int
+    x0: int
+    y1: int
+    x1: int
+    wy0: int
+    wx0: int
+    wy1: int
+    wx1: int
+
+    @property
+    def owned(self) -> tuple[int, int, int, int]:
+        return self.y0, self.x0, self.y1, self.x1
+
+    @property
+    def window_shape(self) -> tuple[int, int]:
+        return self.wy1 - self.wy0, self.wx1 - self.wx0
+
+    @property
+    def area(self) -> int:
+        return (self.y1 - self.y0) * (self.x1 - self.x0)
+
+
+def _pair(size) -> tuple[int, int]:
+    if isinstance(size, (tuple, list)):
+        return int(size[0]), int(size[1])
+    return int(size), int(size)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple if multiple > 1 else value
+
+
+def _splits(start: int, stop: int, core: int) -> list[int]:
+    """Balanced cut points: as few pieces of at most `core` as possible, sizes differing by <= 1."""
+    length = stop - start
+    count = max(1, -(-length // core))
+    return [start + (k * length) // count for k in range(count + 1)]
+
+
+def plan_tiles(
+    height: int,
+    width: int,
+    tile_size,
+    overlap: int,
+    *,
+    fixed: bool = False,
+    region: tuple[int, int, int, int] | None = None,
+    multiple: int = 1,
+    uniform: bool = False,
+) -> list[Tile]:
+    """Tiles covering `region` (default: the whole image), row-major.
+
+    `tile_size` is an int, an (h, w) pair, or None for one window over the whole image. With
+    `fixed`, every window is exactly `tile_size` (a fixed-shape model); with `uniform`, exactly
+    `tile_size` capped at the image (grown into it at its borders, never past it but for a
+    `multiple`); otherwise a window is the owned region plus `overlap` on each side, clipped to
+    the image, grown to a `multiple`.
+    """
+    overlap = int(overlap)
+    if overlap < 0:
+        raise ValueError(f"overlap must be >= 0, got {overlap}")
+    ry0, rx0, ry1, rx1 = region or (0, 0, int(height), int(width))
+    if tile_size is None:
+        if fixed:
+            raise ValueError("a fixed-shape model needs its tile size")
+        tile_h, tile_w = (ry1 - ry0) + 2 * overlap, (rx1 - rx0) + 2 * overlap
+    else:
+        tile_h, tile_w = _pair(tile_size)
+    core_h, core_w = tile_h - 2 * overlap, tile_w - 2 * overlap
+    if core_h <= 0 or core_w <= 0:
+        raise ValueError(f"tile size {tile_h}x{tile_w} leaves nothing inside an overlap of {overlap} px")
+    rows = _splits(ry0, ry1, core_h)
+    cols = _splits(rx0, rx1, core_w)
+    tiles = []
+    need_h, need_w = (tile_h, tile_w) if fixed else (None, None)
+    if uniform and not fixed:
+        need_h, need_w = _round_up(min(tile_h, int(height)), multiple), _round_up(min(tile_w, int(width)), multiple)
+    for y0, y1 in zip(rows[:-1], rows[1:], strict=True):
+        wy0, wy1 = _window(y0, y1, int(height), overlap, need_h, multiple)
+        for x0, x1 in zip(cols[:-1], cols[1:], strict=True):
+            wx0, wx1 = _window(x0, x1, int(width), overlap, need_w, multiple)
+            tiles.append(Tile(y0, x0, y1, x1, wy0, wx0, wy1, wx1))
+    return tiles
+
+
+def _window(start: int, stop: int, size: int, overlap: int, fixed: int | None, multiple: int):
+    """The window along one axis: the owned span plus `overlap`, clipped to the image (the model's
+    own border handling then applies at the image border, exactly as in one whole-image run).
+    Only what a fixed size or the size multiple needs beyond the image is reflected, and the
+    window grows into the image first."""
+    begin, end = max(0, start - overlap), min(size, stop + overlap)
+    need = fixed if fixed is not None else _round_up(end - begin, multiple)
+    extra = need - (end - begin)
+    if extra < 0:  # a fixed window smaller than owned span + overlap: centre the owned span
+        begin = start - (need - (stop - start)) // 2
+        return begin, begin + need
+    grow = min(extra, size - end)
+    end, extra = end + grow, extra - grow
+    grow = min(extra, begin)
+    begin, extra = begin - grow, extra - grow
+    return begin, end + extra
+
+
+def reflect_indices(start: int, stop: int, size: int) -> np.ndarray:
+    """Indices of positions [start, stop) into an axis of `size`, mirrored like np.pad 'reflect'."""
+    index = np.arange(start, stop)
+    if size == 1:
+        return np.zeros_like(index)
+    period = 2 * (size - 1)
+    index = np.mod(index, period)
+    return np.where(index >= size, period - index, index)
+
+
+def cut_window(image: np.ndarray, tile: Tile) -> np.ndarray:
+    """The tile's model window from `image` (HxWxC), reflecting past the borders.
+
+    Inside the image it is a read-only view (callers convert it to a tensor anyway, which copies
+    it; one pass fewer per tile), else a new array.
+    """
+    height, width = image.shape[:2]
+    if tile.wy0 >= 0 and tile.wx0 >= 0 and tile.wy1 <= height and tile.wx1 <= width:
+        view = image[tile.wy0 : tile.wy1, tile.wx0 : tile.wx1]
+        view.flags.writeable = False
+        return view
+    rows = reflect_indices(tile.wy0, tile.wy1, height)
+    cols = reflect_indices(tile.wx0, tile.wx1, width)
+    return np.take(np.take(image, rows, axis=0), cols, axis=1)
+
+
+# --- running -------------------------------------------------------------------------------------
+
+
+@dataclass
+class TiledResult:
+    image: np.ndarray  # (H*scale) x (W*scale) x C_out float32
+    scale: int
+    tile_size: tuple[int, int]  # window size of the final plan
+    tiles_run: int  # successful runs of run_tile
+    window_ran: tuple[int, int] = (0, 0)  # the largest window (h, w) that actually ran
+    splits: list[dict] = field(default_factory=list)  # the tile_split event payloads
+
+
+RunTile = Callable[[np.ndarray, bool], np.ndarray]
+
+
+def run_tiled(
+    image: np.ndarray,
+    run_tile: RunTile,
+    *,
+    tile_size,
+    overlap: int,
+    fixed: bool = False,
+    last: bool = True,
+    scale: int | None = None,
+    label: str = "model",
+    events=None,
+    on_split: Callable[[tuple[int, int], InferenceOutOfMemoryError], None] | None = None,
+    progress: Callable[[float, int, int], None] | None = None,
+    min_tile: int = 32,
+    multiple: int = 1,
+    clip: tuple[float, float] | None = None,
+    not_finite: Callable[[np.ndarray], object] | None = None,
+    available_memory: int | None = None,
+    feather: int = 0,
+    uniform: bool = False,
+) -> TiledResult:
+    """Run `run_tile(window HxWxC float32, last) -> (h*s)x(w*s)xC'` over tiles and assemble.
+
+    `run_tile` may also return a model's 1xC'x(h*s)x(w*s) tensor: its owned part is pasted into
+    the HxWxC' result transposed, in the same pass (and clipped to `clip` there, when given).
+
+    `last`: this image holds the operation's final run; then exactly the final tile of the
+    *current* plan (re-planned after each split) is called with last=True.
+    `scale`: the known output/input ratio, or None to read it from the first tile's output.
+    `events`: a runtime EventLog; each split is emitted there as "tile_split".
+    `progress(fraction_of_area_done, tiles_done, tiles_in_plan)` after every tile.
+    `not_finite(tile_result)`: called when a tile's owned part holds NaN or infinite values (it
+    should raise). Seen in the paste's own pass, so checking costs no extra pass over the tile.
+    `available_memory`: bytes the result may take (default: what the OS says is available); a
+    larger result is refused (InvalidImageError) before it is allocated.
+    `uniform`: every window exactly `tile_size`, capped at the image (grown into it at its borders:
+    see `plan_tiles`), so the model sees one input shape: ORT
+    plans and keeps memory per input shape (its memory pattern, arena chunks), and the clipped
+    edge windows' other shapes each grew the arena by a window's working memory again.
+    `feather`: 0 crops each tile at its owned region (exact when the overlap covers the receptive
+    radius); > 0 blends neighbours across bands of 2 * feather px (models/tiles/feather.py), for an
+    overlap below the radius. Needs feather <= overlap; splits then stop at `feather_floor`.
+    """
+    image = np.asarray(image)
+    if image.ndim == 2:
+        image = image[:, :, None]
+    height, width = image.shape[:2]
+    if height == 0 or width == 0:
+        raise ValueError("cannot tile an image without pixels")
+    feather = int(feather)
+    if feather:
+        if feather > overlap:
+            raise ValueError(f"a {feather} px feather needs an overlap of at least that, got {overlap}")
+        min_tile = max(int(min_tile), feather_floor(overlap, feather))
+    current = _pair(tile_size) if tile_size is not None else None
+    pending = deque(plan_tiles(height, width, current, overlap, fixed=fixed, multiple=multiple, uniform=uniform))
+    if current is None:
+        current = pending[0].window_shape
+    total_area = height * width
+    done_area = 0
+    tiles_run = 0
+    output = None
+    splits: list[dict] = []
+    ran_h = ran_w = 0
+    while pending:
+        tile = pending[0]
+        window = cut_window(image, tile)
+        failure = None
+        try:
+            result = run_tile(window, last and len(pending) == 1)
+        except InferenceOutOfMemoryError as exc:
+            if fixed:
+                raise
+            if _halve(current, overlap, min_tile) is None:  # the smallest tile did not fit either
+                raise not_shrinking_with_tiles(exc, max(current)) from None
+            # Split and re-acquire only after this block: while it runs, the error's traceback holds
+            # the frames of the failed run, and whatever they reference (the tile's buffers, any
+            # session a caller's frame still holds) would live on beside the replacement session.
+            failure = exc.with_traceback(None)
+        if failure is not None:
+            smaller = _halve(current, overlap, min_tile)
+            payload = {
+                "model": label,
+                "old_tile_size": max(current),
+                "new_tile_size": max(smaller),
+                # over the budget: refused before the run (runtime/measure/budget.py), not run out of
+                "reason": "memory_budget" if isinstance(failure, MemoryBudgetError) else "out_of_memory",
+                "resource": failure.resource,
+                "tiles_done": tiles_run,
+            }
+            current = smaller
+            pending = deque(
+                t
+                for old in pending
+                for t in plan_tiles(
+                    height, width, current, overlap, region=old.owned, multiple=multiple, uniform=uniform
+                )
+            )
+            payload["tiles_left"] = len(pending)
+            if events is not None:
+                events.emit("tile_split", **payload)
+            splits.append(payload)
+            if on_split is not None:
+                on_split(current, failure)
+            continue
+        result = np.asarray(result)
+        if result.ndim == 2:
+            result = result[:, :, None]
+        nchw = result.ndim == 4
+        out_hw, channels = (result.shape[2:], result.shape[1]) if nchw else (result.shape[:2], result.shape[2])
+        scale = _check_scale(out_hw, tile, scale, label)
+        if output is None:
+            refuse_oversized_result(height, width, scale, channels, label=label, available=available_memory)
+            # zeroed (pages still untouched until pasted) where tiles add their weighted pixels
+            output = (np.zeros if feather else np.empty)((height * scale, width * scale, channels), np.float32)
+        elif channels != output.shape[2]:
+            raise ModelContractError(
+                f"{label} returned {channels} channel(s) for one tile and {output.shape[2]} for another."
+            )
+        if feather:
+            finite = blend(output, result, tile, scale, feather, nchw, clip)
+        else:
+            finite = paste(output, result, tile, scale, nchw, clip)
+        if not finite and not_finite is not None:
+            not_finite(result)
+        pending.popleft()
+        ran_h, ran_w = max(ran_h, tile.window_shape[0]), max(ran_w, tile.window_shape[1])
+        tiles_run += 1
+        done_area += tile.area
+        if progress is not None:
+            progress(done_area / total_area, tiles_run, tiles_run + len(pending))
+    return TiledResult(output, int(scale), tuple(current), tiles_run, (ran_h, ran_w), splits)
+
+
+def _halve(current: tuple[int, int], overlap: int, min_tile: int) -> tuple[int, int] | None:
+    floor = tile_floor(overlap, min_tile)
+    side = max(current)
+    if side <= floor:
+        return None
+    new = max(side // 2, floor)  # one last try at the floor itself
+    return new, new
+
+
+def whole_scale(in_hw, out_hw, label: str) -> int:
+    """The integer factor that maps ``in_hw`` to ``out_hw``; ModelContractError when there is none."""
+    (in_h, in_w), (out_h, out_w) = in_hw, out_hw
+    if out_h % in_h or out_w % in_w or out_h // in_h != out_w // in_w or out_h < in_h:
+        raise ModelContractError(
+            f"{label} maps {in_w}x{in_h} to {out_w}x{out_h}: expected a whole-number "
+            "scale (the same >= 1 integer for width and height). Use a super-resolution model "
+            "whose output is an integer multiple of its input."
+        )
+    return out_h // in_h
+
+
+def _check_scale(out_hw, tile: Tile, scale: int | None, label: str) -> int:
+    found = whole_scale(tile.window_shape, tuple(out_hw), label)
+    if scale is not None and found != scale:
+        win_h, win_w = tile.window_shape
+        out_h, out_w = out_hw
+        raise ModelContractError(
+            f"{label} turned a {win_w}x{win_h} input into {out_w}x{out_h}; expected "
+            f"{win_w * scale}x{win_h * scale} (scale {scale})."
+        )
+    return found

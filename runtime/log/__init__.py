@@ -1,0 +1,1 @@
+"""What the runtime tells: structured events, their file on disk, onnxruntime's own log, the machine report (bpy-free)."""

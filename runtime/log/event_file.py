@@ -1,0 +1,153 @@
+"""The runtime's events, appended to a JSON-lines log on disk (one event a line, rotated).
+
+The listener on the event log only queues the event, so inference never waits for a disk; one
+long-lived writer thread appends the lines. A write that fails (a folder that cannot be made, a
+full or read-only disk) is counted and said once, never raised: a log must not break a job.
+Rotation keeps at most ``files`` files of about ``max_bytes`` each: ``events.jsonl`` (newest),
+``events.jsonl.1``, ... (older).
+
+Folder, first that is set: ``$LEAN_IMAGE_AI_LOG_DIR``; the front-end's own (Blender: the
+extension's user folder, ``logs``); ``<per-user folder>/logs`` (runtime/paths.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+from pathlib import Path
+
+from ..errors import first_line
+from ..paths import user_cache_root
+
+LOG_DIR_ENV = "LEAN_IMAGE_AI_LOG_DIR"
+LOG_NAME = "events.jsonl"
+MAX_BYTES = 1 << 20
+FILES = 3
+QUEUE_LIMIT = 10_000  # events waiting for the disk; beyond that they are dropped (and counted)
+
+logger = logging.getLogger("lean_image_ai.runtime")
+
+
+def log_folder(host_default: Path | None = None) -> Path:
+    """The log folder (see module doc); nothing is created."""
+    if os.environ.get(LOG_DIR_ENV):
+        return Path(os.environ[LOG_DIR_ENV]).expanduser()
+    if host_default is not None:
+        return Path(host_default)
+    return user_cache_root() / "logs"
+
+
+class EventFile:
+    """Writes the events of an :class:`~.events.EventLog` to ``folder/events.jsonl``."""
+
+    def __init__(self, folder, *, max_bytes: int = MAX_BYTES, files: int = FILES):
+        self.folder = Path(folder)
+        self.path = self.folder / LOG_NAME
+        self.max_bytes = max(1, int(max_bytes))
+        self.files = max(1, int(files))
+        self.written = 0
+        self.failures = 0
+        self.dropped = 0
+        self.error: str | None = None  # the first failure, for the panel and tests
+        self._queue: queue.Queue = queue.Queue(QUEUE_LIMIT)
+        self._unsubscribe = None
+        self._thread = threading.Thread(target=self._loop, name="lean-image-ai-event-log", daemon=True)
+        self._thread.start()
+
+    def attach(self, events) -> EventFile:
+        self._unsubscribe = events.subscribe(self._enqueue)
+        return self
+
+    def _enqueue(self, event: dict) -> None:
+        try:
+            self._queue.put_nowait(event)
+        except queue.Full:
+            self.dropped += 1
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until what was queued so far is on disk (or failed); False on timeout."""
+        done = threading.Event()
+        try:
+            self._queue.put(done, timeout=timeout)
+        except queue.Full:
+            return False
+        return done.wait(timeout)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop listening, write what is queued, end the writer."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        self.flush(timeout)
+        self._enqueue(None)
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            try:
+                self._write(json.dumps(item, default=str, sort_keys=True) + "\n")
+                self.written += 1
+            except Exception as exc:  # never raised: a log must not break a job
+                self.failures += 1
+                if self.error is None:
+                    self.error = first_line(exc)
+                    logger.warning("event log %s cannot be written: %s", self.path, self.error)
+
+    def _write(self, line: str) -> None:
+        data = line.encode("utf-8")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            size = 0
+        if size and size + len(data) > self.max_bytes:
+            self._rotate()
+        with open(self.path, "ab") as f:
+            f.write(data)
+
+    def _rotate(self) -> None:
+        """events.jsonl -> .1 -> .2 ...; the oldest beyond ``files`` is dropped."""
+        if self.files == 1:
+            self.path.unlink(missing_ok=True)
+            return
+        (self.folder / f"{LOG_NAME}.{self.files - 1}").unlink(missing_ok=True)
+        for index in range(self.files - 2, 0, -1):
+            older = self.folder / f"{LOG_NAME}.{index}"
+            if older.exists():
+                os.replace(older, self.folder / f"{LOG_NAME}.{index + 1}")
+        os.replace(self.path, self.folder / f"{LOG_NAME}.1")
+
+
+_current: EventFile | None = None
+_lock = threading.Lock()
+
+
+def start(runtime, folder) -> EventFile:
+    """Log ``runtime``'s events to ``folder`` from now on (replacing the log already started)."""
+    global _current
+    with _lock:
+        if _current is not None:
+            _current.close()
+        _current = EventFile(folder).attach(runtime.events)
+        return _current
+
+
+def current() -> EventFile | None:
+    return _current
+
+
+def stop() -> None:
+    global _current
+    with _lock:
+        if _current is not None:
+            _current.close()
+        _current = None

@@ -1,0 +1,249 @@
+"""A picture of memory during one job that explains itself, drawn with numpy (no plotting library:
+Blender has none, and Pillow is not in Blender either; text from runtime/measure/bitmap_font.py), written as
+PNG with zlib + struct. The same image is the panel's "Lean Image AI Memory" and `--memory-plot`.
+
+What it shows: a title with the job, its device and how long it took; process RAM (RSS) in blue
+against the left axis in MB and, on a GPU, this process's VRAM (NVML) in green against the right
+axis; time in seconds along the bottom; a vertical line per mark: orange for each model run, red
+for the release, dashed grey for before and after; dashed level lines with the RSS before and after
+the job; a legend along the bottom. Marks closer than ``MARK_GAP`` pixels are nudged apart
+(keeping their order), so every run stays visible and countable.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import zlib
+
+import numpy as np
+
+from .bitmap_font import draw_text, text_height, text_width
+from .memory_report import LABELS, mb
+
+WIDTH, HEIGHT = 800, 420
+SCALE = 2  # text size: 10x14 pixel glyphs
+MARK_GAP = 3  # at least this many columns between two marks
+MIB = 2**20
+
+COLOURS = {
+    "background": (255, 255, 255),
+    "frame": (90, 90, 90),
+    "grid": (232, 232, 232),
+    "text": (30, 30, 30),
+    "edge": (110, 110, 110),  # before / after (dashed)
+    "run": (245, 140, 0),
+    "release": (220, 30, 30),
+    "ram": (40, 100, 220),
+    "vram": (30, 160, 60),
+    "ram_level": (140, 170, 235),  # each figure before / after the job (dashed, across the plot)
+    "vram_level": (130, 205, 145),
+}
+COLOUR_NAMES = {"ram": "blue", "vram": "green"}
+SHORT = {"ram": "RSS", "vram": "VRAM"}
+
+
+def _series(timeline: dict, key: str) -> list[tuple[float, int]]:
+    points = [(t, v[key]) for t, v in timeline.get("samples", ()) if v.get(key) is not None]
+    points += [(t, v[key]) for t, _, v in timeline.get("marks", ()) if v.get(key) is not None]
+    return sorted(points)
+
+
+def figures_in(timeline: dict) -> list[str]:
+    """The figures the timeline has values for, RAM first."""
+    return [key for key in ("ram", "vram") if _series(timeline, key)]
+
+
+def mark_kind(label: str) -> str:
+    return "run" if label.startswith("run ") else "release" if label == "release" else "edge"
+
+
+def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
+    """Round tick values (1, 2 or 5 times a power of ten apart) covering [low, high]."""
+    if not high > low:
+        low, high = low - 1.0, high + 1.0
+    raw = (high - low) / max(1, count - 1)
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    first, last = math.floor(low / step) * step, math.ceil(high / step) * step
+    return [first + i * step for i in range(int(round((last - first) / step)) + 1)]
+
+
+def _tick_text(value: float, step: float) -> str:
+    return f"{value:.0f}" if step >= 1 else f"{value:.{max(1, -math.floor(math.log10(step)))}f}"
+
+
+def plot_box(timeline: dict, width: int = WIDTH, height: int = HEIGHT) -> tuple[int, int, int, int]:
+    """(left, top, right, bottom) of the plot area inside the picture: marks are drawn only there."""
+    glyph = text_height(SCALE)
+    left = 14 + text_width("00000", SCALE)
+    right = width - 1 - (14 + text_width("00000", SCALE) if "vram" in figures_in(timeline) else 20)
+    top = 12 + glyph + 14 + glyph  # the title, then the axes' unit labels
+    bottom = height - 1 - (8 + glyph + 14 + glyph + 14)  # x tick labels, then the legend
+    return left, top, right, bottom
+
+
+def title(timeline: dict) -> str:
+    job = timeline.get("operation") or "job"
+    devices = ", ".join(timeline.get("devices") or ()) or "no model run"
+    times = [t for t, _ in timeline.get("samples", ())] + [t for t, _, _ in timeline.get("marks", ())]
+    outcome = timeline.get("outcome")
+    tail = f" ({outcome})" if outcome and outcome != "success" else ""
+    peaks = [f"{SHORT[key]} {mb(max(v for _, v in _series(timeline, key)))}" for key in figures_in(timeline)]
+    figures = f" - peak {', '.join(peaks)}" if peaks else ""
+    return f"memory of {job} on {devices} for {max(times, default=0.0):.1f} s{tail}{figures}"
+
+
+def render(timeline: dict, width: int = WIDTH, height: int = HEIGHT) -> np.ndarray:
+    """The picture as an RGBA uint8 array (height x width x 4), first row at the top."""
+    image = np.empty((height, width, 4), np.uint8)
+    image[:, :, :3] = COLOURS["background"]
+    image[:, :, 3] = 255
+    left, top, right, bottom = plot_box(timeline, width, height)
+    glyph = text_height(SCALE)
+    marks = sorted(timeline.get("marks", ()), key=lambda m: m[0])
+    times = [t for t, _ in timeline.get("samples", ())] + [t for t, _, _ in marks]
+    end = max(times, default=0.0) or 1.0
+    span = end * 1.03  # a margin, so the last marks stay off the frame
+    seconds = [t for t in nice_ticks(0.0, end, 6) if t <= span]
+
+    def column(t: float) -> int:
+        return left + 1 + int(round(t / span * (right - left - 2)))
+
+    heading = title(timeline)
+    size = SCALE if text_width(heading, SCALE) <= width - 16 else 1  # a long one in small type
+    draw_text(image, max(8, (width - text_width(heading, size)) // 2), 10, heading, COLOURS["text"], size)
+    # time axis: grid, ticks and labels in seconds
+    for value in seconds:
+        x = column(value)
+        image[top + 1 : bottom, x, :3] = COLOURS["grid"]
+        label = _tick_text(value, seconds[1] - seconds[0]) if len(seconds) > 1 else f"{value:g}"
+        if value == seconds[-1]:
+            label += " s"
+            x -= text_width(" s", SCALE) // 2
+        x = min(max(x - text_width(label, SCALE) // 2, left), width - 4 - text_width(label, SCALE))
+        draw_text(image, x, bottom + 8, label, COLOURS["text"], SCALE)
+    scales = {}
+    for side, key in zip(("left", "right"), figures_in(timeline), strict=False):
+        values = np.array([v for _, v in _series(timeline, key)], np.float64) / MIB
+        ticks = nice_ticks(float(values.min()), float(values.max()), 5)
+        scales[key] = (ticks[0], ticks[-1])
+        for value in ticks:
+            y = _row(value, ticks[0], ticks[-1], top, bottom)
+            if side == "left":
+                image[y, left + 1 : right, :3] = COLOURS["grid"]
+            label = _tick_text(value, ticks[1] - ticks[0])
+            x = left - 6 - text_width(label, SCALE) if side == "left" else right + 6
+            draw_text(image, x, y - glyph // 2, label, COLOURS[key], SCALE)
+        caption = f"{SHORT[key]}, MB"
+        x = 6 if side == "left" else width - 6 - text_width(caption, SCALE)
+        draw_text(image, x, top - glyph - 8, caption, COLOURS[key], SCALE)
+    # RSS before and after the job: dashed levels with their figures
+    levels = []  # labelled last, over the lines, on a white ground
+    for key in scales:  # each figure before and after the job: dashed levels with their figures
+        for _, label, v in marks:
+            if label not in ("before", "after") or v.get(key) is None:
+                continue
+            y = _row(v[key] / MIB, *scales[key], top, bottom)
+            image[y, [x for x in range(left + 1, right) if (x // 6) % 2 == 0], :3] = COLOURS[f"{key}_level"]
+            levels.append((label, y, f"{SHORT[key]} {label} {mb(v[key])}", key))
+    xs = [column(t) for t, _, _ in marks]
+    for i in range(1, len(xs)):  # nudged right to keep them apart, then back from the right edge
+        xs[i] = max(xs[i], xs[i - 1] + MARK_GAP)
+    for i in range(len(xs) - 1, -1, -1):
+        xs[i] = min(xs[i], (right - 1) if i == len(xs) - 1 else xs[i + 1] - MARK_GAP)
+    for x, (_, label, _) in zip(xs, marks, strict=True):
+        kind = mark_kind(label)
+        rows = np.arange(top + 1, bottom)
+        if kind == "edge":
+            rows = rows[(rows // 5) % 2 == 0]
+        x = max(left + 1, x)
+        image[rows, x : x + (2 if kind == "release" else 1), :3] = COLOURS[kind]
+    for key in scales:
+        points = _series(timeline, key)
+        low, high = scales[key]
+        px = np.array([column(t) for t, _ in points], np.float64)
+        py = np.array([_row(v / MIB, low, high, top, bottom) for _, v in points], np.float64)
+        _polyline(image, px, py, COLOURS[key])
+    placed: list[tuple[int, int, int, int]] = []
+    for label, y, text, key in levels:
+        w = text_width(text, SCALE)
+        x = left + 8 if label == "before" else right - 8 - w
+        y_text = y + 5 if label == "before" or y - glyph - 5 <= top else y - glyph - 5
+        for _ in range(len(placed) + 1):  # below the line, or further down, clear of labels placed
+            y_text = min(max(y_text, top + 3), bottom - glyph - 3)
+            clash = next((p for p in placed if p[0] < x + w and x < p[2] and p[1] < y_text + glyph + 4 and y_text < p[3] + 4), None)
+            if clash is None:
+                break
+            y_text = clash[3] + 6 if clash[3] + 6 + glyph < bottom - 3 else clash[1] - glyph - 6
+        placed.append((x, y_text, x + w, y_text + glyph))
+        image[y_text - 2 : y_text + glyph + 2, x - 3 : x + w + 3, :3] = COLOURS["background"]
+        draw_text(image, x, y_text, text, COLOURS[key], SCALE)
+    image[top : bottom + 1, [left, right], :3] = COLOURS["frame"]
+    image[[top, bottom], left : right + 1, :3] = COLOURS["frame"]
+    _legend(image, timeline, height - 8 - glyph, left)
+    return image
+
+
+def _row(value: float, low: float, high: float, top: int, bottom: int) -> int:
+    scale = (high - low) or 1.0
+    return int(round(bottom - 2 - (value - low) / scale * (bottom - top - 4)))
+
+
+def _legend(image: np.ndarray, timeline: dict, y: int, x: int) -> None:
+    runs = sum(mark_kind(label) == "run" for _, label, _ in timeline.get("marks", ()))
+    items = [(key, f"{SHORT[key]}") for key in figures_in(timeline)]
+    items += [("run", f"model runs ({runs})"), ("release", "release"), ("edge", "before / after")]
+    glyph = text_height(SCALE)
+    for kind, text in items:
+        if x + 24 + text_width(text, SCALE) > image.shape[1]:
+            break  # a picture too narrow for the whole legend keeps what fits
+        if kind in ("ram", "vram"):
+            image[y + glyph // 2 - 1 : y + glyph // 2 + 1, x : x + 18, :3] = COLOURS[kind]
+            x += 24
+        else:
+            rows = np.arange(y, y + glyph)
+            if kind == "edge":
+                rows = rows[(rows // 3) % 2 == 0]
+            image[rows, x + 1, :3] = COLOURS[kind]
+            image[rows, x + 2, :3] = COLOURS[kind]
+            x += 10
+        x = draw_text(image, x, y, text, COLOURS["text"], SCALE) + 22
+
+
+def _polyline(image: np.ndarray, xs: np.ndarray, ys: np.ndarray, colour) -> None:
+    """Segments between consecutive points, two pixels thick (each segment sampled per pixel)."""
+    if len(xs) == 1:
+        xs, ys = np.repeat(xs, 2), np.repeat(ys, 2)
+    for x0, y0, x1, y1 in zip(xs[:-1], ys[:-1], xs[1:], ys[1:], strict=True):
+        steps = int(max(abs(x1 - x0), abs(y1 - y0))) + 1
+        px = np.rint(np.linspace(x0, x1, steps)).astype(int)
+        py = np.rint(np.linspace(y0, y1, steps)).astype(int)
+        for dy in (0, 1):
+            rows = np.clip(py + dy, 0, image.shape[0] - 1)
+            image[rows, np.clip(px, 0, image.shape[1] - 1), :3] = colour
+
+
+def png_bytes(rgba: np.ndarray) -> bytes:
+    """An 8-bit RGBA PNG of ``rgba`` (height x width x 4 uint8, first row at the top)."""
+    height, width = rgba.shape[:2]
+    raw = np.zeros((height, 1 + width * 4), np.uint8)  # filter byte 0 (none) before each row
+    raw[:, 1:] = np.ascontiguousarray(rgba, np.uint8).reshape(height, width * 4)
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0)  # 8-bit, colour type 6: RGBA
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw.tobytes(), 6)) + chunk(b"IEND", b"")
+
+
+def legend(timeline: dict) -> list[str]:
+    """What the picture shows, in words (the panel's and the command line's caption)."""
+    lines = []
+    for key in figures_in(timeline):
+        values = [v for _, v in _series(timeline, key)]
+        name = LABELS[key].split(" (")[0]
+        lines.append(f"{name} ({COLOUR_NAMES[key]}): {mb(min(values))} to {mb(max(values))}")
+    runs = sum(mark_kind(label) == "run" for _, label, _ in timeline.get("marks", ()))
+    lines.append(f"marks: {runs} run(s) orange, release red, before/after grey")
+    return lines

@@ -1,0 +1,381 @@
+"""One family job as the command line runs it, for every front-end that runs it without Blender
+(ui/cli/main.py in one process, ui/cli/farm_ray.py over Ray workers): the family's arguments, the model, the
+frame plan, how one result becomes files, and the last line's JSON fields.
+
+Kept apart from ui/cli/main.py so that the farm runner reuses these very pieces (one concept, one place)
+without importing the command line that imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ...models import files, products
+from ...models.batch import frame_lists
+from ...models.batch.sequence import BatchReport
+from ...models.family import Family
+from ...models.job import FamilyJob
+from ...models.store import library
+from ...runtime import settings
+from ...runtime.errors import LeanImageError
+from ...runtime.settings import FALSE_WORDS, TRUE_WORDS
+from . import cli_images
+from .cli_images import CommandLineError
+
+DEMO_NAME = "demo"
+# a temporary file untouched this long before the run is a killed writer's: a live one (another
+# task on the same outputs) changes it with every block it writes
+STALE_TEMP_S = 10.0
+EXIT_INTERRUPTED = 130  # Ctrl+C
+EXIT_TERMINATED = 128 + 15  # SIGTERM: what Flamenco, Deadline and SLURM send on cancel
+
+
+class Stopped(KeyboardInterrupt):
+    """A second signal: stop at once (the frame being written is dropped, its temporary file removed)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class Interrupts:
+    """Ctrl+C (SIGINT) and a farm's cancel (SIGTERM) are one thing: the first sets ``event`` so the
+    job stops after the current model run (finished frames kept, none half-written); a second one,
+    or the first when ``immediate``, raises :class:`Stopped` in the main thread."""
+
+    def __init__(self):
+        self.event = threading.Event()
+        self.signum: int | None = None
+        self.immediate = False
+        self.armed = True
+        self._previous: dict = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, getattr(signal, "SIGTERM", None)):
+                if signum is not None:
+                    self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.signum = self.signum or signum
+        if self.armed and (self.event.is_set() or self.immediate):
+            self.event.set()
+            raise Stopped(signum)
+        if self.event.is_set():
+            return
+        self.event.set()
+        again = "Ctrl+C again" if signum == signal.SIGINT else "a second SIGTERM"
+        print(f"\n{self.name}: cancelling after the current model run ({again} stops at once)...", file=sys.stderr)
+
+    def disarm(self) -> None:
+        """The job is over: a signal from now on only ends what is left (its cleanup) normally."""
+        self.armed = False
+
+    @property
+    def name(self) -> str:
+        return "SIGTERM" if self.signum == getattr(signal, "SIGTERM", None) else "Ctrl+C"
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_TERMINATED if self.name == "SIGTERM" else EXIT_INTERRUPTED
+
+    def __exit__(self, *exc):
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        return False
+
+
+def _option_type(option):
+    """The parser of one family option's flag: its kind and its range, or a message naming both."""
+
+    def parse(text: str):
+        if option.kind is bool:
+            word = text.strip().lower()
+            if word in TRUE_WORDS or word in FALSE_WORDS:
+                return word in TRUE_WORDS
+            raise argparse.ArgumentTypeError(f"give true or false (1/0, yes/no, on/off), got {text!r}")
+        return number(text, option.kind, option.min, option.max)
+
+    return parse
+
+
+def number(text: str, kind=int, minimum=None, maximum=None):
+    """``text`` as a finite ``kind`` (int or float) within [minimum, maximum], for argparse."""
+    try:
+        value = kind(text)
+    except (ValueError, OverflowError):
+        value = None
+    what = "a whole number" if kind is int else "a number"
+    if value is None or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"give {what}, got {text!r}")
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        if minimum is not None and maximum is not None:
+            accepted = f"from {minimum:g} to {maximum:g}"
+        elif minimum is not None:
+            accepted = f"of {minimum:g} or more"
+        else:
+            accepted = f"of at most {maximum:g}"
+        raise argparse.ArgumentTypeError(f"give {what} {accepted}, got {text!r}")
+    return value
+
+
+def counted(minimum: int, maximum: int | None = None):
+    """argparse type: a whole number within [minimum, maximum]."""
+    return lambda text: number(text, int, minimum, maximum)
+
+
+def family_arguments(parser: argparse.ArgumentParser, family: Family) -> None:
+    """INPUT, OUTPUT, frames, model, device, output policy and the family's own options."""
+    parser.add_argument("input", nargs="?", help="image file, folder or pattern")
+    parser.add_argument("output", nargs="?", help="file (one image), folder or pattern (out_####.exr)")
+    parser.add_argument("--input", dest="input_opt", help=argparse.SUPPRESS)
+    parser.add_argument("--output", dest="output_opt", help="same as OUTPUT")
+    parser.add_argument("--frames", type=_frames_arg, help="frame range A-B or A-B:STEP")
+    parser.add_argument("--model", help="a catalog model id, else an ONNX file (default: the first installed)")
+    parser.add_argument("--models-dir", help=f"models folder (default: ${library.MODELS_DIR_ENV} or the user cache)")
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda:N (default: auto)")
+    budget_arguments(parser)
+    parser.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    parser.add_argument("--skip-existing", action="store_true", help="keep existing outputs, do only the rest")
+    parser.add_argument("--stop-on-error", action="store_true", help="stop at the first frame that fails")
+    parser.add_argument(
+        "--shard",
+        type=_shard_arg,
+        help="I/N: only part I of N contiguous parts of the frames (render farms: N tasks cover every "
+        "frame once; use with --skip-existing so a retried task only does what is missing)",
+    )
+    for option in family.options:
+        if not option.blender_only:
+            parser.add_argument(
+                "--" + option.name.replace("_", "-"),
+                type=_option_type(option),
+                default=option.default,
+                help=argparse_text(f"{option.description} (default: {option.default})"),
+            )
+        if option.alias and not option.blender_only:
+            flag = "--" + option.name.replace("_", "-")
+            parser.add_argument(
+                "--" + option.alias,
+                dest=option.name,
+                type=_auto_arg(option),
+                help=f"same as {flag}; 'auto' is {option.default}",
+            )
+
+
+def argparse_text(text: str) -> str:
+    """``text`` as argparse's help wants it: argparse %-formats every help string, so a literal
+    ``%`` (a description saying "0.04 = 4%") must be doubled or ``--help`` itself crashes."""
+    return text.replace("%", "%%")
+
+
+def _frames_arg(text: str) -> range:
+    try:
+        return frame_lists.parse_frames(text)
+    except LeanImageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _shard_arg(text: str) -> tuple[int, int] | None:
+    try:
+        return frame_lists.parse_shard(text)
+    except LeanImageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _auto_arg(option):
+    parse_value = _option_type(option)
+
+    def parse(text: str):
+        return option.default if text == "auto" else parse_value(text)
+
+    parse.__name__ = option.label.lower()
+    return parse
+
+
+def family_job(family: Family, args) -> FamilyJob:
+    """The job the command line (and the farm's workers) run: models/job.py, as every front-end."""
+    return FamilyJob.resolve(
+        family.id,
+        library.models_dir(args.models_dir or ""),
+        model=args.model or "",
+        values=option_values(family, args),
+        device=args.device,
+        budgets=budgets(args),
+    )
+
+
+def budgets(args) -> settings.MemoryBudgets:
+    """``--ram-budget``/``--vram-budget`` (MB), else their environment variables, else no limit."""
+    from_environment = settings.budgets_from_environment()
+    ram, vram = getattr(args, "ram_budget", None), getattr(args, "vram_budget", None)
+    return settings.MemoryBudgets(
+        from_environment.ram_bytes if ram is None else ram or None,  # a flag's 0: no limit, whatever the variable says
+        from_environment.vram_bytes if vram is None else vram or None,
+    )
+
+
+def budget_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--ram-budget`` and ``--vram-budget``: MB, with the unit and limits of Blender's preferences."""
+    for kind, env, what in (
+        ("ram", settings.RAM_BUDGET_ENV, "system memory (RSS) of a CPU job"),
+        ("vram", settings.VRAM_BUDGET_ENV, "this process's GPU memory of a GPU job (also caps the CUDA arena)"),
+    ):
+        parser.add_argument(
+            f"--{kind}-budget",
+            metavar="MB",
+            type=_budget_arg(f"--{kind}-budget"),
+            help=f"most {what}, in MB, as Blender's preference: checked before each load and run, and an "
+            f"upscale's auto tile size follows it; 0: no limit (default: ${env}, else no limit)",
+        )
+
+
+def _budget_arg(flag: str):
+    """argparse type of a budget flag: the preferences' and the variables' rule (runtime/settings.py)."""
+
+    def parse(text: str) -> int:
+        try:
+            return settings.budget_bytes(flag, text) or 0
+        except settings.SettingError:
+            raise argparse.ArgumentTypeError(
+                f"give a whole number of MB from 0 (no limit) to {settings.MAX_BUDGET_MB}, got {text!r}"
+            ) from None
+
+    parse.__name__ = "memory budget"
+    return parse
+
+
+def option_values(family: Family, args) -> dict:
+    """The family's job options as given on the command line (or their defaults)."""
+    return {o.name: getattr(args, o.name) for o in family.options if hasattr(args, o.name)}
+
+
+def plan(family: Family, args):
+    """(frame refs, output paths, refs to skip); every check that can fail before the model runs."""
+    started = time.time()  # nothing of this run is written yet: older temporary files are not its own
+    for given, flag in ((args.input, args.input_opt), (args.output, args.output_opt)):
+        if given and flag and given != flag:
+            kind = "INPUT" if flag is args.input_opt else "OUTPUT"
+            raise CommandLineError(f"{kind} is given twice ({given} and --{kind.lower()} {flag}); give it once.")
+    source = args.input or args.input_opt
+    target = args.output or args.output_opt
+    if source is None:
+        if family.fallback_model is None:
+            raise CommandLineError(f"Give an INPUT image, folder or pattern for {family.command}.")
+        if args.frames is not None:
+            raise CommandLineError("--frames needs an INPUT sequence (the generated demo image is one frame).")
+        refs = [frame_lists.FrameRef(1, Path.cwd() / "(generated demo image)")]
+        target = target or Path.cwd() / products.default_name(family.id, DEMO_NAME)
+        many = False
+    else:
+        # what this command writes is never read back as a frame (an OUTPUT in the input folder)
+        refs = frame_lists.resolve_input(source, args.frames, products.written_by(family.id, target))
+        many = (
+            len(refs) > 1
+            or args.frames is not None
+            or frame_lists.is_pattern(source)
+            or Path(source).expanduser().is_dir()
+        )
+    refs, outputs, skip = products.plan_batch(
+        family.id,
+        refs,
+        target,
+        in_sequence=many,
+        shard=args.shard,
+        overwrite=args.overwrite or source is None,  # the demo replaces its own earlier result
+        skip_existing=args.skip_existing,
+        check_format=cli_images.check_writable_format,
+        inputs_are_files=source is not None,
+        suffix=products.default_suffix(family.id, _first_input_kind(refs) if source is not None else "8-bit"),
+    )
+    if args.skip_existing:  # a killed earlier run's temporary files of these outputs (never newer ones)
+        companions = [p for out in outputs for p in products.companion_paths(family.id, out)]
+        for temp in files.remove_stale_temps(companions, older_than=started - STALE_TEMP_S):
+            print(f"removed a temporary file left by an interrupted run: {temp}", file=sys.stderr)
+    return refs, outputs, skip
+
+
+def _first_input_kind(refs) -> str:
+    """The output type follows the first frame that exists (a sequence is one format)."""
+    return next((cli_images.input_kind(r.path) for r in refs if r.path.is_file()), "8-bit")
+
+
+def output_type(family: Family, refs, outputs) -> str:
+    """What the job writes, for the report and the JSON line (models/products.py's policy)."""
+    if not outputs:
+        return ""
+    demo = not refs[0].path.is_file()
+    return products.describe_output(family.id, outputs[0].suffix, "8-bit" if demo else _first_input_kind(refs))
+
+
+def plan_memory_plot(args, refs, outputs) -> Path | None:
+    """``--memory-plot``: an output like the others, checked before any model runs. A PNG (the
+    plot's only format), not an input or another output, in a folder that exists, not replacing a
+    file without ``--overwrite``."""
+    if not getattr(args, "memory_plot", None):
+        return None
+    path = Path(args.memory_plot).expanduser().resolve()
+    where = f"--memory-plot {args.memory_plot}"
+    family_id = args.family.id
+    taken = {Path(r.path).resolve() for r in refs} | {p for out in outputs for p in products.companion_paths(family_id, out)}
+    if path in taken:
+        raise CommandLineError(f"{where}: that is an input or an output of this job; give the plot its own name.")
+    if path.is_dir():
+        raise CommandLineError(f"{where} is a folder; give a file name such as memory.png.")
+    if path.suffix.lower() != ".png":
+        raise CommandLineError(f"{where}: the memory plot is a PNG image; give a name ending in .png.")
+    if not path.parent.is_dir():
+        raise CommandLineError(f"{where}: the folder {path.parent} does not exist; make it or choose another.")
+    if not os.access(path.parent, os.W_OK):
+        raise CommandLineError(f"{where}: the folder {path.parent} is not writable.")
+    if path.exists() and not args.overwrite:
+        raise CommandLineError(f"{where} exists; add --overwrite to replace it, or choose another name.")
+    return path
+
+
+def write_result(family_id: str, out: Path, result, values: dict) -> tuple[list[str], str]:
+    """Write one frame's result to ``out`` (and its companions), all or nothing; returns the notes
+    for the user and the ``wrote:`` line that describes it."""
+    notes, product = products.write_result(family_id, out, result, values, cli_images.write_image)
+    if product is None:
+        also = [p.name for p in products.companion_paths(family_id, out)[1:] if p.is_file()]
+        kind = f" (+ {', '.join(also)})" if also else ""
+    else:
+        kind = f", {product.bits} {out.suffix.lstrip('.').upper()}"
+    shape = getattr(result, "image", getattr(result, "depth", None))
+    scale = f" ({result.scale}x)" if hasattr(result, "scale") else ""
+    size = f" {shape.shape[1]}x{shape.shape[0]}{scale}" if shape is not None else ""
+    tile = ""
+    if hasattr(result, "tile_size_used"):  # the largest window that ran, and its overlap
+        tile = f", tile {result.tile_size_used} px, overlap {result.overlap} px, seams {result.seams}"
+    return notes, f"wrote: {out}{size}{tile}{kind}"
+
+
+def single_file(args, refs) -> bool:
+    """One image file given as it is (not a pattern, folder or frame range): its name is what
+    messages call it, never a "frame" numbered from digits in the name (img1080.png)."""
+    source = args.input or args.input_opt
+    if source is None or len(refs) != 1 or args.frames is not None or frame_lists.is_pattern(source):
+        return False
+    return not Path(source).expanduser().is_dir()
+
+
+def summary(family: Family, shard, refs, report: BatchReport, memory: dict, *, single: bool = False, **extra) -> dict:
+    """The last line of a job, as JSON: the same fields whichever front-end ran it."""
+    batch = report.as_dict()
+    if single:  # the input file by its path, not as a frame number read from its name
+        batch["failed"] = [{"input": str(refs[0].path), "error": error} for _, error in report.failed]
+    return {
+        "command": family.command,
+        **({"shard": f"{shard[0]}/{shard[1]}", "frame_numbers": [r.number for r in refs]} if shard else {}),
+        **batch,
+        "memory": memory,
+        **extra,
+    }

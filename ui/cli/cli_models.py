@@ -1,0 +1,169 @@
+"""`python -m lean_image_ai models list | install ID | register FAMILY FILE | remove ID | verify`.
+
+The same model library as Blender's preferences (models/store/library.py: the same folder by default,
+the same installer with its resume, checksums and lock, the same family check when registering).
+Exit codes as the jobs': 0 done, 2 an error (one line on stderr says why), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from ...models import families
+from ...models.store import library, user_models
+from ...runtime.errors import LeanImageError
+
+EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 2, 130
+
+
+def _folder(args):
+    return library.models_dir(args.models_dir or "")
+
+
+def _lookup(folder, model_id: str):
+    known = library.catalog(folder)
+    try:
+        return known, known.get(model_id)
+    except KeyError:
+        raise LeanImageError(
+            f"No model with id {model_id!r}. `python -m lean_image_ai models list` shows the ids."
+        ) from None
+
+
+def _list(args) -> int:
+    folder = _folder(args)
+    known = library.catalog(folder)
+    print(f"models folder: {folder}")
+    if library.catalog_error(folder):
+        print(f"warning: {library.catalog_error(folder)}", file=sys.stderr)
+    for entry in known.entries(args.family):
+        state = library.status(entry, folder)
+        where = f"  {library.installer.model_path(entry, folder)}" if state != library.MISSING else ""
+        print(f"{entry.id:40s} {entry.family:8s} {state:18s} {library.format_size(entry):>10s}  {entry.title}{where}")
+    return EXIT_OK
+
+
+class _DownloadProgress:
+    """One line per 10% (or per 50 MB when the size is unknown), as the job progress lines."""
+
+    def __init__(self):
+        self.last = -1
+
+    def __call__(self, done: int, total: int | None) -> None:
+        step = int(done * 10 / total) if total else done // 50_000_000
+        if step != self.last:
+            self.last = step
+            size = library.format_bytes(total) if total else "unknown size"
+            percent = f"[{min(100, int(done * 100 / total)):3d}%] " if total else ""
+            print(f"  {percent}downloading: {library.format_bytes(done)} / {size}", flush=True)
+
+
+def _install(args) -> int:
+    folder = _folder(args)
+    _known, entry = _lookup(folder, args.model_id)
+    if entry.is_user:
+        raise LeanImageError(f"{entry.title} is your own file: there is nothing to download.")
+    print(f"installing {entry.title} ({library.format_size(entry)}) into {folder}")
+    cancel = threading.Event()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = library.fetch(entry, folder, progress=_DownloadProgress(), cancel=cancel.is_set)
+    except KeyboardInterrupt:
+        cancel.set()
+        print("Interrupted; the partial download is kept and `models install` resumes it.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as exc:
+        raise LeanImageError(f"Cannot write to the models folder {folder}: {exc}. Give --models-dir another folder.") from exc
+    print(f"installed {entry.title} ({library.format_bytes(path.stat().st_size)}) at {path}")
+    return EXIT_OK
+
+
+def _register(args) -> int:
+    folder = _folder(args)
+
+    def progress(_fraction, stage):
+        print(f"  {stage}", flush=True)
+
+    registered = user_models.register(args.family_id, args.file, folder, progress=progress)
+    print(registered.summary())
+    print(f"id: {registered.entry.id}")
+    return EXIT_OK
+
+
+def _remove(args) -> int:
+    folder = _folder(args)
+    known, entry = _lookup(folder, args.model_id)
+    if entry.is_user:
+        known.remove_user_model(entry.id)
+        store = library.save_catalog(known, folder)
+        print(f"unregistered {entry.title}; your file {entry.path} was left in place (list saved in {store})")
+        return EXIT_OK
+    dest = library.installer.model_path(entry, folder)
+    try:
+        removed = library.remove(entry, folder)
+    except OSError as exc:
+        raise LeanImageError(f"Could not delete {dest}: {exc}.") from exc
+    if not removed:
+        raise LeanImageError(f"{entry.title} is not installed in {folder}; nothing was removed.")
+    print(f"removed {entry.title} ({dest})")
+    return EXIT_OK
+
+
+def _verify(args) -> int:
+    """Each model with a file (or a partial one) checked against the catalog: size, sha256."""
+    folder = _folder(args)
+    known = library.catalog(folder)
+    checked = failed = 0
+    for entry in known.entries():
+        if args.model_id and entry.id != args.model_id:
+            continue
+        if library.status(entry, folder) == library.MISSING and not args.model_id:
+            continue
+        checked += 1
+        try:
+            path = library.installer.verify_installed(entry, folder)
+        except LeanImageError as exc:
+            failed += 1
+            print(f"FAILED {entry.id}: {exc}")
+            continue
+        print(f"ok     {entry.id}: {path}")
+    print(f"{checked} checked, {failed} failed ({folder})")
+    if failed:
+        print(f"error: {failed} model(s) failed verification; remove and install them again.", file=sys.stderr)
+    return EXIT_ERROR if failed else EXIT_OK
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "models",
+        help="list, install, register, remove or verify models (the same folder as Blender's)",
+        description="The model library Blender's preferences show: the same folder by default "
+        f"(the per-user data folder, now {library.shared_models_dir()}; "
+        f"${library.MODELS_DIR_ENV} or --models-dir override it).",
+    )
+    actions = parser.add_subparsers(dest="models_command", metavar="ACTION", required=True)
+
+    def action(name, handler, help_text):
+        sub = actions.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument("--models-dir", help="models folder (default: the shared one)")
+        sub.set_defaults(handler=handler)
+        return sub
+
+    listing = action("list", _list, "every known model: id, family, state, size, title, file")
+    listing.add_argument("--family", choices=families.IDS, help="only this family")
+    action("install", _install, "download a built-in model (resumes a partial download; checks size and sha256)").add_argument(
+        "model_id", metavar="ID"
+    )
+    register = action("register", _register, "check your own ONNX file against a family and add it to the list")
+    register.add_argument("family_id", metavar="FAMILY", choices=families.IDS)
+    register.add_argument("file", metavar="FILE")
+    action("remove", _remove, "delete an installed model's file, or unregister your own (your file is kept)").add_argument(
+        "model_id", metavar="ID"
+    )
+    action("verify", _verify, "check installed models against the catalog (size, sha256)").add_argument(
+        "model_id", metavar="ID", nargs="?", default=""
+    )
+
+
+__all__ = ["add_parser"]

@@ -1,0 +1,451 @@
+"""`python -m lean_image_ai farm FAMILY INPUT OUTPUT --address ...`: one sequence over Ray workers.
+
+A front-end beside the command line (main.py) for plain-Python pipelines. The driver plans the
+frames as the command line does (cli_job.plan: frame list, shard, output names and checks),
+cuts the list into chunks with the farm's split rule (frame_lists.shard_slice), and hands one
+chunk at a time to each worker: a Ray actor (farm_worker.FrameWorker) that keeps the runtime
+and its session for the whole run. Input and output live on storage every worker shares;
+each frame is written by the one atomic writer.
+
+Faults: a worker that dies (killed, out of memory, a crash) loses only the chunk it held. Ray
+restarts the actor; the driver looks at that chunk's frames: a frame whose output changed since
+the plan was finished (its report was lost with the worker), the others get their leftover
+temporary files removed (the only writer of that frame is dead) and are queued again, one frame
+per chunk, first in line, for whichever worker is free. A frame that fails (unreadable, the model
+refuses it) or whose worker dies is tried at most ``--max-tries`` times, then reported. So every
+output ends complete and written by exactly one try, and nothing is retried forever. Ray is
+imported only when this command runs; the add-on never needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+from ...models import families, files, products
+from ...models.batch import frame_lists
+from ...models.batch.sequence import BatchReport
+from ...models.family import Family
+from ...runtime import memory_snapshot, parse_device
+from ...runtime.errors import LeanImageError, first_line
+from ...runtime.measure.memory import peak_rss_bytes, reset_peak_rss
+from . import cli_job, cli_shot
+from .cli_images import CommandLineError
+from .farm_worker import FrameWorker
+
+INSTALL_HINT = "pip install 'lean_image_ai[farm]'"
+EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 2, 130
+MAX_AUTO_CHUNK = 8  # frames: one release per chunk costs ~1%, a lost chunk redoes at most this many
+START_GRACE_S = 20.0  # after the first worker is up, how long the first chunks wait for the others
+
+
+def add_parser(subparsers) -> None:
+    farm = subparsers.add_parser(
+        "farm",
+        help="run a family's job over a sequence on Ray workers (needs the farm extra)",
+        description="The same job as the family's own command, over Ray workers: one actor per worker keeps "
+        "the model loaded; frames are read from and written to storage every worker shares. "
+        f"Needs Ray: {INSTALL_HINT}.",
+    )
+    per_family = farm.add_subparsers(dest="farm_family", metavar="FAMILY")
+    for family in families.ALL:
+        parser = per_family.add_parser(
+            family.command, help=cli_job.argparse_text(f"{family.title}: {family.produces}")
+        )
+        cli_job.family_arguments(parser, family)
+        cli_shot.add_arguments(parser, family)  # those a farm can honour; the rest refused in run()
+        parser.add_argument(
+            "--address",
+            type=_address_arg,
+            default="local",
+            help="local (start Ray on this machine), auto (the running cluster) or ray://HOST:PORT",
+        )
+        parser.add_argument(
+            "--workers", type=cli_job.counted(0, 100_000), default=0, help="worker actors (default: the cluster's CPUs / threads)"
+        )
+        parser.add_argument("--gpus-per-worker", type=_gpus_arg, default=0.0, help="GPUs Ray gives each worker (default 0)")
+        parser.add_argument(
+            "--threads-per-worker", type=cli_job.counted(1, 4096), default=1, help="intra-op threads = CPUs per worker"
+        )
+        parser.add_argument(
+            "--chunk-size", type=cli_job.counted(0, 1_000_000), default=0, help=f"frames per chunk (default: up to {MAX_AUTO_CHUNK})"
+        )
+        parser.add_argument(
+            "--max-tries", type=cli_job.counted(1, 100), default=3, help="tries of a frame before it is reported failed"
+        )
+        parser.set_defaults(handler=run, family=family)
+    farm.set_defaults(handler=lambda args: farm.print_help(sys.stderr) or EXIT_ERROR)
+
+
+def _address_arg(text: str) -> str:
+    if text in ("local", "auto") or re.fullmatch(r"(ray://)?[\w.\-\[\]:]+:\d{1,5}", text):
+        return text
+    raise argparse.ArgumentTypeError(f"give local, auto, HOST:PORT or ray://HOST:PORT, got {text!r}")
+
+
+def _gpus_arg(text: str) -> float:  # what Ray accepts: a fraction of one GPU up to many
+    return cli_job.number(text, float, 0.0, 1024.0)
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise CommandLineError(
+            f"The farm runner needs Ray, which is not installed in this Python: {INSTALL_HINT} "
+            "(the add-on and the other commands work without it)."
+        ) from None
+    return ray
+
+
+def _connect(ray, address: str) -> bool:
+    """Join or start Ray; True when this call started it (and so shuts it down)."""
+    if ray.is_initialized():  # a caller (a pipeline script, the tests) already holds a connection
+        return False
+    try:
+        if address == "local":
+            ray.init(address="local", include_dashboard=False)
+        else:
+            ray.init(address=address)
+    except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ImportError...
+        hint = {
+            "auto": "no running Ray cluster was found here; start one (`ray start --head`) or use --address local",
+        }.get(address, "check the address, that the cluster is up, and for ray:// that ray[client] is installed")
+        raise CommandLineError(f"--address {address}: Ray could not connect ({first_line(exc)}); {hint}.") from None
+    return True
+
+
+class _Frame:
+    def __init__(self, ref, out: Path, family_id: str):
+        self.ref, self.out = ref, out
+        self.companions = products.companion_paths(family_id, out)
+        self.before = _signature(out)  # what was there at planning time (an old file, or nothing)
+        self.tries = 0
+        self.error = ""
+
+    def written_since_plan(self) -> bool:
+        """The atomic writer renames a new file into place, so a finished frame changed its inode."""
+        now = _signature(self.out)
+        return now is not None and now != self.before
+
+    def remove_temps(self) -> int:
+        leftovers = [t for path in self.companions for t in files.leftover_temps(path)]
+        for temp in leftovers:
+            files.remove_if_present(temp)
+        return len(leftovers)
+
+
+def _signature(path: Path):
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
+
+
+class Farm:
+    """The driver's scheduling: chunks out, frames back, faults handled (see the module doc)."""
+
+    def __init__(self, ray, actors, frames: list[_Frame], chunk_size: int, *, max_tries, stop_on_error, on_event=None):
+        self.ray, self.frames, self.max_tries, self.stop_on_error = ray, frames, max_tries, stop_on_error
+        self.on_event = on_event or (lambda event: None)
+        count = len(frames)
+        parts = math.ceil(count / chunk_size) if count else 0
+        # the farm's one split rule, as for --shard: contiguous, sizes differing by at most one
+        self.pending = collections.deque(
+            list(range(count))[frame_lists.shard_slice(count, (i, parts))] for i in range(1, parts + 1)
+        )
+        self.actors = list(actors)
+        self.idle: list[int] = []
+        self.in_flight: dict = {}  # ObjectRefGenerator or ObjectRef -> (worker slot, chunk or None)
+        self.start_failures = collections.Counter()
+        self.written: list[int] = []  # frame indices
+        self.failed: list[int] = []
+        self.processes: dict[int, dict] = {}  # pid -> its figures
+        self.pid_of: dict[int, int] = {}  # worker slot -> the process now behind it (restarts change it)
+        self.warnings: list[str] = []
+        self.deaths = self.redone = self.temps_removed = self.chunks_sent = 0
+        self.fatal: str | None = None
+        self.start_error = ""
+        self.first_ready: float | None = None
+        self.dispatching = False
+        self.stopped = False
+        for slot, actor in enumerate(self.actors):
+            self.in_flight[actor.ready.remote()] = (slot, None)
+
+    def run(self) -> None:
+        errors = self.ray.exceptions
+        # a worker coming back after a restart does not hold the run open once nothing is left
+        while self._chunks_in_flight() or (self.pending and (self.idle or self.in_flight)):
+            while self.idle and self.pending and self._may_dispatch():
+                self._send(self.idle.pop(0), self.pending.popleft())
+            ready, _ = self.ray.wait(list(self.in_flight), num_returns=1, timeout=1.0)
+            for key in ready:
+                slot, chunk = self.in_flight[key]
+                try:
+                    if chunk is None:
+                        self._ready(slot, self.ray.get(key))
+                        del self.in_flight[key]
+                    else:
+                        self._item(slot, chunk, self.ray.get(next(key)))
+                except StopIteration:  # the chunk's stream ended: the worker is free
+                    del self.in_flight[key]
+                    self._chunk_over(slot, chunk, died=False)
+                except (errors.RayActorError, errors.WorkerCrashedError, errors.ObjectLostError) as exc:
+                    del self.in_flight[key]
+                    self._worker_lost(slot, chunk, exc)
+                except errors.RayTaskError as exc:  # a bug in the worker, not a frame: same for all
+                    del self.in_flight[key]
+                    self._stop(f"worker error: {exc}")
+                    if chunk is not None:
+                        self._chunk_over(slot, chunk, died=False)
+        if self.pending and self.fatal is None:  # every worker failed to start, again and again
+            self.fatal = f"no worker could start ({self.start_error})"
+        for index in (i for chunk in self.pending for i in chunk):
+            self._fail(index, self.fatal)
+        self.pending.clear()
+
+    # -- chunks out, items back ---------------------------------------------------------------
+    def _chunks_in_flight(self) -> bool:
+        return any(chunk is not None for _, chunk in self.in_flight.values())
+
+    def _may_dispatch(self) -> bool:
+        """The first chunks wait until every worker is up (or a grace period ran out), so one
+        worker that starts a second late does not leave the other all the work."""
+        if not self.dispatching:
+            starting = any(chunk is None for _, chunk in self.in_flight.values())
+            late = self.first_ready is not None and time.monotonic() - self.first_ready > START_GRACE_S
+            self.dispatching = not starting or late
+        return self.dispatching
+
+    def _send(self, slot: int, chunk: list[int]) -> None:
+        payload = [(f.ref.number, str(f.ref.path), str(f.out)) for f in (self.frames[i] for i in chunk)]
+        left = {self.frames[i].ref.number: i for i in chunk}  # frame number -> index, till reported
+        self.in_flight[self.actors[slot].process.remote(payload)] = (slot, {"left": left})
+        self.chunks_sent += 1
+
+    def _ready(self, slot: int, info: dict) -> None:
+        self.start_failures[slot] = 0
+        self.first_ready = self.first_ready or time.monotonic()
+        self.pid_of[slot] = info["pid"]
+        self.processes.setdefault(info["pid"], {"worker": slot, "pid": info["pid"], "host": info["host"], "frames": 0})
+        self.idle.append(slot)
+
+    def _written(self, slot: int, index: int, left: int, *, recovered: bool = False) -> None:
+        self.written.append(index)
+        pid = self.pid_of.get(slot)
+        if pid in self.processes:
+            self.processes[pid]["frames"] += 1
+        number = self.frames[index].ref.number
+        self.on_event({"event": "frame", "frame": number, "worker": slot, "pid": pid, "left": left, "recovered": recovered})
+
+    def _item(self, slot: int, chunk: dict, item: dict) -> None:
+        if "fatal" in item:
+            self._stop(item["fatal"])
+            return
+        if "end" in item:
+            figures = self.processes[self.pid_of[slot]]
+            figures.update(sessions_created=item["sessions_created"], rss_peak=item["rss_peak"])
+            self.warnings.extend(item["warnings"])
+            return
+        index = chunk["left"].pop(item["frame"])
+        if "error" in item:
+            self._fail(index, item["error"])
+        else:
+            self._written(slot, index, len(chunk["left"]))
+
+    def _chunk_over(self, slot: int, chunk: dict, *, died: bool) -> None:
+        for index in sorted(chunk["left"].values()):  # frames the worker never reported
+            frame = self.frames[index]
+            if frame.written_since_plan():  # finished: only its report was lost
+                self._written(slot, index, 0, recovered=True)
+                continue
+            self.temps_removed += frame.remove_temps()
+            self._fail(index, "its worker process died" if died else "the worker did not report it")
+        if not died:
+            self.idle.append(slot)
+
+    def _worker_lost(self, slot: int, chunk: dict | None, exc: Exception) -> None:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if chunk is None:  # the actor could not start (or restart)
+            self.start_failures[slot] += 1
+            self.start_error = text
+            if self.start_failures[slot] < self.max_tries:
+                self.in_flight[self.actors[slot].ready.remote()] = (slot, None)
+            return
+        self.deaths += 1
+        self.on_event({"event": "worker_died", "worker": slot, "frames": len(chunk["left"])})
+        self._chunk_over(slot, chunk, died=True)
+        # Ray restarts the actor; it takes work again once it answers ready() (meanwhile the
+        # frames go to the others)
+        self.in_flight[self.actors[slot].ready.remote()] = (slot, None)
+
+    def _fail(self, index: int, error: str, *, final: bool = False) -> None:
+        frame = self.frames[index]
+        frame.tries += 1
+        if self.fatal is not None:  # the job cannot run: said once, not retried
+            frame.error = self.fatal
+            self.failed.append(index)
+            return
+        if final or frame.tries >= self.max_tries or self.stopped:
+            frame.error = error + (f" ({frame.tries} tries)" if frame.tries > 1 else "")
+            self.failed.append(index)
+            self.on_event({"event": "frame_failed", "frame": frame.ref.number, "error": frame.error})
+            if self.stop_on_error:  # the chunks out finish; nothing more is sent or tried again
+                self.stopped = True
+                self.pending.clear()
+            return
+        self.redone += 1
+        self.pending.appendleft([index])  # alone, so a frame that kills its worker is found out
+
+    def _stop(self, message: str) -> None:
+        if self.fatal is None:
+            self.fatal = message
+        self.pending.clear()
+
+    def cancel(self) -> None:
+        """Ctrl+C: the workers are killed; what they were writing is cleaned up like a death."""
+        for actor in self.actors:
+            self.ray.kill(actor, no_restart=True)
+        for slot, chunk in list(self.in_flight.values()):
+            if chunk is not None:
+                for index in sorted(chunk["left"].values()):
+                    frame = self.frames[index]
+                    if frame.written_since_plan():
+                        self._written(slot, index, 0, recovered=True)
+                    else:
+                        self.temps_removed += frame.remove_temps()
+        self.in_flight.clear()
+        self.pending.clear()
+
+
+class _Progress:
+    """A line on stderr every 10% of the frames, and on every worker death."""
+
+    def __init__(self, total: int, workers: int, on_event=None):
+        self.total, self.workers, self.forward = total, workers, on_event
+        self.started, self.done, self.last = time.monotonic(), 0, -10
+
+    def __call__(self, event: dict) -> None:
+        if self.forward is not None:
+            self.forward(event)
+        if event["event"] == "worker_died":
+            print(f"  worker {event['worker']} died; its {event['frames']} frame(s) go to another", file=sys.stderr)
+            return
+        if event["event"] == "frame_failed":
+            print(f"  frame {event['frame']} failed: {event['error']}", file=sys.stderr)
+        self.done += 1
+        percent = int(100 * self.done / max(self.total, 1))
+        if percent >= self.last + 10 or self.done == self.total:
+            elapsed = time.monotonic() - self.started
+            rate = self.done / elapsed if elapsed > 0 else 0.0
+            eta = f", ETA {(self.total - self.done) / rate:.0f} s" if rate else ""
+            print(
+                f"  [{percent:3d}%] {self.done}/{self.total} frames, {self.workers} workers, {rate:.2f} frames/s{eta}",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.last = percent
+
+
+def run(args, *, on_event=None, worker_class=FrameWorker) -> int:
+    """The `farm` command. ``on_event`` sees every frame written and every worker death;
+    ``worker_class``: FrameWorker or a test's subclass of it."""
+    if args.address == "local" and "ray" not in sys.modules:
+        # Ray picks its node address when imported: a one-machine instance listens on loopback
+        # only, and a throwaway instance reports no usage statistics
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray = import_ray()
+    family: Family = args.family
+    parse_device(args.device)  # a typo fails here, before Ray starts
+    if not (args.input or args.input_opt):
+        raise CommandLineError("Give an INPUT image, folder or pattern on storage every worker can read.")
+    shot = cli_shot.ShotRun(family, args, farm=True)  # a shot value that needs the whole shot first is refused
+    job = cli_job.family_job(family, args).for_worker()
+    job.extra.update(shot.settings.adapter_kwargs())  # a given field of view
+    refs, outputs, skip = cli_job.plan(family, args)
+    todo = [_Frame(ref, out, family.id) for ref, out in zip(refs, outputs, strict=True) if ref not in skip]
+    before = memory_snapshot(None)
+    reset_peak_rss()
+    started_ray = _connect(ray, args.address)
+    try:
+        threads = max(1, args.threads_per_worker)
+        count = args.workers or max(1, int(ray.cluster_resources().get("CPU", 1) // threads))
+        chunk_size = args.chunk_size or max(1, min(MAX_AUTO_CHUNK, len(todo) // (3 * count)))
+        print(
+            f"farm: {len(todo)} frame(s) to do ({len(skip)} skipped) on {count} worker(s), chunks of "
+            f"{chunk_size}; model {job.model.path}",
+            file=sys.stderr,
+        )
+        worker = ray.remote(worker_class).options(
+            num_cpus=threads, num_gpus=args.gpus_per_worker, max_restarts=-1, max_task_retries=0
+        )
+        actors = [worker.remote(job, threads, shot=shot.options) for _ in range(count)]
+        farm = Farm(
+            ray, actors, todo, chunk_size, max_tries=max(1, args.max_tries), stop_on_error=args.stop_on_error,
+            on_event=_Progress(len(todo), count, on_event),
+        )
+        started = time.monotonic()
+        cancelled = False
+        interrupts = getattr(args, "interrupts", None)
+        if interrupts is not None:  # the driver only waits: a signal stops the waiting at once
+            interrupts.immediate = True
+        try:
+            if interrupts is not None and interrupts.event.is_set():
+                raise KeyboardInterrupt  # the signal came while Ray was starting: send nothing
+            farm.run()
+        except KeyboardInterrupt:
+            farm.cancel()
+            cancelled = True
+        seconds = time.monotonic() - started
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+    finally:
+        if started_ray:
+            ray.shutdown()
+    if farm.fatal is not None and not farm.written:
+        raise LeanImageError(farm.fatal)
+    report = BatchReport(
+        total=len(refs),
+        written=sorted(todo[i].ref.number for i in farm.written),
+        skipped=[r.number for r in refs if r in skip],
+        failed=sorted((todo[i].ref.number, todo[i].error) for i in farm.failed),
+        warnings=farm.warnings,
+        cancelled=cancelled,
+        seconds=seconds,
+    )
+    after = memory_snapshot(None)
+    memory = {"rss_before": before.get("rss_bytes"), "rss_peak": peak_rss_bytes(), "rss_after": after.get("rss_bytes")}
+    details = {
+        "address": args.address,
+        "workers": count,
+        "chunk_size": chunk_size,
+        "chunks": farm.chunks_sent,
+        "worker_deaths": farm.deaths,
+        "redone_frames": farm.redone,
+        "temp_files_removed": farm.temps_removed,
+        "processes": sorted(farm.processes.values(), key=lambda p: (p["worker"], p["pid"])),
+    }
+    for warning in dict.fromkeys(report.warnings):
+        print(f"warning: {warning}", file=sys.stderr)
+    print(json.dumps(cli_job.summary(
+        family, args.shard, refs, report, memory, output_type=cli_job.output_type(family, refs, outputs), farm=details,
+        **shot.as_dict(),
+    )))
+    for number, error in report.failed:
+        print(f"error: frame {number}: {error}", file=sys.stderr)
+    if farm.fatal is not None:
+        print(f"error: {farm.fatal}", file=sys.stderr)
+    if cancelled:
+        name = interrupts.name if interrupts is not None else "Ctrl+C"
+        print(f"Stopped by {name}; {len(report.written)} frame(s) written are kept, none half-way.", file=sys.stderr)
+        return interrupts.exit_code if interrupts is not None else EXIT_INTERRUPTED
+    return EXIT_ERROR if report.failed or farm.fatal else EXIT_OK
