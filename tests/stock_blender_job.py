@@ -131,7 +131,7 @@ def main(zip_path: str, work: Path, models: dict, tests: Path) -> dict:
     out["onnxruntime_version"] = getattr(ort, "__version__", None)
     out["addon_file"] = sys.modules[MODULE].__file__
     out["imported"] = {name: name in sys.modules for name in ("PIL", "psutil", "flatbuffers", "google.protobuf")}
-    memory = importlib.import_module(MODULE + ".runtime.memory")
+    memory = importlib.import_module(MODULE + ".runtime.measure.memory")
     out["rss_bytes"] = memory.process_rss_bytes()
 
     image = bpy.data.images.load(str(output))

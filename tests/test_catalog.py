@@ -301,8 +301,8 @@ def test_off_cuda_an_fp32_export_is_picked_before_an_fp16_one():
 
 
 def test_the_builtin_fp16_files_say_so():
-    """DESIGN.md: both public BEN2 files hold fp16 weights; DA3 METRIC-LARGE's ~0.7 GB file can
-    only hold its 334 M parameters as fp16 (fp32 would be 1.34 GB)."""
+    """The design notes (issue #20): both public BEN2 files hold fp16 weights; DA3 METRIC-LARGE's
+    ~0.7 GB file can only hold its 334 M parameters as fp16 (fp32 would be 1.34 GB)."""
     by_id = {e.id: e for e in BUILTIN_ENTRIES}
     assert by_id["ben2-fp16"].weight_dtype == by_id["ben2-base"].weight_dtype == "float16"
     da3 = by_id["da3-metric-large"]

@@ -51,10 +51,17 @@ def python_line(bpy_version: str) -> str:
 def _base_python(line: str) -> str:
     if line == f"{sys.version_info[0]}.{sys.version_info[1]}":
         return sys.executable
-    found = os.environ.get(f"LEAN_IMAGE_AI_PYTHON{line.replace('.', '')}") or shutil.which(f"python{line}")
-    found = found or next(iter(sorted(glob.glob(str(Path.home() / f".pyenv/versions/{line}.*/bin/python{line}")))), None)
-    assert found, f"no Python {line} for bpy's {line} line: set LEAN_IMAGE_AI_PYTHON{line.replace('.', '')}"
-    return found
+    # a pyenv shim is on PATH even where that version is not active, and then fails (exit 127):
+    # take the first candidate that really runs
+    candidates = [
+        os.environ.get(f"LEAN_IMAGE_AI_PYTHON{line.replace('.', '')}"),
+        shutil.which(f"python{line}"),
+        *sorted(glob.glob(str(Path.home() / f".pyenv/versions/{line}.*/bin/python{line}"))),
+    ]
+    for candidate in filter(None, candidates):
+        if subprocess.run([candidate, "-c", "pass"], capture_output=True).returncode == 0:
+            return candidate
+    raise AssertionError(f"no Python {line} for bpy's {line} line: set LEAN_IMAGE_AI_PYTHON{line.replace('.', '')}")
 
 
 def _stock_python(version: str) -> Path:

@@ -13,17 +13,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ROOMS = [
-    ("top level (package entry, headless front-ends)", "."),
-    ("runtime/", "runtime"),
-    ("models/", "models"),
-    ("operators/", "operators"),
-    ("ui/", "ui"),
-    ("bench/", "bench"),
-    ("tools/", "tools"),
-    ("examples/", "examples"),
-]
-SKIPPED_FOLDERS = {".venv", "tests", "build", "dist", "wheels"}
+SKIPPED_FOLDERS = {".venv", "tests", "build", "dist", "wheels", "__pycache__"}
+OUTSIDE_THE_PACKAGE = ["bench", "tools", "examples"]  # listed after the package's folders
 
 
 def first_sentence(path: Path) -> str:
@@ -36,19 +27,28 @@ def first_sentence(path: Path) -> str:
     return text if end < 0 else text[: end + 1]
 
 
-def modules(folder: Path) -> list[Path]:
-    if folder == ROOT:
-        return sorted(folder.glob("*.py"))
-    return sorted(p for p in folder.rglob("*.py") if not SKIPPED_FOLDERS & set(p.relative_to(ROOT).parts))
+def folders() -> list[Path]:
+    """The package root, then every package folder under it (depth first, by name), then the
+    development folders beside it."""
+    found = [ROOT]
+    for init in sorted(ROOT.rglob("__init__.py")):
+        rel = init.parent.relative_to(ROOT)
+        if init.parent != ROOT and not (SKIPPED_FOLDERS | set(OUTSIDE_THE_PACKAGE)) & set(rel.parts):
+            found.append(init.parent)
+    return found + [ROOT / name for name in OUTSIDE_THE_PACKAGE]
 
 
 def main() -> int:
-    for title, name in ROOMS:
-        folder = ROOT / name
-        found = [p for p in modules(folder) if p.name != "__init__.py" or folder == ROOT]
+    for folder in folders():
+        is_root = folder == ROOT
+        found = sorted(p for p in folder.glob("*.py") if is_root or p.name != "__init__.py")
         if not found:
             continue
+        title = "top level (package entry)" if is_root else f"{folder.relative_to(ROOT).as_posix()}/"
         print(f"\n### {title}\n")
+        init = folder / "__init__.py"
+        if not is_root and init.is_file() and first_sentence(init):
+            print(f"{first_sentence(init)}\n")
         for path in found:
             print(f"- `{path.relative_to(ROOT).as_posix()}`: {first_sentence(path) or '(no docstring)'}")
     return 0

@@ -65,8 +65,8 @@ class CatalogEntry:
     @property
     def fp16_on_cpu_note(self) -> str:
         """What an fp16-weight file costs on CPU, where there is no fp16 kernel for most ops (ORT
-        casts back to float32): measured for BEN2 (DESIGN.md: 1.22x slower, peak 0.86 GB higher
-        than its fp32 graph)."""
+        casts back to float32): measured for BEN2 on its real Swin-B export (issue #20: 1.22x
+        slower, peak 0.86 GB higher than its fp32 graph)."""
         if self.weight_dtype != "float16":
             return ""
         return "fp16 weights: on CPU slower and heavier than an fp32 export (BEN2: 1.22x the time, +0.86 GB peak)"
