@@ -12,9 +12,8 @@ restarts the actor; the driver looks at that chunk's frames: a frame whose outpu
 the plan was finished (its report was lost with the worker), the others get their leftover
 temporary files removed (the only writer of that frame is dead) and are queued again, one frame
 per chunk, first in line, for whichever worker is free. A frame that fails (unreadable, the model
-refuses it) or whose worker dies is tried at most ``--max-tries`` times, then reported. So every
-output ends complete and written by exactly one try, and nothing is retried forever. Ray is
-imported only when this command runs; the add-on never needs it.
+refuses it) or whose worker dies is tried at most ``--max-tries`` times, then reported: every output
+ends complete, written by one try, nothing retried forever. Ray is imported only by this command.
 """
 
 from __future__ import annotations
