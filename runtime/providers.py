@@ -132,6 +132,7 @@ class DeviceKind:
     options: Callable[[DeviceRequest, ProviderChoices], dict]
     release: str  # SHRINK, UNLOAD or KEEP
     session_entries: tuple[tuple[str, str], ...] = ()  # session config entries it needs
+    aliases: tuple[str, ...] = ()  # other names the device string accepts ("dml")
 
     @property
     def release_text(self) -> str:
@@ -144,7 +145,10 @@ DEVICES: tuple[DeviceKind, ...] = (
         # weights outside the arena, so the arena holds only what the runs grew
         (("session.use_device_allocator_for_initializers", "1"),),
     ),
-    DeviceKind("directml", DML, "DirectML", True, 1, None, _directml_options, UNLOAD, ((DML_DISABLE_ARENA_KEY, "1"),)),
+    DeviceKind(
+        "directml", DML, "DirectML", True, 1, None, _directml_options, UNLOAD, ((DML_DISABLE_ARENA_KEY, "1"),),
+        aliases=("dml",),
+    ),
     DeviceKind("coreml", COREML, "CoreML", False, 2, None, _coreml_options, UNLOAD),
     # CPU shrinks only the runtime's shared env arena (core.py); without it, as before: KEEP
     DeviceKind("cpu", CPU, "CPU", False, None, "cpu", lambda request, choices: {}, SHRINK),
@@ -153,10 +157,11 @@ DEVICE_BY_KIND = {d.kind: d for d in DEVICES}
 DEVICE_BY_PROVIDER = {d.provider: d for d in DEVICES}
 _INDEXED = tuple(d.kind for d in DEVICES if d.takes_index)
 _NAMES = ", ".join(  # as messages list them: 'cpu', 'cuda', 'cuda:N', ...
-    f"'{d.kind}'" + (f", '{d.kind}:N'" if d.takes_index else "") for d in sorted(DEVICES, key=lambda d: d.auto_rank or -1)
+    f"'{d.kind}'" + (f", '{d.kind}:N'" if d.takes_index else "") for d in sorted(DEVICES, key=lambda d: -1 if d.auto_rank is None else d.auto_rank)
 )
 
-_DEVICE_RE = re.compile(r"^(auto|cpu|cuda|directml|dml|coreml)(?::(\d+))?$")
+_KIND_OF_NAME = {name: d.kind for d in DEVICES for name in (d.kind, *d.aliases)}
+_DEVICE_RE = re.compile(r"^(auto|" + "|".join(map(re.escape, _KIND_OF_NAME)) + r")(?::(\d+))?$")
 
 
 @dataclass(frozen=True)
@@ -180,9 +185,11 @@ def parse_device(device: str | DeviceRequest | None) -> DeviceRequest:
     if not match:
         raise DeviceSpecError(f"Unknown device {device!r}. Use one of: 'auto', {_NAMES}.")
     kind, index = match.group(1), match.group(2)
-    kind = "directml" if kind == "dml" else kind
+    kind = _KIND_OF_NAME.get(kind, kind)
     if index is not None and kind not in _INDEXED:
-        raise DeviceSpecError(f"Device {device!r}: only 'cuda' and 'directml' take an index (e.g. 'cuda:1').")
+        raise DeviceSpecError(
+            f"Device {device!r}: only {' and '.join(repr(k) for k in _INDEXED)} take an index (e.g. '{_INDEXED[0]}:1')."
+        )
     return DeviceRequest(kind, int(index or 0))
 
 

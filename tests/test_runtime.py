@@ -3,6 +3,7 @@ the cache, provider, OOM, memory and bad-input contracts of issue #2."""
 
 import json
 import logging
+import re
 import subprocess
 import sys
 import threading
@@ -423,6 +424,25 @@ def test_unknown_device_string_is_named(conv, device):
         return
     with pytest.raises(DeviceSpecError, match=repr(device)):
         Runtime().session(conv, device)
+
+
+def test_the_device_strings_come_from_the_device_table():
+    """A device is one row of providers.DEVICES: its name, its aliases and its index rule are what
+    parse_device accepts, and the refusal lists exactly the table's names."""
+    from lean_image_ai.runtime.providers import DEVICES, parse_device
+
+    for row in DEVICES:
+        for name in (row.kind, *row.aliases):
+            assert parse_device(name.upper()).kind == row.kind
+            if row.takes_index:
+                assert str(parse_device(f"{name}:3")) == f"{row.kind}:3"
+            else:
+                with pytest.raises(DeviceSpecError, match="take an index"):
+                    parse_device(f"{name}:1")
+    with pytest.raises(DeviceSpecError) as refused:
+        parse_device("vulkan")
+    listed = set(re.findall(r"'([a-z]+)(?::N)?'", str(refused.value).split("Use one of:")[1]))
+    assert listed == {"auto", *(row.kind for row in DEVICES)}
 
 
 def test_unavailable_provider_is_a_distinct_error(conv):
