@@ -34,6 +34,15 @@ def onnxruntime_module():
     return onnxruntime
 
 
+def installed_providers() -> list[str]:
+    """The providers the installed onnxruntime offers, or CPU only when onnxruntime is missing or
+    broken (a missing wheel, DLL trouble): a device menu then still has something to pick."""
+    try:
+        return list(onnxruntime_module().get_available_providers())
+    except Exception:
+        return ["CPUExecutionProvider"]
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     name: str

@@ -24,6 +24,7 @@ from ..operators.prefs import (
     models_folder,
     release_rule_lines,
 )
+from ..runtime import installed_providers
 from ..runtime.cuda import gpu_libraries, gpu_loading
 from ..runtime.log import diagnostics
 from ..runtime.providers import DEVICE_BY_KIND
@@ -44,21 +45,9 @@ DEVICE_CHOICES = (
 _device_items: list[tuple[str, str, str, str, int]] = []
 
 
-def available_providers() -> list[str]:
-    """``onnxruntime.get_available_providers()``, or CPU only when onnxruntime is missing/broken."""
-    try:
-        import onnxruntime
-    except Exception:  # missing wheel, DLL trouble: the CPU entry still lets users pick something
-        return ["CPUExecutionProvider"]
-    try:
-        return list(onnxruntime.get_available_providers())
-    except Exception:
-        return ["CPUExecutionProvider"]
-
-
 def compute_device_items(providers: list[str] | None = None) -> list[tuple[str, str, str, str, int]]:
     """Enum items for the installed onnxruntime: always AUTO and CPU, plus the GPU providers it has."""
-    providers = available_providers() if providers is None else providers
+    providers = installed_providers() if providers is None else providers
     return [
         (ident, label, desc, "", number)
         for ident, label, desc, provider, number in DEVICE_CHOICES
@@ -332,7 +321,7 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         sub = col.column()
         sub.enabled = self.device in ("DIRECTML", "COREML", "AUTO")
         sub.prop(self, "keep_models_loaded_on_dml_coreml")
-        if self.device in ("COREML", "AUTO") and DEVICE_BY_KIND["coreml"].provider in available_providers():
+        if self.device in ("COREML", "AUTO") and DEVICE_BY_KIND["coreml"].provider in installed_providers():
             col.prop(self, "coreml_compute_units")
         col.prop(self, "release_cpu_memory")
         sub = col.column()
@@ -343,8 +332,8 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         if problem:  # the line already says what to do (install the zip built for this Blender)
             wrapped_labels(col, problem, icon="ERROR", alert=True)
         else:
-            col.label(text="onnxruntime providers: " + ", ".join(available_providers()))
-            for line in release_rule_lines(self, available_providers()):
+            col.label(text="onnxruntime providers: " + ", ".join(installed_providers()))
+            for line in release_rule_lines(self, installed_providers()):
                 wrapped_labels(col, line)
         draw_gpu_runtime(layout, context)
 
