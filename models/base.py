@@ -72,15 +72,37 @@ class ResultSink:
     def held_bytes(self) -> int:
         """Bytes of the arrays of this job's results still alive (kept here, or not yet dropped by
         whoever took them): the memory report's "results still held"."""
-        alive = (ref() for ref in self._seen)
-        return sum(
-            int(v.nbytes) for result in alive if result is not None for v in vars(result).values() if isinstance(v, np.ndarray)
-        )
+        buffers: dict[int, int] = {}
+        for result in (ref() for ref in self._seen):
+            if result is not None:
+                for array in _arrays_in(vars(result).values()):
+                    root = _owner(array)
+                    buffers[id(root)] = int(root.nbytes)
+        return sum(buffers.values())
 
     def value(self, single: bool):
         if single and self._kept:
             return self._kept[0]
         return self._kept
+
+
+def _arrays_in(values) -> Iterable[np.ndarray]:
+    """The arrays among a result's fields, and those in its dicts, lists and tuples (DA3's extras:
+    its confidence map is as large as its depth)."""
+    for value in values:
+        if isinstance(value, np.ndarray):
+            yield value
+        elif isinstance(value, dict):
+            yield from _arrays_in(value.values())
+        elif isinstance(value, list | tuple):
+            yield from _arrays_in(value)
+
+
+def _owner(array: np.ndarray) -> np.ndarray:
+    """The array that owns a view's memory (the memory held is the owner's, counted once)."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
 
 
 def check_contract(

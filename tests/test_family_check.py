@@ -52,6 +52,23 @@ def test_a_final_sigmoid_is_found_through_shape_only_ops(standins):
     assert family_check.final_ops(Path(__file__)) == {}  # not an ONNX file: nothing, no error
 
 
+@pytest.mark.parametrize("joined,final", [(["m"], "Sigmoid"), (["m", "m"], "Concat")])
+def test_a_concat_of_one_input_is_looked_through_and_of_two_is_not(tmp_path, joined, final):
+    # BEN2's forward ends torch.cat([matte]) over a batch of one: exported, a one-input Concat
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Sigmoid", ["x"], ["m"]), helper.make_node("Concat", joined, ["y"], axis=0)],
+        "joined",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [len(joined), 1, 8, 8])],
+    )
+    path = tmp_path / "joined.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    assert family_check.final_ops(path) == {"y": final}
+
+
 def test_a_dynamic_upscaler_is_told_by_the_probe(tmp_path, fresh_runtime):
     path = resize_model(tmp_path / "x3.onnx", factor=3.0)  # dynamic shapes: the graph cannot tell
     verdict, _io = family_check.check_file("ben2", path, fresh_runtime)

@@ -113,3 +113,24 @@ def test_an_upscale_reports_its_result_as_held_not_as_kept_by_the_runtime():
     assert ram["results"] == result.image.nbytes  # alive when the report was made (returned after it)
     assert any("results still held: " in line for line in runtime.last_job_memory["lines"])
     runtime.clear("test teardown")
+
+
+def test_results_held_counts_arrays_in_a_results_dict_and_each_buffer_once():
+    from dataclasses import dataclass, field
+
+    import numpy as np
+    from lean_image_ai.models.base import JobOptions, ResultSink
+
+    @dataclass
+    class Depth:  # DA3's shape: the confidence map sits in a dict beside the depth
+        depth: np.ndarray
+        extras: dict = field(default_factory=dict)
+        alias: np.ndarray | None = None
+
+    depth, conf = np.zeros((90, 160), np.float32), np.zeros((90, 160), np.float32)
+    sink = ResultSink(JobOptions(on_result=lambda _result: None))
+    result = Depth(depth, {"depth_conf": conf}, alias=depth[:45])  # a view holds its owner's memory
+    sink.add(result)
+    assert sink.held_bytes() == depth.nbytes + conf.nbytes
+    del result
+    assert sink.held_bytes() == 0  # dropped by whoever took it: no longer held

@@ -1,14 +1,16 @@
-"""The product on the real architectures: Real-ESRGAN's compact x4 and RRDBNet x4plus (spandrel)
-and MoGe-2 ViT-S (dlr-moge), exported with seeded weights by tools/reference_models.py.
+"""The product on the real architectures: Real-ESRGAN's compact x4 and RRDBNet x4plus (spandrel),
+MoGe-2 ViT-S (dlr-moge), DA3-SMALL (depth-anything-3) and BEN2 Base (PramaLLC/BEN2's model file,
+vendored in tools/), exported with seeded weights by tools/reference_models.py.
 
 The exports are cached outside the repository (`$LEAN_IMAGE_AI_REFERENCE_DIR`, else
-~/.cache/lean_image_ai/reference_models): the first run on a machine exports them (about two
-minutes on two cores), later runs reuse them. torch runs only in the export's own process.
+~/.cache/lean_image_ai/reference_models): the first run on a machine exports them (about five
+minutes on two cores, three of them BEN2), later runs reuse them. torch runs only in the export's own process.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +19,10 @@ import numpy as np
 import pytest
 from lean_image_ai.models.adapters import da3, moge2_contract, upscale
 from lean_image_ai.models.base import JobOptions
+from lean_image_ai.models.job import FamilyJob
+from lean_image_ai.models.store import family_check
 from lean_image_ai.models.tiles.receptive import graph_receptive_field
+from lean_image_ai.runtime.errors import ModelContractError
 
 pytestmark = pytest.mark.real_models
 
@@ -75,6 +80,13 @@ def da3_small() -> Path:
             f"{' and '.join(missing)} not installed: pip install omegaconf addict && pip install --no-deps depth-anything-3"
         )
     return _export(["da3-small"])["da3-small"]
+
+
+@pytest.fixture(scope="session")
+def ben2_base() -> Path:
+    if _missing("torch"):  # torch only: the model file is vendored (tools/ben2_model.py)
+        pytest.skip("torch not installed: pip install -e '.[dev,reference]' to export the real models")
+    return _export(["ben2-base"])["ben2-base"]
 
 
 def picture(h, w, seed=0):
@@ -140,3 +152,48 @@ def test_da3_small_runs_through_the_depth_adapter(da3_small, fresh_runtime):
     assert result.model_size == (280, 504)  # the export's fixed input
     assert result.depth.shape == (90, 160) and np.isfinite(result.depth).all()
     assert set(result.extras) == {"depth_conf"}
+
+
+def test_ben2_base_is_a_matte_model_by_its_graph_and_refused_as_any_other(ben2_base, fresh_runtime):
+    verdict, (inputs, outputs) = family_check.check_file("ben2", ben2_base, fresh_runtime)
+    assert verdict.fits, verdict.message()
+    assert not verdict.probed  # the final Sigmoid tells: registering it costs no 1024² run
+    assert [list(i.shape) for i in inputs] == [[1, 3, 1024, 1024]]
+    assert [list(o.shape) for o in outputs] == [[1, 1, 1024, 1024]]
+    handle = fresh_runtime.session(ben2_base, "cpu")
+    for other in ("da3", "moge2", "upscale"):  # what a job of another family does with this file
+        with pytest.raises(ModelContractError, match="background-removal"):
+            family_check.require(other, handle)
+
+
+def _figures_never_negative(report: dict) -> None:
+    text = "\n".join(report["lines"])
+    assert not re.search(r"-\s*\d+ MB", text), text
+    for figure in report["figures"]:
+        numbers = {k: v for k, v in figure.items() if isinstance(v, int)}
+        numbers.update({label: value for label, value in figure["floors"] if value is not None})
+        assert min(numbers.values()) >= 0, numbers
+        assert sum(value for _, value in figure["floors"]) == figure["after"]
+
+
+def _held_bytes(result) -> int:
+    arrays = [v for v in vars(result).values() if isinstance(v, np.ndarray)]
+    arrays += [v for d in vars(result).values() if isinstance(d, dict) for v in d.values()]
+    return sum(a.nbytes for a in arrays)
+
+
+@pytest.mark.parametrize("family,export", [("da3", "da3_small"), ("ben2", "ben2_base")])
+def test_the_memory_report_on_a_real_export_holds_results_apart_and_nothing_negative(
+    family, export, request, tmp_path, fresh_runtime
+):
+    path = request.getfixturevalue(export)
+    job = FamilyJob.resolve(family, tmp_path, model_path=str(path), device="cpu")
+    result = job.infer(picture(480, 640, seed=9), job.options(runtime=fresh_runtime))  # BEN2: one 1024² run
+    report = fresh_runtime.last_job_memory
+    assert report["outcome"] == "success" and report["runs"] == 1
+    print("\n".join(report["lines"]))
+    _figures_never_negative(report)
+    (ram,) = report["figures"]
+    assert ram["results"] == _held_bytes(result) > 0  # DA3's depth_conf (in its extras) included
+    held = f"results still held: {round(ram['results'] / 2**20)} MB"
+    assert any(held in line for line in report["lines"]), report["lines"]

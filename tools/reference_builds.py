@@ -13,7 +13,14 @@ variance by ~3x, so an impulse probe measures radius 0 and tiles "agree" trivial
   over the nearest-upscaled input std 0.1;
 - MoGe-2: DINOv2's own init for the backbone (trunc-normal 0.02, LayerScale 1e-5), Kaiming for
   the neck and heads, the heads' last convs rescaled (points' z before its exp would overflow);
-- DA3-SMALL: the package's default init (its outputs come out finite and non-constant).
+- DA3-SMALL: the package's default init (its outputs come out finite and non-constant);
+- BEN2: Swin's own init for the Swin-B backbone (trunc-normal 0.02 linears, zero biases, LayerNorm
+  1/0: the residual stream carries the signal through 24 blocks, and each stage's output norm
+  rescales it); the decoder keeps PyTorch's conv init (every conv but the last is followed by an
+  InstanceNorm, which sets its output's scale whatever the weights); the last conv rescaled so the
+  matte's logits have std 2 and mean 0 on a seeded random image (a sigmoid spread over both sides
+  of 0.5; PyTorch's default gives a matte within a few hundredths of 0.5). Calibrated at 512²: the
+  last conv reads GELU(InstanceNorm(...)), whose scale does not depend on the image size.
 Every seed is fixed (torch.manual_seed per model): a re-export gives byte-identical files.
 What such weights do not give: a trained net's long-range influence. Random RRDBNet's identity
 paths dominate, so a one-pixel change reaches ~6 px above 1e-6 (13 px with unscaled dense
@@ -118,6 +125,9 @@ class Reference:
     # not in the `reference` extra (DA3's package pins numpy<2 and asks for xformers, open3d...:
     # `pip install omegaconf addict && pip install --no-deps depth-anything-3`): exported when installed
     optional: bool = False
+    # code copied into tools/ (no package ships it): the upstream repository and commit, which the
+    # manifest records in place of a package version
+    vendored_from: str | None = None
 
     def build(self):
         return _BUILDERS[self.name]()
@@ -236,6 +246,27 @@ def _da3_small():
     return Wrapped()
 
 
+def _ben2_base():
+    """BEN_Base from PramaLLC/BEN2's BEN2.py (vendored: tools/ben2_model.py; no package ships it)."""
+    import torch
+    import torch.nn as nn
+    from ben2_model import BEN_Base
+
+    torch.manual_seed(9)  # BEN2.py's own seed
+    model = BEN_Base()
+    for layer in model.backbone.modules():
+        if isinstance(layer, nn.Linear):
+            nn.init.trunc_normal_(layer.weight, std=0.02)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
+        elif isinstance(layer, nn.LayerNorm):
+            nn.init.ones_(layer.weight)
+            nn.init.zeros_(layer.bias)
+    model.eval()
+    _calibrate(lambda: model(_seeded(1, 3, 512, 512)), [(model.output[0], 2.0, 0.0)])
+    return model
+
+
 class CartesianProdAsMeshgrid:
     """DA3's RoPE calls `torch.cartesian_prod`, which the exporter does not support; during the
     export it is an equivalent meshgrid."""
@@ -257,6 +288,7 @@ _BUILDERS = {
     "rrdb-x4plus": _rrdb,
     "moge2-vits": lambda: _MoGe2Export.wrap(_moge2_vits()),
     "da3-small": _da3_small,
+    "ben2-base": _ben2_base,
 }
 
 
@@ -271,6 +303,7 @@ _SAMPLES = {
     "rrdb-x4plus": lambda: (_image(64, 64),),
     "moge2-vits": lambda: (_image(84, 112), __import__("torch").tensor(1200, dtype=__import__("torch").int64)),
     "da3-small": lambda: (_image(280, 504),),  # the community exports' fixed size
+    "ben2-base": lambda: (_image(1024, 1024),),  # the public exports' fixed size
 }
 
 _SR_AXES = {"input": {2: "height", 3: "width"}, "output": {2: "out_height", 3: "out_width"}}
@@ -313,6 +346,17 @@ REFERENCES = {
             "depth-anything-3", "the package's default init (PyTorch's, DINOv2's); seed 3",
             "configs/da3-small.yaml from the package; one view; outputs depth and depth_conf (no sky)",
             ("image",), ("depth", "depth_conf"), {}, recipe=1, optional=True,
+        ),
+        Reference(
+            "ben2-base", "ben2", "PramaLLC/BEN2 BEN2_Base (Swin-B + MCLM/MCRM decoder), fp32, fixed 1x3x1024x1024",
+            "tools/ben2_model.py",
+            "Swin's own init for the Swin-B backbone (trunc-normal std 0.02 linears, zero biases, LayerNorm "
+            "1/0), PyTorch's default for the decoder (its convs feed InstanceNorms); the last conv rescaled "
+            "so the matte's logits have std 2 and mean 0 on a seeded 512² random image; seed 9",
+            "BEN_Base: Swin embed 128, depths [2, 2, 18, 2], heads [4, 8, 16, 32], window 12; batch 1; "
+            "pooling as avg_pool2d (see tools/ben2_model.py)",
+            ("input",), ("output",), {}, recipe=1,
+            vendored_from="github.com/PramaLLC/BEN2 BEN2.py @ 41efc6966a6fcaf77dfd90ecd4cf06a1edcd1745",
         ),
     )
 }  # fmt: skip

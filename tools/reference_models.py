@@ -112,7 +112,10 @@ def _export(reference: Reference, directory: Path) -> dict:
         "export_seconds": round(seconds, 2),
         "init": reference.init,
         "config": reference.config,
-        "source": {reference.package: _package_version(reference.package), "torch": torch.__version__},
+        "source": {
+            reference.package: reference.vendored_from or _package_version(reference.package),
+            "torch": torch.__version__,
+        },
         "recipe": reference.recipe,
     }
 

@@ -99,7 +99,8 @@ class Verdict:
 
 def final_ops(path: str | os.PathLike) -> dict[str, str]:
     """Each graph output's producing op, looked through shape-only ops (Identity, Cast, Reshape,
-    Resize...): ``{"output": "Sigmoid"}``. Empty when the file cannot be read this way."""
+    Resize..., and a Concat of one input): ``{"output": "Sigmoid"}``. Empty when the file cannot
+    be read this way."""
     try:
         with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             return _final_ops(buf)
@@ -129,6 +130,8 @@ def _final_ops(buf) -> dict[str, str]:
                     outs.append(_text(buf, v))
                 elif w == 2 and n == 4:
                     op = _text(buf, v)
+            if op == "Concat" and len(ins) == 1:
+                op = "Identity"  # a batch of one joined (BEN2's forward: torch.cat over its frames)
             for name in outs:
                 producer[name] = (op, ins[0] if ins else None)
         elif number == 12:  # ValueInfoProto: name 1
