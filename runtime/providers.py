@@ -133,6 +133,11 @@ class DeviceKind:
     release: str  # SHRINK, UNLOAD or KEEP
     session_entries: tuple[tuple[str, str], ...] = ()  # session config entries it needs
     aliases: tuple[str, ...] = ()  # other names the device string accepts ("dml")
+    # the preferences' device menu: its label and tooltip, and the enum number Blender stores in
+    # saved preferences (stable: never reuse or renumber one)
+    menu_label: str = ""
+    menu_text: str = ""
+    enum_number: int = -1
 
     @property
     def release_text(self) -> str:
@@ -144,15 +149,23 @@ DEVICES: tuple[DeviceKind, ...] = (
         "cuda", CUDA, "CUDA", True, 0, "gpu", _cuda_options, SHRINK,
         # weights outside the arena, so the arena holds only what the runs grew
         (("session.use_device_allocator_for_initializers", "1"),),
+        menu_label="CUDA (NVIDIA)", menu_text="Run on an NVIDIA GPU with CUDA", enum_number=2,
     ),
     DeviceKind(
         "directml", DML, "DirectML", True, 1, None, _directml_options, UNLOAD, ((DML_DISABLE_ARENA_KEY, "1"),),
-        aliases=("dml",),
+        aliases=("dml",), menu_label="DirectML", menu_text="Run on a DirectX 12 GPU (Windows)", enum_number=3,
     ),
-    DeviceKind("coreml", COREML, "CoreML", False, 2, None, _coreml_options, UNLOAD),
+    DeviceKind(
+        "coreml", COREML, "CoreML", False, 2, None, _coreml_options, UNLOAD,
+        menu_label="CoreML (Apple)", menu_text="Run with Apple CoreML", enum_number=4,
+    ),
     # CPU shrinks only the runtime's shared env arena (core.py); without it, as before: KEEP
-    DeviceKind("cpu", CPU, "CPU", False, None, "cpu", lambda request, choices: {}, SHRINK),
+    DeviceKind(
+        "cpu", CPU, "CPU", False, None, "cpu", lambda request, choices: {}, SHRINK,
+        menu_label="CPU", menu_text="Run on the CPU", enum_number=1,
+    ),
 )  # fmt: skip
+AUTO_ENUM_NUMBER = 0
 DEVICE_BY_KIND = {d.kind: d for d in DEVICES}
 DEVICE_BY_PROVIDER = {d.provider: d for d in DEVICES}
 _INDEXED = tuple(d.kind for d in DEVICES if d.takes_index)

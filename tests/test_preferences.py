@@ -284,3 +284,16 @@ def test_preferences_name_the_release_rule_and_the_device_the_last_job_got(regis
         ]
     finally:
         runtime.last_job_memory = saved
+
+
+def test_the_device_menu_is_the_device_table_with_stable_numbers():
+    """Saved preferences store the enum's number: the menu made from the device table keeps the
+    numbers the add-on has always used, one per device, and every table row is in it."""
+    from lean_image_ai.runtime.providers import DEVICES
+
+    numbers = {ident: number for ident, _label, _text, _provider, number in P.DEVICE_CHOICES}
+    assert {k: numbers[k] for k in ("AUTO", "CPU", "CUDA", "DIRECTML", "COREML")} == {
+        "AUTO": 0, "CPU": 1, "CUDA": 2, "DIRECTML": 3, "COREML": 4,
+    }  # fmt: skip
+    assert len(set(numbers.values())) == len(numbers) == len(DEVICES) + 1
+    assert "CUDA, then DirectML, then CoreML, else CPU" in P.DEVICE_CHOICES[0][2]

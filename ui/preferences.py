@@ -27,18 +27,22 @@ from ..operators.prefs import (
 from ..runtime import installed_providers
 from ..runtime.cuda import gpu_libraries, gpu_loading
 from ..runtime.log import diagnostics
-from ..runtime.providers import DEVICE_BY_KIND
+from ..runtime.providers import AUTO_ENUM_NUMBER, CPU, DEVICE_BY_KIND, DEVICES
 from ..runtime.settings import MAX_BUDGET_MB, MAX_RELEASE_DELAY_S
 
-# identifier, label, description, onnxruntime provider needed (None: always offered), stable number.
+
 # The numbers are what Blender stores, so they must never change (a dynamic enum is saved as int).
-DEVICE_CHOICES = (
-    ("AUTO", "Auto", "Best available: CUDA, then DirectML, then CoreML, else CPU", None, 0),
-    ("CPU", "CPU", "Run on the CPU", None, 1),
-    ("CUDA", "CUDA (NVIDIA)", "Run on an NVIDIA GPU with CUDA", DEVICE_BY_KIND["cuda"].provider, 2),
-    ("DIRECTML", "DirectML", "Run on a DirectX 12 GPU (Windows)", DEVICE_BY_KIND["directml"].provider, 3),
-    ("COREML", "CoreML (Apple)", "Run with Apple CoreML", DEVICE_BY_KIND["coreml"].provider, 4),
-)
+def _device_choices() -> tuple:
+    """The device menu from the runtime's device table: (identifier, label, tooltip, provider or
+    None when always offered, stable enum number), AUTO first, then by enum number."""
+    ranked = sorted((d for d in DEVICES if d.auto_rank is not None), key=lambda d: d.auto_rank)
+    auto_text = f"Best available: {', then '.join(d.label for d in ranked)}, else CPU"
+    rows = [(d.kind.upper(), d.menu_label, d.menu_text, None if d.provider == CPU else d.provider, d.enum_number)
+            for d in sorted(DEVICES, key=lambda d: d.enum_number)]  # fmt: skip
+    return (("AUTO", "Auto", auto_text, None, AUTO_ENUM_NUMBER), *rows)
+
+
+DEVICE_CHOICES = _device_choices()
 
 # Blender requires the strings of dynamic enum items to stay alive while the enum is used:
 # the items list returned by the callback is kept in this module-level variable.
