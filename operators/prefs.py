@@ -91,15 +91,11 @@ def _migrate_old_default(folder: Path) -> None:
 
 def device_string(prefs) -> str:
     """The runtime's device string for the chosen device: auto, cpu, cuda:N, directml, coreml."""
-    device = (getattr(prefs, "device", "") or "AUTO").upper()
-    if device == "CPU":
-        return "cpu"
-    if device == "CUDA":
+    row = DEVICE_BY_KIND.get((getattr(prefs, "device", "") or "AUTO").lower())
+    if row is not None and row.kind == "cuda":  # the one device the preferences give an index
         return f"cuda:{max(0, int(getattr(prefs, 'cuda_device_index', 0)))}"
-    if device == "DIRECTML":
-        return "directml"
-    if device == "COREML":
-        return "coreml"
+    if row is not None:
+        return row.kind
     return "auto"  # AUTO, or a stored choice this onnxruntime no longer offers
 
 

@@ -170,8 +170,10 @@ DEVICE_BY_KIND = {d.kind: d for d in DEVICES}
 DEVICE_BY_PROVIDER = {d.provider: d for d in DEVICES}
 _INDEXED = tuple(d.kind for d in DEVICES if d.takes_index)
 _NAMES = ", ".join(  # as messages list them: 'cpu', 'cuda', 'cuda:N', ...
-    f"'{d.kind}'" + (f", '{d.kind}:N'" if d.takes_index else "") for d in sorted(DEVICES, key=lambda d: -1 if d.auto_rank is None else d.auto_rank)
+    f"'{d.kind}'" + (f", '{d.kind}:N'" if d.takes_index else "")
+    for d in sorted(DEVICES, key=lambda d: -1 if d.auto_rank is None else d.auto_rank)
 )
+DEVICE_HELP = "auto, " + _NAMES.replace("'", "")  # for command-line help: auto, cpu, cuda, cuda:N, ...
 
 _KIND_OF_NAME = {name: d.kind for d in DEVICES for name in (d.kind, *d.aliases)}
 _DEVICE_RE = re.compile(r"^(auto|" + "|".join(map(re.escape, _KIND_OF_NAME)) + r")(?::(\d+))?$")

@@ -44,6 +44,7 @@ from ...runtime.measure import memory_plot
 from ...runtime.measure.leak_check import MAX_RUNS, MIN_RUNS
 from ...runtime.measure.memory import peak_rss_bytes, reset_peak_rss
 from ...runtime.oom import out_of_memory_error
+from ...runtime.providers import DEVICE_HELP
 from . import cli_images, cli_job, cli_models, cli_shot, farm_ray
 
 EXIT_OK = 0
@@ -308,7 +309,7 @@ def _add_leak_check(subparsers) -> None:
     )
     parser.add_argument("--model", help="a catalog model id, else an ONNX file (default: the installed or embedded one)")
     parser.add_argument("--models-dir", help="models folder")
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda:N")
+    parser.add_argument("--device", default="auto", help=f"{DEVICE_HELP} (default: auto)")
     cli_job.budget_arguments(parser)
     parser.set_defaults(handler=_leak_check)
 
