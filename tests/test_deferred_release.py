@@ -138,7 +138,7 @@ def test_jobs_in_a_row_find_the_arena_warm_and_the_memory_still_comes_back(tmp_p
         import resource, numpy as np
         from lean_image_ai.runtime import Runtime, RuntimeSettings
         from lean_image_ai.runtime.measure.memory import process_rss_bytes
-        from lean_image_ai.models import upscale
+        from lean_image_ai.models.adapters import upscale
         from lean_image_ai.models.base import JobOptions
         import sys
         model = sys.argv[1]

@@ -45,7 +45,7 @@ def test_a_cpu_release_trims_the_heap_and_release_off_does_not():
         """
         import numpy as np
         from lean_image_ai.runtime import Runtime, memory, operation, core
-        from lean_image_ai.models import upscale
+        from lean_image_ai.models.adapters import upscale
         from lean_image_ai.models.base import JobOptions
         import lean_image_ai, pathlib
         model = pathlib.Path(lean_image_ai.__file__).parent / "models/assets/bicubic_x2.onnx"

@@ -69,7 +69,7 @@ def bomb_model(path: Path, floats: int) -> Path:
 BOMB_JOB = r"""
 import json, sys
 import numpy as np
-from lean_image_ai.models import upscale
+from lean_image_ai.models.adapters import upscale
 from lean_image_ai.models.base import JobOptions
 from lean_image_ai.runtime import InferenceOutOfMemoryError, Runtime, RuntimeSettings
 

@@ -120,7 +120,7 @@ import json, sys
 import numpy as np
 sys.path.insert(0, sys.argv[1])
 from onnx_builders import sr_model
-from lean_image_ai.models import upscale
+from lean_image_ai.models.adapters import upscale
 from lean_image_ai.models.base import JobOptions
 from lean_image_ai.runtime import InferenceOutOfMemoryError, Runtime, RuntimeSettings
 

@@ -310,7 +310,7 @@ import json, sys
 import numpy as np
 sys.path.insert(0, sys.argv[1])
 from recording import RecordingFactory
-from lean_image_ai.models import upscale
+from lean_image_ai.models.adapters import upscale
 from lean_image_ai.models.base import JobOptions
 from lean_image_ai.models.imaging import to_nchw
 from lean_image_ai.runtime import InferenceOutOfMemoryError, Runtime, RuntimeSettings
