@@ -15,13 +15,11 @@ cubic resize instead (same kernel as the embedded bicubic model) and never runs 
 from __future__ import annotations
 
 import math
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ...runtime import mark_last
 from ...runtime.errors import (
     InferenceError,
     InferenceOutOfMemoryError,
@@ -30,11 +28,11 @@ from ...runtime.errors import (
 )
 from ...runtime.measure.budget import budget_for
 from ...runtime.measure.memory import available_system_memory_bytes
-from ..base import FLOAT_TYPES, JobOptions, ResultSink, as_frames, check_contract, check_finite, fixed_hw
+from ..base import FLOAT_TYPES, JobOptions, check_contract, check_finite, fixed_hw
 from ..family import Family, Option, Output, Setting, non_negative_int, one_of, positive_int
-from ..imaging import from_nchw, prepare_image, resize, to_nchw
+from ..frame_loop import run_frames
+from ..imaging import from_nchw, resize, to_nchw
 from ..result_images import ColourImage
-from ..store import family_check
 from ..tiles.feather import feather_floor
 from ..tiles.receptive import graph_receptive_field
 from ..tiles.tiling import refuse_oversized_result, run_tiled, tile_floor, whole_scale
@@ -118,18 +116,28 @@ def run(
     options = options or JobOptions()
     if overlap is not None and int(overlap) < AUTO_OVERLAP:
         raise ValueError(f"overlap must be >= 0 ({AUTO_OVERLAP}: the model's receptive radius), got {overlap}")
-    frames, was_single = as_frames(images)
-    runtime = options.get_runtime()
-    results = ResultSink(options)
-    with runtime.operation(OPERATION_NAME, cancel=options.cancel) as op, ExitStack() as before_the_release:
-        op.count_results(results.held_bytes)
-        options.report(0.0, "loading model")
-        job = _Job(op, model_path, options.device)
-        before_the_release.callback(job.close)  # its buffers are back before the operation ends
+    options.report(0.0, "loading model")
+    job = _Upscale(tile_size, overlap, model_overlap, alpha_mode, memory_budget_bytes, size_multiple, available_memory_bytes)
+    return run_frames(OPERATION_NAME, images, model_path, options, check=check_session, start=job.start, body=job.frame)
+
+
+class _Upscale:
+    """One upscale job: its tile plan, made once the session is open, and each frame's body."""
+
+    def __init__(self, tile_size, overlap, model_overlap, alpha_mode, memory_budget_bytes, size_multiple, available):
+        self.tile_size, self.overlap, self.model_overlap = tile_size, overlap, model_overlap
+        self.alpha_mode, self.memory_budget_bytes = alpha_mode, memory_budget_bytes
+        self.size_multiple, self.available_memory_bytes = size_multiple, available
+
+    def start(self, loop) -> None:
+        job = self.job = _Job(loop)
+        loop.at_end(job.close)  # its buffers are back before the operation ends
+        runtime = loop.runtime
+        tile_size, overlap, size_multiple = self.tile_size, self.overlap, self.size_multiple
         in_info = job.handle.inputs[0]
-        dtype = in_info.dtype
-        fixed = fixed_hw(in_info.shape)
-        scale = _static_scale(job.handle)  # what the tiler checks every tile against
+        dtype = self.dtype = in_info.dtype
+        fixed = self.fixed = fixed_hw(in_info.shape)
+        scale = self.scale = _static_scale(job.handle)  # what the tiler checks every tile against
         job.scale = scale or _scale_hint(job.handle)  # what outputs are bound with from the first run
         job.hinted = scale is None and job.scale is not None
 
@@ -140,10 +148,10 @@ def run(
 
             return impulse_probe(infer, scale=scale, fixed=fixed)
 
-        field = receptive_field(job.handle.model_path, model_overlap, probe)
-        planned = plan_overlap(job.handle.model_name, field, overlap, size_multiple)
+        field = receptive_field(job.handle.model_path, self.model_overlap, probe)
+        planned = self.planned = plan_overlap(job.handle.model_name, field, overlap, size_multiple)
         overlap = planned.overlap
-        plan_warnings: list[str] = list(planned.warnings)
+        plan_warnings = self.plan_warnings = list(planned.warnings)
         if fixed is not None:
             tile = fixed
             if isinstance(tile_size, int) and (tile_size, tile_size) != fixed:
@@ -160,8 +168,8 @@ def run(
             # a fixed window cannot grow: the ramps must fit its core (models/tiles/feather.py)
             planned.feather = min(planned.feather, overlap, max(0, (min(fixed) - 2 * overlap) // 4))
         elif tile_size == "auto":
-            if memory_budget_bytes is None:  # the job's RAM or VRAM budget, by where the session runs
-                memory_budget_bytes = budget_for(runtime, job.handle.gpu_device_id)
+            if self.memory_budget_bytes is None:  # the job's RAM or VRAM budget, by where the session runs
+                self.memory_budget_bytes = budget_for(runtime, job.handle.gpu_device_id)
             tile = AUTO  # sized per frame below, from the model's measured working memory
         elif tile_size is None:
             tile = None
@@ -174,129 +182,127 @@ def run(
                     f"Tile size {tile} is below the minimum for a {overlap} px overlap; using {floor}."
                 )
                 tile = floor
+        self.tile, self.overlap, self.auto_sized = tile, overlap, False
 
-        count = len(frames)
-        auto_sized = False
-        for index, (frame, last_frame) in enumerate(mark_last(frames)):
-            name = "image" if was_single else f"frame {index + 1}"
-            prefix = "" if was_single else f"frame {index + 1}/{count}, "
-            options.report(index / count, prefix + "preprocessing")
-            available = available_memory_bytes
-            if available is None:
-                available = available_system_memory_bytes()  # one read per frame, for both checks
-            known = scale or job.scale
-            shape = np.shape(frame)
-            if known and len(shape) in (2, 3):  # else the tiler refuses it before allocating it
-                channels = 4 if len(shape) == 3 and shape[2] in (2, 4) else 3
-                # before even the float32 copy of the input: that alone can be gigabytes
-                refuse_oversized_result(*shape[:2], known, channels, label=job.handle.model_name, available=available)
-            if tile is AUTO or auto_sized:
-                auto_sized = True  # until a split shows the size that fits: then that size stays
-                tile = auto_tile_for_frame(job, runtime, overlap, planned.feather, memory_budget_bytes, shape[:2])
-            # auto windows all of one shape (no larger than the frame): one memory plan in ORT
-            uniform = auto_sized and tile is not None and fixed is None and len(shape) >= 2
-            window = tile
-            if uniform:  # an axis the window spans whole is one piece (its core is the frame)
-                window = tuple(tile if tile < side else side + 2 * overlap for side in shape[:2])
-            prepared = prepare_image(frame, name=name)
-            warnings = list(plan_warnings) + list(prepared.warnings)
-            rgb, alpha = prepared.rgb, prepared.alpha
-            # min and max first: two reads and no masks for the usual in-range image
-            outside = 0 if rgb.min() >= 0.0 and rgb.max() <= 1.0 else int(((rgb < 0.0) | (rgb > 1.0)).any(axis=2).sum())
-            if outside:
-                np.clip(rgb, 0.0, 1.0, out=rgb)  # prepare_image's array is always our own copy
-                warnings.append(
-                    f"{name}: {outside} pixel(s) outside [0, 1] (HDR or negative) were clipped for the model."
-                )
-            alpha_constant = None
-            if alpha is not None and float(alpha.min()) == float(alpha.max()):
-                alpha_constant = float(alpha.min())  # no run needed to upscale a flat alpha
-            model_alpha = alpha is not None and alpha_constant is None and alpha_mode == "model"
-            source = np.concatenate([rgb, alpha[:, :, None]], axis=2) if model_alpha else rgb
-            input_kind = prepared.kind
-            del rgb, prepared  # only `source` (and `alpha`) are needed from here on
-
-            def run_tile(window, last, _model_alpha=model_alpha):
-                colour = job.infer(to_nchw(window[:, :, :3], dtype), last=last and not _model_alpha)
-                if not _model_alpha:
-                    return colour  # 1x3xHxW: the tiler pastes it transposed, in one pass
-                grey = np.repeat(window[:, :, 3:4], 3, axis=2)
-                matte = job.infer(to_nchw(grey, dtype), last=last, slot="alpha")
-                return np.concatenate([from_nchw(colour), from_nchw(matte).mean(axis=2, keepdims=True)], axis=2)
-
-            def progress(fraction, done, total, _index=index, _prefix=prefix):
-                options.report((_index + fraction) / count, f"{_prefix}tile {done}/{total}")
-
-            tiled = run_tiled(
-                source,
-                run_tile,
-                tile_size=window,
-                overlap=overlap,
-                fixed=fixed is not None,
-                last=last_frame,
-                scale=scale,
-                label=job.handle.model_name,
-                events=runtime.events,
-                on_split=job.reacquire,
-                progress=progress,
-                multiple=size_multiple,
-                clip=(0.0, 1.0),
-                not_finite=lambda result: check_finite(result, job.handle.model_name, job.handle.outputs[0].name),
-                available_memory=available,
-                feather=planned.feather,
-                uniform=uniform,
+    def frame(self, frame) -> UpscaleResult:
+        job, runtime, options = self.job, frame.loop.runtime, frame.loop.options
+        planned, fixed, overlap, dtype = self.planned, self.fixed, self.overlap, self.dtype
+        tile, auto_sized, scale = self.tile, self.auto_sized, self.scale
+        index, count, name = frame.index, frame.loop.count, frame.label
+        prefix = "" if frame.loop.single else f"{frame.counter}, "
+        options.report(index / count, prefix + "preprocessing")
+        available = self.available_memory_bytes
+        if available is None:
+            available = available_system_memory_bytes()  # one read per frame, for both checks
+        known = scale or job.scale
+        shape = np.shape(frame.image)
+        if known and len(shape) in (2, 3):  # else the tiler refuses it before allocating it
+            channels = 4 if len(shape) == 3 and shape[2] in (2, 4) else 3
+            # before even the float32 copy of the input: that alone can be gigabytes
+            refuse_oversized_result(*shape[:2], known, channels, label=job.handle.model_name, available=available)
+        if tile is AUTO or auto_sized:
+            auto_sized = True  # until a split shows the size that fits: then that size stays
+            tile = auto_tile_for_frame(job, runtime, overlap, planned.feather, self.memory_budget_bytes, shape[:2])
+        # auto windows all of one shape (no larger than the frame): one memory plan in ORT
+        uniform = auto_sized and tile is not None and fixed is None and len(shape) >= 2
+        window = tile
+        if uniform:  # an axis the window spans whole is one piece (its core is the frame)
+            window = tuple(tile if tile < side else side + 2 * overlap for side in shape[:2])
+        prepared = frame.prepare()
+        warnings = list(self.plan_warnings) + list(prepared.warnings)
+        rgb, alpha = prepared.rgb, prepared.alpha
+        # min and max first: two reads and no masks for the usual in-range image
+        outside = 0 if rgb.min() >= 0.0 and rgb.max() <= 1.0 else int(((rgb < 0.0) | (rgb > 1.0)).any(axis=2).sum())
+        if outside:
+            np.clip(rgb, 0.0, 1.0, out=rgb)  # prepare_image's array is always our own copy
+            warnings.append(
+                f"{name}: {outside} pixel(s) outside [0, 1] (HDR or negative) were clipped for the model."
             )
-            del source
-            op.check_cancelled()
-            scale = tiled.scale  # known from here on, for the next frames too
-            if tiled.splits:
-                tile = tiled.tile_size  # the size that fitted; no use retrying the bigger one
-                auto_sized = False
-                warnings.append(split_warning(tiled, exact=planned.exact))
-            image = tiled.image  # clipped to [0, 1] as each tile was pasted
-            if alpha is not None and not model_alpha:
-                out_h, out_w = image.shape[:2]
-                if alpha_constant is not None:
-                    matte = np.full((out_h, out_w, 1), alpha_constant, np.float32)
-                else:
-                    matte = np.clip(resize(alpha, (out_h, out_w), "cubic"), 0.0, 1.0)[:, :, None]
-                image = np.concatenate([image, matte], axis=2)
-            if job.handle.fallback_warning:  # CUDA asked for, CPU given: the user must hear it
-                warnings.append(job.handle.fallback_warning)
-            exact = planned.exact or (tiled.tiles_run == 1 and not tiled.splits)
-            if exact and not planned.exact:  # one window: no seam, so the plan's "not exact" is moot
-                warnings = [w for w in warnings if w not in planned.warnings]
-            results.add(
-                UpscaleResult(
-                    image,
-                    int(scale),
-                    int(max(tiled.window_ran)),
-                    overlap=overlap,
-                    receptive_radius=planned.radius,
-                    exact=exact,
-                    warnings=warnings,
-                    feather=0 if tiled.tiles_run == 1 else planned.feather,
-                    input_kind=input_kind,
-                )
-            )
-        options.report(1.0, "done")
-    return results.value(was_single)
+        alpha_constant = None
+        if alpha is not None and float(alpha.min()) == float(alpha.max()):
+            alpha_constant = float(alpha.min())  # no run needed to upscale a flat alpha
+        model_alpha = alpha is not None and alpha_constant is None and self.alpha_mode == "model"
+        source = np.concatenate([rgb, alpha[:, :, None]], axis=2) if model_alpha else rgb
+        input_kind = prepared.kind
+        del rgb, prepared  # only `source` (and `alpha`) are needed from here on
+
+        def run_tile(window, last, _model_alpha=model_alpha):
+            colour = job.infer(to_nchw(window[:, :, :3], dtype), last=last and not _model_alpha)
+            if not _model_alpha:
+                return colour  # 1x3xHxW: the tiler pastes it transposed, in one pass
+            grey = np.repeat(window[:, :, 3:4], 3, axis=2)
+            matte = job.infer(to_nchw(grey, dtype), last=last, slot="alpha")
+            return np.concatenate([from_nchw(colour), from_nchw(matte).mean(axis=2, keepdims=True)], axis=2)
+
+        def progress(fraction, done, total):
+            options.report((index + fraction) / count, f"{prefix}tile {done}/{total}")
+
+        tiled = run_tiled(
+            source,
+            run_tile,
+            tile_size=window,
+            overlap=overlap,
+            fixed=fixed is not None,
+            last=frame.last,
+            scale=scale,
+            label=job.handle.model_name,
+            events=runtime.events,
+            on_split=job.reacquire,
+            progress=progress,
+            multiple=self.size_multiple,
+            clip=(0.0, 1.0),
+            not_finite=lambda result: check_finite(result, job.handle.model_name, job.handle.outputs[0].name),
+            available_memory=available,
+            feather=planned.feather,
+            uniform=uniform,
+        )
+        del source
+        frame.op.check_cancelled()
+        scale = self.scale = tiled.scale  # known from here on, for the next frames too
+        if tiled.splits:
+            tile = tiled.tile_size  # the size that fitted; no use retrying the bigger one
+            auto_sized = False
+            warnings.append(split_warning(tiled, exact=planned.exact))
+        self.tile, self.auto_sized = tile, auto_sized
+        image = tiled.image  # clipped to [0, 1] as each tile was pasted
+        if alpha is not None and not model_alpha:
+            out_h, out_w = image.shape[:2]
+            if alpha_constant is not None:
+                matte = np.full((out_h, out_w, 1), alpha_constant, np.float32)
+            else:
+                matte = np.clip(resize(alpha, (out_h, out_w), "cubic"), 0.0, 1.0)[:, :, None]
+            image = np.concatenate([image, matte], axis=2)
+        exact = planned.exact or (tiled.tiles_run == 1 and not tiled.splits)
+        if exact and not planned.exact:  # one window: no seam, so the plan's "not exact" is moot
+            warnings = [w for w in warnings if w not in planned.warnings]
+        return UpscaleResult(
+            image,
+            int(scale),
+            int(max(tiled.window_ran)),
+            overlap=overlap,
+            receptive_radius=planned.radius,
+            exact=exact,
+            warnings=warnings,
+            feather=0 if tiled.tiles_run == 1 else planned.feather,
+            input_kind=input_kind,
+        )
 
 
 class _Job:
-    """The session of one upscale operation, re-acquired after an out-of-memory eviction."""
+    """The model runs of one upscale operation: the buffers its outputs are written into, and
+    the scale they are bound with."""
 
-    def __init__(self, op, model_path, device):
-        self.op = op
-        self.model_path = model_path
-        self.device = device
-        self.handle = op.session(model_path, device)
+    def __init__(self, loop):
+        self.loop = loop
+        self.op = loop.op
         self.scale: int | None = None  # known from fixed shapes, a hint, or the first output
         self.hinted = False  # `scale` is only a hint (`_scale_hint`), not yet seen in an output
         self.told_plan: tuple | None = None  # the auto tile plan last emitted as a `tile_plan` event
         self._buffers: dict[str, np.ndarray] = {}  # slot -> flat buffer from runtime.scratch
-        check_session(self.handle)
-        family_check.require("upscale", self.handle)  # after the shapes: what fits them may still be another family
+
+    @property
+    def handle(self):
+        return self.loop.handle
 
     def _buffer(self, slot: str, shape: tuple, dtype) -> np.ndarray:
         """The slot's buffer as a C-contiguous `shape` (a prefix of it: an edge tile's smaller
@@ -316,7 +322,7 @@ class _Job:
         self._buffers.clear()
 
     def reacquire(self, _tile, _error: InferenceOutOfMemoryError) -> None:
-        self.handle = self.op.session(self.model_path, self.device)
+        self.loop.reacquire()
 
     def infer(self, feed: np.ndarray, *, last: bool, slot: str = "colour") -> np.ndarray:
         """The model's 1x3xHxW output for a 1x3xhxw feed. Once the scale is known (or hinted:
