@@ -26,12 +26,13 @@ from ..family import Family, Option, Output, Setting, non_negative_int, one_of, 
 from ..frame_loop import run_frames
 from ..imaging import from_nchw, resize, to_nchw
 from ..result_images import ColourImage
-from ..tiles.tiling import refuse_oversized_result, run_tiled
+from ..tiles.tiling import TilePlan, refuse_oversized_result, run_tiled
 from .upscale_plan import (
     AUTO,
     AUTO_OVERLAP,
     auto_tile_for_frame,
     choose_tile,
+    frame_tiles,
     impulse_probe,
     plan_overlap,
     receptive_field,
@@ -179,9 +180,9 @@ class _Upscale:
             available = available_system_memory_bytes()  # one read per frame, for both checks
         shape = np.shape(frame.image)
         self._refuse_oversized(shape, available)
-        window, uniform = self._window(shape)
+        tiles = self._tiles(shape)
         fed = self._model_input(frame)
-        tiled = self._run_tiles(frame, fed, window, uniform, available, prefix)
+        tiled = self._run_tiles(frame, fed, tiles, available, prefix)
         frame.op.check_cancelled()
         self.scale = tiled.scale  # known from here on, for the next frames too
         if tiled.splits:
@@ -197,19 +198,15 @@ class _Upscale:
             channels = 4 if len(shape) == 3 and shape[2] in (2, 4) else 3
             refuse_oversized_result(*shape[:2], known, channels, label=self.loop.handle.model_name, available=available)
 
-    def _window(self, shape) -> tuple:
-        """(the window the tiler plans with, whether all windows are of one shape)."""
+    def _tiles(self, shape) -> TilePlan:
+        """This frame's tile plan; an auto tile is sized for it (until a split shows the size that fits)."""
         if self.tile is AUTO or self.auto_sized:
             self.auto_sized = True
             self.tile = auto_tile_for_frame(
                 self.runs, self.loop.runtime, self.planned.overlap, self.planned.feather, self.memory_budget, shape[:2]
             )
-        tile, overlap = self.tile, self.planned.overlap
-        # auto windows all of one shape (no larger than the frame): one memory plan in ORT
-        uniform = self.auto_sized and tile is not None and self.fixed is None and len(shape) >= 2
-        if uniform:  # an axis the window spans whole is one piece (its core is the frame)
-            return tuple(tile if tile < side else side + 2 * overlap for side in shape[:2]), True
-        return tile, False
+        fixed, multiple = self.fixed is not None, self.size_multiple
+        return frame_tiles(self.tile, self.planned, auto_sized=self.auto_sized, fixed=fixed, multiple=multiple, frame_hw=shape[:2])
 
     def _model_input(self, frame) -> _ModelInput:
         """The frame as the model takes it: RGB clipped to [0, 1], with the alpha as a 4th channel
@@ -231,7 +228,7 @@ class _Upscale:
         source = np.concatenate([rgb, alpha[:, :, None]], axis=2) if model_alpha else rgb
         return _ModelInput(source, alpha, alpha_constant, model_alpha, prepared.kind, warnings)
 
-    def _run_tiles(self, frame, fed: _ModelInput, window, uniform: bool, available, prefix: str):
+    def _run_tiles(self, frame, fed: _ModelInput, tiles: TilePlan, available, prefix: str):
         runs, dtype, model_alpha = self.runs, self.dtype, fed.model_alpha
 
         def run_tile(window, last):
@@ -249,21 +246,16 @@ class _Upscale:
         return run_tiled(
             source,
             run_tile,
-            tile_size=window,
-            overlap=self.planned.overlap,
-            fixed=self.fixed is not None,
+            tiles,
             last=frame.last,
             scale=self.scale,
             label=runs.handle.model_name,
             events=self.loop.runtime.events,
             on_split=runs.reacquire,
             progress=lambda fraction, done, total: frame.report(fraction, f"{prefix}tile {done}/{total}"),
-            multiple=self.size_multiple,
             clip=(0.0, 1.0),
             not_finite=not_finite,
             available_memory=available,
-            feather=self.planned.feather,
-            uniform=uniform,
         )
 
     def _result(self, image: np.ndarray, tiled, fed: _ModelInput) -> UpscaleResult:

@@ -16,6 +16,7 @@ from ..imaging import to_nchw
 from ..tiles.feather import feather_floor
 from ..tiles.receptive import GLOBAL, ReceptiveField, graph_receptive_field
 from ..tiles.tile_memory import BUDGET_FRACTION, FALLBACK_TILE, MAX_AUTO_TILE, tile_floor
+from ..tiles.tiling import TilePlan
 
 AUTO = "auto"  # a tile size chosen per frame from the model's measured working memory
 AUTO_OVERLAP = -1  # the artist's "Overlap -1": the model's receptive radius
@@ -150,6 +151,17 @@ def choose_tile(name: str, fixed: tuple[int, int] | None, tile_size, planned: Ov
         warnings.append(f"Tile size {tile} is below the minimum for a {overlap} px overlap; using {floor}.")
         tile = floor
     return tile, warnings
+
+
+def frame_tiles(tile, planned: OverlapPlan, *, auto_sized: bool, fixed: bool, multiple: int, frame_hw) -> TilePlan:
+    """The tiler's plan for one frame: `tile` (the job's, or this frame's auto size), the overlap
+    and feather of `planned`. Auto windows are all of one shape, no larger than the frame (one
+    memory plan in ORT): an axis the window spans whole is one piece, its core the frame."""
+    uniform = auto_sized and tile is not None and not fixed and len(frame_hw) == 2
+    window = tile
+    if uniform:
+        window = tuple(tile if tile < side else side + 2 * planned.overlap for side in frame_hw)
+    return TilePlan(window, planned.overlap, fixed=fixed, multiple=multiple, feather=planned.feather, uniform=uniform)
 
 
 def impulse_probe(infer, *, scale: int | None, channels: int = 3, fixed=None) -> int | None:
