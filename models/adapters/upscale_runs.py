@@ -74,7 +74,7 @@ class ModelRuns:
                 raise
             # a hinted scale this input does not have (a model whose factor depends on the size):
             # run it unbound, as if nothing were known, and learn the scale from its output
-            _LEARNED_SCALE.pop(handle.key, None)
+            handle.output_scale = None
             self.scale, self.hinted = None, False
             return self.infer(feed, last=last, slot=slot)
         if output.ndim != 4 or output.shape[1] != 3:
@@ -89,35 +89,18 @@ class ModelRuns:
             if output.shape[3] == feed.shape[3] * found:  # else the tiler reports the contract error
                 self.scale = found
                 if fixed_hw(handle.outputs[0].shape) is None:  # a fixed output's factor varies
-                    _remember(handle.key, found)
+                    handle.output_scale = found
         return output
-
-
-# The scale each cached session showed (by its cache key: model file identity, device, settings),
-# so the next job binds even its first run's output into its own buffer: that run would otherwise
-# return the output in arena memory, to be copied out (200 MB for a 1024 px input at x4) and
-# released by a run of its own.
-_LEARNED_SCALE: dict[tuple, int] = {}
-_LEARNED_MAX = 64
-
-
-def _learned(handle) -> int | None:
-    return _LEARNED_SCALE.get(handle.key)
-
-
-def _remember(key: tuple, scale: int) -> None:
-    if len(_LEARNED_SCALE) >= _LEARNED_MAX and key not in _LEARNED_SCALE:
-        _LEARNED_SCALE.pop(next(iter(_LEARNED_SCALE)))  # the oldest: a bound, not an eviction policy
-    _LEARNED_SCALE[key] = scale
 
 
 def scale_hint(handle) -> int | None:
     """The scale to bind the first run's output with before any output was seen: the one this
-    session showed before, else the one the graph walk read (Conv strides, DepthToSpace, Resize
-    factors). A wrong hint costs one failed run (`ModelRuns.infer` retries unbound), never a result."""
-    learned = _learned(handle)
-    if learned is not None:
-        return learned
+    session showed before (``handle.output_scale``: without it, that first run would return its
+    output in arena memory, to be copied out, 200 MB for a 1024 px input at x4, and released by a
+    run of its own), else the one the graph walk read (Conv strides, DepthToSpace, Resize factors).
+    A wrong hint costs one failed run (`ModelRuns.infer` retries unbound), never a result."""
+    if handle.output_scale is not None:
+        return handle.output_scale
     field_ = graph_receptive_field(handle.model_path)
     walked = field_.scale
     if field_.radius is None or field_.is_global or walked is None or walked < 1 or not float(walked).is_integer():
