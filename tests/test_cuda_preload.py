@@ -20,7 +20,8 @@ import json, sys, tempfile
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from onnx_builders import conv_model
-from lean_image_ai.runtime import Runtime, cuda_preload
+from lean_image_ai.runtime import Runtime
+from lean_image_ai.runtime.cuda import cuda_preload
 runtime = Runtime()
 handle = runtime.session(conv_model(Path(tempfile.mkdtemp()) / "conv.onnx"), "cuda:0")
 print(json.dumps({

@@ -44,7 +44,8 @@ def test_a_cpu_release_trims_the_heap_and_release_off_does_not():
     calls = run_fresh(
         """
         import numpy as np
-        from lean_image_ai.runtime import Runtime, memory, operation, core
+        from lean_image_ai.runtime import Runtime, operation, core
+        from lean_image_ai.runtime.measure import memory
         from lean_image_ai.models.adapters import upscale
         from lean_image_ai.models.base import JobOptions
         import lean_image_ai, pathlib
