@@ -41,7 +41,8 @@ class FrameLoop:
         self.op, self._before_release = op, before_release
         self.handle = op.session(self.model_path, self.options.device)
         self.contract = check(self.handle) if check is not None else None
-        family_check.require(self.family, self.handle)  # after the shapes: what fits them may still be another family
+        # after the shapes: what fits them may still be another family
+        family_check.require(self.family, self.handle)
 
     def reacquire(self) -> SessionHandle:
         """The session again, after an out-of-memory eviction dropped the one the job had."""
@@ -115,8 +116,9 @@ def run_frames(
     with ``options.on_result`` each result is handed there instead of kept).
 
     `check(handle)`: the family's contract, raising ModelContractError; what it returns is
-    ``loop.contract`` (None: no contract beyond the family check's). `start(loop)`: the job's own setup, once, after the check and before the
-    first frame (a tile plan, say). Each result must have a ``warnings`` list.
+    ``loop.contract`` (None: no contract beyond the family check's). `start(loop)`: the job's own
+    setup, once, after the check and before the first frame (a tile plan, say). Each result must
+    have a ``warnings`` list.
     """
     options = options or JobOptions()
     frames, single = as_frames(images)
@@ -124,7 +126,8 @@ def run_frames(
         return []
     results = ResultSink(options)
     loop = FrameLoop(family, model_path, options, single=single, count=len(frames))
-    with options.get_runtime().operation(family, cancel=options.cancel) as op, ExitStack() as before_release:
+    runtime = options.get_runtime()
+    with runtime.operation(family, cancel=options.cancel) as op, ExitStack() as before_release:
         op.count_results(results.held_bytes)
         loop.open(op, before_release, check)
         if start is not None:

@@ -104,8 +104,12 @@ def run(
         raise ValueError(f"overlap must be >= 0 ({AUTO_OVERLAP}: the model's receptive radius), got {overlap}")
     options = options or JobOptions()
     options.report(0.0, "loading model")
-    job = _Upscale(tile_size, overlap, model_overlap, alpha_mode, memory_budget_bytes, size_multiple, available_memory_bytes)
-    return run_frames(OPERATION_NAME, images, model_path, options, check=check_session, start=job.start, body=job.frame)
+    job = _Upscale(
+        tile_size, overlap, model_overlap, alpha_mode, memory_budget_bytes, size_multiple, available_memory_bytes
+    )
+    return run_frames(
+        OPERATION_NAME, images, model_path, options, check=check_session, start=job.start, body=job.frame
+    )
 
 
 def _checked_tile_size(tile_size):
@@ -186,7 +190,8 @@ class _Upscale:
         frame.op.check_cancelled()
         self.scale = tiled.scale  # known from here on, for the next frames too
         if tiled.splits:
-            self.tile, self.auto_sized = tiled.tile_size, False  # the size that fitted; no use retrying the bigger one
+            # the size that fitted, kept for the next frames: no use retrying the bigger one
+            self.tile, self.auto_sized = tiled.tile_size, False
             fed.warnings.append(split_warning(tiled, exact=self.planned.exact))
         return self._result(_with_alpha(tiled.image, fed), tiled, fed)
 
@@ -196,7 +201,8 @@ class _Upscale:
         known = self.scale or self.runs.scale
         if known and len(shape) in (2, 3):
             channels = 4 if len(shape) == 3 and shape[2] in (2, 4) else 3
-            refuse_oversized_result(*shape[:2], known, channels, label=self.loop.handle.model_name, available=available)
+            label = self.loop.handle.model_name
+            refuse_oversized_result(*shape[:2], known, channels, label=label, available=available)
 
     def _tiles(self, shape) -> TilePlan:
         """This frame's tile plan; an auto tile is sized for it (until a split shows the size that fits)."""
@@ -205,8 +211,14 @@ class _Upscale:
             self.tile = auto_tile_for_frame(
                 self.runs, self.loop.runtime, self.planned.overlap, self.planned.feather, self.memory_budget, shape[:2]
             )
-        fixed, multiple = self.fixed is not None, self.size_multiple
-        return frame_tiles(self.tile, self.planned, auto_sized=self.auto_sized, fixed=fixed, multiple=multiple, frame_hw=shape[:2])
+        return frame_tiles(
+            self.tile,
+            self.planned,
+            auto_sized=self.auto_sized,
+            fixed=self.fixed is not None,
+            multiple=self.size_multiple,
+            frame_hw=shape[:2],
+        )
 
     def _model_input(self, frame) -> _ModelInput:
         """The frame as the model takes it: RGB clipped to [0, 1], with the alpha as a 4th channel
@@ -242,7 +254,7 @@ class _Upscale:
         def not_finite(result):
             check_finite(result, runs.handle.model_name, runs.handle.outputs[0].name)
 
-        source, fed.source = fed.source, None  # the tiler holds the only reference: gone once it is done
+        source, fed.source = fed.source, None  # the input goes as soon as the tiler is done with it
         return run_tiled(
             source,
             run_tile,
