@@ -3,9 +3,9 @@
 Adapter shape (one module per family): `run(images, model_path, options) -> result(s)`, where
 `images` is one image, a list of frames, or a lazy frame source (anything with `__len__` and
 `__iter__`, read one frame at a time, e.g. models/batch/sequence.py's); several frames are ONE runtime
-operation (only the final run of the final frame releases memory). With `options.on_result` each
-frame's result is handed out as soon as it is ready instead of being collected, so a long
-sequence keeps memory flat.
+operation (only the final run of the final frame releases memory: models/frame_loop.py runs that
+loop for every adapter). With `options.on_result` each frame's result is handed out as soon as it
+is ready instead of being collected, so a long sequence keeps memory flat.
 """
 
 from __future__ import annotations

@@ -33,11 +33,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lean_image_ai.models.base import JobOptions, ResultSink, as_frames
 from lean_image_ai.models.family import Family, Option, Output
-from lean_image_ai.models.imaging import from_nchw, prepare_image, to_nchw
+from lean_image_ai.models.frame_loop import run_frames
+from lean_image_ai.models.imaging import from_nchw, to_nchw
 from lean_image_ai.models.result_images import ColourImage
-from lean_image_ai.runtime import mark_last
 
 
 @dataclass
@@ -48,18 +47,14 @@ class InvertResult:
 
 
 def run(images, model_path, *, options=None, invert_amount=1.0):
-    options = options or JobOptions()
-    frames, single = as_frames(images)
-    results = ResultSink(options)
-    with options.get_runtime().operation("invert", cancel=options.cancel) as op:
-        handle = op.session(model_path, options.device)
-        for image, last in mark_last(frames):
-            prepared = prepare_image(image)
-            outputs = op.run(handle, {handle.inputs[0].name: to_nchw(prepared.rgb)}, last=last)
-            inverted = from_nchw(outputs[handle.outputs[0].name])
-            mixed = prepared.rgb + invert_amount * (inverted - prepared.rgb)
-            results.add(InvertResult(np.clip(mixed, 0.0, 1.0), prepared.kind))
-    return results.value(single)
+    def invert(frame):
+        prepared = frame.prepare()
+        outputs = frame.run({frame.handle.inputs[0].name: to_nchw(prepared.rgb)})
+        inverted = from_nchw(outputs[frame.handle.outputs[0].name])
+        mixed = prepared.rgb + invert_amount * (inverted - prepared.rgb)
+        return InvertResult(np.clip(mixed, 0.0, 1.0), prepared.kind)
+
+    return run_frames("invert", images, model_path, options, check=None, body=invert)
 
 
 FAMILY = Family(

@@ -95,7 +95,7 @@ def test_a_scale_unknown_before_the_first_run_is_refused_before_the_result_is_al
 
     need = _result_bytes(20, 20, 3)
     with pytest.raises(InvalidImageError, match="60x60"):
-        tiling.run_tiled(picture(20, 20), run_tile, tile_size=None, overlap=0, available_memory=need - 1)
+        tiling.run_tiled(picture(20, 20), run_tile, tiling.TilePlan(None), available_memory=need - 1)
     assert len(calls) == 1, "one run taught the scale; nothing was allocated for the result"
     refuse_oversized_result(20, 20, 3, 3, label="m", available=need)  # fits: no error
 
@@ -125,3 +125,21 @@ def test_a_scale_that_changes_with_the_input_size_is_learned_again(recorded, mod
     assert [r["ok"] for r in factory.runs] == [True, False, True], "bound with x2, failed, ran unbound"
     source = np.clip(picture(16, 16, seed=1), 0, 1)
     np.testing.assert_array_equal(second.image, np.repeat(np.repeat(source, 4, axis=0), 4, axis=1))
+
+
+def test_the_learned_scale_is_the_sessions_and_goes_when_it_is_evicted(recorded, models):
+    """What a session showed is kept on its handle: the next job on the same cached session binds
+    with it, and a session loaded again after an eviction starts without it (a module-wide table
+    keyed by the cache key outlived its session and fed the new one a stale scale)."""
+    runtime, factory = recorded
+    kwargs = {"tile_size": None, "model_overlap": 0}  # no impulse probe: only the image's own runs
+    upscale.run(picture(32, 32), models["to64"], options=opts(runtime), **kwargs)
+    (handle,) = runtime.cached_sessions()
+    assert handle.output_scale == 2, "the unbound first run taught the session its x2"
+    upscale.run(picture(32, 32, seed=1), models["to64"], options=opts(runtime), **kwargs)
+    assert factory.runs[-1]["ok"] and len(factory.runs) == 2, "the second job bound with x2 at once"
+    runtime.evict(handle, "test: the session goes")
+    second = upscale.run(picture(16, 16, seed=2), models["to64"], options=opts(runtime), **kwargs)
+    (fresh,) = runtime.cached_sessions()
+    assert fresh is not handle and second.scale == 4 and fresh.output_scale == 4
+    assert [r["ok"] for r in factory.runs[2:]] == [True], "no failed run bound with the evicted session's x2"

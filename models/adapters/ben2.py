@@ -11,32 +11,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
-from ...runtime import SessionHandle, TensorInfo, mark_last
+from ...runtime import SessionHandle, TensorInfo
 from ...runtime.errors import InvalidModelOutputError, ModelContractError
-from ..base import (
-    FLOAT_TYPES,
-    JobOptions,
-    ResultSink,
-    as_frames,
-    check_contract,
-    check_finite,
-    squeeze_batch,
-)
+from ..base import FLOAT_TYPES, JobOptions, check_contract, check_finite, squeeze_batch
 from ..family import Family, Option, Output, Setting, rgb_triple_or_none, size_or_none
+from ..frame_loop import Frame, run_frames
 from ..imaging import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     normalization_constants,
     normalize,
-    prepare_image,
     resize,
     to_nchw,
 )
 from ..result_images import ColourImage
-from ..store import family_check
 
 MODEL_NAME = "BEN2"
 DEFAULT_INPUT_SIZE = 1024
@@ -68,48 +60,33 @@ def run(
     `input_size` (int or (height, width)) is used only when the model's input size is dynamic;
     a fixed size in the model always wins. `mean`/`std` of None mean 0 and 1 (plain /255).
     """
-    options = options or JobOptions()
-    frames, single = as_frames(images)
-    if not frames:
-        return []
     mean, std = normalization_constants(mean, std)
-    results = ResultSink(options)
-    total = len(frames)
-    with options.get_runtime().operation("ben2", cancel=options.cancel) as op:
-        op.count_results(results.held_bytes)
-        handle = op.session(model_path, options.device)
-        matte_output = _validate(handle)
-        family_check.require("ben2", handle)
-        model_hw = _model_size(handle.inputs[0], input_size)
-        for index, (image, last) in enumerate(mark_last(frames)):
-            options.report(index / total, "preprocessing")
-            prepared = prepare_image(image, name=f"frame {index + 1}" if total > 1 else "image")
-            # trained on 8-bit photos: HDR values would push the normalised input off-distribution
-            rgb = np.clip(prepared.rgb, 0.0, 1.0)
-            resized = np.clip(resize(rgb, model_hw, kernel="lanczos3"), 0.0, 1.0)
-            tensor = to_nchw(normalize(resized, mean, std), handle.inputs[0].dtype)
-            options.report((index + 0.2) / total, f"frame {index + 1}/{total}")
-            outputs = op.run(
-                handle, {handle.inputs[0].name: tensor}, last=last, output_names=[matte_output.name]
-            )
-            op.check_cancelled()
-            options.report((index + 0.8) / total, "postprocessing")
-            raw = _as_map(outputs[matte_output.name], handle.model_name, matte_output.name)
-            matte, warning = _normalise_matte(raw, handle.model_name)
-            if warning:  # a flat 0 or 1: resampling would only add float noise to it
-                matte = np.full(prepared.size, matte.flat[0], np.float32)
-            else:
-                matte = np.clip(resize(matte, prepared.size, kernel="cubic"), 0.0, 1.0)
-            alpha = matte if prepared.alpha is None else matte * prepared.alpha
-            rgba = np.concatenate([prepared.rgb, alpha[:, :, None]], axis=2).astype(np.float32, copy=False)
-            warnings = list(prepared.warnings)
-            if handle.fallback_warning:
-                warnings.append(handle.fallback_warning)
-            if warning:
-                warnings.append(warning)
-            results.add(MatteResult(matte.astype(np.float32, copy=False), rgba, warnings, prepared.kind))
-    options.report(1.0, "done")
-    return results.value(single)
+    body = partial(_cut_out, mean=mean, std=std, input_size=input_size)
+    return run_frames("ben2", images, model_path, options, check=_validate, body=body)
+
+
+def _cut_out(frame: Frame, *, mean, std, input_size) -> MatteResult:
+    handle, matte_output = frame.handle, frame.contract
+    model_hw = _model_size(handle.inputs[0], input_size)
+    frame.report(0.0, "preprocessing")
+    prepared = frame.prepare()
+    # trained on 8-bit photos: HDR values would push the normalised input off-distribution
+    rgb = np.clip(prepared.rgb, 0.0, 1.0)
+    resized = np.clip(resize(rgb, model_hw, kernel="lanczos3"), 0.0, 1.0)
+    tensor = to_nchw(normalize(resized, mean, std), handle.inputs[0].dtype)
+    frame.report(0.2, frame.counter)
+    outputs = frame.run({handle.inputs[0].name: tensor}, output_names=[matte_output.name])
+    frame.report(0.8, "postprocessing")
+    raw = _as_map(outputs[matte_output.name], handle.model_name, matte_output.name)
+    matte, warning = _normalise_matte(raw, handle.model_name)
+    if warning:  # a flat 0 or 1: resampling would only add float noise to it
+        matte = np.full(prepared.size, matte.flat[0], np.float32)
+    else:
+        matte = np.clip(resize(matte, prepared.size, kernel="cubic"), 0.0, 1.0)
+    alpha = matte if prepared.alpha is None else matte * prepared.alpha
+    rgba = np.concatenate([prepared.rgb, alpha[:, :, None]], axis=2).astype(np.float32, copy=False)
+    warnings = list(prepared.warnings) + ([warning] if warning else [])
+    return MatteResult(matte.astype(np.float32, copy=False), rgba, warnings, prepared.kind)
 
 
 def _validate(handle: SessionHandle) -> TensorInfo:

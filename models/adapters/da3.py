@@ -18,33 +18,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
-from ...runtime import SessionHandle, TensorInfo, mark_last
+from ...runtime import SessionHandle, TensorInfo
 from ...runtime.errors import InvalidModelOutputError, ModelContractError
-from ..base import (
-    FLOAT_TYPES,
-    JobOptions,
-    ResultSink,
-    as_frames,
-    check_contract,
-    check_finite,
-    squeeze_batch,
-)
+from ..base import FLOAT_TYPES, JobOptions, check_contract, check_finite, squeeze_batch
 from ..family import Family, Option, Output, Setting, one_of, positive_int, rgb_triple_or_none
+from ..frame_loop import Frame, run_frames
 from ..imaging import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     fit_multiple,
     normalization_constants,
     normalize,
-    prepare_image,
     resize,
     to_nchw,
 )
 from ..result_images import ValueImage
-from ..store import family_check
 
 MODEL_NAME = "Depth Anything 3"
 SKY_ACTIVATIONS = ("auto", "sigmoid", "none")
@@ -72,68 +64,59 @@ def run(
     sky_activation: str = "auto",
 ) -> DepthResult | list[DepthResult]:
     """Estimate depth for one image or a list of frames (one runtime operation)."""
-    options = options or JobOptions()
-    frames, single = as_frames(images)
-    if not frames:
-        return []
     if int(process_res) <= 0 or int(multiple) <= 0:
         raise ValueError(f"process_res and multiple must be positive, got {process_res} and {multiple}")
     if sky_activation not in SKY_ACTIVATIONS:
         raise ValueError(f"sky_activation must be one of {SKY_ACTIVATIONS}, got {sky_activation!r}")
     mean, std = normalization_constants(mean, std)
-    results = ResultSink(options)
-    total = len(frames)
-    with options.get_runtime().operation("da3", cancel=options.cancel) as op:
-        op.count_results(results.held_bytes)
-        handle = op.session(model_path, options.device)
-        depth_name = check_session(handle)
-        family_check.require("da3", handle)
-        image_input = handle.inputs[0]
-        fixed = any(isinstance(d, int) and d > 0 for d in image_input.shape[2:4])
-        for index, (image, last) in enumerate(mark_last(frames)):
-            options.report(index / total, "preprocessing")
-            prepared = prepare_image(image, name=f"frame {index + 1}" if total > 1 else "image")
-            warnings = list(prepared.warnings)
-            model_hw = _model_size(image_input, prepared.size, int(process_res), int(multiple))
-            if fixed and _aspect_mismatch(prepared.size, model_hw) > ASPECT_WARNING:
-                warnings.append(
-                    f"{handle.model_name} takes a fixed {model_hw[1]}x{model_hw[0]} input, so the "
-                    f"{prepared.size[1]}x{prepared.size[0]} image was stretched to it; depth near the "
-                    "edges may be less accurate. A model with a dynamic input size avoids this."
-                )
-            # trained on 8-bit photos: HDR values would push the normalised input off-distribution
-            rgb = np.clip(prepared.rgb, 0.0, 1.0)
-            # antialiased cubic: DA3's own pipeline upsamples with cubic and shrinks with area
-            resized = np.clip(resize(rgb, model_hw, kernel="cubic"), 0.0, 1.0)
-            tensor = to_nchw(normalize(resized, mean, std), image_input.dtype)
-            options.report((index + 0.2) / total, f"frame {index + 1}/{total}")
-            outputs = op.run(handle, {image_input.name: tensor}, last=last)
-            op.check_cancelled()
-            options.report((index + 0.8) / total, "postprocessing")
-            depth = _as_map(outputs[depth_name], handle.model_name, depth_name)
-            check_finite(depth, handle.model_name, depth_name)
-            extras = {}
-            for name, array in outputs.items():
-                if name == depth_name:
-                    continue
-                extra = _as_map(array, handle.model_name, name, required=False)
-                if extra is None:
-                    warnings.append(
-                        f"{handle.model_name}: output '{name}' with shape {list(np.shape(array))} is "
-                        "not a single-channel map and was not returned."
-                    )
-                    continue
-                check_finite(extra, handle.model_name, name)
-                if _wants_sigmoid(name, extra, sky_activation):
-                    extra = _sigmoid(extra)
-                extras[name] = resize(extra, prepared.size, kernel="linear")
-            if handle.fallback_warning:
-                warnings.append(handle.fallback_warning)
-            # linear has no negative lobes: no overshoot, so depth stays within the model's range
-            depth = resize(depth, prepared.size, kernel="linear")
-            results.add(DepthResult(depth, extras, tuple(model_hw), warnings))
-    options.report(1.0, "done")
-    return results.value(single)
+    body = partial(
+        _depth, process_res=int(process_res), multiple=int(multiple), mean=mean, std=std, sky_activation=sky_activation
+    )
+    return run_frames("da3", images, model_path, options, check=check_session, body=body)
+
+
+def _depth(frame: Frame, *, process_res, multiple, mean, std, sky_activation) -> DepthResult:
+    handle, depth_name = frame.handle, frame.contract
+    image_input = handle.inputs[0]
+    fixed = any(isinstance(d, int) and d > 0 for d in image_input.shape[2:4])
+    frame.report(0.0, "preprocessing")
+    prepared = frame.prepare()
+    warnings = list(prepared.warnings)
+    model_hw = _model_size(image_input, prepared.size, process_res, multiple)
+    if fixed and _aspect_mismatch(prepared.size, model_hw) > ASPECT_WARNING:
+        warnings.append(
+            f"{handle.model_name} takes a fixed {model_hw[1]}x{model_hw[0]} input, so the "
+            f"{prepared.size[1]}x{prepared.size[0]} image was stretched to it; depth near the "
+            "edges may be less accurate. A model with a dynamic input size avoids this."
+        )
+    # trained on 8-bit photos: HDR values would push the normalised input off-distribution
+    rgb = np.clip(prepared.rgb, 0.0, 1.0)
+    # antialiased cubic: DA3's own pipeline upsamples with cubic and shrinks with area
+    resized = np.clip(resize(rgb, model_hw, kernel="cubic"), 0.0, 1.0)
+    tensor = to_nchw(normalize(resized, mean, std), image_input.dtype)
+    frame.report(0.2, frame.counter)
+    outputs = frame.run({image_input.name: tensor})
+    frame.report(0.8, "postprocessing")
+    depth = _as_map(outputs[depth_name], handle.model_name, depth_name)
+    check_finite(depth, handle.model_name, depth_name)
+    extras = {}
+    for name, array in outputs.items():
+        if name == depth_name:
+            continue
+        extra = _as_map(array, handle.model_name, name, required=False)
+        if extra is None:
+            warnings.append(
+                f"{handle.model_name}: output '{name}' with shape {list(np.shape(array))} is "
+                "not a single-channel map and was not returned."
+            )
+            continue
+        check_finite(extra, handle.model_name, name)
+        if _wants_sigmoid(name, extra, sky_activation):
+            extra = _sigmoid(extra)
+        extras[name] = resize(extra, prepared.size, kernel="linear")
+    # linear has no negative lobes: no overshoot, so depth stays within the model's range
+    depth = resize(depth, prepared.size, kernel="linear")
+    return DepthResult(depth, extras, tuple(model_hw), warnings)
 
 
 def check_session(handle: SessionHandle) -> str:

@@ -27,16 +27,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
-from ...runtime import mark_last
 from ...runtime.errors import InvalidModelOutputError
-from ..base import JobOptions, ResultSink, as_frames, check_finite, fixed_hw, squeeze_batch
+from ..base import JobOptions, check_finite, fixed_hw, squeeze_batch
 from ..family import Family, Option, Output, Setting, int_range, positive_int, unit_interval
-from ..imaging import prepare_image, resize, to_nchw
+from ..frame_loop import Frame, run_frames
+from ..imaging import resize, to_nchw
 from ..result_images import ImageProduct
-from ..store import family_check
 from . import shot_camera
 from .moge2_contract import bind_contract
 from .moge2_mesh import normal_map, write_geometry
@@ -129,63 +129,57 @@ def run(
     focal_width: float | None = None,  # one camera for a shot: fx / width for every frame (shot_camera.py)
 ) -> GeometryResult | list[GeometryResult]:
     """Geometry for one image (-> GeometryResult) or a list of frames (-> list), one operation."""
-    options = options or JobOptions()
-    frames, single = as_frames(images)
     tokens = resolve_num_tokens(resolution_level, num_tokens, num_tokens_range, resolution_levels)
-    if not frames:
-        return []
-    runtime = options.get_runtime()
-    results = ResultSink(options)
-    count = len(frames)
-    options.report(0.0, "preprocessing")
-    with runtime.operation("moge2", cancel=options.cancel) as op:
-        op.count_results(results.held_bytes)
-        handle = op.session(model_path, options.device)
-        binding = bind_contract(handle)
-        family_check.require("moge2", handle)
-        for index, (frame, last) in enumerate(mark_last(frames)):
-            label = "image" if single else f"frame {index + 1}"
-            prepared = prepare_image(frame, name=label)
-            warnings = list(prepared.warnings)
-            if handle.fallback_warning:
-                warnings.append(handle.fallback_warning)
-            source_h, source_w = prepared.size
-            fixed = fixed_hw(binding.image.shape)
-            if fixed is not None:
-                model_h, model_w = fixed
-                if abs(model_w / model_h - source_w / source_h) > 0.02 * source_w / source_h:
-                    warnings.append(
-                        f"{handle.model_name} takes a fixed {model_w}x{model_h} input, so the "
-                        f"{source_w}x{source_h} image is stretched; geometry may be distorted."
-                    )
-            else:
-                model_h, model_w = model_input_size(source_h, source_w, tokens, patch_size)
-            rgb = np.clip(resize(prepared.rgb, (model_h, model_w), "lanczos3"), 0.0, 1.0)
-            token_shape = (1,) * len(binding.tokens.shape)
-            feeds = {
-                binding.image.name: to_nchw(rgb, binding.image.dtype),
-                binding.tokens.name: np.array(tokens, dtype=binding.tokens.dtype).reshape(token_shape),
-            }
-            del rgb
-            options.report(index / count, f"frame {index + 1}/{count}" if not single else "inference")
-            outputs = op.run(handle, feeds, last=last, output_names=binding.output_names)
-            op.check_cancelled()
-            options.report((index + 0.8) / count, "recovering camera")
-            result = _postprocess(
-                outputs,
-                binding,
-                handle.model_name,
-                label,
-                (source_h, source_w),
-                mask_threshold=mask_threshold,
-                force_projection=force_projection,
-                warnings=warnings,
-                focal_width=focal_width,
+    body = partial(
+        _geometry,
+        tokens=tokens,
+        patch_size=patch_size,
+        mask_threshold=mask_threshold,
+        force_projection=force_projection,
+        focal_width=focal_width,
+    )
+    return run_frames("moge2", images, model_path, options, check=bind_contract, body=body)
+
+
+def _geometry(frame: Frame, *, tokens, patch_size, mask_threshold, force_projection, focal_width) -> GeometryResult:
+    handle, binding = frame.handle, frame.contract
+    frame.report(0.0, "preprocessing")
+    prepared = frame.prepare()
+    warnings = list(prepared.warnings)
+    source_h, source_w = prepared.size
+    fixed = fixed_hw(binding.image.shape)
+    if fixed is not None:
+        model_h, model_w = fixed
+        if abs(model_w / model_h - source_w / source_h) > 0.02 * source_w / source_h:
+            warnings.append(
+                f"{handle.model_name} takes a fixed {model_w}x{model_h} input, so the "
+                f"{source_w}x{source_h} image is stretched; geometry may be distorted."
             )
-            result.num_tokens = tokens
-            results.add(result)
-    options.report(1.0, "done")
-    return results.value(single)
+    else:
+        model_h, model_w = model_input_size(source_h, source_w, tokens, patch_size)
+    rgb = np.clip(resize(prepared.rgb, (model_h, model_w), "lanczos3"), 0.0, 1.0)
+    token_shape = (1,) * len(binding.tokens.shape)
+    feeds = {
+        binding.image.name: to_nchw(rgb, binding.image.dtype),
+        binding.tokens.name: np.array(tokens, dtype=binding.tokens.dtype).reshape(token_shape),
+    }
+    del rgb
+    frame.report(0.0, "inference" if frame.loop.single else frame.counter)
+    outputs = frame.run(feeds, output_names=binding.output_names)
+    frame.report(0.8, "recovering camera")
+    result = _postprocess(
+        outputs,
+        binding,
+        handle.model_name,
+        frame.label,
+        (source_h, source_w),
+        mask_threshold=mask_threshold,
+        force_projection=force_projection,
+        warnings=warnings,
+        focal_width=focal_width,
+    )
+    result.num_tokens = tokens
+    return result
 
 
 def _squeeze_batch(array, shape_tail: int, name: str, model_name: str) -> np.ndarray:

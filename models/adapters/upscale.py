@@ -14,39 +14,31 @@ cubic resize instead (same kernel as the embedded bicubic model) and never runs 
 
 from __future__ import annotations
 
-import math
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ...runtime import mark_last
-from ...runtime.errors import (
-    InferenceError,
-    InferenceOutOfMemoryError,
-    ModelContractError,
-    SessionClosedError,
-)
 from ...runtime.measure.budget import budget_for
 from ...runtime.measure.memory import available_system_memory_bytes
-from ..base import FLOAT_TYPES, JobOptions, ResultSink, as_frames, check_contract, check_finite, fixed_hw
+from ..base import FLOAT_TYPES, JobOptions, check_contract, check_finite, fixed_hw
 from ..family import Family, Option, Output, Setting, non_negative_int, one_of, positive_int
-from ..imaging import from_nchw, prepare_image, resize, to_nchw
+from ..frame_loop import run_frames
+from ..imaging import from_nchw, resize, to_nchw
 from ..result_images import ColourImage
-from ..store import family_check
-from ..tiles.feather import feather_floor
-from ..tiles.receptive import graph_receptive_field
-from ..tiles.tiling import refuse_oversized_result, run_tiled, tile_floor, whole_scale
+from ..tiles.tiling import TilePlan, refuse_oversized_result, run_tiled
 from .upscale_plan import (
     AUTO,
     AUTO_OVERLAP,
     auto_tile_for_frame,
+    choose_tile,
+    frame_tiles,
     impulse_probe,
     plan_overlap,
     receptive_field,
     split_warning,
 )
+from .upscale_runs import ModelRuns, scale_hint, static_scale
 
 DEFAULT_MODEL_PATH = Path(__file__).parents[1] / "assets" / "bicubic_x2.onnx"
 OPERATION_NAME = "upscale"
@@ -107,285 +99,206 @@ def run(
     """
     if alpha_mode not in ALPHA_MODES:
         raise ValueError(f"alpha_mode must be one of {ALPHA_MODES}, got {alpha_mode!r}")
-    if isinstance(tile_size, str) and tile_size != "auto":
+    tile_size = _checked_tile_size(tile_size)
+    if overlap is not None and int(overlap) < AUTO_OVERLAP:
+        raise ValueError(f"overlap must be >= 0 ({AUTO_OVERLAP}: the model's receptive radius), got {overlap}")
+    options = options or JobOptions()
+    options.report(0.0, "loading model")
+    job = _Upscale(
+        tile_size, overlap, model_overlap, alpha_mode, memory_budget_bytes, size_multiple, available_memory_bytes
+    )
+    return run_frames(
+        OPERATION_NAME, images, model_path, options, check=check_session, start=job.start, body=job.frame
+    )
+
+
+def _checked_tile_size(tile_size):
+    """`tile_size` as the plan reads it: AUTO, None or a positive int (the artist's 0 is AUTO)."""
+    if isinstance(tile_size, str) and tile_size != AUTO:
         raise ValueError(f"tile_size must be 'auto', an int or None, got {tile_size!r}")
     if isinstance(tile_size, (bool, float)):
         raise ValueError(f"tile_size must be 'auto', an int or None, got {tile_size!r}")
     if isinstance(tile_size, int) and tile_size < 0:  # the Tile Size option's min (FAMILY below)
         raise ValueError(f"tile_size must be >= 0 (0 or 'auto': a fixed size per device), got {tile_size}")
-    if tile_size == 0:  # what the artist's "Tile Size 0" means
-        tile_size = "auto"
-    options = options or JobOptions()
-    if overlap is not None and int(overlap) < AUTO_OVERLAP:
-        raise ValueError(f"overlap must be >= 0 ({AUTO_OVERLAP}: the model's receptive radius), got {overlap}")
-    frames, was_single = as_frames(images)
-    runtime = options.get_runtime()
-    results = ResultSink(options)
-    with runtime.operation(OPERATION_NAME, cancel=options.cancel) as op, ExitStack() as before_the_release:
-        op.count_results(results.held_bytes)
-        options.report(0.0, "loading model")
-        job = _Job(op, model_path, options.device)
-        before_the_release.callback(job.close)  # its buffers are back before the operation ends
-        in_info = job.handle.inputs[0]
-        dtype = in_info.dtype
-        fixed = fixed_hw(in_info.shape)
-        scale = _static_scale(job.handle)  # what the tiler checks every tile against
-        job.scale = scale or _scale_hint(job.handle)  # what outputs are bound with from the first run
-        job.hinted = scale is None and job.scale is not None
+    return AUTO if tile_size == 0 else tile_size  # what the artist's "Tile Size 0" means
 
-        def probe():
-            def infer(window):
-                output = job.infer(to_nchw(window, dtype), last=False, slot="probe")
-                return from_nchw(check_finite(output, job.handle.model_name, job.handle.outputs[0].name))
 
-            return impulse_probe(infer, scale=scale, fixed=fixed)
+@dataclass
+class _ModelInput:
+    """What one frame feeds the tiler, and what its result needs from the source besides."""
 
-        field = receptive_field(job.handle.model_path, model_overlap, probe)
-        planned = plan_overlap(job.handle.model_name, field, overlap, size_multiple)
-        overlap = planned.overlap
-        plan_warnings: list[str] = list(planned.warnings)
-        if fixed is not None:
-            tile = fixed
-            if isinstance(tile_size, int) and (tile_size, tile_size) != fixed:
-                plan_warnings.append(
-                    f"{job.handle.model_name} takes a fixed {fixed[1]}x{fixed[0]} input; "
-                    f"tile size {tile_size} was ignored."
-                )
-            if 2 * overlap + 8 > min(fixed):
-                overlap = max(0, (min(fixed) - 8) // 2)
-                plan_warnings.append(
-                    f"Overlap reduced to {overlap} px to fit the model's {fixed[1]}x{fixed[0]} input."
-                )
-                planned.exact = planned.covers(overlap)
-            # a fixed window cannot grow: the ramps must fit its core (models/tiles/feather.py)
-            planned.feather = min(planned.feather, overlap, max(0, (min(fixed) - 2 * overlap) // 4))
-        elif tile_size == "auto":
-            if memory_budget_bytes is None:  # the job's RAM or VRAM budget, by where the session runs
-                memory_budget_bytes = budget_for(runtime, job.handle.gpu_device_id)
-            tile = AUTO  # sized per frame below, from the model's measured working memory
-        elif tile_size is None:
-            tile = None
-        else:
-            tile = int(tile_size)
-            # feathered seams need room for their ramps inside each tile (models/tiles/feather.py)
-            floor = max(tile_floor(overlap), feather_floor(overlap, planned.feather) if planned.feather else 0)
-            if tile < floor:
-                plan_warnings.append(
-                    f"Tile size {tile} is below the minimum for a {overlap} px overlap; using {floor}."
-                )
-                tile = floor
+    source: np.ndarray  # HxWx3 RGB in [0, 1], or HxWx4 when the alpha runs through the model
+    alpha: np.ndarray | None  # the source's alpha, None when it has none
+    alpha_constant: float | None  # a flat alpha's value: no run needed to upscale it
+    model_alpha: bool  # the alpha runs through the model (the 4th channel of `source`)
+    kind: str  # the source's samples: "8-bit", "16-bit" or "float"
+    warnings: list[str]
 
-        count = len(frames)
-        auto_sized = False
-        for index, (frame, last_frame) in enumerate(mark_last(frames)):
-            name = "image" if was_single else f"frame {index + 1}"
-            prefix = "" if was_single else f"frame {index + 1}/{count}, "
-            options.report(index / count, prefix + "preprocessing")
-            available = available_memory_bytes
-            if available is None:
-                available = available_system_memory_bytes()  # one read per frame, for both checks
-            known = scale or job.scale
-            shape = np.shape(frame)
-            if known and len(shape) in (2, 3):  # else the tiler refuses it before allocating it
-                channels = 4 if len(shape) == 3 and shape[2] in (2, 4) else 3
-                # before even the float32 copy of the input: that alone can be gigabytes
-                refuse_oversized_result(*shape[:2], known, channels, label=job.handle.model_name, available=available)
-            if tile is AUTO or auto_sized:
-                auto_sized = True  # until a split shows the size that fits: then that size stays
-                tile = auto_tile_for_frame(job, runtime, overlap, planned.feather, memory_budget_bytes, shape[:2])
-            # auto windows all of one shape (no larger than the frame): one memory plan in ORT
-            uniform = auto_sized and tile is not None and fixed is None and len(shape) >= 2
-            window = tile
-            if uniform:  # an axis the window spans whole is one piece (its core is the frame)
-                window = tuple(tile if tile < side else side + 2 * overlap for side in shape[:2])
-            prepared = prepare_image(frame, name=name)
-            warnings = list(plan_warnings) + list(prepared.warnings)
-            rgb, alpha = prepared.rgb, prepared.alpha
-            # min and max first: two reads and no masks for the usual in-range image
-            outside = 0 if rgb.min() >= 0.0 and rgb.max() <= 1.0 else int(((rgb < 0.0) | (rgb > 1.0)).any(axis=2).sum())
-            if outside:
-                np.clip(rgb, 0.0, 1.0, out=rgb)  # prepare_image's array is always our own copy
-                warnings.append(
-                    f"{name}: {outside} pixel(s) outside [0, 1] (HDR or negative) were clipped for the model."
-                )
-            alpha_constant = None
-            if alpha is not None and float(alpha.min()) == float(alpha.max()):
-                alpha_constant = float(alpha.min())  # no run needed to upscale a flat alpha
-            model_alpha = alpha is not None and alpha_constant is None and alpha_mode == "model"
-            source = np.concatenate([rgb, alpha[:, :, None]], axis=2) if model_alpha else rgb
-            input_kind = prepared.kind
-            del rgb, prepared  # only `source` (and `alpha`) are needed from here on
 
-            def run_tile(window, last, _model_alpha=model_alpha):
-                colour = job.infer(to_nchw(window[:, :, :3], dtype), last=last and not _model_alpha)
-                if not _model_alpha:
-                    return colour  # 1x3xHxW: the tiler pastes it transposed, in one pass
-                grey = np.repeat(window[:, :, 3:4], 3, axis=2)
-                matte = job.infer(to_nchw(grey, dtype), last=last, slot="alpha")
-                return np.concatenate([from_nchw(colour), from_nchw(matte).mean(axis=2, keepdims=True)], axis=2)
+class _Upscale:
+    """One upscale job: its plan, made once the session is open (`start`), then each frame's
+    steps (`frame`). The tile size it settles on carries over from frame to frame."""
 
-            def progress(fraction, done, total, _index=index, _prefix=prefix):
-                options.report((_index + fraction) / count, f"{_prefix}tile {done}/{total}")
+    def __init__(self, tile_size, overlap, model_overlap, alpha_mode, memory_budget_bytes, size_multiple, available):
+        self.tile_size, self.requested_overlap, self.model_overlap = tile_size, overlap, model_overlap
+        self.alpha_mode, self.memory_budget = alpha_mode, memory_budget_bytes
+        self.size_multiple, self.available_memory = size_multiple, available
+        self.auto_sized = False  # the tile is sized per frame, until a split shows the size that fits
 
-            tiled = run_tiled(
-                source,
-                run_tile,
-                tile_size=window,
-                overlap=overlap,
-                fixed=fixed is not None,
-                last=last_frame,
-                scale=scale,
-                label=job.handle.model_name,
-                events=runtime.events,
-                on_split=job.reacquire,
-                progress=progress,
-                multiple=size_multiple,
-                clip=(0.0, 1.0),
-                not_finite=lambda result: check_finite(result, job.handle.model_name, job.handle.outputs[0].name),
-                available_memory=available,
-                feather=planned.feather,
-                uniform=uniform,
+    # ---- once per job ----------------------------------------------------------------------------
+
+    def start(self, loop) -> None:
+        self.loop = loop
+        runs = self.runs = ModelRuns(loop)
+        loop.at_end(runs.close)  # its buffers are back before the operation ends
+        handle = loop.handle
+        self.dtype = handle.inputs[0].dtype
+        self.fixed = fixed_hw(handle.inputs[0].shape)
+        self.scale = static_scale(handle)  # what the tiler checks every tile against
+        runs.scale = self.scale or scale_hint(handle)  # what outputs are bound with from the first run
+        runs.hinted = self.scale is None and runs.scale is not None
+        field = receptive_field(handle.model_path, self.model_overlap, self._probe)
+        self.planned = plan_overlap(handle.model_name, field, self.requested_overlap, self.size_multiple)
+        self.tile, tile_warnings = choose_tile(handle.model_name, self.fixed, self.tile_size, self.planned)
+        self.plan_warnings = list(self.planned.warnings) + tile_warnings
+        if self.tile is AUTO and self.memory_budget is None:  # the job's RAM or VRAM budget, by where it runs
+            self.memory_budget = budget_for(loop.runtime, handle.gpu_device_id)
+
+    def _probe(self) -> int | None:
+        """The receptive radius, measured by an impulse probe (upscale_plan.impulse_probe)."""
+        runs = self.runs
+
+        def infer(window):
+            output = runs.infer(to_nchw(window, self.dtype), last=False, slot="probe")
+            return from_nchw(check_finite(output, runs.handle.model_name, runs.handle.outputs[0].name))
+
+        return impulse_probe(infer, scale=self.scale, fixed=self.fixed)
+
+    # ---- per frame -------------------------------------------------------------------------------
+
+    def frame(self, frame) -> UpscaleResult:
+        prefix = "" if frame.loop.single else f"{frame.counter}, "
+        frame.report(0.0, prefix + "preprocessing")
+        available = self.available_memory
+        if available is None:
+            available = available_system_memory_bytes()  # one read per frame, for both checks
+        shape = np.shape(frame.image)
+        self._refuse_oversized(shape, available)
+        tiles = self._tiles(shape)
+        fed = self._model_input(frame)
+        tiled = self._run_tiles(frame, fed, tiles, available, prefix)
+        frame.op.check_cancelled()
+        self.scale = tiled.scale  # known from here on, for the next frames too
+        if tiled.splits:
+            # the size that fitted, kept for the next frames: no use retrying the bigger one
+            self.tile, self.auto_sized = tiled.tile_size, False
+            fed.warnings.append(split_warning(tiled, exact=self.planned.exact))
+        return self._result(_with_alpha(tiled.image, fed), tiled, fed)
+
+    def _refuse_oversized(self, shape, available) -> None:
+        """Before even the float32 copy of the input (that alone can be gigabytes): a frame whose
+        result cannot fit is refused. Unknown scale or shape: the tiler refuses it before allocating it."""
+        known = self.scale or self.runs.scale
+        if known and len(shape) in (2, 3):
+            channels = 4 if len(shape) == 3 and shape[2] in (2, 4) else 3
+            label = self.loop.handle.model_name
+            refuse_oversized_result(*shape[:2], known, channels, label=label, available=available)
+
+    def _tiles(self, shape) -> TilePlan:
+        """This frame's tile plan; an auto tile is sized for it (until a split shows the size that fits)."""
+        if self.tile is AUTO or self.auto_sized:
+            self.auto_sized = True
+            self.tile = auto_tile_for_frame(
+                self.runs, self.loop.runtime, self.planned.overlap, self.planned.feather, self.memory_budget, shape[:2]
             )
-            del source
-            op.check_cancelled()
-            scale = tiled.scale  # known from here on, for the next frames too
-            if tiled.splits:
-                tile = tiled.tile_size  # the size that fitted; no use retrying the bigger one
-                auto_sized = False
-                warnings.append(split_warning(tiled, exact=planned.exact))
-            image = tiled.image  # clipped to [0, 1] as each tile was pasted
-            if alpha is not None and not model_alpha:
-                out_h, out_w = image.shape[:2]
-                if alpha_constant is not None:
-                    matte = np.full((out_h, out_w, 1), alpha_constant, np.float32)
-                else:
-                    matte = np.clip(resize(alpha, (out_h, out_w), "cubic"), 0.0, 1.0)[:, :, None]
-                image = np.concatenate([image, matte], axis=2)
-            if job.handle.fallback_warning:  # CUDA asked for, CPU given: the user must hear it
-                warnings.append(job.handle.fallback_warning)
-            exact = planned.exact or (tiled.tiles_run == 1 and not tiled.splits)
-            if exact and not planned.exact:  # one window: no seam, so the plan's "not exact" is moot
-                warnings = [w for w in warnings if w not in planned.warnings]
-            results.add(
-                UpscaleResult(
-                    image,
-                    int(scale),
-                    int(max(tiled.window_ran)),
-                    overlap=overlap,
-                    receptive_radius=planned.radius,
-                    exact=exact,
-                    warnings=warnings,
-                    feather=0 if tiled.tiles_run == 1 else planned.feather,
-                    input_kind=input_kind,
-                )
+        return frame_tiles(
+            self.tile,
+            self.planned,
+            auto_sized=self.auto_sized,
+            fixed=self.fixed is not None,
+            multiple=self.size_multiple,
+            frame_hw=shape[:2],
+        )
+
+    def _model_input(self, frame) -> _ModelInput:
+        """The frame as the model takes it: RGB clipped to [0, 1], with the alpha as a 4th channel
+        when it runs through the model."""
+        prepared = frame.prepare()
+        warnings = list(self.plan_warnings) + list(prepared.warnings)
+        rgb, alpha = prepared.rgb, prepared.alpha
+        # min and max first: two reads and no masks for the usual in-range image
+        outside = 0 if rgb.min() >= 0.0 and rgb.max() <= 1.0 else int(((rgb < 0.0) | (rgb > 1.0)).any(axis=2).sum())
+        if outside:
+            np.clip(rgb, 0.0, 1.0, out=rgb)  # prepare_image's array is always our own copy
+            warnings.append(
+                f"{frame.label}: {outside} pixel(s) outside [0, 1] (HDR or negative) were clipped for the model."
             )
-        options.report(1.0, "done")
-    return results.value(was_single)
+        alpha_constant = None
+        if alpha is not None and float(alpha.min()) == float(alpha.max()):
+            alpha_constant = float(alpha.min())
+        model_alpha = alpha is not None and alpha_constant is None and self.alpha_mode == "model"
+        source = np.concatenate([rgb, alpha[:, :, None]], axis=2) if model_alpha else rgb
+        return _ModelInput(source, alpha, alpha_constant, model_alpha, prepared.kind, warnings)
+
+    def _run_tiles(self, frame, fed: _ModelInput, tiles: TilePlan, available, prefix: str):
+        runs, dtype, model_alpha = self.runs, self.dtype, fed.model_alpha
+
+        def run_tile(window, last):
+            colour = runs.infer(to_nchw(window[:, :, :3], dtype), last=last and not model_alpha)
+            if not model_alpha:
+                return colour  # 1x3xHxW: the tiler pastes it transposed, in one pass
+            grey = np.repeat(window[:, :, 3:4], 3, axis=2)
+            matte = runs.infer(to_nchw(grey, dtype), last=last, slot="alpha")
+            return np.concatenate([from_nchw(colour), from_nchw(matte).mean(axis=2, keepdims=True)], axis=2)
+
+        def not_finite(result):
+            check_finite(result, runs.handle.model_name, runs.handle.outputs[0].name)
+
+        source, fed.source = fed.source, None  # the input goes as soon as the tiler is done with it
+        return run_tiled(
+            source,
+            run_tile,
+            tiles,
+            last=frame.last,
+            scale=self.scale,
+            label=runs.handle.model_name,
+            events=self.loop.runtime.events,
+            on_split=runs.reacquire,
+            progress=lambda fraction, done, total: frame.report(fraction, f"{prefix}tile {done}/{total}"),
+            clip=(0.0, 1.0),
+            not_finite=not_finite,
+            available_memory=available,
+        )
+
+    def _result(self, image: np.ndarray, tiled, fed: _ModelInput) -> UpscaleResult:
+        planned, warnings = self.planned, fed.warnings
+        exact = planned.exact or (tiled.tiles_run == 1 and not tiled.splits)
+        if exact and not planned.exact:  # one window: no seam, so the plan's "not exact" is moot
+            warnings = [w for w in warnings if w not in planned.warnings]
+        return UpscaleResult(
+            image,
+            int(tiled.scale),
+            int(max(tiled.window_ran)),
+            overlap=planned.overlap,
+            receptive_radius=planned.radius,
+            exact=exact,
+            warnings=warnings,
+            feather=0 if tiled.tiles_run == 1 else planned.feather,
+            input_kind=fed.kind,
+        )
 
 
-class _Job:
-    """The session of one upscale operation, re-acquired after an out-of-memory eviction."""
-
-    def __init__(self, op, model_path, device):
-        self.op = op
-        self.model_path = model_path
-        self.device = device
-        self.handle = op.session(model_path, device)
-        self.scale: int | None = None  # known from fixed shapes, a hint, or the first output
-        self.hinted = False  # `scale` is only a hint (`_scale_hint`), not yet seen in an output
-        self.told_plan: tuple | None = None  # the auto tile plan last emitted as a `tile_plan` event
-        self._buffers: dict[str, np.ndarray] = {}  # slot -> flat buffer from runtime.scratch
-        check_session(self.handle)
-        family_check.require("upscale", self.handle)  # after the shapes: what fits them may still be another family
-
-    def _buffer(self, slot: str, shape: tuple, dtype) -> np.ndarray:
-        """The slot's buffer as a C-contiguous `shape` (a prefix of it: an edge tile's smaller
-        output fits the buffer of a full one), a larger one taken when it does not fit."""
-        count = math.prod(shape)
-        flat = self._buffers.get(slot)
-        if flat is None or flat.dtype != np.dtype(dtype) or flat.size < count:
-            if flat is not None:
-                self.op.runtime.scratch.give(flat)
-            flat = self._buffers[slot] = self.op.runtime.scratch.take(count, dtype)
-        return flat[:count].reshape(shape)
-
-    def close(self) -> None:
-        """The job's buffers back to the runtime, to be kept warm or let go (runtime/release/scratch.py)."""
-        for flat in self._buffers.values():
-            self.op.runtime.scratch.give(flat)
-        self._buffers.clear()
-
-    def reacquire(self, _tile, _error: InferenceOutOfMemoryError) -> None:
-        self.handle = self.op.session(self.model_path, self.device)
-
-    def infer(self, feed: np.ndarray, *, last: bool, slot: str = "colour") -> np.ndarray:
-        """The model's 1x3xHxW output for a 1x3xhxw feed. Once the scale is known (or hinted:
-        `_scale_hint`) the output is written by the runtime straight into a buffer this job owns
-        (one per `slot`, reused from tile to tile: the tiler pastes it before the next run), so
-        nothing is copied out of the arena and no new array is made per tile. Unknown, the output
-        comes out of the arena and is copied (and the arena needs a release run of its own)."""
-        handle = self.handle
-        in_name, out_name = handle.inputs[0].name, handle.outputs[0].name
-        out = None
-        if self.scale is not None:
-            shape = (1, 3, feed.shape[2] * self.scale, feed.shape[3] * self.scale)
-            out = {out_name: self._buffer(slot, shape, handle.outputs[0].dtype)}
-        try:
-            output = self.op.run(handle, {in_name: feed}, last=last, output_names=[out_name], out=out)[out_name]
-        except InferenceError as exc:
-            if out is None or isinstance(exc, SessionClosedError) or not self.hinted:
-                raise
-            # a hinted scale this input does not have (a model whose factor depends on the size):
-            # run it unbound, as if nothing were known, and learn the scale from its output
-            _LEARNED_SCALE.pop(handle.key, None)
-            self.scale, self.hinted = None, False
-            return self.infer(feed, last=last, slot=slot)
-        if output.ndim != 4 or output.shape[1] != 3:
-            raise ModelContractError(
-                f"{handle.model_name} returned '{out_name}' with shape {list(output.shape)}; an upscale "
-                "model must return 1x3xHxW."
-            )
-        # NaN/Inf: the tiler checks each tile's owned part while it pastes it (`not_finite`)
-        self.hinted = False  # an output of the hinted scale came back: it is the model's
-        if self.scale is None and output.shape[2] % feed.shape[2] == 0:
-            found = output.shape[2] // feed.shape[2]
-            if output.shape[3] == feed.shape[3] * found:  # else the tiler reports the contract error
-                self.scale = found
-                if fixed_hw(handle.outputs[0].shape) is None:  # a fixed output's factor varies
-                    _remember(handle.key, found)
-        return output
-
-
-# The scale each cached session showed (by its cache key: model file identity, device, settings),
-# so the next job binds even its first run's output into its own buffer: that run would otherwise
-# return the output in arena memory, to be copied out (200 MB for a 1024 px input at x4) and
-# released by a run of its own.
-_LEARNED_SCALE: dict[tuple, int] = {}
-_LEARNED_MAX = 64
-
-
-def _learned(handle) -> int | None:
-    return _LEARNED_SCALE.get(handle.key)
-
-
-def _remember(key: tuple, scale: int) -> None:
-    if len(_LEARNED_SCALE) >= _LEARNED_MAX and key not in _LEARNED_SCALE:
-        _LEARNED_SCALE.pop(next(iter(_LEARNED_SCALE)))  # the oldest: a bound, not an eviction policy
-    _LEARNED_SCALE[key] = scale
-
-
-def _scale_hint(handle) -> int | None:
-    """The scale to bind the first run's output with before any output was seen: the one this
-    session showed before, else the one the graph walk read (Conv strides, DepthToSpace, Resize
-    factors). A wrong hint costs one failed run (`_Job.infer` retries unbound), never a result."""
-    learned = _learned(handle)
-    if learned is not None:
-        return learned
-    field_ = graph_receptive_field(handle.model_path)
-    walked = field_.scale
-    if field_.radius is None or field_.is_global or walked is None or walked < 1 or not float(walked).is_integer():
-        return None
-    return int(walked)
+def _with_alpha(image: np.ndarray, fed: _ModelInput) -> np.ndarray:
+    """The upscaled RGB(A) with the source's alpha joined back: resized (cubic) or constant, unless
+    it already ran through the model."""
+    if fed.alpha is None or fed.model_alpha:
+        return image  # clipped to [0, 1] as each tile was pasted
+    out_h, out_w = image.shape[:2]
+    if fed.alpha_constant is not None:
+        matte = np.full((out_h, out_w, 1), fed.alpha_constant, np.float32)
+    else:
+        matte = np.clip(resize(fed.alpha, (out_h, out_w), "cubic"), 0.0, 1.0)[:, :, None]
+    return np.concatenate([image, matte], axis=2)
 
 
 def check_session(handle) -> None:
@@ -396,14 +309,6 @@ def check_session(handle) -> None:
         inputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}],
         outputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}],
     )
-
-
-def _static_scale(handle) -> int | None:
-    """The scale from fixed input/output shapes, when the model declares both."""
-    fixed_in, fixed_out = fixed_hw(handle.inputs[0].shape), fixed_hw(handle.outputs[0].shape)
-    if fixed_in is None or fixed_out is None:
-        return None
-    return whole_scale(fixed_in, fixed_out, handle.model_name)
 
 
 FAMILY = Family(

@@ -16,7 +16,9 @@ from ..imaging import to_nchw
 from ..tiles.feather import feather_floor
 from ..tiles.receptive import GLOBAL, ReceptiveField, graph_receptive_field
 from ..tiles.tile_memory import BUDGET_FRACTION, FALLBACK_TILE, MAX_AUTO_TILE, tile_floor
+from ..tiles.tiling import TilePlan
 
+AUTO = "auto"  # a tile size chosen per frame from the model's measured working memory
 AUTO_OVERLAP = -1  # the artist's "Overlap -1": the model's receptive radius
 GLOBAL_OVERLAP = 32  # context for a model that sees the whole image, when it must be tiled
 PROBE_RADIUS = 48  # an impulse probe sees this far; a model reaching past it counts as global
@@ -122,6 +124,46 @@ def plan_overlap(name: str, field_: ReceptiveField, requested: int | None, multi
     return plan
 
 
+def choose_tile(name: str, fixed: tuple[int, int] | None, tile_size, planned: OverlapPlan) -> tuple[object, list[str]]:
+    """The job's tile and what the artist should be told about it: a fixed-shape model's own input
+    size (the overlap, and with it the plan's exactness and feather, cut down to fit it), AUTO
+    (sized per frame), None (one window), or the asked size raised to the floor the overlap and
+    the feather need."""
+    overlap, warnings = planned.overlap, []
+    if fixed is not None:
+        if isinstance(tile_size, int) and (tile_size, tile_size) != fixed:
+            warnings.append(f"{name} takes a fixed {fixed[1]}x{fixed[0]} input; tile size {tile_size} was ignored.")
+        if 2 * overlap + 8 > min(fixed):
+            overlap = planned.overlap = max(0, (min(fixed) - 8) // 2)
+            warnings.append(f"Overlap reduced to {overlap} px to fit the model's {fixed[1]}x{fixed[0]} input.")
+            planned.exact = planned.covers(overlap)
+        # a fixed window cannot grow: the ramps must fit its core (models/tiles/feather.py)
+        planned.feather = min(planned.feather, overlap, max(0, (min(fixed) - 2 * overlap) // 4))
+        return fixed, warnings
+    if tile_size == AUTO:
+        return AUTO, warnings
+    if tile_size is None:
+        return None, warnings
+    tile = int(tile_size)
+    # feathered seams need room for their ramps inside each tile (models/tiles/feather.py)
+    floor = max(tile_floor(overlap), feather_floor(overlap, planned.feather) if planned.feather else 0)
+    if tile < floor:
+        warnings.append(f"Tile size {tile} is below the minimum for a {overlap} px overlap; using {floor}.")
+        tile = floor
+    return tile, warnings
+
+
+def frame_tiles(tile, planned: OverlapPlan, *, auto_sized: bool, fixed: bool, multiple: int, frame_hw) -> TilePlan:
+    """The tiler's plan for one frame: `tile` (the job's, or this frame's auto size), the overlap
+    and feather of `planned`. Auto windows are all of one shape, no larger than the frame (one
+    memory plan in ORT): an axis the window spans whole is one piece, its core the frame."""
+    uniform = auto_sized and tile is not None and not fixed and len(frame_hw) == 2
+    window = tile
+    if uniform:
+        window = tuple(tile if tile < side else side + 2 * planned.overlap for side in frame_hw)
+    return TilePlan(window, planned.overlap, fixed=fixed, multiple=multiple, feather=planned.feather, uniform=uniform)
+
+
 def impulse_probe(infer, *, scale: int | None, channels: int = 3, fixed=None) -> int | None:
     """Measure the radius once: how far a change of one input pixel reaches in the output.
 
@@ -194,8 +236,6 @@ def auto_tile(runtime, handle, overlap: int, budget: int | None, *, feather: int
     side = int(math.sqrt(target / rate)) // AUTO_WINDOW_STEP * AUTO_WINDOW_STEP
     return int(min(max(side, floor), MAX_AUTO_TILE)), how
 
-
-AUTO = "auto"
 
 
 def auto_tile_for_frame(job, runtime, overlap: int, feather: int, budget: int | None, frame_hw):

@@ -188,6 +188,59 @@ def cut_window(image: np.ndarray, tile: Tile) -> np.ndarray:
     return np.take(np.take(image, rows, axis=0), cols, axis=1)
 
 
+@dataclass(frozen=True)
+class TilePlan:
+    """How an image is cut into model windows, and cut again when memory runs out (after
+    chaiNNer's `Tiler`): what a caller decides once, and `run_tiled` reads.
+
+    `tile_size`: the window side in input pixels, overlap included (an int or an (h, w) pair), or
+    None for one window over the whole image. `fixed`: it is the model's own input size, so every
+    window is exactly that and is never split. `multiple`: windows are grown to a multiple of it.
+    `min_tile`: the split rule's floor (raised to what the overlap and the feather need).
+    `feather`: 0 crops each tile at its owned region (exact when the overlap covers the receptive
+    radius); > 0 blends neighbours across bands of 2 * feather px (models/tiles/feather.py), for an
+    overlap below the radius; it needs feather <= overlap. `uniform`: every window exactly
+    `tile_size`, capped at the image (grown into it at its borders: see `plan_tiles`), so the model
+    sees one input shape: ORT plans and keeps memory per input shape (its memory pattern, arena
+    chunks), and the clipped edge windows' other shapes each grew the arena by a window's working
+    memory again.
+    """
+
+    tile_size: int | tuple[int, int] | None
+    overlap: int = 0
+    fixed: bool = False
+    multiple: int = 1
+    min_tile: int = 32
+    feather: int = 0
+    uniform: bool = False
+
+    def __post_init__(self):
+        if self.feather and self.feather > self.overlap:
+            raise ValueError(f"a {self.feather} px feather needs an overlap of at least that, got {self.overlap}")
+
+    @property
+    def floor(self) -> int:
+        """The smallest window side a split may go down to."""
+        floor = tile_floor(self.overlap, self.min_tile)
+        return max(floor, feather_floor(self.overlap, self.feather)) if self.feather else floor
+
+    def split(self, current: tuple[int, int]) -> tuple[int, int] | None:
+        """The split rule, after running out of memory: half the side, down to the floor (one
+        last try at the floor itself); None when no smaller window is possible."""
+        side = max(current)
+        if self.fixed or side <= self.floor:
+            return None
+        new = max(side // 2, self.floor)
+        return new, new
+
+    def tiles(self, height: int, width: int, tile_size, region=None) -> list[Tile]:
+        """The tiles of `region` (default: the whole image) with windows of `tile_size`."""
+        return plan_tiles(
+            height, width, tile_size, self.overlap, fixed=self.fixed, region=region, multiple=self.multiple,
+            uniform=self.uniform,
+        )  # fmt: skip
+
+
 # --- running -------------------------------------------------------------------------------------
 
 
@@ -207,25 +260,19 @@ RunTile = Callable[[np.ndarray, bool], np.ndarray]
 def run_tiled(
     image: np.ndarray,
     run_tile: RunTile,
+    plan: TilePlan,
     *,
-    tile_size,
-    overlap: int,
-    fixed: bool = False,
     last: bool = True,
     scale: int | None = None,
     label: str = "model",
     events=None,
     on_split: Callable[[tuple[int, int], InferenceOutOfMemoryError], None] | None = None,
     progress: Callable[[float, int, int], None] | None = None,
-    min_tile: int = 32,
-    multiple: int = 1,
     clip: tuple[float, float] | None = None,
     not_finite: Callable[[np.ndarray], object] | None = None,
     available_memory: int | None = None,
-    feather: int = 0,
-    uniform: bool = False,
 ) -> TiledResult:
-    """Run `run_tile(window HxWxC float32, last) -> (h*s)x(w*s)xC'` over tiles and assemble.
+    """Run `run_tile(window HxWxC float32, last) -> (h*s)x(w*s)xC'` over the tiles of `plan` and assemble.
 
     `run_tile` may also return a model's 1xC'x(h*s)x(w*s) tensor: its owned part is pasted into
     the HxWxC' result transposed, in the same pass (and clipped to `clip` there, when given).
@@ -239,13 +286,6 @@ def run_tiled(
     should raise). Seen in the paste's own pass, so checking costs no extra pass over the tile.
     `available_memory`: bytes the result may take (default: what the OS says is available); a
     larger result is refused (InvalidImageError) before it is allocated.
-    `uniform`: every window exactly `tile_size`, capped at the image (grown into it at its borders:
-    see `plan_tiles`), so the model sees one input shape: ORT
-    plans and keeps memory per input shape (its memory pattern, arena chunks), and the clipped
-    edge windows' other shapes each grew the arena by a window's working memory again.
-    `feather`: 0 crops each tile at its owned region (exact when the overlap covers the receptive
-    radius); > 0 blends neighbours across bands of 2 * feather px (models/tiles/feather.py), for an
-    overlap below the radius. Needs feather <= overlap; splits then stop at `feather_floor`.
     """
     image = np.asarray(image)
     if image.ndim == 2:
@@ -253,13 +293,9 @@ def run_tiled(
     height, width = image.shape[:2]
     if height == 0 or width == 0:
         raise ValueError("cannot tile an image without pixels")
-    feather = int(feather)
-    if feather:
-        if feather > overlap:
-            raise ValueError(f"a {feather} px feather needs an overlap of at least that, got {overlap}")
-        min_tile = max(int(min_tile), feather_floor(overlap, feather))
-    current = _pair(tile_size) if tile_size is not None else None
-    pending = deque(plan_tiles(height, width, current, overlap, fixed=fixed, multiple=multiple, uniform=uniform))
+    feather = int(plan.feather)
+    current = _pair(plan.tile_size) if plan.tile_size is not None else None
+    pending = deque(plan.tiles(height, width, current))
     if current is None:
         current = pending[0].window_shape
     total_area = height * width
@@ -275,16 +311,16 @@ def run_tiled(
         try:
             result = run_tile(window, last and len(pending) == 1)
         except InferenceOutOfMemoryError as exc:
-            if fixed:
+            if plan.fixed:
                 raise
-            if _halve(current, overlap, min_tile) is None:  # the smallest tile did not fit either
+            if plan.split(current) is None:  # the smallest tile did not fit either
                 raise not_shrinking_with_tiles(exc, max(current)) from None
             # Split and re-acquire only after this block: while it runs, the error's traceback holds
             # the frames of the failed run, and whatever they reference (the tile's buffers, any
             # session a caller's frame still holds) would live on beside the replacement session.
             failure = exc.with_traceback(None)
         if failure is not None:
-            smaller = _halve(current, overlap, min_tile)
+            smaller = plan.split(current)
             payload = {
                 "model": label,
                 "old_tile_size": max(current),
@@ -295,13 +331,7 @@ def run_tiled(
                 "tiles_done": tiles_run,
             }
             current = smaller
-            pending = deque(
-                t
-                for old in pending
-                for t in plan_tiles(
-                    height, width, current, overlap, region=old.owned, multiple=multiple, uniform=uniform
-                )
-            )
+            pending = deque(t for old in pending for t in plan.tiles(height, width, current, region=old.owned))
             payload["tiles_left"] = len(pending)
             if events is not None:
                 events.emit("tile_split", **payload)
@@ -336,15 +366,6 @@ def run_tiled(
         if progress is not None:
             progress(done_area / total_area, tiles_run, tiles_run + len(pending))
     return TiledResult(output, int(scale), tuple(current), tiles_run, (ran_h, ran_w), splits)
-
-
-def _halve(current: tuple[int, int], overlap: int, min_tile: int) -> tuple[int, int] | None:
-    floor = tile_floor(overlap, min_tile)
-    side = max(current)
-    if side <= floor:
-        return None
-    new = max(side // 2, floor)  # one last try at the floor itself
-    return new, new
 
 
 def whole_scale(in_hw, out_hw, label: str) -> int:
