@@ -5,7 +5,8 @@
 
 The models are the seeded exports of the upstream code that `tools/reference_models.py` writes
 (its manifest names the files); a model missing there is skipped with a note. The cases: DA3-SMALL,
-MoGe-2 ViT-S and BEN2 Base on a 1920x1080 picture (each adapter resizes it to its model's size),
+MoGe-2 ViT-S and BEN2 Base on a 1920x1080 picture (each adapter resizes it to its model's size;
+MoGe-2 with a shot's focal length given, as its solver rightly refuses seeded-weight geometry),
 the compact x4 upscaler at 512x512 and 1920x1080, RealESRGAN_x4plus at 256x256 (1920x1080 with
 `--rrdb-1080p`: most of an hour on 2 cores).
 
@@ -51,6 +52,7 @@ CASES = (
     ("rrdb-x4plus", "upscale", [(256, 256)]),
     ("ben2-base", "ben2", [HD]),
 )
+MOGE2_FOCAL_WIDTH = 0.8  # fx / width (models/adapters/shot_camera.py)
 PHASES = ("decode", "pre", "runs", "op", "probe", "between", "post", "release", "encode")
 
 
@@ -186,6 +188,8 @@ def child_product(args) -> dict:
     cli_images._pillow().fromarray(_image(args.height, args.width)).save(source)
     runtime = Runtime(settings=RuntimeSettings(intra_op_threads=args.threads))
     job = FamilyJob.resolve(args.family, work / "models", model_path=args.model, device="cpu")
+    if args.family == "moge2":  # seeded weights give no camera the solver accepts: a shot's focal
+        job.extra["focal_width"] = MOGE2_FOCAL_WIDTH  # instead, so the whole post-process runs
     started = time.perf_counter()
     image = cli_images.read_image(source)
     decoded, cpu = time.perf_counter(), time.process_time()
