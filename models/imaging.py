@@ -46,10 +46,9 @@ def prepare_image(image, *, name: str = "image") -> PreparedImage:
     if height == 0 or width == 0:
         raise InvalidImageError(f"{name} has no pixels ({width}x{height}); load or render the image first.")
     source_dtype = array.dtype
-    if array.dtype == np.uint8:
-        data = array.astype(np.float32) / 255.0
-    elif array.dtype == np.uint16:
-        data = array.astype(np.float32) / 65535.0
+    if array.dtype in (np.uint8, np.uint16):
+        data = array.astype(np.float32)
+        data /= 255.0 if array.dtype == np.uint8 else 65535.0  # in place: one full-size float array, not two
     elif np.issubdtype(array.dtype, np.floating):
         data = array.astype(np.float32, copy=True)
     elif array.dtype == np.bool_:
