@@ -25,6 +25,9 @@ normalise), runs (inside onnxruntime), op (the operation's bookkeeping around ea
 (runs that measure the model, not part of the result: impulse probe, working-memory measure),
 between (between runs: tile cut and paste), post (after the last run), release (the arena's
 release in the last run, release calls, the operation's end and its memory report).
+Ratios: `ratio` wall, `cpu` CPU seconds (all threads) of the model part, `runs` CPU seconds inside
+onnxruntime's runs alone (what the product's session settings cost), each over the bare runs'.
+On a shared machine the wall ratio swings most; the CPU ones are steadier.
 Peak RSS (ru_maxrss) is each process's own, read when the model part ends (before encoding);
 kept = what the runtime still held after its release, as a share of the job's peak growth.
 Prints a table and the breakdown, then exactly one JSON line. Machine shared: ratios ±10 %.
@@ -80,7 +83,9 @@ class _Recorder:
     def __init__(self, feeds_dir: Path):
         self.spans: list[tuple[str, float, float]] = []  # (kind, start, end)
         self.ort_seconds = 0.0
+        self.ort_cpu = 0.0  # CPU seconds (all threads) inside onnxruntime's run, probes included
         self.probing = False
+        self.releasing = False  # the runtime's release run (an empty model) is no model run
         self.feeds_dir = feeds_dir
         self.saved = 0
         self.cpu_apart = 0.0  # CPU seconds of the load and of saving feeds: not the model part's
@@ -108,11 +113,14 @@ class _Recorder:
             original = getattr(session_class, name)
 
             def ort_call(*args, _original=original, **kwargs):
-                start = time.perf_counter()
+                start, cpu = time.perf_counter(), time.process_time()
                 try:
                     return _original(*args, **kwargs)
                 finally:
-                    self.ort_seconds += time.perf_counter() - start
+                    if not self.releasing:
+                        self.ort_seconds += time.perf_counter() - start
+                    if not (self.probing or self.releasing):
+                        self.ort_cpu += time.process_time() - cpu
 
             setattr(session_class, name, ort_call)
         run = operation.Operation.run
@@ -137,6 +145,16 @@ class _Recorder:
         operation.Operation.session = self.timed("load", operation.Operation.session)
         operation.Operation.__exit__ = self.timed("exit", operation.Operation.__exit__)
         core.Runtime.release_now = self.timed("release_now", core.Runtime.release_now)
+        release_cpu_arena = core.Runtime.release_cpu_arena
+
+        def releasing(runtime):
+            self.releasing = True
+            try:
+                return release_cpu_arena(runtime)
+            finally:
+                self.releasing = False
+
+        core.Runtime.release_cpu_arena = releasing
         infer = upscale._Job.infer
 
         def job_infer(job, feed, *, last, slot="colour"):
@@ -214,6 +232,7 @@ def child_product(args) -> dict:
         "model_s": ended - decoded - phases["load"] - phases["capture"],
         "load_s": phases["load"],
         "cpu_s": cpu - recorder.cpu_apart,
+        "runs_cpu_s": recorder.ort_cpu,
         "phases": {**phases, "decode": decoded - started, "encode": encode},
         "refused": refused,
         "rss_before": rss_before,
@@ -286,6 +305,7 @@ def _case(name: str, family: str, model: Path, size: tuple[int, int], args) -> d
         "input": f"{size[1]}x{size[0]}",
         "ratio": round(product["model_s"] / bare["runs_s"], 3),
         "cpu_ratio": round(product["cpu_s"] / bare["cpu_s"], 3),
+        "runs_cpu_ratio": round(product["runs_cpu_s"] / bare["cpu_s"], 3),
         "product_s": round(product["model_s"], 3),
         "bare_s": round(bare["runs_s"], 3),
         "runs": bare["runs"],
@@ -329,7 +349,7 @@ def main() -> int:
     only = set(filter(None, args.only.split(",")))
     rows, skipped = [], []
     print(
-        f"{'model':<12} {'input':>9} {'tiles':<16} {'ratio':>6} {'cpu':>6} {'prod s':>7} {'bare s':>7} {'load p/b s':>11} "
+        f"{'model':<12} {'input':>9} {'tiles':<16} {'ratio':>6} {'cpu':>6} {'runs':>6} {'prod s':>7} {'bare s':>7} {'load p/b s':>11} "
         f"{'peak MB p/b':>12} {'kept %':>7}  note"
     )
     for name, family, sizes in CASES:
@@ -350,7 +370,7 @@ def main() -> int:
             rows.append(row)
             note = f"refused: {row['refused']}" if row["refused"] else ""
             print(
-                f"{name:<12} {row['input']:>9} {_plan_text(row['plan']):<16} {row['ratio']:>6} {row['cpu_ratio']:>6} {row['product_s']:>7} "
+                f"{name:<12} {row['input']:>9} {_plan_text(row['plan']):<16} {row['ratio']:>6} {row['cpu_ratio']:>6} {row['runs_cpu_ratio']:>6} {row['product_s']:>7} "
                 f"{row['bare_s']:>7} {row['load_s']:>5}/{row['bare_load_s']:<5} "
                 f"{row['peak_mb']:>5}/{row['bare_peak_mb']:<6} {100 * row['kept_share_of_peak_growth']:>6.1f}%  {note}",
                 flush=True,
