@@ -46,10 +46,9 @@ def prepare_image(image, *, name: str = "image") -> PreparedImage:
     if height == 0 or width == 0:
         raise InvalidImageError(f"{name} has no pixels ({width}x{height}); load or render the image first.")
     source_dtype = array.dtype
-    if array.dtype == np.uint8:
-        data = array.astype(np.float32) / 255.0
-    elif array.dtype == np.uint16:
-        data = array.astype(np.float32) / 65535.0
+    if array.dtype in (np.uint8, np.uint16):
+        data = array.astype(np.float32)
+        data /= 255.0 if array.dtype == np.uint8 else 65535.0  # in place: one full-size float array, not two
     elif np.issubdtype(array.dtype, np.floating):
         data = array.astype(np.float32, copy=True)
     elif array.dtype == np.bool_:
@@ -130,8 +129,12 @@ def _kernel(name: str):
 
 
 @lru_cache(maxsize=64)
-def resample_matrix(in_size: int, out_size: int, kernel: str = "lanczos3") -> np.ndarray:
-    """out_size x in_size weights; antialiased when shrinking (kernel stretched by the ratio)."""
+def resample_band(in_size: int, out_size: int, kernel: str = "lanczos3") -> tuple[np.ndarray, np.ndarray]:
+    """The resampling weights as a band: (out_size, taps) source indices and their float32 weights;
+    antialiased when shrinking (kernel stretched by the ratio), edges clamped. A dense
+    out_size x in_size product does in_size multiply-adds per output where the kernel has a
+    handful (1080 vs 13 for a lanczos3 1080 -> 630 shrink): dense, MoGe-2's resizes of a 1080p
+    frame took about a tenth of its run on 2 cores."""
     support, function = _kernel(kernel)
     scale = in_size / out_size
     stretch = max(scale, 1.0) if kernel != "nearest" else 1.0
@@ -141,12 +144,55 @@ def resample_matrix(in_size: int, out_size: int, kernel: str = "lanczos3") -> np
     positions = np.floor(centres)[:, None] + taps[None, :]
     weights = function((positions - centres[:, None]) / stretch)
     weights /= np.maximum(weights.sum(axis=1, keepdims=True), 1e-12)
-    indices = np.clip(positions, 0, in_size - 1).astype(np.int64)  # clamp-to-edge
-    matrix = np.zeros((out_size, in_size), np.float64)
-    np.add.at(matrix, (np.repeat(np.arange(out_size), len(taps)), indices.ravel()), weights.ravel())
-    matrix = matrix.astype(np.float32)
+    clamped = np.clip(positions, 0, in_size - 1).astype(np.int64)  # clamp-to-edge
+    width = min(in_size, int((clamped[:, -1] - clamped[:, 0]).max()) + 1)  # positions rise along a row
+    first = np.minimum(clamped[:, 0], in_size - width)
+    band = np.zeros((out_size, width), np.float64)  # taps clamped onto one pixel add up there
+    np.add.at(band, (np.repeat(np.arange(out_size), len(taps)), (clamped - first[:, None]).ravel()), weights.ravel())
+    indices = first[:, None] + np.arange(width)
+    band = band.astype(np.float32)
+    indices.setflags(write=False)
+    band.setflags(write=False)
+    return indices, band
+
+
+@lru_cache(maxsize=64)
+def resample_matrix(in_size: int, out_size: int, kernel: str = "lanczos3") -> np.ndarray:
+    """out_size x in_size weights: :func:`resample_band` as a dense matrix."""
+    indices, weights = resample_band(in_size, out_size, kernel)
+    matrix = np.zeros((out_size, in_size), np.float32)
+    np.put_along_axis(matrix, indices, weights, axis=1)
     matrix.setflags(write=False)
     return matrix
+
+
+RESAMPLE_BLOCK = 64  # output rows per matrix product: a band this tall spans ~64 x scale + taps inputs
+
+
+@lru_cache(maxsize=64)
+def _resample_blocks(in_size: int, out_size: int, kernel: str) -> tuple:
+    """The band cut into dense blocks, (start, stop, first input, end input, weights): a few
+    BLAS products per pass beat a gather and a multiply-add per tap (one pass over memory each)
+    by 1.3-3.6x on the adapters' 1080p resizes."""
+    indices, weights = resample_band(in_size, out_size, kernel)
+    blocks = []
+    for start in range(0, out_size, RESAMPLE_BLOCK):
+        stop = min(out_size, start + RESAMPLE_BLOCK)
+        low, high = int(indices[start:stop, 0].min()), int(indices[start:stop, -1].max()) + 1
+        local = np.zeros((stop - start, high - low), np.float32)
+        np.put_along_axis(local, indices[start:stop] - low, weights[start:stop], axis=1)
+        local.setflags(write=False)
+        blocks.append((start, stop, low, high, local))
+    return tuple(blocks)
+
+
+def _resample_rows(array: np.ndarray, out_size: int, kernel: str) -> np.ndarray:
+    """Resample axis 0 of a C-contiguous float32 array."""
+    rows = array.reshape(array.shape[0], -1)
+    result = np.empty((out_size, rows.shape[1]), np.float32)
+    for start, stop, low, high, local in _resample_blocks(array.shape[0], out_size, kernel):
+        np.matmul(local, rows[low:high], out=result[start:stop])
+    return result.reshape((out_size, *array.shape[1:]))
 
 
 def resize(image: np.ndarray, size: tuple[int, int], kernel: str = "lanczos3") -> np.ndarray:
@@ -158,15 +204,15 @@ def resize(image: np.ndarray, size: tuple[int, int], kernel: str = "lanczos3") -
     squeeze = array.ndim == 2
     if squeeze:
         array = array[:, :, None]
-    in_h, in_w, channels = array.shape
+    in_h, in_w, _ = array.shape
     if (in_h, in_w) == (out_h, out_w):
         result = array.copy()
     else:
-        rows = resample_matrix(in_h, out_h, kernel)
-        cols = resample_matrix(in_w, out_w, kernel)
-        # rows: (out_h, in_h) @ (in_h, in_w*C) then columns on the transposed layout
-        tmp = (rows @ array.reshape(in_h, in_w * channels)).reshape(out_h, in_w, channels)
-        result = np.einsum("ow,hwc->hoc", cols, tmp, optimize=True).astype(np.float32, copy=False)
+        # rows, then columns as rows of the transposed image: each product reads contiguous rows
+        result = array if in_h == out_h else _resample_rows(np.ascontiguousarray(array), out_h, kernel)
+        if in_w != out_w:
+            columns = _resample_rows(np.ascontiguousarray(result.transpose(1, 0, 2)), out_w, kernel)
+            result = np.ascontiguousarray(columns.transpose(1, 0, 2))
     return result[:, :, 0] if squeeze else result
 
 

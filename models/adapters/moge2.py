@@ -286,7 +286,7 @@ def _postprocess(
     if force_projection:
         x = ((np.arange(width, dtype=np.float32) + 0.5 - cx) / fx)[None, :]
         y = ((np.arange(height, dtype=np.float32) + 0.5 - cy) / fy)[:, None]
-        points_out = np.stack(np.broadcast_arrays(x * depth, y * depth, depth), axis=-1).astype(np.float32)
+        points_out = np.stack(np.broadcast_arrays(x * depth, y * depth, depth), axis=-1)  # float32 already
     else:
         shifted = points.copy()
         shifted[:, :, 2] = depth_model
