@@ -48,6 +48,7 @@ from pathlib import Path
 
 DEFAULT_FOLDER = Path.home() / ".cache" / "lean_image_ai" / "reference_models"
 HD = (1080, 1920)
+QUARTER_HD = (540, 960)  # RRDBNet: a quarter of 1080p, in windows as large as 1080p gets
 # (reference model, family, input sizes by default)
 CASES = (
     ("da3-small", "da3", [HD]),
@@ -106,7 +107,7 @@ class _Recorder:
     def install(self) -> None:
         import numpy as np
         import onnxruntime as ort
-        from lean_image_ai.models.adapters import upscale
+        from lean_image_ai.models.adapters import upscale_runs
         from lean_image_ai.runtime import core, operation
 
         session_class = ort.InferenceSession
@@ -156,7 +157,7 @@ class _Recorder:
                 self.releasing = False
 
         core.Runtime.release_cpu_arena = releasing
-        infer = upscale._Job.infer
+        infer = upscale_runs.ModelRuns.infer
 
         def job_infer(job, feed, *, last, slot="colour"):
             self.probing = slot == "probe"
@@ -165,7 +166,7 @@ class _Recorder:
             finally:
                 self.probing = False
 
-        upscale._Job.infer = job_infer
+        upscale_runs.ModelRuns.infer = job_infer
 
     def phases(self, start: float, end: float, in_run_release: float) -> dict:
         """Seconds per phase of the job's wall from ``start`` to ``end``."""
@@ -339,6 +340,10 @@ def main() -> int:
     parser.add_argument(
         "--rrdb-1080p", action="store_true", help="also RealESRGAN_x4plus at 1920x1080 (~1 h)"
     )
+    parser.add_argument(
+        "--rrdb-tiled", action="store_true",
+        help="also RealESRGAN_x4plus at 960x540: several windows of the 1080p plan's size (minutes, not an hour)",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
         "--repeat", type=int, default=1, help="runs of each process per case; the fastest is kept"
@@ -371,8 +376,8 @@ def main() -> int:
                 f"{name:<12} skipped: not in {args.folder / 'manifest.json'} (tools/reference_models.py makes it)"
             )
             continue
-        if name == "rrdb-x4plus" and args.rrdb_1080p:
-            sizes = [*sizes, HD]
+        if name == "rrdb-x4plus":
+            sizes = [*sizes, *([QUARTER_HD] if args.rrdb_tiled else []), *([HD] if args.rrdb_1080p else [])]
         for size in sizes:
             row = _case(name, family, model, size, args)
             rows.append(row)
