@@ -1,7 +1,8 @@
 """Every family on its real architecture, through the product vs a bare onnxruntime session (DESIGN.md §5-6).
 
     .venv/bin/python bench/real_models.py [--only da3-small,compact-x4] [--threads 2] [--repeat 1] [--rrdb-1080p]
-                                          [--folder ~/.cache/lean_image_ai/reference_models]
+                                          [--folder DIR]  (default: $LEAN_IMAGE_AI_REFERENCE_DIR or
+                                                           ~/.cache/lean_image_ai/reference_models, as the exporter)
 
 The models are the seeded exports of the upstream code that `tools/reference_models.py` writes
 (its manifest names the files); a model missing there is skipped with a note. The cases: DA3-SMALL,
@@ -46,7 +47,9 @@ import tempfile
 import time
 from pathlib import Path
 
-DEFAULT_FOLDER = Path.home() / ".cache" / "lean_image_ai" / "reference_models"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from reference_models import load_manifest, reference_dir  # noqa: E402  (the exports' folder and manifest)
+
 HD = (1080, 1920)
 QUARTER_HD = (540, 960)  # RRDBNet: a quarter of 1080p, in windows as large as 1080p gets
 # (reference model, family, input sizes by default)
@@ -348,7 +351,7 @@ def main() -> int:
     parser.add_argument(
         "--repeat", type=int, default=1, help="runs of each process per case; the fastest is kept"
     )
-    parser.add_argument("--folder", type=Path, default=DEFAULT_FOLDER)
+    parser.add_argument("--folder", type=Path, default=reference_dir())
     parser.add_argument("--child", choices=("product", "bare"))
     for name in ("model", "family", "work"):
         parser.add_argument(f"--{name}")
@@ -358,7 +361,7 @@ def main() -> int:
     if args.child:
         print(json.dumps((child_product if args.child == "product" else child_bare)(args)))
         return 0
-    manifest = json.loads((args.folder / "manifest.json").read_text())["models"]
+    manifest = load_manifest(args.folder)["models"]
     only = set(filter(None, args.only.split(",")))
     rows, skipped = [], []
     print(
