@@ -1,7 +1,8 @@
 """Every family on its real architecture, through the product vs a bare onnxruntime session (DESIGN.md §5-6).
 
     .venv/bin/python bench/real_models.py [--only da3-small,compact-x4] [--threads 2] [--repeat 1] [--rrdb-1080p]
-                                          [--folder ~/.cache/lean_image_ai/reference_models]
+                                          [--folder DIR]  (default: $LEAN_IMAGE_AI_REFERENCE_DIR or
+                                                           ~/.cache/lean_image_ai/reference_models, as the exporter)
 
 The models are the seeded exports of the upstream code that `tools/reference_models.py` writes
 (its manifest names the files); a model missing there is skipped with a note. The cases: DA3-SMALL,
@@ -29,7 +30,8 @@ Ratios: `ratio` wall, `cpu` CPU seconds (all threads) of the model part, `runs` 
 onnxruntime's runs alone (what the product's session settings cost), each over the bare runs'.
 On a shared machine the wall ratio swings most; the CPU ones are steadier; `--repeat N` runs each
 pair N times, alternated, and keeps the fastest of each.
-Peak RSS (ru_maxrss) is each process's own, read when the model part ends (before encoding);
+Peak RSS (VmHWM, runtime/measure/memory.py: ru_maxrss would carry the parent's peak into a child)
+is each process's own, read when the model part ends (before encoding);
 kept = what the runtime still held after its release, as a share of the job's peak growth.
 Prints a table and the breakdown, then exactly one JSON line. Machine shared: ratios ±10 %.
 """
@@ -38,15 +40,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-DEFAULT_FOLDER = Path.home() / ".cache" / "lean_image_ai" / "reference_models"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from reference_models import load_manifest, reference_dir  # noqa: E402  (the exports' folder and manifest)
+
 HD = (1080, 1920)
 QUARTER_HD = (540, 960)  # RRDBNet: a quarter of 1080p, in windows as large as 1080p gets
 # (reference model, family, input sizes by default)
@@ -68,15 +70,6 @@ def _image(height: int, width: int):
     yy, xx = np.mgrid[0:height, 0:width] / max(height, width)
     image = np.stack([0.5 + 0.3 * np.sin(6 * xx + c) * np.cos(4 * yy - c) for c in range(3)], axis=2)
     return (np.clip(image + rng.normal(0, 0.03, image.shape), 0, 1) * 255).astype(np.uint8)
-
-
-def _rss() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _peak() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 class _Recorder:
@@ -199,6 +192,7 @@ def child_product(args) -> dict:
     from lean_image_ai.runtime import Runtime
     from lean_image_ai.runtime.core import RuntimeSettings
     from lean_image_ai.runtime.errors import InvalidModelOutputError
+    from lean_image_ai.runtime.measure.memory import peak_rss_bytes, process_rss_bytes
     from lean_image_ai.ui.cli import cli_images
 
     work = Path(args.work)
@@ -213,13 +207,13 @@ def child_product(args) -> dict:
     started = time.perf_counter()
     image = cli_images.read_image(source)
     decoded, cpu = time.perf_counter(), time.process_time()
-    rss_before, refused = _rss(), ""
+    rss_before, refused = process_rss_bytes(), ""
     try:
         result = job.infer(image, job.options(runtime=runtime))
     except InvalidModelOutputError as exc:  # MoGe-2's solver refuses random-weight geometry
         result, refused = None, str(exc).split(":")[-1].strip()[:80]
     ended, cpu = time.perf_counter(), time.process_time() - cpu
-    peak = _peak()
+    peak = peak_rss_bytes()
     release = sum(e.get("seconds", 0.0) for e in runtime.events.recent("memory_release") if e.get("in_run"))
     phases = recorder.phases(decoded, ended, release)
     encode = 0.0
@@ -258,6 +252,7 @@ def child_product(args) -> dict:
 def child_bare(args) -> dict:
     import numpy as np
     import onnxruntime as ort
+    from lean_image_ai.runtime.measure.memory import peak_rss_bytes
 
     work = Path(args.work)
     feeds = []
@@ -273,7 +268,7 @@ def child_bare(args) -> dict:
     for feed in feeds:
         session.run(None, feed)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return {"runs_s": wall, "cpu_s": cpu, "load_s": load, "peak": _peak(), "runs": len(feeds)}
+    return {"runs_s": wall, "cpu_s": cpu, "load_s": load, "peak": peak_rss_bytes(), "runs": len(feeds)}
 
 
 def _child(kind: str, args, extra) -> dict:
@@ -348,7 +343,7 @@ def main() -> int:
     parser.add_argument(
         "--repeat", type=int, default=1, help="runs of each process per case; the fastest is kept"
     )
-    parser.add_argument("--folder", type=Path, default=DEFAULT_FOLDER)
+    parser.add_argument("--folder", type=Path, default=reference_dir())
     parser.add_argument("--child", choices=("product", "bare"))
     for name in ("model", "family", "work"):
         parser.add_argument(f"--{name}")
@@ -358,7 +353,7 @@ def main() -> int:
     if args.child:
         print(json.dumps((child_product if args.child == "product" else child_bare)(args)))
         return 0
-    manifest = json.loads((args.folder / "manifest.json").read_text())["models"]
+    manifest = load_manifest(args.folder)["models"]
     only = set(filter(None, args.only.split(",")))
     rows, skipped = [], []
     print(

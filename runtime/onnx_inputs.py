@@ -12,20 +12,15 @@ from __future__ import annotations
 import mmap
 from pathlib import Path
 
-from .onnx_wire import LEN, VARINT, fields
-
-
-def _first(buf, span, number: int):
-    """The first LEN field ``number`` inside ``span``, as its span; None without one."""
-    return next((v for n, w, v in fields(buf, *span) if n == number and w == LEN), None)
+from .onnx_wire import LEN, VARINT, fields, first
 
 
 def _dims(buf, value_info) -> tuple | None:
     """ValueInfoProto -> its tensor shape (ints, or None for a free dimension); None without a shape."""
-    type_proto = _first(buf, value_info, 2)
+    type_proto = first(buf, 2, *value_info)
     # TypeProto.tensor_type (1): sequences and maps have no fixed shape to speak of
-    tensor = _first(buf, type_proto, 1) if type_proto else None
-    shape = _first(buf, tensor, 2) if tensor else None
+    tensor = first(buf, 1, *type_proto) if type_proto else None
+    shape = first(buf, 2, *tensor) if tensor else None
     if shape is None:
         return None
     dims = []
@@ -43,7 +38,7 @@ def declared_input_shapes(path) -> list[tuple | None]:
         if not fh.seek(0, 2):
             return []
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:  # pages read only where walked
-            graph = next((v for n, w, v in fields(buf) if n == 7 and w == LEN), None)  # ModelProto.graph
+            graph = first(buf, 7)  # ModelProto.graph
             if graph is None:
                 return []
             # GraphProto.input (11)

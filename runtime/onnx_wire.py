@@ -45,3 +45,9 @@ def fields(data, start: int = 0, end: int | None = None):
             raise ValueError("truncated protobuf")
         yield number, wire, (pos, pos + length)
         pos += length
+
+
+def first(data, number: int, start: int = 0, end: int | None = None) -> tuple[int, int] | None:
+    """The span of the first LEN field ``number`` of the message in ``data[start:end]``; None
+    without one (a submessage such as ``ModelProto.graph``, 7)."""
+    return next((v for n, w, v in fields(data, start, end) if n == number and w == LEN), None)

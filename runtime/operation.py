@@ -82,7 +82,7 @@ class Operation:
                 self._job_before["vram"] = vram
         self.budget.before_load(model_path, request, keep=list(self._held.values()))
         created = self.runtime.sessions_created
-        handle = self.runtime.session(model_path, device, holder=self, static_shapes=static_shapes)
+        handle = self.runtime.session(model_path, request, holder=self, static_shapes=static_shapes)
         if self.runtime.sessions_created != created:
             self._loaded.append(handle)
         self._held[handle.key] = handle
