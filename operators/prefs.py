@@ -15,13 +15,13 @@ from ..models.store import library
 from ..runtime import get_runtime, parse_device
 from ..runtime.cuda import gpu_libraries
 from ..runtime.log import event_file
+from ..runtime.paths import ADDON_ROOT
 from ..runtime.providers import DEVICE_BY_KIND, DEVICES, RELEASE_RULES, release_rule
 from ..runtime.settings import MemoryBudgets, budget_bytes
 from . import sources
 
 # "lean_image_ai.operators" -> "lean_image_ai"; installed: "bl_ext.user_default.lean_image_ai".
 ADDON_ID = __package__.rpartition(".")[0] or __package__
-ADDON_ROOT = Path(__file__).resolve().parents[1]
 GPU_RUNTIME_FOLDER = "gpu_runtime"
 
 

@@ -8,6 +8,10 @@ import os
 import sys
 from pathlib import Path
 
+# the add-on's own folder (the package root: blender_manifest.toml, gpu_requirements/), wherever
+# Blender installed it
+ADDON_ROOT = Path(__file__).resolve().parents[1]
+
 
 def _per_user(mac: tuple[str, ...], xdg_variable: str, xdg_default: tuple[str, ...]) -> Path:
     """Windows ``%LOCALAPPDATA%``, macOS ``~/Library/<mac>``, elsewhere ``$<xdg_variable>`` or

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from ..cuda import gpu_libraries, gpu_loading
 from ..measure import memory
+from ..paths import ADDON_ROOT
 from . import native_log
 
 _REASON_PATTERNS = (
@@ -266,7 +267,7 @@ def probe_cuda(device: str = "cuda", runtime=None) -> CudaProbe:
 def bundled_wheels(root: str | None = None) -> list[str]:
     """The wheel files the installed zip's manifest lists (tools/build_extension.py writes them;
     their names carry the onnxruntime build and version); empty in a source checkout."""
-    manifest = os.path.join(root or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "blender_manifest.toml")
+    manifest = os.path.join(root or ADDON_ROOT, "blender_manifest.toml")
     try:
         with open(manifest, encoding="utf-8") as f:
             text = f.read()
