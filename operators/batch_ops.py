@@ -16,7 +16,7 @@ import bpy
 import numpy as np
 from bpy.props import BoolProperty, EnumProperty, StringProperty
 
-from ..models import families, file_formats, image_meta, products, result_images
+from ..models import families, file_formats, image_meta, products
 from ..models.batch import frame_lists, sequence
 from ..runtime.errors import LeanImageError
 from . import image_io, options, prefs, results, shot_props, sources
@@ -85,14 +85,9 @@ def read_frame(ref: frame_lists.FrameRef, warn=None):
     return image_meta.upright(pixels, image_meta.exif_orientation(ref.path))
 
 
-def _save_image(path: Path, product: products.ImageProduct) -> list[str]:
-    results.save_product(path, product)
-    return result_images.range_notes(path, product)
-
-
 def write_result(family_id: str, path: Path, result, values: dict) -> list[str]:
     return products.write_result(
-        family_id, path, result, values, _save_image, file_formats.BLENDER_WRITER.float_suffixes
+        family_id, path, result, values, results.save_product, file_formats.BLENDER_WRITER.float_suffixes
     )[0]
 
 
