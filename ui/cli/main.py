@@ -267,6 +267,7 @@ def _add_doctor(subparsers) -> None:
 def _leak_check(args) -> int:
     """Same request N times; memory after each; the last line is `stable` or `growing`."""
     from ...models.leak_job import family_job
+    from ...models.store import library
     from ...runtime.measure.leak_check import leak_check
     from ...runtime.measure.memory_report import mb
 
@@ -276,7 +277,7 @@ def _leak_check(args) -> int:
         family.id,
         device=args.device,
         model=args.model or "",
-        models_dir=args.models_dir or "",
+        folder=library.models_dir(args.models_dir or ""),
         budgets=cli_job.budgets(args),
         cancel=args.interrupts.event,
     )
