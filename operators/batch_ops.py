@@ -177,7 +177,6 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
         # Skip Existing: tasks sharing a folder (a requeued farm task beside the first) each compute a
         # missing frame once, as on the command line (models/batch/frame_claims.py)
         claims = frame_claims.FrameClaims()
-        share = {"claim": lambda ref: claims.take(target[ref]), "release": lambda ref: claims.release(target[ref])}
 
         def make_pass(write, shot_kwargs, first_pass):  # a shot's first pass records, skips nothing
             pass_job = replace(family_job, extra=dict(shot_kwargs))
@@ -189,7 +188,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
                 options=pass_job.options(progress=job.report, cancel=job.cancel_event),
                 skip=(lambda ref: False) if first_pass else skip.__contains__,
                 stop_on_error=self.stop_on_error,
-                **(share if self.skip_existing and not first_pass else {}),
+                **(claims.batch_hooks(target) if self.skip_existing and not first_pass else {}),
             )
             return run
 
