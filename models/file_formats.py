@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 
 PILLOW, OPENEXR, BLENDER, ADDON = "Pillow", "OpenEXR", "Blender", "the add-on"  # who writes a file
 
@@ -82,8 +83,7 @@ class Writer:
     libraries: frozenset[str]
 
     def writes(self, suffix: str) -> bool:
-        row = find(suffix)
-        return row is not None and bool(row.writers & (self.libraries | {ADDON}))
+        return bool(self.library(suffix))
 
     def library(self, suffix: str) -> str:
         """Which of its libraries writes ``suffix`` ("" when none does)."""
@@ -91,7 +91,7 @@ class Writer:
         found = sorted(row.writers & (self.libraries | {ADDON})) if row else []
         return found[0] if found else ""
 
-    @property
+    @cached_property  # read for every frame written: made once (the table never changes)
     def float_suffixes(self) -> frozenset[str]:
         return frozenset(s for row in FORMATS if row.float_by & self.libraries for s in row.suffixes)
 

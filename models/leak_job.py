@@ -23,7 +23,6 @@ def family_job(
     *,
     device: str = "auto",
     model: str = "",
-    models_dir: str = "",
     folder: Path | None = None,
     budgets: MemoryBudgets | None = None,
     runtime=None,
@@ -32,9 +31,9 @@ def family_job(
 ) -> Callable[[], object]:
     """A callable that runs the family's job (models/job.py) once on the same image with the same
     model (an installed one, ``model`` as an id or a file, or the family's embedded fallback), from
-    the models ``folder`` a front-end found, else the one ``models_dir`` names."""
+    the models ``folder`` a front-end found (library.models_dir), else the default one."""
     # the first-time hash of an installed file, if any, is the first run's (never the caller's thread)
-    folder = folder if folder is not None else library.models_dir(models_dir)
+    folder = folder if folder is not None else library.models_dir()
     job = FamilyJob.resolve(family_id, folder, model=model, device=device, budgets=budgets, verify=False)
     image = card_image(*size)
     options = job.options(runtime=runtime, cancel=cancel)

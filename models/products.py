@@ -248,5 +248,5 @@ def write_result(
     output = output_of(family_id)
     if output.write is not None:
         return output.write(path, result, values, write_image), None
-    product = output.image.product(result, path.suffix, float_suffixes)
+    product = image_product(family_id, result, path.suffix, float_suffixes)
     return write_image(path, product) or [], product

@@ -16,8 +16,8 @@ import bpy
 import numpy as np
 from bpy.props import BoolProperty, EnumProperty, StringProperty
 
-from ..models import families, file_formats, image_meta, products, result_images
-from ..models.batch import frame_lists, sequence
+from ..models import families, file_formats, image_meta, products
+from ..models.batch import frame_claims, frame_lists, sequence
 from ..runtime.errors import LeanImageError
 from . import image_io, options, prefs, results, shot_props, sources
 from .jobs import BatchOperator, Job
@@ -85,14 +85,9 @@ def read_frame(ref: frame_lists.FrameRef, warn=None):
     return image_meta.upright(pixels, image_meta.exif_orientation(ref.path))
 
 
-def _save_image(path: Path, product: products.ImageProduct) -> list[str]:
-    results.save_product(path, product)
-    return result_images.range_notes(path, product)
-
-
 def write_result(family_id: str, path: Path, result, values: dict) -> list[str]:
     return products.write_result(
-        family_id, path, result, values, _save_image, file_formats.BLENDER_WRITER.float_suffixes
+        family_id, path, result, values, results.save_product, file_formats.BLENDER_WRITER.float_suffixes
     )[0]
 
 
@@ -179,6 +174,9 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
         family_job = prefs.family_job(context, self, family.id)  # a first-time hash runs on the worker
         values = family_job.values
         target = dict(zip(refs, outputs, strict=True))
+        # Skip Existing: tasks sharing a folder (a requeued farm task beside the first) each compute a
+        # missing frame once, as on the command line (models/batch/frame_claims.py)
+        claims = frame_claims.FrameClaims()
 
         def make_pass(write, shot_kwargs, first_pass):  # a shot's first pass records, skips nothing
             pass_job = replace(family_job, extra=dict(shot_kwargs))
@@ -190,17 +188,20 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
                 options=pass_job.options(progress=job.report, cancel=job.cancel_event),
                 skip=(lambda ref: False) if first_pass else skip.__contains__,
                 stop_on_error=self.stop_on_error,
+                **(claims.batch_hooks(target) if self.skip_existing and not first_pass else {}),
             )
             return run
 
         write = shot_props.writer(shot, target, lambda ref, result: write_result(family.id, target[ref], result, values))
         batch = shot_props.batch(shot, make_pass, write, job.cancel_event)
+        batch.claims = claims  # released in finish(), whatever the outcome
         job.inputs = batch
         job.key = str(outputs[0].parent) if outputs else f"(shard {self.shard}: no frames)"
         return lambda job: batch.infer_all()
 
 
     def finish(self, context, job: Job):
+        job.inputs.claims.release_all()  # a cancelled or failed batch's frames are free for another task
         report = job.inputs.report
         if job.state == "failed" and job.error_text and not report.written:
             self.report({"ERROR"}, job.error_text)

@@ -10,7 +10,7 @@ import math
 import bpy
 import numpy as np
 
-from ..models import file_formats, products, result_images
+from ..models import file_formats, products
 from ..models.adapters import ben2, da3, upscale
 from ..runtime.errors import InvalidImageError
 from . import image_io, results
@@ -118,8 +118,7 @@ def _save_depth(image, depth, output) -> str:
     product = products.image_product(
         da3.FAMILY.id, da3.DepthResult(depth), path.suffix, file_formats.BLENDER_WRITER.float_suffixes
     )
-    results.save_product(path, product)
-    return f"; saved {path} ({' '.join(result_images.range_notes(path, product))})"
+    return f"; saved {path} ({' '.join(results.save_product(path, product))})"
 
 
 def grid_mesh(name: str, width: float, height: float, nx: int, ny: int):

@@ -8,7 +8,7 @@ from pathlib import Path
 import bpy
 import numpy as np
 
-from ..models import file_formats, products
+from ..models import file_formats, products, result_images
 from . import image_io
 
 
@@ -103,9 +103,10 @@ def link_object(context, obj) -> None:
         view_layer.objects.active = obj
 
 
-def save_product(path: Path, product: products.ImageProduct) -> None:
+def save_product(path: Path, product: products.ImageProduct) -> list[str]:
     """Main thread: an image product saved through a temporary datablock, all or nothing. A
-    16-bit product goes through a float buffer: Blender writes PNG and TIFF from one with 16 bits."""
+    16-bit product goes through a float buffer: Blender writes PNG and TIFF from one with 16 bits.
+    Returns what the file does not keep of it, for the report (as the command line's write_image)."""
     is_float = path.suffix.lower() in file_formats.BLENDER_WRITER.float_suffixes or product.bits == "16-bit"
     pixels = product.pixels
     if product.is_data:
@@ -119,3 +120,4 @@ def save_product(path: Path, product: products.ImageProduct) -> None:
         image_io.save_image_atomically(image, path, file_formats.find(path.suffix).blender_format)
     finally:
         bpy.data.images.remove(image)
+    return result_images.range_notes(path, product)

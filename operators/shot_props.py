@@ -5,7 +5,7 @@ models/adapters/shot_depth.py and models/adapters/shot_camera.py, the two passes
 
 from bpy.props import BoolProperty, EnumProperty, FloatProperty, StringProperty
 
-from ..models import file_formats, result_images
+from ..models import file_formats
 from ..models.adapters import shot_camera, shot_depth
 from ..models.batch.shot_batch import ShotSettings, TwoPassBatch
 from . import results
@@ -68,8 +68,7 @@ def writer(shot: ShotSettings, target: dict, write):
     def write_depth(ref, result):
         path = target[ref]
         product, notes = shot.depth_product(result.depth, path.suffix, file_formats.BLENDER_WRITER.float_suffixes)
-        results.save_product(path, product)
-        return notes + result_images.range_notes(path, product)
+        return notes + results.save_product(path, product)
 
     return write_depth
 

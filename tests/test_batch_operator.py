@@ -129,6 +129,28 @@ def test_skip_existing_resumes_and_failed_frames_are_reported(tmp_path, models):
     assert sorted(p.name for p in out.iterdir()) == ["u_0001.png", "u_0002.png", "u_0003.png", "u_0005.png", "u_0006.png"]
 
 
+def test_skip_existing_leaves_a_frame_another_task_is_computing(tmp_path, models):
+    """A frame claimed by another process (models/batch/frame_claims.py; flock conflicts between
+    two opens in one process too) is skipped, as on the command line; the run's own claims go."""
+    from lean_image_ai.models.batch.frame_claims import FrameClaims, claim_path
+
+    write_sequence(tmp_path / "in", count=4)
+    out = tmp_path / "out"
+    out.mkdir()
+    other_task = FrameClaims()
+    assert other_task.take(out / "u_0003.png")
+    try:
+        result = bpy.ops.lean_image_ai.process_sequence(
+            family="upscale", source=str(tmp_path / "in"), output=str(out / "u_####.png"),
+            model_path=str(models["upscale"]), skip_existing=True,
+        )
+        assert result == {"FINISHED"}
+        assert sorted(p.name for p in out.iterdir()) == [claim_path(out / "u_0003.png").name, "u_0001.png", "u_0002.png", "u_0004.png"]
+    finally:
+        other_task.release_all()
+    assert sorted(p.name for p in out.iterdir()) == ["u_0001.png", "u_0002.png", "u_0004.png"]
+
+
 def test_depth_to_png_is_normalised_and_says_from_which_range(tmp_path, models):
     src = write_sequence(tmp_path / "in", count=1)
     out = tmp_path / "depth.png"

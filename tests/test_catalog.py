@@ -294,6 +294,12 @@ def test_off_cuda_an_fp32_export_is_picked_before_an_fp16_one():
     assert [e.id for e in prefer_for_device([fp16, fp32, unknown], "cpu")] == ["full", "mine", "half"]
     assert [e.id for e in prefer_for_device([fp16, fp32, unknown], "auto")] == ["full", "mine", "half"]
     assert [e.id for e in prefer_for_device([fp16, fp32, unknown], "cuda:0")] == ["half", "full", "mine"]
+    # the device string is read by the runtime's one rule (runtime/providers.py parse_device)
+    from lean_image_ai.runtime import parse_device
+
+    assert [e.id for e in prefer_for_device([fp16, fp32, unknown], " CUDA:1 ")] == ["half", "full", "mine"]
+    assert [e.id for e in prefer_for_device([fp16, fp32, unknown], parse_device("cuda"))] == ["half", "full", "mine"]
+    assert [e.id for e in prefer_for_device([fp16, fp32, unknown], "dml")] == ["full", "mine", "half"]
     assert "fp16 weights (slower on CPU)" in format_size(fp16) and "fp16" not in format_size(unknown)
     assert "1.22x" in fp16.fp16_on_cpu_note and fp32.fp16_on_cpu_note == ""
     with pytest.raises(ValueError, match="weight_dtype"):

@@ -125,6 +125,10 @@ class FrameClaims:
         for target in list(self._held):
             self.release(target)
 
+    def batch_hooks(self, target: dict) -> dict:
+        """BatchRun's ``claim`` and ``release`` keywords for frames written to ``target[ref]``."""
+        return {"claim": lambda ref: self.take(target[ref]), "release": lambda ref: self.release(target[ref])}
+
     @staticmethod
     def _drop(path: Path, fd: int) -> None:
         if os.name == "nt":  # Windows cannot remove an open file: unlock, close, then try

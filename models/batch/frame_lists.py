@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...runtime.errors import LeanImageError
-from ..file_formats import FRAME_SUFFIXES as IMAGE_SUFFIXES
+from ..file_formats import FRAME_SUFFIXES
 
 _HASHES = re.compile(r"#+")
 _PRINTF = re.compile(r"%0?(\d*)d")
@@ -157,10 +157,10 @@ def resolve_input(
         return [FrameRef(n, p) for n, p in sorted(claims.items())]
     if path.is_dir():
         files = sorted(
-            p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not exclude(p)
+            p for p in path.iterdir() if p.is_file() and p.suffix.lower() in FRAME_SUFFIXES and not exclude(p)
         )
         if not files:
-            raise LeanImageError(f"Folder '{path}' holds no image files ({', '.join(IMAGE_SUFFIXES)}).")
+            raise LeanImageError(f"Folder '{path}' holds no image files ({', '.join(FRAME_SUFFIXES)}).")
         numbered = [(found[1], p) for p in files if (found := pattern_of(p))]
         if not numbered:
             refs = [FrameRef(n, p) for n, p in enumerate(files, start=1)]

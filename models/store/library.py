@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...runtime import get_runtime, load_errors
+from ...runtime import get_runtime, load_errors, parse_device
 from ...runtime.errors import LeanImageError, ModelFileError
 from ...runtime.paths import user_data_root
 from .. import families
@@ -292,7 +292,7 @@ def prefer_for_device(entries, device: str = "auto") -> list[CatalogEntry]:
     included: without a GPU it runs on CPU) fp16-weight files last, since ORT's CPU provider has
     no fp16 kernel for most ops and casts back (BEN2 fp16: 1.22x slower, +0.86 GB peak); on CUDA
     the catalog's order. Stable otherwise."""
-    if str(device).lower().startswith("cuda"):
+    if parse_device(device).kind == "cuda":  # the runtime's rule: " CUDA:1 " and a DeviceRequest too
         return list(entries)
     return sorted(entries, key=lambda entry: entry.weight_dtype == "float16")
 

@@ -180,7 +180,6 @@ def _run(args) -> int:
     job.extra.update(shot.first_pass(lambda record: sequence.BatchRun(refs, job.infer, read, record, options=options).run()))
     # --skip-existing runs sharing a folder each compute a missing frame once (models/batch/frame_claims.py)
     claims = frame_claims.FrameClaims()
-    share = {"claim": lambda ref: claims.take(target[ref]), "release": lambda ref: claims.release(target[ref])}
     batch = sequence.BatchRun(
         refs,
         job.infer,
@@ -189,7 +188,7 @@ def _run(args) -> int:
         options=options,
         skip=skip.__contains__,
         stop_on_error=args.stop_on_error,
-        **(share if args.skip_existing and not demo else {}),
+        **(claims.batch_hooks(target) if args.skip_existing and not demo else {}),
     )
     try:
         report = batch.run()
@@ -267,6 +266,7 @@ def _add_doctor(subparsers) -> None:
 def _leak_check(args) -> int:
     """Same request N times; memory after each; the last line is `stable` or `growing`."""
     from ...models.leak_job import family_job
+    from ...models.store import library
     from ...runtime.measure.leak_check import leak_check
     from ...runtime.measure.memory_report import mb
 
@@ -276,7 +276,7 @@ def _leak_check(args) -> int:
         family.id,
         device=args.device,
         model=args.model or "",
-        models_dir=args.models_dir or "",
+        folder=library.models_dir(args.models_dir or ""),
         budgets=cli_job.budgets(args),
         cancel=args.interrupts.event,
     )
