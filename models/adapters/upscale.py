@@ -24,7 +24,7 @@ from ...runtime.measure.memory import available_system_memory_bytes
 from ..base import FLOAT_TYPES, JobOptions, check_contract, check_finite, fixed_hw
 from ..family import Family, Option, Output, Setting, non_negative_int, one_of, positive_int
 from ..frame_loop import run_frames
-from ..imaging import from_nchw, resize, to_nchw
+from ..imaging import from_nchw, resize_clipped, to_nchw
 from ..result_images import ColourImage
 from ..tiles.tiling import TilePlan, refuse_oversized_result, run_tiled
 from .upscale_plan import (
@@ -297,7 +297,7 @@ def _with_alpha(image: np.ndarray, fed: _ModelInput) -> np.ndarray:
     if fed.alpha_constant is not None:
         matte = np.full((out_h, out_w, 1), fed.alpha_constant, np.float32)
     else:
-        matte = np.clip(resize(fed.alpha, (out_h, out_w), "cubic"), 0.0, 1.0)[:, :, None]
+        matte = resize_clipped(fed.alpha, (out_h, out_w), "cubic")[:, :, None]
     return np.concatenate([image, matte], axis=2)
 
 
