@@ -247,9 +247,12 @@ class _Upscale:
             colour = runs.infer(to_nchw(window[:, :, :3], dtype), last=last and not model_alpha)
             if not model_alpha:
                 return colour  # 1x3xHxW: the tiler pastes it transposed, in one pass
-            grey = np.repeat(window[:, :, 3:4], 3, axis=2)
-            matte = runs.infer(to_nchw(grey, dtype), last=last, slot="alpha")
-            return np.concatenate([from_nchw(colour), from_nchw(matte).mean(axis=2, keepdims=True)], axis=2)
+            # the alpha as a grey image, straight into its NCHW feed (one copy, not three)
+            height, width = window.shape[:2]
+            grey = np.broadcast_to(window[None, None, :, :, 3], (1, 3, height, width))
+            matte = runs.infer(np.ascontiguousarray(grey, dtype), last=last, slot="alpha")
+            # 1x4xHxW: pasted transposed by the tiler, like the colour alone (one copy, not four)
+            return np.concatenate([colour, matte.mean(axis=1, keepdims=True, dtype=np.float32)], axis=1, dtype=np.float32)
 
         def not_finite(result):
             check_finite(result, runs.handle.model_name, runs.handle.outputs[0].name)
