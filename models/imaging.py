@@ -216,6 +216,13 @@ def resize(image: np.ndarray, size: tuple[int, int], kernel: str = "lanczos3") -
     return result[:, :, 0] if squeeze else result
 
 
+def resize_clipped(image: np.ndarray, size: tuple[int, int], kernel: str = "lanczos3") -> np.ndarray:
+    """`resize`, clipped to [0, 1] (lanczos and cubic overshoot at edges) in place: its result is a
+    new array, so no second one is made."""
+    result = resize(image, size, kernel)
+    return np.clip(result, 0.0, 1.0, out=result)
+
+
 def fit_multiple(height: int, width: int, long_side: int, multiple: int) -> tuple[int, int]:
     """Depth Anything 3's own size rule (`upper_bound_resize`), in its two steps.
 

@@ -201,6 +201,24 @@ def test_rgba_keeps_alpha_at_scale_through_the_model(recorded):
     np.testing.assert_allclose(result.image[:, :, :3], colour.image, rtol=0, atol=ATOL)
 
 
+def test_rgba_alpha_through_the_model_tiled_is_the_grey_run_averaged(recorded, models):
+    """The alpha's tiles are pasted from the model's NCHW outputs like the colour's: tiled equals
+    one window, and the alpha is the mean of the model's three channels on the grey alpha."""
+    runtime, _factory = recorded
+    image = picture(45, 38, channels=4, seed=13)
+    image[:, :, 3] = 0.3 + 0.4 * image[:, :, 3]  # the bicubic model keeps it inside [0, 1]: no clip
+    for model in (models["x2"], upscale.DEFAULT_MODEL_PATH):
+        tiled = upscale.run(image, model, options=opts(runtime), tile_size=32)
+        whole = upscale.run(image, model, options=opts(runtime), tile_size=None)
+        assert tiled.exact and tiled.image.shape == (90, 76, 4)
+        np.testing.assert_allclose(tiled.image, whole.image, rtol=0, atol=ATOL)
+        colour = upscale.run(image[:, :, :3], model, options=opts(runtime), tile_size=None)
+        np.testing.assert_array_equal(whole.image[:, :, :3], colour.image)
+    grey = upscale.run(np.repeat(image[:, :, 3:4], 3, axis=2), options=opts(runtime), tile_size=None).image
+    assert grey.min() > 0.0 and grey.max() < 1.0
+    np.testing.assert_allclose(whole.image[:, :, 3], grey.mean(axis=2), rtol=0, atol=1e-6)
+
+
 def test_rgba_alpha_with_resize_mode_and_constant_alpha(recorded, models):
     runtime, factory = recorded
     image = picture(21, 17, channels=4, seed=12)

@@ -25,7 +25,7 @@ from ..imaging import (
     IMAGENET_STD,
     normalization_constants,
     normalize,
-    resize,
+    resize_clipped,
     to_nchw,
 )
 from ..result_images import ColourImage
@@ -72,7 +72,7 @@ def _cut_out(frame: Frame, *, mean, std, input_size) -> MatteResult:
     prepared = frame.prepare()
     # trained on 8-bit photos: HDR values would push the normalised input off-distribution
     rgb = np.clip(prepared.rgb, 0.0, 1.0)
-    resized = np.clip(resize(rgb, model_hw, kernel="lanczos3"), 0.0, 1.0)
+    resized = resize_clipped(rgb, model_hw, kernel="lanczos3")
     tensor = to_nchw(normalize(resized, mean, std), handle.inputs[0].dtype)
     frame.report(0.2, frame.counter)
     outputs = frame.run({handle.inputs[0].name: tensor}, output_names=[matte_output.name])
@@ -82,7 +82,7 @@ def _cut_out(frame: Frame, *, mean, std, input_size) -> MatteResult:
     if warning:  # a flat 0 or 1: resampling would only add float noise to it
         matte = np.full(prepared.size, matte.flat[0], np.float32)
     else:
-        matte = np.clip(resize(matte, prepared.size, kernel="cubic"), 0.0, 1.0)
+        matte = resize_clipped(matte, prepared.size, kernel="cubic")
     alpha = matte if prepared.alpha is None else matte * prepared.alpha
     rgba = np.concatenate([prepared.rgb, alpha[:, :, None]], axis=2).astype(np.float32, copy=False)
     warnings = list(prepared.warnings) + ([warning] if warning else [])

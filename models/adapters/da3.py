@@ -34,6 +34,7 @@ from ..imaging import (
     normalization_constants,
     normalize,
     resize,
+    resize_clipped,
     to_nchw,
 )
 from ..result_images import ValueImage
@@ -90,9 +91,9 @@ def _depth(frame: Frame, *, process_res, multiple, mean, std, sky_activation) ->
             "edges may be less accurate. A model with a dynamic input size avoids this."
         )
     # trained on 8-bit photos: HDR values would push the normalised input off-distribution
-    rgb = np.clip(prepared.rgb, 0.0, 1.0)
+    rgb = np.clip(prepared.rgb, 0.0, 1.0, out=prepared.rgb)  # our own copy, read nowhere else
     # antialiased cubic: DA3's own pipeline upsamples with cubic and shrinks with area
-    resized = np.clip(resize(rgb, model_hw, kernel="cubic"), 0.0, 1.0)
+    resized = resize_clipped(rgb, model_hw, kernel="cubic")
     tensor = to_nchw(normalize(resized, mean, std), image_input.dtype)
     frame.report(0.2, frame.counter)
     outputs = frame.run({image_input.name: tensor})

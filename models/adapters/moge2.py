@@ -35,7 +35,7 @@ from ...runtime.errors import InvalidModelOutputError
 from ..base import JobOptions, check_finite, fixed_hw, squeeze_batch
 from ..family import Family, Option, Output, Setting, int_range, positive_int, unit_interval
 from ..frame_loop import Frame, run_frames
-from ..imaging import resize, to_nchw
+from ..imaging import resize, resize_clipped, to_nchw
 from ..result_images import ImageProduct
 from . import shot_camera
 from .moge2_contract import bind_contract
@@ -157,7 +157,7 @@ def _geometry(frame: Frame, *, tokens, patch_size, mask_threshold, force_project
             )
     else:
         model_h, model_w = model_input_size(source_h, source_w, tokens, patch_size)
-    rgb = np.clip(resize(prepared.rgb, (model_h, model_w), "lanczos3"), 0.0, 1.0)
+    rgb = resize_clipped(prepared.rgb, (model_h, model_w), "lanczos3")
     token_shape = (1,) * len(binding.tokens.shape)
     feeds = {
         binding.image.name: to_nchw(rgb, binding.image.dtype),

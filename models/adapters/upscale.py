@@ -19,12 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ...runtime.measure.budget import budget_for
 from ...runtime.measure.memory import available_system_memory_bytes
 from ..base import FLOAT_TYPES, JobOptions, check_contract, check_finite, fixed_hw
 from ..family import Family, Option, Output, Setting, non_negative_int, one_of, positive_int
 from ..frame_loop import run_frames
-from ..imaging import from_nchw, resize, to_nchw
+from ..imaging import from_nchw, resize_clipped, to_nchw
 from ..result_images import ColourImage
 from ..tiles.tiling import TilePlan, refuse_oversized_result, run_tiled
 from .upscale_plan import (
@@ -161,8 +160,6 @@ class _Upscale:
         self.planned = plan_overlap(handle.model_name, field, self.requested_overlap, self.size_multiple)
         self.tile, tile_warnings = choose_tile(handle.model_name, self.fixed, self.tile_size, self.planned)
         self.plan_warnings = list(self.planned.warnings) + tile_warnings
-        if self.tile is AUTO and self.memory_budget is None:  # the job's RAM or VRAM budget, by where it runs
-            self.memory_budget = budget_for(loop.runtime, handle.gpu_device_id)
 
     def _probe(self) -> int | None:
         """The receptive radius, measured by an impulse probe (upscale_plan.impulse_probe)."""
@@ -247,9 +244,12 @@ class _Upscale:
             colour = runs.infer(to_nchw(window[:, :, :3], dtype), last=last and not model_alpha)
             if not model_alpha:
                 return colour  # 1x3xHxW: the tiler pastes it transposed, in one pass
-            grey = np.repeat(window[:, :, 3:4], 3, axis=2)
-            matte = runs.infer(to_nchw(grey, dtype), last=last, slot="alpha")
-            return np.concatenate([from_nchw(colour), from_nchw(matte).mean(axis=2, keepdims=True)], axis=2)
+            # the alpha as a grey image, straight into its NCHW feed (one copy, not three)
+            height, width = window.shape[:2]
+            grey = np.broadcast_to(window[None, None, :, :, 3], (1, 3, height, width))
+            matte = runs.infer(np.ascontiguousarray(grey, dtype), last=last, slot="alpha")
+            # 1x4xHxW: pasted transposed by the tiler, like the colour alone (one copy, not four)
+            return np.concatenate([colour, matte.mean(axis=1, keepdims=True, dtype=np.float32)], axis=1, dtype=np.float32)
 
         def not_finite(result):
             check_finite(result, runs.handle.model_name, runs.handle.outputs[0].name)
@@ -297,7 +297,7 @@ def _with_alpha(image: np.ndarray, fed: _ModelInput) -> np.ndarray:
     if fed.alpha_constant is not None:
         matte = np.full((out_h, out_w, 1), fed.alpha_constant, np.float32)
     else:
-        matte = np.clip(resize(fed.alpha, (out_h, out_w), "cubic"), 0.0, 1.0)[:, :, None]
+        matte = resize_clipped(fed.alpha, (out_h, out_w), "cubic")[:, :, None]
     return np.concatenate([image, matte], axis=2)
 
 

@@ -13,7 +13,6 @@ import numpy as np
 
 from ...runtime.measure.budget import budget_for, working_estimate
 from ..imaging import to_nchw
-from ..tiles.feather import feather_floor
 from ..tiles.receptive import GLOBAL, ReceptiveField, graph_receptive_field
 from ..tiles.tile_memory import BUDGET_FRACTION, FALLBACK_TILE, MAX_AUTO_TILE, tile_floor
 from ..tiles.tiling import TilePlan
@@ -145,8 +144,7 @@ def choose_tile(name: str, fixed: tuple[int, int] | None, tile_size, planned: Ov
     if tile_size is None:
         return None, warnings
     tile = int(tile_size)
-    # feathered seams need room for their ramps inside each tile (models/tiles/feather.py)
-    floor = max(tile_floor(overlap), feather_floor(overlap, planned.feather) if planned.feather else 0)
+    floor = tile_floor(overlap, feather=planned.feather)
     if tile < floor:
         warnings.append(f"Tile size {tile} is below the minimum for a {overlap} px overlap; using {floor}.")
         tile = floor
@@ -219,7 +217,7 @@ def auto_tile(runtime, handle, overlap: int, budget: int | None, *, feather: int
     AUTO_WINDOW_STEP so a few percent of measuring noise rarely moves the plan. A model never
     measured is measured first by `measure()` (one MEASURE_WINDOW run: the job's first, which the
     budget meters), unless the frame is no larger than SMALL_IMAGE (then one window)."""
-    floor = max(tile_floor(overlap), feather_floor(overlap, feather) if feather else 0, 4 * overlap)
+    floor = max(tile_floor(overlap, feather=feather), 4 * overlap)
     height, width = frame_hw if frame_hw is not None else (None, None)
     rate = measured_bytes_per_pixel(runtime, handle)
     if rate is None and height is not None and max(height, width) <= SMALL_IMAGE:

@@ -53,12 +53,22 @@ def blend_planes(target, source, row_w, col_w, clip, *, channels_first: bool, ro
         for channel in range(target.shape[2]):
             part = source[channel, y : y + rows] if channels_first else source[y : y + rows, :, channel]
             block = np.array(part, np.float32)
-            if block.size:
-                low, high = float(block.min()), float(block.max())
-                if not (math.isfinite(low) and math.isfinite(high)):
-                    return False
-                if clip is not None and (low < clip[0] or high > clip[1]):
-                    np.clip(block, clip[0], clip[1], out=block)
+            if not limit_block(block, clip):
+                return False
             block *= weights
             target[y : y + rows, :, channel] += block
+    return True
+
+
+def limit_block(block: np.ndarray, clip) -> bool:
+    """Clip `block` in place when a value lies outside `clip`; False when one is NaN or infinite.
+    Its min and max answer both (NaN propagates through them, an infinity is one of them), so an
+    in-range block, the usual case, is read twice and never rewritten, and no mask is allocated."""
+    if block.size == 0:
+        return True
+    low, high = float(block.min()), float(block.max())
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return False
+    if clip is not None and (low < clip[0] or high > clip[1]):
+        np.clip(block, clip[0], clip[1], out=block)
     return True

@@ -3,13 +3,12 @@ with its feathered weights (models/tiles/feather.py). Numpy only; split from mod
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 
 import numpy as np
 
-from .feather import blend_planes, blend_span, ramp
+from .feather import blend_planes, blend_span, limit_block, ramp
 
 
 def paste(output, result, tile, scale: int, nchw: bool, clip) -> bool:
@@ -20,7 +19,7 @@ def paste(output, result, tile, scale: int, nchw: bool, clip) -> bool:
     if nchw:
         return _paste_in_bands(target, result[0, :, oy : oy + oh, ox : ox + ow], clip)
     target[...] = result[oy : oy + oh, ox : ox + ow]
-    return _limit(target, clip)
+    return limit_block(target, clip)
 
 
 def blend(output, result, tile, scale: int, feather: int, nchw: bool, clip) -> bool:
@@ -83,20 +82,6 @@ def _paste_planes(target: np.ndarray, planes: np.ndarray, clip, rows: int = 32) 
         block = target[y : y + rows]
         for channel in range(planes.shape[0]):
             block[:, :, channel] = planes[channel, y : y + rows]
-        if not _limit(block, clip):
+        if not limit_block(block, clip):
             return False
-    return True
-
-
-def _limit(block: np.ndarray, clip) -> bool:
-    """Clip `block` in place when a value lies outside `clip`; False when one is NaN or infinite.
-    Its min and max answer both (NaN propagates through them, an infinity is one of them), so an
-    in-range block, the usual case, is read twice and never rewritten, and no mask is allocated."""
-    if block.size == 0:
-        return True
-    low, high = float(block.min()), float(block.max())
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return False
-    if clip is not None and (low < clip[0] or high > clip[1]):
-        np.clip(block, clip[0], clip[1], out=block)
     return True

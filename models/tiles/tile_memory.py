@@ -7,6 +7,7 @@ import math
 
 from ...runtime.errors import InvalidImageError
 from ...runtime.measure.memory import available_system_memory_bytes
+from .feather import feather_floor
 
 MiB = 1 << 20
 
@@ -39,9 +40,10 @@ def estimate_bytes_per_pixel(
     return int(element_size * feature_channels * (3 + 2 * scale * scale))
 
 
-def tile_floor(overlap: int, min_tile: int = 32) -> int:
-    """The smallest tile size worth running: a tile must own at least 8 pixels per side."""
-    return max(int(min_tile), 2 * int(overlap) + 8)
+def tile_floor(overlap: int, min_tile: int = 32, feather: int = 0) -> int:
+    """The smallest tile size worth running: a tile must own at least 8 pixels per side, and with
+    feathered seams room for their ramps (models/tiles/feather.py)."""
+    return max(int(min_tile), feather_floor(overlap, feather))
 
 
 def refuse_oversized_result(

@@ -34,7 +34,6 @@ import numpy as np
 
 from ...runtime.errors import InferenceOutOfMemoryError, MemoryBudgetError, ModelContractError
 from ...runtime.oom import not_shrinking_with_tiles
-from .feather import feather_floor
 from .paste import PASTE_BAND_ROWS, blend, paste  # noqa: F401  (PASTE_BAND_ROWS: re-exported)
 from .tile_memory import (  # noqa: F401  (re-exported: the tiler's public names)
     BUDGET_FRACTION,
@@ -221,8 +220,7 @@ class TilePlan:
     @property
     def floor(self) -> int:
         """The smallest window side a split may go down to."""
-        floor = tile_floor(self.overlap, self.min_tile)
-        return max(floor, feather_floor(self.overlap, self.feather)) if self.feather else floor
+        return tile_floor(self.overlap, self.min_tile, self.feather)
 
     def split(self, current: tuple[int, int]) -> tuple[int, int] | None:
         """The split rule, after running out of memory: half the side, down to the floor (one
