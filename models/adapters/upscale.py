@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...runtime.measure.budget import budget_for
 from ...runtime.measure.memory import available_system_memory_bytes
 from ..base import FLOAT_TYPES, JobOptions, check_contract, check_finite, fixed_hw
 from ..family import Family, Option, Output, Setting, non_negative_int, one_of, positive_int
@@ -160,6 +161,8 @@ class _Upscale:
         self.planned = plan_overlap(handle.model_name, field, self.requested_overlap, self.size_multiple)
         self.tile, tile_warnings = choose_tile(handle.model_name, self.fixed, self.tile_size, self.planned)
         self.plan_warnings = list(self.planned.warnings) + tile_warnings
+        if self.tile is AUTO and self.memory_budget is None:  # the job's RAM or VRAM budget, by where it runs
+            self.memory_budget = budget_for(loop.runtime, handle.gpu_device_id)
 
     def _probe(self) -> int | None:
         """The receptive radius, measured by an impulse probe (upscale_plan.impulse_probe)."""
