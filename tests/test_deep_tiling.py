@@ -16,6 +16,8 @@ from lean_image_ai.models.adapters.upscale_plan import (
     FEATHER_OVERLAP,
     MAX_EXACT_RADIUS,
     MEASURE_WINDOW,
+    REACH_FEATHER,
+    SEAM_LEVELS,
     plan_overlap,
     working_target,
 )
@@ -44,14 +46,34 @@ def test_a_deep_net_gets_a_bounded_feathered_overlap_and_is_never_called_exact()
     asked = plan_overlap("rrdb.onnx", ReceptiveField(349, "graph", proven=True), 349)  # the artist may pay for exact
     assert (asked.overlap, asked.feather, asked.exact) == (349, 0, True)
     assert MAX_EXACT_RADIUS < 349
+    # once its reach is measured: the overlap covers it (rounded up to 16 px) plus the blend's band
+    reached = plan_overlap("rrdb.onnx", ReceptiveField(349, "graph", proven=True), None, reach=70)
+    assert (reached.overlap, reached.feather, reached.exact) == (80 + REACH_FEATHER, REACH_FEATHER, False)
+    assert reached.bound.startswith(f"at most {SEAM_LEVELS} levels from one whole-image run (measured on trained")
+    assert "a one-pixel change reaches: 70 px" in reached.warnings[0]
+
+
+def test_an_explicit_overlap_below_the_radius_is_feathered_too():
+    asked = plan_overlap("compact.onnx", ReceptiveField(34, "graph", proven=True), 16)
+    assert (asked.overlap, asked.feather, asked.exact) == (16, 8, False)
+    deep = plan_overlap("rrdb.onnx", ReceptiveField(349, "graph", proven=True), 32)
+    assert (deep.overlap, deep.feather, deep.exact) == (32, 16, False)
+
+
+def test_a_covered_radius_that_is_not_bit_exact_is_cropped_and_not_called_exact():
+    """x3's bicubic tail by 0.75: the overlap covers the radius, the bits still differ (fp32 rounding)."""
+    plan = plan_overlap("x3.onnx", ReceptiveField(19, "graph", proven=True, bit_exact=False), None)
+    assert (plan.overlap, plan.feather, plan.exact) == (19, 0, False)
+    assert plan.bound.startswith("at most 0.01 levels from one whole-image run")
 
 
 def test_the_result_the_cli_line_and_the_json_say_not_exact(model):
     runtime = Runtime()
     image = picture(200, 260)
     result = upscale.run(image, model, options=JobOptions(device="cpu", runtime=runtime), tile_size=140, model_overlap=100)
-    assert result.exact is False and result.feather == FEATHER_OVERLAP // 2
-    assert result.seams == "feathered (not exact)"
+    # the net's reach (2 px) was probed on this image: the least overlap, blended outside the reach
+    assert (result.exact, result.overlap, result.feather) == (False, FEATHER_OVERLAP, REACH_FEATHER)
+    assert result.seams.startswith(f"tiles blended; at most {SEAM_LEVELS} levels from one whole-image run")
     assert any(w.startswith("Not exact:") for w in result.warnings)
     # the net's true radius is 2 px, far inside the 32 px overlap: blended seams equal one run
     whole = upscale.run(image, model, options=JobOptions(device="cpu", runtime=runtime), tile_size=None)
@@ -65,7 +87,7 @@ def test_a_tile_size_too_small_for_the_feather_ramps_is_raised_not_a_crash(model
     image = picture(200, 260)
     result = upscale.run(image, model, options=JobOptions(device="cpu", runtime=runtime), tile_size=32, model_overlap=100)
     floor = [w for w in result.warnings if w.startswith("Tile size 32 is below the minimum")]
-    assert floor and result.tile_size_used < 200 and result.seams == "feathered (not exact)"  # tiled, blended
+    assert floor and result.tile_size_used < 200 and result.seams.startswith("tiles blended")
     whole = upscale.run(image, model, options=JobOptions(device="cpu", runtime=runtime), tile_size=None)
     np.testing.assert_allclose(result.image, whole.image, atol=1e-5)
     runtime.clear("test teardown")

@@ -68,11 +68,11 @@ def test_overlap_below_the_radius_warns_and_differs(runtime, compact32):
 
 def test_a_global_model_is_reported_as_not_exactly_tileable(tmp_path, runtime):
     model = global_context_model(tmp_path / "g.onnx")
-    image = picture(40, 50)
+    image = picture(150, 160)  # past the smallest window a 32 px overlap and its feather allow (136)
     one = upscale.run(image, model, options=opts(runtime))  # auto: one window, exact
     assert one.exact and one.receptive_radius is None
     tiled = upscale.run(image, model, options=opts(runtime), tile_size=48)
-    assert not tiled.exact and tiled.receptive_radius is None
+    assert not tiled.exact and tiled.receptive_radius is None and tiled.feather == 16  # blended
     assert any("cannot be tiled exactly" in w for w in tiled.warnings)
 
 

@@ -14,11 +14,13 @@ cubic resize instead (same kernel as the embedded bicubic model) and never runs 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ...runtime.errors import InferenceOutOfMemoryError
 from ...runtime.measure.budget import budget_for
 from ...runtime.measure.memory import available_system_memory_bytes
 from ..base import FLOAT_TYPES, JobOptions, check_contract, check_finite, fixed_hw
@@ -26,6 +28,7 @@ from ..family import Family, Option, Output, Setting, non_negative_int, one_of, 
 from ..frame_loop import run_frames
 from ..imaging import from_nchw, resize_clipped, to_nchw
 from ..result_images import ColourImage
+from ..tiles.reach import cached_reach, reach_for
 from ..tiles.tiling import TilePlan, refuse_oversized_result, run_tiled
 from .upscale_plan import (
     AUTO,
@@ -55,13 +58,16 @@ class UpscaleResult:
     receptive_radius: int | None = None  # input pixels; None: the model sees the whole image
     exact: bool = True  # tiles give exactly the pixels of one whole-image run
     warnings: list[str] = field(default_factory=list)
-    feather: int = 0  # > 0: tile seams were blended over 2 * feather px (deep nets: not exact)
+    feather: int = 0  # > 0: tile seams were blended over 2 * feather px (not bit-exact)
     input_kind: str = "8-bit"  # the source's samples: "8-bit", "16-bit" or "float"
+    bound: str = "not exact"  # how far from one whole-image run, when not exact (upscale_plan.OverlapPlan)
 
     @property
     def seams(self) -> str:
-        """How the tiles were joined, in one word for reports and JSON."""
-        return "exact" if self.exact else ("feathered (not exact)" if self.feather else "cropped (not exact)")
+        """How the tiles were joined, for reports and JSON: "exact" only where tiles are bit-identical."""
+        if self.exact:
+            return "exact"
+        return f"tiles blended; {self.bound}" if self.feather else f"tiles cropped; {self.bound}"
 
 
 def run(
@@ -90,8 +96,10 @@ def run(
     (`model_overlap` from its catalog entry, else read from the graph, else measured by an impulse
     probe), rounded up to `size_multiple`: then tiles give exactly one whole-image run's pixels
     when the graph proved the radius (a probe's figure is measured, not proven: `exact` False).
-    A radius over MAX_EXACT_RADIUS (deep nets: RRDBNet's 349 px) gets FEATHER_OVERLAP instead,
-    seams blended, and the result says it is not exact (`exact`, `seams`, a warning).
+    A radius over MAX_EXACT_RADIUS (deep nets: RRDBNet's 349 px) gets an overlap covering how
+    far the model was measured to reach (models/tiles/reach.py, once per model file, on a crop of
+    the first frame that has seams), seams blended, and the result says it is not exact (`exact`,
+    `seams`, a warning). Tiles that are not bit-identical are blended at any overlap.
     `size_multiple`: round dynamic windows up to this (models that need even sizes, say).
     `available_memory_bytes`: what a frame's result may take (default: the memory the OS says is
     available when the frame starts); a frame whose float32 result is larger is refused
@@ -157,12 +165,36 @@ class _Upscale:
         self.scale = static_scale(handle)  # what the tiler checks every tile against
         runs.scale = self.scale or scale_hint(handle)  # what outputs are bound with from the first run
         runs.hinted = self.scale is None and runs.scale is not None
-        field = receptive_field(handle.model_path, self.model_overlap, self._probe)
-        self.planned = plan_overlap(handle.model_name, field, self.requested_overlap, self.size_multiple)
-        self.tile, tile_warnings = choose_tile(handle.model_name, self.fixed, self.tile_size, self.planned)
-        self.plan_warnings = list(self.planned.warnings) + tile_warnings
+        self.field = receptive_field(handle.model_path, self.model_overlap, self._probe)
+        known, reach = cached_reach(handle.model_path)
+        self._plan(math.inf if known and reach is None else reach)
         if self.tile is AUTO and self.memory_budget is None:  # the job's RAM or VRAM budget, by where it runs
             self.memory_budget = budget_for(loop.runtime, handle.gpu_device_id)
+
+    def _plan(self, reach) -> None:
+        handle = self.loop.handle
+        self.planned = plan_overlap(handle.model_name, self.field, self.requested_overlap, self.size_multiple, reach)
+        self.tile, tile_warnings = choose_tile(handle.model_name, self.fixed, self.tile_size, self.planned)
+        self.plan_warnings = list(self.planned.warnings) + tile_warnings
+
+    def _settle_reach(self, frame, fed, shape) -> TilePlan:
+        """A deep net's overlap from how far it really reaches: measured once per model file on a
+        crop of this frame (models/tiles/reach.py), before the first frame that has seams."""
+        runs, old = self.runs, self.plan_warnings
+
+        def infer(window):
+            output = runs.infer(to_nchw(window, self.dtype), last=False, slot="probe")
+            return from_nchw(check_finite(output, runs.handle.model_name, runs.handle.outputs[0].name))
+
+        frame.report(0.0, "measuring how far the model reaches")
+        try:
+            reach = reach_for(runs.handle.model_path, infer, fed.source[:, :, :3])
+        except InferenceOutOfMemoryError:
+            self.planned.needs_reach = False  # no room for the probe: the bounded default stays, said so
+            return self._tiles(shape)
+        self._plan(math.inf if reach is None else reach)
+        fed.warnings = list(self.plan_warnings) + [w for w in fed.warnings if w not in old]
+        return self._tiles(shape)
 
     def _probe(self) -> int | None:
         """The receptive radius, measured by an impulse probe (upscale_plan.impulse_probe)."""
@@ -184,8 +216,10 @@ class _Upscale:
             available = available_system_memory_bytes()  # one read per frame, for both checks
         shape = np.shape(frame.image)
         self._refuse_oversized(shape, available)
-        tiles = self._tiles(shape)
         fed = self._model_input(frame)
+        tiles = self._tiles(shape)
+        if self.planned.needs_reach and len(tiles.tiles(*shape[:2], tiles.tile_size)) > 1:
+            tiles = self._settle_reach(frame, fed, shape)
         tiled = self._run_tiles(frame, fed, tiles, available, prefix)
         frame.op.check_cancelled()
         self.scale = tiled.scale  # known from here on, for the next frames too
@@ -288,6 +322,7 @@ class _Upscale:
             warnings=warnings,
             feather=0 if tiled.tiles_run == 1 else planned.feather,
             input_kind=fed.kind,
+            bound=planned.bound,
         )
 
 
@@ -344,8 +379,9 @@ FAMILY = Family(
             AUTO_OVERLAP,
             "Overlap",
             "Context pixels around each tile. -1: the model's receptive radius, so tiles give exactly "
-            "the pixels of one whole-image run when the radius is read from the model's graph (a "
-            "measured one is not proven: a warning says so, as when set below it)",
+            "the pixels of one whole-image run when the radius is read from the model's graph; deep nets "
+            "(radius over 64 px): how far the model was measured to reach. Tiles that are not exact are "
+            "blended across their seams, and a warning says so",
             min=AUTO_OVERLAP,
             soft_max=256,
         ),

@@ -13,6 +13,7 @@ import numpy as np
 
 from ...runtime.measure.budget import budget_for, working_estimate
 from ..imaging import to_nchw
+from ..tiles.reach import PROBE_REACH
 from ..tiles.receptive import GLOBAL, ReceptiveField, graph_receptive_field
 from ..tiles.tile_memory import BUDGET_FRACTION, FALLBACK_TILE, MAX_AUTO_TILE, tile_floor
 from ..tiles.tiling import TilePlan
@@ -32,11 +33,25 @@ AUTO_WINDOW_STEP = 32
 MAX_EXACT_RADIUS = 64
 """Largest receptive radius tiled exactly by default. Past it the overlap costs more than the
 tile (RRDBNet, 349 px: a 2048 px window keeps a 1350 px core, and that window's working memory
-is ~64 GB), so a bounded overlap with feathered seams is used instead, and said to be not exact."""
+is ~64 GB), so the overlap covers how far the model was measured to reach instead (its tiles
+feathered), and the job says it is not exact."""
 FEATHER_OVERLAP = 32
-"""The bounded overlap of a deep net's tiles (input pixels); its seams are blended over
-`FEATHER_OVERLAP` px (half on each side of the boundary). Chosen by measurement on the seeded
-RealESRGAN_x4plus (RRDBNet) export against one whole-image run: see README, 'Deep nets'."""
+"""The least overlap of a deep net's tiles (input pixels), and the one used before its reach is
+measured (a frame that runs as one window never measures it)."""
+REACH_STEP = 16  # a measured reach is rounded up to this: noise in the probe rarely moves the plan
+REACH_FEATHER = 8
+"""A deep net's seams are blended over 2 * REACH_FEATHER px *outside* its measured reach (the
+overlap is the reach plus this): every blended pixel keeps the context the reach asks for. A
+feather of half the overlap (as before) blends in pixels with half the context, and on trained
+x4plus that is worse than cropping (bench/seams.py)."""
+SEAM_LEVELS = 2
+"""What the job promises for a deep net's default plan: at most this many 8-bit levels from one
+whole-image run. bench/seams.py measures it on trained Real-ESRGAN x4plus (tests/test_trained_seams.py
+checks it), so the words the job prints are measured, not hoped."""
+SEAM_MEASURED_ON = "trained Real-ESRGAN x4plus, bench/seams.py"
+ROUNDING_LEVELS = 0.01
+"""A covered but not bit-exact plan (a Resize by 0.75: animevideov3-x3) differs by fp32 rounding
+only; bench/seams.py measures it on trained realesr-animevideov3-x3."""
 
 
 @dataclass
@@ -48,10 +63,14 @@ class OverlapPlan:
     warnings: list[str] = field(default_factory=list)
     feather: int = 0  # > 0: seams blended over 2 * feather px (models/tiles/feather.py), not cropped
     proven: bool = False  # the graph walk proved the radius; a probe's is measured, not proven
+    bit_exact: bool = True  # covering the radius gives the same bits (receptive.ReceptiveField)
+    reach: float | None = None  # how far a one-pixel change was measured to reach (math.inf: past the probe)
+    needs_reach: bool = False  # a deep net on its default overlap: the job measures its reach first
+    bound: str = "not exact"  # what the seams are, when not exact (UpscaleResult.seams)
 
     def covers(self, overlap: int) -> bool:
         """Tiles with this overlap are exact: only a proven radius can say so."""
-        return self.proven and self.radius is not None and overlap >= self.radius
+        return self.proven and self.bit_exact and self.radius is not None and overlap >= self.radius
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -65,31 +84,52 @@ def receptive_field(model_path, model_overlap, probe) -> ReceptiveField:
     if model_overlap is not None:
         covered = found.radius is not None and not found.is_global and found.radius <= int(model_overlap)
         gave_up = found.detail if found.radius is None else ""
-        return ReceptiveField(int(model_overlap), "catalog", gave_up, found.scale, proven=covered)
+        return ReceptiveField(
+            int(model_overlap), "catalog", gave_up, found.scale, proven=covered, bit_exact=found.bit_exact
+        )
     if found.radius is None and probe is not None:
         radius = probe()
         return ReceptiveField(GLOBAL if radius is None else radius, "probe", found.detail)
     return found
 
 
-def plan_overlap(name: str, field_: ReceptiveField, requested: int | None, multiple: int = 1) -> OverlapPlan:
-    """The overlap to run with, and what the artist should be told about it."""
+def reach_overlap(radius: int, reach: float | None, multiple: int = 1) -> tuple[int, int]:
+    """A deep net's default (overlap, feather): its measured reach rounded up to REACH_STEP, plus
+    REACH_FEATHER for the blend, at least FEATHER_OVERLAP, at most the radius; FEATHER_OVERLAP
+    (half of it blended) while the reach is not measured (a one-window frame never measures it)."""
+    if reach is None:
+        return _round_up(min(FEATHER_OVERLAP, radius), multiple), FEATHER_OVERLAP // 2
+    covered = _round_up(min(reach, PROBE_REACH), REACH_STEP)
+    overlap = _round_up(min(max(FEATHER_OVERLAP, covered + REACH_FEATHER), radius), multiple)
+    return overlap, min(REACH_FEATHER, overlap // 2)
+
+
+def plan_overlap(
+    name: str, field_: ReceptiveField, requested: int | None, multiple: int = 1, reach: float | None = None
+) -> OverlapPlan:
+    """The overlap to run with, and what the artist should be told about it. `reach`: how far a
+    one-pixel change was measured to reach (models/tiles/reach.py), for a deep net's default."""
     warnings: list[str] = []
     if field_.radius is None:  # no probe possible: keep the old default and say so
         radius, global_ = None, False
     else:
         global_ = field_.is_global
         radius = None if global_ else int(field_.radius)
-    feather = 0
-    if (requested is None or requested == AUTO_OVERLAP) and radius is not None and radius > MAX_EXACT_RADIUS:
-        overlap = _round_up(FEATHER_OVERLAP, multiple)
-        feather = overlap // 2
+    auto = requested is None or requested == AUTO_OVERLAP
+    deep = auto and radius is not None and radius > MAX_EXACT_RADIUS
+    bound, feather = "not exact", None
+    if deep:
+        overlap, feather = reach_overlap(radius, reach, multiple)
+        reached = "not measured yet" if reach is None else (
+            f"past the {PROBE_REACH} px the probe sees" if math.isinf(reach) else f"{int(reach)} px")
+        if reach is not None and not math.isinf(reach):
+            bound = f"at most {SEAM_LEVELS} levels from one whole-image run (measured on {SEAM_MEASURED_ON})"
         warnings.append(
             f"Not exact: {name}'s receptive radius is {radius} px, too large to tile exactly at a sane cost; "
-            f"tiles overlap {overlap} px and are blended across their seams, so pixels near seams can differ "
-            "slightly from one whole-image run (Overlap set to the radius makes it exact, at that cost)."
+            f"tiles overlap {overlap} px (how far a one-pixel change reaches: {reached}) and are blended "
+            f"across their seams: {bound} (Overlap set to the radius makes it exact, at that cost)."
         )
-    elif requested is None or requested == AUTO_OVERLAP:
+    elif auto:
         overlap = _round_up(radius, multiple) if radius is not None else GLOBAL_OVERLAP
     else:
         overlap = int(requested)
@@ -98,7 +138,8 @@ def plan_overlap(name: str, field_: ReceptiveField, requested: int | None, multi
         if radius is not None and overlap < radius:
             warnings.append(
                 f"Overlap {overlap} px is below {name}'s receptive radius ({radius} px): with more than "
-                "one tile the result is not exact; pixels near tile seams can differ from one whole-image run."
+                "one tile the result is not exact; tiles are blended across their seams, and pixels near "
+                "them can differ from one whole-image run."
             )
     if global_:
         where = f" ({field_.detail})" if field_.detail else ""
@@ -118,8 +159,19 @@ def plan_overlap(name: str, field_: ReceptiveField, requested: int | None, multi
             f"graph{why}: with more than one tile the result is not exact; pixels near tile seams can "
             "differ slightly from one whole-image run."
         )
-    plan = OverlapPlan(overlap, radius, field_.how, False, warnings, feather=feather, proven=field_.proven)
+    elif not field_.bit_exact and radius is not None and overlap >= radius:
+        bound = f"at most {ROUNDING_LEVELS} levels from one whole-image run (fp32 rounding of a resize by a " \
+            "factor that is not a power of two; measured on trained realesr-animevideov3-x3, bench/seams.py)"
+    plan = OverlapPlan(
+        overlap, radius, field_.how, False, warnings, proven=field_.proven, bit_exact=field_.bit_exact,
+        reach=reach, needs_reach=deep and reach is None, bound=bound,
+    )  # fmt: skip
     plan.exact = plan.covers(overlap)
+    if feather is None:
+        # tiles that are not bit-identical are blended, whatever set the overlap (a seam's step becomes
+        # a ramp), but for a covered radius: blending would mix in pixels with less context than it
+        feather = 0 if plan.exact or (plan.proven and radius is not None and overlap >= radius) else overlap // 2
+    plan.feather = feather
     return plan
 
 

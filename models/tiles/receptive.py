@@ -38,6 +38,10 @@ class ReceptiveField:
     # give exactly one whole-image run's pixels. A probe only measures: a one-pixel bump's far
     # influence can fall below fp32 resolution (29 px read on RRDBNet x4plus, whose radius is 349).
     proven: bool = False
+    # a tile equals a whole-image run bit for bit when the overlap covers `radius`: False when a
+    # Resize by a factor that is not a power of two (x3's bicubic 0.75) samples at positions fp32
+    # rounds differently in a window than in the whole image (0.003 levels apart on trained x3)
+    bit_exact: bool = True
 
     @property
     def is_global(self) -> bool:
@@ -255,10 +259,22 @@ def _reach_of(node: _Node, tensors, scale: float) -> tuple[float, float] | None:
     return None
 
 
+def _power_of_two(factor: float) -> bool:
+    mantissa, _ = math.frexp(factor)
+    return factor > 0 and mantissa == 0.5
+
+
+def _shifts_exactly(node: _Node, scale: float) -> bool:
+    """A Resize samples the same fp32 positions in a window as in the whole image only when its
+    factor is a power of two (0.5, 2, 4: positions exact in binary)."""
+    return node.op not in ("Resize", "Upsample") or _power_of_two(scale)
+
+
 def _walk(nodes, tensors, inputs, outputs) -> ReceptiveField:
     if not inputs or not outputs:
         return ReceptiveField(None, "graph", "no input or output")
     state: dict[str, tuple[float, float, str]] = {inputs[0]: (0.0, 1.0, "")}  # reach, scale, why
+    bit_exact = True
     for node in nodes:  # ONNX graphs are topologically sorted
         known = [state[name] for name in node.inputs if name in state]
         if not known or node.op in _SHAPE_ONLY:
@@ -276,6 +292,7 @@ def _walk(nodes, tensors, inputs, outputs) -> ReceptiveField:
             if step is None:
                 return ReceptiveField(None, "graph", node.op)
             result = (reach + step[0], step[1], why)
+            bit_exact = bit_exact and _shifts_exactly(node, step[1] / scale)
         for name in node.outputs:
             state[name] = result
     final = state.get(outputs[0])
@@ -283,7 +300,7 @@ def _walk(nodes, tensors, inputs, outputs) -> ReceptiveField:
         return ReceptiveField(None, "graph", "the output does not depend on the image")
     if math.isinf(final[0]):
         return ReceptiveField(GLOBAL, "graph", final[2], proven=True)
-    return ReceptiveField(math.ceil(final[0] - 1e-9), "graph", scale=final[1], proven=True)
+    return ReceptiveField(math.ceil(final[0] - 1e-9), "graph", scale=final[1], proven=True, bit_exact=bit_exact)
 
 
 @lru_cache(maxsize=32)
