@@ -102,9 +102,9 @@ def test_x4plus_at_its_default_plan_is_within_the_levels_it_promises(runtime):
     """Trained RRDBNet: a one-pixel change reaches far past the old bounded 32 px overlap (which
     left seams of tens of levels). The default plan covers the measured reach and blends outside it."""
     model = trained_model(X4PLUS)
-    image = natural_image(96, 224, seed=5)
+    image = natural_image(96, 448, seed=5)
     whole = _run(runtime, image, model, tile_size=None)
-    tiled = _run(runtime, image, model, tile_size=320)  # one vertical seam
+    tiled = _run(runtime, image, model, tile_size=400)  # a row of tiles whose windows miss the far side
     assert not tiled.exact and tiled.feather == REACH_FEATHER and tiled.overlap > 32
     assert tiled.seams.startswith(f"tiles blended; at most {SEAM_LEVELS} levels from one whole-image run")
     levels = _levels(tiled.image, whole.image)

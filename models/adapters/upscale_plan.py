@@ -1,4 +1,5 @@
-"""How an upscale job cuts its image: the overlap (from the model's receptive radius) and the
+"""How an upscale job cuts its image: the overlap (from the model's receptive radius; for a deep
+net, from how far it was measured to reach, once per model file: models/tiles/reach.py) and the
 tile size (deterministic: the same image, model and settings give the same plan, whatever memory
 is free; memory pressure is met by the out-of-memory split, which with an overlap at least the
 radius does not change a single pixel).

@@ -26,7 +26,7 @@ from ..files import write_text
 REACH_LEVELS = 0.25
 """An output change (8-bit levels) below which a pixel counts as unmoved. The overlap that covers
 this reach keeps tiles within ~1 level of one whole-image run on trained x4plus (bench/seams.py)."""
-PROBE_REACH = 96  # the crop's half side: a reach at or past it is reported as None
+PROBE_REACH = 128  # the crop's half side: a reach at or past it is reported as None
 REACH_SUFFIX = ".reach.json"
 _remembered: dict[tuple[str, int, int], int | None] = {}
 
