@@ -326,7 +326,7 @@ def _case(name: str, family: str, model: Path, size: tuple[int, int], args) -> d
 def _plan_text(plan) -> str:
     if not plan:
         return "-"
-    return f"{plan['window']}+{plan['overlap']} {plan['seams'].split(' ')[0]}"
+    return f"{plan['window']}+{plan['overlap']} {plan['seams'].split(';')[0]}"
 
 
 def main() -> int:
