@@ -216,8 +216,8 @@ class _Upscale:
             available = available_system_memory_bytes()  # one read per frame, for both checks
         shape = np.shape(frame.image)
         self._refuse_oversized(shape, available)
-        fed = self._model_input(frame)
         tiles = self._tiles(shape)
+        fed = self._model_input(frame)
         if self.planned.needs_reach and len(tiles.tiles(*shape[:2], tiles.tile_size)) > 1:
             tiles = self._settle_reach(frame, fed, shape)
         tiled = self._run_tiles(frame, fed, tiles, available, prefix)
