@@ -161,3 +161,22 @@ def test_preview_frame_shows_one_frame_and_writes_nothing(tmp_path, models):
     with pytest.raises(RuntimeError, match="Frame 9 is not in the sequence"):
         bpy.ops.lean_image_ai.preview_frame(family="da3", source=str(shot), model_path=str(models["da3"]), frame=9)
     assert sorted(p.name for p in tmp_path.rglob("*")) == before  # three previews, no file written
+
+
+def test_two_frame_shots_write_both_frames_every_time(tmp_path, models):
+    """A 2-frame shot fits in the frame queue: Blender's pump used to read it whole before the
+    worker looked, and then nothing ran ('0 written ... of 2', FINISHED) in most tries."""
+    shot = write_shot(tmp_path / "in", 2, noise=False)
+    for attempt in range(20):
+        out = tmp_path / f"o{attempt}"
+        result = bpy.ops.lean_image_ai.process_sequence(
+            family="da3", source=str(shot), output=str(out / "d_####.png"), model_path=str(models["da3"]),
+            depth_range="auto-shot",
+        )
+        assert result == {"FINISHED"} and len(_greys(out)) == 2, (attempt, result)
+        before = {o.name for o in bpy.data.objects}
+        result = bpy.ops.lean_image_ai.reconstruct_shot(source=str(shot), model_path=str(models["moge2"]), shot_camera="shot")
+        made = {o.name for o in bpy.data.objects} - before
+        assert result == {"FINISHED"} and len([n for n in made if n.endswith("_geometry")]) == 2, (attempt, result, made)
+        for name in made:
+            bpy.data.objects.remove(bpy.data.objects[name])
