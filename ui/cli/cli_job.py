@@ -9,6 +9,7 @@ without importing the command line that imports it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import signal
@@ -92,6 +93,18 @@ class Interrupts:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         return False
+
+
+def leave_now_if_a_model_still_runs(code: int) -> None:
+    """After a stop at once, the batch's worker thread may still be inside a model run (native
+    code): letting the interpreter finalise under it makes onnxruntime's thread pool call
+    std::terminate ('terminate called without an active exception', SIGABRT instead of the exit
+    code). Everything of ours is already written or removed by now, so end without finalising."""
+    if any(thread is not threading.main_thread() and thread.is_alive() for thread in threading.enumerate()):
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
 
 
 def _option_type(option):

@@ -355,12 +355,15 @@ def main(argv=None) -> int:
     with cli_job.Interrupts() as interrupts:
         args.interrupts = interrupts
         try:
-            return _handled(args, interrupts)
+            code = _handled(args, interrupts)
         except cli_job.Stopped:  # a second signal while the first one's outcome was being reported
-            return interrupts.exit_code
+            code = interrupts.exit_code
         finally:
             interrupts.disarm()  # a signal from here on is noted, not raised in the cleanup
             event_file.stop()
+    if interrupts.signum is not None:
+        cli_job.leave_now_if_a_model_still_runs(code)
+    return code
 
 
 def _handled(args, interrupts) -> int:
