@@ -1,5 +1,5 @@
-"""A cross-process lock on one model's install (two Blender processes or farm nodes sharing a
-models folder).
+"""Cross-process locks in a models folder: one model's install, and each read-modify-write of a
+shared record (two Blender processes or farm nodes sharing a models folder).
 
 The lock is an OS file lock on ``<file>.lock`` beside the model (``flock`` on POSIX, ``msvcrt``
 on Windows), so the OS releases it when the holding process ends, crash included. The holder
