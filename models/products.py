@@ -181,11 +181,6 @@ def plan_outputs(
         # any entry at the name is an output there, a symbolic link too (dangling or not): a link
         # planted in a shared folder must not send the result elsewhere
         kept = os.path.lexists(out) and not overwrite
-        if kept and not skip_existing:
-            raise LeanImageError(
-                f"{out} exists. Ask to overwrite it (--overwrite, overwrite=True), or to skip existing "
-                "outputs and do the rest (--skip-existing, skip_existing=True)."
-            )
         for path in companion_paths(family_id, out):
             check_format(path)
             if os.path.normcase(str(path)) in sources:
@@ -194,6 +189,11 @@ def plan_outputs(
                 raise LeanImageError(f"Output path {path} is a folder; give a file name such as result.png.")
             if not kept:  # a kept output writes nothing: its folder may be read-only
                 to_make |= _writable_folder(path)
+        if kept and not skip_existing:
+            raise LeanImageError(
+                f"{out} exists. Ask to overwrite it (--overwrite, overwrite=True), or to skip existing "
+                "outputs and do the rest (--skip-existing, skip_existing=True)."
+            )
         if kept:
             skip.add(index)
     # as Blender does for render output, once every check has passed: farm tasks and scripts name
