@@ -190,11 +190,17 @@ def _seal(fd: int, made: os.stat_result, tmp: Path, target: Path) -> None:
 
 def _install(made: os.stat_result, tmp: Path, target: Path) -> None:
     """Rename the sealed file over ``target``; the name is checked to be that file before the
-    rename and ``target`` after it (a swap in between is taken out again)."""
+    rename."""
     if not _still_ours(made, tmp):
         raise _swapped(tmp, target)
     os.replace(tmp, target)
-    if not _still_ours(made, target):
+    # a link swapped in between the check and the rename is taken out again (only the kind of
+    # entry is checked here: some network file systems renumber a file when it is renamed)
+    try:
+        installed = stat.S_ISREG(os.lstat(target).st_mode)
+    except OSError:
+        installed = False
+    if not installed:
         with contextlib.suppress(OSError):
             os.unlink(target)
         raise _swapped(tmp, target)
