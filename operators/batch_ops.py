@@ -168,6 +168,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
             writer=file_formats.BLENDER_WRITER,
             suffix=products.default_suffix(family.id, kind),
         )
+        frame_claims.remove_stale(outputs)  # a killed Skip Existing run's, whatever this run's mode
         if outputs:
             output_type = products.describe_output(family.id, outputs[0].suffix, kind, file_formats.BLENDER_WRITER.float_suffixes)
             job.name = f"{job.name}, {output_type}"

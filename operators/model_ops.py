@@ -149,8 +149,7 @@ class LEAN_IMAGE_AI_OT_remove_model(bpy.types.Operator):
             self.report({"ERROR"}, f"{entry.title} is downloading; cancel the download first.")
             return {"CANCELLED"}
         if entry.is_user:
-            known.remove_user_model(entry.id)
-            store = library.save_catalog(known, folder)
+            store = user_models.unregister(entry.id, folder)
             self.report(
                 {"INFO"},
                 f"Unregistered {entry.title}; your file {entry.path} was left in place (list saved in {store}).",

@@ -86,7 +86,8 @@ def _migrate_old_default(folder: Path) -> None:
     _migrated.add(str(old))
     left = library.migrate_models(old, folder)
     if left:
-        print(f"Lean Image AI: models moved to {folder}; already there, so left in {old}: {', '.join(left)}")
+        note = old / library.MIGRATED_NOTE
+        print(f"Lean Image AI: models moved to {folder}; left in {old} (why: {note}): {', '.join(left)}")
 
 
 def device_string(prefs) -> str:

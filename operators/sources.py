@@ -130,6 +130,6 @@ def output_target(output_path: str, *, family_id: str, source_file: str = "", ov
         raise LeanImageError(f"Cannot save to '{path}': the folder '{path.parent}' is not writable.")
     if source_file and path.exists() and os.path.samefile(path, absolute_path(source_file)):
         raise LeanImageError(f"Cannot save to '{path}': it is the input image. Choose another name.")
-    if path.exists() and not overwrite:
+    if os.path.lexists(path) and not overwrite:  # a symbolic link there too, dangling or not
         raise LeanImageError(f"'{path}' exists. Set overwrite=True to replace it, or choose another name.")
     return path, file_format

@@ -103,12 +103,12 @@ def test_skip_existing_removes_stale_temp_files_of_its_own_outputs_only(tmp_path
     kill_in_write = (
         "import os, signal\n"
         "from lean_image_ai.models import files as _files\n"
-        "_replace = _files.replace_into\n"
-        "def _dying(written, target):\n"
+        "_install = _files._install\n"
+        "def _dying(made, written, target):\n"
         "    if target.name == 'o_0003.png':\n"
         "        os.kill(os.getpid(), signal.SIGKILL)\n"
-        "    _replace(written, target)\n"
-        "_files.replace_into = _dying\n"
+        "    _install(made, written, target)\n"
+        "_files._install = _dying\n"
     )
     args = ["upscale", pattern, str(out / "o_####.png"), "--device", "cpu"]
     killed = _start(args, tmp_path, prelude=kill_in_write)

@@ -65,13 +65,21 @@ def check(family: str, path: str | os.PathLike, *, runtime=None, progress: Calla
 def save(family: str, path: str | os.PathLike, folder: Path, verdict, inputs: str, outputs: str) -> Registered:
     """Add the checked file to the models folder's user models (a quick step: the main thread's)."""
     path = Path(path).expanduser()
-    known = library.catalog(folder)
     try:
-        entry = known.add_user_model(family, path)
-        store = library.save_catalog(known, folder)
+        with library.editing_catalog(folder) as known:  # another process may be adding one now
+            entry = known.add_user_model(family, path)
     except (ValueError, OSError) as exc:
         raise LeanImageError(f"Cannot register {path.name}: {exc}") from exc
-    return Registered(entry, store, verdict, inputs, outputs)
+    return Registered(entry, Path(folder) / library.USER_MODELS_FILE, verdict, inputs, outputs)
+
+
+def unregister(model_id: str, folder: Path) -> Path:
+    """Forget a registered model (its file is left alone); returns the list saved. One removed by
+    another process meanwhile is simply gone."""
+    with library.editing_catalog(folder) as known:  # another process may be changing the list now
+        if model_id in known:
+            known.remove_user_model(model_id)
+    return Path(folder) / library.USER_MODELS_FILE
 
 
 def register(family: str, path: str | os.PathLike, folder: Path, *, runtime=None, progress=None) -> Registered:
@@ -79,4 +87,4 @@ def register(family: str, path: str | os.PathLike, folder: Path, *, runtime=None
     return save(family, path, folder, verdict, inputs, outputs)
 
 
-__all__ = ["Registered", "check", "register", "save"]
+__all__ = ["Registered", "check", "register", "save", "unregister"]

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from ...models import files, products
-from ...models.batch import frame_lists
+from ...models.batch import frame_claims, frame_lists
 from ...models.batch.sequence import BatchReport
 from ...models.family import Family
 from ...models.job import FamilyJob
@@ -313,6 +313,9 @@ def plan(family: Family, args):
         companions = [p for out in outputs for p in products.companion_paths(family.id, out)]
         for temp in files.remove_stale_temps(companions, older_than=started - STALE_TEMP_S):
             print(f"removed a temporary file left by an interrupted run: {temp}", file=sys.stderr)
+    # a killed --skip-existing run's frame claims, whatever this run's mode (a claim held now stays)
+    for claim in frame_claims.remove_stale(outputs):
+        print(f"removed a frame claim left by an interrupted run: {claim}", file=sys.stderr)
     return refs, outputs, skip
 
 
@@ -335,7 +338,7 @@ def plan_memory_plot(args, refs, outputs) -> Path | None:
     file without ``--overwrite``."""
     if not getattr(args, "memory_plot", None):
         return None
-    path = Path(args.memory_plot).expanduser().resolve()
+    path = products.output_path(Path(args.memory_plot).expanduser())
     where = f"--memory-plot {args.memory_plot}"
     family_id = args.family.id
     taken = {Path(r.path).resolve() for r in refs} | {p for out in outputs for p in products.companion_paths(family_id, out)}
@@ -349,7 +352,7 @@ def plan_memory_plot(args, refs, outputs) -> Path | None:
         raise CommandLineError(f"{where}: the folder {path.parent} does not exist; make it or choose another.")
     if not os.access(path.parent, os.W_OK):
         raise CommandLineError(f"{where}: the folder {path.parent} is not writable.")
-    if path.exists() and not args.overwrite:
+    if os.path.lexists(path) and not args.overwrite:
         raise CommandLineError(f"{where} exists; add --overwrite to replace it, or choose another name.")
     return path
 

@@ -95,8 +95,7 @@ def _remove(args) -> int:
     folder = _folder(args)
     known, entry = _lookup(folder, args.model_id)
     if entry.is_user:
-        known.remove_user_model(entry.id)
-        store = library.save_catalog(known, folder)
+        store = user_models.unregister(entry.id, folder)
         print(f"unregistered {entry.title}; your file {entry.path} was left in place (list saved in {store})")
         return EXIT_OK
     dest = library.installer.model_path(entry, folder)
