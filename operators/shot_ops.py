@@ -45,9 +45,11 @@ def _frames(owner, frames: range | None) -> list:
 def _source_properties() -> dict:
     return {
         "image_name": StringProperty(name="Image", description="An Image datablock whose source is an image sequence"),
-        "source": StringProperty(name="Frames From", description="A folder or a numbered pattern (shot_####.png)", subtype="FILE_PATH"),
+        "source": StringProperty(name="Frames From", description="A folder or a numbered pattern (shot_####.png)", subtype="FILE_PATH",
+                                 options=options.path_options()),
         "model_id": StringProperty(name="Model", description="Catalog model id. Empty: the first installed model"),
-        "model_path": StringProperty(name="Model File", description="An ONNX file instead of a catalog model", subtype="FILE_PATH"),
+        "model_path": StringProperty(name="Model File", description="An ONNX file instead of a catalog model", subtype="FILE_PATH",
+                                     options=options.path_options()),
     }
 
 
