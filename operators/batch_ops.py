@@ -140,6 +140,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
     )
 
     def prepare(self, context, job: Job):
+        prefs.checked_model_id(self.model_id)  # before the plan makes an output folder
         family = families.get(self.family)
         job.name = f"{family.action} (sequence)"
         frames = frame_lists.parse_frames(self.frames) if self.frames.strip() else None
