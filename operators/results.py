@@ -1,5 +1,7 @@
 """What the model operators make in Blender (bpy, main thread): images like the source, saved
-results, meshes, linked objects, and the removal of all of it when a later step fails.
+results (each kept in the .blend: reading the file it was saved to, else packed, so save/reopen
+and undo/redo keep its pixels), the result shown in the Image Editor that showed the source,
+meshes, linked objects, and the removal of all of it when a later step fails.
 """
 
 import contextlib
@@ -58,8 +60,9 @@ def keep(image, path: Path | None = None) -> None:
     .blend keep none). A fake user keeps it when no editor or material shows it."""
     image.use_fake_user = True
     if path is None:
-        if image.is_float:
-            image.use_half_precision = False  # packed as a full-float EXR: every value kept
+        # said before packing, as versions differ in what they pick: floats as full-float EXR
+        image.file_format = "OPEN_EXR" if image.is_float else "PNG"
+        image.use_half_precision = False
         image.pack()
         return
     # set explicitly, whatever Image.save did to the datablock (4.2 could leave a FILE image

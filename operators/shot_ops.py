@@ -69,7 +69,9 @@ def _frame_texture(path, created):
     image already in the file, the user's, is reused and never removed)."""
     known = {image.as_pointer() for image in bpy.data.images}
     texture = image_io.load_image_file(str(path), check_existing=True)
-    return texture if texture.as_pointer() in known else created.add(bpy.data.images, texture)
+    if texture.as_pointer() in known:
+        return texture
+    return created.add(bpy.data.images, sources.store_relative(texture))
 
 
 @options.with_properties({**options.family_properties(moge2.FAMILY), **_source_properties(), **shot_props.shot_properties()})

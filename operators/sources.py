@@ -78,12 +78,17 @@ def blend_path(path) -> str:
         return path
 
 
-def _loaded(image) -> Source:
-    """A source this job loaded: its path stored as :func:`blend_path` says (no reload)."""
+def store_relative(image):
+    """``image`` (just loaded by the add-on) with its path stored as :func:`blend_path` says;
+    no reload: the pixels stay."""
     path = image.filepath_raw
     if path and not path.startswith("//"):
         image.filepath_raw = blend_path(path)
-    return Source(image, True, image_stem(image))
+    return image
+
+
+def _loaded(image) -> Source:
+    return Source(store_relative(image), True, image_stem(image))
 
 
 def resolve_source(context, filepath: str) -> Source:
