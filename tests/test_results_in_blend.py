@@ -123,3 +123,25 @@ def test_the_image_editor_that_showed_the_photo_shows_the_result(session, name):
     assert session["made"]["buttons"][name]["shown"] == name
     photo = session["read"]["images"]["photo.png"]
     assert photo["users"] >= 1  # still one click away in the image browser, also after reopening
+
+
+def test_every_operator_path_property_takes_blend_relative_paths():
+    bpy = pytest.importorskip("bpy")
+    bh.import_package()
+    from lean_image_ai import operators
+
+    classes = operators._classes()
+    with bh.registered_classes(classes):
+        operators_rna = [
+            getattr(bpy.ops.lean_image_ai, cls.bl_idname.split(".")[1]).get_rna_type()
+            for cls in classes
+            if issubclass(cls, bpy.types.Operator)
+        ]
+        paths = [
+            (rna.identifier, prop.identifier, prop.is_path_supports_blend_relative)
+            for rna in operators_rna
+            for prop in rna.properties
+            if getattr(prop, "subtype", "") in {"FILE_PATH", "DIR_PATH", "FILE_NAME"}
+        ]
+    assert len(paths) >= 10, paths  # the model operators' three, the sequence's, the shot's, ...
+    assert [p for p in paths if not p[2]] == []
