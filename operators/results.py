@@ -63,6 +63,10 @@ def keep(image, path: Path | None = None) -> None:
         # said before packing, as versions differ in what they pick: floats as full-float EXR
         image.file_format = "OPEN_EXR" if image.is_float else "PNG"
         image.use_half_precision = False
+        if not image.is_dirty:  # an older Blender's save re-pointed it at a file: pack the pixels
+            buffer = np.empty(len(image.pixels), np.float32)
+            image.pixels.foreach_get(buffer)
+            image.pixels.foreach_set(buffer)
         image.pack()
         return
     # set explicitly, whatever Image.save did to the datablock (4.2 could leave a FILE image

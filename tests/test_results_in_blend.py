@@ -145,3 +145,26 @@ def test_every_operator_path_property_takes_blend_relative_paths():
         ]
     assert len(paths) >= 10, paths  # the model operators' three, the sequence's, the shot's, ...
     assert [p for p in paths if not p[2]] == []
+
+
+def test_a_result_saved_to_a_file_that_cannot_hold_it_is_packed_whatever_the_save_did(tmp_path, monkeypatch):
+    """JPEG drops alpha and rounds: the datablock keeps its own pixels, packed, also where an
+    older Blender's Image.save re-points the image at the file it wrote (no ``save_copy``)."""
+    bpy = pytest.importorskip("bpy")
+    bh.import_package()
+    from lean_image_ai.operators import image_io, image_ops, jobs
+
+    PILImage.fromarray(photo_pixels(3), "RGBA").save(tmp_path / "photo.png")
+    model = sr_model(tmp_path / "sr.onnx", scale=2)
+    bh.reset_blender()
+    with bh.registered_classes([*jobs.classes, *image_ops.classes]):
+        bpy.ops.lean_image_ai.upscale(filepath=str(tmp_path / "photo.png"), model_path=str(model))
+        monkeypatch.setattr(image_io, "_save_supports_copy", lambda: False)
+        bpy.ops.lean_image_ai.upscale(
+            filepath=str(tmp_path / "photo.png"), model_path=str(model), output_path=str(tmp_path / "x2.jpg")
+        )
+        unsaved, saved = bpy.data.images["photo_x2"], bpy.data.images["photo_x2.001"]
+        assert (tmp_path / "x2.jpg").is_file()
+        assert saved.packed_file is not None and unsaved.packed_file is not None
+        np.testing.assert_array_equal(bh.read_pixels_bottom_up(saved), bh.read_pixels_bottom_up(unsaved))
+    bh.reset_blender()
