@@ -59,8 +59,8 @@ class LEAN_IMAGE_AI_OT_remove_background(ModelJobOperator, bpy.types.Operator):
             image = inputs.source
             out = image_io.premultiply(straight) if info.premultiplied else straight
             image_io.write_array_to_image(image, out)
-            try:  # the source keeps its own file: the replaced pixels are packed
-                note = results.save_output(image, inputs.output, refer=False)
+            try:
+                note = results.save_output(image, inputs.output, in_place=True)
             except BaseException:
                 image_io.write_array_to_image(image, source_rgba)  # as it was
                 raise

@@ -30,15 +30,17 @@ def new_image_like(name: str, straight: np.ndarray, info: image_io.ImageInfo):
     return image_io.array_to_new_image(name, array, float_buffer=info.is_float, colorspace=colorspace)
 
 
-def save_output(image, output: tuple[Path, str] | None, *, refer: bool = True) -> str:
+def save_output(image, output: tuple[Path, str] | None, *, in_place: bool = False) -> str:
     """Save ``image`` to the job's output (if any) and keep it in the .blend (:func:`keep`): it
-    reads from that file if ``refer`` and the file holds its pixels, else it is packed. Returns a
-    note for the report."""
+    reads from that file if the file holds its pixels, else it is packed. A source edited
+    ``in_place`` keeps its own file and users: its new pixels are packed. Returns a note for the
+    report."""
     path = None
     if output:
         path, file_format = output
         image_io.save_image_atomically(image, path, file_format)
-    keep(image, path if path and refer and _file_holds_pixels(image, file_format) else None)
+    refer = path is not None and not in_place and _file_holds_pixels(image, file_format)
+    keep(image, path if refer else None, result=not in_place)
     return f"; saved {path}" if path else ""
 
 
@@ -53,12 +55,13 @@ def _file_holds_pixels(image, file_format: str) -> bool:
     return file_format in _EXACT_BYTE_FORMATS
 
 
-def keep(image, path: Path | None = None) -> None:
+def keep(image, path: Path | None = None, *, result: bool = True) -> None:
     """Make a result survive save, reopen, undo and redo: read from the file it was saved to
     (``path``, ``//``-relative when the .blend is saved and Relative Paths is on), else packed
     into the .blend (a generated image's pixels live only in memory: undo's memfile and a saved
-    .blend keep none). A fake user keeps it when no editor or material shows it."""
-    image.use_fake_user = True
+    .blend keep none). A fake user keeps a ``result`` when no editor or material shows it."""
+    if result:
+        image.use_fake_user = True
     if path is None:
         # said before packing, as versions differ in what they pick: floats as full-float EXR
         image.file_format = "OPEN_EXR" if image.is_float else "PNG"

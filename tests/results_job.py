@@ -78,6 +78,10 @@ def make(config: dict, folder: Path) -> None:
             filepath="//photo.png", output_path="//cutout.png", model_path=config["models"]["ben2"]
         )
         arrays["photo_cutout.001"] = pixels(bpy.data.images["photo_cutout.001"])
+        # Replace: the source's new pixels are packed; it keeps its own file and users
+        area.spaces.active.image = bpy.data.images.load("//plate.png")
+        bpy.ops.lean_image_ai.remove_background(replace=True, model_path=config["models"]["ben2"])
+        arrays["plate.png"] = pixels(bpy.data.images["plate.png"])
         # a source the add-on loads and keeps (the mesh's material shows it) is stored `//`-relative
         bpy.ops.lean_image_ai.reconstruct_geometry(
             filepath=str(folder / "room.png"), model_path=config["models"]["moge2"]

@@ -54,6 +54,7 @@ def session(tmp_path_factory):
     folder.mkdir()
     PILImage.fromarray(photo_pixels(1), "RGBA").save(folder / "photo.png")
     PILImage.fromarray(photo_pixels(2), "RGBA").save(folder / "room.png")
+    PILImage.fromarray(photo_pixels(4), "RGBA").save(folder / "plate.png")
     models = root / "models"
     models.mkdir()
     paths = {
@@ -76,7 +77,7 @@ def session(tmp_path_factory):
     }
 
 
-@pytest.mark.parametrize("name", [*RESULTS, "photo_cutout.001", "Lean Image AI Memory"])
+@pytest.mark.parametrize("name", [*RESULTS, "photo_cutout.001", "Lean Image AI Memory", "plate.png"])
 def test_every_result_comes_back_with_its_pixels_after_save_and_reopen(session, name):
     assert name in session["read_pixels"], f"{name} was lost: {session['read']['images'].get(name)}"
     made, read = session["made_pixels"][name], session["read_pixels"][name]
@@ -102,6 +103,13 @@ def test_a_saved_result_reads_the_file_it_wrote_relative_to_the_blend(session):
     written = np.asarray(PILImage.open(session["folder"] / "cutout.png").convert("RGBA"), np.float32) / 255
     read = session["read_pixels"]["photo_cutout.001"].reshape(H, W, 4)[::-1]
     np.testing.assert_allclose(read, written, atol=1e-6)
+
+
+def test_a_source_replaced_in_place_keeps_its_file_and_gets_no_fake_user(session):
+    plate = session["read"]["images"]["plate.png"]
+    assert plate["filepath"] == "//plate.png" and plate["packed"] and plate["users"] == 1  # the editor
+    original = np.asarray(PILImage.open(session["folder"] / "plate.png").convert("RGBA"), np.float32) / 255
+    assert not np.array_equal(session["read_pixels"]["plate.png"].reshape(H, W, 4)[::-1], original)
 
 
 def test_a_source_the_addon_loads_is_stored_relative(session):
