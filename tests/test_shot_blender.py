@@ -3,6 +3,7 @@ for the shot, Reconstruct Shot (one camera, a mesh per frame keyed to its frame)
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -106,6 +107,16 @@ def test_reconstruct_shot_makes_one_camera_and_a_mesh_per_frame(tmp_path, models
         shown = [o.name for o in meshes if not o.hide_render and not o.hide_viewport]
         assert shown == [f"r_{frame:04d}_geometry"], (frame, shown)
     assert not list(tmp_path.glob("**/*.ply"))  # a shot in the .blend, not files
+
+
+def test_a_shot_given_blend_relative_keeps_its_frames_relative(tmp_path, models):
+    """`//` is the saved .blend's folder; the frames the meshes show are stored `//`-relative, so
+    moving the project folder keeps them."""
+    _red_shot(tmp_path / "in")
+    bpy.ops.wm.save_as_mainfile(filepath=str(tmp_path / "shot.blend"))
+    assert bpy.ops.lean_image_ai.reconstruct_shot(source="//in", model_path=str(models["moge2"])) == {"FINISHED"}
+    frames = sorted(image.filepath_raw for image in bpy.data.images)
+    assert frames == [f"//in{os.sep}r_{n:04d}.png" for n in range(1, 5)] or frames == [f"//in/r_{n:04d}.png" for n in range(1, 5)]
 
 
 def test_cancelled_reconstruct_shot_leaves_no_data_of_its_own_and_keeps_the_users(tmp_path, models, monkeypatch):
