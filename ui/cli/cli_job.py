@@ -24,7 +24,7 @@ from ...models.family import Family
 from ...models.job import FamilyJob
 from ...models.store import library
 from ...runtime import settings
-from ...runtime.errors import LeanImageError
+from ...runtime.errors import LeanImageError, printable
 from ...runtime.providers import DEVICE_HELP
 from ...runtime.settings import FALSE_WORDS, TRUE_WORDS
 from . import cli_images
@@ -299,7 +299,7 @@ def plan(family: Family, args):
     if args.skip_existing:  # a killed earlier run's temporary files of these outputs (never newer ones)
         companions = [p for out in outputs for p in products.companion_paths(family.id, out)]
         for temp in files.remove_stale_temps(companions, older_than=started - STALE_TEMP_S):
-            print(f"removed a temporary file left by an interrupted run: {temp}", file=sys.stderr)
+            print(printable(f"removed a temporary file left by an interrupted run: {temp}"), file=sys.stderr)
     return refs, outputs, skip
 
 

@@ -33,7 +33,7 @@ from ...models.batch import frame_lists
 from ...models.batch.sequence import BatchReport
 from ...models.family import Family
 from ...runtime import memory_snapshot, parse_device
-from ...runtime.errors import LeanImageError, first_line
+from ...runtime.errors import LeanImageError, first_line, printable
 from ...runtime.measure.memory import peak_rss_bytes, reset_peak_rss
 from . import cli_job, cli_shot
 from .cli_images import CommandLineError
@@ -339,7 +339,7 @@ class _Progress:
             print(f"  worker {event['worker']} died; its {event['frames']} frame(s) go to another", file=sys.stderr)
             return
         if event["event"] == "frame_failed":
-            print(f"  frame {event['frame']} failed: {event['error']}", file=sys.stderr)
+            print(printable(f"  frame {event['frame']} failed: {event['error']}"), file=sys.stderr)
         self.done += 1
         percent = int(100 * self.done / max(self.total, 1))
         if percent >= self.last + 10 or self.done == self.total:
@@ -380,8 +380,8 @@ def run(args, *, on_event=None, worker_class=FrameWorker) -> int:
         count = args.workers or max(1, int(ray.cluster_resources().get("CPU", 1) // threads))
         chunk_size = args.chunk_size or max(1, min(MAX_AUTO_CHUNK, len(todo) // (3 * count)))
         print(
-            f"farm: {len(todo)} frame(s) to do ({len(skip)} skipped) on {count} worker(s), chunks of "
-            f"{chunk_size}; model {job.model.path}",
+            printable(f"farm: {len(todo)} frame(s) to do ({len(skip)} skipped) on {count} worker(s), chunks of "
+                      f"{chunk_size}; model {job.model.path}"),
             file=sys.stderr,
         )
         worker = ray.remote(worker_class).options(
@@ -434,15 +434,15 @@ def run(args, *, on_event=None, worker_class=FrameWorker) -> int:
         "processes": sorted(farm.processes.values(), key=lambda p: (p["worker"], p["pid"])),
     }
     for warning in dict.fromkeys(report.warnings):
-        print(f"warning: {warning}", file=sys.stderr)
+        print(printable(f"warning: {warning}"), file=sys.stderr)
     print(json.dumps(cli_job.summary(
         family, args.shard, refs, report, memory, output_type=cli_job.output_type(family, refs, outputs), farm=details,
         **shot.as_dict(),
     )))
     for number, error in report.failed:
-        print(f"error: frame {number}: {error}", file=sys.stderr)
+        print(printable(f"error: frame {number}: {error}"), file=sys.stderr)
     if farm.fatal is not None:
-        print(f"error: {farm.fatal}", file=sys.stderr)
+        print(printable(f"error: {farm.fatal}"), file=sys.stderr)
     if cancelled:
         name = interrupts.name if interrupts is not None else "Ctrl+C"
         print(f"Stopped by {name}; {len(report.written)} frame(s) written are kept, none half-way.", file=sys.stderr)
