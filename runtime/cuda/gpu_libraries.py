@@ -219,7 +219,7 @@ def check_replaceable(target_dir: str | os.PathLike) -> None:
     """Raise GpuRuntimeError (naming the folder) when an install could not replace what is at
     ``target_dir`` and its leftovers without deleting something the add-on did not make."""
     target = Path(target_dir).resolve()
-    _check_ours(target, MARKER)
+    _check_ours(_beside(target, ""), MARKER)  # the target itself; the root is refused first
     _check_ours(_beside(target, _OLD_SUFFIX), MARKER)
     _check_ours(_beside(target, _STAGING_SUFFIX), STAGING_MARKER)
 

@@ -102,7 +102,7 @@ def _option_type(option):
             word = text.strip().lower()
             if word in TRUE_WORDS or word in FALSE_WORDS:
                 return word in TRUE_WORDS
-            raise argparse.ArgumentTypeError(f"give true or false (1/0, yes/no, on/off), got {text!r}")
+            raise argparse.ArgumentTypeError(f"give true or false (1/0, yes/no, on/off), got {settings.quoted(text)}")
         return number(text, option.kind, option.min, option.max)
 
     return parse
@@ -116,7 +116,7 @@ def number(text: str, kind=int, minimum=None, maximum=None):
         value = None
     what = "a whole number" if kind is int else "a number"
     if value is None or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"give {what}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"give {what}, got {settings.quoted(text)}")
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         if minimum is not None and maximum is not None:
             accepted = f"from {minimum:g} to {maximum:g}"
@@ -124,7 +124,7 @@ def number(text: str, kind=int, minimum=None, maximum=None):
             accepted = f"of {minimum:g} or more"
         else:
             accepted = f"of at most {maximum:g}"
-        raise argparse.ArgumentTypeError(f"give {what} {accepted}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"give {what} {accepted}, got {settings.quoted(text)}")
     return value
 
 
@@ -246,7 +246,7 @@ def _budget_arg(flag: str):
             return settings.budget_bytes(flag, text) or 0
         except settings.SettingError:
             raise argparse.ArgumentTypeError(
-                f"give a whole number of MB from 0 (no limit) to {settings.MAX_BUDGET_MB}, got {text!r}"
+                f"give a whole number of MB from 0 (no limit) to {settings.MAX_BUDGET_MB}, got {settings.quoted(text)}"
             ) from None
 
     parse.__name__ = "memory budget"
