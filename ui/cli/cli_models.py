@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ...models import families
 from ...models.store import library, user_models
-from ...runtime.errors import LeanImageError, printable
+from ...runtime.errors import LeanImageError, OperationCancelled, printable
 
 EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 2, 130
 
@@ -92,14 +92,19 @@ def _install(args) -> int:
     if entry.is_user:
         raise LeanImageError(f"{entry.title} is your own file: there is nothing to download.")
     print(printable(f"installing {entry.title} ({library.format_size(entry)}) into {folder}"))
-    cancel = threading.Event()
+    # the event the first Ctrl+C or SIGTERM sets (ui/cli/cli_job.Interrupts): the download's watch
+    # polls it ten times a second and ends the transfer; a second signal raises Stopped at once
+    interrupts = getattr(args, "interrupts", None)
+    cancel = interrupts.event if interrupts is not None else threading.Event()
     try:
         folder.mkdir(parents=True, exist_ok=True)
         path = library.fetch(entry, folder, progress=_DownloadProgress(), cancel=cancel.is_set)
-    except KeyboardInterrupt:
+    except (OperationCancelled, KeyboardInterrupt):
         cancel.set()
-        print("Interrupted; the partial download is kept and `models install` resumes it.", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        name = interrupts.name if interrupts is not None else "Ctrl+C"
+        print(f"Stopped by {name}; the partial download is kept and `models install {entry.id}` resumes it.",
+              file=sys.stderr)
+        return interrupts.exit_code if interrupts is not None else EXIT_INTERRUPTED
     except OSError as exc:
         raise LeanImageError(f"Cannot write to the models folder {folder}: {exc}. Give --models-dir another folder.") from exc
     print(printable(f"installed {entry.title} ({library.format_bytes(path.stat().st_size)}) at {path}"))
