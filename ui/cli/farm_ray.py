@@ -33,9 +33,9 @@ from ...models.batch import frame_lists
 from ...models.batch.sequence import BatchReport
 from ...models.family import Family
 from ...runtime import memory_snapshot, parse_device
-from ...runtime.errors import LeanImageError, first_line, printable
+from ...runtime.errors import LeanImageError, printable
 from ...runtime.measure.memory import peak_rss_bytes, reset_peak_rss
-from . import cli_job, cli_shot
+from . import cli_job, cli_shot, farm_connect
 from .cli_images import CommandLineError
 from .farm_worker import FrameWorker
 
@@ -102,23 +102,6 @@ def import_ray():
             "(the add-on and the other commands work without it)."
         ) from None
     return ray
-
-
-def _connect(ray, address: str) -> bool:
-    """Join or start Ray; True when this call started it (and so shuts it down)."""
-    if ray.is_initialized():  # a caller (a pipeline script, the tests) already holds a connection
-        return False
-    try:
-        if address == "local":
-            ray.init(address="local", include_dashboard=False)
-        else:
-            ray.init(address=address)
-    except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ImportError...
-        hint = {
-            "auto": "no running Ray cluster was found here; start one (`ray start --head`) or use --address local",
-        }.get(address, "check the address, that the cluster is up, and for ray:// that ray[client] is installed")
-        raise CommandLineError(f"--address {address}: Ray could not connect ({first_line(exc)}); {hint}.") from None
-    return True
 
 
 class _Frame:
@@ -374,7 +357,7 @@ def run(args, *, on_event=None, worker_class=FrameWorker) -> int:
     todo = [_Frame(ref, out, family.id) for ref, out in zip(refs, outputs, strict=True) if ref not in skip]
     before = memory_snapshot(None)
     reset_peak_rss()
-    started_ray = _connect(ray, args.address)
+    started_ray = farm_connect.connect(ray, args.address)
     try:
         threads = max(1, args.threads_per_worker)
         count = args.workers or max(1, int(ray.cluster_resources().get("CPU", 1) // threads))
