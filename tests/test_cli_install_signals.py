@@ -64,6 +64,7 @@ def test_the_first_signal_stops_the_install_and_keeps_the_partial_file(server, t
     stopped_after = time.monotonic() - signalled
     assert proc.returncode == code, stderr
     assert "Traceback" not in stderr
+    assert f"{name}: cancelling the download now" in stderr  # not "after the current model run"
     assert stderr.strip().splitlines()[-1].startswith(f"Stopped by {name}; the partial download is kept"), stderr
     part = folder / "test-slow.onnx.part"
     assert not (folder / "test-slow.onnx").exists()  # not installed anyway

@@ -56,6 +56,7 @@ class Interrupts:
         self.signum: int | None = None
         self.immediate = False
         self.armed = True
+        self.stops = "after the current model run"  # what the first signal waits for, as the user is told
         self._previous: dict = {}
 
     def __enter__(self):
@@ -74,7 +75,7 @@ class Interrupts:
             return
         self.event.set()
         again = "Ctrl+C again" if signum == signal.SIGINT else "a second SIGTERM"
-        print(f"\n{self.name}: cancelling after the current model run ({again} stops at once)...", file=sys.stderr)
+        print(f"\n{self.name}: cancelling {self.stops} ({again} stops at once)...", file=sys.stderr)
 
     def disarm(self) -> None:
         """The job is over: a signal from now on only ends what is left (its cleanup) normally."""

@@ -96,6 +96,8 @@ def _install(args) -> int:
     # polls it ten times a second and ends the transfer; a second signal raises Stopped at once
     interrupts = getattr(args, "interrupts", None)
     cancel = interrupts.event if interrupts is not None else threading.Event()
+    if interrupts is not None:
+        interrupts.stops = "the download now, keeping what arrived"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         path = library.fetch(entry, folder, progress=_DownloadProgress(), cancel=cancel.is_set)
