@@ -138,3 +138,29 @@ def test_processes_rotating_one_log_lose_no_event(tmp_path):
               if path.suffix != ".lock" for e in lines(path)]
     assert len(list((tmp_path / "logs").glob("events.jsonl.*"))) > writers  # it did rotate, many times
     assert sorted(logged) == sorted((str(w), n) for w in range(writers) for n in range(count))
+
+
+@pytest.mark.skipif(os.name != "posix", reason="flock")
+def test_a_lock_held_for_good_by_another_process_fails_the_write_in_bounded_time(tmp_path, monkeypatch):
+    """A holder stopped for good must not stall the log: the write waits LOCK_WAIT_S, then is
+    counted as failed (and said once), and the next write after the release goes through."""
+    import fcntl
+
+    monkeypatch.setattr(event_file, "LOCK_WAIT_S", 0.2)
+    tmp_path.mkdir(exist_ok=True)
+    holder = os.open(tmp_path / "events.jsonl.lock", os.O_RDWR | os.O_CREAT)  # another open file: another lock owner
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    said = []
+    log = event_file.EventFile(tmp_path, on_error=lambda path, text: said.append((path, text)))
+    try:
+        log._enqueue({"event": "held"})
+        assert log.flush(30)
+        assert log.failures == 1 and "held by another process" in log.error
+        assert said == [(log.path, log.error)]
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        log._enqueue({"event": "free"})
+        assert log.flush(30)
+        assert [e["event"] for e in lines(log.path)] == ["free"] and len(said) == 1
+    finally:
+        os.close(holder)
+        log.close()

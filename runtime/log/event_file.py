@@ -20,6 +20,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from pathlib import Path
 
 from ..errors import SettingError, first_line
@@ -29,6 +30,7 @@ LOG_DIR_ENV = "LEAN_IMAGE_AI_LOG_DIR"
 LOG_NAME = "events.jsonl"
 MAX_BYTES = 1 << 20
 FILES = 3
+LOCK_WAIT_S = 10.0  # as long as Windows' msvcrt.locking retries
 QUEUE_LIMIT = 10_000  # events waiting for the disk; beyond that they are dropped (and counted)
 
 logger = logging.getLogger("lean_image_ai.runtime")
@@ -157,7 +159,17 @@ else:
     import fcntl
 
     def _os_lock(fd: int) -> None:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        """Waits at most LOCK_WAIT_S: a holder stopped for good (SIGSTOP, a hung share) must not
+        stall the log; raises then, and the write is counted as failed and said once."""
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{LOG_NAME}.lock held by another process for over {LOCK_WAIT_S:.0f} s") from None
+                time.sleep(0.005)
 
     def _os_unlock(fd: int) -> None:
         fcntl.flock(fd, fcntl.LOCK_UN)
