@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...runtime import get_runtime
+from ...runtime import get_runtime, load_errors
 from ...runtime.errors import LeanImageError, ModelContractError, ModelFileError, first_line
 from .. import families
 from . import family_check, library
@@ -40,8 +40,9 @@ def check(family: str, path: str | os.PathLike, *, runtime=None, progress: Calla
     one-line LeanImageError when it cannot be loaded or is plainly another family's."""
     title = families.get(family).title
     path = Path(path).expanduser()
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise ModelFileError(f"Cannot register {str(path)!r}: there is no file at that path. Pick the .onnx file itself.")
+    load_errors.model_identity(path)  # a folder, pipe, device, link loop or no permission: named as --model names it
     report = progress or (lambda _f, _s: None)
     report(0.1, f"loading {path.name} on the CPU")
     try:

@@ -25,7 +25,7 @@ from ...models.family import Family
 from ...models.job import FamilyJob
 from ...models.store import library
 from ...runtime import settings
-from ...runtime.errors import LeanImageError
+from ...runtime.errors import LeanImageError, printable
 from ...runtime.providers import DEVICE_HELP
 from ...runtime.settings import FALSE_WORDS, TRUE_WORDS
 from . import cli_images
@@ -57,6 +57,7 @@ class Interrupts:
         self.signum: int | None = None
         self.immediate = False
         self.armed = True
+        self.stops = "after the current model run"  # what the first signal waits for, as the user is told
         self._previous: dict = {}
 
     def __enter__(self):
@@ -75,7 +76,7 @@ class Interrupts:
             return
         self.event.set()
         again = "Ctrl+C again" if signum == signal.SIGINT else "a second SIGTERM"
-        print(f"\n{self.name}: cancelling after the current model run ({again} stops at once)...", file=sys.stderr)
+        print(f"\n{self.name}: cancelling {self.stops} ({again} stops at once)...", file=sys.stderr)
 
     def disarm(self) -> None:
         """The job is over: a signal from now on only ends what is left (its cleanup) normally."""
@@ -115,7 +116,7 @@ def _option_type(option):
             word = text.strip().lower()
             if word in TRUE_WORDS or word in FALSE_WORDS:
                 return word in TRUE_WORDS
-            raise argparse.ArgumentTypeError(f"give true or false (1/0, yes/no, on/off), got {text!r}")
+            raise argparse.ArgumentTypeError(f"give true or false (1/0, yes/no, on/off), got {settings.quoted(text)}")
         return number(text, option.kind, option.min, option.max)
 
     return parse
@@ -129,7 +130,7 @@ def number(text: str, kind=int, minimum=None, maximum=None):
         value = None
     what = "a whole number" if kind is int else "a number"
     if value is None or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"give {what}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"give {what}, got {settings.quoted(text)}")
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         if minimum is not None and maximum is not None:
             accepted = f"from {minimum:g} to {maximum:g}"
@@ -137,7 +138,7 @@ def number(text: str, kind=int, minimum=None, maximum=None):
             accepted = f"of {minimum:g} or more"
         else:
             accepted = f"of at most {maximum:g}"
-        raise argparse.ArgumentTypeError(f"give {what} {accepted}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"give {what} {accepted}, got {settings.quoted(text)}")
     return value
 
 
@@ -259,7 +260,7 @@ def _budget_arg(flag: str):
             return settings.budget_bytes(flag, text) or 0
         except settings.SettingError:
             raise argparse.ArgumentTypeError(
-                f"give a whole number of MB from 0 (no limit) to {settings.MAX_BUDGET_MB}, got {text!r}"
+                f"give a whole number of MB from 0 (no limit) to {settings.MAX_BUDGET_MB}, got {settings.quoted(text)}"
             ) from None
 
     parse.__name__ = "memory budget"
@@ -312,10 +313,10 @@ def plan(family: Family, args):
     if args.skip_existing:  # a killed earlier run's temporary files of these outputs (never newer ones)
         companions = [p for out in outputs for p in products.companion_paths(family.id, out)]
         for temp in files.remove_stale_temps(companions, older_than=started - STALE_TEMP_S):
-            print(f"removed a temporary file left by an interrupted run: {temp}", file=sys.stderr)
+            print(printable(f"removed a temporary file left by an interrupted run: {temp}"), file=sys.stderr)
     # a killed --skip-existing run's frame claims, whatever this run's mode (a claim held now stays)
     for claim in frame_claims.remove_stale(outputs):
-        print(f"removed a frame claim left by an interrupted run: {claim}", file=sys.stderr)
+        print(printable(f"removed a frame claim left by an interrupted run: {claim}"), file=sys.stderr)
     return refs, outputs, skip
 
 
