@@ -91,6 +91,29 @@ def write_result(family_id: str, path: Path, result, values: dict) -> list[str]:
     )[0]
 
 
+FAILED_DETAILS = 20  # frames whose error gets a line of its own; every failed frame is numbered
+
+
+def frame_numbers(numbers) -> str:
+    """'4, 7, 9-12': consecutive frames as one range."""
+    spans: list[list[int]] = []
+    for number in sorted(numbers):
+        if spans and number == spans[-1][1] + 1:
+            spans[-1][1] = number
+        else:
+            spans.append([number, number])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def report_failed_frames(operator, report) -> str:
+    """A WARNING per failed frame with its error; returns the line that numbers every one (for
+    the operator's ERROR: a report at INFO level goes unseen)."""
+    for number, error in report.failed[:FAILED_DETAILS]:
+        operator.report({"WARNING"}, f"Frame {number} failed: {error}")
+    first = "; ".join(f"frame {n}: {error}" for n, error in report.failed[:3])
+    return f"Failed frames: {frame_numbers(n for n, _ in report.failed)} ({first}{'; ...' if len(report.failed) > 3 else ''})"
+
+
 def _batch_properties() -> dict:
     fields = {}
     for family in families.ALL:
@@ -216,18 +239,27 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
         summary = f"{job.name}: {report.summary()} in {report.seconds:.1f} s; files in {job.key}"
         if getattr(job.inputs, "shot_line", ""):  # a shot's first pass: the range or camera it settled
             summary += f"; {job.inputs.shot_line}"
-        if report.failed:
-            details = "; ".join(f"frame {n}: {error}" for n, error in report.failed[:3])
-            more = f" (and {len(report.failed) - 3} more)" if len(report.failed) > 3 else ""
-            job.state, job.error_text = "failed", f"{summary}. Failed: {details}{more}"
+        cancelled = report.cancelled or job.state == "cancelled"
+        missing = 0 if cancelled else report.total - len(report.written) - len(report.skipped)
+        if report.failed or missing or job.state == "failed":  # never FINISHED with frames not written
+            problem = report_failed_frames(self, report) if report.failed else job.error_text or (
+                f"{missing} frame(s) were neither written nor reported failed (a bug: the console has more); run again"
+            )
+            job.state, job.error_text = "failed", f"{summary}. {problem}"
             self.report({"ERROR"}, job.error_text)
             return {"CANCELLED"}
-        if report.cancelled:
-            job.state = "cancelled"
-            self.report({"WARNING"}, summary)
+        if cancelled:  # what the user asked for: a warning, saying what stays on disk
+            job.state, job.error_text = "cancelled", f"Cancelled; {_kept(report, job.key)}. {summary}"
+            self.report({"WARNING"}, job.error_text)
             return {"CANCELLED"}
         self.report({"INFO"}, summary)
         return {"FINISHED"}
+
+
+def _kept(report, where: str) -> str:
+    if not report.written:
+        return "no frame was written"
+    return f"kept the {len(report.written)} frame(s) written before it ({frame_numbers(report.written)}) in {where}"
 
 
 classes = (LEAN_IMAGE_AI_OT_process_sequence,)
