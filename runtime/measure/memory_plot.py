@@ -7,7 +7,8 @@ against the left axis in MB and, on a GPU, this process's VRAM (NVML) in green a
 axis; time in seconds along the bottom; a vertical line per mark: orange for each model run, red
 for the release, dashed grey for before and after; dashed level lines with the RSS before and after
 the job; a legend along the bottom. Marks closer than ``MARK_GAP`` pixels are nudged apart
-(keeping their order), so every run stays visible and countable.
+(keeping their order), so every run stays visible and countable; more runs than fit that way are
+short ticks along the bottom at their own times (the legend counts them).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .memory_report import LABELS, mb
 WIDTH, HEIGHT = 800, 420
 SCALE = 2  # text size: 10x14 pixel glyphs
 MARK_GAP = 3  # at least this many columns between two marks
+RUG = 12  # rows of a run's tick when there are too many runs to draw apart
 MIB = 2**20
 
 COLOURS = {
@@ -147,14 +149,10 @@ def render(timeline: dict, width: int = WIDTH, height: int = HEIGHT) -> np.ndarr
             y = _row(v[key] / MIB, *scales[key], top, bottom)
             image[y, [x for x in range(left + 1, right) if (x // 6) % 2 == 0], :3] = COLOURS[f"{key}_level"]
             levels.append((label, y, f"{SHORT[key]} {label} {mb(v[key])}", key))
-    xs = [column(t) for t, _, _ in marks]
-    for i in range(1, len(xs)):  # nudged right to keep them apart, then back from the right edge
-        xs[i] = max(xs[i], xs[i - 1] + MARK_GAP)
-    for i in range(len(xs) - 1, -1, -1):
-        xs[i] = min(xs[i], (right - 1) if i == len(xs) - 1 else xs[i + 1] - MARK_GAP)
+    xs, apart = _mark_columns([column(t) for t, _, _ in marks], left, right)
     for x, (_, label, _) in zip(xs, marks, strict=True):
         kind = mark_kind(label)
-        rows = np.arange(top + 1, bottom)
+        rows = np.arange(top + 1, bottom) if apart or kind != "run" else np.arange(bottom - RUG, bottom)
         if kind == "edge":
             rows = rows[(rows // 5) % 2 == 0]
         x = max(left + 1, x)
@@ -183,6 +181,21 @@ def render(timeline: dict, width: int = WIDTH, height: int = HEIGHT) -> np.ndarr
     image[[top, bottom], left : right + 1, :3] = COLOURS["frame"]
     _legend(image, timeline, height - 8 - glyph, left)
     return image
+
+
+def _mark_columns(xs: list[int], left: int, right: int) -> tuple[list[int], bool]:
+    """Each mark's column, and whether the marks are drawn apart: nudged ``MARK_GAP`` apart (in
+    order) while they all fit, so every run stays countable; when they cannot, each stays on its
+    own column (marks closer than a pixel merge) and the runs are drawn as short ticks along the
+    bottom, so many runs never cover the lines as a solid band."""
+    if len(xs) * MARK_GAP > right - left - 2:
+        return xs, False
+    xs = list(xs)
+    for i in range(1, len(xs)):  # nudged right to keep them apart, then back from the right edge
+        xs[i] = max(xs[i], xs[i - 1] + MARK_GAP)
+    for i in range(len(xs) - 1, -1, -1):
+        xs[i] = min(xs[i], (right - 1) if i == len(xs) - 1 else xs[i + 1] - MARK_GAP)
+    return xs, True
 
 
 def _row(value: float, low: float, high: float, top: int, bottom: int) -> int:
