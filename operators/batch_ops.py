@@ -91,7 +91,7 @@ def write_result(family_id: str, path: Path, result, values: dict) -> list[str]:
     )[0]
 
 
-FAILED_DETAILS = 20  # frames whose error gets a line of its own; every failed frame is numbered
+FAILED_DETAILS = 20  # failed frames past the first three whose error gets a WARNING; all are numbered
 
 
 def frame_numbers(numbers) -> str:
@@ -106,12 +106,16 @@ def frame_numbers(numbers) -> str:
 
 
 def report_failed_frames(operator, report) -> str:
-    """A WARNING per failed frame with its error; returns the line that numbers every one (for
-    the operator's ERROR: a report at INFO level goes unseen)."""
-    for number, error in report.failed[:FAILED_DETAILS]:
+    """The ERROR's account of the failed frames: the first three with their errors, every other
+    one numbered and given its error in a WARNING of its own (each failure said once: a farm log
+    reads one line per failure). An INFO report goes unseen."""
+    first, rest = report.failed[:3], report.failed[3:]
+    for number, error in rest[:FAILED_DETAILS]:
         operator.report({"WARNING"}, f"Frame {number} failed: {error}")
-    first = "; ".join(f"frame {n}: {error}" for n, error in report.failed[:3])
-    return f"Failed frames: {frame_numbers(n for n, _ in report.failed)} ({first}{'; ...' if len(report.failed) > 3 else ''})"
+    text = "Failed: " + "; ".join(f"frame {n}: {error}" for n, error in first)
+    if rest:
+        text += f"; and {len(rest)} more (frames {frame_numbers(n for n, _ in rest)}: their errors are the warnings above)"
+    return text
 
 
 def _batch_properties() -> dict:

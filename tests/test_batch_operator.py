@@ -129,6 +129,25 @@ def test_skip_existing_resumes_and_failed_frames_are_reported(tmp_path, models):
     assert sorted(p.name for p in out.iterdir()) == ["u_0001.png", "u_0002.png", "u_0003.png", "u_0005.png", "u_0006.png"]
 
 
+def test_every_failed_frame_is_named_at_warning_or_error_level(tmp_path, models, capfd):
+    """Issue 32 item 4: four damaged frames of six; the ERROR gave three and '(and 1 more)', so
+    frame 5 was named nowhere. Now the first three come with their errors, the rest numbered, each
+    with its error in a WARNING; nothing is left in bpy.data."""
+    write_sequence(tmp_path / "in", count=6)
+    for n in (2, 3, 4, 5):
+        (tmp_path / "in" / f"plate_{n:04d}.png").write_bytes(b"not an image")
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match=r"2 written, 0 skipped, 4 failed of 6.*Failed: frame 2: .*; frame 3: .*; "
+                       r"frame 4: .*; and 1 more \(frames 5: their errors are the warnings above\)"):
+        bpy.ops.lean_image_ai.process_sequence(
+            family="upscale", source=str(tmp_path / "in"), output=str(out / "u_####.png"), model_path=str(models["upscale"])
+        )
+    said = capfd.readouterr().out
+    assert "Warning: Frame 5 failed: Blender cannot read" in said and "Warning: Frame 2 failed" not in said  # each once
+    assert list(bpy.data.images) == []
+    assert sorted(p.name for p in out.iterdir()) == ["u_0001.png", "u_0006.png"]
+
+
 def test_skip_existing_leaves_a_frame_another_task_is_computing(tmp_path, models):
     """A frame claimed by another process (models/batch/frame_claims.py; flock conflicts between
     two opens in one process too) is skipped, as on the command line; the run's own claims go."""
