@@ -214,7 +214,9 @@ def arm_idle_unload() -> bool:
 
 def _after_job(job) -> None:
     arm_idle_unload()
-    if job.state == "finished":
+    # the picture shows the job the Memory panel reports, cancelled or failed too; only a finished
+    # job makes it anew (a CANCELLED operator adds no image)
+    if job.state == "finished" or bpy.data.images.get(PLOT_IMAGE) is not None:
         update_plot_image()
 
 
