@@ -216,8 +216,15 @@ def _after_job(job) -> None:
     arm_idle_unload()
     # the picture shows the job the Memory panel reports, cancelled or failed too; only a finished
     # job makes it anew (a CANCELLED operator adds no image)
-    if job.state == "finished" or bpy.data.images.get(PLOT_IMAGE) is not None:
+    if job.state == "finished" or _plot_exists():
         update_plot_image()
+
+
+def _plot_exists() -> bool:
+    try:
+        return bpy.data.images.get(PLOT_IMAGE) is not None
+    except AttributeError:  # Blender's data is out of reach (a job cancelled by a file load)
+        return False
 
 
 def post_register():
