@@ -317,7 +317,7 @@ def check_session(handle) -> None:
 
 FAMILY = Family(
     id="upscale",
-    title="super-resolution",
+    title="Super-Resolution",
     produces="the image at the model's scale (x2 with the built-in bicubic model)",
     run=run,
     settings=(
@@ -332,9 +332,8 @@ FAMILY = Family(
             int,
             0,
             "Tile Size",
-            "Side of the tiles the image is cut into, in pixels. 0: sized from the working memory the model "
-            "was measured to take (2 GB per tile on CPU, 4 GB on a GPU, less under a memory budget; made "
-            "smaller only when memory runs short)",
+            "Size of the square pieces the image is upscaled in, in pixels. 0: chosen for you from the "
+            "memory the model needs; a smaller size uses less memory and is a little slower",
             min=0,
             soft_max=2048,
             alias="tile",
@@ -344,9 +343,8 @@ FAMILY = Family(
             int,
             AUTO_OVERLAP,
             "Overlap",
-            "Context pixels around each tile. -1: the model's receptive radius, so tiles give exactly "
-            "the pixels of one whole-image run when the radius is read from the model's graph (a "
-            "measured one is not proven: a warning says so, as when set below it)",
+            "Extra pixels each piece sees around its edges, so no seams show between pieces. -1: as many "
+            "as the model needs for a seamless result (a warning says when fewer are used)",
             min=AUTO_OVERLAP,
             soft_max=256,
         ),
