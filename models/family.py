@@ -75,6 +75,14 @@ class Output:
         return [path] + [path.with_name(template.format(stem=path.stem)) for template in self.companions]
 
 
+COMMANDS: dict[str, str] = {}  # family id -> its command, filled as each Family is declared
+
+
+def command_of(family_id: str) -> str:
+    """What a user types (and reads in messages) for a family: its command, never its id."""
+    return COMMANDS.get(family_id, family_id)
+
+
 @dataclass(frozen=True)
 class Family:
     id: str
@@ -101,6 +109,8 @@ class Family:
     def __post_init__(self):
         object.__setattr__(self, "_by_name", {s.name: s for s in self.settings})
         self.check_settings(self.user_defaults, f"the {self.title} defaults")
+        if self.command:
+            COMMANDS[self.id] = self.command
 
     def check_settings(self, values: Mapping[str, Any], where: str) -> dict[str, Any]:
         """``values`` checked against :attr:`settings`: an unknown or ill-typed key is an error

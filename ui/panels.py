@@ -38,7 +38,7 @@ def invalidate_memory_snapshot() -> None:
 
 
 def _mb(value) -> str:
-    return "n/a" if value is None else f"{value / 2**20:.0f} MB"
+    return "n/a" if value is None else f"{value / 2**20:.0f} MiB"
 
 
 def _operator(layout, idname, *, text, icon, **props):

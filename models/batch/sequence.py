@@ -90,6 +90,10 @@ class FrameQueue:
                 raise OperationCancelled("The batch was cancelled; the frames already written are kept.")
         return True
 
+    def name_of(self, array) -> str | None:
+        """The file name of a frame the adapter took (by identity): what messages call it."""
+        return next((ref.path.name for ref, taken in self.in_flight if taken is array), None)
+
     def answered(self) -> FrameRef:
         return self.in_flight.popleft()[0]
 
