@@ -355,6 +355,19 @@ def test_user_facing_strings_name_no_python_api():
     assert found == []
 
 
+def test_blender_tooltips_name_no_python_api():
+    """Blender shows an operator's, panel's or preference's class docstring as its tooltip."""
+    import ast
+
+    found = []
+    for path in sorted([*ROOT.glob("operators/*.py"), *ROOT.glob("ui/*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name.startswith("LEAN_IMAGE_AI_"):
+                doc = ast.get_docstring(node) or ""
+                found += [f"{path.name} {node.name}: {word}" for word in (*INTERNAL_NAMES, ".py") if word in doc]
+    assert found == []
+
+
 def test_pip_install_warns_about_no_package_left_out(tmp_path):
     """setuptools copies every package folder it is told of; one it is not (models/assets) makes it
     print a 40-line warning on every `pip install -e .`."""

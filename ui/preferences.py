@@ -14,6 +14,7 @@ import bpy
 from bpy.props import BoolProperty, EnumProperty, FloatProperty, IntProperty, StringProperty
 
 from ..models import families
+from ..models.family import command_of
 from ..models.store import installer, library
 from ..operators.gpu_ops import JOB_KEY as GPU_JOB_KEY
 from ..operators.jobs import downloads
@@ -130,7 +131,7 @@ def _draw_entry(layout, entry, folder, download) -> None:
     row.label(text=entry.title)
     text, icon = _STATUS_TEXT[status]
     row.label(text=text, icon=icon)
-    col.label(text=f"{entry.family}  |  {library.format_size(entry)}  |  license: {entry.license}")
+    col.label(text=f"{command_of(entry.family)}  |  {library.format_size(entry)}  |  license: {entry.license}")
     dest = installer.model_path(entry, folder)
     trust = installer.trust_note(entry, folder) if status == library.INSTALLED else None
     if trust:
