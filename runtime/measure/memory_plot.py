@@ -253,12 +253,12 @@ def place_labels(levels, curves: dict, plot: tuple[int, int, int, int]) -> list[
         w = text_width(text, SCALE)
         rows = [y + 5, y - glyph - 5] if label == "before" else [y - glyph - 5, y + 5]
         rows += [y + 5 + k * (glyph + 6) for k in range(1, 4)] + [y - glyph - 5 - k * (glyph + 6) for k in range(1, 4)]
+        rows = [min(max(r, top + 3), bottom - glyph - 3) for r in rows]  # inside the plot
         span = max(1, right - left - 16 - w)
         steps = [i * span // 8 for i in range(9)]
         columns = [left + 8 + d for d in steps] if label == "before" else [right - 8 - w - d for d in steps]
         first_free, chosen = None, None
         for y_text in rows:
-            y_text = min(max(y_text, top + 3), bottom - glyph - 3)
             for x in columns:
                 box = (x, y_text, x + w, y_text + glyph)
                 if any(b[0] < box[2] + 4 and box[0] < b[2] + 4 and b[1] < box[3] + 4 and box[1] < b[3] + 4 for _, b, _ in placed):
