@@ -75,7 +75,10 @@ class Output:
         return [path] + [path.with_name(template.format(stem=path.stem)) for template in self.companions]
 
 
-COMMANDS: dict[str, str] = {}  # family id -> its command, filled as each Family is declared
+# family id -> its command. The built-in ones are known before their modules are imported, so a
+# message can name a family the process has not loaded (a refusal says "use depth" from BEN2's job);
+# every Family declared adds its own, and one that contradicts this table fails at import.
+COMMANDS: dict[str, str] = {"ben2": "remove-background", "da3": "depth", "moge2": "geometry", "upscale": "upscale"}
 
 
 def command_of(family_id: str) -> str:
@@ -110,7 +113,8 @@ class Family:
         object.__setattr__(self, "_by_name", {s.name: s for s in self.settings})
         self.check_settings(self.user_defaults, f"the {self.title} defaults")
         if self.command:
-            COMMANDS[self.id] = self.command
+            if COMMANDS.setdefault(self.id, self.command) != self.command:
+                raise ValueError(f"family {self.id!r}: command {self.command!r}, but COMMANDS says {COMMANDS[self.id]!r}")
 
     def check_settings(self, values: Mapping[str, Any], where: str) -> dict[str, Any]:
         """``values`` checked against :attr:`settings`: an unknown or ill-typed key is an error

@@ -305,6 +305,10 @@ def test_a_wrong_family_refusal_says_what_the_model_looks_like_and_which_command
                                  "Use depth for it (remove-background cannot use it).")
     doubtful = Verdict("upscale", Finding("ben2", "values within [0, 1] on a probe"))
     assert "use remove-background" in doubtful.message() and "ben2" not in doubtful.message()
+    from lean_image_ai.models import families
+    from lean_image_ai.models.family import command_of
+
+    assert all(command_of(f.id) == f.command for f in families.ALL)
 
 
 def test_messages_name_the_file_and_the_command_not_frame_one_and_family_ids(tmp_path):
