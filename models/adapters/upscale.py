@@ -359,7 +359,7 @@ FAMILY = Family(
             0,
             "Tile Size",
             "Side of the tiles the image is cut into, in pixels. 0: sized from the working memory the model "
-            "was measured to take (2 GB per tile on CPU, 4 GB on a GPU, less under a memory budget; made "
+            "was measured to take (2 GiB per tile on CPU, 4 GiB on a GPU, less under a memory budget; made "
             "smaller only when memory runs short)",
             min=0,
             soft_max=2048,
