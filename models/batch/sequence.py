@@ -92,7 +92,9 @@ class FrameQueue:
 
     def name_of(self, array) -> str | None:
         """The file name of a frame the adapter took (by identity): what messages call it."""
-        return next((ref.path.name for ref, taken in self.in_flight if taken is array), None)
+        ref = next((ref for ref, taken in self.in_flight if taken is array), None)
+        path = getattr(ref, "path", None)  # a Blender image's frame has no file
+        return path.name if path is not None else None
 
     def answered(self) -> FrameRef:
         return self.in_flight.popleft()[0]
