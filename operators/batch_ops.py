@@ -117,6 +117,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
         name="Frames From",
         description="A folder, a numbered pattern (shot_####.png) or one frame of a sequence (used when no Image is given)",
         subtype="FILE_PATH",
+        options=options.path_options(),
     )
     frames: StringProperty(name="Frames", description="A-B or A-B:STEP. Empty: every frame")
     output: StringProperty(
@@ -124,9 +125,11 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
         description="A folder or a pattern (out_####.exr). Empty: the folder <frames' folder>_<kind> "
         "beside the frames' folder (plates/ -> plates_depth/), each frame under its own number",
         subtype="FILE_PATH",
+        options=options.path_options(),
     )
     model_id: StringProperty(name="Model", description="Catalog model id. Empty: the first installed model")
-    model_path: StringProperty(name="Model File", description="An ONNX file instead of a catalog model", subtype="FILE_PATH")
+    model_path: StringProperty(name="Model File", description="An ONNX file instead of a catalog model", subtype="FILE_PATH",
+                                options=options.path_options())
     overwrite: BoolProperty(name="Overwrite", description="Replace existing output files")
     skip_existing: BoolProperty(name="Skip Existing", description="Keep existing outputs and do only the rest")
     stop_on_error: BoolProperty(name="Stop on Error", description="Stop at the first frame that fails")
@@ -137,6 +140,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
     )
 
     def prepare(self, context, job: Job):
+        prefs.checked_model_id(self.model_id)  # before the plan makes an output folder
         family = families.get(self.family)
         job.name = f"{family.action} (sequence)"
         frames = frame_lists.parse_frames(self.frames) if self.frames.strip() else None
@@ -168,6 +172,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
             writer=file_formats.BLENDER_WRITER,
             suffix=products.default_suffix(family.id, kind),
         )
+        frame_claims.remove_stale(outputs)  # a killed Skip Existing run's, whatever this run's mode
         if outputs:
             output_type = products.describe_output(family.id, outputs[0].suffix, kind, file_formats.BLENDER_WRITER.float_suffixes)
             job.name = f"{job.name}, {output_type}"

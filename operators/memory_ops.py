@@ -20,7 +20,7 @@ from ..runtime.log import event_file
 from ..runtime.measure import memory_plot
 from ..runtime.measure.leak_check import MIN_RUNS, RUNS_REASON, leak_check
 from ..runtime.measure.memory_report import format_freed
-from . import prefs
+from . import prefs, results
 from .jobs import Job, WorkerOperator, manager
 
 IDLE_CHECK_MAX_S = 60.0  # the timer wakes at most once a minute, at least when the next session turns idle
@@ -151,6 +151,7 @@ def update_plot_image():
     # Blender's first pixel row is the bottom one
     image.pixels.foreach_set((rgba[::-1].astype(np.float32) / 255.0).ravel())
     image.update()
+    results.keep(image)  # packed again: the .blend and undo keep the picture of the last job
     return image
 
 

@@ -19,6 +19,7 @@ from ..runtime import get_runtime
 from ..runtime.errors import LeanImageError
 from . import prefs
 from .jobs import Job, WorkerOperator, downloads, manager
+from .options import path_options
 
 # Cancel is checked between chunks: small enough that Esc answers quickly on a slow line.
 DOWNLOAD_CHUNK_SIZE = 256 * 1024
@@ -149,8 +150,7 @@ class LEAN_IMAGE_AI_OT_remove_model(bpy.types.Operator):
             self.report({"ERROR"}, f"{entry.title} is downloading; cancel the download first.")
             return {"CANCELLED"}
         if entry.is_user:
-            known.remove_user_model(entry.id)
-            store = library.save_catalog(known, folder)
+            store = user_models.unregister(entry.id, folder)
             self.report(
                 {"INFO"},
                 f"Unregistered {entry.title}; your file {entry.path} was left in place (list saved in {store}).",
@@ -194,7 +194,7 @@ class LEAN_IMAGE_AI_OT_register_user_model(WorkerOperator, bpy.types.Operator):
 
     family: EnumProperty(name="Family", items=FAMILY_ITEMS, default="upscale")
     # SKIP_SAVE: a remembered path would skip the file browser on the next use
-    filepath: StringProperty(name="ONNX File", subtype="FILE_PATH", options={"SKIP_SAVE"})
+    filepath: StringProperty(name="ONNX File", subtype="FILE_PATH", options=path_options("SKIP_SAVE"))
     filter_glob: StringProperty(default="*.onnx", options={"HIDDEN"})
 
     def invoke(self, context, event):

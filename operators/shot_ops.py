@@ -45,9 +45,11 @@ def _frames(owner, frames: range | None) -> list:
 def _source_properties() -> dict:
     return {
         "image_name": StringProperty(name="Image", description="An Image datablock whose source is an image sequence"),
-        "source": StringProperty(name="Frames From", description="A folder or a numbered pattern (shot_####.png)", subtype="FILE_PATH"),
+        "source": StringProperty(name="Frames From", description="A folder or a numbered pattern (shot_####.png)", subtype="FILE_PATH",
+                                 options=options.path_options()),
         "model_id": StringProperty(name="Model", description="Catalog model id. Empty: the first installed model"),
-        "model_path": StringProperty(name="Model File", description="An ONNX file instead of a catalog model", subtype="FILE_PATH"),
+        "model_path": StringProperty(name="Model File", description="An ONNX file instead of a catalog model", subtype="FILE_PATH",
+                                     options=options.path_options()),
     }
 
 
@@ -67,7 +69,9 @@ def _frame_texture(path, created):
     image already in the file, the user's, is reused and never removed)."""
     known = {image.as_pointer() for image in bpy.data.images}
     texture = image_io.load_image_file(str(path), check_existing=True)
-    return texture if texture.as_pointer() in known else created.add(bpy.data.images, texture)
+    if texture.as_pointer() in known:
+        return texture
+    return created.add(bpy.data.images, sources.store_relative(texture))
 
 
 @options.with_properties({**options.family_properties(moge2.FAMILY), **_source_properties(), **shot_props.shot_properties()})

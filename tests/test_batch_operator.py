@@ -226,8 +226,34 @@ def test_farm_script_processes_a_range_and_exits_non_zero_on_a_failed_frame(tmp_
     assert sorted(p.name for p in out.iterdir()) == [f"plate_depth_{n:04d}.exr" for n in (2, 3, 4)]
     (tmp_path / "in" / "plate_0005.png").write_bytes(b"broken frame")
     done = run_farm_script("depth", pattern, str(out) + "/", "--skip-existing", "--model-path", str(models["da3"]), cwd=tmp_path)
-    assert done.returncode == 1 and "frame 5" in done.stderr and "Traceback" not in done.stderr
+    said = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in said
+    assert said.count("Failed: frame 5") == 1, said  # one line per failure, not Blender's and the script's
     assert (out / "plate_depth_0001.exr").is_file() and not (out / "plate_depth_0005.exr").exists()
+
+
+def test_farm_script_refuses_a_model_id_that_is_a_path_once(tmp_path, models):
+    write_sequence(tmp_path / "in", count=1)
+    (tmp_path / "x").write_bytes(b"not a model")  # `../../x` from the frames' folder: a file is there
+    pattern = str(tmp_path / "in" / "plate_####.png")
+    done = run_farm_script("upscale", pattern, str(tmp_path / "out") + "/", "--model-id", "../../x", cwd=tmp_path / "in")
+    said = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in said
+    assert said.count("'../../x' is not a model id") == 1, said
+    assert "model_path" not in said and "not found" not in said
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("model_id", ["../../x", "sub\\model"])
+def test_an_id_with_a_folder_separator_is_never_looked_up_as_a_file(tmp_path, model_id):
+    write_sequence(tmp_path / "in", count=1)
+    for call in (
+        lambda: bpy.ops.lean_image_ai.upscale(filepath=str(tmp_path / "in" / "plate_0001.png"), model_id=model_id),
+        lambda: bpy.ops.lean_image_ai.process_sequence(family="upscale", source=str(tmp_path / "in"), model_id=model_id),
+    ):
+        with pytest.raises(RuntimeError, match="is not a model id") as caught:
+            call()
+        assert "model_path" not in str(caught.value)
 
 
 def test_farm_script_shards_split_the_frames_and_a_retry_only_skips(tmp_path, models):

@@ -3,6 +3,7 @@ for the shot, Reconstruct Shot (one camera, a mesh per frame keyed to its frame)
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -108,6 +109,16 @@ def test_reconstruct_shot_makes_one_camera_and_a_mesh_per_frame(tmp_path, models
     assert not list(tmp_path.glob("**/*.ply"))  # a shot in the .blend, not files
 
 
+def test_a_shot_given_blend_relative_keeps_its_frames_relative(tmp_path, models):
+    """`//` is the saved .blend's folder; the frames the meshes show are stored `//`-relative, so
+    moving the project folder keeps them."""
+    _red_shot(tmp_path / "in")
+    bpy.ops.wm.save_as_mainfile(filepath=str(tmp_path / "shot.blend"))
+    assert bpy.ops.lean_image_ai.reconstruct_shot(source="//in", model_path=str(models["moge2"])) == {"FINISHED"}
+    frames = sorted(image.filepath_raw for image in bpy.data.images)
+    assert frames == [f"//in{os.sep}r_{n:04d}.png" for n in range(1, 5)] or frames == [f"//in/r_{n:04d}.png" for n in range(1, 5)]
+
+
 def test_cancelled_reconstruct_shot_leaves_no_data_of_its_own_and_keeps_the_users(tmp_path, models, monkeypatch):
     """Cancel after two frames: the meshes, objects, materials, textures and visibility actions it
     made are gone; an image of a frame the user had loaded before stays."""
@@ -161,3 +172,22 @@ def test_preview_frame_shows_one_frame_and_writes_nothing(tmp_path, models):
     with pytest.raises(RuntimeError, match="Frame 9 is not in the sequence"):
         bpy.ops.lean_image_ai.preview_frame(family="da3", source=str(shot), model_path=str(models["da3"]), frame=9)
     assert sorted(p.name for p in tmp_path.rglob("*")) == before  # three previews, no file written
+
+
+def test_two_frame_shots_write_both_frames_every_time(tmp_path, models):
+    """A 2-frame shot fits in the frame queue: Blender's pump used to read it whole before the
+    worker looked, and then nothing ran ('0 written ... of 2', FINISHED) in most tries."""
+    shot = write_shot(tmp_path / "in", 2, noise=False)
+    for attempt in range(20):
+        out = tmp_path / f"o{attempt}"
+        result = bpy.ops.lean_image_ai.process_sequence(
+            family="da3", source=str(shot), output=str(out / "d_####.png"), model_path=str(models["da3"]),
+            depth_range="auto-shot",
+        )
+        assert result == {"FINISHED"} and len(_greys(out)) == 2, (attempt, result)
+        before = {o.name for o in bpy.data.objects}
+        result = bpy.ops.lean_image_ai.reconstruct_shot(source=str(shot), model_path=str(models["moge2"]), shot_camera="shot")
+        made = {o.name for o in bpy.data.objects} - before
+        assert result == {"FINISHED"} and len([n for n in made if n.endswith("_geometry")]) == 2, (attempt, result, made)
+        for name in made:
+            bpy.data.objects.remove(bpy.data.objects[name])

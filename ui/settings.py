@@ -81,10 +81,6 @@ def _model_enum(family, description):
     )
 
 
-# Blender 4.5+ warns about "//" in a path property that does not declare it supports it.
-_BLEND_RELATIVE = {"PATH_SUPPORTS_BLEND_RELATIVE"} if bpy.app.version >= (4, 5, 0) else set()
-
-
 def _settings_annotations() -> dict:
     """Per family: the chosen model's id (kept as a string, see _model_getter), the model menu,
     and the family's job options (models/family.py)."""
@@ -102,14 +98,14 @@ def _settings_annotations() -> dict:
             name="Frames From",
             description="A folder, a numbered pattern (shot_####.png) or one frame of a sequence. Empty: the Image Editor's image sequence",
             subtype="FILE_PATH",
-            options=_BLEND_RELATIVE,
+            options=options.path_options(),
         ),
         sequence_frames=StringProperty(name="Frames", description="A-B or A-B:STEP. Empty: every frame"),
         sequence_output=StringProperty(
             name="Save To",
             description="A folder or a pattern (out_####.exr). Empty: default names beside the frames",
             subtype="FILE_PATH",
-            options=_BLEND_RELATIVE,
+            options=options.path_options(),
         ),
         skip_existing=BoolProperty(name="Skip Existing", description="Keep existing outputs, do only the rest"),
     )

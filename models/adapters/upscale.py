@@ -24,7 +24,7 @@ from ...runtime.measure.memory import available_system_memory_bytes
 from ..base import FLOAT_TYPES, JobOptions, check_contract, check_finite, fixed_hw
 from ..family import Family, Option, Output, Setting, non_negative_int, one_of, positive_int
 from ..frame_loop import run_frames
-from ..imaging import from_nchw, resize_clipped, to_nchw
+from ..imaging import check_shape, from_nchw, resize_clipped, to_nchw
 from ..result_images import ColourImage
 from ..tiles.tiling import TilePlan, refuse_oversized_result, run_tiled
 from .upscale_plan import (
@@ -187,6 +187,7 @@ class _Upscale:
         if available is None:
             available = available_system_memory_bytes()  # one read per frame, for both checks
         shape = np.shape(frame.image)
+        check_shape(shape, frame.label)  # before the tile plan reads it as HxW
         self._refuse_oversized(shape, available)
         tiles = self._tiles(shape)
         fed = self._model_input(frame)

@@ -173,6 +173,9 @@ class BatchRun:
                 self.report.skipped.append(ref.number)
             else:
                 self._todo.append(ref)
+        # decided here, not from _todo: the caller's pump drains _todo, and a batch no longer than
+        # the queue can be read whole before the worker asks (2-frame shots then wrote nothing)
+        self._needs_model = bool(self._todo)
         self._frames = FrameQueue(len(self._todo), self._cancel, depth)
         self._results: queue.Queue = queue.Queue(maxsize=depth)
         self._worker: threading.Thread | None = None
@@ -243,7 +246,7 @@ class BatchRun:
     # -- caller ----------------------------------------------------------------------------------
     @property
     def needs_model(self) -> bool:
-        return bool(self._todo)
+        return self._needs_model
 
     def start(self) -> BatchRun:
         """Run :meth:`infer_all` on a thread of its own (a caller without a worker thread)."""

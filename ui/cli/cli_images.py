@@ -16,9 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ...models import file_formats, files
+from ...models import file_formats, files, image_meta
 from ...models.result_images import ImageProduct, range_notes
-from ...runtime.errors import LeanImageError
+from ...runtime.errors import LeanImageError, printable
+from ...runtime.settings import quoted
 
 
 class CommandLineError(LeanImageError):
@@ -65,7 +66,7 @@ def check_writable_format(path: Path) -> None:
 
 
 def _warn(text: str) -> None:
-    print(f"warning: {text}", flush=True)
+    print(printable(f"warning: {text}"), flush=True)
 
 
 def read_image(path: Path, warn=_warn) -> np.ndarray:
@@ -217,13 +218,31 @@ def pixel_limit() -> int | None:
         limit = -1
     if limit < 0:  # a negative limit must not quietly turn the guard off
         raise CommandLineError(
-            f"{PIXEL_LIMIT_VARIABLE}={value!r}: give the largest pixel count to accept as a whole "
+            f"{PIXEL_LIMIT_VARIABLE}={quoted(value)}: give the largest pixel count to accept as a whole "
             "number (for example 400000000), or 0 for no limit."
         )
     return limit
 
 
-def _too_many_pixels(path: Path, exc: Exception, limit: int | None) -> CommandLineError:
+PILLOW_MAX_PIXELS = 1024 * 1024 * 1024 // 4 // 3  # Pillow's default MAX_IMAGE_PIXELS, for EXR without Pillow
+
+
+def _check_exr_pixels(path: Path) -> None:
+    """The limit Pillow applies to PNG and TIFF (it refuses over twice MAX_IMAGE_PIXELS), on the
+    data windows of an EXR's header, before OpenEXR allocates a pixel of them."""
+    limit = pixel_limit()
+    if limit == 0:
+        return
+    refused = 2 * (PILLOW_MAX_PIXELS if limit is None else limit)
+    try:
+        pixels = image_meta.exr_pixels(path)
+    except OSError:
+        return  # reading it says what is wrong
+    if pixels is not None and pixels > refused:
+        raise _too_many_pixels(path, f"Image size ({pixels} pixels) exceeds limit of {refused} pixels", limit)
+
+
+def _too_many_pixels(path: Path, exc: Exception | str, limit: int | None) -> CommandLineError:
     # Pillow's text: "Image size (N pixels) exceeds limit of M pixels, could be decompression bomb..."
     numbers = [int(n) for n in re.findall(r"\d+", str(exc))]
     pixels = numbers[0] if numbers else None
@@ -239,6 +258,7 @@ def _too_many_pixels(path: Path, exc: Exception, limit: int | None) -> CommandLi
 
 def _read_exr(path: Path) -> np.ndarray:
     OpenEXR = _openexr()
+    _check_exr_pixels(path)
     try:
         with OpenEXR.File(str(path)) as exr:
             channels = exr.channels()
@@ -249,7 +269,7 @@ def _read_exr(path: Path) -> np.ndarray:
             return np.asarray(first.pixels, np.float32)
     except FileNotFoundError:
         raise CommandLineError(f"Input image not found: {path}.") from None
-    except (OSError, RuntimeError, StopIteration) as exc:
+    except (OSError, RuntimeError, ValueError, StopIteration) as exc:  # ValueError: a damaged header
         raise CommandLineError(f"Cannot read {path} as an EXR image: {exc}.") from None
 
 

@@ -9,6 +9,7 @@ without importing the command line that imports it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import signal
@@ -18,13 +19,13 @@ import time
 from pathlib import Path
 
 from ...models import files, products
-from ...models.batch import frame_lists
+from ...models.batch import frame_claims, frame_lists
 from ...models.batch.sequence import BatchReport
 from ...models.family import Family
 from ...models.job import FamilyJob
 from ...models.store import library
 from ...runtime import settings
-from ...runtime.errors import LeanImageError
+from ...runtime.errors import LeanImageError, printable
 from ...runtime.measure.memory_report import mb
 from ...runtime.providers import DEVICE_HELP
 from ...runtime.settings import FALSE_WORDS, TRUE_WORDS
@@ -57,6 +58,7 @@ class Interrupts:
         self.signum: int | None = None
         self.immediate = False
         self.armed = True
+        self.stops = "after the current model run"  # what the first signal waits for, as the user is told
         self._previous: dict = {}
 
     def __enter__(self):
@@ -75,7 +77,7 @@ class Interrupts:
             return
         self.event.set()
         again = "Ctrl+C again" if signum == signal.SIGINT else "a second SIGTERM"
-        print(f"\n{self.name}: cancelling after the current model run ({again} stops at once)...", file=sys.stderr)
+        print(f"\n{self.name}: cancelling {self.stops} ({again} stops at once)...", file=sys.stderr)
 
     def disarm(self) -> None:
         """The job is over: a signal from now on only ends what is left (its cleanup) normally."""
@@ -95,6 +97,18 @@ class Interrupts:
         return False
 
 
+def leave_now_if_a_model_still_runs(code: int) -> None:
+    """After a stop at once, the batch's worker thread may still be inside a model run (native
+    code): letting the interpreter finalise under it makes onnxruntime's thread pool call
+    std::terminate ('terminate called without an active exception', SIGABRT instead of the exit
+    code). Everything of ours is already written or removed by now, so end without finalising."""
+    if any(thread is not threading.main_thread() and thread.is_alive() for thread in threading.enumerate()):
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
 def _option_type(option):
     """The parser of one family option's flag: its kind and its range, or a message naming both."""
 
@@ -103,7 +117,7 @@ def _option_type(option):
             word = text.strip().lower()
             if word in TRUE_WORDS or word in FALSE_WORDS:
                 return word in TRUE_WORDS
-            raise argparse.ArgumentTypeError(f"give true or false (1/0, yes/no, on/off), got {text!r}")
+            raise argparse.ArgumentTypeError(f"give true or false (1/0, yes/no, on/off), got {settings.quoted(text)}")
         return number(text, option.kind, option.min, option.max)
 
     return parse
@@ -117,7 +131,7 @@ def number(text: str, kind=int, minimum=None, maximum=None):
         value = None
     what = "a whole number" if kind is int else "a number"
     if value is None or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"give {what}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"give {what}, got {settings.quoted(text)}")
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         if minimum is not None and maximum is not None:
             accepted = f"from {minimum:g} to {maximum:g}"
@@ -125,7 +139,7 @@ def number(text: str, kind=int, minimum=None, maximum=None):
             accepted = f"of {minimum:g} or more"
         else:
             accepted = f"of at most {maximum:g}"
-        raise argparse.ArgumentTypeError(f"give {what} {accepted}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"give {what} {accepted}, got {settings.quoted(text)}")
     return value
 
 
@@ -265,7 +279,7 @@ def _budget_arg(flag: str):
             return settings.budget_bytes(flag, text) or 0
         except settings.SettingError:
             raise argparse.ArgumentTypeError(
-                f"give a whole number of MiB from 0 (no limit) to {settings.MAX_BUDGET_MB}, got {text!r}"
+                f"give a whole number of MiB from 0 (no limit) to {settings.MAX_BUDGET_MB}, got {settings.quoted(text)}"
             ) from None
 
     parse.__name__ = "memory budget"
@@ -318,7 +332,10 @@ def plan(family: Family, args):
     if args.skip_existing:  # a killed earlier run's temporary files of these outputs (never newer ones)
         companions = [p for out in outputs for p in products.companion_paths(family.id, out)]
         for temp in files.remove_stale_temps(companions, older_than=started - STALE_TEMP_S):
-            print(f"removed a temporary file left by an interrupted run: {temp}", file=sys.stderr)
+            print(printable(f"removed a temporary file left by an interrupted run: {temp}"), file=sys.stderr)
+    # a killed --skip-existing run's frame claims, whatever this run's mode (a claim held now stays)
+    for claim in frame_claims.remove_stale(outputs):
+        print(printable(f"removed a frame claim left by an interrupted run: {claim}"), file=sys.stderr)
     return refs, outputs, skip
 
 
@@ -341,7 +358,7 @@ def plan_memory_plot(args, refs, outputs) -> Path | None:
     file without ``--overwrite``."""
     if not getattr(args, "memory_plot", None):
         return None
-    path = Path(args.memory_plot).expanduser().resolve()
+    path = products.output_path(Path(args.memory_plot).expanduser())
     where = f"--memory-plot {args.memory_plot}"
     family_id = args.family.id
     taken = {Path(r.path).resolve() for r in refs} | {p for out in outputs for p in products.companion_paths(family_id, out)}
@@ -355,7 +372,7 @@ def plan_memory_plot(args, refs, outputs) -> Path | None:
         raise CommandLineError(f"{where}: the folder {path.parent} does not exist; make it or choose another.")
     if not os.access(path.parent, os.W_OK):
         raise CommandLineError(f"{where}: the folder {path.parent} is not writable.")
-    if path.exists() and not args.overwrite:
+    if os.path.lexists(path) and not args.overwrite:
         raise CommandLineError(f"{where} exists; add --overwrite to replace it, or choose another name.")
     return path
 
