@@ -359,7 +359,7 @@ def test_memory_dashboard_after_a_real_release(settings, models_dir, clean_jobs,
         layout = draw(getattr(panels, name))
         text = layout.texts()
         rss = [t for t in text if t.startswith("Blender process memory (RSS): ")]
-        assert rss and rss[0].endswith(" MB")
+        assert rss and rss[0].endswith(" MiB")
         gpu = layout.joined_text()
         assert "GPU memory: not readable (" in gpu or ("GPU 0: " in gpu and "This process on the GPU" in gpu)
         assert not [t for t in text if " -> " in t]
@@ -392,7 +392,7 @@ def test_memory_dashboard_with_recorded_nvml_figures(settings, models_dir, clean
     panels.invalidate_memory_snapshot()
     text = draw(panels.LEAN_IMAGE_AI_PT_view3d_memory).texts()
     assert "GPU 0: NVIDIA H200" in text and "This process on the GPU: n/a" in text
-    assert "Used 615 MB of 143771 MB, free 143156 MB" in text
+    assert "Used 615 MiB of 143771 MiB, free 143156 MiB" in text
 
 
 def test_memory_dashboard_without_nvml_is_one_readable_line(settings, models_dir, clean_jobs, runtime, monkeypatch):

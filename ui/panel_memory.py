@@ -43,7 +43,7 @@ def short(text: str, width: int = LINE) -> str:
 
 
 def _mb(value) -> str:
-    return "n/a" if value is None else f"{value / 2**20:.0f} MB"
+    return "n/a" if value is None else f"{value / 2**20:.0f} MiB"
 
 
 def dashboard_gpu_device_id(context=None) -> int:
