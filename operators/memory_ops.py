@@ -18,7 +18,7 @@ from ..runtime import get_runtime
 from ..runtime.errors import OperationCancelled
 from ..runtime.log import event_file
 from ..runtime.measure import memory_plot
-from ..runtime.measure.leak_check import MIN_RUNS, leak_check
+from ..runtime.measure.leak_check import MIN_RUNS, RUNS_REASON, leak_check
 from ..runtime.measure.memory_report import format_freed
 from . import prefs, results
 from .jobs import Job, WorkerOperator, manager
@@ -69,7 +69,8 @@ class LEAN_IMAGE_AI_OT_leak_check(WorkerOperator, bpy.types.Operator):
     bl_label = "Leak Check"
     job_title = "Leak Check"  # on the model lane: it uses the loaded models, so never beside a job
 
-    runs: bpy.props.IntProperty(name="Runs", default=30, min=MIN_RUNS, max=500)
+    runs: bpy.props.IntProperty(name="Runs", description=f"How many times to run the job. {RUNS_REASON}",
+                                default=30, min=MIN_RUNS, max=500)
     family: bpy.props.EnumProperty(
         name="Model Kind",
         description="Whose job is repeated (its installed model, or the embedded one)",

@@ -179,8 +179,10 @@ FAMILY_ITEMS = tuple((f.id, f.title, f"A {f.title} model") for f in families.ALL
 
 
 class LEAN_IMAGE_AI_OT_register_user_model(WorkerOperator, bpy.types.Operator):
-    """Use your own ONNX file (e.g. another 4x upscaler) as a model of the chosen family; it is
-    checked against the family first (models/store/family_check.py), off the main thread"""
+    """Use your own ONNX file (e.g. another 4x upscaler) for one of the add-on's jobs; it is first
+    checked to fit that job"""
+
+    # the check is models/store/family_check.py's, run off the main thread (the docstring is the tooltip)
 
     bl_idname = "lean_image_ai.register_user_model"
     bl_label = "Register ONNX Model"

@@ -68,7 +68,7 @@ def check_release_delay(name: str, value) -> float:
 
 
 def budget_bytes(name: str, value) -> int | None:
-    """A memory budget given in MB (the unit of the preferences, the command-line flags and the
+    """A memory budget given in MiB (the unit of the preferences, the command-line flags and the
     environment variables): a whole number from 0 (no limit: None) to MAX_BUDGET_MB; text is read
     as decimal digits only. Returns bytes."""
     text = value.strip() if isinstance(value, str) else None
@@ -76,7 +76,7 @@ def budget_bytes(name: str, value) -> int | None:
     if text is not None and re.fullmatch(r"[0-9]+", text) and len(text.lstrip("0")) <= len(str(MAX_BUDGET_MB)):
         value = int(text)
     if not _is_int(value) or not 0 <= value <= MAX_BUDGET_MB:
-        raise SettingError(f"{name}={quoted(value)}: give a whole number of MB from 0 (no limit) to {MAX_BUDGET_MB}.")
+        raise SettingError(f"{name}={quoted(value)}: give a whole number of MiB from 0 (no limit) to {MAX_BUDGET_MB}.")
     return value << 20 if value else None
 
 

@@ -294,7 +294,7 @@ def test_a_budget_of_5000_digits_is_out_of_range_in_a_short_line(tmp_path, where
     digits = "9" * 5000
     flag = [f"--ram-budget={digits}"] if where.startswith("--") else []
     env = {} if flag else {where: digits}
-    line = one_error(cli(tmp_path, "upscale", "--device", "cpu", *flag, env=env), where, "whole number of MB")
+    line = one_error(cli(tmp_path, "upscale", "--device", "cpu", *flag, env=env), where, "whole number of MiB")
     assert len(line) < 400
 
 

@@ -111,7 +111,7 @@ def test_the_command_line_writes_the_plot(tmp_path):
 
 
 def test_the_picture_explains_itself():
-    """Axes in MB and seconds with round ticks, the title, the before/after levels and the legend,
+    """Axes in MiB and seconds with round ticks, the title, the before/after levels and the legend,
     in the picture itself (checked against the same text drawn by the built-in font)."""
     from lean_image_ai.runtime.measure.bitmap_font import draw_text, text_width
 
@@ -121,11 +121,11 @@ def test_the_picture_explains_itself():
     marks += [(2.1, "release", {"ram": 210 * mb, "vram": 150 * mb}), (2.2, "after", {"ram": 210 * mb, "vram": 150 * mb})]
     timeline = {"samples": [(1.0, {"ram": 250 * mb, "vram": 880 * mb})], "marks": marks,
                 "operation": "depth", "devices": ["CUDA:0"], "outcome": "success"}  # fmt: skip
-    assert memory_plot.title(timeline) == "memory of depth on CUDA:0 for 2.2 s - peak RSS 260 MB, VRAM 900 MB"
+    assert memory_plot.title(timeline) == "memory of depth on CUDA:0 for 2.2 s - job peak RSS 260 MiB, VRAM 900 MiB"
     assert memory_plot.nice_ticks(200, 260) == [200, 220, 240, 260]
     assert memory_plot.nice_ticks(0.0, 2.2, 6) == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
     picture = memory_plot.render(timeline)
-    for text in ("RSS, MB", "VRAM, MB", "RSS before 200 MB", "VRAM after 150 MB", "model runs (3)", "release"):
+    for text in ("RSS, MiB", "VRAM, MiB", "RSS before 200 MiB", "VRAM after 150 MiB", "model runs (3)", "release"):
         stamp = np.zeros((14, text_width(text, 2), 3), np.uint8)
         draw_text(stamp, 0, 0, text, (255, 255, 255), 2)
         on = stamp[:, :, 0] > 0

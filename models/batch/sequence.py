@@ -90,6 +90,12 @@ class FrameQueue:
                 raise OperationCancelled("The batch was cancelled; the frames already written are kept.")
         return True
 
+    def name_of(self, array) -> str | None:
+        """The file name of a frame the adapter took (by identity): what messages call it."""
+        ref = next((ref for ref, taken in self.in_flight if taken is array), None)
+        path = getattr(ref, "path", None)  # a Blender image's frame has no file
+        return path.name if path is not None else None
+
     def answered(self) -> FrameRef:
         return self.in_flight.popleft()[0]
 

@@ -265,7 +265,7 @@ def resolve(
         f"No {record.title} model is installed. Install one in {PREFERENCES_HINT}"
         + (f" (for example '{suggestion.title}')" if suggestion else "")
         + f" or with `python -m lean_image_ai models install {suggestion.id if suggestion else 'ID'}`"
-        + f" (`models list` shows them; `models register {family} FILE` adds your own ONNX file),"
+        + f" (`models list` shows them; `models register {record.command or family} FILE` adds your own ONNX file),"
         + f" or give the model file (model_path; command line: --model). Models folder: {folder}."
     )
 
@@ -347,7 +347,7 @@ def remove(entry: CatalogEntry, folder: Path) -> bool:
 def format_bytes(count) -> str:
     if count is None:
         return "?"
-    for unit, factor in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if count >= factor:
             return f"{count / factor:.1f} {unit}"
     return f"{count} B"

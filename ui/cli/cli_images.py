@@ -319,7 +319,7 @@ def _write_pillow(path: Path, pixels: np.ndarray, product: ImageProduct) -> list
     elif product.bits == "16-bit" and image_format == "PNG":  # Pillow writes 8-bit colour only
         deep = (np.clip(pixels, 0.0, 1.0) * 65535.0 + 0.5).astype(np.uint16)
         with files.atomic_path(path) as temp:
-            temp.write_bytes(png16_bytes(deep))
+            temp.write_bytes(png16_bytes(deep, product.metadata))
         return notes
     else:
         if product.bits != "8-bit":  # e.g. 16-bit colour TIFF, which Pillow writes with 8 bits
@@ -335,6 +335,14 @@ def _write_pillow(path: Path, pixels: np.ndarray, product: ImageProduct) -> list
         picture = Image.fromarray(np.ascontiguousarray(array), mode)
         if product.value_range is not None and image_format == "JPEG":
             metadata["comment"] = f"lean_image_ai:value_range {product.value_range[0]!r} {product.value_range[1]!r}"
+        elif product.metadata and image_format == "PNG":
+            from PIL import PngImagePlugin
+
+            metadata["pnginfo"] = PngImagePlugin.PngInfo()
+            for key, text in product.metadata.items():
+                metadata["pnginfo"].add_text(key, text)
+        elif product.metadata and image_format == "JPEG":
+            metadata["comment"] = "; ".join(f"{key} {text}" for key, text in product.metadata.items())
     with files.atomic_path(path) as temp:
         picture.save(temp, format=image_format, **metadata)
     return notes
@@ -345,7 +353,7 @@ def _keeps_alpha(path: Path) -> bool:
     return row is None or row.alpha
 
 
-def png16_bytes(array: np.ndarray) -> bytes:
+def png16_bytes(array: np.ndarray, texts: dict[str, str] | None = None) -> bytes:
     """A 16-bit PNG of ``array`` (HxW or HxWxC uint16, C = 1..4), which Pillow cannot write for
     colour: rows filtered "Up" (the previous row subtracted), which smooth images compress well."""
     if array.ndim == 2:
@@ -363,4 +371,6 @@ def png16_bytes(array: np.ndarray) -> bytes:
 
     colour_type = {1: 0, 2: 4, 3: 2, 4: 6}[channels]
     header = struct.pack(">IIBBBBB", width, height, 16, colour_type, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", data) + chunk(b"IEND", b"")
+    notes = b"".join(chunk(b"tEXt", key.encode("latin-1") + b"\0" + text.encode("latin-1", "replace"))
+                     for key, text in (texts or {}).items())
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + notes + chunk(b"IDAT", data) + chunk(b"IEND", b"")

@@ -26,6 +26,7 @@ from ...models.job import FamilyJob
 from ...models.store import library
 from ...runtime import settings
 from ...runtime.errors import LeanImageError, printable
+from ...runtime.measure.memory_report import mb
 from ...runtime.providers import DEVICE_HELP
 from ...runtime.settings import FALSE_WORDS, TRUE_WORDS
 from . import cli_images
@@ -147,6 +148,24 @@ def counted(minimum: int, maximum: int | None = None):
     return lambda text: number(text, int, minimum, maximum)
 
 
+def family_arg(text: str) -> str:
+    """argparse type: a family by its command name (what the user types to run it); its id is
+    accepted too. Returns the id."""
+    from ...models import families
+
+    for family in families.ALL:
+        if text in (family.command, family.id):
+            return family.id
+    commands = ", ".join(f.command for f in families.ALL)
+    raise argparse.ArgumentTypeError(f"no job called {text!r}; give one of {commands}")
+
+
+def family_metavar() -> str:
+    from ...models import families
+
+    return "{" + ",".join(f.command for f in families.ALL) + "}"
+
+
 def family_arguments(parser: argparse.ArgumentParser, family: Family) -> None:
     """INPUT, OUTPUT, frames, model, device, output policy and the family's own options."""
     parser.add_argument("input", nargs="?", help="image file, folder or pattern")
@@ -228,7 +247,7 @@ def family_job(family: Family, args) -> FamilyJob:
 
 
 def budgets(args) -> settings.MemoryBudgets:
-    """``--ram-budget``/``--vram-budget`` (MB), else their environment variables, else no limit."""
+    """``--ram-budget``/``--vram-budget`` (MiB), else their environment variables, else no limit."""
     from_environment = settings.budgets_from_environment()
     ram, vram = getattr(args, "ram_budget", None), getattr(args, "vram_budget", None)
     return settings.MemoryBudgets(
@@ -238,16 +257,16 @@ def budgets(args) -> settings.MemoryBudgets:
 
 
 def budget_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--ram-budget`` and ``--vram-budget``: MB, with the unit and limits of Blender's preferences."""
+    """``--ram-budget`` and ``--vram-budget``: MiB, with the unit and limits of Blender's preferences."""
     for kind, env, what in (
         ("ram", settings.RAM_BUDGET_ENV, "system memory (RSS) of a CPU job"),
         ("vram", settings.VRAM_BUDGET_ENV, "this process's GPU memory of a GPU job (also caps the CUDA arena)"),
     ):
         parser.add_argument(
             f"--{kind}-budget",
-            metavar="MB",
+            metavar="MiB",
             type=_budget_arg(f"--{kind}-budget"),
-            help=f"most {what}, in MB, as Blender's preference: checked before each load and run, and an "
+            help=f"most {what}, in MiB (2**20 bytes), as Blender's preference: checked before each load and run, and an "
             f"upscale's auto tile size follows it; 0: no limit (default: ${env}, else no limit)",
         )
 
@@ -260,7 +279,7 @@ def _budget_arg(flag: str):
             return settings.budget_bytes(flag, text) or 0
         except settings.SettingError:
             raise argparse.ArgumentTypeError(
-                f"give a whole number of MB from 0 (no limit) to {settings.MAX_BUDGET_MB}, got {settings.quoted(text)}"
+                f"give a whole number of MiB from 0 (no limit) to {settings.MAX_BUDGET_MB}, got {settings.quoted(text)}"
             ) from None
 
     parse.__name__ = "memory budget"
@@ -383,6 +402,31 @@ def single_file(args, refs) -> bool:
     if source is None or len(refs) != 1 or args.frames is not None or frame_lists.is_pattern(source):
         return False
     return not Path(source).expanduser().is_dir()
+
+
+def memory_figures(before: dict, after: dict, process_peak: int | None, jobs=()) -> dict:
+    """The JSON line's memory, in bytes, each figure named for what it measures: the process's RSS
+    before and after the command, its peak over the whole command (reading, the jobs, writing the
+    files and the plot) and the jobs' peak (the one the text report and the picture say)."""
+    peaks = [f["peak"] for job in jobs for f in job["figures"] if f["figure"] == "ram" and f["peak"] is not None]
+    job_peak = max(peaks, default=None)
+    if process_peak is not None and job_peak is not None:
+        # the kernel's high-water mark is synced lazily and can lag a sampled RSS: the job is in the process
+        process_peak = max(process_peak, job_peak)
+    return {
+        "unit": "bytes",
+        "rss_before": before.get("rss_bytes"),
+        "process_rss_peak": process_peak,
+        "job_rss_peak": job_peak,
+        "rss_after": after.get("rss_bytes"),
+    }
+
+
+def format_memory_figures(memory: dict) -> str:
+    """The same figures in words, in MiB as the report: the process's peak is not the job's."""
+    job = f"; the job's peak {mb(memory['job_rss_peak'])}" if memory.get("job_rss_peak") is not None else ""
+    return (f"process RAM (RSS) over the whole command: peak {mb(memory['process_rss_peak'])} "
+            f"(reading, the job, writing){job}; now {mb(memory['rss_after'])}")
 
 
 def summary(family: Family, shard, refs, report: BatchReport, memory: dict, *, single: bool = False, **extra) -> dict:

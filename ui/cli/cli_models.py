@@ -15,6 +15,7 @@ from pathlib import Path
 from ...models import families
 from ...models.store import library, user_models
 from ...runtime.errors import LeanImageError, OperationCancelled, printable
+from . import cli_job
 
 EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 2, 130
 
@@ -67,8 +68,22 @@ def _list(args) -> int:
     for entry in known.entries(args.family):
         state = library.status(entry, folder)
         where = f"  {library.installer.model_path(entry, folder)}" if state != library.MISSING else ""
-        print(printable(f"{entry.id:40s} {entry.family:8s} {state:18s} {library.format_size(entry):>10s}  {entry.title}{where}"))
+        command = families.get(entry.family).command if entry.family in families.IDS else entry.family
+        print(printable(f"{entry.id:40s} {command:17s} {state:18s} {library.format_size(entry):>10s}  {entry.title}{where}"))
+    for family in families.ALL:
+        if family.fallback_model is not None and args.family in (None, family.id):
+            print(printable(_embedded_row(family)))
     return EXIT_OK
+
+
+def _embedded_row(family) -> str:
+    """The model shipped inside the add-on, which a job of its family runs when none is installed:
+    listed like the others, with nothing to install or remove."""
+    path = family.fallback_model
+    size = library.format_bytes(path.stat().st_size if path.is_file() else None)
+    name = f"{path.stem} (embedded)"
+    title = f"built in, the default when no {family.command} model is installed"
+    return f"{name:40s} {family.command:17s} {'embedded':18s} {size:>10s}  {title}  {path}"
 
 
 class _DownloadProgress:
@@ -184,12 +199,14 @@ def add_parser(subparsers) -> None:
         return sub
 
     listing = action("list", _list, "every known model: id, family, state, size, title, file")
-    listing.add_argument("--family", choices=families.IDS, help="only this family")
+    listing.add_argument("--family", type=cli_job.family_arg, metavar=cli_job.family_metavar(),
+                         help="only the models of this command")
     action("install", _install, "download a built-in model (resumes a partial download; checks size and sha256)").add_argument(
         "model_id", metavar="ID"
     )
     register = action("register", _register, "check your own ONNX file against a family and add it to the list")
-    register.add_argument("family_id", metavar="FAMILY", choices=families.IDS)
+    register.add_argument("family_id", metavar="COMMAND", type=cli_job.family_arg,
+                          help=f"the command that will run it: {cli_job.family_metavar()}")
     register.add_argument("file", metavar="FILE")
     action("remove", _remove, "delete an installed model's file, or unregister your own (your file is kept)").add_argument(
         "model_id", metavar="ID"

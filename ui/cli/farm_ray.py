@@ -234,7 +234,7 @@ class Farm:
             return
         if "end" in item:
             figures = self.processes[self.pid_of[slot]]
-            figures.update(sessions_created=item["sessions_created"], rss_peak=item["rss_peak"])
+            figures.update(sessions_created=item["sessions_created"], process_rss_peak=item["process_rss_peak"])
             self.warnings.extend(item["warnings"])
             return
         index = chunk["left"].pop(item["frame"])
@@ -405,7 +405,7 @@ def run(args, *, on_event=None, worker_class=FrameWorker) -> int:
         seconds=seconds,
     )
     after = memory_snapshot(None)
-    memory = {"rss_before": before.get("rss_bytes"), "rss_peak": peak_rss_bytes(), "rss_after": after.get("rss_bytes")}
+    memory = cli_job.memory_figures(before, after, peak_rss_bytes())  # the jobs ran in the workers
     details = {
         "address": args.address,
         "workers": count,

@@ -7,7 +7,7 @@ itself) is checked before the model runs. A batch is one runtime operation; fram
 written while the model runs (models/batch/sequence.py). Progress goes to stdout, one line per stage;
 the last line is one JSON object with what was written, skipped and failed, the time and memory.
 
-Memory budgets, in MB as Blender's preferences (0: no limit): ``--ram-budget`` (this process's RSS
+Memory budgets, in MiB as Blender's preferences (0: no limit): ``--ram-budget`` (this process's RSS
 on a CPU job) and ``--vram-budget`` (its GPU memory on a GPU job; also caps the CUDA arena), else
 ``$LEAN_IMAGE_AI_RAM_BUDGET_MB`` and ``$LEAN_IMAGE_AI_VRAM_BUDGET_MB``. They are checked before
 each load and run, and an upscale's auto tile size follows the budget of the device it runs on:
@@ -42,7 +42,7 @@ from ...runtime import format_snapshot, get_runtime, memory_snapshot, parse_devi
 from ...runtime.errors import LeanImageError, OperationCancelled, first_line, printable
 from ...runtime.log import event_file
 from ...runtime.measure import memory_plot
-from ...runtime.measure.leak_check import MAX_RUNS, MIN_RUNS
+from ...runtime.measure.leak_check import MAX_RUNS, MIN_RUNS, RUNS_REASON
 from ...runtime.measure.memory import peak_rss_bytes, reset_peak_rss
 from ...runtime.oom import out_of_memory_error
 from ...runtime.providers import DEVICE_HELP
@@ -100,15 +100,16 @@ def _gpu_id(device: str) -> int | None:
     return request.index if request.kind == "cuda" else None
 
 
-def _print_memory_report(runtime, since: float, gpu_id: int | None) -> None:
+def _print_memory_report(runtime, since: float, gpu_id: int | None) -> list[dict]:
     """The job's memory in the runtime's own wording (runtime/measure/memory_report.py): what it grew,
-    what the release gave back, what stays and in which floor."""
+    what the release gave back, what stays and in which floor. Returns the jobs' reports."""
     jobs = [e for e in runtime.events.recent("job_memory") if e["time"] >= since]
     if not jobs:
         print(f"memory: {format_snapshot(memory_snapshot(gpu_id))} (no job ran)")
     for job in jobs:
         for line in job["lines"]:
             print(line)
+    return jobs
 
 
 # ---- one command for every family -----------------------------------------------------------------
@@ -198,10 +199,10 @@ def _run(args) -> int:
     fallbacks = [e["message"] for e in runtime.events.recent("provider_fallback") if e["time"] >= since]
     for warning in dict.fromkeys([*fallbacks, *report.warnings]):  # each said once per job
         print(printable(f"warning: {warning}"))
-    _print_memory_report(runtime, since, gpu_id)
+    jobs = _print_memory_report(runtime, since, gpu_id)
     plot_error = _write_memory_plot(plot, runtime.last_timeline) if plot else None
-    after = memory_snapshot(gpu_id)
-    memory = {"rss_before": before.get("rss_bytes"), "rss_peak": peak_rss_bytes(), "rss_after": after.get("rss_bytes")}
+    memory = cli_job.memory_figures(before, memory_snapshot(gpu_id), peak_rss_bytes(), jobs)
+    print(cli_job.format_memory_figures(memory))
     single = cli_job.single_file(args, refs)
     extra = {"tiling": tilings} if tilings else {}
     summary = cli_job.summary(
@@ -293,6 +294,14 @@ def _leak_check(args) -> int:
     return EXIT_OK if result.verdict == "stable" else EXIT_LEAK
 
 
+def _leak_runs(text: str) -> int:
+    """argparse type of --runs: fewer than MIN_RUNS is refused with the reason, not only the range."""
+    runs = cli_job.counted(0, MAX_RUNS)(text)
+    if runs < MIN_RUNS:
+        raise argparse.ArgumentTypeError(f"{runs} run(s) cannot be judged. {RUNS_REASON}")
+    return runs
+
+
 def _add_leak_check(subparsers) -> None:
     parser = subparsers.add_parser(
         "leak-check",
@@ -301,12 +310,20 @@ def _add_leak_check(subparsers) -> None:
         "(RSS; this process's VRAM on a GPU) after each, and ends with `stable` (a plateau) or "
         "`growing` (slope per run, and which figure). Exit 0 stable, 1 growing.",
     )
-    parser.add_argument("--family", dest="family_id", choices=families.IDS, default="upscale")
+    commands = [f.command for f in families.ALL]
+    parser.add_argument(
+        "--family",
+        dest="family_id",
+        type=cli_job.family_arg,
+        default="upscale",
+        metavar="{" + ",".join(commands) + "}",
+        help="which job to repeat, by its command name (default: upscale)",
+    )
     parser.add_argument(
         "--runs",
-        type=cli_job.counted(MIN_RUNS, MAX_RUNS),
+        type=_leak_runs,
         default=60,
-        help=f"how many times ({MIN_RUNS} to {MAX_RUNS}; default 60: the first third warms up)",
+        help=f"how many times, {MIN_RUNS} to {MAX_RUNS} (default 60). {RUNS_REASON}",
     )
     parser.add_argument("--model", help="a catalog model id, else an ONNX file (default: the installed or embedded one)")
     parser.add_argument("--models-dir", help="models folder")
