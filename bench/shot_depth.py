@@ -85,7 +85,7 @@ def two_pass_memory(model: Path, count: int, size: tuple[int, int]) -> dict:
             raise SystemExit(done.stderr)
         summary = json.loads(done.stdout.strip().splitlines()[-1])
     memory = summary["memory"]
-    return {"frames": count, "written": summary["written"], "rss_peak_mb": round(memory["rss_peak"] / 2**20, 1),
+    return {"frames": count, "written": summary["written"], "rss_peak_mb": round(memory["process_rss_peak"] / 2**20, 1),
             "rss_before_mb": round(memory["rss_before"] / 2**20, 1), "seconds": summary["seconds"]}
 
 

@@ -11,7 +11,8 @@ under its own number, in a file type that follows the frames (float EXR for EXR 
 
 Commands: remove-background, depth, geometry, upscale. Works in a fresh Blender process: the add-on
 is enabled here if the saved preferences did not enable it. Exits 0 when every frame was written
-(or skipped), 1 when a frame failed or the batch could not run, with the reason on stderr.
+(or skipped), 1 when a frame failed or the batch could not run, with the reason said once (Blender
+prints the operator's ERROR report on stdout).
 
 How Blender reports an operator's failure to a script: the operator returns {'CANCELLED'} after an
 ERROR report, and bpy.ops turns that into a RuntimeError carrying the report's text. Blender's exit
@@ -87,7 +88,10 @@ def main(argv) -> int:
             shard=args.shard,
         )
     except RuntimeError as exc:  # the operator's ERROR report: which frames failed, and why
-        print(f"farm_sequence: {exc}", file=sys.stderr)
+        # Blender has printed the report already ("Error: ..." on stdout, as for every report in
+        # background mode): printing it again doubled every failure. Anything else is said here.
+        if not str(exc).startswith("Error:"):
+            print(f"farm_sequence: {exc}", file=sys.stderr)
         return 1
     return 0 if result == {"FINISHED"} else 1
 

@@ -75,6 +75,17 @@ class Output:
         return [path] + [path.with_name(template.format(stem=path.stem)) for template in self.companions]
 
 
+# family id -> its command. The built-in ones are known before their modules are imported, so a
+# message can name a family the process has not loaded (a refusal says "use depth" from BEN2's job);
+# every Family declared adds its own, and one that contradicts this table fails at import.
+COMMANDS: dict[str, str] = {"ben2": "remove-background", "da3": "depth", "moge2": "geometry", "upscale": "upscale"}
+
+
+def command_of(family_id: str) -> str:
+    """What a user types (and reads in messages) for a family: its command, never its id."""
+    return COMMANDS.get(family_id, family_id)
+
+
 @dataclass(frozen=True)
 class Family:
     id: str
@@ -101,6 +112,9 @@ class Family:
     def __post_init__(self):
         object.__setattr__(self, "_by_name", {s.name: s for s in self.settings})
         self.check_settings(self.user_defaults, f"the {self.title} defaults")
+        if self.command:
+            if COMMANDS.setdefault(self.id, self.command) != self.command:
+                raise ValueError(f"family {self.id!r}: command {self.command!r}, but COMMANDS says {COMMANDS[self.id]!r}")
 
     def check_settings(self, values: Mapping[str, Any], where: str) -> dict[str, Any]:
         """``values`` checked against :attr:`settings`: an unknown or ill-typed key is an error

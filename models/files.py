@@ -10,6 +10,7 @@ A failure at any step removes the temporary file and leaves an existing target u
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import secrets
@@ -31,11 +32,15 @@ def _process_umask() -> int:
 
 
 def _target_mode(target: Path) -> int:
-    """An existing file keeps its permission bits; a new one gets what ``open()`` would give it."""
+    """An existing file keeps its permission bits; a new one (or a symbolic link, which the
+    result replaces) gets what ``open()`` would give it."""
     try:
-        return stat.S_IMODE(target.stat().st_mode)
+        existing = os.lstat(target)
     except OSError:
-        return 0o666 & ~_process_umask()
+        existing = None
+    if existing is not None and stat.S_ISREG(existing.st_mode):
+        return stat.S_IMODE(existing.st_mode)
+    return 0o666 & ~_process_umask()
 
 
 def fsync_file(path: Path) -> None:
@@ -60,11 +65,38 @@ def _fsync_folder(folder: Path) -> None:
 
 
 _TEMP_TOKEN_BYTES = 6
+# The longest file name most file systems take (ext4, APFS, NTFS: 255 bytes or UTF-16 units).
+NAME_MAX = 255
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # Windows has no symbolic links to follow here
+_BINARY = getattr(os, "O_BINARY", 0)
+
+
+def hidden_key(name: str, tail: str) -> str:
+    """What stands for ``name`` in a hidden helper name ``.<key><tail>`` beside it: the name
+    itself, or a hash of it when the helper would pass :data:`NAME_MAX` (a legal 250-byte output
+    name must not fail after the model ran because its temporary name cannot exist)."""
+    if 1 + len(os.fsencode(name)) + len(os.fsencode(tail)) <= NAME_MAX:
+        return name
+    return "~" + hashlib.sha256(os.fsencode(name)).hexdigest()[:24]
+
+
+def hidden_beside(target: Path, tail: str) -> Path:
+    target = Path(target)
+    return target.with_name(f".{hidden_key(target.name, tail)}{tail}")
+
+
+def _temp_tail(suffix: str, token: str) -> str:
+    return f".{token}.tmp{suffix}"
 
 
 def temp_path_for(target: Path) -> Path:
     """A hidden, unique name beside ``target`` that keeps its suffix (writers pick formats by it)."""
-    return target.with_name(f".{target.name}.{secrets.token_hex(_TEMP_TOKEN_BYTES)}.tmp{target.suffix}")
+    target = Path(target)
+    return hidden_beside(target, _temp_tail(target.suffix, secrets.token_hex(_TEMP_TOKEN_BYTES)))
+
+
+def _temp_key(target: Path) -> str:
+    return hidden_key(target.name, _temp_tail(target.suffix, "0" * 2 * _TEMP_TOKEN_BYTES))
 
 
 def leftover_temps(target: str | os.PathLike) -> list[Path]:
@@ -74,7 +106,7 @@ def leftover_temps(target: str | os.PathLike) -> list[Path]:
     worker that held the frame died)."""
     target = Path(target)
     name = re.compile(
-        re.escape(f".{target.name}.") + f"[0-9a-f]{{{2 * _TEMP_TOKEN_BYTES}}}" + re.escape(f".tmp{target.suffix}")
+        re.escape(f".{_temp_key(target)}.") + f"[0-9a-f]{{{2 * _TEMP_TOKEN_BYTES}}}" + re.escape(f".tmp{target.suffix}")
     )
     try:
         return sorted(p for p in target.parent.iterdir() if name.fullmatch(p.name))
@@ -89,10 +121,10 @@ def remove_stale_temps(targets, older_than: float) -> list[Path]:
     """Delete the temporary files of :func:`temp_path_for` for ``targets`` last changed before
     ``older_than`` (a run's start, as ``time.time()``): what an earlier writer of these very
     outputs left when it was killed. Only those names are touched; each folder is listed once."""
-    by_folder: dict[Path, set[str]] = {}
+    by_folder: dict[Path, dict[str, str]] = {}  # folder -> {temp key: target suffix}
     for target in targets:
         target = Path(target)
-        by_folder.setdefault(target.parent, set()).add(target.name)
+        by_folder.setdefault(target.parent, {})[_temp_key(target)] = target.suffix
     removed = []
     for folder, names in by_folder.items():
         try:
@@ -101,7 +133,7 @@ def remove_stale_temps(targets, older_than: float) -> list[Path]:
             continue
         for entry in entries:
             match = _ANY_TEMP.fullmatch(entry.name)
-            if not match or match["name"] not in names or match["suffix"] != Path(match["name"]).suffix:
+            if not match or names.get(match["name"]) != match["suffix"]:
                 continue
             try:
                 if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < older_than:
@@ -121,21 +153,82 @@ def replace_into(written: Path, target: Path) -> None:
     _fsync_folder(target.parent)
 
 
+class SwappedTemporaryFile(OSError):
+    """The temporary file's name no longer names the file this writer made (another user of a
+    shared folder replaced it, with a symbolic link for instance): nothing is installed."""
+
+
+def _still_ours(made: os.stat_result, path: Path) -> bool:
+    try:
+        now = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(now.st_mode) and (now.st_dev, now.st_ino) == (made.st_dev, made.st_ino)
+
+
+def _swapped(tmp: Path, target: Path) -> SwappedTemporaryFile:
+    return SwappedTemporaryFile(
+        f"the temporary file '{tmp}' was replaced by something else while '{target.name}' was being "
+        f"written (another user of the folder '{target.parent}'?); '{target.name}' was not written"
+    )
+
+
+def _seal(fd: int, made: os.stat_result, tmp: Path, target: Path) -> None:
+    """Give the file behind ``fd`` its final bits and flush it: through ``fd``, never through the
+    name, which someone else may have swapped (a chmod by name follows a planted link)."""
+    if not _still_ours(made, tmp):
+        raise _swapped(tmp, target)
+    if os.fstat(fd).st_size == 0:
+        raise OSError(f"nothing was written for '{target}'")
+    mode = _target_mode(target)
+    if hasattr(os, "fchmod"):
+        os.fchmod(fd, mode)
+    else:  # pragma: no cover - Windows: no fchmod, and no symbolic link in the way of chmod
+        os.chmod(tmp, mode)
+    os.fsync(fd)
+
+
+def _install(made: os.stat_result, tmp: Path, target: Path) -> None:
+    """Rename the sealed file over ``target``; the name is checked to be that file before the
+    rename."""
+    if not _still_ours(made, tmp):
+        raise _swapped(tmp, target)
+    os.replace(tmp, target)
+    # a link swapped in between the check and the rename is taken out again (only the kind of
+    # entry is checked here: some network file systems renumber a file when it is renamed)
+    try:
+        installed = stat.S_ISREG(os.lstat(target).st_mode)
+    except OSError:
+        installed = False
+    if not installed:
+        with contextlib.suppress(OSError):
+            os.unlink(target)
+        raise _swapped(tmp, target)
+    _fsync_folder(target.parent)
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path to write ``target``'s new content to; commit it when the block ends.
 
-    The block must create the file at the yielded path. An exception inside the block, or a
-    missing or empty file, leaves ``target`` as it was and removes the temporary file.
+    The temporary file is made here, new (``O_EXCL``, never through a symbolic link), private
+    until it is complete, and the block writes into it by its name. An exception inside the
+    block, an empty file, or a temporary name that no longer names that file leaves ``target``
+    as it was and removes the temporary file.
     """
     target = Path(target)
     tmp = temp_path_for(target)
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY, 0o600)
+    made = os.fstat(fd)
     try:
         yield tmp
-        if not tmp.is_file() or tmp.stat().st_size == 0:
-            raise OSError(f"nothing was written for '{target}'")
-        replace_into(tmp, target)
+        _seal(fd, made, tmp, target)
+        os.close(fd)  # before the rename: Windows renames no open file
+        fd = -1
+        _install(made, tmp, target)
     finally:
+        if fd >= 0:
+            os.close(fd)
         with contextlib.suppress(OSError):
             tmp.unlink()
 

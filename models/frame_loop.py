@@ -15,6 +15,7 @@ from contextlib import ExitStack
 
 from ..runtime import Operation, SessionHandle, mark_last
 from .base import JobOptions, ResultSink, as_frames
+from .family import command_of
 from .imaging import PreparedImage, prepare_image
 from .store import family_check
 
@@ -28,6 +29,7 @@ class FrameLoop:
         self.options = options
         self.single = single  # one image, not a list of frames: messages say "image"
         self.count = count
+        self.frames = None  # the frames as run_frames iterates them
         self.op: Operation | None = None
         self.handle: SessionHandle | None = None
         self.contract = None  # what the family's check returned (e.g. the output to read)
@@ -78,7 +80,12 @@ class Frame:
 
     @property
     def label(self) -> str:
-        """How messages name this frame."""
+        """How messages name this frame: its file's name when it came from a file (a single file
+        is never "frame 1"), else "image" or its place in the list."""
+        name_of = getattr(self.loop.frames, "name_of", None)
+        name = name_of(self.image) if name_of is not None else None
+        if name:
+            return name
         return "image" if self.loop.single else f"frame {self.index + 1}"
 
     @property
@@ -126,8 +133,10 @@ def run_frames(
         return []
     results = ResultSink(options)
     loop = FrameLoop(family, model_path, options, single=single, count=len(frames))
+    loop.frames = frames  # a frame source that knows its files names them (Frame.label)
     runtime = options.get_runtime()
-    with runtime.operation(family, cancel=options.cancel) as op, ExitStack() as before_release:
+    # named as the user runs it (remove-background, depth): the report, the picture and the log say it
+    with runtime.operation(command_of(family), cancel=options.cancel) as op, ExitStack() as before_release:
         op.count_results(results.held_bytes)
         loop.open(op, before_release, check)
         if start is not None:

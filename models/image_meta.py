@@ -4,7 +4,9 @@ orientation itself, checked with bpy 5.0.1).
 
 - :func:`exif_orientation`: the EXIF Orientation tag (1..8) of a JPEG, PNG (eXIf) or WebP file;
   :func:`upright` turns an array the way the tag says, as image viewers show the photo;
-- :func:`tiff_pages`: how many pages (IFDs) a TIFF holds; only the first is read.
+- :func:`tiff_pages`: how many pages (IFDs) a TIFF holds; only the first is read;
+- :func:`exr_pixels`: how many pixels an OpenEXR file's data windows declare, from its header
+  alone (the decompression-bomb limit is checked before the library allocates any of them).
 """
 
 from __future__ import annotations
@@ -129,3 +131,45 @@ def tiff_pages(path: str | Path, limit: int = 1000) -> int:
             return max(pages, 1)
     except (OSError, struct.error):
         return 1
+
+
+EXR_MAGIC = 20000630
+_EXR_MULTIPART = 0x1000  # version-field flag: several headers, each part its own data window
+
+
+def exr_pixels(path: str | Path) -> int | None:
+    """The pixels the data windows of every part of an OpenEXR file declare (all are read at
+    once); None when the header cannot be told (the library then says what is wrong)."""
+    with open(path, "rb") as file:
+        data = file.read(_MAX_HEADER_BYTES)
+    if len(data) < 8 or struct.unpack("<i", data[:4])[0] != EXR_MAGIC:
+        return None
+    multipart = bool(struct.unpack("<I", data[4:8])[0] & _EXR_MULTIPART)
+    total, pos = 0, 8
+    while pos < len(data) and data[pos] != 0:  # an empty header ends a multi-part file's list
+        window, pos = _exr_header_window(data, pos)
+        if window is None:
+            return None
+        xmin, ymin, xmax, ymax = window
+        total += max(0, xmax - xmin + 1) * max(0, ymax - ymin + 1)
+        if not multipart:
+            break
+    return total
+
+
+def _exr_header_window(data: bytes, pos: int) -> tuple[tuple[int, int, int, int] | None, int]:
+    """(the header's dataWindow, where the next header begins); (None, pos) when it is cut short."""
+    window = None
+    while pos < len(data) and data[pos] != 0:
+        name_end = data.find(b"\0", pos)
+        type_end = data.find(b"\0", name_end + 1)
+        if name_end < 0 or type_end < 0 or type_end + 4 > len(data):
+            return None, pos
+        size = struct.unpack("<i", data[type_end + 1 : type_end + 5])[0]
+        value = data[type_end + 5 : type_end + 5 + size]
+        if size < 0 or len(value) < size:
+            return None, pos
+        if data[pos:name_end] == b"dataWindow" and size == 16:
+            window = struct.unpack("<4i", value)
+        pos = type_end + 5 + size
+    return window, pos + 1

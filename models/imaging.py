@@ -33,15 +33,20 @@ class PreparedImage:
         return "16-bit" if self.source_dtype == np.uint16 else "8-bit"
 
 
+def check_shape(shape: tuple[int, ...], name: str = "image") -> None:
+    """InvalidImageError unless ``shape`` is an image's: HxW or HxWxC with C from 1 to 4."""
+    if len(shape) not in (2, 3) or (len(shape) == 3 and shape[2] not in (1, 2, 3, 4)):
+        raise InvalidImageError(
+            f"{name} has shape {tuple(shape)}; expected HxW (grey), HxWx2 (grey+alpha), HxWx3 (RGB) or HxWx4 (RGBA)."
+        )
+
+
 def prepare_image(image, *, name: str = "image") -> PreparedImage:
     """Validate and convert any supported image to float32 RGB (+ optional alpha)."""
     array = np.asarray(image)
+    check_shape(array.shape, name)
     if array.ndim == 2:
         array = array[:, :, None]
-    if array.ndim != 3 or array.shape[2] not in (1, 2, 3, 4):
-        raise InvalidImageError(
-            f"{name} has shape {array.shape}; expected HxW (grey), HxWx2 (grey+alpha), HxWx3 (RGB) or HxWx4 (RGBA)."
-        )
     height, width, channels = array.shape
     if height == 0 or width == 0:
         raise InvalidImageError(f"{name} has no pixels ({width}x{height}); load or render the image first.")

@@ -140,6 +140,26 @@ def companion_paths(family_id: str, path: Path) -> list[Path]:
     return output_of(family_id).companion_paths(path)
 
 
+def _writable_folder(path: Path) -> set[Path]:
+    """The folders to make for ``path`` (none when its folder is there); LeanImageError when
+    the folder, or the one it would be made in, is not writable."""
+    folder, to_make = path.parent, set()
+    if not folder.is_dir():
+        to_make.add(folder)
+        while not folder.is_dir() and folder.parent != folder:  # where it would be made
+            folder = folder.parent
+    if not os.access(folder, os.W_OK):
+        raise LeanImageError(f"Output folder {folder} is not writable.")
+    return to_make
+
+
+def output_path(path: Path) -> Path:
+    """An output's absolute path: its folder resolved, its own name never (a symbolic link at
+    the name is the entry a result replaces, not a way to somewhere else)."""
+    path = Path(path)
+    return path.parent.resolve() / path.name
+
+
 def plan_outputs(
     family_id: str,
     inputs: list[Path],
@@ -158,25 +178,23 @@ def plan_outputs(
     sources = {os.path.normcase(str(p.resolve())) for p in inputs}
     for index, out in enumerate(outputs):
         check_output(family_id, out, writer)
+        # any entry at the name is an output there, a symbolic link too (dangling or not): a link
+        # planted in a shared folder must not send the result elsewhere
+        kept = os.path.lexists(out) and not overwrite
         for path in companion_paths(family_id, out):
             check_format(path)
             if os.path.normcase(str(path)) in sources:
                 raise LeanImageError(f"Output {path} is an input image; choose another name or folder.")
             if path.is_dir():
                 raise LeanImageError(f"Output path {path} is a folder; give a file name such as result.png.")
-            folder = path.parent
-            if not folder.is_dir():
-                to_make.add(folder)
-                while not folder.is_dir() and folder.parent != folder:  # where it would be made
-                    folder = folder.parent
-            if not os.access(folder, os.W_OK):
-                raise LeanImageError(f"Output folder {folder} is not writable.")
-        if out.exists() and not overwrite:
-            if not skip_existing:
-                raise LeanImageError(
-                    f"{out} exists. Ask to overwrite it (--overwrite, overwrite=True), or to skip existing "
-                    "outputs and do the rest (--skip-existing, skip_existing=True)."
-                )
+            if not kept:  # a kept output writes nothing: its folder may be read-only
+                to_make |= _writable_folder(path)
+        if kept and not skip_existing:
+            raise LeanImageError(
+                f"{out} exists. Ask to overwrite it (--overwrite, overwrite=True), or to skip existing "
+                "outputs and do the rest (--skip-existing, skip_existing=True)."
+            )
+        if kept:
             skip.add(index)
     # as Blender does for render output, once every check has passed: farm tasks and scripts name
     # folders still to be made (exist_ok: a sibling task may make the same one at the same moment)
@@ -211,7 +229,7 @@ def plan_batch(
 
     if output is None and in_sequence and refs and inputs_are_files:
         output = f"{default_folder(family_id, refs[0].path.parent)}{os.sep}"
-    outputs = [p.resolve() for p in output_paths(refs, output, default)]
+    outputs = [output_path(p) for p in output_paths(refs, output, default)]
     claimed: dict[str, object] = {}
     for ref, out in zip(refs, outputs, strict=True):
         earlier = claimed.setdefault(os.path.normcase(str(out)), ref)

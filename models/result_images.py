@@ -6,7 +6,7 @@ values); models/products.py plans the files and the front-end's writer encodes t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +21,11 @@ class ImageProduct:
     value_range: tuple[float, float] | None = None  # what 0..1 stands for when normalised
     bits: str = "8-bit"  # what the file keeps: "8-bit", "16-bit" or "float" (output_bits)
     input_kind: str = "8-bit"  # what the source's samples were
+    metadata: dict[str, str] = field(default_factory=dict)  # text for the file (PNG chunk, EXR header)
 
 
+CLIPPED_FOR_MODEL = "lean_image_ai:clipped_for_model"  # metadata keys: what a written file lost, in words
+CLIPPED_ON_WRITE = "lean_image_ai:clipped_on_write"
 INPUT_KINDS = ("8-bit", "16-bit", "float")  # what an input image's samples are
 FLOAT_SUFFIXES = file_formats.COMMAND_LINE.float_suffixes  # the command line's writers' float files
 
@@ -46,7 +49,18 @@ class ColourImage:
     def product(self, result, suffix: str, float_suffixes=FLOAT_SUFFIXES) -> ImageProduct:
         kind = getattr(result, "input_kind", "8-bit")
         pixels = getattr(result, self.attribute)
-        return ImageProduct(pixels, is_data=False, bits=output_bits(suffix, kind, float_suffixes), input_kind=kind)
+        bits = output_bits(suffix, kind, float_suffixes)
+        metadata = {}
+        if getattr(result, "clipped", None):
+            metadata[CLIPPED_FOR_MODEL] = result.clipped
+        if bits != "float":
+            over = _above_one(pixels)
+            if over:
+                metadata[CLIPPED_ON_WRITE] = (
+                    f"{over[0]} pixel(s) above 1 (highest {over[1]:.6g}) were clipped to 1: a {bits} "
+                    f"{suffix.lstrip('.').upper()} holds [0, 1] (write .exr to keep them)."
+                )
+        return ImageProduct(pixels, is_data=False, bits=bits, input_kind=kind, metadata=metadata)
 
     def describe(self, suffix: str, input_kind: str, float_suffixes=FLOAT_SUFFIXES) -> str:
         bits = output_bits(suffix, input_kind, float_suffixes)
@@ -84,12 +98,24 @@ class ValueImage:
 
 def range_notes(path: Path, product: ImageProduct) -> list[str]:
     """What the file does not keep of the result, for the report."""
+    notes = []
+    if CLIPPED_ON_WRITE in product.metadata:
+        notes.append(f"{path.name}: {product.metadata[CLIPPED_ON_WRITE]}")
     if product.input_kind != "8-bit" and product.bits == "8-bit":
-        return [
+        return notes + [
             f"{path.name}: the input has {product.input_kind} samples but {path.suffix.lstrip('.').upper()} "
             f"holds 8 bits; {file_formats.KEEP_BITS} to keep them."
         ]
     if product.value_range is None:
-        return []
+        return notes
     low, high = product.value_range
-    return [f"{path.name}: values {low:.6g}..{high:.6g} were mapped to 0..1 (write .exr to keep them)."]
+    return notes + [f"{path.name}: values {low:.6g}..{high:.6g} were mapped to 0..1 (write .exr to keep them)."]
+
+
+def _above_one(pixels) -> tuple[int, float] | None:
+    """(pixels with a colour above 1, the highest value) of a colour result; None when none is."""
+    colour = np.asarray(pixels)[..., :3]
+    top = float(colour.max()) if colour.size else 0.0
+    if not top > 1.0:
+        return None
+    return int((colour > 1.0).any(axis=-1).sum()), top

@@ -91,6 +91,33 @@ def write_result(family_id: str, path: Path, result, values: dict) -> list[str]:
     )[0]
 
 
+FAILED_DETAILS = 20  # failed frames past the first three whose error gets a WARNING; all are numbered
+
+
+def frame_numbers(numbers) -> str:
+    """'4, 7, 9-12': consecutive frames as one range."""
+    spans: list[list[int]] = []
+    for number in sorted(numbers):
+        if spans and number == spans[-1][1] + 1:
+            spans[-1][1] = number
+        else:
+            spans.append([number, number])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def report_failed_frames(operator, report) -> str:
+    """The ERROR's account of the failed frames: the first three with their errors, every other
+    one numbered and given its error in a WARNING of its own (each failure said once: a farm log
+    reads one line per failure). An INFO report goes unseen."""
+    first, rest = report.failed[:3], report.failed[3:]
+    for number, error in rest[:FAILED_DETAILS]:
+        operator.report({"WARNING"}, f"Frame {number} failed: {error}")
+    text = "Failed: " + "; ".join(f"frame {n}: {error}" for n, error in first)
+    if rest:
+        text += f"; and {len(rest)} more (frames {frame_numbers(n for n, _ in rest)}: their errors are the warnings above)"
+    return text
+
+
 def _batch_properties() -> dict:
     fields = {}
     for family in families.ALL:
@@ -117,6 +144,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
         name="Frames From",
         description="A folder, a numbered pattern (shot_####.png) or one frame of a sequence (used when no Image is given)",
         subtype="FILE_PATH",
+        options=options.path_options(),
     )
     frames: StringProperty(name="Frames", description="A-B or A-B:STEP. Empty: every frame")
     output: StringProperty(
@@ -124,9 +152,11 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
         description="A folder or a pattern (out_####.exr). Empty: the folder <frames' folder>_<kind> "
         "beside the frames' folder (plates/ -> plates_depth/), each frame under its own number",
         subtype="FILE_PATH",
+        options=options.path_options(),
     )
     model_id: StringProperty(name="Model", description="Catalog model id. Empty: the first installed model")
-    model_path: StringProperty(name="Model File", description="An ONNX file instead of a catalog model", subtype="FILE_PATH")
+    model_path: StringProperty(name="Model File", description="An ONNX file instead of a catalog model", subtype="FILE_PATH",
+                                options=options.path_options())
     overwrite: BoolProperty(name="Overwrite", description="Replace existing output files")
     skip_existing: BoolProperty(name="Skip Existing", description="Keep existing outputs and do only the rest")
     stop_on_error: BoolProperty(name="Stop on Error", description="Stop at the first frame that fails")
@@ -137,6 +167,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
     )
 
     def prepare(self, context, job: Job):
+        prefs.checked_model_id(self.model_id)  # before the plan makes an output folder
         family = families.get(self.family)
         job.name = f"{family.action} (sequence)"
         frames = frame_lists.parse_frames(self.frames) if self.frames.strip() else None
@@ -168,6 +199,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
             writer=file_formats.BLENDER_WRITER,
             suffix=products.default_suffix(family.id, kind),
         )
+        frame_claims.remove_stale(outputs)  # a killed Skip Existing run's, whatever this run's mode
         if outputs:
             output_type = products.describe_output(family.id, outputs[0].suffix, kind, file_formats.BLENDER_WRITER.float_suffixes)
             job.name = f"{job.name}, {output_type}"
@@ -211,18 +243,27 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
         summary = f"{job.name}: {report.summary()} in {report.seconds:.1f} s; files in {job.key}"
         if getattr(job.inputs, "shot_line", ""):  # a shot's first pass: the range or camera it settled
             summary += f"; {job.inputs.shot_line}"
-        if report.failed:
-            details = "; ".join(f"frame {n}: {error}" for n, error in report.failed[:3])
-            more = f" (and {len(report.failed) - 3} more)" if len(report.failed) > 3 else ""
-            job.state, job.error_text = "failed", f"{summary}. Failed: {details}{more}"
+        cancelled = report.cancelled or job.state == "cancelled"
+        missing = 0 if cancelled else report.total - len(report.written) - len(report.skipped)
+        if report.failed or missing or job.state == "failed":  # never FINISHED with frames not written
+            problem = report_failed_frames(self, report) if report.failed else job.error_text or (
+                f"{missing} frame(s) were neither written nor reported failed (a bug: the console has more); run again"
+            )
+            job.state, job.error_text = "failed", f"{summary}. {problem}"
             self.report({"ERROR"}, job.error_text)
             return {"CANCELLED"}
-        if report.cancelled:
-            job.state = "cancelled"
-            self.report({"WARNING"}, summary)
+        if cancelled:  # what the user asked for: a warning, saying what stays on disk
+            job.state, job.error_text = "cancelled", f"Cancelled; {_kept(report, job.key)}. {summary}"
+            self.report({"WARNING"}, job.error_text)
             return {"CANCELLED"}
         self.report({"INFO"}, summary)
         return {"FINISHED"}
+
+
+def _kept(report, where: str) -> str:
+    if not report.written:
+        return "no frame was written"
+    return f"kept the {len(report.written)} frame(s) written before it ({frame_numbers(report.written)}) in {where}"
 
 
 classes = (LEAN_IMAGE_AI_OT_process_sequence,)

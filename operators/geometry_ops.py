@@ -75,11 +75,10 @@ class LEAN_IMAGE_AI_OT_reconstruct_geometry(ModelJobOperator, bpy.types.Operator
                         f"{stem}_normal", result.normal_rgba, float_buffer=True, colorspace="Non-Color"
                     ),
                 )
-            if inputs.output:
-                if normal_image is None:
-                    note = "; not saved: this model gives no normal map"
-                else:
-                    note = results.save_output(normal_image, inputs.output)
+            if normal_image is not None:
+                note = results.save_output(normal_image, inputs.output)
+            elif inputs.output:
+                note = "; not saved: this model gives no normal map"
             camera = None
             if inputs.options["make_camera"]:
                 camera = created.add(bpy.data.objects, make_camera(f"{stem}_camera", geometry, created))
@@ -87,6 +86,8 @@ class LEAN_IMAGE_AI_OT_reconstruct_geometry(ModelJobOperator, bpy.types.Operator
                 collection = getattr(context, "collection", None) or context.scene.collection
                 collection.objects.link(camera)
             results.link_object(context, obj)
+        if normal_image is not None:
+            results.show(context, inputs.source, normal_image)
         if camera is not None:  # scene settings last: nothing can fail after them
             scene = context.scene
             scene.render.resolution_x, scene.render.resolution_y = width, height

@@ -21,6 +21,7 @@ from ..runtime.cuda import gpu_libraries, gpu_loading
 from ..runtime.errors import LeanImageError
 from . import prefs
 from .jobs import Job, WorkerOperator, downloads, manager
+from .options import path_options
 
 JOB_KEY = "gpu_runtime"  # the download lane's key for this job (the preferences draw by it)
 
@@ -56,7 +57,7 @@ class LEAN_IMAGE_AI_OT_install_gpu_runtime(WorkerOperator, bpy.types.Operator):
         name="Requirements",
         description="Pinned requirements file to install from. Empty: the one this zip ships for this platform",
         subtype="FILE_PATH",
-        options={"SKIP_SAVE"},
+        options=path_options("SKIP_SAVE"),
     )
 
     def job_key(self) -> str:

@@ -351,8 +351,13 @@ def load_image_file(path, *, check_existing: bool = False):
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise InvalidImageError(f"Image file not found: '{path}'. Check the path and run again.")
+    known = {image.as_pointer() for image in bpy.data.images} if check_existing else set()
     try:
         image = bpy.data.images.load(path, check_existing=check_existing)
+        if image.as_pointer() in known and image.source != "FILE":
+            # an open sequence or movie of this file matched: it shows the scene's frame, not this
+            # file (0 x 0 when the scene is outside its frames), so this file gets its own datablock
+            image = bpy.data.images.load(path, check_existing=False)
     except RuntimeError as ex:
         detail = str(ex).strip().removeprefix("Error:").strip()
         raise InvalidImageError(
@@ -362,7 +367,7 @@ def load_image_file(path, *, check_existing: bool = False):
     # Blender "loads" unreadable files as empty images instead of failing.
     width, height = (int(v) for v in image.size)
     if width <= 0 or height <= 0:
-        if image.users == 0:
+        if image.as_pointer() not in known and image.users == 0:  # made here: the user's stays
             bpy.data.images.remove(image)
         raise InvalidImageError(
             f"Blender cannot read '{path}' as an image (unknown format, truncated or damaged file). "

@@ -60,7 +60,7 @@ class LEAN_IMAGE_AI_OT_remove_background(ModelJobOperator, bpy.types.Operator):
             out = image_io.premultiply(straight) if info.premultiplied else straight
             image_io.write_array_to_image(image, out)
             try:
-                note = results.save_output(image, inputs.output)
+                note = results.save_output(image, inputs.output, in_place=True)
             except BaseException:
                 image_io.write_array_to_image(image, source_rgba)  # as it was
                 raise
@@ -69,6 +69,7 @@ class LEAN_IMAGE_AI_OT_remove_background(ModelJobOperator, bpy.types.Operator):
         with results.created_data() as created:
             image = created.add(bpy.data.images, results.new_image_like(f"{inputs.stem}_cutout", straight, info))
             note = results.save_output(image, inputs.output)
+        results.show(context, inputs.source, image)
         kept = float((result.matte > 0.5).mean())
         return f"Removed the background: '{image.name}' ({kept:.0%} of the pixels kept){note}"
 
@@ -100,6 +101,7 @@ class LEAN_IMAGE_AI_OT_estimate_depth(ModelJobOperator, bpy.types.Operator):
             plane = None
             if inputs.options["make_plane"]:
                 plane = make_depth_plane(context, created, f"{stem}_depth_plane", image, depth)
+        results.show(context, inputs.source, image)
         low, high = float(depth.min()), float(depth.max())
         summary = f"Depth '{image.name}' ({depth.shape[1]}x{depth.shape[0]}, {low:.3g} to {high:.3g})"
         if plane is not None:
@@ -110,15 +112,15 @@ class LEAN_IMAGE_AI_OT_estimate_depth(ModelJobOperator, bpy.types.Operator):
 def _save_depth(image, depth, output) -> str:
     """Depth keeps its values in EXR; another format gets it normalised to 0..1, and the note
     says from which range (models/products.py's policy)."""
-    if not output:
-        return ""
-    path, _file_format = output
-    if path.suffix.lower() in file_formats.BLENDER_WRITER.float_suffixes:
+    if not output or output[0].suffix.lower() in file_formats.BLENDER_WRITER.float_suffixes:
         return results.save_output(image, output)
+    path = output[0]
     product = products.image_product(
         da3.FAMILY.id, da3.DepthResult(depth), path.suffix, file_formats.BLENDER_WRITER.float_suffixes
     )
-    return f"; saved {path} ({' '.join(results.save_product(path, product))})"
+    notes = results.save_product(path, product)
+    results.keep(image)  # the file holds the depth normalised: the image keeps the values, packed
+    return f"; saved {path} ({' '.join(notes)})"
 
 
 def grid_mesh(name: str, width: float, height: float, nx: int, ny: int):
@@ -185,6 +187,7 @@ class LEAN_IMAGE_AI_OT_upscale(ModelJobOperator, bpy.types.Operator):
                 bpy.data.images, results.new_image_like(f"{inputs.stem}_x{result.scale}", straight, info)
             )
             note = results.save_output(image, inputs.output)
+        results.show(context, inputs.source, image)
         width, height = image.size
         return f"Upscaled x{result.scale} to '{image.name}' ({width}x{height}){note}"
 

@@ -18,9 +18,9 @@ from ..runtime import get_runtime
 from ..runtime.errors import OperationCancelled
 from ..runtime.log import event_file
 from ..runtime.measure import memory_plot
-from ..runtime.measure.leak_check import MIN_RUNS, leak_check
+from ..runtime.measure.leak_check import MIN_RUNS, RUNS_REASON, leak_check
 from ..runtime.measure.memory_report import format_freed
-from . import prefs
+from . import prefs, results
 from .jobs import Job, WorkerOperator, manager
 
 IDLE_CHECK_MAX_S = 60.0  # the timer wakes at most once a minute, at least when the next session turns idle
@@ -69,7 +69,8 @@ class LEAN_IMAGE_AI_OT_leak_check(WorkerOperator, bpy.types.Operator):
     bl_label = "Leak Check"
     job_title = "Leak Check"  # on the model lane: it uses the loaded models, so never beside a job
 
-    runs: bpy.props.IntProperty(name="Runs", default=30, min=MIN_RUNS, max=500)
+    runs: bpy.props.IntProperty(name="Runs", description=f"How many times to run the job. {RUNS_REASON}",
+                                default=30, min=MIN_RUNS, max=500)
     family: bpy.props.EnumProperty(
         name="Model Kind",
         description="Whose job is repeated (its installed model, or the embedded one)",
@@ -150,6 +151,7 @@ def update_plot_image():
     # Blender's first pixel row is the bottom one
     image.pixels.foreach_set((rgba[::-1].astype(np.float32) / 255.0).ravel())
     image.update()
+    results.keep(image)  # packed again: the .blend and undo keep the picture of the last job
     return image
 
 
@@ -213,8 +215,17 @@ def arm_idle_unload() -> bool:
 
 def _after_job(job) -> None:
     arm_idle_unload()
-    if job.state == "finished":
+    # the picture shows the job the Memory panel reports, cancelled or failed too; only a finished
+    # job makes it anew (a CANCELLED operator adds no image)
+    if job.state == "finished" or _plot_exists():
         update_plot_image()
+
+
+def _plot_exists() -> bool:
+    try:
+        return bpy.data.images.get(PLOT_IMAGE) is not None
+    except AttributeError:  # Blender's data is out of reach (a job cancelled by a file load)
+        return False
 
 
 def post_register():

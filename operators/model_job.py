@@ -21,6 +21,7 @@ from ..models.job import FamilyJob
 from ..runtime.errors import LeanImageError
 from . import image_io, prefs, sources
 from .jobs import Job, WorkerOperator
+from .options import path_options
 
 
 @dataclass
@@ -48,12 +49,14 @@ class ModelOperatorProperties:
         name="Image File",
         description="Image file to process. Empty: the Image Editor's image, else the active Image Texture node",
         subtype="FILE_PATH",
+        options=path_options(),
         default="",
     )
     output_path: StringProperty(
         name="Save Result To",
         description=f"Also save the result image here ({file_formats.BLENDER_WRITER.advice()}), written all-or-nothing",
         subtype="FILE_PATH",
+        options=path_options(),
         default="",
     )
     model_id: StringProperty(
@@ -65,6 +68,7 @@ class ModelOperatorProperties:
         name="Model File",
         description="Path of an ONNX model file to use instead of a catalog model",
         subtype="FILE_PATH",
+        options=path_options(),
         default="",
     )
     overwrite: BoolProperty(

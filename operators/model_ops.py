@@ -19,6 +19,7 @@ from ..runtime import get_runtime
 from ..runtime.errors import LeanImageError
 from . import prefs
 from .jobs import Job, WorkerOperator, downloads, manager
+from .options import path_options
 
 # Cancel is checked between chunks: small enough that Esc answers quickly on a slow line.
 DOWNLOAD_CHUNK_SIZE = 256 * 1024
@@ -149,8 +150,7 @@ class LEAN_IMAGE_AI_OT_remove_model(bpy.types.Operator):
             self.report({"ERROR"}, f"{entry.title} is downloading; cancel the download first.")
             return {"CANCELLED"}
         if entry.is_user:
-            known.remove_user_model(entry.id)
-            store = library.save_catalog(known, folder)
+            store = user_models.unregister(entry.id, folder)
             self.report(
                 {"INFO"},
                 f"Unregistered {entry.title}; your file {entry.path} was left in place (list saved in {store}).",
@@ -179,8 +179,10 @@ FAMILY_ITEMS = tuple((f.id, f.title, f"A {f.title} model") for f in families.ALL
 
 
 class LEAN_IMAGE_AI_OT_register_user_model(WorkerOperator, bpy.types.Operator):
-    """Use your own ONNX file (e.g. another 4x upscaler) as a model of the chosen family; it is
-    checked against the family first (models/store/family_check.py), off the main thread"""
+    """Use your own ONNX file (e.g. another 4x upscaler) for one of the add-on's jobs; it is first
+    checked to fit that job"""
+
+    # the check is models/store/family_check.py's, run off the main thread (the docstring is the tooltip)
 
     bl_idname = "lean_image_ai.register_user_model"
     bl_label = "Register ONNX Model"
@@ -192,7 +194,7 @@ class LEAN_IMAGE_AI_OT_register_user_model(WorkerOperator, bpy.types.Operator):
 
     family: EnumProperty(name="Family", items=FAMILY_ITEMS, default="upscale")
     # SKIP_SAVE: a remembered path would skip the file browser on the next use
-    filepath: StringProperty(name="ONNX File", subtype="FILE_PATH", options={"SKIP_SAVE"})
+    filepath: StringProperty(name="ONNX File", subtype="FILE_PATH", options=path_options("SKIP_SAVE"))
     filter_glob: StringProperty(default="*.onnx", options={"HIDDEN"})
 
     def invoke(self, context, event):

@@ -5,12 +5,27 @@ ui/settings.py) hold the same ones. Functions, not shared objects: Blender needs
 definition per class.
 """
 
+import bpy
 from bpy.props import BoolProperty, FloatProperty, IntProperty
 
 from ..models import families
 from ..models.family import Family, Option
 
 _KINDS = {bool: BoolProperty, int: IntProperty, float: FloatProperty}
+
+
+# Blender 4.5+ warns about a "//" value in a path property that does not declare it resolves it
+# (all of ours do, through bpy.path.abspath); older versions have no such option and refuse it.
+_BLEND_RELATIVE = (
+    {"PATH_SUPPORTS_BLEND_RELATIVE"}
+    if "is_path_supports_blend_relative" in bpy.types.Property.bl_rna.properties
+    else set()
+)
+
+
+def path_options(*others: str) -> set[str]:
+    """``options`` of a file or folder path property: accepts ``//`` where Blender can say so."""
+    return {*_BLEND_RELATIVE, *others}
 
 
 def blender_property(option: Option):

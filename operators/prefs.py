@@ -14,6 +14,7 @@ from ..models.job import FamilyJob
 from ..models.store import library
 from ..runtime import get_runtime, parse_device
 from ..runtime.cuda import gpu_libraries
+from ..runtime.errors import LeanImageError
 from ..runtime.log import event_file
 from ..runtime.paths import ADDON_ROOT
 from ..runtime.providers import DEVICE_BY_KIND, DEVICES, RELEASE_RULES, release_rule
@@ -86,7 +87,8 @@ def _migrate_old_default(folder: Path) -> None:
     _migrated.add(str(old))
     left = library.migrate_models(old, folder)
     if left:
-        print(f"Lean Image AI: models moved to {folder}; already there, so left in {old}: {', '.join(left)}")
+        note = old / library.MIGRATED_NOTE
+        print(f"Lean Image AI: models moved to {folder}; left in {old} (why: {note}): {', '.join(left)}")
 
 
 def device_string(prefs) -> str:
@@ -128,22 +130,35 @@ def configure_runtime(context) -> tuple[str, MemoryBudgets]:
 
 
 def family_job(context, owner, family_id: str) -> FamilyJob:
-    """The family job (models/job.py) of an operator: its Model (an id or a file: one rule) or
-    Model File, its option values, and the preferences' device and budgets, applied to the runtime.
-    Main thread: a model file never hashed is hashed by the job's first run, on the worker."""
+    """The family job (models/job.py) of an operator: its Model (a catalog id, never a path: files
+    go in Model File) or Model File, its option values, and the preferences' device and budgets,
+    applied to the runtime. Main thread: a model file never hashed is hashed by the job's first
+    run, on the worker."""
+    model_id = checked_model_id(getattr(owner, "model_id", ""))
     device, job_budgets = configure_runtime(context)
     family = families.get(family_id)
     model_path = getattr(owner, "model_path", "")
     return FamilyJob.resolve(
         family.id,
         models_folder(context),
-        model=getattr(owner, "model_id", ""),
+        model=model_id,
         model_path=str(sources.absolute_path(model_path)) if model_path else "",
         values={o.name: getattr(owner, o.name) for o in family.options},
         device=device,
         budgets=job_budgets,
         verify=False,
     )
+
+
+def checked_model_id(model_id: str) -> str:
+    """``model_id`` if it can be a catalog id. One with a folder separator is refused here: looked
+    up as a file it would be answered as a missing file, in words about another property."""
+    if "/" in model_id or "\\" in model_id:
+        raise LeanImageError(
+            f"'{model_id}' is not a model id (ids have no '/' or '\\'). Use an id from the model "
+            "list in the preferences or `python -m lean_image_ai models list`; for an ONNX file use Model File."
+        )
+    return model_id
 
 
 def user_folder(name: str) -> Path:

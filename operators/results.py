@@ -1,5 +1,7 @@
 """What the model operators make in Blender (bpy, main thread): images like the source, saved
-results, meshes, linked objects, and the removal of all of it when a later step fails.
+results (each kept in the .blend: reading the file it was saved to, else packed, so save/reopen
+and undo/redo keep its pixels), the result shown in the Image Editor that showed the source,
+meshes, linked objects, and the removal of all of it when a later step fails.
 """
 
 import contextlib
@@ -9,7 +11,7 @@ import bpy
 import numpy as np
 
 from ..models import file_formats, products, result_images
-from . import image_io
+from . import image_io, sources
 
 
 def new_image_like(name: str, straight: np.ndarray, info: image_io.ImageInfo):
@@ -28,13 +30,71 @@ def new_image_like(name: str, straight: np.ndarray, info: image_io.ImageInfo):
     return image_io.array_to_new_image(name, array, float_buffer=info.is_float, colorspace=colorspace)
 
 
-def save_output(image, output: tuple[Path, str] | None) -> str:
-    """Save ``image`` to the job's output (if any); returns a note for the report."""
-    if not output:
-        return ""
-    path, file_format = output
-    image_io.save_image_atomically(image, path, file_format)
-    return f"; saved {path}"
+def save_output(image, output: tuple[Path, str] | None, *, in_place: bool = False) -> str:
+    """Save ``image`` to the job's output (if any) and keep it in the .blend (:func:`keep`): it
+    reads from that file if the file holds its pixels, else it is packed. A source edited
+    ``in_place`` keeps its own file and users: its new pixels are packed. Returns a note for the
+    report."""
+    path = None
+    if output:
+        path, file_format = output
+        image_io.save_image_atomically(image, path, file_format)
+    refer = path is not None and not in_place and _file_holds_pixels(image, file_format)
+    keep(image, path if refer else None, result=not in_place)
+    return f"; saved {path}" if path else ""
+
+
+# Formats that give back exactly what a result image holds (byte images: 8 bits a channel,
+# alpha kept; float images: EXR), so the datablock can read its pixels from the file.
+_EXACT_BYTE_FORMATS = frozenset({"PNG", "TIFF"})
+
+
+def _file_holds_pixels(image, file_format: str) -> bool:
+    if image.is_float:
+        return file_format in file_formats.EXR_BLENDER_FORMATS
+    return file_format in _EXACT_BYTE_FORMATS
+
+
+def keep(image, path: Path | None = None, *, result: bool = True) -> None:
+    """Make a result survive save, reopen, undo and redo: read from the file it was saved to
+    (``path``, ``//``-relative when the .blend is saved and Relative Paths is on), else packed
+    into the .blend (a generated image's pixels live only in memory: undo's memfile and a saved
+    .blend keep none). A fake user keeps a ``result`` when no editor or material shows it."""
+    if result:
+        image.use_fake_user = True
+    if path is None:
+        # said before packing, as versions differ in what they pick: floats as full-float EXR
+        image.file_format = "OPEN_EXR" if image.is_float else "PNG"
+        image.use_half_precision = False
+        if not image.is_dirty:  # an older Blender's save re-pointed it at a file: pack the pixels
+            buffer = np.empty(len(image.pixels), np.float32)
+            image.pixels.foreach_get(buffer)
+            image.pixels.foreach_set(buffer)
+        image.pack()
+        return
+    # set explicitly, whatever Image.save did to the datablock (4.2 could leave a FILE image
+    # without a path)
+    image.filepath_raw = sources.blend_path(path)
+    image.source = "FILE"
+    image.reload()
+
+
+def show(context, source, image) -> None:
+    """The Image Editors that showed ``source`` show ``image``; ``source`` stays one click away
+    in the image browser (with a fake user when the editor was its only user, so a save keeps it)."""
+    if source is None or source == image:
+        return
+    space = getattr(context, "space_data", None)
+    screen = getattr(context, "screen", None)
+    spaces = [space] if getattr(space, "type", "") == "IMAGE_EDITOR" else []
+    spaces += [a.spaces.active for a in getattr(screen, "areas", ()) if a.type == "IMAGE_EDITOR"]
+    shown = False
+    for editor in spaces:
+        if editor.image == source:
+            editor.image = image
+            shown = True
+    if shown and source.users == 0:
+        source.use_fake_user = True
 
 
 class Created:

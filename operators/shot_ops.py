@@ -45,9 +45,11 @@ def _frames(owner, frames: range | None) -> list:
 def _source_properties() -> dict:
     return {
         "image_name": StringProperty(name="Image", description="An Image datablock whose source is an image sequence"),
-        "source": StringProperty(name="Frames From", description="A folder or a numbered pattern (shot_####.png)", subtype="FILE_PATH"),
+        "source": StringProperty(name="Frames From", description="A folder or a numbered pattern (shot_####.png)", subtype="FILE_PATH",
+                                 options=options.path_options()),
         "model_id": StringProperty(name="Model", description="Catalog model id. Empty: the first installed model"),
-        "model_path": StringProperty(name="Model File", description="An ONNX file instead of a catalog model", subtype="FILE_PATH"),
+        "model_path": StringProperty(name="Model File", description="An ONNX file instead of a catalog model", subtype="FILE_PATH",
+                                     options=options.path_options()),
     }
 
 
@@ -67,7 +69,9 @@ def _frame_texture(path, created):
     image already in the file, the user's, is reused and never removed)."""
     known = {image.as_pointer() for image in bpy.data.images}
     texture = image_io.load_image_file(str(path), check_existing=True)
-    return texture if texture.as_pointer() in known else created.add(bpy.data.images, texture)
+    if texture.as_pointer() in known:
+        return texture
+    return created.add(bpy.data.images, sources.store_relative(texture))
 
 
 @options.with_properties({**options.family_properties(moge2.FAMILY), **_source_properties(), **shot_props.shot_properties()})
@@ -136,19 +140,15 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
 
     def finish(self, context, job: Job):
         report, made = job.inputs.report, job.inputs.made
-        if report.cancelled or job.state == "failed":  # the frames made so far go again: nothing half-done stays
+        for warning in dict.fromkeys(report.warnings):
+            self.report({"WARNING"}, warning)
+        cancelled = report.cancelled or job.state == "cancelled"
+        whole = len(report.written) == report.total and not report.failed and job.state != "failed"
+        if cancelled or not whole or not made.objects:  # all or nothing: the frames made so far go
             for created in reversed(made.created):  # objects, actions, materials, meshes, textures this job made
                 created.remove_all()
             made.objects.clear()
-        for warning in dict.fromkeys(report.warnings):
-            self.report({"WARNING"}, warning)
-        if report.cancelled or job.state == "cancelled":  # what the user asked for: a warning, not an error
-            self.report({"WARNING"}, job.error_text or f"{self.job_title} was cancelled; nothing was changed.")
-            return {"CANCELLED"}
-        if not made.objects:
-            failed = "; ".join(f"frame {n}: {e}" for n, e in report.failed[:3])
-            self.report({"ERROR"}, job.error_text or f"No frame gave a mesh. {failed}")
-            return {"CANCELLED"}
+            return self._nothing_added(job, report, cancelled)
         scene = context.scene
         collection = getattr(context, "collection", None) or scene.collection
         for obj in made.objects:
@@ -159,12 +159,31 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
             collection.objects.link(camera)
         scene.camera = camera
         scene.render.resolution_y, scene.render.resolution_x = made.size
-        numbers = [r for r in report.written]
-        scene.frame_start, scene.frame_end = min(numbers), max(numbers)
+        scene.frame_start, scene.frame_end = min(report.written), max(report.written)
         line = getattr(job.inputs, "shot_line", "")
         self.report({"INFO"}, f"{len(made.objects)} frame mesh(es) and one camera '{camera.name}' "
                     f"({np.degrees(made.fov_x):.2f} deg){'; ' + line if line else ''}; {report.summary()}")
-        return {"CANCELLED"} if report.failed or report.cancelled else {"FINISHED"}
+        return {"FINISHED"}
+
+    def _nothing_added(self, job: Job, report, cancelled: bool) -> set:
+        """The outcome of a shot that left the scene as it was: a WARNING when cancelled, else an
+        ERROR that numbers every failed frame (each also in a WARNING with its error)."""
+        if cancelled:
+            job.state, job.error_text = "cancelled", job.error_text or f"{self.job_title} was cancelled; nothing was changed."
+            self.report({"WARNING"}, job.error_text)
+            return {"CANCELLED"}
+        if report.failed:
+            problem = f"{batch_ops.report_failed_frames(self, report)}. Fix those frames or leave them out (Frames), then run again"
+        elif job.state == "failed" and job.error_text:
+            problem = job.error_text
+        else:
+            problem = f"{report.summary()} (a bug: the console has more)"
+        job.state = "failed"
+        job.error_text = (
+            f"{self.job_title} added nothing, as a shot is made whole or not at all. {problem.rstrip('.')}."
+        )
+        self.report({"ERROR"}, job.error_text)
+        return {"CANCELLED"}
 
 
 def preview_product(family_id: str, result, shot) -> products.ImageProduct:

@@ -27,6 +27,8 @@ def shot_properties() -> dict:
         ),
         "shot_camera": EnumProperty(
             name="Camera",
+            description="The lens of the meshes' camera: fitted on each frame, or one for the whole shot "
+            "(a steady field of view, for a shot filmed without zooming)",
             items=[
                 (shot_camera.PER_FRAME, "Per Frame", "Each frame fits its own focal length"),
                 (shot_camera.SHOT, "One for the Shot", "A first pass fits one focal length (median over the frames)"),

@@ -64,6 +64,33 @@ def absolute_path(text: str) -> Path:
     return path if path.is_absolute() else Path.cwd() / path
 
 
+def blend_path(path) -> str:
+    """How the .blend stores ``path``: ``//``-relative when the .blend is saved and Relative Paths
+    is on (moving the project folder keeps it), else absolute (also on another Windows drive)."""
+    path = os.fspath(path)
+    preferences = getattr(bpy.context, "preferences", None)
+    relative = getattr(getattr(preferences, "filepaths", None), "use_relative_paths", True)
+    if not (bpy.data.filepath and relative):
+        return path
+    try:
+        return bpy.path.relpath(path)
+    except ValueError:
+        return path
+
+
+def store_relative(image):
+    """``image`` (just loaded by the add-on) with its path stored as :func:`blend_path` says;
+    no reload: the pixels stay."""
+    path = image.filepath_raw
+    if path and not path.startswith("//"):
+        image.filepath_raw = blend_path(path)
+    return image
+
+
+def _loaded(image) -> Source:
+    return Source(store_relative(image), True, image_stem(image))
+
+
 def resolve_source(context, filepath: str) -> Source:
     """The image the operator works on (see module doc); InvalidImageError when there is none.
     An image sequence gives the frame at the scene's current frame (else its own file)."""
@@ -73,7 +100,7 @@ def resolve_source(context, filepath: str) -> Source:
             raise InvalidImageError(f"'{path}' is a folder, not an image file; {SEQUENCE_HINT}.")
         before = set(bpy.data.images)
         image = image_io.load_image_file(path, check_existing=True)
-        return Source(image, image not in before, image_stem(image))
+        return _loaded(image) if image not in before else Source(image, False, image_stem(image))
     image = _editor_image(context) or _texture_node_image(context)
     if image is None:
         raise InvalidImageError(NO_SOURCE_MESSAGE)
@@ -92,7 +119,7 @@ def _sequence_frame(context, image) -> Source:
         path = frame_lists.frame_path(numbered[0], frame)
     before = set(bpy.data.images)
     loaded = image_io.load_image_file(path, check_existing=False)
-    return Source(loaded, loaded not in before, image_stem(loaded))
+    return _loaded(loaded) if loaded not in before else Source(loaded, False, image_stem(loaded))
 
 
 def remove_image_later(image) -> Callable[[], None]:
@@ -130,6 +157,6 @@ def output_target(output_path: str, *, family_id: str, source_file: str = "", ov
         raise LeanImageError(f"Cannot save to '{path}': the folder '{path.parent}' is not writable.")
     if source_file and path.exists() and os.path.samefile(path, absolute_path(source_file)):
         raise LeanImageError(f"Cannot save to '{path}': it is the input image. Choose another name.")
-    if path.exists() and not overwrite:
+    if os.path.lexists(path) and not overwrite:  # a symbolic link there too, dangling or not
         raise LeanImageError(f"'{path}' exists. Set overwrite=True to replace it, or choose another name.")
     return path, file_format

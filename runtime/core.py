@@ -398,12 +398,14 @@ class Runtime:
             return LIBRARY_RAM.get("bytes")
         return self._cuda_floor.get(gpu_device_id)
 
-    def weights(self, figure: str, gpu_device_id: int | None = None) -> tuple[int, int]:
-        """(approximate weights bytes, session count) of the cached sessions in one figure."""
+    def weights(self, figure: str, gpu_device_id: int | None = None) -> tuple[int, int, int]:
+        """(weights bytes read from the model files, the sessions' own state in RAM, session
+        count) of the cached sessions in one figure."""
         handles = [
             h for h in self.cached_sessions() if figure == "ram" or h.gpu_device_id == gpu_device_id
         ]
-        return sum(h.weights_bytes(figure) for h in handles), len(handles)
+        state = sum(h.session_state_bytes(figure) for h in handles) if figure == "ram" else 0
+        return sum(h.weights_bytes(figure) for h in handles), state, len(handles)
 
     def operation(self, name: str, *, cancel=None) -> Operation:
         return Operation(self, name, cancel=cancel)

@@ -1,5 +1,19 @@
 """Error types a user can read. Each message says what happened and what to do next."""
 
+import re
+
+# C0/C1 controls, lone surrogates (undecodable bytes of a file name), line separators and the
+# bidirectional overrides: in a name they retitle or recolour a terminal, split a line, or make
+# it read backwards; the JSON line escapes the same way
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text) -> str:
+    """``text`` (a name, a path, a message quoting one) for a terminal line: every control
+    character escaped as JSON writes it (``\\n``, ``\\u001b``), the rest unchanged."""
+    return _UNPRINTABLE.sub(lambda m: _SHORT.get(m.group(), f"\\u{ord(m.group()):04x}"), str(text))
+
 
 def first_line(exc: BaseException) -> str:
     """An exception as one short line for a message (ORT's texts run to many lines)."""

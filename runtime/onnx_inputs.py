@@ -52,3 +52,38 @@ def all_inputs_static(path) -> bool:
     except (OSError, ValueError, IndexError):
         return False
     return bool(shapes) and all(s is not None and all(d is not None for d in s) for s in shapes)
+
+
+def _external_length(buf, tensor) -> int:
+    """The ``length`` an external-data tensor names (TensorProto.external_data, 13); 0 without."""
+    for number, wire, span in fields(buf, *tensor):
+        if number == 13 and wire == LEN:
+            entry = {n: bytes(buf[v[0] : v[1]]) for n, w, v in fields(buf, *span) if w == LEN}
+            if entry.get(1) == b"length" and entry.get(2, b"").isdigit():
+                return int(entry[2])
+    return 0
+
+
+def _tensor_bytes(buf, tensor) -> int:
+    return (tensor[1] - tensor[0]) + _external_length(buf, tensor)
+
+
+def weights_bytes(path) -> int:
+    """Bytes of the weights a model file holds: its initializers (in the file, or the length
+    its external data names) and its Constant nodes' tensors. What the report calls the model's
+    weights: a measured RSS growth on load is the session's whole cost, not its weights."""
+    total = 0
+    with open(Path(path), "rb") as fh:
+        if not fh.seek(0, 2):
+            return 0
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            graph = first(buf, 7)  # ModelProto.graph
+            for number, wire, span in fields(buf, *graph) if graph else ():
+                if number in (5, 15) and wire == LEN:  # GraphProto.initializer, sparse_initializer
+                    total += _tensor_bytes(buf, span)
+                elif number == 1 and wire == LEN:  # a NodeProto: a Constant's value is a weight too
+                    node = list(fields(buf, *span))
+                    op = next((bytes(buf[v[0] : v[1]]) for n, w, v in node if n == 4 and w == LEN), b"")
+                    if op == b"Constant":
+                        total += sum(v[1] - v[0] for n, w, v in node if n == 5 and w == LEN)
+    return total

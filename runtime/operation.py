@@ -20,6 +20,7 @@ from .measure.budget import JobBudget, elements, remember_working
 from .measure.memory import gpu_snapshot, memory_snapshot, trim_process_heap
 from .measure.memory_report import format_job_memory, job_figures, mb
 from .measure.timeline import Timeline, figures
+from .measure.unfinished import unfinished_bytes
 from .oom import out_of_memory_resource
 from .providers import CPU, CUDA, KEEP, RELEASE_RULES, SHRINK_CONFIG_KEY, UNLOAD, parse_device, release_rule
 from .session import LIBRARY_RAM, SessionHandle, onnxruntime_module
@@ -279,7 +280,7 @@ class Operation:
             self.runtime.deferred.job_ended(owes_release=self._owes_cpu_release)
         self._dirty.clear()
         self._unload_by_rule(held)
-        self._report_memory(outcome)
+        self._report_memory(outcome, unfinished_bytes(tb) if exc is not None else 0)
         self.runtime.events.emit(
             "operation_end",
             operation=self.name,
@@ -294,7 +295,7 @@ class Operation:
         them as their own line, apart from what the runtime kept (models/base.py ResultSink)."""
         self._results_held = held
 
-    def _report_memory(self, outcome: str) -> None:
+    def _report_memory(self, outcome: str, unfinished: int = 0) -> None:
         """The job's memory report: a `job_memory` event, `self.memory`, the runtime's last job."""
         try:
             gpu = next((h.gpu_device_id for h in self._used.values() if h.gpu_device_id is not None), None)
@@ -303,7 +304,7 @@ class Operation:
             rows = []
             results = self._results_held() if self._results_held is not None else 0
             for key in ("ram", "vram") if gpu is not None else ("ram",):
-                weights, count = self.runtime.weights(key, gpu)
+                weights, session_state, count = self.runtime.weights(key, gpu)
                 rows.append(
                     job_figures(
                         key,
@@ -312,9 +313,9 @@ class Operation:
                         peak=self.timeline.peak(key),
                         after=after.get(key),
                         library=self.runtime.library_floor(key, gpu),
-                        weights=weights,
+                        weights=weights, session_state=session_state,
                         cached_sessions=count,
-                        results=results,
+                        results=results, unfinished=unfinished,
                     )
                 )
             library = LIBRARY_RAM.get("at", 0) >= self._started_at
@@ -336,8 +337,8 @@ class Operation:
             remember_working(self.runtime, job)
             self.memory = job
             self.runtime.last_job_memory = job
-            # named, so the picture (memory_plot.py) can say which job on which device
-            self.runtime.last_timeline = {**self.timeline.as_dict(), "operation": self.name, "devices": job["devices"], "outcome": outcome}
+            # named, so the picture (memory_plot.py) can say which job on which device, with the report's own peaks
+            self.runtime.last_timeline = {**self.timeline.as_dict(), "operation": self.name, "devices": job["devices"], "outcome": outcome, "peaks": {f["figure"]: f["peak"] for f in rows}}
             self.runtime.events.emit("job_memory", **job)
         except Exception as exc:  # a report must never break the job
             self.timeline.stop()

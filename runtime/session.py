@@ -12,6 +12,7 @@ from typing import TypeVar
 import numpy as np
 
 from .measure.memory import process_rss_bytes
+from .onnx_inputs import weights_bytes
 from .providers import CPU, CUDA, DEVICE_BY_KIND, DeviceRequest, describe_providers, release_rule, shrink_spec
 
 LIBRARY_RAM: dict = {}
@@ -115,15 +116,22 @@ class SessionHandle:
             self.file_bytes = model_path.stat().st_size
         except OSError:
             self.file_bytes = 0
+        try:  # what the file holds as weights; its size when it cannot be read as ONNX
+            self.model_weights = weights_bytes(model_path)
+        except (OSError, ValueError, IndexError):
+            self.model_weights = self.file_bytes
 
     def weights_bytes(self, figure: str) -> int:
-        """Approximate weights in one figure: on the GPU the file size (weights sit outside the
-        arena), in RAM what loading it added to RSS."""
-        if figure == "vram":
-            return self.file_bytes if self.gpu_device_id is not None else 0
-        if self.gpu_device_id is not None:
-            return 0
-        return max(0, int(self.load_growth.get("ram") or 0))
+        """The model's weights (from the file: its initializers and constants) in the figure they
+        live in: VRAM for a CUDA session, RAM otherwise. Never what loading measured: that is the
+        session's whole cost (onnxruntime's per-session state too), see :meth:`session_state_bytes`."""
+        on_gpu = self.gpu_device_id is not None
+        return self.model_weights if on_gpu == (figure == "vram") else 0
+
+    def session_state_bytes(self, figure: str) -> int:
+        """What loading added beyond the weights (onnxruntime's graph, kernels and their buffers)."""
+        grown = int(self.load_growth.get(figure) or 0)
+        return max(0, grown - self.weights_bytes(figure))
 
     @property
     def device_label(self) -> str:

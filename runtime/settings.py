@@ -39,6 +39,12 @@ def machine_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def quoted(value, limit: int = 40) -> str:
+    """``value`` as a message quotes it, a long one cut (a 5000-digit value is not a message)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(str(value))} characters)"
+
+
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -47,7 +53,7 @@ def _bytes_or_none(name: str, value) -> None:
     if value is None:
         return
     if not _is_int(value) or not 1 <= value <= MAX_BYTES:
-        raise SettingError(f"{name}={value!r}: give a whole number of bytes from 1 to {MAX_BYTES} (2**50), or None for no limit.")
+        raise SettingError(f"{name}={quoted(value)}: give a whole number of bytes from 1 to {MAX_BYTES} (2**50), or None for no limit.")
 
 
 def check_release_delay(name: str, value) -> float:
@@ -55,21 +61,22 @@ def check_release_delay(name: str, value) -> float:
     ok = (_is_int(value) or isinstance(value, float)) and math.isfinite(value) and 0 <= value <= MAX_RELEASE_DELAY_S
     if not ok:
         raise SettingError(
-            f"{name}={value!r}: give the seconds without a job before RAM goes back, "
+            f"{name}={quoted(value)}: give the seconds without a job before RAM goes back, "
             f"from 0 (at each job's end) to {MAX_RELEASE_DELAY_S:.0f} (a day)."
         )
     return float(value)
 
 
 def budget_bytes(name: str, value) -> int | None:
-    """A memory budget given in MB (the unit of the preferences, the command-line flags and the
+    """A memory budget given in MiB (the unit of the preferences, the command-line flags and the
     environment variables): a whole number from 0 (no limit: None) to MAX_BUDGET_MB; text is read
     as decimal digits only. Returns bytes."""
     text = value.strip() if isinstance(value, str) else None
-    if text is not None and re.fullmatch(r"[0-9]+", text):
+    # more digits than the largest budget has is out of range: int() of thousands of digits raises
+    if text is not None and re.fullmatch(r"[0-9]+", text) and len(text.lstrip("0")) <= len(str(MAX_BUDGET_MB)):
         value = int(text)
     if not _is_int(value) or not 0 <= value <= MAX_BUDGET_MB:
-        raise SettingError(f"{name}={value!r}: give a whole number of MB from 0 (no limit) to {MAX_BUDGET_MB}.")
+        raise SettingError(f"{name}={quoted(value)}: give a whole number of MiB from 0 (no limit) to {MAX_BUDGET_MB}.")
     return value << 20 if value else None
 
 
@@ -168,7 +175,7 @@ def env_flag(name: str, default: bool) -> bool:
         return True
     if text in FALSE_WORDS:
         return False
-    raise SettingError(f"{name}={os.environ[name]!r}: give 1 or 0 (also true/false, yes/no, on/off).")
+    raise SettingError(f"{name}={quoted(os.environ[name])}: give 1 or 0 (also true/false, yes/no, on/off).")
 
 
 def release_delay_from_environment() -> float:

@@ -129,6 +129,25 @@ def test_skip_existing_resumes_and_failed_frames_are_reported(tmp_path, models):
     assert sorted(p.name for p in out.iterdir()) == ["u_0001.png", "u_0002.png", "u_0003.png", "u_0005.png", "u_0006.png"]
 
 
+def test_every_failed_frame_is_named_at_warning_or_error_level(tmp_path, models, capfd):
+    """Issue 32 item 4: four damaged frames of six; the ERROR gave three and '(and 1 more)', so
+    frame 5 was named nowhere. Now the first three come with their errors, the rest numbered, each
+    with its error in a WARNING; nothing is left in bpy.data."""
+    write_sequence(tmp_path / "in", count=6)
+    for n in (2, 3, 4, 5):
+        (tmp_path / "in" / f"plate_{n:04d}.png").write_bytes(b"not an image")
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match=r"2 written, 0 skipped, 4 failed of 6.*Failed: frame 2: .*; frame 3: .*; "
+                       r"frame 4: .*; and 1 more \(frames 5: their errors are the warnings above\)"):
+        bpy.ops.lean_image_ai.process_sequence(
+            family="upscale", source=str(tmp_path / "in"), output=str(out / "u_####.png"), model_path=str(models["upscale"])
+        )
+    said = capfd.readouterr().out
+    assert "Warning: Frame 5 failed: Blender cannot read" in said and "Warning: Frame 2 failed" not in said  # each once
+    assert list(bpy.data.images) == []
+    assert sorted(p.name for p in out.iterdir()) == ["u_0001.png", "u_0006.png"]
+
+
 def test_skip_existing_leaves_a_frame_another_task_is_computing(tmp_path, models):
     """A frame claimed by another process (models/batch/frame_claims.py; flock conflicts between
     two opens in one process too) is skipped, as on the command line; the run's own claims go."""
@@ -226,8 +245,34 @@ def test_farm_script_processes_a_range_and_exits_non_zero_on_a_failed_frame(tmp_
     assert sorted(p.name for p in out.iterdir()) == [f"plate_depth_{n:04d}.exr" for n in (2, 3, 4)]
     (tmp_path / "in" / "plate_0005.png").write_bytes(b"broken frame")
     done = run_farm_script("depth", pattern, str(out) + "/", "--skip-existing", "--model-path", str(models["da3"]), cwd=tmp_path)
-    assert done.returncode == 1 and "frame 5" in done.stderr and "Traceback" not in done.stderr
+    said = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in said
+    assert said.count("Failed: frame 5") == 1, said  # one line per failure, not Blender's and the script's
     assert (out / "plate_depth_0001.exr").is_file() and not (out / "plate_depth_0005.exr").exists()
+
+
+def test_farm_script_refuses_a_model_id_that_is_a_path_once(tmp_path, models):
+    write_sequence(tmp_path / "in", count=1)
+    (tmp_path / "x").write_bytes(b"not a model")  # `../../x` from the frames' folder: a file is there
+    pattern = str(tmp_path / "in" / "plate_####.png")
+    done = run_farm_script("upscale", pattern, str(tmp_path / "out") + "/", "--model-id", "../../x", cwd=tmp_path / "in")
+    said = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in said
+    assert said.count("'../../x' is not a model id") == 1, said
+    assert "model_path" not in said and "not found" not in said
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("model_id", ["../../x", "sub\\model"])
+def test_an_id_with_a_folder_separator_is_never_looked_up_as_a_file(tmp_path, model_id):
+    write_sequence(tmp_path / "in", count=1)
+    for call in (
+        lambda: bpy.ops.lean_image_ai.upscale(filepath=str(tmp_path / "in" / "plate_0001.png"), model_id=model_id),
+        lambda: bpy.ops.lean_image_ai.process_sequence(family="upscale", source=str(tmp_path / "in"), model_id=model_id),
+    ):
+        with pytest.raises(RuntimeError, match="is not a model id") as caught:
+            call()
+        assert "model_path" not in str(caught.value)
 
 
 def test_farm_script_shards_split_the_frames_and_a_retry_only_skips(tmp_path, models):

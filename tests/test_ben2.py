@@ -217,7 +217,7 @@ def test_frames_are_one_operation_and_only_the_final_run_releases(models, runtim
     assert len(factory.sessions) == 1 and runtime.sessions_created == 1
     assert session.shrink_entries[3] == "" and session.shrink_entries[4] != ""
     ends = runtime.events.recent("operation_end")
-    assert [e["operation"] for e in ends] == ["ben2", "ben2"]
+    assert [e["operation"] for e in ends] == ["remove-background", "remove-background"]
     assert [e["outcome"] for e in ends] == ["success", "success"]
 
 

@@ -33,7 +33,7 @@ def test_default_run_needs_no_input_and_no_download(tmp_path):
     # back, what stays by floor; never one "before -> after" arrow across the model load
     assert "memory of upscale (success, CPU):" in text and "process RAM (RSS, what the OS sees):" in text
     assert "bicubic_x2.onnx took " in text and "the runs grew " in text and "the release gave back " in text
-    assert "what stays (" in text and "model weights (1 cached session)" in text
+    assert "what stays (" in text and "model weights (1 cached session, as the model files hold them)" in text
     assert " -> " not in text.split("memory of upscale", 1)[1]
     assert not [p for p in tmp_path.iterdir() if p.name != "demo.png"]  # no temp files left
 
@@ -174,7 +174,7 @@ def test_every_family_on_a_folder_and_on_one_file(tmp_path, family_models, comma
     assert done.returncode == 0, done.stderr
     report = summary(done)
     assert report["command"] == command and (report["frames"], report["written"], report["failed"]) == (3, 3, [])
-    assert report["memory"]["rss_peak"] >= report["memory"]["rss_before"] > 0
+    assert report["memory"]["process_rss_peak"] >= report["memory"]["rss_before"] > 0
     name, per_frame = EXPECTED[command]
     assert (out / name).is_file() and len(list(out.iterdir())) == 3 * per_frame
     # one file, default name beside it
@@ -336,5 +336,5 @@ def test_a_single_file_is_named_by_its_path_and_a_failed_job_reports_memory_once
     assert done.returncode != 0
     assert "error: img1080.png: " in done.stderr and "frame 1080" not in done.stderr + done.stdout
     assert summary(done)["failed"][0]["input"] == str(image)
-    assert done.stdout.count("memory of moge2") == 1
+    assert done.stdout.count("memory of geometry") == 1
     assert not (tmp_path / "g.ply").exists()

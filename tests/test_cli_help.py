@@ -86,5 +86,5 @@ def test_the_tile_flags_take_auto_and_the_limits_come_from_the_family_record():
 def test_memory_figures_never_read_minus_zero():
     from lean_image_ai.runtime.measure.memory_report import format_freed, mb
 
-    assert mb(-4096) == "0 MB" and mb(-3 * 2**20) == "-3 MB" and mb(5.6 * 2**20) == "6 MB"
-    assert format_freed("Unload all", {"by": {"ram": -4096}}) == "Unload all freed process RAM 0 MB"
+    assert mb(-4096) == "0 MiB" and mb(-3 * 2**20) == "-3 MiB" and mb(5.6 * 2**20) == "6 MiB"
+    assert format_freed("Unload all", {"by": {"ram": -4096}}) == "Unload all freed process RAM 0 MiB"

@@ -103,12 +103,12 @@ def test_skip_existing_removes_stale_temp_files_of_its_own_outputs_only(tmp_path
     kill_in_write = (
         "import os, signal\n"
         "from lean_image_ai.models import files as _files\n"
-        "_replace = _files.replace_into\n"
-        "def _dying(written, target):\n"
+        "_install = _files._install\n"
+        "def _dying(made, written, target):\n"
         "    if target.name == 'o_0003.png':\n"
         "        os.kill(os.getpid(), signal.SIGKILL)\n"
-        "    _replace(written, target)\n"
-        "_files.replace_into = _dying\n"
+        "    _install(made, written, target)\n"
+        "_files._install = _dying\n"
     )
     args = ["upscale", pattern, str(out / "o_####.png"), "--device", "cpu"]
     killed = _start(args, tmp_path, prelude=kill_in_write)
@@ -133,3 +133,31 @@ def test_skip_existing_removes_stale_temp_files_of_its_own_outputs_only(tmp_path
     assert f"removed a temporary file left by an interrupted run: {left[0]}" in done.stderr
     assert not left[0].exists() and foreign.exists() and lookalike.exists() and live.exists()
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [f"o_{n:04d}.png" for n in range(1, 5)]
+
+
+def test_a_stop_at_once_while_a_model_runs_in_native_code_exits_143_not_abort(tmp_path):
+    """The second SIGTERM lands while the batch's worker thread is inside onnxruntime (held there
+    by repeating its run for seconds): the process must still end with 143, not with onnxruntime's
+    'terminate called without an active exception' (SIGABRT) from a finalising interpreter."""
+    hold_in_native_run = (
+        "import os, signal, time, onnxruntime\n"
+        "_run = onnxruntime.InferenceSession.run_with_iobinding\n"
+        "_calls = [0]\n"
+        "def _run_then_stop(self, *a, **k):\n"
+        "    _calls[0] += 1\n"
+        "    if _calls[0] != 3:\n"
+        "        return _run(self, *a, **k)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.05); os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    end = time.monotonic() + 3\n"
+        "    while time.monotonic() < end:\n"
+        "        _run(self, *a, **k)\n"
+        "onnxruntime.InferenceSession.run_with_iobinding = _run_then_stop\n"
+    )
+    out = tmp_path / "out"
+    proc = _start(["upscale", _frames(tmp_path, 6), str(out / "o_####.png"), "--device", "cpu", "--tile", "16"],
+                  tmp_path, prelude=hold_in_native_run)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr
+    assert "terminate called" not in stderr and stderr.strip().splitlines()[-1].startswith("Stopped by SIGTERM;"), stderr
+    if out.exists():
+        _check_outputs(out)

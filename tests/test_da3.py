@@ -254,7 +254,7 @@ def test_frames_are_one_operation_and_only_the_final_run_releases(models, runtim
     assert len(factory.sessions) == 1 and runtime.sessions_created == 1
     assert session.shrink_entries[3] == "" and session.shrink_entries[4] != ""
     ends = runtime.events.recent("operation_end")
-    assert [(e["operation"], e["outcome"]) for e in ends] == [("da3", "success")] * 2
+    assert [(e["operation"], e["outcome"]) for e in ends] == [("depth", "success")] * 2
 
 
 def test_cancel_after_first_frame_stops_before_the_second_run(models, runtime, factory):

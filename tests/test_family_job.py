@@ -149,7 +149,7 @@ def test_every_front_end_plans_the_same_tiles_for_the_same_budget(plate, tmp_pat
 
 @pytest.mark.parametrize("text", ["abc", "-1", "1.5", "4GB", "0x10", "1_000", " ", str(MAX_BUDGET_MB + 1), "nan"])
 def test_a_budget_is_whole_mb_within_the_preferences_limits(text):
-    with pytest.raises(SettingError, match="whole number of MB from 0"):
+    with pytest.raises(SettingError, match="whole number of MiB from 0"):
         budget_bytes("--ram-budget", text)
 
 

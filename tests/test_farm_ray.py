@@ -58,6 +58,27 @@ def test_farm_command_line_carries_the_family_options():
     assert (args.tile_size, args.workers, args.address, args.threads_per_worker) == (64, 3, "auto", 1)
 
 
+def test_an_address_where_nothing_answers_ends_in_one_line_in_bounded_time(tmp_path):
+    """Issue 33 item 9: Ray's own wait for a cluster that does not answer has no end (warnings
+    every 5 s). A loopback listener that accepts and never speaks stands in for the private
+    instance `--address auto` finds; the attempt is bounded (made short here) and said in one line."""
+    pytest.importorskip("ray")
+    import socket
+
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "in.png")
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)  # the OS completes the handshakes; nobody ever answers
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        prelude = "from lean_image_ai.ui.cli import farm_connect\nfarm_connect.CONNECT_TIMEOUT_S = 3.0"
+        done = run_cli("farm", "upscale", str(tmp_path / "in.png"), str(tmp_path / "out.png"), "--address", address,
+                       cwd=tmp_path, prelude=prelude, timeout=40)  # Ray alone waits without end
+    assert done.returncode == cli.EXIT_ERROR, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --address {address}: no Ray cluster answered within 3 s"), lines
+    assert "rpc_client" not in done.stderr and not (tmp_path / "out.png").exists()
+
+
 @pytest.mark.parametrize(
     "command, options, says",
     [

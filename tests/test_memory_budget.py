@@ -106,7 +106,7 @@ def test_lru_sessions_go_first_then_a_plain_job_is_refused(tmp_path):
     message = str(refused.value)
     assert message.startswith("Not enough memory: a 1x3x256x256 run of conv.onnx on CPU needs about ")
     # releasing gave a little back (the C heap's free pages), never the 12 MB the run needs
-    assert re.search(r"\(measured for this input size\) but only \d+ [KM]B free under the ", message), message
+    assert re.search(r"\(measured for this input size\) but only \d+ [KM]iB free under the ", message), message
     assert "this process uses" in message and message.endswith(WHAT_TO_DO)
     report = runtime.last_job_memory
     assert report["outcome"] == "over_budget" and len(runtime.events.recent("job_memory")) == reports + 1
@@ -218,7 +218,7 @@ def test_gpu_budget_refusal_names_the_nvml_figures(gpu_runtime, tmp_path):
         "unloading c.onnx (least recently used)", "unloading a.onnx (least recently used)"]
     message = str(refused.value)
     assert message.startswith("Not enough memory: loading d.onnx on cuda:0 needs about ")
-    assert f"but only 0 KB free under the {CONTEXT // MIB} MB budget (this process uses {CONTEXT // MIB} MB)" in message
+    assert f"but only 0 KiB free under the {CONTEXT // MIB} MiB budget (this process uses {CONTEXT // MIB} MiB)" in message
     assert refused.value.resource == "memory under the budget" and message.endswith(WHAT_TO_DO)
 
 

@@ -46,13 +46,13 @@ def test_the_report_splits_load_runs_release_and_floors(conv):
     text = "\n".join(report["lines"])
     assert "->" not in text and "→" not in text, "never one arrow across a model load"
     for words in ("the runs grew", "the release gave back", "what stays", "runtime/libraries",
-                  "model weights (1 cached session)", "kept by the runtime", "rest of the process",
+                  "model weights (1 cached session, as the model files hold them)", "kept by the runtime", "rest of the process",
                   "live tensors", "reserved by the runtime and given back", "the OS sees (RSS)"):
         assert words in text, words
     # the second job loads nothing: its report has no load, and the same session is counted once
     again = job(runtime, conv)
     assert again.memory["loaded_models"] == [] and again.memory["figures"][0]["loaded"] == 0
-    assert "model weights (1 cached session)" in "\n".join(again.memory["lines"])
+    assert "model weights (1 cached session, as the model files hold them)" in "\n".join(again.memory["lines"])
     # the timeline: before, one mark per run, the release, after
     labels = [label for _, label, _ in runtime.last_timeline["marks"]]
     assert labels == ["before", "run 1", "run 2", "run 3", "release", "after"]
@@ -69,7 +69,7 @@ def test_the_figures_of_a_gpu_job_from_recorded_nvml_values():
                                "loaded_models": ["da3.onnx"], "released": True, "live_output_bytes": 0,
                                "figures": [vram]})
     assert "GPU memory of this process (NVML, what the driver sees):" in lines[1]
-    assert "the driver sees (NVML) 2048 MB" in lines[-1]
+    assert "the driver sees (NVML) 2048 MiB" in lines[-1]
 
 
 def test_release_now_keeps_sessions_and_unload_all_drops_them(conv):

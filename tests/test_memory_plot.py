@@ -72,6 +72,28 @@ def test_marks_closer_than_a_pixel_stay_apart():
     assert len(mark_groups(picture, memory_plot.COLOURS["release"], timeline)) == 1
 
 
+def test_many_runs_thin_to_ticks_instead_of_a_solid_band():
+    """Issue 32 item 9: 2000 runs nudged 3 px apart filled the plot with orange; now they keep
+    their own columns (marks closer than a pixel merge) as ticks along the bottom, and the RSS
+    line stays clear above them. Few runs still get a full-height line each (the test above)."""
+    mb = 1 << 20
+    runs = 2000
+    marks = [(0.0, "before", {"ram": 100 * mb})]
+    marks += [(0.1 + i * 0.005, f"run {i + 1}", {"ram": (120 + i % 7) * mb}) for i in range(runs)]
+    marks += [(10.2, "release", {"ram": 101 * mb}), (10.3, "after", {"ram": 101 * mb})]
+    timeline = {"samples": [(5.0, {"ram": 140 * mb, "vram": None})], "marks": marks}
+    picture = memory_plot.render(timeline)
+    left, top, right, bottom = memory_plot.plot_box(timeline, picture.shape[1], picture.shape[0])
+    plot = picture[top + 1 : bottom, left + 1 : right, :3]
+    orange = (plot == memory_plot.COLOURS["run"]).all(axis=2)
+    upper = orange[: orange.shape[0] // 2]
+    assert not upper.any(), "no run mark reaches the upper half, where the lines are"
+    assert orange.mean() < 0.05, orange.mean()
+    assert orange.any(axis=0).sum() > (right - left) // 2  # the ticks span the runs' time (0.1..10.1 s)
+    assert len(mark_groups(picture, memory_plot.COLOURS["release"], timeline)) == 1
+    assert memory_plot.legend(timeline)[-1].startswith(f"marks: {runs} run(s) orange")
+
+
 def test_the_command_line_writes_the_plot(tmp_path):
     plot = tmp_path / "memory.png"
     command = [sys.executable, "-m", "lean_image_ai", "upscale", "--output", str(tmp_path / "out.png"),
@@ -89,7 +111,7 @@ def test_the_command_line_writes_the_plot(tmp_path):
 
 
 def test_the_picture_explains_itself():
-    """Axes in MB and seconds with round ticks, the title, the before/after levels and the legend,
+    """Axes in MiB and seconds with round ticks, the title, the before/after levels and the legend,
     in the picture itself (checked against the same text drawn by the built-in font)."""
     from lean_image_ai.runtime.measure.bitmap_font import draw_text, text_width
 
@@ -99,11 +121,11 @@ def test_the_picture_explains_itself():
     marks += [(2.1, "release", {"ram": 210 * mb, "vram": 150 * mb}), (2.2, "after", {"ram": 210 * mb, "vram": 150 * mb})]
     timeline = {"samples": [(1.0, {"ram": 250 * mb, "vram": 880 * mb})], "marks": marks,
                 "operation": "depth", "devices": ["CUDA:0"], "outcome": "success"}  # fmt: skip
-    assert memory_plot.title(timeline) == "memory of depth on CUDA:0 for 2.2 s - peak RSS 260 MB, VRAM 900 MB"
+    assert memory_plot.title(timeline) == "memory of depth on CUDA:0 for 2.2 s - job peak RSS 260 MiB, VRAM 900 MiB"
     assert memory_plot.nice_ticks(200, 260) == [200, 220, 240, 260]
     assert memory_plot.nice_ticks(0.0, 2.2, 6) == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
     picture = memory_plot.render(timeline)
-    for text in ("RSS, MB", "VRAM, MB", "RSS before 200 MB", "VRAM after 150 MB", "model runs (3)", "release"):
+    for text in ("RSS, MiB", "VRAM, MiB", "RSS before 200 MiB", "VRAM after 150 MiB", "model runs (3)", "release"):
         stamp = np.zeros((14, text_width(text, 2), 3), np.uint8)
         draw_text(stamp, 0, 0, text, (255, 255, 255), 2)
         on = stamp[:, :, 0] > 0

@@ -26,10 +26,10 @@ def test_a_release_that_gives_back_load_pages_reads_as_such_never_as_a_negative_
     assert figure["grew"] == figure["gave_back"] + figure["kept"] - figure["load_given_back"]
     values = [v for _, v in figure["floors"]]
     assert min(values) >= 0 and sum(values) == figure["after"]
-    assert floors(figure)["model weights (1 cached session)"] == 1612 * MB - 60 * MB  # capped at what stays
+    assert floors(figure)["model weights (1 cached session, as the model files hold them)"] == 1612 * MB - 60 * MB  # capped at what stays
     text = "\n".join(format_figures(figure, released=True))
     assert "-" not in text.replace("(RSS, what the OS sees)", "")
-    assert "of it touched while loading" in text and "the job kept 0 MB" in text
+    assert "of it touched while loading" in text and "the job kept 0 MiB" in text
 
 
 def test_results_still_held_are_their_own_line_apart_from_what_the_runtime_kept():
@@ -38,7 +38,7 @@ def test_results_still_held_are_their_own_line_apart_from_what_the_runtime_kept(
     assert figure["kept"] == 409 * MB and figure["runtime_kept"] == 29 * MB
     assert floors(figure)["results still held (the job's outputs, the caller's to drop)"] == 380 * MB
     text = "\n".join(format_figures(figure, released=True))
-    assert "the runtime kept 29 MB; results still held: 380 MB" in text
+    assert "the runtime kept 29 MiB; results still held: 380 MiB" in text
     assert sum(v for _, v in figure["floors"]) == figure["after"]
 
 

@@ -274,7 +274,7 @@ def test_model_list_shows_every_entry_with_its_actions(models_dir, catalog, tmp_
     for entry in (installed, downloadable, manual, mine):
         assert entry.title in layout.texts()
     assert "upscale  |  size unknown  |  license: MIT" in text
-    assert "ben2  |  ~219.0 MB  |  license: MIT" in text
+    assert "remove-background  |  ~208.9 MiB  |  license: MIT" in text
     assert f"download it yourself into {models_dir} as manual.onnx, or register your own ONNX" in text
     assert [c.props["model_id"] for c in layout.operators("lean_image_ai.install_model")] == ["dl"]
     removes = {c.props["model_id"]: c.text for c in layout.operators("lean_image_ai.remove_model")}

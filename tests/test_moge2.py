@@ -402,7 +402,7 @@ def test_frames_are_one_operation_and_only_the_final_run_releases(models, record
     assert len(factory.sessions) == 1
     session = factory.sessions[0]
     assert session.shrink_entries == ["", "", "cpu:0"]
-    ends = [e for e in runtime.events.recent("operation_end") if e.get("operation") == "moge2"]
+    ends = [e for e in runtime.events.recent("operation_end") if e.get("operation") == "geometry"]
     assert ends and ends[-1]["outcome"] == "success" and ends[-1]["runs"] == 3
     fractions = [f for f, _ in progress]
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
@@ -427,7 +427,7 @@ def test_cancel_before_the_second_frame(models, recorded):
             [red_image(30, 30)] * 3, models["good"], options=opts(runtime, progress=progress, cancel=cancel)
         )
     assert len(factory.sessions[0].feeds) == 1  # frame 2 never ran
-    ends = [e for e in runtime.events.recent("operation_end") if e.get("operation") == "moge2"]
+    ends = [e for e in runtime.events.recent("operation_end") if e.get("operation") == "geometry"]
     assert ends[-1]["outcome"] == "cancelled"
 
 

@@ -168,7 +168,7 @@ def test_ben2_base_is_a_matte_model_by_its_graph_and_refused_as_any_other(ben2_b
 
 def _figures_never_negative(report: dict) -> None:
     text = "\n".join(report["lines"])
-    assert not re.search(r"-\s*\d+ MB", text), text
+    assert not re.search(r"-\s*\d+ MiB", text), text
     for figure in report["figures"]:
         numbers = {k: v for k, v in figure.items() if isinstance(v, int)}
         numbers.update({label: value for label, value in figure["floors"] if value is not None})
@@ -195,5 +195,5 @@ def test_the_memory_report_on_a_real_export_holds_results_apart_and_nothing_nega
     _figures_never_negative(report)
     (ram,) = report["figures"]
     assert ram["results"] == _held_bytes(result) > 0  # DA3's depth_conf (in its extras) included
-    held = f"results still held: {round(ram['results'] / 2**20)} MB"
+    held = f"results still held: {round(ram['results'] / 2**20)} MiB"
     assert any(held in line for line in report["lines"]), report["lines"]

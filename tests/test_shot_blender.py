@@ -3,6 +3,7 @@ for the shot, Reconstruct Shot (one camera, a mesh per frame keyed to its frame)
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -108,6 +109,16 @@ def test_reconstruct_shot_makes_one_camera_and_a_mesh_per_frame(tmp_path, models
     assert not list(tmp_path.glob("**/*.ply"))  # a shot in the .blend, not files
 
 
+def test_a_shot_given_blend_relative_keeps_its_frames_relative(tmp_path, models):
+    """`//` is the saved .blend's folder; the frames the meshes show are stored `//`-relative, so
+    moving the project folder keeps them."""
+    _red_shot(tmp_path / "in")
+    bpy.ops.wm.save_as_mainfile(filepath=str(tmp_path / "shot.blend"))
+    assert bpy.ops.lean_image_ai.reconstruct_shot(source="//in", model_path=str(models["moge2"])) == {"FINISHED"}
+    frames = sorted(image.filepath_raw for image in bpy.data.images)
+    assert frames == [f"//in{os.sep}r_{n:04d}.png" for n in range(1, 5)] or frames == [f"//in/r_{n:04d}.png" for n in range(1, 5)]
+
+
 def test_cancelled_reconstruct_shot_leaves_no_data_of_its_own_and_keeps_the_users(tmp_path, models, monkeypatch):
     """Cancel after two frames: the meshes, objects, materials, textures and visibility actions it
     made are gone; an image of a frame the user had loaded before stays."""
@@ -161,3 +172,95 @@ def test_preview_frame_shows_one_frame_and_writes_nothing(tmp_path, models):
     with pytest.raises(RuntimeError, match="Frame 9 is not in the sequence"):
         bpy.ops.lean_image_ai.preview_frame(family="da3", source=str(shot), model_path=str(models["da3"]), frame=9)
     assert sorted(p.name for p in tmp_path.rglob("*")) == before  # three previews, no file written
+
+
+def test_two_frame_shots_write_both_frames_every_time(tmp_path, models):
+    """A 2-frame shot fits in the frame queue: Blender's pump used to read it whole before the
+    worker looked, and then nothing ran ('0 written ... of 2', FINISHED) in most tries."""
+    shot = write_shot(tmp_path / "in", 2, noise=False)
+    for attempt in range(20):
+        out = tmp_path / f"o{attempt}"
+        result = bpy.ops.lean_image_ai.process_sequence(
+            family="da3", source=str(shot), output=str(out / "d_####.png"), model_path=str(models["da3"]),
+            depth_range="auto-shot",
+        )
+        assert result == {"FINISHED"} and len(_greys(out)) == 2, (attempt, result)
+        before = {o.name for o in bpy.data.objects}
+        result = bpy.ops.lean_image_ai.reconstruct_shot(source=str(shot), model_path=str(models["moge2"]), shot_camera="shot")
+        made = {o.name for o in bpy.data.objects} - before
+        assert result == {"FINISHED"} and len([n for n in made if n.endswith("_geometry")]) == 2, (attempt, result, made)
+        for name in made:
+            bpy.data.objects.remove(bpy.data.objects[name])
+
+
+def _scene_state() -> dict:
+    """What a shot operator may change: every datablock list it adds to, the scene's camera,
+    frame range and resolution."""
+    scene = bpy.context.scene
+    kinds = ("objects", "meshes", "materials", "images", "actions", "cameras")
+    return {
+        **{kind: sorted(getattr(bpy.data, kind).keys()) for kind in kinds},
+        "camera": scene.camera.name if scene.camera else None,
+        "frames": (scene.frame_start, scene.frame_end),
+        "resolution": (scene.render.resolution_x, scene.render.resolution_y),
+    }
+
+
+def test_a_shot_open_in_blender_as_a_sequence_from_1001_reads_every_frame(tmp_path, models):
+    """Issue 32 item 4: with the sequence open (source SEQUENCE, the scene on frame 1, outside
+    1001-1003) frame 1001's file matched the open datablock, which is empty on frame 1, and was
+    refused as 'Blender cannot read ...'."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for n in (1001, 1002, 1003):
+        PILImage.fromarray((red_image(30, 40) * 255).astype(np.uint8)).save(folder / f"r_{n:04d}.png")
+    image = bpy.data.images.load(str(folder / "r_1001.png"))
+    image.source = "SEQUENCE"
+    assert bpy.context.scene.frame_current == 1
+    assert bpy.ops.lean_image_ai.reconstruct_shot(image_name=image.name, model_path=str(models["moge2"])) == {"FINISHED"}
+    meshes = sorted(o.name for o in bpy.data.objects if o.type == "MESH")
+    assert meshes == [f"r_{n}_geometry" for n in (1001, 1002, 1003)]
+    scene = bpy.context.scene
+    assert (scene.frame_start, scene.frame_end) == (1001, 1003)
+    textures = [i for i in bpy.data.images if i != image]
+    assert len(textures) == 3 and all(t.source == "FILE" and t.size[0] == 40 for t in textures)
+    assert image.source == "SEQUENCE"  # the user's datablock is untouched
+    out = tmp_path / "out"
+    assert bpy.ops.lean_image_ai.process_sequence(
+        family="upscale", image_name=image.name, output=str(out) + "/", model_path=str(models["upscale"])
+    ) == {"FINISHED"}
+    assert len(list(out.glob("*.png"))) == 3
+    from lean_image_ai.operators import sources
+
+    picked = sources.resolve_source(bpy.context, str(folder / "r_1001.png"))  # the single-image buttons' path
+    assert picked.image != image and tuple(picked.image.size) == (40, 30)
+
+
+def test_a_shot_with_a_damaged_frame_leaves_the_scene_as_it_was_and_names_the_frame(tmp_path, models):
+    """All or nothing: a CANCELLED Reconstruct Shot adds no mesh, camera or image and changes no
+    frame range; the failed frame is named, with its error, in an ERROR (bpy raises it)."""
+    shot = _red_shot(tmp_path / "in", count=3)
+    good = (shot / "r_0002.png").read_bytes()
+    (shot / "r_0002.png").write_bytes(good[: len(good) // 3])  # truncated
+    before = _scene_state()
+    with pytest.raises(RuntimeError, match=r"added nothing.*Failed: frame 2: Blender cannot read") as raised:
+        bpy.ops.lean_image_ai.reconstruct_shot(source=str(shot), model_path=str(models["moge2"]), shot_camera="shot")
+    assert _scene_state() == before
+    assert "r_0002.png" in str(raised.value)
+
+
+def test_a_batch_whose_model_answered_no_frame_is_never_finished(tmp_path, models, monkeypatch):
+    """'0 written ... of N' is not a success: a model side that returns without taking the frames
+    (as the 2-frame shots once did) ends in an ERROR for both shot operators, nothing added."""
+    from lean_image_ai.models.job import FamilyJob
+
+    shot = _red_shot(tmp_path / "in", count=3)
+    monkeypatch.setattr(FamilyJob, "infer", lambda self, frames, options=None: None)
+    with pytest.raises(RuntimeError, match=r"0 written, 0 skipped, 0 failed of 3.*3 frame\(s\) were neither written"):
+        bpy.ops.lean_image_ai.process_sequence(
+            family="upscale", source=str(shot), output=str(tmp_path / "o" / "u_####.png"), model_path=str(models["upscale"])
+        )
+    before = _scene_state()
+    with pytest.raises(RuntimeError, match="added nothing"):
+        bpy.ops.lean_image_ai.reconstruct_shot(source=str(shot), model_path=str(models["moge2"]))
+    assert _scene_state() == before

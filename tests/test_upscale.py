@@ -252,15 +252,19 @@ def test_one_pixel_and_empty_images(fresh_runtime):
         upscale.run(np.zeros((0, 5, 3), np.float32), options=opts(fresh_runtime))
 
 
-def test_nan_inf_and_hdr_input_are_sanitised_with_warnings(fresh_runtime):
+def test_nan_inf_and_hdr_input_are_sanitised_with_warnings(fresh_runtime, tmp_path):
     image = picture(8, 8)
     image[1, 1, 0] = np.nan
     image[2, 2, 1] = np.inf
     image[3, 3] = 4.0  # HDR highlight
     result = upscale.run(image, options=opts(fresh_runtime))
-    assert np.isfinite(result.image).all() and result.image.max() <= 1.0
+    # the embedded bicubic model is a plain resampling: the highlight keeps its value (issue 33)
+    assert np.isfinite(result.image).all() and 1.0 < result.image.max() <= 4.0
     text = " ".join(result.warnings)
-    assert "NaN/Inf" in text and "clipped" in text
+    assert "NaN/Inf" in text and "clipped" not in text
+    # a trained model takes [0, 1]: clipped, and said with what
+    trained = upscale.run(image, resize_model(tmp_path / "x2.onnx"), options=opts(fresh_runtime))
+    assert trained.image.max() <= 1.0 and "1 pixel(s) outside [0, 1]" in " ".join(trained.warnings)
 
 
 def test_bad_options_are_refused(fresh_runtime):

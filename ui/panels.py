@@ -1,44 +1,45 @@
 """The "Lean Image AI" sidebar tab (N-panel) in the Image Editor and the 3D Viewport.
 
-Both editors show the same panel and the same "Memory" sub-panel: the classes differ only in
-``bl_space_type`` and share one draw function each (:func:`draw_main`, :func:`draw_memory`).
-Drawing never raises: a section that fails shows its error as text instead.
+Both editors show the same panel, its "Memory" sub-panel and that one's "Details": the classes
+differ only in ``bl_space_type`` and share one draw function each. Drawn as an artist reads it:
+one box per task, titled once, with a labelled model menu, only the options that task's button
+uses in the current mode, and a button that names the image it will work on, disabled with the
+reason shown when it cannot run. Drawing never raises: a section that fails shows its error as
+text instead.
 """
 
-import time
+from pathlib import Path
 
 import bpy
 
 from ..models import families
-from ..operators import options, prefs, shot_props
+from ..models.adapters import shot_depth
+from ..operators import options, prefs, sources
 from ..operators.jobs import manager
-from ..runtime import get_runtime, memory_snapshot
+from ..runtime import get_runtime
 from ..runtime.log.diagnostics import onnxruntime_import_error
-from ..runtime.measure import memory_plot
-from . import preferences
+from . import panel_memory, preferences
 from . import settings as scene_settings
+from .panel_memory import cached_memory_snapshot, invalidate_memory_snapshot  # noqa: F401 (the panel's API)
 
 CATEGORY = "Lean Image AI"
-SNAPSHOT_TTL = 1.0  # seconds: NVML queries are not free and panels redraw often
+ADDON_MODULE = __package__.rpartition(".")[0]  # "lean_image_ai", or "bl_ext.<repo>.lean_image_ai"
 
-_snapshot_cache = {"at": None, "gpu": None, "snap": None}
-
-
-def cached_memory_snapshot(gpu_device_id, *, now=None) -> dict:
-    """``memory_snapshot(gpu_device_id)``, re-read at most once per :data:`SNAPSHOT_TTL`."""
-    now = time.monotonic() if now is None else now
-    cache = _snapshot_cache
-    if cache["snap"] is None or cache["gpu"] != gpu_device_id or now - cache["at"] >= SNAPSHOT_TTL:
-        cache.update(at=now, gpu=gpu_device_id, snap=memory_snapshot(gpu_device_id))
-    return cache["snap"]
-
-
-def invalidate_memory_snapshot() -> None:
-    _snapshot_cache.update(at=None, gpu=None, snap=None)
-
-
-def _mb(value) -> str:
-    return "n/a" if value is None else f"{value / 2**20:.0f} MB"
+# Each box's title (what the task is) and its button (what it does, to which image): the two
+# never say the same words. A family added from outside gets its title and "<action>: <image>".
+HEADINGS = {"ben2": "Background Removal", "da3": "Depth", "moge2": "3D Geometry", "upscale": "Super-Resolution"}
+BUTTONS = {
+    "ben2": "Remove Background from {}",
+    "da3": "Estimate Depth of {}",
+    "moge2": "Reconstruct {} in 3D",
+    "upscale": "Upscale {}",
+}
+NO_IMAGE = {
+    "IMAGE_EDITOR": "Open an image in this editor first",
+    "VIEW_3D": "Select an object whose active Image Texture node has an image",
+}
+NO_FRAMES = "Give Frames From, or open an image sequence in the Image Editor"
+NO_MODEL = "No model installed"
 
 
 def _operator(layout, idname, *, text, icon, **props):
@@ -89,68 +90,112 @@ def _draw_actions(layout, context) -> None:
         preferences.wrapped_labels(layout, problem, width=60, icon="ERROR", alert=True)
     col = layout.column()
     col.enabled = not _job_busy() and not problem  # one job at a time; the operator refuses a second one anyway
-    col.prop(s, "use_sequence", icon="SEQUENCE")
+    box = col.box()  # the checkbox is the box's title
+    box.prop(s, "use_sequence", icon="SEQUENCE")
     if s.use_sequence:
-        box = col.box()
         for name in ("sequence_source", "sequence_frames", "sequence_output", "skip_existing"):
             box.prop(s, name)
-        for name in shot_props.NAMES:  # the shot: one depth range, aligned depth, one camera
-            box.prop(s, name)
     for family in families.ALL:
-        box = col.box()
-        box.label(text=family.action, icon=family.icon)
-        box.prop(s, f"{family.id}_model", text="")
-        values = {option.name: getattr(s, option.name) for option in family.options}
-        for name in values:
-            box.prop(s, name)
-        model_id, model_path = scene_settings.selected_model(s, family.id, context)
-        if s.use_sequence:
-            _operator(
-                box,
-                "lean_image_ai.process_sequence",
-                text=f"{family.action} (Sequence)",
-                icon=family.icon,
-                family=family.id,
-                **_sequence_source(s, context),
-                frames=s.sequence_frames,
-                output=s.sequence_output,
-                skip_existing=s.skip_existing,
-                model_id=model_id,
-                model_path=model_path,
-                **values,
-                **{name: getattr(s, name) for name in shot_props.NAMES},
-            )
-            _shot_buttons(box, s, context, family, model_id, model_path, values)
-            continue
-        if not family.operator:  # a family without a single-image operator runs on sequences only
-            box.label(text="Runs on image sequences: tick Sequence above.", icon="INFO")
-            continue
+        _draw_family(col.box(), s, context, family)
+
+
+def _draw_family(box, s, context, family) -> None:
+    """One task: its title, its model menu, the options its button uses now, the button."""
+    box.label(text=HEADINGS.get(family.id, family.title), icon=family.icon)
+    installed = scene_settings.compute_model_items(family.id, context)[0][0] != scene_settings.NONE_ID
+    if installed:
+        box.prop(s, f"{family.id}_model", text="Model")
+    sequence = s.use_sequence
+    if not sequence and not family.operator:  # a family without a single-image operator
+        box.label(text="Works on image sequences: tick Sequence above.", icon="INFO")
+        return
+    # the sequence operators never read the options about Blender data (replace, plane, camera)
+    values = {o.name: getattr(s, o.name) for o in family.options if not (sequence and o.blender_only)}
+    for name in values:
+        box.prop(s, name)
+    shot = _draw_shot_options(box, s, family) if sequence else {}
+    target, reason = _sequence_target(s, context) if sequence else _image_target(context)
+    reason = (None if installed else NO_MODEL) or reason or _shot_problem(s, shot)
+    model_id, model_path = scene_settings.selected_model(s, family.id, context)
+    common = dict(model_id=model_id, model_path=model_path, **values, **shot)
+    col = box.column(align=True)
+    col.enabled = reason is None
+    text = BUTTONS.get(family.id, family.action + ": {}").format(target or "…")
+    if sequence:
+        source = _sequence_source(s, context)
         _operator(
-            box,
-            options.operator_idname(family),
-            text=family.action,
-            icon=family.icon,
-            model_id=model_id,
-            model_path=model_path,
-            **values,
+            col, "lean_image_ai.process_sequence", text=text, icon=family.icon, family=family.id, **source,
+            frames=s.sequence_frames, output=s.sequence_output, skip_existing=s.skip_existing, **common,
         )
+        _shot_buttons(col, s, family, {**source, **common})
+    else:
+        _operator(col, options.operator_idname(family), text=text, icon=family.icon, **common)
+    if reason:
+        _why_not(box, reason)
 
 
-def _shot_buttons(box, s, context, family, model_id, model_path, values) -> None:
+def _why_not(box, reason: str) -> None:
+    row = box.row()
+    row.label(text=reason, icon="INFO")
+    if reason == NO_MODEL:
+        _operator(row, "preferences.addon_show", text="Get Models", icon="PREFERENCES", module=ADDON_MODULE)
+
+
+def _draw_shot_options(box, s, family) -> dict:
+    """The shot options of this family's sequences (depth: range and alignment; geometry: the
+    camera), drawn and returned as the operators take them."""
+    shot = scene_settings.shot_values(s)
+    names = []
+    if "depth" in family.shot:
+        box.prop(s, "depth_range")
+        if s.depth_range == shot_depth.GIVEN:
+            row = box.row(align=True)
+            row.prop(s, "depth_black")
+            row.prop(s, "depth_white")
+        box.prop(s, "align_depth")
+        names += ["depth_range", "align_depth"]
+    if "camera" in family.shot:
+        box.prop(s, "shot_camera")
+        box.prop(s, "shot_fov")
+        names += ["shot_camera", "shot_fov"]
+    return {name: shot[name] for name in names}
+
+
+def _shot_problem(s, shot: dict) -> str | None:
+    if "depth_range" in shot and s.depth_range == shot_depth.GIVEN and s.depth_black >= s.depth_white:
+        return "Black At must be nearer than White At"
+    return None
+
+
+def _shot_buttons(col, s, family, common) -> None:
     """Preview Frame (this frame, no file), and for MoGe-2 the shot as meshes under one camera."""
-    shot = {name: getattr(s, name) for name in shot_props.NAMES}
-    common = dict(**_sequence_source(s, context), model_id=model_id, model_path=model_path, **values, **shot)
-    row = box.row(align=True)
+    row = col.row(align=True)
     _operator(row, "lean_image_ai.preview_frame", text="Preview Frame", icon="HIDE_OFF", family=family.id, **common)
     if "camera" in family.shot:
         _operator(row, "lean_image_ai.reconstruct_shot", text="Reconstruct Shot", icon="CAMERA_DATA", frames=s.sequence_frames, **common)
 
 
+def _image_target(context) -> tuple[str | None, str | None]:
+    """The name of the image a single-image button will use (the operator's own rule,
+    operators/sources.py), or why there is none."""
+    image = sources._editor_image(context) or sources._texture_node_image(context)
+    if image is None:
+        space = getattr(getattr(context, "space_data", None), "type", "")
+        return None, NO_IMAGE.get(space, NO_IMAGE["VIEW_3D"])
+    return image.name, None
+
+
+def _sequence_target(s, context) -> tuple[str | None, str | None]:
+    if s.sequence_source:
+        return Path(s.sequence_source.rstrip("/\\")).name or s.sequence_source, None
+    image = sources._editor_image(context)
+    return (image.name, None) if image is not None else (None, NO_FRAMES)
+
+
 def _sequence_source(settings, context) -> dict:
     if settings.sequence_source:
         return {"source": settings.sequence_source}
-    space = getattr(context, "space_data", None)
-    image = getattr(space, "image", None) if getattr(space, "type", "") == "IMAGE_EDITOR" else None
+    image = sources._editor_image(context)
     return {"image_name": image.name} if image is not None else {}
 
 
@@ -190,89 +235,6 @@ def _draw_device(layout, context) -> None:
             preferences.wrapped_labels(box, handle.fallback_warning, width=60, icon="ERROR", alert=True)
 
 
-# ---- memory sub-panel -----------------------------------------------------------------------
-
-
-def dashboard_gpu_device_id(context=None) -> int:
-    """The GPU the dashboard watches: a loaded CUDA session's, else the preferred CUDA index."""
-    for handle in get_runtime().cached_sessions():
-        if handle.gpu_device_id is not None:
-            return handle.gpu_device_id
-    chosen = prefs.get_prefs(context)
-    return max(0, int(getattr(chosen, "cuda_device_index", 0) or 0))
-
-
-def draw_memory(layout, context) -> None:
-    preferences.draw_safely(layout, "Memory stats", _draw_memory_stats, context)
-    preferences.draw_safely(layout, "Last job's memory", _draw_last_job, context)
-    preferences.draw_safely(layout, "Sessions", _draw_sessions, context)
-
-
-def _draw_memory_stats(layout, context) -> None:
-    snap = cached_memory_snapshot(dashboard_gpu_device_id(context))
-    col = layout.column(align=True)
-    col.label(text=f"Blender process memory (RSS): {_mb(snap.get('rss_bytes'))}")
-    gpu = snap.get("gpu") or {}
-    if gpu.get("available"):
-        col.label(text=f"GPU {gpu.get('device_id', 0)}: {gpu.get('name')}")
-        col.label(
-            text=f"Used {_mb(gpu.get('used_bytes'))} of {_mb(gpu.get('total_bytes'))}, free {_mb(gpu.get('free_bytes'))}"
-        )
-        col.label(text=f"This process on the GPU: {_mb(gpu.get('process_used_bytes'))}")
-    else:
-        col.label(text=f"GPU memory: not readable here ({gpu_unavailable_reason(gpu)}); inference is unaffected")
-
-
-def gpu_unavailable_reason(gpu: dict) -> str:
-    """One readable phrase for NVML's failure (its raw error stays in the console/event log)."""
-    error = str(gpu.get("error") or "")
-    if not error:
-        return "not queried"
-    if "ModuleNotFound" in error or "No module named" in error:
-        return "nvidia-ml-py is not installed"
-    if "LibraryNotFound" in error or "NVML Shared Library Not Found" in error or "Driver Not Loaded" in error:
-        return "no NVIDIA driver"
-    return error.split(":", 1)[0] or "NVML error"
-
-
-def _draw_last_job(layout, context) -> None:
-    job = get_runtime().last_job_memory
-    col = layout.column(align=True)
-    if job is None:
-        col.label(text="Last job: none yet (each job reports what it grew and gave back).")
-        return
-    for line in job["lines"]:
-        col.label(text=line)
-    timeline = get_runtime().last_timeline
-    if timeline:
-        col = layout.column(align=True)
-        for line in memory_plot.legend(timeline):
-            col.label(text=line)
-        _operator(layout, "lean_image_ai.show_memory_plot", text="Show Memory Plot", icon="IMAGE_DATA")
-
-
-def _draw_sessions(layout, context) -> None:
-    handles = get_runtime().cached_sessions()
-    col = layout.column(align=True)
-    col.label(text=f"Cached sessions: {len(handles)}")
-    now = time.time()
-    for h in handles:
-        size = h.weights_bytes("vram" if h.gpu_device_id is not None else "ram") or h.file_bytes
-        col.label(
-            text=f"  {h.model_name}: {h.device_label} ({h.providers[0]}), used {now - h.last_used:.0f} s ago, ~{_mb(size)}"
-        )
-    row = layout.row(align=True)
-    row.enabled = not _job_busy()
-    sub = row.row(align=True)
-    _operator(sub, "lean_image_ai.release_memory", text="Release Now", icon="FILE_REFRESH")
-    sub = row.row(align=True)
-    sub.enabled = bool(handles)
-    _operator(sub, "lean_image_ai.unload_all", text="Unload All", icon="TRASH")
-    row = layout.row(align=True)
-    row.operator_menu_enum("lean_image_ai.leak_check", "family", text="Leak Check", icon="VIEWZOOM")
-    _operator(row, "lean_image_ai.open_log_folder", text="Open Log Folder", icon="FILE_FOLDER")
-
-
 # ---- classes ----------------------------------------------------------------------------------
 
 
@@ -292,7 +254,17 @@ class _MemoryPanel:
     bl_options = {"DEFAULT_CLOSED"}
 
     def draw(self, context):
-        draw_memory(self.layout, context)
+        panel_memory.draw_memory(self.layout, context)
+
+
+class _DetailsPanel:
+    bl_label = "Details"
+    bl_region_type = "UI"
+    bl_category = CATEGORY
+    bl_options = {"DEFAULT_CLOSED"}
+
+    def draw(self, context):
+        panel_memory.draw_details(self.layout, context)
 
 
 class LEAN_IMAGE_AI_PT_image_editor(_MainPanel, bpy.types.Panel):
@@ -317,9 +289,23 @@ class LEAN_IMAGE_AI_PT_view3d_memory(_MemoryPanel, bpy.types.Panel):
     bl_parent_id = LEAN_IMAGE_AI_PT_view3d.bl_idname
 
 
+class LEAN_IMAGE_AI_PT_image_editor_memory_details(_DetailsPanel, bpy.types.Panel):
+    bl_idname = "LEAN_IMAGE_AI_PT_image_editor_memory_details"
+    bl_space_type = "IMAGE_EDITOR"
+    bl_parent_id = LEAN_IMAGE_AI_PT_image_editor_memory.bl_idname
+
+
+class LEAN_IMAGE_AI_PT_view3d_memory_details(_DetailsPanel, bpy.types.Panel):
+    bl_idname = "LEAN_IMAGE_AI_PT_view3d_memory_details"
+    bl_space_type = "VIEW_3D"
+    bl_parent_id = LEAN_IMAGE_AI_PT_view3d_memory.bl_idname
+
+
 classes = (
     LEAN_IMAGE_AI_PT_image_editor,
     LEAN_IMAGE_AI_PT_view3d,
     LEAN_IMAGE_AI_PT_image_editor_memory,
     LEAN_IMAGE_AI_PT_view3d_memory,
+    LEAN_IMAGE_AI_PT_image_editor_memory_details,
+    LEAN_IMAGE_AI_PT_view3d_memory_details,
 )

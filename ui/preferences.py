@@ -14,6 +14,7 @@ import bpy
 from bpy.props import BoolProperty, EnumProperty, FloatProperty, IntProperty, StringProperty
 
 from ..models import families
+from ..models.family import command_of
 from ..models.store import installer, library
 from ..operators.gpu_ops import JOB_KEY as GPU_JOB_KEY
 from ..operators.jobs import downloads
@@ -130,7 +131,7 @@ def _draw_entry(layout, entry, folder, download) -> None:
     row.label(text=entry.title)
     text, icon = _STATUS_TEXT[status]
     row.label(text=text, icon=icon)
-    col.label(text=f"{entry.family}  |  {library.format_size(entry)}  |  license: {entry.license}")
+    col.label(text=f"{command_of(entry.family)}  |  {library.format_size(entry)}  |  license: {entry.license}")
     dest = installer.model_path(entry, folder)
     trust = installer.trust_note(entry, folder) if status == library.INSTALLED else None
     if trust:
@@ -242,8 +243,8 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         max=63,
     )
     gpu_memory_budget_mb: IntProperty(
-        name="GPU Memory Budget (MB)",
-        description="Most GPU memory this process may use for a job, in MB (NVML's figure), checked before "
+        name="GPU Memory Budget (MiB)",
+        description="Most GPU memory this process may use for a job, in MiB (NVML's figure), checked before "
         "each job: arenas are released, least-recently-used models unloaded, tiles made smaller, or the job "
         "refused with what it needs. Also caps the inference arena. 0: no limit",
         default=0,
@@ -252,8 +253,8 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         soft_max=262144,
     )
     ram_budget_mb: IntProperty(
-        name="RAM Budget (MB)",
-        description="Most system memory Blender may use (its RSS) for a job on the CPU, in MB, checked before "
+        name="RAM Budget (MiB)",
+        description="Most system memory Blender may use (its RSS) for a job on the CPU, in MiB, checked before "
         "each job like the GPU budget. 0: no limit (only the memory the system has free)",
         default=0,
         min=0,

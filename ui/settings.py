@@ -6,9 +6,10 @@ the operators directly never depends on them.
 
 # No ``from __future__ import annotations``: Blender reads the property annotations as objects.
 import bpy
-from bpy.props import BoolProperty, EnumProperty, StringProperty
+from bpy.props import BoolProperty, EnumProperty, FloatProperty, StringProperty
 
 from ..models import families
+from ..models.adapters import shot_depth
 from ..models.store import library
 from ..operators import options, shot_props
 from ..operators.prefs import models_folder
@@ -81,17 +82,15 @@ def _model_enum(family, description):
     )
 
 
-# Blender 4.5+ warns about "//" in a path property that does not declare it supports it.
-_BLEND_RELATIVE = {"PATH_SUPPORTS_BLEND_RELATIVE"} if bpy.app.version >= (4, 5, 0) else set()
-
-
 def _settings_annotations() -> dict:
     """Per family: the chosen model's id (kept as a string, see _model_getter), the model menu,
     and the family's job options (models/family.py)."""
     fields = {}
     for family in families.ALL:
         fields[f"{family.id}_model_id"] = StringProperty(options={"HIDDEN"})
-        fields[f"{family.id}_model"] = _model_enum(family.id, f"{family.title} model (installed ones only)")
+        fields[f"{family.id}_model"] = _model_enum(
+            family.id, "The model that does the work. Only installed models are listed: add more in the preferences"
+        )
         fields.update(options.family_properties(family))
     fields.update(
         use_sequence=BoolProperty(
@@ -102,19 +101,66 @@ def _settings_annotations() -> dict:
             name="Frames From",
             description="A folder, a numbered pattern (shot_####.png) or one frame of a sequence. Empty: the Image Editor's image sequence",
             subtype="FILE_PATH",
-            options=_BLEND_RELATIVE,
+            options=options.path_options(),
         ),
-        sequence_frames=StringProperty(name="Frames", description="A-B or A-B:STEP. Empty: every frame"),
+        sequence_frames=StringProperty(
+            name="Frames", description="Which frames: A-B, or A-B:STEP for every STEP-th one. Empty: every frame"
+        ),
         sequence_output=StringProperty(
             name="Save To",
             description="A folder or a pattern (out_####.exr). Empty: default names beside the frames",
             subtype="FILE_PATH",
-            options=_BLEND_RELATIVE,
+            options=options.path_options(),
         ),
         skip_existing=BoolProperty(name="Skip Existing", description="Keep existing outputs, do only the rest"),
     )
     fields.update(shot_props.shot_properties())  # depth range, alignment, camera of a shot
+    fields.update(_depth_range_fields())
     return fields
+
+
+# The operators take the depth range as text ("per-frame", "auto-shot", "A:B": scripts and the
+# command line write it so); the panel offers a menu and two numbers, joined by depth_range_text.
+DEPTH_RANGE_ITEMS = [
+    (shot_depth.PER_FRAME, "Per Frame", "Each frame's own nearest and farthest depth become black and white"),
+    (
+        shot_depth.AUTO_SHOT,
+        "Auto for the Shot",
+        "One range for the whole shot, found in a first pass: a still wall keeps its grey from frame to frame",
+    ),
+    (shot_depth.GIVEN, "Given", "You give the depths that become black and white"),
+]
+
+
+def _depth_range_fields() -> dict:
+    return {
+        "depth_range": EnumProperty(
+            name="Depth Range",
+            description="How depth becomes grey levels in 8- and 16-bit files (float files keep the depth itself)",
+            items=DEPTH_RANGE_ITEMS,
+            default=shot_depth.PER_FRAME,
+        ),
+        "depth_black": FloatProperty(
+            name="Black At", description="The depth that becomes black (nearer is clipped)", default=0.5, min=0.0
+        ),
+        "depth_white": FloatProperty(
+            name="White At", description="The depth that becomes white (farther is clipped)", default=40.0, min=0.0
+        ),
+    }
+
+
+def depth_range_text(settings) -> str:
+    """The operators' form of the scene's depth range (models/adapters/shot_depth.py parses it)."""
+    if settings.depth_range == shot_depth.GIVEN:
+        return f"{settings.depth_black:g}:{settings.depth_white:g}"
+    return settings.depth_range
+
+
+def shot_values(settings) -> dict:
+    """The shot options as the sequence operators take them."""
+    values = {name: getattr(settings, name) for name in shot_props.NAMES}
+    values["depth_range"] = depth_range_text(settings)
+    return values
 
 
 LeanImageAISettings = type(

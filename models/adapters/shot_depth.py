@@ -45,8 +45,11 @@ class DepthRangeChoice:
 
 
 def parse_depth_range(text: str) -> DepthRangeChoice:
-    """``per-frame``, ``auto-shot`` or ``A:B`` (A < B, finite numbers)."""
-    value = (text or PER_FRAME).strip().lower()
+    """``per-frame``, ``auto-shot`` or ``A:B`` (A < B, finite numbers whose span fits float32: the
+    depth is scaled in float32, where a wider span is infinite and every pixel would come out black)."""
+    value = (PER_FRAME if text is None else text).strip().lower()
+    if not value:  # an empty value is a slip (an unset variable in a farm script), not a choice
+        raise LeanImageError("Depth range is empty: give per-frame, auto-shot, or two numbers A:B, e.g. 0.5:40.")
     if value in MODES:
         return DepthRangeChoice(value)
     parts = value.split(":")
@@ -59,7 +62,18 @@ def parse_depth_range(text: str) -> DepthRangeChoice:
             f"Depth range {text!r} is not understood: give per-frame, auto-shot, or two numbers "
             "A:B with A < B (the depths that become black and white), e.g. 0.5:40."
         )
+    if not _fits_float32(low, high):
+        raise LeanImageError(
+            f"Depth range {text!r} spans more than 32-bit float depth can hold (or its ends are equal in it): "
+            f"give two numbers A:B whose difference is at most {float(np.finfo(np.float32).max):.3g}, e.g. 0.5:40."
+        )
     return DepthRangeChoice(GIVEN, (low, high))
+
+
+def _fits_float32(low: float, high: float) -> bool:
+    with np.errstate(over="ignore"):
+        span = np.float32(high) - np.float32(low)
+    return bool(np.isfinite(span) and span > 0)
 
 
 def robust_range(depth: np.ndarray, percentiles: tuple[float, float] = PERCENTILES) -> tuple[float, float]:

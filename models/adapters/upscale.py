@@ -26,7 +26,7 @@ from ...runtime.measure.memory import available_system_memory_bytes
 from ..base import FLOAT_TYPES, JobOptions, check_contract, check_finite, fixed_hw
 from ..family import Family, Option, Output, Setting, non_negative_int, one_of, positive_int
 from ..frame_loop import run_frames
-from ..imaging import from_nchw, resize_clipped, to_nchw
+from ..imaging import check_shape, from_nchw, resize_clipped, to_nchw
 from ..result_images import ColourImage
 from ..tiles.reach import cached_reach, reach_for
 from ..tiles.tiling import TilePlan, refuse_oversized_result, run_tiled
@@ -60,6 +60,7 @@ class UpscaleResult:
     warnings: list[str] = field(default_factory=list)
     feather: int = 0  # > 0: tile seams were blended over 2 * feather px (not bit-exact)
     input_kind: str = "8-bit"  # the source's samples: "8-bit", "16-bit" or "float"
+    clipped: str | None = None  # what of the source was clipped for the model, in words (None: nothing)
     bound: str = "not exact"  # how far from one whole-image run, when not exact (upscale_plan.OverlapPlan)
 
     @property
@@ -141,6 +142,8 @@ class _ModelInput:
     model_alpha: bool  # the alpha runs through the model (the 4th channel of `source`)
     kind: str  # the source's samples: "8-bit", "16-bit" or "float"
     warnings: list[str]
+    clipped: str | None = None  # what was clipped for the model, in words
+    high: float = 1.0  # the highest value the output keeps (an HDR frame's own through the embedded model)
 
 
 class _Upscale:
@@ -162,6 +165,7 @@ class _Upscale:
         handle = loop.handle
         self.dtype = handle.inputs[0].dtype
         self.fixed = fixed_hw(handle.inputs[0].shape)
+        self.hdr = keeps_hdr(handle)
         self.scale = static_scale(handle)  # what the tiler checks every tile against
         runs.scale = self.scale or scale_hint(handle)  # what outputs are bound with from the first run
         runs.hinted = self.scale is None and runs.scale is not None
@@ -215,6 +219,7 @@ class _Upscale:
         if available is None:
             available = available_system_memory_bytes()  # one read per frame, for both checks
         shape = np.shape(frame.image)
+        check_shape(shape, frame.label)  # before the tile plan reads it as HxW
         self._refuse_oversized(shape, available)
         tiles = self._tiles(shape)
         fed = self._model_input(frame)
@@ -260,19 +265,18 @@ class _Upscale:
         prepared = frame.prepare()
         warnings = list(self.plan_warnings) + list(prepared.warnings)
         rgb, alpha = prepared.rgb, prepared.alpha
-        # min and max first: two reads and no masks for the usual in-range image
-        outside = 0 if rgb.min() >= 0.0 and rgb.max() <= 1.0 else int(((rgb < 0.0) | (rgb > 1.0)).any(axis=2).sum())
-        if outside:
-            np.clip(rgb, 0.0, 1.0, out=rgb)  # prepare_image's array is always our own copy
-            warnings.append(
-                f"{frame.label}: {outside} pixel(s) outside [0, 1] (HDR or negative) were clipped for the model."
-            )
+        high = 1.0
+        if self.hdr and prepared.kind == "float":  # an HDR frame keeps its range, not the resampling's ringing
+            high = max(1.0, float(rgb.max()))
+        clipped = _clip_for_model(rgb, high, self.loop.handle.model_name)
+        if clipped:
+            warnings.append(f"{frame.label}: {clipped}")
         alpha_constant = None
         if alpha is not None and float(alpha.min()) == float(alpha.max()):
             alpha_constant = float(alpha.min())
         model_alpha = alpha is not None and alpha_constant is None and self.alpha_mode == "model"
         source = np.concatenate([rgb, alpha[:, :, None]], axis=2) if model_alpha else rgb
-        return _ModelInput(source, alpha, alpha_constant, model_alpha, prepared.kind, warnings)
+        return _ModelInput(source, alpha, alpha_constant, model_alpha, prepared.kind, warnings, clipped, high)
 
     def _run_tiles(self, frame, fed: _ModelInput, tiles: TilePlan, available, prefix: str):
         runs, dtype, model_alpha = self.runs, self.dtype, fed.model_alpha
@@ -302,7 +306,7 @@ class _Upscale:
             events=self.loop.runtime.events,
             on_split=runs.reacquire,
             progress=lambda fraction, done, total: frame.report(fraction, f"{prefix}tile {done}/{total}"),
-            clip=(0.0, 1.0),
+            clip=(0.0, fed.high),
             not_finite=not_finite,
             available_memory=available,
         )
@@ -322,8 +326,32 @@ class _Upscale:
             warnings=warnings,
             feather=0 if tiled.tiles_run == 1 else planned.feather,
             input_kind=fed.kind,
+            clipped=fed.clipped,
             bound=planned.bound,
         )
+
+
+def keeps_hdr(handle) -> bool:
+    """Whether the model keeps values above 1: the embedded bicubic model is a plain resampling
+    (linear, trained on nothing), so an HDR frame goes through it unclipped; a trained model
+    learnt [0, 1] and gets its input clipped to that."""
+    return Path(handle.model_path).resolve() == DEFAULT_MODEL_PATH.resolve()
+
+
+def _clip_for_model(rgb: np.ndarray, high: float, model: str) -> str | None:
+    """Clip ``rgb`` (our own copy) in place to [0, high]; what was clipped, in words, or None."""
+    low, top = float(rgb.min()), float(rgb.max())  # two reads and no masks for the usual in-range image
+    if low >= 0.0 and top <= high:
+        return None
+    outside = int(((rgb < 0.0) | (rgb > high)).any(axis=2).sum())
+    np.clip(rgb, 0.0, high, out=rgb)
+    if top <= high:
+        kept = "; values above 1 are kept" if high > 1.0 else ""
+        return f"{outside} pixel(s) below 0 (lowest {low:.6g}) were clipped to 0 for {model}{kept}."
+    return (
+        f"{outside} pixel(s) outside [0, 1] (lowest {low:.6g}, highest {top:.6g}) were clipped to [0, 1] for "
+        f"{model}, which takes [0, 1]; the embedded bicubic model keeps HDR values."
+    )
 
 
 def _with_alpha(image: np.ndarray, fed: _ModelInput) -> np.ndarray:
@@ -351,7 +379,7 @@ def check_session(handle) -> None:
 
 FAMILY = Family(
     id="upscale",
-    title="super-resolution",
+    title="Super-Resolution",
     produces="the image at the model's scale (x2 with the built-in bicubic model)",
     run=run,
     settings=(
@@ -366,9 +394,8 @@ FAMILY = Family(
             int,
             0,
             "Tile Size",
-            "Side of the tiles the image is cut into, in pixels. 0: sized from the working memory the model "
-            "was measured to take (2 GB per tile on CPU, 4 GB on a GPU, less under a memory budget; made "
-            "smaller only when memory runs short)",
+            "Size of the square pieces the image is upscaled in, in pixels. 0: chosen for you from the "
+            "memory the model needs; a smaller size uses less memory and is a little slower",
             min=0,
             soft_max=2048,
             alias="tile",
@@ -378,10 +405,9 @@ FAMILY = Family(
             int,
             AUTO_OVERLAP,
             "Overlap",
-            "Context pixels around each tile. -1: the model's receptive radius, so tiles give exactly "
-            "the pixels of one whole-image run when the radius is read from the model's graph; deep nets "
-            "(radius over 64 px): how far the model was measured to reach. Tiles that are not exact are "
-            "blended across their seams, and a warning says so",
+            "Extra pixels each piece sees around its edges, so no seams show between pieces. -1: as many "
+            "as the model needs (for very deep models, as far as it was measured to reach); pieces that "
+            "are not exact are blended, and a warning says so",
             min=AUTO_OVERLAP,
             soft_max=256,
         ),

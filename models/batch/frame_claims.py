@@ -11,7 +11,13 @@ output appeared meanwhile (written by another process) is skipped too.
 The claim file is removed by its holder after the atomic write, while still locked; a claimant
 that finds the file removed between its open and its lock starts again on the new one, so two
 processes never both hold one frame. A file of that name that is not a claim (no marker, not
-empty) is never removed: the frame fails with a message naming it.
+empty) is never removed: the frame fails with a message naming it. In a shared folder another
+user may plant something at a claim's name: a symbolic link (followed, it would make this user
+create or truncate a file elsewhere), a pipe, a folder, a hard link; the claim is opened without
+following links and refused for that frame unless it is a plain file of its own.
+
+A killed writer's claim file stays behind (nothing ran to remove it); every run over those
+outputs, whatever its mode, removes the ones no live process holds (:func:`remove_stale`).
 """
 
 from __future__ import annotations
@@ -19,9 +25,11 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import stat
 from pathlib import Path
 
 from ...runtime.errors import LeanImageError
+from .. import files
 
 MARK = b"lean_image_ai frame claim\n"
 
@@ -55,9 +63,36 @@ else:
         fcntl.flock(fd, fcntl.LOCK_UN)
 
 
+_OPEN_FLAGS = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+
+
 def claim_path(target: str | os.PathLike) -> Path:
-    target = Path(target)
-    return target.with_name(f".{target.name}.claim")
+    """``.<name>.claim`` beside the output (a hashed name for one too long to take the tail)."""
+    return files.hidden_beside(Path(target), ".claim")
+
+
+def _refused(path: Path, what: str) -> LeanImageError:
+    return LeanImageError(
+        f"'{path}' is {what}, where this frame's claim file goes (another user of the folder?); "
+        "the frame was not computed. Remove it, or write to a folder only you can change."
+    )
+
+
+def _open_claim(path: Path, create: bool = True) -> int:
+    """The claim file, never through a symbolic link, and only a plain file of its own."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS | (os.O_CREAT if create else 0), 0o644)
+    except OSError:
+        if os.path.islink(path):
+            raise _refused(path, "a symbolic link") from None
+        if os.path.isdir(path):
+            raise _refused(path, "a folder") from None
+        raise
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+        os.close(fd)
+        raise _refused(path, "not a plain file" if not stat.S_ISREG(info.st_mode) else "a hard link to another file")
+    return fd
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -88,7 +123,7 @@ class FrameClaims:
         target = Path(target)
         path = claim_path(target)
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = _open_claim(path)
             try:
                 if not _try_lock(fd):
                     os.close(fd)
@@ -106,7 +141,7 @@ class FrameClaims:
                     os.close(fd)
                 raise
             break
-        if target.exists():
+        if os.path.lexists(target):  # a link at the output's name is an output there (never followed)
             self._drop(path, fd)
             return False
         os.ftruncate(fd, 0)
@@ -140,3 +175,26 @@ class FrameClaims:
         with contextlib.suppress(OSError):
             path.unlink()  # still locked: whoever opened the old file sees it is gone and starts again
         os.close(fd)
+
+
+def remove_stale(targets) -> list[Path]:
+    """Remove the claim files of ``targets`` that no live process holds: what a killed run left
+    (its lock went with it). A claim held now, or a file that is not a claim, is left alone."""
+    removed = []
+    for target in targets:
+        path = claim_path(target)
+        if not os.path.lexists(path):
+            continue
+        try:
+            fd = _open_claim(path, create=False)
+        except (OSError, LeanImageError):  # not ours to judge: take() refuses it with a message
+            continue
+        try:
+            if _try_lock(fd) and _same_file(fd, path) and not _foreign(fd):
+                FrameClaims._drop(path, fd)
+                fd = -1
+                removed.append(path)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+    return removed

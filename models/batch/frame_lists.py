@@ -37,11 +37,25 @@ def parse_frames(text: str) -> range:
     first = int(match.group(1))
     last = int(match.group(2)) if match.group(2) is not None else first
     step = int(match.group(3) or 1)
+    if first < 0 or last < 0:  # a frame file's number has no sign: "-3" would be looked for and never found
+        raise LeanImageError(f"Frames {text!r}: frame numbers start at 0; give A-B with A and B of 0 or more.")
     if last < first or step < 1:
         raise LeanImageError(f"Frames {text!r}: the end comes before the start, or the step is 0.")
     if max(abs(first), abs(last), step) > MAX_FRAME:
         raise LeanImageError(f"Frames {text!r}: frame numbers and steps go up to {MAX_FRAME:,} (as in Blender).")
     return range(first, last + 1, step)
+
+
+def _kept(matches: list[tuple[int, Path]], exclude: Callable[[Path], bool], where: str) -> list[tuple[int, Path]]:
+    """``matches`` less what the command writes itself; when that leaves none of several, the output
+    names the inputs: said as such, not as "no file matches" about files that are there."""
+    kept = [(n, p) for n, p in matches if not exclude(p)]
+    if matches and not kept:
+        raise LeanImageError(
+            f"The output names the input files themselves ({len(matches)} in {where}, e.g. "
+            f"{min(p.name for _, p in matches)}): writing would overwrite the inputs. Give OUTPUT another name or folder."
+        )
+    return kept
 
 
 def is_pattern(text: str) -> bool:
@@ -142,23 +156,16 @@ def resolve_input(
         if not path.parent.is_dir():
             raise LeanImageError(f"Input folder '{path.parent}' does not exist.")
         regex = _pattern_regex(path)
-        claims = _claims(
-            [
-                (int(m.group(1)), p)
-                for p in path.parent.iterdir()
-                if (m := regex.match(p.name)) and p.is_file() and not exclude(p)
-            ],
-            f"'{path}'",
-        )
+        matches = [(int(m.group(1)), p) for p in path.parent.iterdir() if (m := regex.match(p.name)) and p.is_file()]
+        claims = _claims(_kept(matches, exclude, f"'{path}'"), f"'{path}'")
         if frames is not None:
             return _in_range(claims, frames, path)
         if not claims:
             raise LeanImageError(f"No file matches '{path}'.")
         return [FrameRef(n, p) for n, p in sorted(claims.items())]
     if path.is_dir():
-        files = sorted(
-            p for p in path.iterdir() if p.is_file() and p.suffix.lower() in FRAME_SUFFIXES and not exclude(p)
-        )
+        images = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in FRAME_SUFFIXES)
+        files = [p for _, p in _kept([(0, p) for p in images], exclude, f"Folder '{path}'")]
         if not files:
             raise LeanImageError(f"Folder '{path}' holds no image files ({', '.join(FRAME_SUFFIXES)}).")
         numbered = [(found[1], p) for p in files if (found := pattern_of(p))]

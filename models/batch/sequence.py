@@ -90,6 +90,12 @@ class FrameQueue:
                 raise OperationCancelled("The batch was cancelled; the frames already written are kept.")
         return True
 
+    def name_of(self, array) -> str | None:
+        """The file name of a frame the adapter took (by identity): what messages call it."""
+        ref = next((ref for ref, taken in self.in_flight if taken is array), None)
+        path = getattr(ref, "path", None)  # a Blender image's frame has no file
+        return path.name if path is not None else None
+
     def answered(self) -> FrameRef:
         return self.in_flight.popleft()[0]
 
@@ -167,6 +173,9 @@ class BatchRun:
                 self.report.skipped.append(ref.number)
             else:
                 self._todo.append(ref)
+        # decided here, not from _todo: the caller's pump drains _todo, and a batch no longer than
+        # the queue can be read whole before the worker asks (2-frame shots then wrote nothing)
+        self._needs_model = bool(self._todo)
         self._frames = FrameQueue(len(self._todo), self._cancel, depth)
         self._results: queue.Queue = queue.Queue(maxsize=depth)
         self._worker: threading.Thread | None = None
@@ -237,7 +246,7 @@ class BatchRun:
     # -- caller ----------------------------------------------------------------------------------
     @property
     def needs_model(self) -> bool:
-        return bool(self._todo)
+        return self._needs_model
 
     def start(self) -> BatchRun:
         """Run :meth:`infer_all` on a thread of its own (a caller without a worker thread)."""

@@ -35,6 +35,7 @@ import numpy as np
 from ...runtime import get_runtime
 from ...runtime.errors import ModelContractError
 from ...runtime.onnx_wire import fields
+from ..family import command_of
 
 PROBE_SIDE = 56  # a multiple of 14 (ViT patches) and 8 (window attention); small enough to be quick
 PROBE_NUM_TOKENS = 1200  # MoGe-2's lowest resolution level
@@ -89,9 +90,11 @@ class Verdict:
         if self.fits:
             return f"it looks like {asked}: {f.why}."
         if f.looks_like is None:
-            return f"it does not show the contract of {asked} ({f.why}); it is used as one, as asked."
-        verb = "cannot be used as" if self.refused else "may not work as"
-        return f"this looks like {_looks(f.looks_like)}: {f.why}. It {verb} {asked}; pick the family it belongs to."
+            return f"it does not show the contract of {asked} ({f.why}); {command_of(self.family)} uses it, as asked."
+        looks, use, asked_by = _looks(f.looks_like), command_of(f.looks_like), command_of(self.family)
+        if self.refused:
+            return f"this looks like {looks}: {f.why}. Use {use} for it ({asked_by} cannot use it)."
+        return f"this looks like {looks}: {f.why}. It may not work with {asked_by}; if it is {looks}, use {use}."
 
 
 # ---- the graph, read from the file ------------------------------------------------------------

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...runtime.errors import (
+    LeanImageError,
     ModelContractError,
     ModelFileError,
     ModelInstallError,
@@ -41,7 +42,7 @@ from .download import (
     manual_hint,
 )
 from .http_watch import TransferLimits, size_floor
-from .install_lock import install_lock
+from .install_lock import edit_lock, install_lock
 
 DEFAULT_CHUNK_SIZE = 1 << 20  # 1 MiB
 HASH_CHUNK_SIZE = 1 << 20
@@ -114,13 +115,32 @@ def _read_sidecar(path: Path) -> dict | None:
 
 
 def _write_sidecar(
-    entry: CatalogEntry, dest: Path, sidecar: Path, sha256: str, *, first_sha256: str | None = None
+    entry: CatalogEntry,
+    dest: Path,
+    sidecar: Path,
+    sha256: str,
+    *,
+    first_sha256: str | None = None,
+    hashed: os.stat_result | None = None,
 ) -> None:
-    st = dest.stat()
-    payload = {
-        # what the first install of this file got: for an entry the catalog has no checksum
-        # for, the one any later copy is compared with
-        "first_sha256": first_sha256 or sha256,
+    """Record that ``dest`` has ``sha256``. Under the record's lock (verifications in other
+    processes rewrite it too), and only while ``dest`` is still the file that was ``hashed``: one
+    replaced during the hash must not be vouched for with the old file's sha256."""
+    try:
+        sidecar.parent.mkdir(parents=True, exist_ok=True)
+        with edit_lock(sidecar, f"the verified record of {entry.title}"):
+            st = dest.stat()
+            if hashed is not None and (not os.path.samestat(st, hashed) or st.st_mtime_ns != hashed.st_mtime_ns):
+                return
+            first = first_sha256 or (_read_sidecar(sidecar) or {}).get("first_sha256") or sha256
+            files.write_text(sidecar, json.dumps(_sidecar_payload(entry, dest, st, sha256, first), indent=2, sort_keys=True))
+    except (OSError, LeanImageError):
+        pass  # the sidecar is only a cache: failing to write it costs a re-hash next time
+
+
+def _sidecar_payload(entry: CatalogEntry, dest: Path, st: os.stat_result, sha256: str, first_sha256: str) -> dict:
+    return {
+        "first_sha256": first_sha256,  # no catalog checksum: what any later copy is compared with
         "entry_id": entry.id,
         "filename": dest.name,
         "size": st.st_size,
@@ -133,11 +153,6 @@ def _write_sidecar(
         # was first installed, and later copies are held to its sha256
         "trust": FIRST_USE if entry.sha256 is None else "catalog sha256",
     }
-    try:
-        sidecar.parent.mkdir(parents=True, exist_ok=True)
-        files.write_text(sidecar, json.dumps(payload, indent=2, sort_keys=True))
-    except OSError:
-        pass  # the sidecar is only a cache: failing to write it costs a re-hash next time
 
 
 # --------------------------------------------------------------------------------------------
@@ -189,7 +204,7 @@ def verify_installed(
             f"{entry.title}: {str(dest)!r} has sha256 {got}, expected {entry.sha256}. "
             "The file is damaged or a different version; remove it and install again."
         )
-    _write_sidecar(entry, dest, sidecar, got, first_sha256=(_read_sidecar(sidecar) or {}).get("first_sha256"))
+    _write_sidecar(entry, dest, sidecar, got, hashed=st)
     return dest
 
 
@@ -211,7 +226,7 @@ def _verify_against_first_install(
             "model, so the change cannot be checked: remove it and install again, or register "
             "your own file by path if you replaced it on purpose."
         )
-    _write_sidecar(entry, dest, sidecar, got, first_sha256=recorded.get("first_sha256"))
+    _write_sidecar(entry, dest, sidecar, got, hashed=st)
     return dest
 
 

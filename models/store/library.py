@@ -12,9 +12,10 @@ folder (the extension's user folder) is moved there once (:func:`migrate_models`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,9 @@ from ...runtime import get_runtime, load_errors, parse_device
 from ...runtime.errors import LeanImageError, ModelFileError
 from ...runtime.paths import user_data_root
 from .. import families
-from . import installer
+from . import install_lock, installer, migrate
 from .catalog import Catalog, CatalogEntry
+from .migrate import MIGRATED_NOTE  # noqa: F401 - the note's name, for the front-ends
 
 MODELS_DIR_ENV = "LEAN_IMAGE_AI_MODELS_DIR"
 USER_MODELS_FILE = "user_models.json"
@@ -54,46 +56,12 @@ def shared_models_dir() -> Path:
     return user_data_root() / "models"
 
 
-MIGRATED_NOTE = "MOVED_TO.txt"
-
-
 def migrate_models(old: Path, new: Path) -> list[str]:
-    """Move what an older default models folder holds into ``new``, once: each file or folder is
-    moved (a rename on one disk, never a copy left behind), one already in ``new`` is left where
-    it is. The old folder is then removed if empty, or keeps a note saying where the rest went.
-    Returns what was left behind (empty when everything moved)."""
-    old, new = Path(old), Path(new)
-    try:
-        if not old.is_dir() or old.resolve() == new.resolve():
-            return []
-        names = sorted(p.name for p in old.iterdir() if p.name != MIGRATED_NOTE)
-    except OSError:
-        return []
-    if not names:
-        return []
-    new.mkdir(parents=True, exist_ok=True)
-    left = []
-    for name in names:
-        target = new / name
-        if target.exists() or target.is_symlink():
-            left.append(name)
-        else:
-            try:
-                shutil.move(str(old / name), str(target))
-            except OSError:
-                left.append(name)
-    if left:
-        note = f"Lean Image AI's models folder is now {new}; these were already there and stayed here: {', '.join(left)}\n"
-        try:
-            (old / MIGRATED_NOTE).write_text(note, encoding="utf-8")
-        except OSError:
-            pass
-    else:
-        try:
-            old.rmdir()
-        except OSError:
-            pass
-    _catalogs.pop(str(new / USER_MODELS_FILE), None)
+    """Move what an older default models folder holds into ``new``, whole or not at all
+    (models/store/migrate.py); returns the names left behind, each explained in its
+    ``MOVED_TO.txt``."""
+    left = migrate.migrate_models(old, new)
+    _catalogs.pop(str(Path(new) / USER_MODELS_FILE), None)
     return left
 
 
@@ -130,6 +98,21 @@ def catalog_error(folder: Path) -> str | None:
     """Why the saved user models in ``folder`` could not be read (None when they could)."""
     cached = _catalogs.get(str(Path(folder) / USER_MODELS_FILE))
     return cached[2] if cached is not None else None
+
+
+@contextlib.contextmanager
+def editing_catalog(folder: Path) -> Iterator[Catalog]:
+    """The user models of ``folder`` to change, read fresh under the list's lock and saved when the
+    block ends: the one way to change ``user_models.json`` (Blender's Register and Remove, the
+    CLI's ``models register``/``remove``), so two processes adding at once both keep their entry.
+    A list that cannot be read is an error, never overwritten with only this change."""
+    store = Path(folder) / USER_MODELS_FILE
+    store.parent.mkdir(parents=True, exist_ok=True)
+    with install_lock.edit_lock(store, f"the list of your models in {str(folder)!r}"):
+        fresh = Catalog()
+        fresh.load_user_models(store)
+        yield fresh
+        save_catalog(fresh, folder)
 
 
 def save_catalog(saved: Catalog, folder: Path) -> Path:
@@ -282,7 +265,7 @@ def resolve(
         f"No {record.title} model is installed. Install one in {PREFERENCES_HINT}"
         + (f" (for example '{suggestion.title}')" if suggestion else "")
         + f" or with `python -m lean_image_ai models install {suggestion.id if suggestion else 'ID'}`"
-        + f" (`models list` shows them; `models register {family} FILE` adds your own ONNX file),"
+        + f" (`models list` shows them; `models register {record.command or family} FILE` adds your own ONNX file),"
         + f" or give the model file (model_path; command line: --model). Models folder: {folder}."
     )
 
@@ -364,7 +347,7 @@ def remove(entry: CatalogEntry, folder: Path) -> bool:
 def format_bytes(count) -> str:
     if count is None:
         return "?"
-    for unit, factor in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if count >= factor:
             return f"{count / factor:.1f} {unit}"
     return f"{count} B"

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...runtime import get_runtime
+from ...runtime import get_runtime, load_errors
 from ...runtime.errors import LeanImageError, ModelContractError, ModelFileError, first_line
 from .. import families
 from . import family_check, library
@@ -40,8 +40,9 @@ def check(family: str, path: str | os.PathLike, *, runtime=None, progress: Calla
     one-line LeanImageError when it cannot be loaded or is plainly another family's."""
     title = families.get(family).title
     path = Path(path).expanduser()
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise ModelFileError(f"Cannot register {str(path)!r}: there is no file at that path. Pick the .onnx file itself.")
+    load_errors.model_identity(path)  # a folder, pipe, device, link loop or no permission: named as --model names it
     report = progress or (lambda _f, _s: None)
     report(0.1, f"loading {path.name} on the CPU")
     try:
@@ -65,13 +66,21 @@ def check(family: str, path: str | os.PathLike, *, runtime=None, progress: Calla
 def save(family: str, path: str | os.PathLike, folder: Path, verdict, inputs: str, outputs: str) -> Registered:
     """Add the checked file to the models folder's user models (a quick step: the main thread's)."""
     path = Path(path).expanduser()
-    known = library.catalog(folder)
     try:
-        entry = known.add_user_model(family, path)
-        store = library.save_catalog(known, folder)
+        with library.editing_catalog(folder) as known:  # another process may be adding one now
+            entry = known.add_user_model(family, path)
     except (ValueError, OSError) as exc:
         raise LeanImageError(f"Cannot register {path.name}: {exc}") from exc
-    return Registered(entry, store, verdict, inputs, outputs)
+    return Registered(entry, Path(folder) / library.USER_MODELS_FILE, verdict, inputs, outputs)
+
+
+def unregister(model_id: str, folder: Path) -> Path:
+    """Forget a registered model (its file is left alone); returns the list saved. One removed by
+    another process meanwhile is simply gone."""
+    with library.editing_catalog(folder) as known:  # another process may be changing the list now
+        if model_id in known:
+            known.remove_user_model(model_id)
+    return Path(folder) / library.USER_MODELS_FILE
 
 
 def register(family: str, path: str | os.PathLike, folder: Path, *, runtime=None, progress=None) -> Registered:
@@ -79,4 +88,4 @@ def register(family: str, path: str | os.PathLike, folder: Path, *, runtime=None
     return save(family, path, folder, verdict, inputs, outputs)
 
 
-__all__ = ["Registered", "check", "register", "save"]
+__all__ = ["Registered", "check", "register", "save", "unregister"]

@@ -31,7 +31,15 @@ class Preload:
     def describe(self) -> str:
         if self.error:
             return self.error
-        return "; ".join(f"{name}: {why}" for name, why in self.failed.items())
+        return "; ".join(f"{name}: {_reason(name, why)}" for name, why in self.failed.items())
+
+
+def _reason(name: str, why: str) -> str:
+    """The loader's reason without the library's name again (glibc starts its reason with the
+    name, Windows says "Could not find module 'name'"): each library is named once."""
+    if why.startswith(f"{name}:"):
+        why = why[len(name) + 1 :].strip()
+    return why.replace(f"Could not find module '{name}'", "not found")
 
 
 def preload(ort) -> Preload:
@@ -40,13 +48,13 @@ def preload(ort) -> Preload:
     printed = io.StringIO()
     function = getattr(ort, "preload_dlls", None)
     if function is None:
-        result.error = f"onnxruntime {getattr(ort, '__version__', '?')} has no preload_dlls()"
+        result.error = f"onnxruntime {getattr(ort, '__version__', '?')} cannot preload the CUDA libraries (this release has no preload step)"
         return result
     try:
         with contextlib.redirect_stdout(printed):
             function()
     except Exception as exc:
-        result.error = f"preload_dlls() failed: {first_line(exc)}"
+        result.error = f"onnxruntime could not preload the CUDA libraries: {first_line(exc)}"
     result.messages, result.failed = parse(printed.getvalue())
     return result
 

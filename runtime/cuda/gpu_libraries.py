@@ -219,17 +219,16 @@ def check_replaceable(target_dir: str | os.PathLike) -> None:
     """Raise GpuRuntimeError (naming the folder) when an install could not replace what is at
     ``target_dir`` and its leftovers without deleting something the add-on did not make."""
     target = Path(target_dir).resolve()
-    _check_ours(target, MARKER)
-    _check_ours(_old_dir(target), MARKER)
-    _check_ours(_staging_dir(target), STAGING_MARKER)
+    _check_ours(_beside(target, ""), MARKER)  # the target itself; the root is refused first
+    _check_ours(_beside(target, _OLD_SUFFIX), MARKER)
+    _check_ours(_beside(target, _STAGING_SUFFIX), STAGING_MARKER)
 
 
-def _old_dir(target: Path) -> Path:
-    return target.with_name(target.name + _OLD_SUFFIX)
-
-
-def _staging_dir(target: Path) -> Path:
-    return target.with_name(target.name + _STAGING_SUFFIX)
+def _beside(target: Path, suffix: str) -> Path:
+    if not target.name:  # "/" (also "//", "/tmp/.."): no room beside it, and never a folder to empty
+        raise GpuRuntimeError(f"{target} is the root of the file system, not a folder for the GPU libraries: "
+                              f"point {FOLDER_ENV} at a folder of their own. Nothing was deleted.")
+    return target.with_name(target.name + suffix)
 
 
 def _progress_from_line(line: str, requirements: list[Requirement], state: dict) -> tuple[float, str] | None:
@@ -295,7 +294,7 @@ def install(
     requirements = parse_requirements(requirements_file)
     report = progress or (lambda fraction, stage: None)
     cancelled = cancel or (lambda: False)
-    staging = _staging_dir(target)
+    staging = _beside(target, _STAGING_SUFFIX)
     check_replaceable(target)  # before pip downloads a gigabyte it could not put in place
     target.parent.mkdir(parents=True, exist_ok=True)
     _remove_ours(staging, STAGING_MARKER)  # left by a Blender that was killed mid-install
@@ -408,7 +407,7 @@ def _check_installed(site: Path, requirements: list[Requirement]) -> None:
 
 
 def _move_into_place(site: Path, target: Path) -> None:
-    old = _old_dir(target)
+    old = _beside(target, _OLD_SUFFIX)
     _remove_ours(old, MARKER)
     if _check_ours(target, MARKER):
         try:
@@ -431,7 +430,7 @@ def remove(target_dir: str | os.PathLike) -> bool:
     refuses to delete them: that is reported as GpuRuntimeError with what to do).
     """
     target = Path(target_dir).resolve()
-    owned = [(target, MARKER), (_old_dir(target), MARKER), (_staging_dir(target), STAGING_MARKER)]
+    owned = [(target, MARKER), (_beside(target, _OLD_SUFFIX), MARKER), (_beside(target, _STAGING_SUFFIX), STAGING_MARKER)]
     for path, marker in owned:  # all checked before anything goes
         _check_ours(path, marker)
     present = _carries(target, MARKER)

@@ -182,7 +182,7 @@ def _preload(preload, folder: Path, group: dict, result: Activation) -> None:
                         except OSError as exc:
                             result.failed[name] = str(exc)
     except Exception as exc:
-        result.messages.append(f"preload_dlls failed: {type(exc).__name__}: {exc}")
+        result.messages.append(f"onnxruntime could not preload the CUDA libraries: {type(exc).__name__}: {exc}")
     result.messages.extend(ln.strip() for ln in printed.getvalue().splitlines() if ln.strip())
     result.messages.extend(str(w.message) for w in caught)
 

@@ -4,7 +4,9 @@ The listener on the event log only queues the event, so inference never waits fo
 long-lived writer thread appends the lines. A write that fails (a folder that cannot be made, a
 full or read-only disk) is counted and said once, never raised: a log must not break a job.
 Rotation keeps at most ``files`` files of about ``max_bytes`` each: ``events.jsonl`` (newest),
-``events.jsonl.1``, ... (older).
+``events.jsonl.1``, ... (older). Several processes may log to one folder (a farm's workers, the
+command line beside Blender): each append and rotation holds an OS lock on ``events.jsonl.lock``,
+so one process never renames a file another has just renamed, and no event is lost.
 
 Folder, first that is set: ``$LEAN_IMAGE_AI_LOG_DIR``; the front-end's own (Blender: the
 extension's user folder, ``logs``); ``<per-user folder>/logs`` (runtime/paths.py).
@@ -12,20 +14,23 @@ extension's user folder, ``logs``); ``<per-user folder>/logs`` (runtime/paths.py
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import queue
 import threading
+import time
 from pathlib import Path
 
-from ..errors import first_line
+from ..errors import SettingError, first_line
 from ..paths import user_cache_root
 
 LOG_DIR_ENV = "LEAN_IMAGE_AI_LOG_DIR"
 LOG_NAME = "events.jsonl"
 MAX_BYTES = 1 << 20
 FILES = 3
+LOCK_WAIT_S = 10.0  # as long as Windows' msvcrt.locking retries
 QUEUE_LIMIT = 10_000  # events waiting for the disk; beyond that they are dropped (and counted)
 
 logger = logging.getLogger("lean_image_ai.runtime")
@@ -34,7 +39,13 @@ logger = logging.getLogger("lean_image_ai.runtime")
 def log_folder(host_default: Path | None = None) -> Path:
     """The log folder (see module doc); nothing is created."""
     if os.environ.get(LOG_DIR_ENV):
-        return Path(os.environ[LOG_DIR_ENV]).expanduser()
+        try:
+            return Path(os.environ[LOG_DIR_ENV]).expanduser()
+        except RuntimeError:  # "~nosuchuser/x": pathlib knows no such home folder
+            raise SettingError(
+                f"{LOG_DIR_ENV}={os.environ[LOG_DIR_ENV]!r}: there is no user of that name to take a home "
+                "folder from; give the event log's folder as a path."
+            ) from None
     if host_default is not None:
         return Path(host_default)
     return user_cache_root() / "logs"
@@ -43,7 +54,7 @@ def log_folder(host_default: Path | None = None) -> Path:
 class EventFile:
     """Writes the events of an :class:`~.events.EventLog` to ``folder/events.jsonl``."""
 
-    def __init__(self, folder, *, max_bytes: int = MAX_BYTES, files: int = FILES):
+    def __init__(self, folder, *, max_bytes: int = MAX_BYTES, files: int = FILES, on_error=None):
         self.folder = Path(folder)
         self.path = self.folder / LOG_NAME
         self.max_bytes = max(1, int(max_bytes))
@@ -52,6 +63,9 @@ class EventFile:
         self.failures = 0
         self.dropped = 0
         self.error: str | None = None  # the first failure, for the panel and tests
+        # told the first failure (path, text) from the writer thread: the command line says it on
+        # stderr, where the logger's NullHandler would keep it from the user
+        self.on_error = on_error
         self._queue: queue.Queue = queue.Queue(QUEUE_LIMIT)
         self._unsubscribe = None
         self._thread = threading.Thread(target=self._loop, name="lean-image-ai-event-log", daemon=True)
@@ -101,18 +115,21 @@ class EventFile:
                 if self.error is None:
                     self.error = first_line(exc)
                     logger.warning("event log %s cannot be written: %s", self.path, self.error)
+                    if self.on_error is not None:
+                        self.on_error(self.path, self.error)
 
     def _write(self, line: str) -> None:
         data = line.encode("utf-8")
         self.folder.mkdir(parents=True, exist_ok=True)
-        try:
-            size = self.path.stat().st_size
-        except FileNotFoundError:
-            size = 0
-        if size and size + len(data) > self.max_bytes:
-            self._rotate()
-        with open(self.path, "ab") as f:
-            f.write(data)
+        with _locked(self.folder / f"{LOG_NAME}.lock"):
+            try:
+                size = self.path.stat().st_size
+            except FileNotFoundError:
+                size = 0
+            if size and size + len(data) > self.max_bytes:
+                self._rotate()
+            with open(self.path, "ab") as f:
+                f.write(data)
 
     def _rotate(self) -> None:
         """events.jsonl -> .1 -> .2 ...; the oldest beyond ``files`` is dropped."""
@@ -120,24 +137,71 @@ class EventFile:
             self.path.unlink(missing_ok=True)
             return
         (self.folder / f"{LOG_NAME}.{self.files - 1}").unlink(missing_ok=True)
-        for index in range(self.files - 2, 0, -1):
-            older = self.folder / f"{LOG_NAME}.{index}"
-            if older.exists():
+        for index in range(self.files - 2, -1, -1):
+            older = self.folder / (f"{LOG_NAME}.{index}" if index else LOG_NAME)
+            # a file gone meanwhile (a process of an older version, without the lock) is nothing to move
+            with contextlib.suppress(FileNotFoundError):
                 os.replace(older, self.folder / f"{LOG_NAME}.{index + 1}")
-        os.replace(self.path, self.folder / f"{LOG_NAME}.1")
+
+
+if os.name == "nt":  # pragma: no cover - exercised on Windows only
+    import msvcrt
+
+    def _os_lock(fd: int) -> None:
+        os.lseek(fd, 0, os.SEEK_SET)
+        msvcrt.locking(fd, msvcrt.LK_LOCK, 1)  # retries for 10 s, then raises: the write is counted as failed
+
+    def _os_unlock(fd: int) -> None:
+        os.lseek(fd, 0, os.SEEK_SET)
+        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+
+else:
+    import fcntl
+
+    def _os_lock(fd: int) -> None:
+        """Waits at most LOCK_WAIT_S: a holder stopped for good (SIGSTOP, a hung share) must not
+        stall the log; raises then, and the write is counted as failed and said once."""
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{LOG_NAME}.lock held by another process for over {LOCK_WAIT_S:.0f} s") from None
+                time.sleep(0.005)
+
+    def _os_unlock(fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An OS lock on ``path``, which stays (deleting it would let two processes lock two files);
+    the OS releases it when the process ends, a crash included."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        _os_lock(fd)
+        try:
+            yield
+        finally:
+            _os_unlock(fd)
+    finally:
+        os.close(fd)
 
 
 _current: EventFile | None = None
 _lock = threading.Lock()
 
 
-def start(runtime, folder) -> EventFile:
-    """Log ``runtime``'s events to ``folder`` from now on (replacing the log already started)."""
+def start(runtime, folder, *, on_error=None) -> EventFile:
+    """Log ``runtime``'s events to ``folder`` from now on (replacing the log already started);
+    ``on_error(path, text)`` is told once when the log cannot be written."""
     global _current
     with _lock:
         if _current is not None:
             _current.close()
-        _current = EventFile(folder).attach(runtime.events)
+        _current = EventFile(folder, on_error=on_error).attach(runtime.events)
         return _current
 
 

@@ -70,9 +70,9 @@ class BudgetDecision:
 
 
 def size(value) -> str:
-    """Bytes for a budget message: MB, or KB below one MB (a small tile's need is not "0 MB")."""
+    """Bytes for a budget message: MiB, or KiB below one MiB (a small tile's need is not "0 MiB")."""
     if value is not None and abs(value) < 2**20:
-        return f"{value / 1024:.0f} KB"
+        return f"{value / 1024:.0f} KiB"
     return mb(value)
 
 

@@ -24,6 +24,10 @@ from .timeline import figures
 DEFAULT_TOLERANCE_PER_RUN = 256 * 1024
 MIN_RUNS = 8  # two warm-up runs and the six the slope and the thirds need
 MAX_RUNS = 100_000
+RUNS_REASON = (
+    f"It needs at least {MIN_RUNS} runs to judge: the first third (at least 2) only warms up, and "
+    "telling a steady rise from a single step takes 6 runs after that."
+)
 
 
 @dataclass
@@ -51,7 +55,7 @@ class LeakResult:
 def analyse(samples: dict[str, list[int]], *, tolerance: int = DEFAULT_TOLERANCE_PER_RUN) -> LeakResult:
     runs = max((len(v) for v in samples.values()), default=0)
     if runs < MIN_RUNS:  # nothing measured is not "stable"
-        raise SettingError(f"runs={runs}: a leak check needs at least {MIN_RUNS} runs with memory figures.")
+        raise SettingError(f"{runs} run(s) with memory figures cannot be judged. {RUNS_REASON}")
     # the first third only warms up: the allocator settles its free lists and per-thread arenas
     # over the first tens of jobs (measured here: RSS rises ~4 MB over ~25 upscale jobs, then flat)
     warmup = max(2, runs // 3)
@@ -81,7 +85,8 @@ def leak_check(
 ) -> LeakResult:
     """Run ``job()`` ``runs`` times; memory after each run (after a garbage collection)."""
     if isinstance(runs, bool) or not isinstance(runs, int) or not MIN_RUNS <= runs <= MAX_RUNS:
-        raise SettingError(f"runs={runs!r}: a leak check needs from {MIN_RUNS} to {MAX_RUNS} runs.")
+        reason = RUNS_REASON if isinstance(runs, int) and runs < MIN_RUNS else ""
+        raise SettingError(f"runs={runs!r}: a leak check takes {MIN_RUNS} to {MAX_RUNS} runs. {reason}".rstrip())
     samples: dict[str, list[int]] = {}
     for index in range(runs):
         job()

@@ -3,11 +3,12 @@ Blender has none, and Pillow is not in Blender either; text from runtime/measure
 PNG with zlib + struct. The same image is the panel's "Lean Image AI Memory" and `--memory-plot`.
 
 What it shows: a title with the job, its device and how long it took; process RAM (RSS) in blue
-against the left axis in MB and, on a GPU, this process's VRAM (NVML) in green against the right
+against the left axis in MiB and, on a GPU, this process's VRAM (NVML) in green against the right
 axis; time in seconds along the bottom; a vertical line per mark: orange for each model run, red
 for the release, dashed grey for before and after; dashed level lines with the RSS before and after
 the job; a legend along the bottom. Marks closer than ``MARK_GAP`` pixels are nudged apart
-(keeping their order), so every run stays visible and countable.
+(keeping their order), so every run stays visible and countable; more runs than fit that way are
+short ticks along the bottom at their own times (the legend counts them).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .memory_report import LABELS, mb
 WIDTH, HEIGHT = 800, 420
 SCALE = 2  # text size: 10x14 pixel glyphs
 MARK_GAP = 3  # at least this many columns between two marks
+RUG = 12  # rows of a run's tick when there are too many runs to draw apart
 MIB = 2**20
 
 COLOURS = {
@@ -83,19 +85,28 @@ def plot_box(timeline: dict, width: int = WIDTH, height: int = HEIGHT) -> tuple[
     return left, top, right, bottom
 
 
+def job_peak(timeline: dict, key: str) -> int | None:
+    """The job's peak as its text report says it (operation.py hands it over: it includes the
+    kernel's high-water mark between two samples); the highest sample for a timeline without it."""
+    peak = (timeline.get("peaks") or {}).get(key)
+    values = [v for _, v in _series(timeline, key)]
+    return peak if peak is not None else max(values, default=None)
+
+
 def title(timeline: dict) -> str:
     job = timeline.get("operation") or "job"
     devices = ", ".join(timeline.get("devices") or ()) or "no model run"
     times = [t for t, _ in timeline.get("samples", ())] + [t for t, _, _ in timeline.get("marks", ())]
     outcome = timeline.get("outcome")
     tail = f" ({outcome})" if outcome and outcome != "success" else ""
-    peaks = [f"{SHORT[key]} {mb(max(v for _, v in _series(timeline, key)))}" for key in figures_in(timeline)]
-    figures = f" - peak {', '.join(peaks)}" if peaks else ""
+    peaks = [f"{SHORT[key]} {mb(job_peak(timeline, key))}" for key in figures_in(timeline)]
+    figures = f" - job peak {', '.join(peaks)}" if peaks else ""
     return f"memory of {job} on {devices} for {max(times, default=0.0):.1f} s{tail}{figures}"
 
 
-def render(timeline: dict, width: int = WIDTH, height: int = HEIGHT) -> np.ndarray:
-    """The picture as an RGBA uint8 array (height x width x 4), first row at the top."""
+def render(timeline: dict, width: int = WIDTH, height: int = HEIGHT, *, layout: dict | None = None) -> np.ndarray:
+    """The picture as an RGBA uint8 array (height x width x 4), first row at the top; ``layout``,
+    when given, gets what :func:`label_layout` returns."""
     image = np.empty((height, width, 4), np.uint8)
     image[:, :, :3] = COLOURS["background"]
     image[:, :, 3] = 255
@@ -135,7 +146,7 @@ def render(timeline: dict, width: int = WIDTH, height: int = HEIGHT) -> np.ndarr
             label = _tick_text(value, ticks[1] - ticks[0])
             x = left - 6 - text_width(label, SCALE) if side == "left" else right + 6
             draw_text(image, x, y - glyph // 2, label, COLOURS[key], SCALE)
-        caption = f"{SHORT[key]}, MB"
+        caption = f"{SHORT[key]}, MiB"
         x = 6 if side == "left" else width - 6 - text_width(caption, SCALE)
         draw_text(image, x, top - glyph - 8, caption, COLOURS[key], SCALE)
     # RSS before and after the job: dashed levels with their figures
@@ -147,42 +158,49 @@ def render(timeline: dict, width: int = WIDTH, height: int = HEIGHT) -> np.ndarr
             y = _row(v[key] / MIB, *scales[key], top, bottom)
             image[y, [x for x in range(left + 1, right) if (x // 6) % 2 == 0], :3] = COLOURS[f"{key}_level"]
             levels.append((label, y, f"{SHORT[key]} {label} {mb(v[key])}", key))
-    xs = [column(t) for t, _, _ in marks]
-    for i in range(1, len(xs)):  # nudged right to keep them apart, then back from the right edge
-        xs[i] = max(xs[i], xs[i - 1] + MARK_GAP)
-    for i in range(len(xs) - 1, -1, -1):
-        xs[i] = min(xs[i], (right - 1) if i == len(xs) - 1 else xs[i + 1] - MARK_GAP)
+    xs, apart = _mark_columns([column(t) for t, _, _ in marks], left, right)
     for x, (_, label, _) in zip(xs, marks, strict=True):
         kind = mark_kind(label)
-        rows = np.arange(top + 1, bottom)
+        rows = np.arange(top + 1, bottom) if apart or kind != "run" else np.arange(bottom - RUG, bottom)
         if kind == "edge":
             rows = rows[(rows // 5) % 2 == 0]
         x = max(left + 1, x)
         image[rows, x : x + (2 if kind == "release" else 1), :3] = COLOURS[kind]
+    curves = {}
     for key in scales:
         points = _series(timeline, key)
         low, high = scales[key]
         px = np.array([column(t) for t, _ in points], np.float64)
         py = np.array([_row(v / MIB, low, high, top, bottom) for _, v in points], np.float64)
-        _polyline(image, px, py, COLOURS[key])
-    placed: list[tuple[int, int, int, int]] = []
-    for label, y, text, key in levels:
+        curves[key] = _curve_pixels(px, py)
+        cols, rows = curves[key]
+        image[np.clip(rows, 0, height - 1), np.clip(cols, 0, width - 1), :3] = COLOURS[key]
+    labels = place_labels(levels, curves, (left, top, right, bottom))
+    if layout is not None:
+        layout.update(title=heading, labels=labels, curves=curves, plot=(left, top, right, bottom))
+    for text, (x, y_text, _, _), key in labels:
         w = text_width(text, SCALE)
-        x = left + 8 if label == "before" else right - 8 - w
-        y_text = y + 5 if label == "before" or y - glyph - 5 <= top else y - glyph - 5
-        for _ in range(len(placed) + 1):  # below the line, or further down, clear of labels placed
-            y_text = min(max(y_text, top + 3), bottom - glyph - 3)
-            clash = next((p for p in placed if p[0] < x + w and x < p[2] and p[1] < y_text + glyph + 4 and y_text < p[3] + 4), None)
-            if clash is None:
-                break
-            y_text = clash[3] + 6 if clash[3] + 6 + glyph < bottom - 3 else clash[1] - glyph - 6
-        placed.append((x, y_text, x + w, y_text + glyph))
         image[y_text - 2 : y_text + glyph + 2, x - 3 : x + w + 3, :3] = COLOURS["background"]
         draw_text(image, x, y_text, text, COLOURS[key], SCALE)
     image[top : bottom + 1, [left, right], :3] = COLOURS["frame"]
     image[[top, bottom], left : right + 1, :3] = COLOURS["frame"]
     _legend(image, timeline, height - 8 - glyph, left)
     return image
+
+
+def _mark_columns(xs: list[int], left: int, right: int) -> tuple[list[int], bool]:
+    """Each mark's column, and whether the marks are drawn apart: nudged ``MARK_GAP`` apart (in
+    order) while they all fit, so every run stays countable; when they cannot, each stays on its
+    own column (marks closer than a pixel merge) and the runs are drawn as short ticks along the
+    bottom, so many runs never cover the lines as a solid band."""
+    if len(xs) * MARK_GAP > right - left - 2:
+        return xs, False
+    xs = list(xs)
+    for i in range(1, len(xs)):  # nudged right to keep them apart, then back from the right edge
+        xs[i] = max(xs[i], xs[i - 1] + MARK_GAP)
+    for i in range(len(xs) - 1, -1, -1):
+        xs[i] = min(xs[i], (right - 1) if i == len(xs) - 1 else xs[i + 1] - MARK_GAP)
+    return xs, True
 
 
 def _row(value: float, low: float, high: float, top: int, bottom: int) -> int:
@@ -211,17 +229,69 @@ def _legend(image: np.ndarray, timeline: dict, y: int, x: int) -> None:
         x = draw_text(image, x, y, text, COLOURS["text"], SCALE) + 22
 
 
-def _polyline(image: np.ndarray, xs: np.ndarray, ys: np.ndarray, colour) -> None:
-    """Segments between consecutive points, two pixels thick (each segment sampled per pixel)."""
+def _curve_pixels(xs: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(columns, rows) of the curve through the points, two pixels thick (each segment sampled
+    per pixel): what is drawn, and what a label must stay clear of."""
     if len(xs) == 1:
         xs, ys = np.repeat(xs, 2), np.repeat(ys, 2)
+    cols, rows = [], []
     for x0, y0, x1, y1 in zip(xs[:-1], ys[:-1], xs[1:], ys[1:], strict=True):
         steps = int(max(abs(x1 - x0), abs(y1 - y0))) + 1
         px = np.rint(np.linspace(x0, x1, steps)).astype(int)
         py = np.rint(np.linspace(y0, y1, steps)).astype(int)
         for dy in (0, 1):
-            rows = np.clip(py + dy, 0, image.shape[0] - 1)
-            image[rows, np.clip(px, 0, image.shape[1] - 1), :3] = colour
+            cols.append(px)
+            rows.append(py + dy)
+    if not cols:
+        return np.zeros(0, int), np.zeros(0, int)
+    return np.concatenate(cols), np.concatenate(rows)
+
+
+def _hits(box, curves: dict, margin: int = 3) -> bool:
+    x0, y0, x1, y1 = box
+    for cols, rows in curves.values():
+        if np.any((cols >= x0 - margin) & (cols <= x1 + margin) & (rows >= y0 - margin) & (rows <= y1 + margin)):
+            return True
+    return False
+
+
+def place_labels(levels, curves: dict, plot: tuple[int, int, int, int]) -> list[tuple[str, tuple, str]]:
+    """(text, (x0, y0, x1, y1), figure) of each level's label: next to its line (before: at the
+    left, after: at the right), moved along and across the line until it covers neither a curve
+    nor a label placed before it; where no place is clear, the first one that misses the labels."""
+    left, top, right, bottom = plot
+    glyph = text_height(SCALE)
+    placed: list[tuple[str, tuple, str]] = []
+    for label, y, text, key in levels:
+        w = text_width(text, SCALE)
+        rows = [y + 5, y - glyph - 5] if label == "before" else [y - glyph - 5, y + 5]
+        rows += [y + 5 + k * (glyph + 6) for k in range(1, 4)] + [y - glyph - 5 - k * (glyph + 6) for k in range(1, 4)]
+        rows = [min(max(r, top + 3), bottom - glyph - 3) for r in rows]  # inside the plot
+        span = max(1, right - left - 16 - w)
+        steps = [i * span // 8 for i in range(9)]
+        columns = [left + 8 + d for d in steps] if label == "before" else [right - 8 - w - d for d in steps]
+        first_free, chosen = None, None
+        for y_text in rows:
+            for x in columns:
+                box = (x, y_text, x + w, y_text + glyph)
+                if any(b[0] < box[2] + 4 and box[0] < b[2] + 4 and b[1] < box[3] + 4 and box[1] < b[3] + 4 for _, b, _ in placed):
+                    continue
+                first_free = first_free or box
+                if not _hits(box, curves):
+                    chosen = box
+                    break
+            if chosen:
+                break
+        placed.append((text, chosen or first_free or (columns[0], rows[0], columns[0] + w, rows[0] + glyph), key))
+    return placed
+
+
+def label_layout(timeline: dict, width: int = WIDTH, height: int = HEIGHT) -> dict:
+    """The picture's words and where they go, as :func:`render` draws them: its title, each
+    level's label with its box, and each curve's pixels (for checks without reading pixels)."""
+    found = {}
+    render(timeline, width, height, layout=found)
+    return found
 
 
 def png_bytes(rgba: np.ndarray) -> bytes:
@@ -243,7 +313,7 @@ def legend(timeline: dict) -> list[str]:
     for key in figures_in(timeline):
         values = [v for _, v in _series(timeline, key)]
         name = LABELS[key].split(" (")[0]
-        lines.append(f"{name} ({COLOUR_NAMES[key]}): {mb(min(values))} to {mb(max(values))}")
+        lines.append(f"{name} ({COLOUR_NAMES[key]}): {mb(min(values))} to a job peak of {mb(job_peak(timeline, key))}")
     runs = sum(mark_kind(label) == "run" for _, label, _ in timeline.get("marks", ()))
     lines.append(f"marks: {runs} run(s) orange, release red, before/after grey")
     return lines

@@ -28,7 +28,7 @@ LABELS = {
 def mb(value) -> str:
     if value is None:
         return "n/a"
-    return f"{int(round(value / 2**20))} MB"  # an int: a few KB below zero is "0 MB", never "-0 MB"
+    return f"{int(round(value / 2**20))} MiB"  # an int: a few KiB below zero is "0 MiB", never "-0 MiB"
 
 
 def _sub(a, b):
@@ -46,6 +46,8 @@ def job_figures(
     weights: int,
     cached_sessions: int,
     results: int = 0,
+    session_state: int = 0,
+    unfinished: int = 0,
 ) -> dict:
     """The numbers of one figure for one job (all bytes; None where unknown).
 
@@ -63,13 +65,18 @@ def job_figures(
     kept = None if difference is None else max(0, difference)
     load_given_back = 0 if difference is None else max(0, -difference)
     results = max(0, int(results or 0)) if key == "ram" else 0  # results live in RAM
+    # a cancelled or failed frame's buffers, still referenced while its exception unwinds: their
+    # size as allocated, not as resident (an output canvas is touched only where tiles were pasted)
+    unfinished = max(0, int(unfinished or 0)) if key == "ram" else 0
     runtime_kept = None if kept is None else max(0, kept - results)
-    session_label = f"model weights ({cached_sessions} cached session{'s' if cached_sessions != 1 else ''})"
+    sessions = f"{cached_sessions} cached session{'s' if cached_sessions != 1 else ''}"
+    session_label = f"model weights ({sessions}, as the model files hold them)"
     wanted = [
         ("runtime/libraries", library),
         ("results still held (the job's outputs, the caller's to drop)", results),
         ("kept by the runtime (arena regions still reserved, bound output buffers)", runtime_kept),
         (session_label, weights),
+        (f"the sessions' own state ({sessions}: onnxruntime's graph and kernels beyond the weights)", session_state),
     ]
     floors, left = [], after
     for label, value in wanted:
@@ -89,6 +96,7 @@ def job_figures(
         "kept": kept,
         "load_given_back": load_given_back,
         "results": results,
+        "unfinished": unfinished,
         "runtime_kept": runtime_kept,
         "after": after,
         "floors": floors,
@@ -108,7 +116,7 @@ def format_figures(f: dict, *, released: bool, loaded_models=(), deferred_s: flo
     if loaded_models:
         load = f"; loading {', '.join(loaded_models)} took {mb(f['loaded'])}"
     lines.append(f"  before the job {mb(f['before'])}{load}")
-    lines.append(f"  the runs grew {mb(f['grew'])} (peak {mb(f['peak'])})")
+    lines.append(f"  the runs grew {mb(f['grew'])} (job peak {mb(f['peak'])})")
     from_load = ""
     if f.get("load_given_back"):
         from_load = f" ({mb(f['load_given_back'])} of it touched while loading)"
@@ -121,9 +129,24 @@ def format_figures(f: dict, *, released: bool, loaded_models=(), deferred_s: flo
         lines.append(f"  the release gave back {mb(f['gave_back'])}{from_load}; {_kept(f)}")
     else:
         lines.append(f"  no release (nothing shrinkable, or releasing is off); {_kept(f)}")
-    floors = " · ".join(f"{label} {mb(value)}" for label, value in f["floors"])
+    floors = " · ".join(f"{label} {size(value) if label.startswith('model weights') else mb(value)}"
+                        for label, value in f["floors"])
     lines.append(f"  what stays ({mb(f['after'])}): {floors}")
+    if f.get("unfinished"):
+        lines.append(
+            f"  of what it kept, the unfinished frame's buffers (its output canvas, its copies of the input: "
+            f"{mb(f['unfinished'])} allocated, resident only where written) are still referenced while the job "
+            "stops; they are freed as soon as it has returned. The cached session and the arena's reserved "
+            "regions stay on purpose, for the next job (Release Now gives the regions back, Unload All the session too)"
+        )
     return lines
+
+
+def size(value) -> str:
+    """Bytes as they are below one MiB (a tiny model's weights are not "0 MiB"), else :func:`mb`."""
+    if value is not None and 0 <= value < 2**20:
+        return f"{value} B" if value < 1024 else f"{value / 1024:.0f} KiB"
+    return mb(value)
 
 
 def format_job_memory(job: dict) -> list[str]:

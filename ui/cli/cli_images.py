@@ -16,9 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ...models import file_formats, files
+from ...models import file_formats, files, image_meta
 from ...models.result_images import ImageProduct, range_notes
-from ...runtime.errors import LeanImageError
+from ...runtime.errors import LeanImageError, printable
+from ...runtime.settings import quoted
 
 
 class CommandLineError(LeanImageError):
@@ -65,7 +66,7 @@ def check_writable_format(path: Path) -> None:
 
 
 def _warn(text: str) -> None:
-    print(f"warning: {text}", flush=True)
+    print(printable(f"warning: {text}"), flush=True)
 
 
 def read_image(path: Path, warn=_warn) -> np.ndarray:
@@ -217,13 +218,31 @@ def pixel_limit() -> int | None:
         limit = -1
     if limit < 0:  # a negative limit must not quietly turn the guard off
         raise CommandLineError(
-            f"{PIXEL_LIMIT_VARIABLE}={value!r}: give the largest pixel count to accept as a whole "
+            f"{PIXEL_LIMIT_VARIABLE}={quoted(value)}: give the largest pixel count to accept as a whole "
             "number (for example 400000000), or 0 for no limit."
         )
     return limit
 
 
-def _too_many_pixels(path: Path, exc: Exception, limit: int | None) -> CommandLineError:
+PILLOW_MAX_PIXELS = 1024 * 1024 * 1024 // 4 // 3  # Pillow's default MAX_IMAGE_PIXELS, for EXR without Pillow
+
+
+def _check_exr_pixels(path: Path) -> None:
+    """The limit Pillow applies to PNG and TIFF (it refuses over twice MAX_IMAGE_PIXELS), on the
+    data windows of an EXR's header, before OpenEXR allocates a pixel of them."""
+    limit = pixel_limit()
+    if limit == 0:
+        return
+    refused = 2 * (PILLOW_MAX_PIXELS if limit is None else limit)
+    try:
+        pixels = image_meta.exr_pixels(path)
+    except OSError:
+        return  # reading it says what is wrong
+    if pixels is not None and pixels > refused:
+        raise _too_many_pixels(path, f"Image size ({pixels} pixels) exceeds limit of {refused} pixels", limit)
+
+
+def _too_many_pixels(path: Path, exc: Exception | str, limit: int | None) -> CommandLineError:
     # Pillow's text: "Image size (N pixels) exceeds limit of M pixels, could be decompression bomb..."
     numbers = [int(n) for n in re.findall(r"\d+", str(exc))]
     pixels = numbers[0] if numbers else None
@@ -239,6 +258,7 @@ def _too_many_pixels(path: Path, exc: Exception, limit: int | None) -> CommandLi
 
 def _read_exr(path: Path) -> np.ndarray:
     OpenEXR = _openexr()
+    _check_exr_pixels(path)
     try:
         with OpenEXR.File(str(path)) as exr:
             channels = exr.channels()
@@ -249,7 +269,7 @@ def _read_exr(path: Path) -> np.ndarray:
             return np.asarray(first.pixels, np.float32)
     except FileNotFoundError:
         raise CommandLineError(f"Input image not found: {path}.") from None
-    except (OSError, RuntimeError, StopIteration) as exc:
+    except (OSError, RuntimeError, ValueError, StopIteration) as exc:  # ValueError: a damaged header
         raise CommandLineError(f"Cannot read {path} as an EXR image: {exc}.") from None
 
 
@@ -299,7 +319,7 @@ def _write_pillow(path: Path, pixels: np.ndarray, product: ImageProduct) -> list
     elif product.bits == "16-bit" and image_format == "PNG":  # Pillow writes 8-bit colour only
         deep = (np.clip(pixels, 0.0, 1.0) * 65535.0 + 0.5).astype(np.uint16)
         with files.atomic_path(path) as temp:
-            temp.write_bytes(png16_bytes(deep))
+            temp.write_bytes(png16_bytes(deep, product.metadata))
         return notes
     else:
         if product.bits != "8-bit":  # e.g. 16-bit colour TIFF, which Pillow writes with 8 bits
@@ -315,6 +335,14 @@ def _write_pillow(path: Path, pixels: np.ndarray, product: ImageProduct) -> list
         picture = Image.fromarray(np.ascontiguousarray(array), mode)
         if product.value_range is not None and image_format == "JPEG":
             metadata["comment"] = f"lean_image_ai:value_range {product.value_range[0]!r} {product.value_range[1]!r}"
+        elif product.metadata and image_format == "PNG":
+            from PIL import PngImagePlugin
+
+            metadata["pnginfo"] = PngImagePlugin.PngInfo()
+            for key, text in product.metadata.items():
+                metadata["pnginfo"].add_text(key, text)
+        elif product.metadata and image_format == "JPEG":
+            metadata["comment"] = "; ".join(f"{key} {text}" for key, text in product.metadata.items())
     with files.atomic_path(path) as temp:
         picture.save(temp, format=image_format, **metadata)
     return notes
@@ -325,7 +353,7 @@ def _keeps_alpha(path: Path) -> bool:
     return row is None or row.alpha
 
 
-def png16_bytes(array: np.ndarray) -> bytes:
+def png16_bytes(array: np.ndarray, texts: dict[str, str] | None = None) -> bytes:
     """A 16-bit PNG of ``array`` (HxW or HxWxC uint16, C = 1..4), which Pillow cannot write for
     colour: rows filtered "Up" (the previous row subtracted), which smooth images compress well."""
     if array.ndim == 2:
@@ -343,4 +371,6 @@ def png16_bytes(array: np.ndarray) -> bytes:
 
     colour_type = {1: 0, 2: 4, 3: 2, 4: 6}[channels]
     header = struct.pack(">IIBBBBB", width, height, 16, colour_type, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", data) + chunk(b"IEND", b"")
+    notes = b"".join(chunk(b"tEXt", key.encode("latin-1") + b"\0" + text.encode("latin-1", "replace"))
+                     for key, text in (texts or {}).items())
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + notes + chunk(b"IDAT", data) + chunk(b"IEND", b"")

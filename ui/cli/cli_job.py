@@ -9,6 +9,7 @@ without importing the command line that imports it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import signal
@@ -18,13 +19,14 @@ import time
 from pathlib import Path
 
 from ...models import files, products
-from ...models.batch import frame_lists
+from ...models.batch import frame_claims, frame_lists
 from ...models.batch.sequence import BatchReport
 from ...models.family import Family
 from ...models.job import FamilyJob
 from ...models.store import library
 from ...runtime import settings
-from ...runtime.errors import LeanImageError
+from ...runtime.errors import LeanImageError, printable
+from ...runtime.measure.memory_report import mb
 from ...runtime.providers import DEVICE_HELP
 from ...runtime.settings import FALSE_WORDS, TRUE_WORDS
 from . import cli_images
@@ -56,6 +58,7 @@ class Interrupts:
         self.signum: int | None = None
         self.immediate = False
         self.armed = True
+        self.stops = "after the current model run"  # what the first signal waits for, as the user is told
         self._previous: dict = {}
 
     def __enter__(self):
@@ -74,7 +77,7 @@ class Interrupts:
             return
         self.event.set()
         again = "Ctrl+C again" if signum == signal.SIGINT else "a second SIGTERM"
-        print(f"\n{self.name}: cancelling after the current model run ({again} stops at once)...", file=sys.stderr)
+        print(f"\n{self.name}: cancelling {self.stops} ({again} stops at once)...", file=sys.stderr)
 
     def disarm(self) -> None:
         """The job is over: a signal from now on only ends what is left (its cleanup) normally."""
@@ -94,6 +97,18 @@ class Interrupts:
         return False
 
 
+def leave_now_if_a_model_still_runs(code: int) -> None:
+    """After a stop at once, the batch's worker thread may still be inside a model run (native
+    code): letting the interpreter finalise under it makes onnxruntime's thread pool call
+    std::terminate ('terminate called without an active exception', SIGABRT instead of the exit
+    code). Everything of ours is already written or removed by now, so end without finalising."""
+    if any(thread is not threading.main_thread() and thread.is_alive() for thread in threading.enumerate()):
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
 def _option_type(option):
     """The parser of one family option's flag: its kind and its range, or a message naming both."""
 
@@ -102,7 +117,7 @@ def _option_type(option):
             word = text.strip().lower()
             if word in TRUE_WORDS or word in FALSE_WORDS:
                 return word in TRUE_WORDS
-            raise argparse.ArgumentTypeError(f"give true or false (1/0, yes/no, on/off), got {text!r}")
+            raise argparse.ArgumentTypeError(f"give true or false (1/0, yes/no, on/off), got {settings.quoted(text)}")
         return number(text, option.kind, option.min, option.max)
 
     return parse
@@ -116,7 +131,7 @@ def number(text: str, kind=int, minimum=None, maximum=None):
         value = None
     what = "a whole number" if kind is int else "a number"
     if value is None or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"give {what}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"give {what}, got {settings.quoted(text)}")
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         if minimum is not None and maximum is not None:
             accepted = f"from {minimum:g} to {maximum:g}"
@@ -124,13 +139,31 @@ def number(text: str, kind=int, minimum=None, maximum=None):
             accepted = f"of {minimum:g} or more"
         else:
             accepted = f"of at most {maximum:g}"
-        raise argparse.ArgumentTypeError(f"give {what} {accepted}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"give {what} {accepted}, got {settings.quoted(text)}")
     return value
 
 
 def counted(minimum: int, maximum: int | None = None):
     """argparse type: a whole number within [minimum, maximum]."""
     return lambda text: number(text, int, minimum, maximum)
+
+
+def family_arg(text: str) -> str:
+    """argparse type: a family by its command name (what the user types to run it); its id is
+    accepted too. Returns the id."""
+    from ...models import families
+
+    for family in families.ALL:
+        if text in (family.command, family.id):
+            return family.id
+    commands = ", ".join(f.command for f in families.ALL)
+    raise argparse.ArgumentTypeError(f"no job called {text!r}; give one of {commands}")
+
+
+def family_metavar() -> str:
+    from ...models import families
+
+    return "{" + ",".join(f.command for f in families.ALL) + "}"
 
 
 def family_arguments(parser: argparse.ArgumentParser, family: Family) -> None:
@@ -214,7 +247,7 @@ def family_job(family: Family, args) -> FamilyJob:
 
 
 def budgets(args) -> settings.MemoryBudgets:
-    """``--ram-budget``/``--vram-budget`` (MB), else their environment variables, else no limit."""
+    """``--ram-budget``/``--vram-budget`` (MiB), else their environment variables, else no limit."""
     from_environment = settings.budgets_from_environment()
     ram, vram = getattr(args, "ram_budget", None), getattr(args, "vram_budget", None)
     return settings.MemoryBudgets(
@@ -224,16 +257,16 @@ def budgets(args) -> settings.MemoryBudgets:
 
 
 def budget_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--ram-budget`` and ``--vram-budget``: MB, with the unit and limits of Blender's preferences."""
+    """``--ram-budget`` and ``--vram-budget``: MiB, with the unit and limits of Blender's preferences."""
     for kind, env, what in (
         ("ram", settings.RAM_BUDGET_ENV, "system memory (RSS) of a CPU job"),
         ("vram", settings.VRAM_BUDGET_ENV, "this process's GPU memory of a GPU job (also caps the CUDA arena)"),
     ):
         parser.add_argument(
             f"--{kind}-budget",
-            metavar="MB",
+            metavar="MiB",
             type=_budget_arg(f"--{kind}-budget"),
-            help=f"most {what}, in MB, as Blender's preference: checked before each load and run, and an "
+            help=f"most {what}, in MiB (2**20 bytes), as Blender's preference: checked before each load and run, and an "
             f"upscale's auto tile size follows it; 0: no limit (default: ${env}, else no limit)",
         )
 
@@ -246,7 +279,7 @@ def _budget_arg(flag: str):
             return settings.budget_bytes(flag, text) or 0
         except settings.SettingError:
             raise argparse.ArgumentTypeError(
-                f"give a whole number of MB from 0 (no limit) to {settings.MAX_BUDGET_MB}, got {text!r}"
+                f"give a whole number of MiB from 0 (no limit) to {settings.MAX_BUDGET_MB}, got {settings.quoted(text)}"
             ) from None
 
     parse.__name__ = "memory budget"
@@ -299,7 +332,10 @@ def plan(family: Family, args):
     if args.skip_existing:  # a killed earlier run's temporary files of these outputs (never newer ones)
         companions = [p for out in outputs for p in products.companion_paths(family.id, out)]
         for temp in files.remove_stale_temps(companions, older_than=started - STALE_TEMP_S):
-            print(f"removed a temporary file left by an interrupted run: {temp}", file=sys.stderr)
+            print(printable(f"removed a temporary file left by an interrupted run: {temp}"), file=sys.stderr)
+    # a killed --skip-existing run's frame claims, whatever this run's mode (a claim held now stays)
+    for claim in frame_claims.remove_stale(outputs):
+        print(printable(f"removed a frame claim left by an interrupted run: {claim}"), file=sys.stderr)
     return refs, outputs, skip
 
 
@@ -322,7 +358,7 @@ def plan_memory_plot(args, refs, outputs) -> Path | None:
     file without ``--overwrite``."""
     if not getattr(args, "memory_plot", None):
         return None
-    path = Path(args.memory_plot).expanduser().resolve()
+    path = products.output_path(Path(args.memory_plot).expanduser())
     where = f"--memory-plot {args.memory_plot}"
     family_id = args.family.id
     taken = {Path(r.path).resolve() for r in refs} | {p for out in outputs for p in products.companion_paths(family_id, out)}
@@ -336,7 +372,7 @@ def plan_memory_plot(args, refs, outputs) -> Path | None:
         raise CommandLineError(f"{where}: the folder {path.parent} does not exist; make it or choose another.")
     if not os.access(path.parent, os.W_OK):
         raise CommandLineError(f"{where}: the folder {path.parent} is not writable.")
-    if path.exists() and not args.overwrite:
+    if os.path.lexists(path) and not args.overwrite:
         raise CommandLineError(f"{where} exists; add --overwrite to replace it, or choose another name.")
     return path
 
@@ -366,6 +402,31 @@ def single_file(args, refs) -> bool:
     if source is None or len(refs) != 1 or args.frames is not None or frame_lists.is_pattern(source):
         return False
     return not Path(source).expanduser().is_dir()
+
+
+def memory_figures(before: dict, after: dict, process_peak: int | None, jobs=()) -> dict:
+    """The JSON line's memory, in bytes, each figure named for what it measures: the process's RSS
+    before and after the command, its peak over the whole command (reading, the jobs, writing the
+    files and the plot) and the jobs' peak (the one the text report and the picture say)."""
+    peaks = [f["peak"] for job in jobs for f in job["figures"] if f["figure"] == "ram" and f["peak"] is not None]
+    job_peak = max(peaks, default=None)
+    if process_peak is not None and job_peak is not None:
+        # the kernel's high-water mark is synced lazily and can lag a sampled RSS: the job is in the process
+        process_peak = max(process_peak, job_peak)
+    return {
+        "unit": "bytes",
+        "rss_before": before.get("rss_bytes"),
+        "process_rss_peak": process_peak,
+        "job_rss_peak": job_peak,
+        "rss_after": after.get("rss_bytes"),
+    }
+
+
+def format_memory_figures(memory: dict) -> str:
+    """The same figures in words, in MiB as the report: the process's peak is not the job's."""
+    job = f"; the job's peak {mb(memory['job_rss_peak'])}" if memory.get("job_rss_peak") is not None else ""
+    return (f"process RAM (RSS) over the whole command: peak {mb(memory['process_rss_peak'])} "
+            f"(reading, the job, writing){job}; now {mb(memory['rss_after'])}")
 
 
 def summary(family: Family, shard, refs, report: BatchReport, memory: dict, *, single: bool = False, **extra) -> dict:

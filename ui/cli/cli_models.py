@@ -7,18 +7,46 @@ Exit codes as the jobs': 0 done, 2 an error (one line on stderr says why), 130 i
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
+from pathlib import Path
 
 from ...models import families
 from ...models.store import library, user_models
-from ...runtime.errors import LeanImageError
+from ...runtime.errors import LeanImageError, OperationCancelled, printable
+from . import cli_job
 
 EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 2, 130
 
 
 def _folder(args):
     return library.models_dir(args.models_dir or "")
+
+
+def _readable_folder(args) -> Path:
+    """The models folder that list and verify look into: one this user cannot enter is said as
+    such, not a traceback nor every model shown as missing (one not made yet holds no model)."""
+    folder = _folder(args)
+    try:
+        with os.scandir(folder):
+            pass
+    except FileNotFoundError:
+        return folder
+    except PermissionError:
+        raise LeanImageError(
+            f"Permission denied opening the models folder {folder}: this user may not enter or read it. "
+            "Give your user read and enter rights on it (and on the folders above it), or choose another with --models-dir."
+        ) from None
+    except NotADirectoryError:
+        raise LeanImageError(
+            f"The models folder {folder} is not a folder (a file, or a path through one): choose a folder with --models-dir."
+        ) from None
+    except OSError as exc:  # a path too long for the OS, a link loop, a drive gone
+        raise LeanImageError(
+            f"Cannot open the models folder {folder}: {exc.strerror or exc}. Choose another with --models-dir."
+        ) from None
+    return folder
 
 
 def _lookup(folder, model_id: str):
@@ -32,16 +60,30 @@ def _lookup(folder, model_id: str):
 
 
 def _list(args) -> int:
-    folder = _folder(args)
+    folder = _readable_folder(args)
     known = library.catalog(folder)
-    print(f"models folder: {folder}")
+    print(printable(f"models folder: {folder}"))
     if library.catalog_error(folder):
-        print(f"warning: {library.catalog_error(folder)}", file=sys.stderr)
+        print(printable(f"warning: {library.catalog_error(folder)}"), file=sys.stderr)
     for entry in known.entries(args.family):
         state = library.status(entry, folder)
         where = f"  {library.installer.model_path(entry, folder)}" if state != library.MISSING else ""
-        print(f"{entry.id:40s} {entry.family:8s} {state:18s} {library.format_size(entry):>10s}  {entry.title}{where}")
+        command = families.get(entry.family).command if entry.family in families.IDS else entry.family
+        print(printable(f"{entry.id:40s} {command:17s} {state:18s} {library.format_size(entry):>10s}  {entry.title}{where}"))
+    for family in families.ALL:
+        if family.fallback_model is not None and args.family in (None, family.id):
+            print(printable(_embedded_row(family)))
     return EXIT_OK
+
+
+def _embedded_row(family) -> str:
+    """The model shipped inside the add-on, which a job of its family runs when none is installed:
+    listed like the others, with nothing to install or remove."""
+    path = family.fallback_model
+    size = library.format_bytes(path.stat().st_size if path.is_file() else None)
+    name = f"{path.stem} (embedded)"
+    title = f"built in, the default when no {family.command} model is installed"
+    return f"{name:40s} {family.command:17s} {'embedded':18s} {size:>10s}  {title}  {path}"
 
 
 class _DownloadProgress:
@@ -64,18 +106,25 @@ def _install(args) -> int:
     _known, entry = _lookup(folder, args.model_id)
     if entry.is_user:
         raise LeanImageError(f"{entry.title} is your own file: there is nothing to download.")
-    print(f"installing {entry.title} ({library.format_size(entry)}) into {folder}")
-    cancel = threading.Event()
+    print(printable(f"installing {entry.title} ({library.format_size(entry)}) into {folder}"))
+    # the event the first Ctrl+C or SIGTERM sets (ui/cli/cli_job.Interrupts): the download's watch
+    # polls it ten times a second and ends the transfer; a second signal raises Stopped at once
+    interrupts = getattr(args, "interrupts", None)
+    cancel = interrupts.event if interrupts is not None else threading.Event()
+    if interrupts is not None:
+        interrupts.stops = "the download now, keeping what arrived"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         path = library.fetch(entry, folder, progress=_DownloadProgress(), cancel=cancel.is_set)
-    except KeyboardInterrupt:
+    except (OperationCancelled, KeyboardInterrupt):
         cancel.set()
-        print("Interrupted; the partial download is kept and `models install` resumes it.", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        name = interrupts.name if interrupts is not None else "Ctrl+C"
+        print(f"Stopped by {name}; the partial download is kept and `models install {entry.id}` resumes it.",
+              file=sys.stderr)
+        return interrupts.exit_code if interrupts is not None else EXIT_INTERRUPTED
     except OSError as exc:
         raise LeanImageError(f"Cannot write to the models folder {folder}: {exc}. Give --models-dir another folder.") from exc
-    print(f"installed {entry.title} ({library.format_bytes(path.stat().st_size)}) at {path}")
+    print(printable(f"installed {entry.title} ({library.format_bytes(path.stat().st_size)}) at {path}"))
     return EXIT_OK
 
 
@@ -83,11 +132,11 @@ def _register(args) -> int:
     folder = _folder(args)
 
     def progress(_fraction, stage):
-        print(f"  {stage}", flush=True)
+        print(printable(f"  {stage}"), flush=True)
 
     registered = user_models.register(args.family_id, args.file, folder, progress=progress)
-    print(registered.summary())
-    print(f"id: {registered.entry.id}")
+    print(printable(registered.summary()))
+    print(printable(f"id: {registered.entry.id}"))
     return EXIT_OK
 
 
@@ -95,9 +144,8 @@ def _remove(args) -> int:
     folder = _folder(args)
     known, entry = _lookup(folder, args.model_id)
     if entry.is_user:
-        known.remove_user_model(entry.id)
-        store = library.save_catalog(known, folder)
-        print(f"unregistered {entry.title}; your file {entry.path} was left in place (list saved in {store})")
+        store = user_models.unregister(entry.id, folder)
+        print(printable(f"unregistered {entry.title}; your file {entry.path} was left in place (list saved in {store})"))
         return EXIT_OK
     dest = library.installer.model_path(entry, folder)
     try:
@@ -106,14 +154,14 @@ def _remove(args) -> int:
         raise LeanImageError(f"Could not delete {dest}: {exc}.") from exc
     if not removed:
         raise LeanImageError(f"{entry.title} is not installed in {folder}; nothing was removed.")
-    print(f"removed {entry.title} ({dest})")
+    print(printable(f"removed {entry.title} ({dest})"))
     return EXIT_OK
 
 
 def _verify(args) -> int:
     """Each model with a file (or a partial one) checked against the catalog: size, sha256."""
-    folder = _folder(args)
-    known = library.catalog(folder)
+    folder = _readable_folder(args)
+    known = _lookup(folder, args.model_id)[0] if args.model_id else library.catalog(folder)
     checked = failed = 0
     for entry in known.entries():
         if args.model_id and entry.id != args.model_id:
@@ -125,10 +173,10 @@ def _verify(args) -> int:
             path = library.installer.verify_installed(entry, folder)
         except LeanImageError as exc:
             failed += 1
-            print(f"FAILED {entry.id}: {exc}")
+            print(printable(f"FAILED {entry.id}: {exc}"))
             continue
-        print(f"ok     {entry.id}: {path}")
-    print(f"{checked} checked, {failed} failed ({folder})")
+        print(printable(f"ok     {entry.id}: {path}"))
+    print(printable(f"{checked} checked, {failed} failed ({folder})"))
     if failed:
         print(f"error: {failed} model(s) failed verification; remove and install them again.", file=sys.stderr)
     return EXIT_ERROR if failed else EXIT_OK
@@ -151,12 +199,14 @@ def add_parser(subparsers) -> None:
         return sub
 
     listing = action("list", _list, "every known model: id, family, state, size, title, file")
-    listing.add_argument("--family", choices=families.IDS, help="only this family")
+    listing.add_argument("--family", type=cli_job.family_arg, metavar=cli_job.family_metavar(),
+                         help="only the models of this command")
     action("install", _install, "download a built-in model (resumes a partial download; checks size and sha256)").add_argument(
         "model_id", metavar="ID"
     )
     register = action("register", _register, "check your own ONNX file against a family and add it to the list")
-    register.add_argument("family_id", metavar="FAMILY", choices=families.IDS)
+    register.add_argument("family_id", metavar="COMMAND", type=cli_job.family_arg,
+                          help=f"the command that will run it: {cli_job.family_metavar()}")
     register.add_argument("file", metavar="FILE")
     action("remove", _remove, "delete an installed model's file, or unregister your own (your file is kept)").add_argument(
         "model_id", metavar="ID"

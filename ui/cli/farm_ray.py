@@ -33,9 +33,9 @@ from ...models.batch import frame_lists
 from ...models.batch.sequence import BatchReport
 from ...models.family import Family
 from ...runtime import memory_snapshot, parse_device
-from ...runtime.errors import LeanImageError, first_line
+from ...runtime.errors import LeanImageError, printable
 from ...runtime.measure.memory import peak_rss_bytes, reset_peak_rss
-from . import cli_job, cli_shot
+from . import cli_job, cli_shot, farm_connect
 from .cli_images import CommandLineError
 from .farm_worker import FrameWorker
 
@@ -102,23 +102,6 @@ def import_ray():
             "(the add-on and the other commands work without it)."
         ) from None
     return ray
-
-
-def _connect(ray, address: str) -> bool:
-    """Join or start Ray; True when this call started it (and so shuts it down)."""
-    if ray.is_initialized():  # a caller (a pipeline script, the tests) already holds a connection
-        return False
-    try:
-        if address == "local":
-            ray.init(address="local", include_dashboard=False)
-        else:
-            ray.init(address=address)
-    except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ImportError...
-        hint = {
-            "auto": "no running Ray cluster was found here; start one (`ray start --head`) or use --address local",
-        }.get(address, "check the address, that the cluster is up, and for ray:// that ray[client] is installed")
-        raise CommandLineError(f"--address {address}: Ray could not connect ({first_line(exc)}); {hint}.") from None
-    return True
 
 
 class _Frame:
@@ -251,7 +234,7 @@ class Farm:
             return
         if "end" in item:
             figures = self.processes[self.pid_of[slot]]
-            figures.update(sessions_created=item["sessions_created"], rss_peak=item["rss_peak"])
+            figures.update(sessions_created=item["sessions_created"], process_rss_peak=item["process_rss_peak"])
             self.warnings.extend(item["warnings"])
             return
         index = chunk["left"].pop(item["frame"])
@@ -339,7 +322,7 @@ class _Progress:
             print(f"  worker {event['worker']} died; its {event['frames']} frame(s) go to another", file=sys.stderr)
             return
         if event["event"] == "frame_failed":
-            print(f"  frame {event['frame']} failed: {event['error']}", file=sys.stderr)
+            print(printable(f"  frame {event['frame']} failed: {event['error']}"), file=sys.stderr)
         self.done += 1
         percent = int(100 * self.done / max(self.total, 1))
         if percent >= self.last + 10 or self.done == self.total:
@@ -374,14 +357,14 @@ def run(args, *, on_event=None, worker_class=FrameWorker) -> int:
     todo = [_Frame(ref, out, family.id) for ref, out in zip(refs, outputs, strict=True) if ref not in skip]
     before = memory_snapshot(None)
     reset_peak_rss()
-    started_ray = _connect(ray, args.address)
+    started_ray = farm_connect.connect(ray, args.address)
     try:
         threads = max(1, args.threads_per_worker)
         count = args.workers or max(1, int(ray.cluster_resources().get("CPU", 1) // threads))
         chunk_size = args.chunk_size or max(1, min(MAX_AUTO_CHUNK, len(todo) // (3 * count)))
         print(
-            f"farm: {len(todo)} frame(s) to do ({len(skip)} skipped) on {count} worker(s), chunks of "
-            f"{chunk_size}; model {job.model.path}",
+            printable(f"farm: {len(todo)} frame(s) to do ({len(skip)} skipped) on {count} worker(s), chunks of "
+                      f"{chunk_size}; model {job.model.path}"),
             file=sys.stderr,
         )
         worker = ray.remote(worker_class).options(
@@ -422,7 +405,7 @@ def run(args, *, on_event=None, worker_class=FrameWorker) -> int:
         seconds=seconds,
     )
     after = memory_snapshot(None)
-    memory = {"rss_before": before.get("rss_bytes"), "rss_peak": peak_rss_bytes(), "rss_after": after.get("rss_bytes")}
+    memory = cli_job.memory_figures(before, after, peak_rss_bytes())  # the jobs ran in the workers
     details = {
         "address": args.address,
         "workers": count,
@@ -434,15 +417,15 @@ def run(args, *, on_event=None, worker_class=FrameWorker) -> int:
         "processes": sorted(farm.processes.values(), key=lambda p: (p["worker"], p["pid"])),
     }
     for warning in dict.fromkeys(report.warnings):
-        print(f"warning: {warning}", file=sys.stderr)
+        print(printable(f"warning: {warning}"), file=sys.stderr)
     print(json.dumps(cli_job.summary(
         family, args.shard, refs, report, memory, output_type=cli_job.output_type(family, refs, outputs), farm=details,
         **shot.as_dict(),
     )))
     for number, error in report.failed:
-        print(f"error: frame {number}: {error}", file=sys.stderr)
+        print(printable(f"error: frame {number}: {error}"), file=sys.stderr)
     if farm.fatal is not None:
-        print(f"error: {farm.fatal}", file=sys.stderr)
+        print(printable(f"error: {farm.fatal}"), file=sys.stderr)
     if cancelled:
         name = interrupts.name if interrupts is not None else "Ctrl+C"
         print(f"Stopped by {name}; {len(report.written)} frame(s) written are kept, none half-way.", file=sys.stderr)

@@ -100,7 +100,7 @@ class FrameWorker:
             "pid": os.getpid(),
             "sessions_created": self.runtime.sessions_created,
             "frames_done": self.frames_done,
-            "rss_peak": peak_rss_bytes(),
+            "process_rss_peak": peak_rss_bytes(),
             "warnings": list(dict.fromkeys(fallbacks + report.warnings)),
         }
 

@@ -7,7 +7,7 @@ itself) is checked before the model runs. A batch is one runtime operation; fram
 written while the model runs (models/batch/sequence.py). Progress goes to stdout, one line per stage;
 the last line is one JSON object with what was written, skipped and failed, the time and memory.
 
-Memory budgets, in MB as Blender's preferences (0: no limit): ``--ram-budget`` (this process's RSS
+Memory budgets, in MiB as Blender's preferences (0: no limit): ``--ram-budget`` (this process's RSS
 on a CPU job) and ``--vram-budget`` (its GPU memory on a GPU job; also caps the CUDA arena), else
 ``$LEAN_IMAGE_AI_RAM_BUDGET_MB`` and ``$LEAN_IMAGE_AI_VRAM_BUDGET_MB``. They are checked before
 each load and run, and an upscale's auto tile size follows the budget of the device it runs on:
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import sys
@@ -38,10 +39,10 @@ from ...models import families, files
 from ...models.batch import frame_claims, sequence
 from ...models.family import Family
 from ...runtime import format_snapshot, get_runtime, memory_snapshot, parse_device, settings
-from ...runtime.errors import LeanImageError, OperationCancelled, first_line
+from ...runtime.errors import LeanImageError, OperationCancelled, first_line, printable
 from ...runtime.log import event_file
 from ...runtime.measure import memory_plot
-from ...runtime.measure.leak_check import MAX_RUNS, MIN_RUNS
+from ...runtime.measure.leak_check import MAX_RUNS, MIN_RUNS, RUNS_REASON
 from ...runtime.measure.memory import peak_rss_bytes, reset_peak_rss
 from ...runtime.oom import out_of_memory_error
 from ...runtime.providers import DEVICE_HELP
@@ -90,7 +91,7 @@ class _Progress:
         if kind != self.last_kind or percent >= self.last_percent + 10 or percent == 100:
             if percent == self.last_percent and kind == self.last_kind:
                 return
-            print(f"  [{percent:3d}%] {stage}", file=self.stream, flush=True)
+            print(printable(f"  [{percent:3d}%] {stage}"), file=self.stream, flush=True)
             self.last_percent, self.last_kind = percent, kind
 
 
@@ -99,15 +100,16 @@ def _gpu_id(device: str) -> int | None:
     return request.index if request.kind == "cuda" else None
 
 
-def _print_memory_report(runtime, since: float, gpu_id: int | None) -> None:
+def _print_memory_report(runtime, since: float, gpu_id: int | None) -> list[dict]:
     """The job's memory in the runtime's own wording (runtime/measure/memory_report.py): what it grew,
-    what the release gave back, what stays and in which floor."""
+    what the release gave back, what stays and in which floor. Returns the jobs' reports."""
     jobs = [e for e in runtime.events.recent("job_memory") if e["time"] >= since]
     if not jobs:
         print(f"memory: {format_snapshot(memory_snapshot(gpu_id))} (no job ran)")
     for job in jobs:
         for line in job["lines"]:
             print(line)
+    return jobs
 
 
 # ---- one command for every family -----------------------------------------------------------------
@@ -148,8 +150,8 @@ def _run(args) -> int:
     if demo:
         print(f"input: generated demo image {width}x{height}{shard}")
     else:
-        print(f"input: {len(refs)} frame(s){shard}" + (f" from {refs[0].path}" if refs else ""))
-    print(f"model: {model.describe()}")
+        print(printable(f"input: {len(refs)} frame(s){shard}" + (f" from {refs[0].path}" if refs else "")))
+    print(printable(f"model: {model.describe()}"))
     output_type = cli_job.output_type(family, refs, outputs)  # reads the first frame's header: once
     print(f"output: {output_type}")
 
@@ -167,8 +169,8 @@ def _run(args) -> int:
                             "exact": result.exact})
         notes, line = write_result(family.id, target[ref], result, values)
         for note in notes:
-            print(f"warning: {note}")
-        print(line, flush=True)
+            print(printable(f"warning: {note}"))
+        print(printable(line), flush=True)
 
     runtime = get_runtime()
     gpu_id = _gpu_id(args.device)
@@ -196,11 +198,11 @@ def _run(args) -> int:
         claims.release_all()
     fallbacks = [e["message"] for e in runtime.events.recent("provider_fallback") if e["time"] >= since]
     for warning in dict.fromkeys([*fallbacks, *report.warnings]):  # each said once per job
-        print(f"warning: {warning}")
-    _print_memory_report(runtime, since, gpu_id)
+        print(printable(f"warning: {warning}"))
+    jobs = _print_memory_report(runtime, since, gpu_id)
     plot_error = _write_memory_plot(plot, runtime.last_timeline) if plot else None
-    after = memory_snapshot(gpu_id)
-    memory = {"rss_before": before.get("rss_bytes"), "rss_peak": peak_rss_bytes(), "rss_after": after.get("rss_bytes")}
+    memory = cli_job.memory_figures(before, memory_snapshot(gpu_id), peak_rss_bytes(), jobs)
+    print(cli_job.format_memory_figures(memory))
     single = cli_job.single_file(args, refs)
     extra = {"tiling": tilings} if tilings else {}
     summary = cli_job.summary(
@@ -216,9 +218,9 @@ def _run(args) -> int:
     )
     print(json.dumps(summary))
     for number, error in report.failed:
-        print(f"error: {refs[0].path.name if single else f'frame {number}'}: {error}", file=sys.stderr)
+        print(printable(f"error: {refs[0].path.name if single else f'frame {number}'}: {error}"), file=sys.stderr)
     if plot_error:
-        print(f"error: {plot_error}", file=sys.stderr)
+        print(printable(f"error: {plot_error}"), file=sys.stderr)
     if report.cancelled:
         done = len(report.written)
         kept = f"{done} frame(s) written are kept, nothing was written half-way." if done else "nothing was written."
@@ -235,7 +237,7 @@ def _write_memory_plot(path: Path, timeline: dict | None) -> str | None:
         files.write_bytes(path, memory_plot.png_bytes(memory_plot.render(timeline)))
     except OSError as exc:
         return f"--memory-plot {path}: could not write it ({exc.strerror or exc}); the frames are written."
-    print(f"memory plot: {path} ({'; '.join(memory_plot.legend(timeline))})")
+    print(printable(f"memory plot: {path} ({'; '.join(memory_plot.legend(timeline))})"))
     return None
 
 
@@ -292,6 +294,14 @@ def _leak_check(args) -> int:
     return EXIT_OK if result.verdict == "stable" else EXIT_LEAK
 
 
+def _leak_runs(text: str) -> int:
+    """argparse type of --runs: fewer than MIN_RUNS is refused with the reason, not only the range."""
+    runs = cli_job.counted(0, MAX_RUNS)(text)
+    if runs < MIN_RUNS:
+        raise argparse.ArgumentTypeError(f"{runs} run(s) cannot be judged. {RUNS_REASON}")
+    return runs
+
+
 def _add_leak_check(subparsers) -> None:
     parser = subparsers.add_parser(
         "leak-check",
@@ -300,12 +310,20 @@ def _add_leak_check(subparsers) -> None:
         "(RSS; this process's VRAM on a GPU) after each, and ends with `stable` (a plateau) or "
         "`growing` (slope per run, and which figure). Exit 0 stable, 1 growing.",
     )
-    parser.add_argument("--family", dest="family_id", choices=families.IDS, default="upscale")
+    commands = [f.command for f in families.ALL]
+    parser.add_argument(
+        "--family",
+        dest="family_id",
+        type=cli_job.family_arg,
+        default="upscale",
+        metavar="{" + ",".join(commands) + "}",
+        help="which job to repeat, by its command name (default: upscale)",
+    )
     parser.add_argument(
         "--runs",
-        type=cli_job.counted(MIN_RUNS, MAX_RUNS),
+        type=_leak_runs,
         default=60,
-        help=f"how many times ({MIN_RUNS} to {MAX_RUNS}; default 60: the first third warms up)",
+        help=f"how many times, {MIN_RUNS} to {MAX_RUNS} (default 60). {RUNS_REASON}",
     )
     parser.add_argument("--model", help="a catalog model id, else an ONNX file (default: the installed or embedded one)")
     parser.add_argument("--models-dir", help="models folder")
@@ -318,7 +336,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse's usage errors as one line naming the option, exit 2, like every other error."""
 
     def error(self, message):
-        self.exit(EXIT_ERROR, f"error: {self.prog}: {message} (see --help)\n")
+        self.exit(EXIT_ERROR, printable(f"error: {self.prog}: {message} (see --help)") + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -342,8 +360,24 @@ def check_environment() -> None:
     settings.settings_from_environment()
     cli_images.pixel_limit()
     folder = os.environ.get(event_file.LOG_DIR_ENV, "").strip()
-    if folder and Path(folder).expanduser().exists() and not Path(folder).expanduser().is_dir():
+    if folder and event_file.log_folder().exists() and not event_file.log_folder().is_dir():
         raise settings.SettingError(f"{event_file.LOG_DIR_ENV}={folder!r} is not a folder: name a folder for the event log.")
+
+
+def _log_unwritable(path, error: str) -> None:
+    """Said once: the bug line and the docs send the user to this log."""
+    print(printable(f"warning: the event log cannot be written at {path} ({error}); the command goes on "
+                    f"without it. Set {event_file.LOG_DIR_ENV} to a folder you can write."), file=sys.stderr, flush=True)
+
+
+def _bug_line(exc: Exception) -> str:
+    """The one line of an unexpected error, and where its traceback went (never raising itself)."""
+    log = event_file.current()
+    if log is not None and log.flush(2.0) and log.error is None:
+        where = f"the traceback is in the event log in {log.folder}"
+    else:
+        where = "the event log could not keep its traceback"
+    return f"error: unexpected {type(exc).__name__}: {first_line(exc)} (a bug; {where})"
 
 
 def main(argv=None) -> int:
@@ -355,38 +389,55 @@ def main(argv=None) -> int:
     with cli_job.Interrupts() as interrupts:
         args.interrupts = interrupts
         try:
-            return _handled(args, interrupts)
+            code = _handled(args, interrupts)
         except cli_job.Stopped:  # a second signal while the first one's outcome was being reported
-            return interrupts.exit_code
+            code = interrupts.exit_code
         finally:
             interrupts.disarm()  # a signal from here on is noted, not raised in the cleanup
             event_file.stop()
+    if interrupts.signum is not None:
+        cli_job.leave_now_if_a_model_still_runs(code)
+    return code
 
 
 def _handled(args, interrupts) -> int:
     """The command, with every way it can fail as one line and an exit code."""
     try:
         check_environment()
-        event_file.start(get_runtime(), event_file.log_folder())  # every decision, also on disk
+        event_file.start(get_runtime(), event_file.log_folder(), on_error=_log_unwritable)  # every decision, also on disk
         return int(args.handler(args))
     except cli_job.Stopped:
         print(f"Stopped by {interrupts.name}; the frames already written are kept, none is half-written.", file=sys.stderr)
         return interrupts.exit_code
     except OperationCancelled as exc:
-        print(f"Stopped by {interrupts.name}: {exc}", file=sys.stderr)
+        print(printable(f"Stopped by {interrupts.name}: {exc}"), file=sys.stderr)
         return interrupts.exit_code
     except LeanImageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(printable(f"error: {exc}"), file=sys.stderr)
         return EXIT_ERROR
     except MemoryError as exc:
-        print(f"error: {out_of_memory_error(exc)}", file=sys.stderr)
+        print(printable(f"error: {out_of_memory_error(exc)}"), file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            return _bug(exc)
+        print(printable(f"error: {_too_long(exc)}"), file=sys.stderr)
         return EXIT_ERROR
     except Exception as exc:  # noqa: BLE001 - a bug still ends in one line; the log keeps the rest
-        with contextlib.suppress(Exception):  # the log is for the report; the line below is for the user
-            get_runtime().events.emit("cli_error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
-        print(
-            f"error: unexpected {type(exc).__name__}: {first_line(exc)} (a bug; the traceback is in the "
-            f"event log in {event_file.log_folder()})",
-            file=sys.stderr,
-        )
-        return EXIT_ERROR
+        return _bug(exc)
+
+
+def _too_long(exc: OSError) -> str:
+    """Any path of the command (an input, an output, a folder) that the OS refuses as too long."""
+    name = str(exc.filename or "")
+    shown = name if len(name) <= 80 else f"{name[:60]}... ({len(name)} characters)"
+    return (f"The path {shown} is longer than this system allows (a name or the whole path): "
+            "give a shorter name or a folder nearer the root.")
+
+
+def _bug(exc: Exception) -> int:
+    """A bug still ends in one line; the log keeps the rest."""
+    with contextlib.suppress(Exception):  # the log is for the report; the line below is for the user
+        get_runtime().events.emit("cli_error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+    print(printable(_bug_line(exc)), file=sys.stderr)
+    return EXIT_ERROR
