@@ -145,7 +145,7 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
                 created.remove_all()
             made.objects.clear()
         for warning in dict.fromkeys(report.warnings):
-            self.report({"WARNING"}, warning)
+            self.report({"WARNING"}, prefs.with_gpu_runtime_hint(warning))
         if report.cancelled or job.state == "cancelled":  # what the user asked for: a warning, not an error
             self.report({"WARNING"}, job.error_text or f"{self.job_title} was cancelled; nothing was changed.")
             return {"CANCELLED"}
