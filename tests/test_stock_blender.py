@@ -256,6 +256,16 @@ def test_panels_and_preferences_draw(stock_run):
     assert "my_x2 (your model)" in text  # the registered model is in the preferences' list
 
 
+def test_run_doctor_reports_the_bundled_onnxruntime(stock_run):
+    """The preferences' doctor runs `python -m lean_image_ai doctor` with Blender's Python and
+    sys.path: it finds the installed extension and the onnxruntime Blender unpacked for it."""
+    assert stock_run["doctor"] == ["FINISHED"]
+    report = stock_run["doctor_report"] or ""
+    site = Path(stock_run["onnxruntime_file"]).resolve().parent
+    assert f"onnxruntime: onnxruntime-gpu {stock_run['onnxruntime_version']} from {site}" in report, report
+    assert "Bundled with this zip: onnxruntime_gpu-" in report, report
+
+
 def test_models_live_in_the_shared_folder_and_survive_uninstall(stock_run):
     shared = Path(stock_run["home"]) / ".local" / "share" / "lean_image_ai" / "models"
     assert Path(stock_run["models_folder"]) == shared
