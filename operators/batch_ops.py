@@ -239,7 +239,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
             self.report({"ERROR"}, job.error_text)
             return {"CANCELLED"}
         for warning in dict.fromkeys(report.warnings):
-            self.report({"WARNING"}, warning)
+            self.report({"WARNING"}, prefs.with_gpu_runtime_hint(warning))
         summary = f"{job.name}: {report.summary()} in {report.seconds:.1f} s; files in {job.key}"
         if getattr(job.inputs, "shot_line", ""):  # a shot's first pass: the range or camera it settled
             summary += f"; {job.inputs.shot_line}"

@@ -19,11 +19,13 @@ from ..models.store import library
 from ..runtime import get_runtime
 from ..runtime.cuda import gpu_libraries, gpu_loading
 from ..runtime.errors import LeanImageError
+from ..runtime.log import doctor_process
 from . import prefs
 from .jobs import Job, WorkerOperator, downloads, manager
 from .options import path_options
 
 JOB_KEY = "gpu_runtime"  # the download lane's key for this job (the preferences draw by it)
+DOCTOR_TEXT = "Lean Image AI doctor"  # the Text Editor datablock that keeps the last report
 
 
 def _requirements(path_property: str) -> Path:
@@ -42,11 +44,17 @@ def _requirements(path_property: str) -> Path:
     return shipped
 
 
-class LEAN_IMAGE_AI_OT_install_gpu_runtime(WorkerOperator, bpy.types.Operator):
-    """Download NVIDIA's CUDA 13 and cuDNN 9 libraries (about 1.2 GB) so models can run on an NVIDIA GPU"""
+def _install_description() -> str:
+    size = prefs.gpu_runtime_size_text()
+    return "Download NVIDIA's CUDA 13 and cuDNN 9 libraries" + (f" ({size})" if size else "") + (
+        " so models can run on an NVIDIA GPU"
+    )
 
+
+class LEAN_IMAGE_AI_OT_install_gpu_runtime(WorkerOperator, bpy.types.Operator):
     bl_idname = "lean_image_ai.install_gpu_runtime"
     bl_label = "Install GPU Runtime"
+    bl_description = _install_description()  # the size the box shows, from the same requirement file
     bl_options = {"INTERNAL"}
 
     lane = downloads
@@ -139,6 +147,54 @@ class LEAN_IMAGE_AI_OT_remove_gpu_runtime(bpy.types.Operator):
         return {"FINISHED"}
 
 
+# ---- doctor -----------------------------------------------------------------------------------
+# The report of `python -m lean_image_ai doctor`, made by that command in a child process (Blender
+# never imports onnxruntime for it, and never waits): a timer polls it. One run at a time.
+doctor: dict = {"run": None}
+
+
+def doctor_running() -> bool:
+    run = doctor["run"]
+    return run is not None and run.running
+
+
+def poll_doctor():
+    """The timer: None (stop) once the report is in, else the seconds to the next look."""
+    run = doctor["run"]
+    if run is None or not doctor_process.poll(run):
+        return None if run is None else 0.25
+    text = bpy.data.texts.get(DOCTOR_TEXT) or bpy.data.texts.new(DOCTOR_TEXT)
+    text.from_string(run.text + "\n")
+    for window in getattr(bpy.context.window_manager, "windows", ()):
+        for area in window.screen.areas:
+            if area.type == "PREFERENCES":
+                area.tag_redraw()
+    return None
+
+
+class LEAN_IMAGE_AI_OT_run_doctor(bpy.types.Operator):
+    """What onnxruntime, the GPU and its CUDA/cuDNN libraries look like to this Blender: the report
+    of python -m lean_image_ai doctor (also kept in the Text Editor)"""
+
+    bl_idname = "lean_image_ai.run_doctor"
+    bl_label = "Run Doctor"
+    bl_options = {"INTERNAL"}
+
+    def execute(self, context):
+        if doctor_running():
+            self.report({"WARNING"}, "The doctor is already running; its report comes here when it ends.")
+            return {"CANCELLED"}
+        folder = prefs.gpu_runtime_folder()
+        try:
+            doctor["run"] = doctor_process.start(folder if gpu_libraries.installed_version(folder) else None)
+        except OSError as exc:
+            self.report({"ERROR"}, f"Could not start {sys.executable} for the doctor: {exc}")
+            return {"CANCELLED"}
+        if not bpy.app.timers.is_registered(poll_doctor):
+            bpy.app.timers.register(poll_doctor, first_interval=0.25)
+        return {"FINISHED"}
+
+
 def post_register():
     """Load the installed libraries before any session is made (never fails the add-on's register)."""
     try:
@@ -152,4 +208,13 @@ def post_register():
     print(f"Lean Image AI: {activation.summary()}")
 
 
-classes = (LEAN_IMAGE_AI_OT_install_gpu_runtime, LEAN_IMAGE_AI_OT_remove_gpu_runtime)
+def pre_unregister():
+    # A timer Blender holds after an uninstall keeps this module, and bpy, alive (ui/prop_callbacks.py)
+    if bpy.app.timers.is_registered(poll_doctor):
+        bpy.app.timers.unregister(poll_doctor)
+    if doctor["run"] is not None:
+        doctor_process.stop(doctor["run"])
+        doctor["run"] = None
+
+
+classes = (LEAN_IMAGE_AI_OT_install_gpu_runtime, LEAN_IMAGE_AI_OT_remove_gpu_runtime, LEAN_IMAGE_AI_OT_run_doctor)

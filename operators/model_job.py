@@ -164,7 +164,7 @@ class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
             return {"CANCELLED"}
         job.on_discard.clear()  # applied: what was gathered now belongs to the result
         for warning in _all_warnings(job.result):
-            self.report({"WARNING"}, warning)
+            self.report({"WARNING"}, prefs.with_gpu_runtime_hint(warning))
         self.report({"INFO"}, summary)
         return {"FINISHED"}
 

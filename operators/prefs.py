@@ -18,6 +18,7 @@ from ..runtime.errors import LeanImageError
 from ..runtime.log import event_file
 from ..runtime.paths import ADDON_ROOT
 from ..runtime.providers import DEVICE_BY_KIND, DEVICES, RELEASE_RULES, release_rule
+from ..runtime.session import CUDA_FALLBACK_START
 from ..runtime.settings import MemoryBudgets, budget_bytes
 from . import sources
 
@@ -216,3 +217,28 @@ def gpu_requirements() -> Path | None:
     """The requirements file this zip ships for this platform and Blender's Python (None on macOS,
     or in a zip built for another platform)."""
     return gpu_libraries.requirements_path(ADDON_ROOT)
+
+
+def gpu_runtime_size_text() -> str | None:
+    """The GPU runtime's download size for this platform, from the sizes its pinned requirement
+    file records (the one figure the box, the button's tooltip and the docs give); None when this
+    zip has no GPU runtime or a size is unknown."""
+    requirements = gpu_requirements()
+    size = gpu_libraries.download_size(requirements) if requirements is not None else None
+    return library.format_bytes(size) if size else None
+
+
+GPU_RUNTIME_HINT = "Install GPU Runtime in Edit > Preferences > Add-ons > Lean Image AI provides the CUDA/cuDNN libraries."
+
+
+def with_gpu_runtime_hint(warning: str) -> str:
+    """A CUDA fallback warning, plus the button that provides the libraries where this zip offers
+    them and they are not installed yet."""
+    if not warning.startswith(CUDA_FALLBACK_START) or gpu_requirements() is None:
+        return warning
+    try:
+        if gpu_libraries.installed_version(gpu_runtime_folder()):
+            return warning  # installed: the cause is elsewhere (the driver), the warning says so
+    except Exception:  # no user folder to look in: then nothing is installed there either
+        pass
+    return f"{warning} {GPU_RUNTIME_HINT}"

@@ -141,7 +141,7 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
     def finish(self, context, job: Job):
         report, made = job.inputs.report, job.inputs.made
         for warning in dict.fromkeys(report.warnings):
-            self.report({"WARNING"}, warning)
+            self.report({"WARNING"}, prefs.with_gpu_runtime_hint(warning))
         cancelled = report.cancelled or job.state == "cancelled"
         whole = len(report.written) == report.total and not report.failed and job.state != "failed"
         if cancelled or not whole or not made.objects:  # all or nothing: the frames made so far go

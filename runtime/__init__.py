@@ -19,7 +19,7 @@ from .measure.memory import format_snapshot, memory_snapshot
 from .operation import Operation
 from .providers import DeviceRequest, parse_device
 from .release.cpu_arena import env_cpu_arena_config
-from .session import SessionHandle, TensorInfo, installed_providers, mark_last
+from .session import SessionHandle, TensorInfo, installed_providers, mark_last, runnable_providers
 
 __all__ = [
     "DeviceRequest",
@@ -43,6 +43,7 @@ __all__ = [
     "env_cpu_arena_config",
     "format_snapshot",
     "installed_providers",
+    "runnable_providers",
     "get_runtime",
     "mark_last",
     "memory_snapshot",

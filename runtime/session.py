@@ -11,7 +11,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from .measure.memory import process_rss_bytes
+from .measure.memory import nvidia_gpu_count, process_rss_bytes
 from .onnx_inputs import weights_bytes
 from .providers import CPU, CUDA, DEVICE_BY_KIND, DeviceRequest, describe_providers, release_rule, shrink_spec
 
@@ -42,6 +42,23 @@ def installed_providers() -> list[str]:
         return list(onnxruntime_module().get_available_providers())
     except Exception:
         return ["CPUExecutionProvider"]
+
+
+# onnxruntime-gpu lists these on every machine; they run only where the NVIDIA driver sees a GPU
+NVIDIA_PROVIDERS = frozenset({CUDA, "TensorrtExecutionProvider", "NvTensorRTRTXExecutionProvider"})
+
+
+def runnable_providers(available: Iterable[str] | None = None, gpu_count=nvidia_gpu_count) -> list[str]:
+    """The installed providers that can run here: the NVIDIA ones only where the driver sees a
+    GPU (an unknown count keeps them: Windows' older drivers keep NVML where it is not looked for)."""
+    available = installed_providers() if available is None else list(available)
+    if any(p in NVIDIA_PROVIDERS for p in available) and gpu_count() == 0:
+        return [p for p in available if p not in NVIDIA_PROVIDERS]
+    return available
+
+
+# The start of the warning of a CUDA request that landed elsewhere (Blender adds what to do)
+CUDA_FALLBACK_START = "CUDA was requested for"
 
 
 @dataclass(frozen=True)
@@ -89,7 +106,7 @@ class SessionHandle:
         self.onnxruntime_log: list[str] = []  # ORT's own lines while it was created (runtime/log/native_log.py)
         if request.kind == "cuda" and self.providers[:1] != [CUDA]:
             self.fallback_warning = (
-                f"CUDA was requested for {self.model_name} but the session runs on "
+                f"{CUDA_FALLBACK_START} {self.model_name} but the session runs on "
                 f"{describe_providers(self.providers)}: the GPU or its CUDA/cuDNN libraries could not be used. "
                 "Check the NVIDIA driver and the onnxruntime-gpu install; results are correct but slower."
             )

@@ -81,6 +81,19 @@ def draw_ui(out: dict, tests: Path) -> None:
     out["preferences_text"] = [str(getattr(c, "text", "")) for c in proxy.layout.log if getattr(c, "text", "")]
 
 
+def run_doctor(out: dict) -> None:
+    """The preferences' Run Doctor, its timer driven by hand (bpy as a module has no event loop)."""
+    import time
+
+    gpu_ops = importlib.import_module(MODULE + ".operators.gpu_ops")
+    call(out, "doctor", bpy.ops.lean_image_ai.run_doctor)
+    deadline = time.monotonic() + 240
+    while gpu_ops.poll_doctor() is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    run = gpu_ops.doctor["run"]
+    out["doctor_report"] = run.text if run is not None else None
+
+
 def main(zip_path: str, work: Path, models: dict, tests: Path) -> dict:
     out: dict = {"python": list(sys.version_info[:2]), "bpy": bpy.app.version_string}
     # What a stock Blender lacks, before the add-on brings anything.
@@ -125,6 +138,7 @@ def main(zip_path: str, work: Path, models: dict, tests: Path) -> dict:
     )  # fmt: skip
     out["sequence_files"] = sorted(p.name for p in (work / "seq_out").glob("*")) if (work / "seq_out").is_dir() else []
     draw_ui(out, tests)
+    run_doctor(out)
 
     ort = sys.modules.get("onnxruntime")
     out["onnxruntime_file"] = getattr(ort, "__file__", None)

@@ -267,8 +267,9 @@ def test_model_menus_offer_installed_entries_only(settings, models_dir, tmp_path
     _tiny_file(models_dir / "up-c.onnx", data)
     _tiny_file(models_dir / "ben-x.onnx", b"xyz")  # right size, never verified
 
-    items = S._items_callback("upscale")(settings, bpy.context)
-    assert items is S._model_items["upscale"]  # module-level list: Blender keeps the strings alive
+    menu = bh.import_submodule("ui.model_menu")
+    items = menu.model_items("upscale", bpy.context)
+    assert items is menu._model_items["upscale"]  # module-level list: Blender keeps the strings alive
     assert [i[0] for i in items] == ["up-a", "up-c", S.EMBEDDED_ID]
     assert len({i[4] for i in items}) == len(items)
     assert [i[0] for i in S.compute_model_items("ben2")] == ["ben-x"]  # present, unverified: usable

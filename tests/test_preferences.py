@@ -34,9 +34,14 @@ def test_root_package_name():
     assert P.LeanImageAIPreferences.bl_idname == "lean_image_ai"
 
 
-def test_device_items_match_installed_onnxruntime(registered):
+def test_device_items_match_what_can_run_here(registered):
+    """onnxruntime's providers, less the NVIDIA ones where the driver sees no GPU."""
     onnxruntime = pytest.importorskip("onnxruntime")
+    from lean_image_ai.runtime.measure.memory import nvidia_gpu_count
+
     providers = onnxruntime.get_available_providers()
+    if nvidia_gpu_count() == 0:
+        providers = [p for p in providers if p not in ("CUDAExecutionProvider", "TensorrtExecutionProvider")]
     items = P.device_items(None, bpy.context)
     idents = [item[0] for item in items]
     assert idents[:2] == ["AUTO", "CPU"]
@@ -210,6 +215,10 @@ def test_draw_shows_every_property_and_calls_the_catalog_hook(registered, monkey
     hook = []
     monkeypatch.setattr(P, "draw_model_catalog", lambda layout, context: hook.append(layout))
     monkeypatch.setattr(P, "draw_gpu_runtime", lambda layout, context: hook.append(layout))
+    monkeypatch.setattr(P, "draw_doctor", lambda layout: hook.append(layout))
+    # an NVIDIA GPU here: CUDA's index and cuDNN's choice are drawn too (without one they are not:
+    # tests/test_prefs_doctor.py)
+    monkeypatch.setattr(P, "offered_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
     fake = R.DefaultPreferences()
     fake.layout = _RecordingLayout(log)
     P.LeanImageAIPreferences.draw(fake, bpy.context)
@@ -226,8 +235,8 @@ def test_draw_shows_every_property_and_calls_the_catalog_hook(registered, monkey
         "cudnn_max_workspace",
         "keep_models_loaded_on_dml_coreml",  # CoreML's compute units: only where CoreML is offered
     }
-    assert hook == [fake.layout, fake.layout]  # the GPU runtime box and the model list
-    assert any("onnxruntime" in text for kind, text in log if kind == "label")
+    assert hook == [fake.layout] * 3  # the GPU runtime box, the doctor and the model list
+    assert any(text.startswith("Can run on: ") for kind, text in log if kind == "label")
 
 
 @pytest.mark.parametrize(

@@ -2,15 +2,19 @@
 Blender whose Python has no onnxruntime, Pillow or psutil, and leaves nothing behind when removed
 but the user's models (a per-user data folder outside the extension's own).
 
-Blender versions: the newest of each Python line by default (``5.0.1``: Python 3.11, the py311 zip;
-``5.3.0``: Python 3.13, the py313 zip); ``LEAN_IMAGE_AI_STOCK_BPY=4.2.23,5.0.1,5.2.3,5.3.0`` runs
-the LTS lines too. In each: install, register a model (and have one of the wrong family refused),
-all four operators, a sequence, the N-panels and the preferences drawn, uninstall.
+Blender versions by default: the newest of each Python line (``5.0.1``: Python 3.11, the py311 zip;
+``5.3.0``: Python 3.13, the py313 zip) and the oldest the manifest allows, ``4.2.23`` LTS (the py311
+zip again; about 15 s with its venv cached): bpy 4.2 segfaulted at exit after the uninstall (see
+ui/prop_callbacks.py), which test_exit_code guards. ``LEAN_IMAGE_AI_STOCK_BPY=4.2.23,5.0.1,5.2.3,5.3.0``
+chooses the versions (here: the 5.2 LTS line too). In each: install, register a model (and have
+one of the wrong family refused), all four operators, a sequence, the N-panels and the
+preferences drawn, uninstall, exit with 0.
 
 Needs PyPI (the wheels and bpy are downloaded once, then reused) and a Python 3.13 for the 5.1+
 lines (``LEAN_IMAGE_AI_PYTHON313``, else ``python3.13`` on PATH or in pyenv): without them the test
 fails with the reason rather than skipping, because a zip that was never tried is the bug this
-guards.
+guards. The one exception: 4.2.23 when it is only there by default and pip cannot install it (its
+wheel is not on this index, or not for this platform) skips with pip's words.
 
 Caches (override the root with LEAN_IMAGE_AI_CACHE): ``<root>/wheels`` for the build tool's
 downloads, ``<root>/stock-bpy-<version>`` for a venv holding only ``bpy==<version>`` and what it
@@ -39,8 +43,10 @@ from onnx_builders import sr_model  # noqa: E402
 
 CACHE = Path(os.environ.get("LEAN_IMAGE_AI_CACHE", Path.home() / ".cache" / "lean_image_ai"))
 PYTHON_OF = {"4.2": "3.11", "4.5": "3.11", "5.0": "3.11"}  # Blender 5.1 and later: Python 3.13
-NEWEST = ("5.0.1", "5.3.0")
-VERSIONS = tuple(v.strip() for v in os.environ.get("LEAN_IMAGE_AI_STOCK_BPY", ",".join(NEWEST)).split(",") if v.strip())
+DEFAULT_VERSIONS = ("4.2.23", "5.0.1", "5.3.0")
+OPTIONAL_BY_DEFAULT = "4.2.23"  # skipped, not failed, where pip cannot install it (unless asked for)
+ASKED = os.environ.get("LEAN_IMAGE_AI_STOCK_BPY")
+VERSIONS = tuple(v.strip() for v in (ASKED or ",".join(DEFAULT_VERSIONS)).split(",") if v.strip())
 JOB_SCRIPT = Path(__file__).with_name("stock_blender_job.py")
 
 
@@ -79,7 +85,12 @@ def _stock_python(version: str) -> Path:
         capture_output=True,
         text=True,
     )
-    assert proc.returncode == 0, f"pip install bpy=={version} failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+    if proc.returncode != 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        said = f"pip install bpy=={version} failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+        if version == OPTIONAL_BY_DEFAULT and not ASKED:
+            pytest.skip(said.strip().splitlines()[-1])
+        raise AssertionError(said)
     (partial / ".complete").write_text(version)
     shutil.rmtree(venv, ignore_errors=True)
     # Renamed whole so a killed run never leaves a half venv in place; its console scripts keep
@@ -147,12 +158,8 @@ def stock_run(request, zips, standins, tmp_path_factory, timings) -> dict:
     )  # fmt: skip
     timings[f"{version}_job_s"] = time.perf_counter() - started
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    # bpy 4.2 as a module segfaults on exit once an extension whose PropertyGroup has a Python
-    # callback property (update/get/set/items) was uninstalled: a 10-line extension with one
-    # BoolProperty(update=...) does the same, 5.0 and later do not. The job's work is all done and
-    # reported by then; the exit code is checked in test_exit_code.
-    allowed = {0, -11} if version.startswith("4.2.") else {0}
-    assert proc.returncode in allowed and lines, proc.stdout[-4000:] + proc.stderr[-4000:]
+    # The exit code is test_exit_code's: a crash at exit comes after the RESULT line.
+    assert lines, f"exit code {proc.returncode}\n" + proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads(lines[-1][len("RESULT ") :])
     assert "error" not in result, result["error"] + proc.stderr[-4000:]
     console = "\n".join(ln for ln in (proc.stdout + proc.stderr).splitlines() if not ln.startswith("RESULT "))
@@ -249,6 +256,16 @@ def test_panels_and_preferences_draw(stock_run):
     assert "my_x2 (your model)" in text  # the registered model is in the preferences' list
 
 
+def test_run_doctor_reports_the_bundled_onnxruntime(stock_run):
+    """The preferences' doctor runs `python -m lean_image_ai doctor` with Blender's Python and
+    sys.path: it finds the installed extension and the onnxruntime Blender unpacked for it."""
+    assert stock_run["doctor"] == ["FINISHED"]
+    report = stock_run["doctor_report"] or ""
+    site = Path(stock_run["onnxruntime_file"]).resolve().parent
+    assert f"onnxruntime: onnxruntime-gpu {stock_run['onnxruntime_version']} from {site}" in report, report
+    assert "Bundled with this zip: onnxruntime_gpu-" in report, report
+
+
 def test_models_live_in_the_shared_folder_and_survive_uninstall(stock_run):
     shared = Path(stock_run["home"]) / ".local" / "share" / "lean_image_ai" / "models"
     assert Path(stock_run["models_folder"]) == shared
@@ -259,6 +276,6 @@ def test_models_live_in_the_shared_folder_and_survive_uninstall(stock_run):
 
 
 def test_exit_code(stock_run):
-    """0, except the Blender 4.2 exit crash described in stock_run (the RESULT line came first)."""
-    expected = -11 if stock_run["version"].startswith("4.2.") else 0
-    assert stock_run["returncode"] == expected
+    """0 on every version, 4.2 included: bpy 4.2 used to segfault at exit after the uninstall
+    (see ui/prop_callbacks.py)."""
+    assert stock_run["returncode"] == 0, stock_run["console"][-3000:]

@@ -232,7 +232,8 @@ def _draw_device(layout, context) -> None:
     for handle in handles:
         box.label(text=f"{handle.model_name}: {handle.device_label}")
         if handle.fallback_warning:
-            preferences.wrapped_labels(box, handle.fallback_warning, width=60, icon="ERROR", alert=True)
+            hinted = prefs.with_gpu_runtime_hint(handle.fallback_warning)
+            preferences.wrapped_labels(box, hinted, width=60, icon="ERROR", alert=True)
 
 
 # ---- classes ----------------------------------------------------------------------------------

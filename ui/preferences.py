@@ -16,19 +16,21 @@ from bpy.props import BoolProperty, EnumProperty, FloatProperty, IntProperty, St
 from ..models import families
 from ..models.family import command_of
 from ..models.store import installer, library
+from ..operators import gpu_ops
 from ..operators.gpu_ops import JOB_KEY as GPU_JOB_KEY
 from ..operators.jobs import downloads
 from ..operators.prefs import (
     ADDON_ID,
     gpu_requirements,
     gpu_runtime_folder,
+    gpu_runtime_size_text,
     models_folder,
     release_rule_lines,
 )
-from ..runtime import installed_providers
+from ..runtime import installed_providers, runnable_providers
 from ..runtime.cuda import gpu_libraries, gpu_loading
 from ..runtime.log import diagnostics
-from ..runtime.providers import AUTO_ENUM_NUMBER, CPU, DEVICE_BY_KIND, DEVICES
+from ..runtime.providers import AUTO_ENUM_NUMBER, CPU, DEVICE_BY_KIND, DEVICES, describe_providers
 from ..runtime.settings import MAX_BUDGET_MB, MAX_RELEASE_DELAY_S
 
 
@@ -50,9 +52,21 @@ DEVICE_CHOICES = _device_choices()
 _device_items: list[tuple[str, str, str, str, int]] = []
 
 
+_offered: list[str] = []
+
+
+def offered_providers() -> list[str]:
+    """The providers that can run here (runtime's runnable_providers: onnxruntime-gpu's CUDA and
+    TensorRT only where the driver sees an NVIDIA GPU), asked once: the NVML check is not free
+    and the preferences redraw often."""
+    if not _offered:
+        _offered.extend(runnable_providers())
+    return _offered
+
+
 def compute_device_items(providers: list[str] | None = None) -> list[tuple[str, str, str, str, int]]:
-    """Enum items for the installed onnxruntime: always AUTO and CPU, plus the GPU providers it has."""
-    providers = installed_providers() if providers is None else providers
+    """Enum items for what can run here: always AUTO and CPU, plus the GPU providers that can."""
+    providers = offered_providers() if providers is None else providers
     return [
         (ident, label, desc, "", number)
         for ident, label, desc, provider, number in DEVICE_CHOICES
@@ -198,9 +212,9 @@ def _draw_gpu_runtime(layout, context) -> None:
                 text="This add-on version pins other library versions: Install updates them.", icon="INFO"
             )
     else:
-        size = gpu_libraries.download_size(requirements)
+        size = gpu_runtime_size_text()
         box.label(text="Not installed: models run on the CPU (needed for the CUDA device).", icon="NONE")
-        box.label(text=f"Download: {library.format_bytes(size) if size else 'size unknown'}, into {folder}")
+        box.label(text=f"Download: {size or 'size unknown'}, into {folder}")
     job = downloads.running()
     row = box.row()
     if job is not None and job.key == GPU_JOB_KEY:
@@ -219,6 +233,31 @@ def _draw_gpu_runtime(layout, context) -> None:
         wrapped_labels(box, last.error_text, icon="ERROR", alert=last.state == "failed")
 
 
+def draw_doctor(layout) -> None:
+    """The doctor's box: its button, and its last report (what the command line's prints)."""
+    draw_safely(layout, "Doctor", _draw_doctor)
+
+
+def _draw_doctor(layout) -> None:
+    box = layout.box()
+    row = box.row()
+    row.label(text="Doctor: which onnxruntime, GPUs, CUDA/cuDNN libraries, what a session gets", icon="INFO")
+    sub = row.row()
+    sub.enabled = not gpu_ops.doctor_running()
+    sub.operator("lean_image_ai.run_doctor", text="Run Doctor", icon="VIEWZOOM")
+    run = gpu_ops.doctor["run"]
+    if run is None:
+        return
+    if run.running:
+        box.label(text="Running python -m lean_image_ai doctor...", icon="SORTTIME")
+        return
+    col = box.column(align=True)
+    col.alert = not run.ok
+    for line in run.text.splitlines():
+        wrapped_labels(col, line, width=110)
+    box.label(text=f"Also in the Text Editor: {gpu_ops.DOCTOR_TEXT}")
+
+
 class LeanImageAIPreferences(bpy.types.AddonPreferences):
     bl_idname = ADDON_ID
 
@@ -231,7 +270,7 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
     )
     device: EnumProperty(
         name="Device",
-        description="Where models run. Only devices the installed onnxruntime offers are listed",
+        description="Where models run. Only devices that can run here are listed (CUDA: where an NVIDIA GPU is found)",
         items=device_items,
         default=0,  # AUTO (dynamic enums take the item number, not a string)
     )
@@ -315,18 +354,22 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         layout = self.layout
         col = layout.column()
         col.prop(self, "device")
-        sub = col.column()
-        sub.enabled = self.device == "CUDA"
-        sub.prop(self, "cuda_device_index")
+        offered = offered_providers()
+        cuda = DEVICE_BY_KIND["cuda"].provider in offered
+        if cuda:  # an NVIDIA GPU is there: its index and cuDNN's choice apply
+            sub = col.column()
+            sub.enabled = self.device == "CUDA"
+            sub.prop(self, "cuda_device_index")
         col.prop(self, "gpu_memory_budget_mb")
         col.prop(self, "ram_budget_mb")
-        sub = col.column()
-        sub.enabled = self.device in ("CUDA", "AUTO")
-        sub.prop(self, "cudnn_max_workspace")
+        if cuda:
+            sub = col.column()
+            sub.enabled = self.device in ("CUDA", "AUTO")
+            sub.prop(self, "cudnn_max_workspace")
         sub = col.column()
         sub.enabled = self.device in ("DIRECTML", "COREML", "AUTO")
         sub.prop(self, "keep_models_loaded_on_dml_coreml")
-        if self.device in ("COREML", "AUTO") and DEVICE_BY_KIND["coreml"].provider in installed_providers():
+        if self.device in ("COREML", "AUTO") and DEVICE_BY_KIND["coreml"].provider in offered:
             col.prop(self, "coreml_compute_units")
         col.prop(self, "release_cpu_memory")
         sub = col.column()
@@ -337,10 +380,15 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         if problem:  # the line already says what to do (install the zip built for this Blender)
             wrapped_labels(col, problem, icon="ERROR", alert=True)
         else:
-            col.label(text="onnxruntime providers: " + ", ".join(installed_providers()))
-            for line in release_rule_lines(self, installed_providers()):
+            col.label(text="Can run on: " + ", ".join(describe_providers([p]) for p in offered))
+            unused = [p for p in installed_providers() if p not in offered]
+            if unused:
+                names = ", ".join(describe_providers([p]) for p in unused)
+                wrapped_labels(col, f"No NVIDIA GPU found, so {names} cannot run here.")
+            for line in release_rule_lines(self, offered):
                 wrapped_labels(col, line)
         draw_gpu_runtime(layout, context)
+        draw_doctor(layout)
 
         layout.separator()
         col = layout.column()

@@ -10,80 +10,24 @@ from bpy.props import BoolProperty, EnumProperty, FloatProperty, StringProperty
 
 from ..models import families
 from ..models.adapters import shot_depth
-from ..models.store import library
 from ..operators import options, shot_props
-from ..operators.prefs import models_folder
-
-# A family's embedded model (upscale: models/assets/bicubic_x2.onnx): no catalog entry, no install.
-EMBEDDED_ID = "EMBEDDED"
-EMBEDDED_LABEL = "Built-in (no download)"
-NONE_ID = "NONE"
-
-# Blender needs the strings of dynamic enum items kept alive while the enum is in use: each
-# family's items live in these module-level lists, refreshed in place by the callbacks.
-_model_items: dict[str, list[tuple[str, str, str, str, int]]] = {family: [] for family in families.IDS}
-
-
-def compute_model_items(family: str, context=None) -> list[tuple[str, str, str, str, int]]:
-    """Installed catalog entries of ``family`` (plus the family's embedded model, if it has one);
-    a single "No model installed" item when there is none (an enum needs at least one)."""
-    items = [
-        (entry.id, entry.title, f"{entry.title} ({entry.license})", "", 0)
-        for entry in library.installed_entries(family, models_folder(context))
-    ]
-    if families.get(family).fallback_model is not None:
-        items.append((EMBEDDED_ID, EMBEDDED_LABEL, "The small model shipped with the add-on", "", 0))
-    if not items:
-        items.append((NONE_ID, "No model installed", "Install one in the add-on preferences (Models)", "", 0))
-    # The selection is stored by id (see _model_getter), so the numbers only need to be unique.
-    return [(ident, name, desc, icon, number) for number, (ident, name, desc, icon, _n) in enumerate(items)]
-
-
-def _items_callback(family):
-    def items(_self, context):
-        _model_items[family][:] = compute_model_items(family, context)
-        return _model_items[family]
-
-    return items
-
-
-def _model_getter(family):
-    # The choice is kept as a catalog id string, not as an enum number: a removed or not yet
-    # installed model then falls back to the first item (the family default) instead of
-    # pointing at whatever model took its number.
-    def get(self):
-        items = _items_callback(family)(self, None)
-        stored = self.get(f"{family}_model_id", "")
-        for ident, _name, _desc, _icon, number in items:
-            if ident == stored:
-                return number
-        return items[0][4]
-
-    return get
-
-
-def _model_setter(family):
-    def set_(self, value):
-        for ident, _name, _desc, _icon, number in _items_callback(family)(self, None):
-            if number == value:
-                self[f"{family}_model_id"] = ident
-                return
-
-    return set_
+from . import prop_callbacks
+from .model_menu import EMBEDDED_ID, NONE_ID, compute_model_items
 
 
 def _model_enum(family, description):
     return EnumProperty(
         name="Model",
         description=description,
-        items=_items_callback(family),
-        get=_model_getter(family),
-        set=_model_setter(family),
+        # Blender 4.2 never lets go of these functions: see ui/prop_callbacks.py
+        items=prop_callbacks.model_items(family),
+        get=prop_callbacks.model_getter(family),
+        set=prop_callbacks.model_setter(family),
     )
 
 
 def _settings_annotations() -> dict:
-    """Per family: the chosen model's id (kept as a string, see _model_getter), the model menu,
+    """Per family: the chosen model's id (kept as a string, see model_menu.get_model), the model menu,
     and the family's job options (models/family.py)."""
     fields = {}
     for family in families.ALL:

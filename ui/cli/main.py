@@ -244,6 +244,10 @@ def _write_memory_plot(path: Path, timeline: dict | None) -> str | None:
 def _doctor(args) -> int:
     from ...runtime.log import diagnostics
 
+    if args.gpu_runtime:  # as Blender does at register, so the report is what Blender's sessions get
+        from ...runtime.cuda import gpu_loading
+
+        gpu_loading.activate(args.gpu_runtime)
     report = diagnostics.collect(cuda_probe=not args.no_cuda_probe)
     print(diagnostics.format_report(report))
     if args.json:
@@ -262,6 +266,10 @@ def _add_doctor(subparsers) -> None:
     )
     parser.add_argument("--no-cuda-probe", action="store_true", help="do not try a CUDA session")
     parser.add_argument("--json", action="store_true", help="also print the report as one JSON line")
+    parser.add_argument(
+        "--gpu-runtime", metavar="FOLDER", default="",
+        help="load the CUDA/cuDNN libraries the add-on installed in FOLDER first (its GPU runtime folder)",
+    )  # fmt: skip
     parser.set_defaults(handler=_doctor)
 
 

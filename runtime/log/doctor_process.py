@@ -1,0 +1,98 @@
+"""``python -m lean_image_ai doctor`` in a child process, for a host that must neither import
+onnxruntime itself for it nor wait (Blender's preferences): :func:`start` returns at once and the
+host calls :func:`poll` from its own timer until the report is there. No thread: the child writes
+into files that are read once it has ended.
+
+The child is the host's own Python (``sys.executable``) with the host's ``sys.path``, so it
+imports the onnxruntime the host would (an extension's wheels live in Blender's extension
+site-packages) and reports what the command line reports.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..paths import ADDON_ROOT
+
+PACKAGE = "lean_image_ai"  # what ``python -m`` imports: the package's top-level name
+TIME_LIMIT_S = 180.0  # a CUDA probe that hangs (a wedged driver) must not leave the button busy
+
+
+@dataclass
+class DoctorRun:
+    process: subprocess.Popen
+    folder: Path  # the child's output files (and, for a checkout, the package link)
+    started: float = field(default_factory=time.monotonic)
+    text: str | None = None  # the report once the child has ended
+    ok: bool = False
+
+    @property
+    def running(self) -> bool:
+        return self.text is None
+
+
+def command(gpu_runtime: str | os.PathLike | None = None) -> list[str]:
+    argv = [sys.executable, "-m", PACKAGE, "doctor"]
+    if gpu_runtime:
+        argv += ["--gpu-runtime", str(gpu_runtime)]
+    return argv
+
+
+def _search_dir(root: Path, folder: Path) -> Path:
+    """A folder from which ``import lean_image_ai`` finds ``root``: its parent for an installed
+    add-on (Blender names the folder after the package), else a link made in ``folder``."""
+    if root.name == PACKAGE:
+        return root.parent
+    (folder / PACKAGE).symlink_to(root, target_is_directory=True)
+    return folder
+
+
+def start(gpu_runtime: str | os.PathLike | None = None, *, root: Path = ADDON_ROOT) -> DoctorRun:
+    folder = Path(tempfile.mkdtemp(prefix="lean_image_ai_doctor_"))
+    try:
+        paths = [str(_search_dir(Path(root), folder)), *(p for p in sys.path if p)]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), PYTHONIOENCODING="utf-8")
+        with open(folder / "stdout.txt", "wb") as out, open(folder / "stderr.txt", "wb") as err:
+            process = subprocess.Popen(
+                command(gpu_runtime), stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, cwd=str(folder)
+            )
+    except Exception:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return DoctorRun(process, folder)
+
+
+def poll(run: DoctorRun, *, now: float | None = None) -> bool:
+    """True once the report is in ``run.text`` (the child ended, or was stopped at the time limit)."""
+    if not run.running:
+        return True
+    now = time.monotonic() if now is None else now
+    if run.process.poll() is None:
+        if now - run.started < TIME_LIMIT_S:
+            return False
+        stop(run, f"The doctor gave no answer in {TIME_LIMIT_S:.0f} s and was stopped (a GPU driver that hangs?).")
+        return True
+    out = (run.folder / "stdout.txt").read_text(encoding="utf-8", errors="replace").strip()
+    err = (run.folder / "stderr.txt").read_text(encoding="utf-8", errors="replace").strip()
+    run.ok = run.process.returncode == 0
+    if not out:  # it could not even start (a broken install): its own words are the report
+        out = f"The doctor ended with exit code {run.process.returncode}: " + (err[-2000:] or "no output")
+    run.text = out
+    shutil.rmtree(run.folder, ignore_errors=True)
+    return True
+
+
+def stop(run: DoctorRun, text: str = "The doctor was stopped.") -> None:
+    if run.process.poll() is None:
+        run.process.kill()
+        run.process.wait()
+    if run.running:
+        run.text = text
+    shutil.rmtree(run.folder, ignore_errors=True)
