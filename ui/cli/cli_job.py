@@ -36,6 +36,8 @@ DEMO_NAME = "demo"
 # a temporary file untouched this long before the run is a killed writer's: a live one (another
 # task on the same outputs) changes it with every block it writes
 STALE_TEMP_S = 10.0
+EXIT_OK = 0
+EXIT_ERROR = 2  # a LeanImageError or a failed frame: the message says what to do
 EXIT_INTERRUPTED = 130  # Ctrl+C
 EXIT_TERMINATED = 128 + 15  # SIGTERM: what Flamenco, Deadline and SLURM send on cancel
 

@@ -46,10 +46,10 @@ from ...runtime.measure.leak_check import MAX_RUNS, MIN_RUNS, RUNS_REASON
 from ...runtime.measure.memory import peak_rss_bytes, reset_peak_rss
 from ...runtime.oom import out_of_memory_error
 from ...runtime.providers import DEVICE_HELP
-from . import cli_images, cli_job, cli_models, cli_shot, farm_ray
+from . import cli_doctor, cli_images, cli_job, cli_models, cli_shot, farm_ray
 
-EXIT_OK = 0
-EXIT_ERROR = 2  # a LeanImageError or a failed frame: the message says what to do
+EXIT_OK = cli_job.EXIT_OK
+EXIT_ERROR = cli_job.EXIT_ERROR
 EXIT_INTERRUPTED = cli_job.EXIT_INTERRUPTED
 EXIT_TERMINATED = cli_job.EXIT_TERMINATED
 EXIT_LEAK = 1  # leak-check: memory kept growing
@@ -241,38 +241,6 @@ def _write_memory_plot(path: Path, timeline: dict | None) -> str | None:
     return None
 
 
-def _doctor(args) -> int:
-    from ...runtime.log import diagnostics
-
-    if args.gpu_runtime:  # as Blender does at register, so the report is what Blender's sessions get
-        from ...runtime.cuda import gpu_loading
-
-        gpu_loading.activate(args.gpu_runtime)
-    report = diagnostics.collect(cuda_probe=not args.no_cuda_probe)
-    print(diagnostics.format_report(report))
-    if args.json:
-        import dataclasses
-
-        print(json.dumps(dataclasses.asdict(report), default=str))
-    return EXIT_OK if report.onnxruntime_error is None else EXIT_ERROR
-
-
-def _add_doctor(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "doctor",
-        help="what onnxruntime, the GPU and its CUDA/cuDNN libraries look like from here",
-        description="onnxruntime's version and where it was imported from, its providers, the NVIDIA "
-        "driver and GPUs, where each CUDA/cuDNN library was found, and what a CUDA session really gets.",
-    )
-    parser.add_argument("--no-cuda-probe", action="store_true", help="do not try a CUDA session")
-    parser.add_argument("--json", action="store_true", help="also print the report as one JSON line")
-    parser.add_argument(
-        "--gpu-runtime", metavar="FOLDER", default="",
-        help="load the CUDA/cuDNN libraries the add-on installed in FOLDER first (its GPU runtime folder)",
-    )  # fmt: skip
-    parser.set_defaults(handler=_doctor)
-
-
 def _leak_check(args) -> int:
     """Same request N times; memory after each; the last line is `stable` or `growing`."""
     from ...models.leak_job import family_job
@@ -355,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for family in families.ALL:
         _add_family(subparsers, family)
-    _add_doctor(subparsers)
+    cli_doctor.add_parser(subparsers)
     _add_leak_check(subparsers)
     cli_models.add_parser(subparsers)
     farm_ray.add_parser(subparsers)  # Ray itself is imported only when `farm` runs

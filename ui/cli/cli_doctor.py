@@ -1,0 +1,41 @@
+"""`python -m lean_image_ai doctor`: what onnxruntime, the GPU and its libraries look like from
+here. Blender's Run Doctor button runs this command in a child process (Blender's own process never
+imports onnxruntime)."""
+
+from __future__ import annotations
+
+import json
+
+from .cli_job import EXIT_ERROR, EXIT_OK
+
+
+def _doctor(args) -> int:
+    from ...runtime.log import diagnostics
+
+    if args.gpu_runtime:  # as Blender does at register, so the report is what Blender's sessions get
+        from ...runtime.cuda import gpu_loading
+
+        gpu_loading.activate(args.gpu_runtime)
+    report = diagnostics.collect(cuda_probe=not args.no_cuda_probe)
+    print(diagnostics.format_report(report))
+    if args.json:
+        import dataclasses
+
+        print(json.dumps(dataclasses.asdict(report), default=str))
+    return EXIT_OK if report.onnxruntime_error is None else EXIT_ERROR
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "doctor",
+        help="what onnxruntime, the GPU and its CUDA/cuDNN libraries look like from here",
+        description="onnxruntime's version and where it was imported from, its providers, the NVIDIA "
+        "driver and GPUs, where each CUDA/cuDNN library was found, and what a CUDA session really gets.",
+    )
+    parser.add_argument("--no-cuda-probe", action="store_true", help="do not try a CUDA session")
+    parser.add_argument("--json", action="store_true", help="also print the report as one JSON line")
+    parser.add_argument(
+        "--gpu-runtime", metavar="FOLDER", default="",
+        help="load the CUDA/cuDNN libraries the add-on installed in FOLDER first (its GPU runtime folder)",
+    )  # fmt: skip
+    parser.set_defaults(handler=_doctor)
