@@ -66,17 +66,7 @@ def settings(registered):
 def photo(settings):
     """photo.png on the active object's active Image Texture node: the image the buttons use."""
     image = bh.make_image("photo.png", 8, 8)
-    mesh = bpy.data.meshes.new("Plane")
-    obj = bpy.data.objects.new("Plane", mesh)
-    bpy.context.scene.collection.objects.link(obj)
-    bpy.context.view_layer.objects.active = obj
-    material = bpy.data.materials.new("Photo")
-    if not material.node_tree:  # Blender before 5.0 makes the tree only when asked
-        material.use_nodes = True
-    node = material.node_tree.nodes.new("ShaderNodeTexImage")
-    node.image = image
-    material.node_tree.nodes.active = node
-    mesh.materials.append(material)
+    obj, mesh, material = bh.image_on_active_texture_node(image)
     yield image
     bpy.data.objects.remove(obj)
     bpy.data.meshes.remove(mesh)
