@@ -111,7 +111,7 @@ def test_the_box_the_tooltip_and_the_docs_give_one_gpu_runtime_size(registered, 
     windows = library.format_bytes(gpu_libraries.download_size(folder / "windows-x64-cp311.txt"))
     for doc in ("README.md", "docs/cuda.md"):
         text = (bh.REPO_ROOT / doc).read_text(encoding="utf-8")
-        figures = set(re.findall(r"(\d+\.\d GB) (?:on|for) (Linux|Windows)", text))
+        figures = set(re.findall(r"(\d+\.\d GiB) (?:on|for) (Linux|Windows)", text))
         assert figures == {(linux, "Linux"), (windows, "Windows")}, (doc, figures)
 
 

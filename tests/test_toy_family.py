@@ -187,7 +187,7 @@ try:
         panels._draw_actions(layout, bpy.context)
         buttons = [c for c in layout.operators("lean_image_ai.process_sequence") if c.props.get("family") == "invert"]
         report[f"sequence_buttons_{{use_sequence}}"] = [c.props.get("invert_amount") for c in buttons]
-        report[f"labels_{{use_sequence}}"] = [t for t in layout.texts() if "Runs on image sequences" in t]
+        report[f"labels_{{use_sequence}}"] = [t for t in layout.texts() if "Works on image sequences" in t]
     report["run"] = sorted(bpy.ops.lean_image_ai.process_sequence(
         family="invert", source={frames!r}, output={out!r} + "/", model_path={model!r}, invert_amount=1.0))
 finally:
