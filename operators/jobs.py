@@ -33,9 +33,11 @@ from dataclasses import dataclass, field
 import bpy
 
 from ..runtime.errors import LeanImageError, OperationCancelled
+from ..runtime.log import event_file
 
 TIMER_INTERVAL = 0.1
 JOIN_TIMEOUT = 30.0
+EVENT_LOG_SETTLE_S = 2.0
 
 
 @dataclass
@@ -88,6 +90,15 @@ class JobBusyError(LeanImageError):
     pass
 
 
+def _settle_event_log() -> None:
+    """The job's events written before Blender gets control back: the writer thread is parked
+    then, not running Python while a script's ``bpy.ops`` call returns (see the memory sampler
+    in runtime/measure/timeline.py for why that crashes Blender's Python 3.11 builds)."""
+    log = event_file.current()
+    if log is not None:
+        log.flush(timeout=EVENT_LOG_SETTLE_S)
+
+
 class JobManager:
     """One lane of jobs: the running one (``current``) and the outcome of the latest (``last``)."""
 
@@ -121,6 +132,8 @@ class JobManager:
                 listener(job)
             except Exception:  # a listener (e.g. the idle timer) must never break a job's end
                 traceback.print_exc()
+        _settle_event_log()
+
 
     def cancel_all(self, *, join_timeout: float = JOIN_TIMEOUT) -> None:
         """Cancel the current job, wait for its worker, and undo what it left behind (its modal

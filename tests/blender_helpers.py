@@ -234,23 +234,3 @@ def registered_classes(classes):
     finally:
         for cls in reversed(mine):
             bpy.utils.unregister_class(cls)
-
-
-def image_on_active_texture_node(image):
-    """``image`` on the active Image Texture node of a new active object's material: the image the
-    N-panel's buttons use in the 3D Viewport (background Blender has no Image Editor to open it in).
-    Returns (object, mesh, material) for the caller to remove."""
-    import bpy
-
-    mesh = bpy.data.meshes.new("Plane")
-    obj = bpy.data.objects.new("Plane", mesh)
-    bpy.context.scene.collection.objects.link(obj)
-    bpy.context.view_layer.objects.active = obj
-    material = bpy.data.materials.new("Photo")
-    if not material.node_tree:  # Blender before 5.0 makes the tree only when asked
-        material.use_nodes = True
-    node = material.node_tree.nodes.new("ShaderNodeTexImage")
-    node.image = image
-    material.node_tree.nodes.active = node
-    mesh.materials.append(material)
-    return obj, mesh, material

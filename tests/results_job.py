@@ -1,20 +1,23 @@
-"""An artist's session with the four buttons, in a bpy process of its own (tests/test_results_in_blend.py).
+"""An artist's session with the four buttons, in a bpy process of its own (tests/results_checks.py
+says what the tests compare).
 
     python results_job.py make CONFIG.json   run the buttons on photo.png shown in an Image Editor,
                                              undo and redo each, save the .blend
     python results_job.py read CONFIG.json   open that .blend (a new process) and read it back
 
 Each step writes ``<step>.npz`` (every result image's pixels) and ``<step>.json`` (what the
-datablocks and the editor say) into the config's folder; the test compares them.
+datablocks and the editor say) into the config's folder; the test compares them. ``make`` is
+also called inside tests/stock_blender_job.py, where the add-on is the installed extension
+(``package`` is its module, already registered) and the scene is the one that job has open.
 """
 
+import importlib
 import json
 import sys
 from pathlib import Path
 
 import bpy
 import numpy as np
-from lean_image_ai.operators import geometry_ops, image_ops, jobs, memory_ops
 
 BUTTONS = (  # (operator, model key, the image it shows, its options)
     ("remove_background", "ben2", "photo_cutout", {}),
@@ -47,11 +50,19 @@ def editor_context():
     return window, area
 
 
-def make(config: dict, folder: Path) -> None:
+def register_for_a_bare_bpy(package: str) -> None:
+    """The dev venv's bpy has no add-on installed: a factory scene and the operators' classes."""
+    operators = [importlib.import_module(f"{package}.operators.{name}") for name in ("jobs", "image_ops", "geometry_ops")]
     bpy.ops.wm.read_factory_settings(use_empty=True)
-    for cls in [*jobs.classes, *image_ops.classes, *geometry_ops.classes]:
+    for cls in [cls for module in operators for cls in module.classes]:
         bpy.utils.register_class(cls)
-    assert all("UNDO" in cls.bl_options for cls in [*image_ops.classes, *geometry_ops.classes])
+
+
+def make(config: dict, folder: Path, package: str = "lean_image_ai") -> None:
+    if package == "lean_image_ai":
+        register_for_a_bare_bpy(package)
+    undoable = [importlib.import_module(f"{package}.operators.{name}") for name in ("image_ops", "geometry_ops")]
+    assert all("UNDO" in cls.bl_options for module in undoable for cls in module.classes)
     bpy.ops.wm.save_as_mainfile(filepath=str(folder / "scene.blend"))  # `//` means this folder from now on
     window, area = editor_context()
     photo = bpy.data.images.load(str(folder / "photo.png"))
@@ -86,7 +97,7 @@ def make(config: dict, folder: Path) -> None:
         bpy.ops.lean_image_ai.reconstruct_geometry(
             filepath=str(folder / "room.png"), model_path=config["models"]["moge2"]
         )
-    plot = memory_ops.update_plot_image()
+    plot = importlib.import_module(f"{package}.operators.memory_ops").update_plot_image()
     arrays[plot.name] = pixels(plot)
     facts["images"] = {image.name: describe(image) for image in bpy.data.images}
     bpy.ops.wm.save_mainfile()

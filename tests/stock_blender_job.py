@@ -2,12 +2,16 @@
 zip, register a model, run all four operators and a sequence headless, draw the panels and the
 preferences, uninstall. Prints one ``RESULT {json}`` line.
 
-    python stock_blender_job.py <zip> <work folder> <models.json> <tests folder>
+    python stock_blender_job.py <zip> <work folder> <models.json> <tests folder> <checks.json>
 
 ``models.json`` names the small stand-in ONNX files the test built (a stock Blender has no onnx
 package to build them); the tests folder gives ``recording_layout`` (a stand-in UILayout, since
-bpy as a module never makes a real one). Used by tests/test_stock_blender.py; the temporary HOME
-and Blender user folders come from its environment, so nothing touches the real user's Blender.
+bpy as a module never makes a real one) and the issue 32 checks the dev tests run too:
+``results_job.make`` (results saved, undone and redone: the project named in ``checks.json``;
+the test reopens it in a new process), ``shot_checks.shot_facts`` (a shot with a damaged frame)
+and ``panel_listing`` (the N-panel per mode). Used by tests/test_stock_blender.py; the temporary
+HOME and Blender user folders come from its environment, so nothing touches the real user's
+Blender.
 """
 
 import importlib
@@ -15,6 +19,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -54,17 +59,44 @@ def call(out: dict, name: str, operator, **kwargs) -> None:
         out[name] = [f"error: {str(exc).strip().splitlines()[-1]}"]
 
 
+def panel_modes(out: dict, models: dict) -> None:
+    """The 3D Viewport's N-panel in single-image and Sequence mode, a model installed for every
+    task (registered: the stand-ins), drawn and read as tests/test_panel_modes.py reads it."""
+    import panel_listing as pl
+    from recording_layout import FakePanel
+
+    ops = bpy.ops.lean_image_ai
+    out["register_tasks"] = {}
+    for family in ("ben2", "da3", "moge2"):
+        call(out["register_tasks"], family, ops.register_user_model, family=family, filepath=models[family])
+    panels = importlib.import_module(MODULE + ".ui.panels")
+    pl.put_on_active_object(bpy, bpy.data.images.new("panel_photo.png", 8, 8))
+    settings = bpy.context.scene.lean_image_ai
+    modes, listings = {}, out.setdefault("listings", {})
+    for mode, sequence in (("single image", False), ("Sequence", True)):
+        settings.use_sequence = sequence
+        settings.sequence_source = "//plates/shot_####.png" if sequence else ""
+        fake = FakePanel()
+        panels.LEAN_IMAGE_AI_PT_view3d.draw(fake, bpy.context)
+        modes[mode] = pl.mode_facts(fake.layout, MODULE)
+        listings[f"3D Viewport, {mode}"] = pl.listing(fake.layout, MODULE)
+    settings.use_sequence = False
+    out["panel_modes"] = modes
+
+
 def draw_ui(out: dict, tests: Path) -> None:
     """Draw the N-panels and the preferences (model list included) into recording layouts."""
-    sys.path.insert(0, str(tests))
+    from panel_listing import listing
     from recording_layout import FakePanel, RecordingLayout
 
     panels = importlib.import_module(MODULE + ".ui.panels")
-    drawn = {}
+    drawn, listings = {}, out.setdefault("listings", {})
     for cls in panels.classes:
         fake = FakePanel()
         cls.draw(fake, bpy.context)
         drawn[cls.__name__] = len(fake.layout.log)
+        if cls.__name__ == "LEAN_IMAGE_AI_PT_image_editor":
+            listings["Image Editor (no image shown: background Blender has no editor)"] = listing(fake.layout, MODULE)
     prefs = bpy.context.preferences.addons[MODULE].preferences
 
     class Proxy:  # ``self`` for the preferences' draw: their properties, a recording layout
@@ -79,12 +111,11 @@ def draw_ui(out: dict, tests: Path) -> None:
     drawn["preferences"] = len(proxy.layout.log)
     out["drawn"] = drawn
     out["preferences_text"] = [str(getattr(c, "text", "")) for c in proxy.layout.log if getattr(c, "text", "")]
+    listings["Preferences"] = listing(proxy.layout, MODULE)
 
 
 def run_doctor(out: dict) -> None:
     """The preferences' Run Doctor, its timer driven by hand (bpy as a module has no event loop)."""
-    import time
-
     gpu_ops = importlib.import_module(MODULE + ".operators.gpu_ops")
     call(out, "doctor", bpy.ops.lean_image_ai.run_doctor)
     deadline = time.monotonic() + 240
@@ -94,8 +125,26 @@ def run_doctor(out: dict) -> None:
     out["doctor_report"] = run.text if run is not None else None
 
 
-def main(zip_path: str, work: Path, models: dict, tests: Path) -> dict:
-    out: dict = {"python": list(sys.version_info[:2]), "bpy": bpy.app.version_string}
+def issue32_checks(out: dict, checks: dict, models: dict) -> None:
+    """Results saved, undone and redone (the test reopens the .blend), the shot operators' all or
+    nothing, the panel per mode: the dev tests' checks, run here in the installed extension."""
+    import results_job
+    import shot_checks
+
+    started = time.perf_counter()
+    results_job.make(json.loads(Path(checks["results_config"]).read_text()), Path(checks["results_config"]).parent, MODULE)
+    out["seconds"]["results"] = time.perf_counter() - started
+    started = time.perf_counter()
+    out["shot"] = shot_checks.shot_facts(bpy, Path(checks["shot"]), models["moge2"], models["bicubic"], Path(checks["shot_out"]))
+    out["seconds"]["shot"] = time.perf_counter() - started
+    started = time.perf_counter()
+    panel_modes(out, models)
+    out["seconds"]["panels"] = time.perf_counter() - started
+
+
+def main(zip_path: str, work: Path, models: dict, tests: Path, checks: dict) -> dict:
+    sys.path.insert(0, str(tests))
+    out: dict = {"python": list(sys.version_info[:2]), "bpy": bpy.app.version_string, "seconds": {}}
     # What a stock Blender lacks, before the add-on brings anything.
     out["missing_before"] = {
         name: not importable(name)
@@ -122,6 +171,7 @@ def main(zip_path: str, work: Path, models: dict, tests: Path) -> dict:
     call(out, "register_wrong_family", ops.register_user_model, family="upscale", filepath=models["ben2"])
     store = folder / "user_models.json"
     out["registered"] = [e["path"] for e in json.loads(store.read_text())["user_models"]] if store.is_file() else []
+    issue32_checks(out, checks, models)
 
     output = work / "upscaled.png"
     source = str(work / "source.png")
@@ -180,7 +230,10 @@ def main(zip_path: str, work: Path, models: dict, tests: Path) -> dict:
 
 if __name__ == "__main__":
     try:
-        report = main(sys.argv[1], Path(sys.argv[2]), json.loads(Path(sys.argv[3]).read_text()), Path(sys.argv[4]))
+        report = main(
+            sys.argv[1], Path(sys.argv[2]), json.loads(Path(sys.argv[3]).read_text()), Path(sys.argv[4]),
+            json.loads(Path(sys.argv[5]).read_text()),
+        )  # fmt: skip
     except BaseException:
         report = {"error": traceback.format_exc()}
     print("RESULT " + json.dumps(report), flush=True)

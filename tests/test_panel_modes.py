@@ -13,7 +13,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import blender_helpers as bh  # noqa: E402
-from panel_listing import listing  # noqa: E402
+import panel_listing as pl  # noqa: E402
+from panel_listing import boxes, listing, main_button, props  # noqa: E402
 from recording_layout import FakePanel  # noqa: E402
 
 bpy = pytest.importorskip("bpy")
@@ -25,9 +26,6 @@ from lean_image_ai.models.adapters import shot_depth  # noqa: E402
 from lean_image_ai.models.store import library  # noqa: E402
 from lean_image_ai.models.store.catalog import Catalog, CatalogEntry  # noqa: E402
 from lean_image_ai.runtime import get_runtime  # noqa: E402
-
-SHOT_NAMES = {"depth_range", "depth_black", "depth_white", "align_depth", "shot_camera", "shot_fov"}
-BLENDER_ONLY = {"replace", "make_plane", "make_camera"}
 
 
 @pytest.fixture
@@ -64,10 +62,8 @@ def installed(settings, tmp_path, monkeypatch):
 
 @pytest.fixture
 def photo(settings):
-    """photo.png on the active object's active Image Texture node: what the buttons work on in
-    the 3D Viewport (background Blender has no Image Editor to open it in)."""
     image = bh.make_image("photo.png", 8, 8)
-    bh.image_on_active_texture_node(image)
+    pl.put_on_active_object(bpy, image)
     return image
 
 
@@ -75,30 +71,6 @@ def draw(panel=None):
     fake = FakePanel()
     (panel or panels.LEAN_IMAGE_AI_PT_view3d).draw(fake, bpy.context)
     return fake.layout
-
-
-def boxes(layout) -> dict[str, list]:
-    """The calls of each task's box, by family id (a box starts at its title)."""
-    titles = {panels.HEADINGS[f.id]: f.id for f in families.ALL}
-    out, current = {}, None
-    for call in layout.log:
-        if call.kind == "label" and call.text in titles:
-            current = titles[call.text]
-            out[current] = []
-        elif call.kind == "label" and call.text.startswith(("Running:", "Last job:", "No job has run")):
-            current = None  # the job section follows the tasks
-        elif current is not None:
-            out[current].append(call)
-    assert set(out) == set(families.IDS), listing(layout)
-    return out
-
-
-def props(calls) -> list[str]:
-    return [c.name for c in calls if c.kind == "prop"]
-
-
-def main_button(calls):
-    return next(c for c in calls if c.kind == "operator" and c.name.startswith("lean_image_ai."))
 
 
 def print_listing(title, layout):  # shown with pytest -s: the listing for the notes
@@ -111,18 +83,9 @@ def print_listing(title, layout):  # shown with pytest -s: the listing for the n
 def test_single_image_mode_shows_each_task_with_its_own_options_only(installed, photo):
     layout = draw()
     print_listing("3D Viewport, single image", layout)
-    for family_id, calls in boxes(layout).items():
-        family = families.get(family_id)
-        assert props(calls) == [f"{family_id}_model"] + [o.name for o in family.options], family_id
-        menu = next(c for c in calls if c.kind == "prop")
-        assert menu.text == "Model"  # a labelled menu
-        button = main_button(calls)
-        assert button.name == f"lean_image_ai.{family.operator}" and button.enabled
-        assert "photo.png" in button.text  # the image it will use, named
-        assert not set(button.props) & SHOT_NAMES
+    pl.check_single_image(pl.mode_facts(layout), "photo.png")
     texts = [c.text for c in layout.log if c.kind == "operator"]
     assert "Upscale photo.png" in texts and "Remove Background from photo.png" in texts
-    assert not SHOT_NAMES & {c.name for c in layout.calls("prop")}
 
 
 def test_one_title_per_box_never_repeated_by_a_label_or_the_button(installed, photo):
@@ -161,22 +124,7 @@ def test_sequence_mode_hides_what_the_sequence_operators_never_read(installed, p
     installed.sequence_source = "//plates/shot_####.png"
     layout = draw()
     print_listing("3D Viewport, Sequence", layout)
-    drawn = {c.name for c in layout.calls("prop")}
-    assert not drawn & BLENDER_ONLY
-    per_family = boxes(layout)
-    expected = {
-        "ben2": [],
-        "da3": ["depth_range", "align_depth"],
-        "moge2": ["resolution_level", "discontinuity", "shot_camera", "shot_fov"],
-        "upscale": ["tile_size", "overlap"],
-    }
-    for family_id, calls in per_family.items():
-        assert props(calls) == [f"{family_id}_model"] + expected[family_id], family_id
-        button = main_button(calls)
-        assert button.name == "lean_image_ai.process_sequence" and button.enabled
-        assert "shot_####.png" in button.text
-        assert not set(button.props) & BLENDER_ONLY
-        assert set(button.props) & SHOT_NAMES == set(expected[family_id]) & SHOT_NAMES
+    pl.check_sequence(pl.mode_facts(layout), "shot_####.png")
     shots = layout.operators("lean_image_ai.reconstruct_shot")
     assert len(shots) == 1 and shots[0].props["shot_camera"] == installed.shot_camera
 

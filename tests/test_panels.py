@@ -16,6 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import blender_helpers as bh  # noqa: E402
 import onnx_builders as ob  # noqa: E402
+import panel_listing as pl  # noqa: E402
 from recording_layout import FakePanel, RecordingLayout  # noqa: E402
 
 bpy = pytest.importorskip("bpy")
@@ -66,7 +67,7 @@ def settings(registered):
 def photo(settings):
     """photo.png on the active object's active Image Texture node: the image the buttons use."""
     image = bh.make_image("photo.png", 8, 8)
-    obj, mesh, material = bh.image_on_active_texture_node(image)
+    obj, mesh, material = pl.put_on_active_object(bpy, image)
     yield image
     bpy.data.objects.remove(obj)
     bpy.data.meshes.remove(mesh)

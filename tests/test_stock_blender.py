@@ -8,7 +8,11 @@ zip again; about 15 s with its venv cached): bpy 4.2 segfaulted at exit after th
 ui/prop_callbacks.py), which test_exit_code guards. ``LEAN_IMAGE_AI_STOCK_BPY=4.2.23,5.0.1,5.2.3,5.3.0``
 chooses the versions (here: the 5.2 LTS line too). In each: install, register a model (and have
 one of the wrong family refused), all four operators, a sequence, the N-panels and the
-preferences drawn, uninstall, exit with 0.
+preferences drawn, uninstall, exit with 0. And issue 32's checks, the same the dev-venv tests run
+(one place each: tests/results_checks.py, tests/shot_checks.py, tests/panel_listing.py): the
+four buttons' results saved, reopened in a new process (after the uninstall) and undone and
+redone with every pixel kept; the shot operators all or nothing; the N-panel per mode showing
+only what applies. With ``-s`` each version prints its panels and preferences as text.
 
 Needs PyPI (the wheels and bpy are downloaded once, then reused) and a Python 3.13 for the 5.1+
 lines (``LEAN_IMAGE_AI_PYTHON313``, else ``python3.13`` on PATH or in pyenv): without them the test
@@ -37,6 +41,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import blender_helpers as bh  # noqa: E402
+import panel_listing as pl  # noqa: E402
+import results_checks as rc  # noqa: E402
+import shot_checks  # noqa: E402
 from builders_families import ben2_like_model, da3_like_model  # noqa: E402
 from builders_moge2 import moge2_like_model  # noqa: E402
 from onnx_builders import sr_model  # noqa: E402
@@ -48,6 +55,7 @@ OPTIONAL_BY_DEFAULT = "4.2.23"  # skipped, not failed, where pip cannot install 
 ASKED = os.environ.get("LEAN_IMAGE_AI_STOCK_BPY")
 VERSIONS = tuple(v.strip() for v in (ASKED or ",".join(DEFAULT_VERSIONS)).split(",") if v.strip())
 JOB_SCRIPT = Path(__file__).with_name("stock_blender_job.py")
+RESULTS_JOB = Path(__file__).with_name("results_job.py")
 
 
 def python_line(bpy_version: str) -> str:
@@ -150,13 +158,27 @@ def stock_run(request, zips, standins, tmp_path_factory, timings) -> dict:
     work.mkdir()
     models_json = root / "models.json"
     models_json.write_text(json.dumps(standins))
-    env = bh.isolated_blender_env(root)
+    results_config = rc.make_project(root)
+    checks_json = root / "checks.json"
+    checks_json.write_text(json.dumps({
+        "results_config": str(results_config),
+        "shot": str(shot_checks.red_shot(root / "shot", count=3, damaged=2)),
+        "shot_out": str(root / "shot_out"),
+    }))  # fmt: skip
+    env = {**bh.isolated_blender_env(root), "PYTHONFAULTHANDLER": "1"}  # a crash says where, in CI too
     started = time.perf_counter()
     proc = subprocess.run(
-        [str(python), str(JOB_SCRIPT), built["path"], str(work), str(models_json), str(JOB_SCRIPT.parent)],
+        [str(python), str(JOB_SCRIPT), built["path"], str(work), str(models_json), str(JOB_SCRIPT.parent), str(checks_json)],
         capture_output=True, text=True, env=env, cwd=str(work), timeout=900,
     )  # fmt: skip
     timings[f"{version}_job_s"] = time.perf_counter() - started
+    started = time.perf_counter()
+    # Reopened in a new process, the add-on uninstalled: the results need nothing of it.
+    reopened = subprocess.run(
+        [str(python), str(RESULTS_JOB), "read", str(results_config)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    timings[f"{version}_reopen_s"] = time.perf_counter() - started
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     # The exit code is test_exit_code's: a crash at exit comes after the RESULT line.
     assert lines, f"exit code {proc.returncode}\n" + proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -164,7 +186,12 @@ def stock_run(request, zips, standins, tmp_path_factory, timings) -> dict:
     assert "error" not in result, result["error"] + proc.stderr[-4000:]
     console = "\n".join(ln for ln in (proc.stdout + proc.stderr).splitlines() if not ln.startswith("RESULT "))
     result.update(root=str(root), home=env["HOME"], console=console, version=version, zip=built, returncode=proc.returncode)
+    assert reopened.returncode == 0, reopened.stdout[-3000:] + reopened.stderr[-3000:]
+    result["results"] = rc.load_session(results_config.parent, console)
     print(f"\nstock Blender {version} e2e timings: {json.dumps({k: round(v, 1) for k, v in timings.items()})}")
+    print(f"stock Blender {version} issue 32 checks in the job (s): {json.dumps({k: round(v, 1) for k, v in result['seconds'].items()})}")
+    for title, lines in result["listings"].items():
+        print(f"--- Blender {version}: {title} ---\n" + "\n".join(lines))
     return result
 
 
@@ -279,3 +306,39 @@ def test_exit_code(stock_run):
     """0 on every version, 4.2 included: bpy 4.2 used to segfault at exit after the uninstall
     (see ui/prop_callbacks.py)."""
     assert stock_run["returncode"] == 0, stock_run["console"][-3000:]
+
+
+def test_every_result_survives_save_and_reopen_with_its_pixels(stock_run):
+    """Issue 32: the four buttons' results (and a saved one, a replaced source, the memory
+    picture) reopened in a new process; packed, or reading their file `//`-relative."""
+    session = stock_run["results"]
+    for name in rc.REOPENED:
+        rc.check_reopened_pixels(session, name)
+    for name in rc.RESULTS:
+        rc.check_packed(session, name)
+    rc.check_depth_plane(session)
+    rc.check_saved_result_reads_its_file(session)
+    rc.check_replaced_source(session)
+    rc.check_loaded_source_relative(session)
+    rc.check_no_blend_relative_warning(session)
+
+
+def test_undo_removes_each_result_and_redo_brings_its_pixels_back(stock_run):
+    for name in rc.RESULTS:
+        rc.check_undo_redo(stock_run["results"], name)
+
+
+def test_the_image_editor_that_showed_the_photo_shows_each_result(stock_run):
+    for name in rc.RESULTS:
+        rc.check_shown(stock_run["results"], name)
+
+
+def test_shot_operators_are_all_or_nothing(stock_run):
+    shot_checks.check_reconstruct_shot(stock_run["shot"])
+    shot_checks.check_process_sequence(stock_run["shot"])
+
+
+def test_the_panel_of_each_mode_shows_only_what_applies(stock_run):
+    assert all(r == ["FINISHED"] for r in stock_run["register_tasks"].values()), stock_run["register_tasks"]
+    pl.check_single_image(stock_run["panel_modes"]["single image"], "panel_photo.png")
+    pl.check_sequence(stock_run["panel_modes"]["Sequence"], "shot_####.png")
