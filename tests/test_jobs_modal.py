@@ -250,6 +250,7 @@ def test_unregister_while_worker_runs_joins_it(monkeypatch, model, source):
     assert job.thread.is_alive() and jobs.manager.current is job
     bpy.utils.unregister_class(LEANTEST_OT_drive_upscale)
     registered_before = {cls for cls in operators._classes() if cls.is_registered}
+    listeners_before = list(jobs.manager.on_end)  # register() adds memory_ops' after-job hook
     try:
         operators.unregister()
         assert not job.thread.is_alive()
@@ -263,6 +264,7 @@ def test_unregister_while_worker_runs_joins_it(monkeypatch, model, source):
             if cls not in registered_before and cls.is_registered:
                 bpy.utils.unregister_class(cls)
         bpy.utils.register_class(LEANTEST_OT_drive_upscale)
+        jobs.manager.on_end[:] = listeners_before  # later modules' jobs must not draw the memory picture
     assert image_ops.LEAN_IMAGE_AI_OT_upscale.is_registered and jobs.manager.current is None
 
 
