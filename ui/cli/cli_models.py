@@ -16,8 +16,7 @@ from ...models import families
 from ...models.store import library, user_models
 from ...runtime.errors import LeanImageError, OperationCancelled, printable
 from . import cli_job
-
-EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 2, 130
+from .cli_job import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK
 
 
 def _folder(args):

@@ -37,10 +37,10 @@ from ...runtime.errors import LeanImageError, printable
 from ...runtime.measure.memory import peak_rss_bytes, reset_peak_rss
 from . import cli_job, cli_shot, farm_connect
 from .cli_images import CommandLineError
+from .cli_job import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK
 from .farm_worker import FrameWorker
 
 INSTALL_HINT = "pip install 'lean_image_ai[farm]'"
-EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 2, 130
 MAX_AUTO_CHUNK = 8  # frames: one release per chunk costs ~1%, a lost chunk redoes at most this many
 START_GRACE_S = 20.0  # after the first worker is up, how long the first chunks wait for the others
 
