@@ -36,7 +36,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from ..runtime.errors import LeanImageError
+from ..runtime.errors import LeanImageError, user_path
 from . import file_formats
 from .batch import frame_lists
 from .batch.frame_lists import output_paths, shard_slice
@@ -96,7 +96,7 @@ def written_by(family_id: str, output: str | os.PathLike | None) -> Callable[[Pa
     if output is None:  # the default folder is beside the inputs, never among them
         return lambda path: False
     text = str(output)
-    target = Path(text).expanduser().resolve()
+    target = user_path(text).resolve()
     output_files = output_of(family_id)
     if frame_lists.is_pattern(text):
         patterns = output_files.companion_paths(target)

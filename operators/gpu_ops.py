@@ -18,7 +18,7 @@ from bpy.props import StringProperty
 from ..models.store import library
 from ..runtime import get_runtime
 from ..runtime.cuda import gpu_libraries, gpu_loading
-from ..runtime.errors import LeanImageError
+from ..runtime.errors import LeanImageError, user_path
 from ..runtime.log import doctor_process
 from . import prefs
 from .jobs import Job, WorkerOperator, downloads, manager
@@ -30,7 +30,7 @@ DOCTOR_TEXT = "Lean Image AI doctor"  # the Text Editor datablock that keeps the
 
 def _requirements(path_property: str) -> Path:
     if path_property:
-        path = Path(bpy.path.abspath(path_property)).expanduser()
+        path = user_path(bpy.path.abspath(path_property))
         if not path.is_file():
             raise LeanImageError(f"No requirements file at {path}.")
         return path

@@ -16,7 +16,7 @@ from bpy.props import EnumProperty, StringProperty
 from ..models import families
 from ..models.store import library, user_models
 from ..runtime import get_runtime
-from ..runtime.errors import LeanImageError
+from ..runtime.errors import LeanImageError, user_path
 from . import prefs
 from .jobs import Job, WorkerOperator, downloads, manager
 from .options import path_options
@@ -215,7 +215,7 @@ class LEAN_IMAGE_AI_OT_register_user_model(WorkerOperator, bpy.types.Operator):
     def prepare(self, context, job: Job):
         if not self.filepath:
             raise LeanImageError("Choose the .onnx file to register.")
-        path = Path(bpy.path.abspath(self.filepath)).expanduser()
+        path = user_path(bpy.path.abspath(self.filepath))
         if not path.is_file():
             raise LeanImageError(f"Cannot register {str(path)!r}: there is no file at that path.")
         family = self.family

@@ -14,7 +14,7 @@ from pathlib import Path
 import bpy
 
 from ..models import file_formats, products
-from ..runtime.errors import InvalidImageError, LeanImageError
+from ..runtime.errors import InvalidImageError, LeanImageError, user_path
 from . import image_io
 
 NO_SOURCE_MESSAGE = (
@@ -60,7 +60,7 @@ SEQUENCE_HINT = "to process every frame use Process Sequence (lean_image_ai.proc
 def absolute_path(text: str) -> Path:
     """A path as an artist or a script writes it: ``//`` (the .blend's folder), ``~``, or relative
     to the working directory."""
-    path = Path(bpy.path.abspath(text)).expanduser()
+    path = user_path(bpy.path.abspath(text))
     return path if path.is_absolute() else Path.cwd() / path
 
 

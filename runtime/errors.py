@@ -1,6 +1,8 @@
 """Error types a user can read. Each message says what happened and what to do next."""
 
+import os
 import re
+from pathlib import Path
 
 # C0/C1 controls, lone surrogates (undecodable bytes of a file name), line separators and the
 # bidirectional overrides: in a name they retitle or recolour a terminal, split a line, or make
@@ -88,3 +90,16 @@ class MemoryBudgetError(InferenceOutOfMemoryError):
     """A model run (or load) would not fit the memory free under the budget, even after releasing
     arenas and unloading least-recently-used sessions; nothing ran. A subclass of the
     out-of-memory error, so the tiler meets it the same way: smaller tiles, or the message."""
+
+
+def user_path(text) -> Path:
+    """``text`` as a path with ``~`` and ``~user`` expanded; a ``~user`` this machine does not know
+    is the user's mistake, said in one line (pathlib raises a bare RuntimeError for it)."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:
+        user = str(os.fspath(text)).split("/", 1)[0].split("\\", 1)[0]
+        raise LeanImageError(
+            f"{printable(os.fspath(text))!r}: this machine has no user {user[1:]!r}, so {user!r} names no home "
+            "folder. Give the full path."
+        ) from None

@@ -14,7 +14,7 @@ import re
 import stat
 from pathlib import Path
 
-from .errors import ModelFileError, ProviderUnavailableError, first_line
+from .errors import ModelFileError, ProviderUnavailableError, first_line, user_path
 
 _BUSY_ERRNOS = {errno.EBUSY, errno.ETXTBSY}
 _BUSY_WINERRORS = {32, 33}  # ERROR_SHARING_VIOLATION, ERROR_LOCK_VIOLATION
@@ -192,7 +192,7 @@ def _what_is_unsupported(text: str) -> str:
 
 def model_identity(model_path) -> tuple[Path, tuple]:
     """The model file checked readable, and its identity for the session cache: path, size, mtime."""
-    given = Path(model_path).expanduser()
+    given = user_path(model_path)
     path = given
     try:
         path = path.resolve()

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...runtime.errors import LeanImageError
+from ...runtime.errors import LeanImageError, user_path
 from ..file_formats import FRAME_SUFFIXES
 
 _HASHES = re.compile(r"#+")
@@ -151,7 +151,7 @@ def resolve_input(
     folder that mixes the two is refused (nothing is renumbered behind the user's back)."""
     text = str(spec)
     exclude = exclude or (lambda path: False)
-    path = Path(text).expanduser()
+    path = user_path(text)
     if is_pattern(text):
         if not path.parent.is_dir():
             raise LeanImageError(f"Input folder '{path.parent}' does not exist.")
@@ -230,7 +230,7 @@ def output_paths(refs: list[FrameRef], output: str | Path | None, default_name: 
     if output is None:
         return [r.path.with_name(default_name(r)) for r in refs]
     text = str(output)
-    path = Path(text).expanduser()
+    path = user_path(text)
     if is_pattern(text):
         return [frame_path(path, r.number) for r in refs]
     if path.is_dir() or text.endswith(("/", "\\")):

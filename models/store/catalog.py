@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ...runtime.errors import LeanImageError, ModelFileError
+from ...runtime.errors import LeanImageError, ModelFileError, user_path
 from .. import families, files
 from .builtin_models import BUILTIN_ENTRIES
 from .catalog_entry import CatalogEntry
@@ -63,7 +63,7 @@ def register_user_model(
     ``settings`` override the family's defaults for user models (checked like any entry's).
     """
     record = families.get(family)
-    p = Path(path).expanduser()
+    p = user_path(path)
     try:
         p = p.resolve()
     except OSError:

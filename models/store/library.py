@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ...runtime import get_runtime, load_errors, parse_device
-from ...runtime.errors import LeanImageError, ModelFileError
+from ...runtime.errors import LeanImageError, ModelFileError, user_path
 from ...runtime.paths import user_data_root
 from .. import families
 from . import install_lock, installer, migrate
@@ -41,11 +41,11 @@ _named: dict[str, str] = {}
 def models_dir(choice: str | os.PathLike = "") -> Path:
     """The models folder (see module doc); nothing is created."""
     if choice:
-        folder = Path(choice).expanduser()
+        folder = user_path(choice)
         _named[str(folder)] = "the chosen models folder"
         return folder
     if os.environ.get(MODELS_DIR_ENV):
-        folder = Path(os.environ[MODELS_DIR_ENV]).expanduser()
+        folder = user_path(os.environ[MODELS_DIR_ENV])
         _named[str(folder)] = MODELS_DIR_ENV
         return folder
     return shared_models_dir()
@@ -226,7 +226,7 @@ def resolve(
     if not model_path:
         _check_named_folder(Path(folder))
     if model_path:
-        path = Path(model_path).expanduser()
+        path = user_path(model_path)
         if not os.path.lexists(path):
             raise ModelFileError(
                 f"Model file not found: '{path}'. Check model_path, or leave it empty to use the "

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...runtime import get_runtime, load_errors
-from ...runtime.errors import LeanImageError, ModelContractError, ModelFileError, first_line
+from ...runtime.errors import LeanImageError, ModelContractError, ModelFileError, first_line, user_path
 from .. import families
 from . import family_check, library
 from .catalog_entry import CatalogEntry
@@ -39,7 +39,7 @@ def check(family: str, path: str | os.PathLike, *, runtime=None, progress: Calla
     """(verdict, inputs summary, outputs summary) of ``path`` as a ``family`` model; raises a
     one-line LeanImageError when it cannot be loaded or is plainly another family's."""
     title = families.get(family).title
-    path = Path(path).expanduser()
+    path = user_path(path)
     if not os.path.lexists(path):
         raise ModelFileError(f"Cannot register {str(path)!r}: there is no file at that path. Pick the .onnx file itself.")
     load_errors.model_identity(path)  # a folder, pipe, device, link loop or no permission: named as --model names it
@@ -65,7 +65,7 @@ def check(family: str, path: str | os.PathLike, *, runtime=None, progress: Calla
 
 def save(family: str, path: str | os.PathLike, folder: Path, verdict, inputs: str, outputs: str) -> Registered:
     """Add the checked file to the models folder's user models (a quick step: the main thread's)."""
-    path = Path(path).expanduser()
+    path = user_path(path)
     try:
         with library.editing_catalog(folder) as known:  # another process may be adding one now
             entry = known.add_user_model(family, path)

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import LeanImageError, OperationCancelled
+from ..errors import LeanImageError, OperationCancelled, user_path
 
 REQUIREMENTS_DIR = "gpu_requirements"
 FOLDER_ENV = "LEAN_IMAGE_AI_GPU_RUNTIME_DIR"  # headless/farm: a folder of libraries set up once
@@ -91,7 +91,7 @@ def requirements_path(root: str | os.PathLike, plat: str | None = None, python: 
 def folder(host_default: str | os.PathLike) -> Path:
     """The install folder: LEAN_IMAGE_AI_GPU_RUNTIME_DIR when set, else the host's default."""
     override = os.environ.get(FOLDER_ENV, "").strip()
-    return Path(override).expanduser() if override else Path(host_default)
+    return user_path(override) if override else Path(host_default)
 
 
 def parse_requirements(path: str | os.PathLike) -> list[Requirement]:

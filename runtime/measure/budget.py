@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import MemoryBudgetError
+from ..errors import LeanImageError, MemoryBudgetError, user_path
 from .memory import available_system_memory_bytes, gpu_snapshot, memory_snapshot, peak_rss_bytes
 from .memory_report import mb
 from .timeline import figures
@@ -190,9 +190,9 @@ class JobBudget:
     def before_load(self, model_path, request, keep=()) -> None:
         """Room for a model's weights before its session is created (not for a cached one)."""
         try:
-            path = Path(model_path).expanduser().resolve()
+            path = user_path(model_path).resolve()
             size = path.stat().st_size
-        except (OSError, RuntimeError):
+        except (OSError, LeanImageError):
             return  # the runtime reports a missing or unreadable file in its own words
         if any(h.model_path == path for h in self.runtime.cached_sessions()):
             return

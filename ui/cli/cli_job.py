@@ -25,7 +25,7 @@ from ...models.family import Family
 from ...models.job import FamilyJob
 from ...models.store import library
 from ...runtime import settings
-from ...runtime.errors import LeanImageError, printable
+from ...runtime.errors import LeanImageError, printable, user_path
 from ...runtime.measure.memory_report import mb
 from ...runtime.providers import DEVICE_HELP
 from ...runtime.settings import FALSE_WORDS, TRUE_WORDS
@@ -317,7 +317,7 @@ def plan(family: Family, args):
             len(refs) > 1
             or args.frames is not None
             or frame_lists.is_pattern(source)
-            or Path(source).expanduser().is_dir()
+            or user_path(source).is_dir()
         )
     refs, outputs, skip = products.plan_batch(
         family.id,
@@ -360,7 +360,7 @@ def plan_memory_plot(args, refs, outputs) -> Path | None:
     file without ``--overwrite``."""
     if not getattr(args, "memory_plot", None):
         return None
-    path = products.output_path(Path(args.memory_plot).expanduser())
+    path = products.output_path(user_path(args.memory_plot))
     where = f"--memory-plot {args.memory_plot}"
     family_id = args.family.id
     taken = {Path(r.path).resolve() for r in refs} | {p for out in outputs for p in products.companion_paths(family_id, out)}
@@ -403,7 +403,7 @@ def single_file(args, refs) -> bool:
     source = args.input or args.input_opt
     if source is None or len(refs) != 1 or args.frames is not None or frame_lists.is_pattern(source):
         return False
-    return not Path(source).expanduser().is_dir()
+    return not user_path(source).is_dir()
 
 
 def memory_figures(before: dict, after: dict, process_peak: int | None, jobs=()) -> dict:
