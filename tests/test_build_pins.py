@@ -15,11 +15,11 @@ import build_extension as B  # noqa: E402
 
 
 def test_one_build_per_gpu_family_and_both_windows_zips_named_apart():
-    assert [(b.name, b.platform, b.distribution, b.version, b.zip_suffix) for b in B.BUILDS] == [
-        ("linux-x64", "linux-x64", "onnxruntime-gpu", B.ORT_VERSION, ""),
-        ("windows-x64-cuda", "windows-x64", "onnxruntime-gpu", B.ORT_VERSION, "-cuda"),
-        ("windows-x64-directml", "windows-x64", "onnxruntime-directml", "1.24.4", "-directml"),
-        ("macos-arm64", "macos-arm64", "onnxruntime", "1.32.0", ""),
+    assert [(b.name, b.platform, b.distribution, b.version, b.zip_suffix, b.gpu_runtime) for b in B.BUILDS] == [
+        ("linux-x64", "linux-x64", "onnxruntime", B.ORT_VERSION, "", True),
+        ("windows-x64-cuda", "windows-x64", "onnxruntime", B.ORT_VERSION, "-cuda", True),
+        ("windows-x64-directml", "windows-x64", "onnxruntime-directml", "1.24.4", "-directml", False),
+        ("macos-arm64", "macos-arm64", "onnxruntime", "1.32.0", "", False),
     ]
     assert [b.name for b in B.select_builds(["windows-x64"])] == ["windows-x64-cuda", "windows-x64-directml"]
     assert [b.name for b in B.select_builds(["linux-x64"])] == ["linux-x64"]  # the stock-Blender test's build

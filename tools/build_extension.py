@@ -5,10 +5,17 @@
     python tools/build_extension.py --pin-onnxruntime                # rewrite tools/onnxruntime_pins/
 
 A stock Blender has no onnxruntime, so each zip carries the onnxruntime wheel of its build
-(BUILDS: onnxruntime-gpu on linux-x64, two Windows zips, onnxruntime-gpu for NVIDIA and
-onnxruntime-directml for any DirectX 12 GPU, and onnxruntime on macos-arm64) and Blender installs
-it into the extensions' own site-packages on enable. Both Windows zips have the same extension
-id: installing one replaces the other. Steps:
+(BUILDS: the CPU onnxruntime on linux-x64 and in the Windows "-cuda" zip, onnxruntime-directml in
+the Windows "-directml" zip for any DirectX 12 GPU, and onnxruntime, with CoreML, on macos-arm64)
+and Blender installs it into the extensions' own site-packages on enable. Both Windows zips have
+the same extension id: installing one replaces the other.
+
+The lean rule: onnxruntime-gpu (OPT_IN_ONLY) is never in a zip. Its CUDA provider runs nothing
+without NVIDIA's CUDA/cuDNN libraries, a separate 1.2 GiB download, so it comes with them: the
+GPU runtime the artist installs from the preferences is onnxruntime-gpu plus those libraries
+(gpu_requirements/), and only the model process puts it on its path
+(runtime/cuda/gpu_loading.activate). That keeps every zip under MAX_ZIP_BYTES (the Linux
+onnxruntime-gpu wheel alone is 256 MB); the build refuses a zip over it (`--max-zip-mb`). Steps:
 
 1. `pip download --no-deps --only-binary=:all: --require-hashes -r tools/onnxruntime_pins/<build>-cpXY.txt`
    (the version and sha256 pinned per build and Python, written by `--pin-onnxruntime` from the
@@ -20,8 +27,8 @@ id: installing one replaces the other. Steps:
 3. Run Blender's own extension CLI (`blender_ext.py build --split-platforms`, from the installed
    `bpy` package) and `blender_ext.py validate` on each zip.
 
-One zip set per Python rather than cp311 and cp313 wheels side by side: onnxruntime-gpu is about
-256 MB per Linux wheel, so a both-Pythons zip would be twice that for every user. The Python 3.11
+One zip set per Python rather than cp311 and cp313 wheels side by side: the GPU runtime's
+onnxruntime-gpu is per Python too, and a both-Pythons zip would carry a wheel no Blender loads. The Python 3.11
 set says `blender_version_max = "5.1.0"` (exclusive: 4.2 to 5.0), the 3.13 set
 `blender_version_min = "5.1.0"`.
 
@@ -68,13 +75,14 @@ class Build:
     markers: tuple[str, ...]  # substrings every matching wheel file name has
     zip_suffix: str = ""  # after Blender's platform in the zip's name: "-directml"
     note: str = ""  # written into the zip's manifest as a comment, for people and `doctor`
+    gpu_runtime: bool = False  # ships gpu_requirements/: onnxruntime-gpu + CUDA/cuDNN, the opt-in download
 
 
 BUILDS: tuple[Build, ...] = (
-    Build("linux-x64", "linux-x64", "onnxruntime-gpu", ORT_VERSION, "manylinux_2_28_x86_64", ("manylinux", "x86_64"),
-          note="NVIDIA GPUs with the GPU runtime installed from the preferences, else the CPU"),
-    Build("windows-x64-cuda", "windows-x64", "onnxruntime-gpu", ORT_VERSION, "win_amd64", ("win_amd64",), "-cuda",
-          note="NVIDIA GPUs with the GPU runtime installed from the preferences, else the CPU"),
+    Build("linux-x64", "linux-x64", "onnxruntime", ORT_VERSION, "manylinux_2_28_x86_64", ("manylinux", "x86_64"),
+          note="the CPU; NVIDIA GPUs once the GPU runtime is installed from the preferences", gpu_runtime=True),
+    Build("windows-x64-cuda", "windows-x64", "onnxruntime", ORT_VERSION, "win_amd64", ("win_amd64",), "-cuda",
+          note="the CPU; NVIDIA GPUs once the GPU runtime is installed from the preferences", gpu_runtime=True),
     # the newest DirectML build on the package index (no 1.25+ onnxruntime-directml wheel)
     Build("windows-x64-directml", "windows-x64", "onnxruntime-directml", "1.24.4", "win_amd64", ("win_amd64",),
           "-directml", note="any DirectX 12 GPU (AMD, Intel, NVIDIA) through DirectML, else the CPU"),
@@ -84,6 +92,11 @@ BUILDS: tuple[Build, ...] = (
 )  # fmt: skip
 BUILD_BY_NAME = {b.name: b for b in BUILDS}
 PLATFORMS = tuple(dict.fromkeys(b.platform for b in BUILDS))  # Blender platforms, in BUILDS' order
+
+# The lean rule (module docstring): distributions only the opt-in GPU runtime download brings.
+OPT_IN_ONLY = ("onnxruntime-gpu",)
+# extensions.blender.org's practical size for an uploaded zip; decimal MB, the stricter reading.
+MAX_ZIP_BYTES = 200 * 1000 * 1000
 
 # NVIDIA's libraries onnxruntime-gpu's CUDA provider needs, as its wheel's extras name them
 # (`cuda`: nvrtc, runtime, cufft, curand; `cudnn`: nvidia-cudnn-cu13), plus what those require
@@ -227,17 +240,24 @@ def gpu_requirements_name(platform: str, python: str) -> str:
     return f"{platform}-cp{python.replace('.', '')}.txt"
 
 
-def download_gpu_wheels(wheels_dir: Path, platform: str, python: str, log=print) -> list[Path]:
-    """`pip download --no-deps --only-binary=:all:` of GPU_LIBRARIES for (platform, python) into
-    wheels_dir/gpu-<platform>; pip skips a file already there. Returns the wheels pip chose."""
+def gpu_runtime_requirements(ort_version: str = ORT_VERSION) -> tuple[str, ...]:
+    """What the opt-in GPU runtime download holds: onnxruntime-gpu itself (the lean rule keeps it
+    out of the zips), then the NVIDIA libraries its CUDA provider loads."""
+    return (f"onnxruntime-gpu=={ort_version}", *GPU_LIBRARIES)
+
+
+def download_gpu_wheels(wheels_dir: Path, platform: str, python: str, log=print, ort_version: str = ORT_VERSION) -> list[Path]:
+    """`pip download --no-deps --only-binary=:all:` of gpu_runtime_requirements() for (platform,
+    python) into wheels_dir/gpu-<platform>; pip skips a file already there. Returns the wheels pip chose."""
     dest = wheels_dir / f"gpu-{platform}"
     dest.mkdir(parents=True, exist_ok=True)
     platform_args = [arg for tag in GPU_PLATFORM_TAGS[platform] for arg in ("--platform", tag)]
     cmd = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
         "--python-version", python, "--implementation", "cp", *platform_args,
-        "--dest", str(dest), "--progress-bar", "off", *GPU_LIBRARIES,
+        "--dest", str(dest), "--progress-bar", "off", *gpu_runtime_requirements(ort_version),
     ]  # fmt: skip
+    wanted = len(gpu_runtime_requirements(ort_version))
     proc = subprocess.run(cmd, capture_output=True, text=True)
     saved = []
     for line in proc.stdout.splitlines():
@@ -245,10 +265,10 @@ def download_gpu_wheels(wheels_dir: Path, platform: str, python: str, log=print)
         if match:
             path = Path(match.group(1))
             saved.append(path if path.is_absolute() else (dest / path.name))
-    if proc.returncode != 0 or len(saved) != len(GPU_LIBRARIES):
+    if proc.returncode != 0 or len(saved) != wanted:
         raise SystemExit(
             f"pip download of the GPU libraries for {platform} / Python {python} failed (exit"
-            f" {proc.returncode}, {len(saved)} of {len(GPU_LIBRARIES)} wheels):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+            f" {proc.returncode}, {len(saved)} of {wanted} wheels):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
         )
     for path in saved:
         log(f"  gpu      {path.name} ({path.stat().st_size / 2**20:.1f} MiB)")
@@ -260,7 +280,8 @@ def gpu_requirements_text(wheels: list[Path], platform: str, python: str, ort_ve
     hash and size computed from the downloaded file itself."""
     total = sum(w.stat().st_size for w in wheels)
     lines = [
-        f"# NVIDIA CUDA 13 / cuDNN 9 libraries for onnxruntime-gpu {ort_version}, {platform}, Python {python}.",
+        f"# The GPU runtime for {platform}, Python {python}: onnxruntime-gpu {ort_version} and the NVIDIA"
+        " CUDA 13 / cuDNN 9 libraries it needs.",
         "# Written by tools/build_extension.py --gpu-requirements from the downloaded wheels; installed by",
         "# runtime/cuda/gpu_libraries.py with pip --require-hashes --no-deps. Do not edit by hand.",
         f"# total size: {total}",
@@ -283,7 +304,7 @@ def write_gpu_requirements(
             continue  # no CUDA build of onnxruntime there (macOS)
         for python in pythons:
             log(f"GPU libraries for {platform} / Python {python}:")
-            wheels = download_gpu_wheels(wheels_dir, platform, python, log)
+            wheels = download_gpu_wheels(wheels_dir, platform, python, log, ort_version)
             path = out_dir / gpu_requirements_name(platform, python)
             path.write_text(gpu_requirements_text(wheels, platform, python, ort_version))
             size = sum(w.stat().st_size for w in wheels)
@@ -347,7 +368,36 @@ def select_builds(platforms: list[str] | None = None, names: list[str] | None = 
     return [b for b in BUILDS if b.platform in (platforms or ()) or b.name in (names or ())]
 
 
-def build(builds: list[Build], pythons: list[str], output_dir: Path, wheels_dir: Path, log=print) -> list[dict]:
+def check_lean(item: Build) -> None:
+    """Refuse a build whose zip would carry what the lean rule leaves to the GPU runtime download."""
+    if item.distribution in OPT_IN_ONLY:
+        raise SystemExit(f"the build {item.name} bundles {item.distribution}, which only the opt-in GPU runtime "
+                         "download may bring (OPT_IN_ONLY): bundle onnxruntime and set gpu_runtime=True")
+
+
+def check_zip_size(path: Path, max_bytes: int = MAX_ZIP_BYTES) -> None:
+    """Delete a zip over max_bytes and stop with one line: dist/ never holds a zip the extensions
+    site would refuse."""
+    size = path.stat().st_size
+    if size > max_bytes:
+        path.unlink()
+        raise SystemExit(f"{path.name} is {size / 1e6:.1f} MB, over the {max_bytes / 1e6:.0f} MB limit "
+                         "(extensions.blender.org's practical size), so it was deleted: move the large wheel to "
+                         "the GPU runtime download (OPT_IN_ONLY) or raise --max-zip-mb")
+
+
+def manifest_for(manifest: str, item: Build, python: str, wheel_name: str) -> str:
+    """The build copy of the manifest for one zip (the build writes exactly this into it)."""
+    note = f"{item.distribution} {item.version}, {item.note}"
+    return build_manifest_text(manifest, wheels=[wheel_name], platforms=[item.platform], python=python, note=note)
+
+
+def build(
+    builds: list[Build], pythons: list[str], output_dir: Path, wheels_dir: Path, log=print,
+    max_bytes: int = MAX_ZIP_BYTES,
+) -> list[dict]:  # fmt: skip
+    for item in builds:
+        check_lean(item)
     output_dir.mkdir(parents=True, exist_ok=True)
     manifest = (REPO_ROOT / "blender_manifest.toml").read_text()
     ext_id = re.search(r'^id\s*=\s*"([^"]+)"', manifest, re.M).group(1)
@@ -362,12 +412,11 @@ def build(builds: list[Build], pythons: list[str], output_dir: Path, wheels_dir:
             wheel = ensure_wheel(wheels_dir, item, python, log)
             gpu_file = GPU_REQUIREMENTS_DIR / gpu_requirements_name(item.platform, python)
             gpu_files = []
-            if item.distribution == "onnxruntime-gpu":  # the CUDA libraries only a CUDA build uses
+            if item.gpu_runtime:  # onnxruntime-gpu and its CUDA libraries, downloaded on request
                 if not gpu_file.is_file():
                     raise SystemExit(f"{gpu_file} is missing: run tools/build_extension.py --gpu-requirements first")
                 gpu_files = [gpu_file]
-            note = f"{item.distribution} {item.version}, {item.note}"
-            text = build_manifest_text(manifest, wheels=[wheel.name], platforms=[item.platform], python=python, note=note)
+            text = manifest_for(manifest, item, python, wheel.name)
             # Blender appends the platform: <id>-<version>-pyXY-windows_x64.zip; the build's suffix follows
             written = out_base.with_name(f"{out_base.stem}-{item.platform.replace('-', '_')}.zip")
             path = written.with_name(f"{written.stem}{item.zip_suffix}.zip")
@@ -383,6 +432,7 @@ def build(builds: list[Build], pythons: list[str], output_dir: Path, wheels_dir:
                     raise SystemExit(f"blender_ext build did not write {written}:\n{proc.stdout[-4000:]}{proc.stderr[-4000:]}")
                 if path != written:
                     written.replace(path)
+            check_zip_size(path, max_bytes)
             results.append(_validated(path, item, python, wheel, gpu_files, log))
     return results
 
@@ -420,6 +470,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", type=Path, default=REPO_ROOT / "dist")
     parser.add_argument("--wheels-dir", type=Path, default=REPO_ROOT / "wheels")
     parser.add_argument(
+        "--max-zip-mb", type=float, default=MAX_ZIP_BYTES / 1e6,
+        help="fail (and delete the zip) when a zip is larger; default: extensions.blender.org's 200 MB",
+    )  # fmt: skip
+    parser.add_argument(
         "--gpu-requirements", action="store_true",
         help="download NVIDIA's CUDA/cuDNN wheels and (re)write gpu_requirements/<platform>-cpXY.txt"
         " from them (committed files; the zips ship them), then stop",
@@ -440,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.pin_onnxruntime:
         print(json.dumps({"onnxruntime_pins": write_onnxruntime_pins(builds, pythons, args.wheels_dir.resolve())}))
         return 0
-    results = build(builds, pythons, args.output_dir.resolve(), args.wheels_dir.resolve())
+    max_bytes = int(args.max_zip_mb * 1e6)
+    results = build(builds, pythons, args.output_dir.resolve(), args.wheels_dir.resolve(), max_bytes=max_bytes)
     print(json.dumps({"zips": results}))
     return 0
 
