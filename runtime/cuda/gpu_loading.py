@@ -1,17 +1,23 @@
-"""Loading the add-on's CUDA/cuDNN libraries into the process so onnxruntime finds them (bpy-free).
+"""Using the installed GPU runtime in a process: its onnxruntime-gpu and CUDA/cuDNN libraries (bpy-free).
 
-Installing them is runtime/cuda/gpu_libraries.py's job; this module only loads what is in the folder,
-through onnxruntime's own ``preload_dlls``, and says what loaded, what is missing and why.
+Installing it is runtime/cuda/gpu_libraries.py's job. The zips carry the CPU onnxruntime (the lean
+rule, tools/build_extension.py); the GPU runtime folder holds onnxruntime-gpu beside NVIDIA's
+libraries. activate() is the one entry for a process that runs models (the model worker, the CLI,
+`doctor --gpu-runtime`): called before anything imports onnxruntime, it puts the folder first on
+sys.path, so `import onnxruntime` gets the GPU build, then loads the libraries through
+onnxruntime's own ``preload_dlls`` and says what loaded, what is missing and why.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import io
 import os
 import platform
 import re
+import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +35,7 @@ class Activation:
     failed: dict[str, str] = field(default_factory=dict)  # file name -> why it did not load
     messages: list[str] = field(default_factory=list)  # what onnxruntime's preload_dlls() said
     error: str | None = None  # why nothing was tried (not installed, not a CUDA build, ...)
+    on_path: bool = False  # the folder's onnxruntime-gpu is the onnxruntime this process imports
 
     @property
     def ok(self) -> bool:
@@ -106,9 +113,35 @@ def _is_loaded(path: Path, maps: set[str] | None) -> bool:
 _dll_directories: list = []  # os.add_dll_directory handles: a closed handle removes the directory
 
 
+def _put_on_path(target: Path) -> str | None:
+    """Put target first on sys.path so its onnxruntime-gpu is the one imported; the reason when
+    another onnxruntime (not a CUDA build) is already in this process, which no path can replace."""
+    if not (target / "onnxruntime" / "__init__.py").is_file():
+        return None  # installed before the GPU runtime carried onnxruntime-gpu: activate() says so
+    loaded = sys.modules.get("onnxruntime")
+    if loaded is not None:
+        where = Path(os.path.abspath(getattr(loaded, "__file__", "") or "")).parent
+        if where.parent == target or getattr(loaded, "cuda_version", None):
+            return None  # already the runtime's own, or a CUDA build the libraries serve as well
+        return (
+            f"{getattr(loaded, 'package_name', 'onnxruntime')} was imported from {where} before the GPU runtime in "
+            f"{target} was put on the path, so this process runs models on the CPU; the GPU runtime is used "
+            "from the next process that runs models (restart Blender if models run inside it)."
+        )
+    if str(target) not in sys.path:
+        sys.path.insert(0, str(target))
+        importlib.invalidate_caches()
+    return None
+
+
 def activate(target_dir: str | os.PathLike) -> Activation:
-    """Load the CUDA/cuDNN libraries of target_dir into this process with onnxruntime's own
-    preload_dlls(), so that the CUDA provider finds them when the first CUDA session is made.
+    """Use the GPU runtime installed in target_dir in this process; the model process's entry,
+    called before anything in it imports onnxruntime.
+
+    First target_dir goes first on sys.path, so `import onnxruntime` finds the runtime's
+    onnxruntime-gpu rather than the CPU onnxruntime the zip installed (Blender's process, which
+    never runs models, never calls this). Then the CUDA/cuDNN libraries of target_dir are loaded
+    with onnxruntime's own preload_dlls(), so the CUDA provider finds them at its first session.
 
     preload_dlls(directory=D) looks for each library *directly in D* (flat), while pip lays the
     wheels out as nvidia/cu13/lib (CUDA) and nvidia/cudnn/lib (cuDNN; bin/ on Windows). So it is
@@ -116,11 +149,14 @@ def activate(target_dir: str | os.PathLike) -> Activation:
     what loaded, what is not in the folder and what failed.
     """
     global _active
-    target = Path(target_dir)
+    target = Path(os.path.abspath(target_dir))  # a sys.path entry must not depend on the working folder
     result = Activation(folder=str(target))
     _active = result
     if not (target / MARKER).is_file():  # a complete install only (install() writes it last)
         result.error = f"No GPU libraries are installed in {target}."
+        return result
+    result.error = _put_on_path(target)
+    if result.error:
         return result
     try:
         import onnxruntime as ort
@@ -131,8 +167,12 @@ def activate(target_dir: str | os.PathLike) -> Activation:
     if system not in ("Linux", "Windows"):
         result.error = f"CUDA libraries are not used on {system}."
         return result
+    result.on_path = Path(os.path.abspath(ort.__file__)).parent.parent == target
     if not getattr(ort, "cuda_version", None):
         result.error = f"{getattr(ort, 'package_name', 'onnxruntime')} is not a CUDA build: nothing to load."
+        if not (target / "onnxruntime").is_dir():
+            result.error = (f"The GPU runtime in {target} has no onnxruntime-gpu (an older add-on version installed "
+                            "it), so models run on the CPU: install it again from the preferences (Update).")
         return result
     preload = getattr(ort, "preload_dlls", None)
     cuda, cudnn = library_paths(ort, system)
