@@ -46,7 +46,7 @@ def _requirements(path_property: str) -> Path:
 
 def _install_description() -> str:
     size = prefs.gpu_runtime_size_text()
-    return "Download NVIDIA's CUDA 13 and cuDNN 9 libraries" + (f" ({size})" if size else "") + (
+    return "Download onnxruntime-gpu with NVIDIA's CUDA 13 and cuDNN 9 libraries" + (f" ({size})" if size else "") + (
         " so models can run on an NVIDIA GPU"
     )
 

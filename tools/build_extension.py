@@ -11,9 +11,9 @@ and Blender installs it into the extensions' own site-packages on enable. Both W
 the same extension id: installing one replaces the other.
 
 The lean rule: onnxruntime-gpu (OPT_IN_ONLY) is never in a zip. Its CUDA provider runs nothing
-without NVIDIA's CUDA/cuDNN libraries, a separate 1.2 GiB download, so it comes with them: the
-GPU runtime the artist installs from the preferences is onnxruntime-gpu plus those libraries
-(gpu_requirements/), and only the model process puts it on its path
+without NVIDIA's CUDA/cuDNN libraries, a separate download of over 1 GiB, so it comes with them:
+the GPU runtime the artist installs from the preferences is onnxruntime-gpu plus those libraries
+(gpu_requirements/), and only a process that runs models puts it on its path
 (runtime/cuda/gpu_loading.activate). That keeps every zip under MAX_ZIP_BYTES (the Linux
 onnxruntime-gpu wheel alone is 256 MB); the build refuses a zip over it (`--max-zip-mb`). Steps:
 
@@ -27,9 +27,8 @@ onnxruntime-gpu wheel alone is 256 MB); the build refuses a zip over it (`--max-
 3. Run Blender's own extension CLI (`blender_ext.py build --split-platforms`, from the installed
    `bpy` package) and `blender_ext.py validate` on each zip.
 
-One zip set per Python rather than cp311 and cp313 wheels side by side: the GPU runtime's
-onnxruntime-gpu is per Python too, and a both-Pythons zip would carry a wheel no Blender loads. The Python 3.11
-set says `blender_version_max = "5.1.0"` (exclusive: 4.2 to 5.0), the 3.13 set
+One zip set per Python rather than cp311 and cp313 wheels side by side: a both-Pythons zip
+would carry a wheel no Blender loads. The Python 3.11 set says `blender_version_max = "5.1.0"` (exclusive: 4.2 to 5.0), the 3.13 set
 `blender_version_min = "5.1.0"`.
 
 Only onnxruntime is bundled, none of its declared requirements: numpy comes with Blender (an
@@ -59,7 +58,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-ORT_VERSION = "1.31.1"  # onnxruntime-gpu: the version the test suite runs; bump both together
+# the zips' onnxruntime (linux-x64, windows-x64 -cuda) and the GPU runtime's onnxruntime-gpu: the
+# version the test suite runs; bump them together (--pin-onnxruntime, then --gpu-requirements)
+ORT_VERSION = "1.31.1"
 PINS_DIR = Path(__file__).resolve().parent / "onnxruntime_pins"
 
 

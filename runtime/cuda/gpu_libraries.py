@@ -1,11 +1,11 @@
 """NVIDIA's CUDA 13 and cuDNN 9 libraries for onnxruntime-gpu, in a folder the add-on owns (bpy-free).
 
-onnxruntime-gpu imports and runs on CPU without them, but its CUDA provider needs cudart, cuBLAS,
-cuFFT, cuRAND and cuDNN, which a Blender user rarely has. NVIDIA publishes them as wheels (the
-`cuda` and `cudnn` extras of onnxruntime-gpu name them); the add-on ships, per platform and
-Python, a requirements file pinning each wheel by version, sha256 and size
-(`gpu_requirements/<platform>-cp<XY>.txt`, written by tools/build_extension.py), and installs them
-with pip into its own folder:
+onnxruntime-gpu's CUDA provider needs cudart, cuBLAS, cuFFT, cuRAND and cuDNN, which a Blender
+user rarely has. NVIDIA publishes them as wheels (the `cuda` and `cudnn` extras of onnxruntime-gpu
+name them). The zips carry the CPU onnxruntime, so onnxruntime-gpu comes with those libraries: the
+add-on ships, per platform and Python, a requirements file pinning onnxruntime-gpu and each
+library wheel by version, sha256 and size (`gpu_requirements/<platform>-cp<XY>.txt`, written by
+tools/build_extension.py), and installs them with pip into its own folder (the GPU runtime):
 
     size = download_size(requirements)                          # bytes, before starting
     install(folder, requirements, progress=cb, cancel=flag)     # pip --target, all or nothing
