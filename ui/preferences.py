@@ -196,7 +196,7 @@ def _draw_gpu_runtime(layout, context) -> None:
     if requirements is None:
         return  # no CUDA build for this platform / Python (macOS): nothing to offer
     box = layout.box()
-    box.label(text="GPU Runtime (onnxruntime-gpu, NVIDIA CUDA 13, cuDNN 9)", icon="MEMORY")
+    box.label(text="GPU Runtime (NVIDIA CUDA 13 + cuDNN 9)", icon="MEMORY")
     folder = gpu_runtime_folder()
     version = gpu_libraries.installed_version(folder)
     if version:
