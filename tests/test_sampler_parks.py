@@ -24,7 +24,10 @@ def test_no_sample_is_read_after_stop_returns_and_the_sampler_is_parked(monkeypa
     for attempt in range(25):
         stopped.clear()
         timeline = tl.Timeline(interval=0.004).start()
-        time.sleep(0.006 + 0.001 * (attempt % 4))  # stop at varied points of the sampler's cycle
+        deadline = time.monotonic() + 10.0  # a loaded machine may not schedule the sampler for a while
+        while not timeline.samples and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.001 * (attempt % 4))  # stop at varied points of the sampler's cycle
         timeline.stop()
         stopped.set()
         assert tl._sampler._parked, attempt
