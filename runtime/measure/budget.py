@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import LeanImageError, MemoryBudgetError, user_path
+from ..providers import measured_gpu
 from .memory import available_system_memory_bytes, gpu_snapshot, memory_snapshot, peak_rss_bytes
 from .memory_report import mb
 from .timeline import figures
@@ -197,7 +198,7 @@ class JobBudget:
         if any(h.model_path == path for h in self.runtime.cached_sessions()):
             return
         # "auto" is checked against RAM: which device it lands on is known once the session exists
-        gpu = request.index if request.kind == "cuda" else None
+        gpu = measured_gpu(request)
         needed = int(size * (1 + MARGIN))
         decision = decide(self.runtime, needed, gpu, budget=budget_for(self.runtime, gpu), how="its file's size", keep=keep)
         self._conclude(decision, f"loading {path.name}", path.name, request)

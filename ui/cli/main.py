@@ -45,7 +45,7 @@ from ...runtime.measure import memory_plot
 from ...runtime.measure.leak_check import MAX_RUNS, MIN_RUNS, RUNS_REASON
 from ...runtime.measure.memory import peak_rss_bytes, reset_peak_rss
 from ...runtime.oom import out_of_memory_error
-from ...runtime.providers import DEVICE_HELP
+from ...runtime.providers import DEVICE_HELP, measured_gpu
 from . import cli_doctor, cli_images, cli_job, cli_models, cli_shot, farm_ray
 
 EXIT_OK = cli_job.EXIT_OK
@@ -96,8 +96,7 @@ class _Progress:
 
 
 def _gpu_id(device: str) -> int | None:
-    request = parse_device(device)
-    return request.index if request.kind == "cuda" else None
+    return measured_gpu(parse_device(device))
 
 
 def _print_memory_report(runtime, since: float, gpu_id: int | None) -> list[dict]:
