@@ -116,10 +116,6 @@ class SessionHandle:
         self.created_at = time.time()
         self.last_used = self.created_at
         self.load_growth: dict = {}  # figure -> bytes that loading it added (runtime.memory figures)
-        # the whole-number output/input size ratio this session's runs showed (an image-to-image
-        # model's scale, learned by models/adapters/upscale_runs.py), so the next job binds even its
-        # first run's output into its own buffer; dropped with the session, never carried to a new one
-        self.output_scale: int | None = None
         try:
             self.file_bytes = model_path.stat().st_size
         except OSError:
