@@ -113,12 +113,11 @@ def budgets(prefs) -> MemoryBudgets:
 
 def configure_runtime(context) -> tuple[str, MemoryBudgets]:
     """Apply the preferences to the shared runtime; returns (device string, memory budgets).
-    The budgets are checked by the runtime before each job (runtime/measure/budget.py); a family job
-    (models/job.py) carries them too, as on the command line."""
+    The budgets are not the runtime's: the family job (models/job.py) carries them to its own
+    operation, as on the command line, which checks them before each load and run
+    (runtime/measure/budget.py)."""
     prefs = get_prefs(context)
-    job_budgets = budgets(prefs)
     get_runtime().configure(
-        **job_budgets.settings(),
         cpu_arena=bool(prefs.release_cpu_memory),
         cudnn_max_workspace=bool(getattr(prefs, "cudnn_max_workspace", False)),
         cpu_release_delay=float(getattr(prefs, "ram_release_delay_s", 0.0)),
@@ -126,7 +125,7 @@ def configure_runtime(context) -> tuple[str, MemoryBudgets]:
         coreml_compute_units=str(getattr(prefs, "coreml_compute_units", "ALL")),
         coreml_cache_dir=str(user_folder("coreml")),
     )
-    return device_string(prefs), job_budgets
+    return device_string(prefs), budgets(prefs)
 
 
 def family_job(context, owner, family_id: str) -> FamilyJob:

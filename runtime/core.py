@@ -46,7 +46,7 @@ from .release.cpu_arena import RELEASE_PROBE_MODEL, env_cpu_arena_config, regist
 from .release.deferred_release import DeferredRelease
 from .release.scratch import ScratchBuffers
 from .session import LIBRARY_RAM, SessionHandle, onnxruntime_module
-from .settings import RuntimeSettings, settings_from_environment
+from .settings import MemoryBudgets, RuntimeSettings, settings_from_environment
 
 # The events are the runtime's record (event log, file, panels): no raw JSON lines on stderr from
 # logging's last-resort handler where no logging was set up (where it was, the records still go).
@@ -110,6 +110,8 @@ class Runtime:
             self._check_gpu_index(request)
         path, identity = load_errors.model_identity(model_path)
         settings = self.settings
+        if holder is not None:  # the job's own arena cap (its VRAM budget), not another job's
+            settings = replace(settings, gpu_mem_limit_bytes=holder.gpu_mem_limit)
         available = self._available_providers()
         if request.kind == "auto" and NVIDIA_PROVIDERS.intersection(available) and not self._cuda_usable():
             # onnxruntime-gpu lists CUDA even with no GPU; "auto" should quietly mean CPU there
@@ -406,8 +408,9 @@ class Runtime:
         state = sum(h.session_state_bytes(figure) for h in handles) if figure == "ram" else 0
         return sum(h.weights_bytes(figure) for h in handles), state, len(handles)
 
-    def operation(self, name: str, *, cancel=None) -> Operation:
-        return Operation(self, name, cancel=cancel)
+    def operation(self, name: str, *, cancel=None, budgets: MemoryBudgets | None = None) -> Operation:
+        """A job (see Operation); ``budgets``: its own memory budgets, else the runtime's settings'."""
+        return Operation(self, name, cancel=cancel, budgets=budgets)
 
 
 def _drop(before, after):

@@ -33,6 +33,7 @@ from .providers import (
 )
 from .session import LIBRARY_RAM, SessionHandle, onnxruntime_module
 from .session_run import bindable, copy_into, run_bound, without_frames
+from .settings import MemoryBudgets
 
 # ORT's answer when a shrink entry names a device the session has no arena for
 _ARENA_NOT_FOUND = "Did not find an arena based allocator"
@@ -50,7 +51,9 @@ class Operation:
     when the job ends, however it ends, unless the artist keeps models loaded.
     """
 
-    def __init__(self, runtime, name: str, *, cancel=None):  # runtime: the core.Runtime that made it
+    def __init__(self, runtime, name: str, *, cancel=None, budgets: MemoryBudgets | None = None):
+        # runtime: the core.Runtime that made it; budgets: the job's own, passed with it (None: the
+        # runtime's settings, which a script or the environment set)
         self.runtime = runtime
         self.name = name
         self._cancel = _as_cancel_check(cancel)
@@ -69,7 +72,10 @@ class Operation:
         self._results_held: Callable[[], int] | None = None  # the job's results still alive (bytes)
         self._owes_cpu_release = False  # its CPU release was put off (deferred_release.py)
         self._working_key = None  # (model, input shapes) of the largest run: what budget.py remembers
-        self.budget = JobBudget(runtime, self.timeline)  # checked before each load and new input shape
+        self.budgets = runtime.settings.budgets() if budgets is None else budgets
+        # the CUDA arena's cap for the sessions it creates: its VRAM budget, else the runtime's own
+        self.gpu_mem_limit = runtime.settings.gpu_mem_limit_bytes if budgets is None else budgets.vram_bytes
+        self.budget = JobBudget(runtime, self.timeline, self.budgets)  # checked before each load and new input shape
         self.memory: dict | None = None  # the job's memory report (memory_report), after the block
         self.unloaded: dict | None = None  # what the UNLOAD rule gave back (Runtime.unload_sessions)
 
