@@ -1,4 +1,10 @@
-"""Device choice -> ONNX Runtime providers, and which arenas a session may shrink.
+"""The device table: one row per kind of device, its capabilities as columns; device choice -> ONNX Runtime providers, and which arenas a session may shrink.
+
+Every difference between devices (the fallback warning and where to get the missing runtime,
+whether VRAM can be measured, IO binding, the fp16 preference, the release rule, session options,
+the preferences that shape its options) is a column of `DeviceKind`, read where it is needed:
+no other module compares provider names or device kinds. A new row (`add_device`) gets the
+fallback warning and a release rule by construction.
 
 What was *requested* only shapes session creation. Everything after creation (shrink entries,
 fallback warnings) is decided from what the session reports in `get_providers()`, because a
