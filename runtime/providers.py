@@ -275,7 +275,6 @@ def device_help() -> str:
 
 
 _index_devices()
-DEVICE_HELP = device_help()
 
 
 def row_of(actual_providers: list[str]) -> DeviceKind | None:

@@ -31,6 +31,7 @@ from lean_image_ai.runtime.providers import (
     remove_device,
     resolve_providers,
 )
+from lean_image_ai.ui.cli import main as cli
 from onnx_builders import conv_model
 from test_device_release import ReportingFactory
 
@@ -63,9 +64,12 @@ def two_runs(runtime, model, device, out=None):
     return op, handle, outputs
 
 
-def test_a_new_row_is_a_device_string_everywhere(toy):
+def test_a_new_row_is_a_device_string_everywhere(toy, capsys):
     assert parse_device("toy:2") == DeviceRequest("toy", 2) and str(parse_device(" TOY ")) == "toy:0"
     assert "toy, toy:N" in device_help()
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["upscale", "--help"])
+    assert "toy, toy:N" in " ".join(capsys.readouterr().out.split())  # the command line's --device
     assert measured_gpu(DeviceRequest("toy", 1)) is None  # its memory is not measurable: RAM budgets
     assert [e.id for e in prefer_for_device(_entries(), "toy")] == ["fp32", "fp16"]  # no fp16 preference
     with pytest.raises(ProviderUnavailableError, match="or install the onnxruntime build for that device"):

@@ -64,6 +64,18 @@ def offered_providers() -> list[str]:
     return _offered
 
 
+def _draw_device_preferences(col, prefs, offered: list[str], *, index: bool) -> None:
+    """The preferences the rows of the devices that can run here name (providers.py): each one's
+    GPU index (enabled only where that device is the choice), or what shapes its options (enabled
+    for its own choice, or AUTO's)."""
+    for row in (d for d in DEVICES if d.provider in offered and not d.host):
+        for name in (row.index_preference,) if index else row.preferences:
+            if name:
+                sub = col.column()
+                sub.enabled = prefs.device == row.kind.upper() or (not index and prefs.device == "AUTO")
+                sub.prop(prefs, name)
+
+
 def compute_device_items(providers: list[str] | None = None) -> list[tuple[str, str, str, str, int]]:
     """Enum items for what can run here: always AUTO and CPU, plus the GPU providers that can."""
     providers = offered_providers() if providers is None else providers
@@ -355,20 +367,10 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         col = layout.column()
         col.prop(self, "device")
         offered = offered_providers()
-        # the devices that can run here, with the preferences their rows name (providers.py)
-        rows = [d for d in DEVICES if d.provider in offered and not d.host]
-        for row in rows:
-            if row.index_preference:  # which GPU: only where that device is the choice
-                sub = col.column()
-                sub.enabled = self.device == row.kind.upper()
-                sub.prop(self, row.index_preference)
+        _draw_device_preferences(col, self, offered, index=True)
         col.prop(self, "gpu_memory_budget_mb")
         col.prop(self, "ram_budget_mb")
-        for row in rows:
-            for name in row.preferences:  # what shapes its options: its own choice, or AUTO's
-                sub = col.column()
-                sub.enabled = self.device in (row.kind.upper(), "AUTO")
-                sub.prop(self, name)
+        _draw_device_preferences(col, self, offered, index=False)
         sub = col.column()
         # the devices whose release rule unloads (DirectML, CoreML), or AUTO that may pick one
         chosen = DEVICE_BY_KIND.get(self.device.lower())
