@@ -54,7 +54,8 @@ def installed_providers() -> list[str]:
 
 def runnable_providers(available: Iterable[str] | None = None, gpu_count=nvidia_gpu_count) -> list[str]:
     """The installed providers that can run here: the NVIDIA ones (onnxruntime-gpu lists them on
-    every machine: providers.py's table) only where the driver sees a GPU (an unknown count keeps them: Windows' older drivers keep NVML where it is not looked for)."""
+    every machine: providers.py's table) only where the driver sees a GPU (an unknown count keeps
+    them: Windows' older drivers keep NVML where it is not looked for)."""
     available = installed_providers() if available is None else list(available)
     if any(p in NVIDIA_PROVIDERS for p in available) and gpu_count() == 0:
         return [p for p in available if p not in NVIDIA_PROVIDERS]
