@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from lean_image_ai.models.store import installer  # noqa: E402
-from lean_image_ai.models.store.http_watch import TransferLimits, loopback_http_for_tests  # noqa: E402
-from model_server import loopback_entry, onnx_payload, serving  # noqa: E402
+from lean_image_ai.models.store.http_watch import TransferLimits  # noqa: E402
+from model_server import loopback_entry, loopback_http, onnx_payload, serving  # noqa: E402
 
 DRIP = 0.5
 SIZE = 64 * 1024
@@ -34,7 +34,7 @@ SIZE = 64 * 1024
 
 def _trial(folder: Path, *, cancel_after_bytes: int | None, limits: TransferLimits) -> tuple[float, str]:
     """(seconds from the cancel, or from the stall window's end, to install() raising; error type)."""
-    with serving() as srv, loopback_http_for_tests():
+    with serving() as srv, loopback_http():
         srv.files["/m.onnx"] = onnx_payload(SIZE)
         srv.drip = DRIP
         entry = loopback_entry(srv.url("/m.onnx"), None)

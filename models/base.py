@@ -19,6 +19,7 @@ import numpy as np
 
 from ..runtime import Runtime, SessionHandle, get_runtime
 from ..runtime.errors import InvalidModelOutputError, ModelContractError
+from ..runtime.settings import MemoryBudgets
 
 ProgressCallback = Callable[[float, str], None]
 
@@ -30,6 +31,7 @@ class JobOptions:
     cancel: object = None  # threading.Event or callable -> bool; checked between runs
     runtime: Runtime | None = None  # default: the process-wide runtime
     on_result: Callable[[object], None] | None = None  # each frame's result, in order (not kept)
+    budgets: MemoryBudgets | None = None  # the job's memory budgets (None: the runtime's settings')
 
     def get_runtime(self) -> Runtime:
         return self.runtime or get_runtime()

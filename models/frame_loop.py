@@ -136,7 +136,8 @@ def run_frames(
     loop.frames = frames  # a frame source that knows its files names them (Frame.label)
     runtime = options.get_runtime()
     # named as the user runs it (remove-background, depth): the report, the picture and the log say it
-    with runtime.operation(command_of(family), cancel=options.cancel) as op, ExitStack() as before_release:
+    operation = runtime.operation(command_of(family), cancel=options.cancel, budgets=options.budgets)
+    with operation as op, ExitStack() as before_release:
         op.count_results(results.held_bytes)
         loop.open(op, before_release, check)
         if start is not None:

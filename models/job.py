@@ -8,7 +8,8 @@ models/batch/sequence.py BatchRun takes): the command line (ui/cli/main.py), the
 
 - which model a ``--model``/Model text names (models/store/library.py ``names_a_file``);
 - the adapter's keywords (the model's settings and the job's option values);
-- the budgets: :meth:`infer` gives them to the runtime (runtime/settings.py ``MemoryBudgets``),
+- the budgets: :meth:`infer` passes them with the job to its runtime operation (runtime/settings.py
+  ``MemoryBudgets``; never into the shared runtime's settings, so no job runs under another's),
   which checks them before each load and run, and an upscale's auto tile size reads the one of the
   device its session runs on; the same budgets and image give the same tile plan everywhere;
 - a model file not hashed since it changed is hashed by :meth:`infer`, on the worker.
@@ -16,7 +17,7 @@ models/batch/sequence.py BatchRun takes): the command line (ui/cli/main.py), the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..runtime.settings import MemoryBudgets
@@ -66,8 +67,8 @@ class FamilyJob:
         return {**self.model.adapter_kwargs(self.family_id, **self.values), **self.extra}
 
     def options(self, **fields) -> JobOptions:
-        """Job options on this job's device (progress, cancel, runtime as given)."""
-        return JobOptions(device=self.device, **fields)
+        """Job options on this job's device and budgets (progress, cancel, runtime as given)."""
+        return JobOptions(**{"device": self.device, "budgets": self.budgets, **fields})
 
     def for_worker(self) -> FamilyJob:
         """The same job for another process: the model named by its absolute path."""
@@ -76,8 +77,9 @@ class FamilyJob:
 
     def infer(self, frames, options: JobOptions | None = None):
         """Run the family's adapter on ``frames`` (one image, a list, or a lazy frame source) as
-        one runtime operation; the budgets go to the runtime first."""
+        one runtime operation, under this job's budgets (unless ``options`` brings its own)."""
         options = options or self.options()
-        options.get_runtime().configure(**self.budgets.settings())
+        if options.budgets is None:
+            options = replace(options, budgets=self.budgets)
         self.model.verify()
         return self.family.run(frames, self.model.path, options=options, **self.adapter_kwargs())

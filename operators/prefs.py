@@ -17,8 +17,7 @@ from ..runtime.cuda import gpu_libraries
 from ..runtime.errors import LeanImageError
 from ..runtime.log import event_file
 from ..runtime.paths import ADDON_ROOT
-from ..runtime.providers import DEVICE_BY_KIND, DEVICES, RELEASE_RULES, release_rule
-from ..runtime.session import CUDA_FALLBACK_START
+from ..runtime.providers import DEVICE_BY_KIND, RELEASE_RULES, auto_device, fallback_device, release_rule
 from ..runtime.settings import MemoryBudgets, budget_bytes
 from . import sources
 
@@ -95,8 +94,8 @@ def _migrate_old_default(folder: Path) -> None:
 def device_string(prefs) -> str:
     """The runtime's device string for the chosen device: auto, cpu, cuda:N, directml, coreml."""
     row = DEVICE_BY_KIND.get((getattr(prefs, "device", "") or "AUTO").lower())
-    if row is not None and row.kind == "cuda":  # the one device the preferences give an index
-        return f"cuda:{max(0, int(getattr(prefs, 'cuda_device_index', 0)))}"
+    if row is not None and row.index_preference:  # a device the preferences give an index
+        return f"{row.kind}:{max(0, int(getattr(prefs, row.index_preference, 0)))}"
     if row is not None:
         return row.kind
     return "auto"  # AUTO, or a stored choice this onnxruntime no longer offers
@@ -114,12 +113,11 @@ def budgets(prefs) -> MemoryBudgets:
 
 def configure_runtime(context) -> tuple[str, MemoryBudgets]:
     """Apply the preferences to the shared runtime; returns (device string, memory budgets).
-    The budgets are checked by the runtime before each job (runtime/measure/budget.py); a family job
-    (models/job.py) carries them too, as on the command line."""
+    The budgets are not the runtime's: the family job (models/job.py) carries them to its own
+    operation, as on the command line, which checks them before each load and run
+    (runtime/measure/budget.py)."""
     prefs = get_prefs(context)
-    job_budgets = budgets(prefs)
     get_runtime().configure(
-        **job_budgets.settings(),
         cpu_arena=bool(prefs.release_cpu_memory),
         cudnn_max_workspace=bool(getattr(prefs, "cudnn_max_workspace", False)),
         cpu_release_delay=float(getattr(prefs, "ram_release_delay_s", 0.0)),
@@ -127,7 +125,7 @@ def configure_runtime(context) -> tuple[str, MemoryBudgets]:
         coreml_compute_units=str(getattr(prefs, "coreml_compute_units", "ALL")),
         coreml_cache_dir=str(user_folder("coreml")),
     )
-    return device_string(prefs), job_budgets
+    return device_string(prefs), budgets(prefs)
 
 
 def family_job(context, owner, family_id: str) -> FamilyJob:
@@ -174,11 +172,7 @@ def release_rule_lines(prefs, providers_offered: list[str]) -> list[str]:
     """For the preferences: the release rule of the chosen device (AUTO: the device it picks
     first), and the device each model of the last job really ran on with the rule that applied."""
     request = parse_device(device_string(prefs))
-    kind = request.kind
-    if kind == "auto":
-        ranked = sorted((d for d in DEVICES if d.auto_rank is not None), key=lambda d: d.auto_rank)
-        kind = next((d.kind for d in ranked if d.provider in providers_offered), "cpu")
-    device = DEVICE_BY_KIND[kind]
+    device = auto_device(providers_offered) if request.kind == "auto" else DEVICE_BY_KIND[request.kind]
     rule = release_rule(
         [device.provider],
         cpu_arena=bool(getattr(prefs, "release_cpu_memory", True)),
@@ -232,9 +226,10 @@ GPU_RUNTIME_HINT = "Install GPU Runtime in Edit > Preferences > Add-ons > Lean I
 
 
 def with_gpu_runtime_hint(warning: str) -> str:
-    """A CUDA fallback warning, plus the button that provides the libraries where this zip offers
-    them and they are not installed yet."""
-    if not warning.startswith(CUDA_FALLBACK_START) or gpu_requirements() is None:
+    """A fallback warning of a device whose libraries the add-on installs (its row says so), plus
+    the button that provides them where this zip offers them and they are not installed yet."""
+    row = fallback_device(warning)
+    if row is None or not row.addon_libraries or gpu_requirements() is None:
         return warning
     try:
         if gpu_libraries.installed_version(gpu_runtime_folder()):

@@ -32,9 +32,10 @@ from .measure.timeline import figures
 from .oom import out_of_memory_resource
 from .operation import Operation
 from .providers import (
-    COREML,
     CPU,
-    CUDA,
+    DEVICE_BY_KIND,
+    DEVICE_BY_PROVIDER,
+    NVIDIA_PROVIDERS,
     SHRINK_CONFIG_KEY,
     DeviceRequest,
     ProviderChoices,
@@ -45,7 +46,7 @@ from .release.cpu_arena import RELEASE_PROBE_MODEL, env_cpu_arena_config, regist
 from .release.deferred_release import DeferredRelease
 from .release.scratch import ScratchBuffers
 from .session import LIBRARY_RAM, SessionHandle, onnxruntime_module
-from .settings import RuntimeSettings, settings_from_environment
+from .settings import MemoryBudgets, RuntimeSettings, settings_from_environment
 
 # The events are the runtime's record (event log, file, panels): no raw JSON lines on stderr from
 # logging's last-resort handler where no logging was set up (where it was, the records still go).
@@ -105,25 +106,26 @@ class Runtime:
         ``static_shapes``: CoreML RequireStaticInputShapes (None: whether the file fixes every input).
         """
         request = parse_device(device)
-        if request.kind == "cuda":
+        if request.kind != "auto" and DEVICE_BY_KIND[request.kind].nvidia:
             self._check_gpu_index(request)
         path, identity = load_errors.model_identity(model_path)
         settings = self.settings
+        if holder is not None:  # the job's own arena cap (its VRAM budget), not another job's
+            settings = replace(settings, gpu_mem_limit_bytes=holder.gpu_mem_limit)
         available = self._available_providers()
-        if request.kind == "auto" and CUDA in available and not self._cuda_usable():
+        if request.kind == "auto" and NVIDIA_PROVIDERS.intersection(available) and not self._cuda_usable():
             # onnxruntime-gpu lists CUDA even with no GPU; "auto" should quietly mean CPU there
-            available = [p for p in available if p != CUDA]
+            available = [p for p in available if p not in NVIDIA_PROVIDERS]
         choices = ProviderChoices.of(settings, static_shapes=static_shapes, model_path=path)
         providers = resolve_providers(request, available, choices)
+        row = DEVICE_BY_PROVIDER[providers[0][0]]
         # Only CPU sessions join the shared CPU arena. CUDA sessions keep their host allocators as
         # ORT sets them up (env allocators interact with CUDA's pinned allocator: onnxruntime
         # #25211), and DirectML/CoreML sessions run exactly as before.
-        cpu_arena = settings.cpu_arena and providers[0][0] == CPU
+        cpu_arena = settings.cpu_arena and row.host
         key = (identity, str(request), settings.gpu_mem_limit_bytes, cpu_arena, settings.intra_op_threads)
-        if providers[0][0] == CUDA:  # the cuDNN choices make another CUDA session, not another CPU one
-            key += (settings.cudnn_max_workspace, settings.cudnn_conv_algo_search)
-        if providers[0][0] == COREML:  # other compute units or shapes: another compiled model
-            key += tuple(sorted(providers[0][1].items()))
+        # other provider options (cuDNN's choices, CoreML's compute units or shapes): another session
+        key += tuple(sorted(providers[0][1].items()))
         with self._lock:
             handle = self._sessions.get(key)
             if handle is None and holder is not None:
@@ -133,7 +135,7 @@ class Runtime:
                 self.events.emit("session_reuse", model=handle.model_name, device=handle.device_label)
             else:
                 handle = self._create(key, path, request, providers, cpu_arena)
-                if handle.fallback_warning and providers[0][0] == CUDA and settings.cpu_arena:
+                if handle.fallback_warning and row.remake_in_cpu_arena and settings.cpu_arena:
                     handle = self._recreate_on_cpu(key, path, request, handle)
                 if handle.fallback_warning:  # said once, after the CPU remake
                     fallback = {"model": handle.model_name, "requested": str(request), "providers": handle.providers}
@@ -171,8 +173,8 @@ class Runtime:
     def _create(self, key, path: Path, request: DeviceRequest, providers, cpu_arena: bool) -> SessionHandle:
         ort = onnxruntime_module()
         options = device_sessions.session_options(ort, providers, intra_op_threads=self.settings.intra_op_threads)
-        uses_cuda = providers[0][0] == CUDA
-        if uses_cuda:
+        row = DEVICE_BY_PROVIDER[providers[0][0]]
+        if row.addon_libraries:
             self._preload_cuda_dlls()
         if cpu_arena:
             register_env_cpu_arena(self.settings.cpu_arena_max_bytes)
@@ -183,14 +185,14 @@ class Runtime:
             # 44 MB after one run, 90 MB after two; RealESRGAN_x4plus at 1080p: +1.1 GB per shape).
             options.enable_mem_pattern = False
         started = time.perf_counter()
-        gpu_id = int(providers[0][1].get("device_id", 0)) if uses_cuda else None
+        gpu_id = int(providers[0][1].get("device_id", 0)) if row.vram_measurable else None
         loading = figures(memory_snapshot(gpu_id))
         ort_log: list[str] = []
         try:
             with native_log.captured() as ort_log:
                 session = self._session_factory(str(path), options, providers)
         except Exception as exc:
-            resource = out_of_memory_resource(exc, on_gpu=uses_cuda)
+            resource = out_of_memory_resource(exc, on_gpu=row.vram_measurable)
             if resource:
                 raise InferenceOutOfMemoryError(
                     f"Not enough {resource} to load {path.name} on {request}. Close other programs "
@@ -202,8 +204,7 @@ class Runtime:
                 ) from exc
             if not type(exc).__module__.startswith("onnxruntime"):
                 raise
-            on_device = providers[0][0] != CPU
-            raise load_errors.load_failure(exc, path, device=str(request), on_device=on_device) from exc
+            raise load_errors.load_failure(exc, path, device=str(request), on_device=not row.host) from exc
         finally:
             if ort_log:
                 self.events.emit("onnxruntime_log", model=path.name, requested=str(request), lines=ort_log)
@@ -227,7 +228,7 @@ class Runtime:
             seconds=round(time.perf_counter() - started, 4),
             **({"partitions": handle.partitions} if handle.partitions else {}),
         )
-        failed = cuda_preload.failure(self._preload, handle.providers) if uses_cuda else None
+        failed = cuda_preload.failure(self._preload, handle.providers) if row.addon_libraries else None
         if failed:
             handle.fallback_warning = (
                 f"{handle.fallback_warning or ''} CUDA/cuDNN libraries that did not load: {self._preload.describe()}."
@@ -407,8 +408,9 @@ class Runtime:
         state = sum(h.session_state_bytes(figure) for h in handles) if figure == "ram" else 0
         return sum(h.weights_bytes(figure) for h in handles), state, len(handles)
 
-    def operation(self, name: str, *, cancel=None) -> Operation:
-        return Operation(self, name, cancel=cancel)
+    def operation(self, name: str, *, cancel=None, budgets: MemoryBudgets | None = None) -> Operation:
+        """A job (see Operation); ``budgets``: its own memory budgets, else the runtime's settings'."""
+        return Operation(self, name, cancel=cancel, budgets=budgets)
 
 
 def _drop(before, after):

@@ -22,8 +22,18 @@ from .measure.memory_report import format_job_memory, job_figures, mb
 from .measure.timeline import Timeline, figures
 from .measure.unfinished import unfinished_bytes
 from .oom import out_of_memory_resource
-from .providers import CPU, CUDA, KEEP, RELEASE_RULES, SHRINK_CONFIG_KEY, UNLOAD, parse_device, release_rule
+from .providers import (
+    KEEP,
+    RELEASE_RULES,
+    SHRINK_CONFIG_KEY,
+    UNLOAD,
+    may_use_measured_gpu,
+    parse_device,
+    release_rule,
+)
 from .session import LIBRARY_RAM, SessionHandle, onnxruntime_module
+from .session_run import bindable, copy_into, run_bound, without_frames
+from .settings import MemoryBudgets
 
 # ORT's answer when a shrink entry names a device the session has no arena for
 _ARENA_NOT_FOUND = "Did not find an arena based allocator"
@@ -41,7 +51,9 @@ class Operation:
     when the job ends, however it ends, unless the artist keeps models loaded.
     """
 
-    def __init__(self, runtime, name: str, *, cancel=None):  # runtime: the core.Runtime that made it
+    def __init__(self, runtime, name: str, *, cancel=None, budgets: MemoryBudgets | None = None):
+        # runtime: the core.Runtime that made it; budgets: the job's own, passed with it (None: the
+        # runtime's settings, which a script or the environment set)
         self.runtime = runtime
         self.name = name
         self._cancel = _as_cancel_check(cancel)
@@ -60,7 +72,10 @@ class Operation:
         self._results_held: Callable[[], int] | None = None  # the job's results still alive (bytes)
         self._owes_cpu_release = False  # its CPU release was put off (deferred_release.py)
         self._working_key = None  # (model, input shapes) of the largest run: what budget.py remembers
-        self.budget = JobBudget(runtime, self.timeline)  # checked before each load and new input shape
+        self.budgets = runtime.settings.budgets() if budgets is None else budgets
+        # the CUDA arena's cap for the sessions it creates: its VRAM budget, else the runtime's own
+        self.gpu_mem_limit = runtime.settings.gpu_mem_limit_bytes if budgets is None else budgets.vram_bytes
+        self.budget = JobBudget(runtime, self.timeline, self.budgets)  # checked before each load and new input shape
         self.memory: dict | None = None  # the job's memory report (memory_report), after the block
         self.unloaded: dict | None = None  # what the UNLOAD rule gave back (Runtime.unload_sessions)
 
@@ -77,7 +92,7 @@ class Operation:
         """The session for a model; the job keeps it until it ends, even if it is evicted meanwhile.
         ``static_shapes``: its inputs never change shape (see Runtime.session)."""
         request = parse_device(device)
-        if "vram" not in self._job_before and request.kind in ("cuda", "auto"):
+        if "vram" not in self._job_before and may_use_measured_gpu(request):
             vram = figures({"gpu": gpu_snapshot(request.index or 0)})["vram"]
             if vram is not None:
                 self._job_before["vram"] = vram
@@ -108,6 +123,35 @@ class Operation:
         """Run the model; `out` ({output name: C-contiguous array of its exact shape and dtype})
         binds those outputs to the caller's memory (IOBinding): the runtime writes them in place,
         nothing is left in the arena and nothing is copied. Other outputs are returned as copies."""
+        session = self._session_to_run(handle)
+        self.check_cancelled()
+        shapes = tuple(tuple(getattr(v, "shape", ())) for v in feeds.values())
+        self.budget.before_run(handle, shapes, keep=list(self._held.values()))  # raises before running
+        meter = self.budget.meter(handle, shapes)
+        release_now, defer, run_options = self._release_plan(handle, last)
+        names = list(output_names) if output_names else [o.name for o in handle.outputs]
+        self._count_run(handle, shapes)
+        bound = bindable(handle, out)
+        outputs, oom = self._invoke(handle, session, names, feeds, out if bound else None, release_now, run_options)
+        del session  # this frame's own reference, before an out-of-memory session is dropped
+        if oom is not None:
+            self._out_of_memory(handle, *oom)
+            raise self._out_of_memory_error(handle, *oom) from oom[1]
+        release_now = release_now and bool(handle.shrink)  # no arena after all: runs as before
+        self.budget.measured(meter)
+        if not bound:
+            # CPU outputs are views into arena regions; owning copies stop them pinning a region.
+            # A provider without IOBinding here copies into the caller's arrays instead.
+            targets = [(out or {}).get(name) for name in names]
+            outputs = [copy_into(t, o, handle.cpu_arena) for t, o in zip(targets, outputs, strict=True)]
+        self._live_output_bytes = sum(int(getattr(o, "nbytes", 0)) for o in outputs)
+        self.timeline.mark(f"run {self.runs}")
+        all_bound = bound and all(name in out for name in names)
+        self._after_run(handle, last=last, release_now=release_now, defer=defer, all_bound=all_bound)
+        return dict(zip(names, outputs, strict=True))
+
+    def _session_to_run(self, handle: SessionHandle):
+        """The handle's live session, held by this job from now on; raises when it cannot run."""
         if self._started is None:
             raise RuntimeError("Operation.run() called outside its `with` block")
         if id(handle) in self._finished:
@@ -115,29 +159,30 @@ class Operation:
         if self._held.get(handle.key) is not handle:
             self.runtime.hold(handle, self)  # a handle from runtime.session(): this job uses it now
             self._held[handle.key] = handle
-        session = handle.session
-        if session is None:  # dropped for good (out of memory, or a forced eviction)
+        if handle.session is None:  # dropped for good (out of memory, or a forced eviction)
             raise SessionClosedError(
                 f"{handle.model_name} was unloaded ({handle.evict_reason or 'evicted'}) while "
                 f"{self.name} was running; nothing was written. Run the job again: it loads the "
                 "model anew.",
                 model=handle.model_name,
             )
-        self.check_cancelled()
-        shapes = tuple(tuple(getattr(v, "shape", ())) for v in feeds.values())
-        self.budget.before_run(handle, shapes, keep=list(self._held.values()))  # raises before running
-        meter = self.budget.meter(handle, shapes)
+        return handle.session
+
+    def _release_plan(self, handle: SessionHandle, last: bool):
+        """(release in this run, put the CPU release off, the run's options): only the final run
+        of a session with a shrinkable arena carries the shrink entry."""
         settings = self.runtime.settings
         defer = handle.cpu_arena and settings.release_memory and settings.ram_kept_between_jobs
         release_now = last and settings.release_memory and bool(handle.shrink) and not defer
-        ort = onnxruntime_module()
-        run_options = ort.RunOptions()
+        run_options = onnxruntime_module().RunOptions()
         if release_now:
             run_options.add_run_config_entry(SHRINK_CONFIG_KEY, handle.shrink)
         if handle.shrink and settings.release_memory and id(handle) not in self._before:
             # releases are reported against the memory before this job first ran the session
             self._before[id(handle)] = memory_snapshot(handle.gpu_device_id)
-        names = list(output_names) if output_names else [o.name for o in handle.outputs]
+        return release_now, defer, run_options
+
+    def _count_run(self, handle: SessionHandle, shapes: tuple) -> None:
         self.runs += 1
         self._dirty[id(handle)] = handle
         self._used[id(handle)] = handle
@@ -146,31 +191,25 @@ class Operation:
         handle.last_used = time.time()
         if handle.gpu_device_id is not None:
             self.timeline.gpu_device_id = handle.gpu_device_id
-        bound = _bindable(handle, out)
 
-        def invoke(options):
-            if not bound:
+    def _invoke(self, handle, session, names, feeds, out, release_now, run_options):
+        """(outputs, None), or (None, (resource, error)) when the run ran out of memory; `out`:
+        the outputs to bind (None: a plain run). A shrink entry the session has no arena for is
+        dropped (``handle.shrink`` empties) and the run made again as before."""
+
+        def call(options):
+            if out is None:
                 return session.run(names, feeds, options)
-            return _run_bound(session, names, feeds, out, options)
+            return run_bound(session, names, feeds, out, options)
 
-        oom = None
         try:
             try:
-                outputs = invoke(run_options)
+                return call(run_options), None
             except Exception as exc:
                 if not (release_now and _ARENA_NOT_FOUND in str(exc)):
                     raise
-                # the session has no arena for that device after all: keep it running as before
-                self.runtime.events.emit(
-                    "release_unsupported",
-                    model=handle.model_name,
-                    device=handle.device_label,
-                    shrink=handle.shrink,
-                    detail=first_line(exc),
-                )
-                handle.shrink = ""
-                release_now = False
-                outputs = invoke(ort.RunOptions())
+                self._arena_not_found(handle, exc)
+                return call(onnxruntime_module().RunOptions()), None
         except Exception as exc:
             resource = out_of_memory_resource(exc, on_gpu=handle.gpu_device_id is not None)
             if resource is None:
@@ -180,20 +219,22 @@ class Operation:
             # Only the error's text and type leave this block: its traceback holds this frame and
             # the frames below it, which reference the session; kept, they would keep its weights
             # and arena alive until the caller's `except` ended (where the tiler loads the next one).
-            oom = (resource, _without_frames(exc))
-        if oom is not None:
-            del session, invoke  # this frame's own references, before the session is dropped
-            self._out_of_memory(handle, *oom)
-            raise self._out_of_memory_error(handle, *oom) from oom[1]
-        self.budget.measured(meter)
-        all_bound = bound and all(name in out for name in names)
-        if not bound:
-            # CPU outputs are views into arena regions; owning copies stop them pinning a region.
-            # A provider without IOBinding here copies into the caller's arrays instead.
-            targets = [(out or {}).get(name) for name in names]
-            outputs = [_copy_into(t, o, handle.cpu_arena) for t, o in zip(targets, outputs, strict=True)]
-        self._live_output_bytes = sum(int(getattr(o, "nbytes", 0)) for o in outputs)
-        self.timeline.mark(f"run {self.runs}")
+            return None, (resource, without_frames(exc))
+
+    def _arena_not_found(self, handle: SessionHandle, exc: BaseException) -> None:
+        """The session has no arena for the shrink entry's device after all: it runs as before."""
+        self.runtime.events.emit(
+            "release_unsupported",
+            model=handle.model_name,
+            device=handle.device_label,
+            shrink=handle.shrink,
+            detail=first_line(exc),
+        )
+        handle.shrink = ""
+
+    def _after_run(self, handle: SessionHandle, *, last: bool, release_now: bool, defer: bool, all_bound: bool):
+        """A final run: its session is finished here, and what the run grew is given back now
+        (or, for the shared CPU arena kept between jobs, owed to the deferred release)."""
         if last:
             self._finished.add(id(handle))
         if release_now:
@@ -207,7 +248,6 @@ class Operation:
         elif last:
             self._dirty.pop(id(handle), None)
             self._owes_cpu_release = self._owes_cpu_release or defer
-        return dict(zip(names, outputs, strict=True))
 
     def _out_of_memory(self, handle: SessionHandle, resource: str, cause: BaseException) -> None:
         """Free what the failed run held before anything else loads: the session (weights and,
@@ -395,49 +435,6 @@ class Operation:
                 self.runtime.release_cpu_arena()
                 cpu_done = True
             self._emit_release(reason, handle, started, in_run=False, at_release=at_release)
-
-
-def _without_frames(exc: BaseException) -> BaseException:
-    """``exc`` and the errors chained to it, without their tracebacks (the frames that hold the
-    session); their type and text stay for the report."""
-    seen = set()
-    current = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        current.__traceback__ = None
-        current = current.__cause__ or current.__context__
-    return exc
-
-
-def _bindable(handle: SessionHandle, out) -> bool:
-    """IOBinding into host memory: the CPU provider writes there directly, CUDA copies there."""
-    return bool(out) and handle.providers[:1] in ([CPU], [CUDA])
-
-
-def _run_bound(session, names, feeds, out, run_options):
-    binding = session.io_binding()
-    for name, value in feeds.items():
-        binding.bind_cpu_input(name, np.ascontiguousarray(value))
-    for name in names:
-        target = out.get(name)
-        if target is None:
-            binding.bind_output(name, "cpu")
-            continue
-        if not target.flags.c_contiguous:
-            raise ValueError(f"the output array for {name!r} must be C-contiguous")
-        binding.bind_output(name, "cpu", 0, target.dtype, list(target.shape), target.ctypes.data)
-    session.run_with_iobinding(binding, run_options)
-    if all(name in out for name in names):
-        return [out[name] for name in names]  # written in place: no copy
-    copies = binding.copy_outputs_to_cpu()
-    return [out.get(name, value) for name, value in zip(names, copies, strict=True)]
-
-
-def _copy_into(target, value, owned_copy: bool):
-    if target is None:
-        return np.array(value, copy=True) if owned_copy else value
-    np.copyto(target, value)
-    return target
 
 
 def _as_cancel_check(cancel) -> Callable[[], bool]:

@@ -13,7 +13,15 @@ import numpy as np
 
 from .measure.memory import nvidia_gpu_count, process_rss_bytes
 from .onnx_inputs import weights_bytes
-from .providers import CPU, CUDA, DEVICE_BY_KIND, DeviceRequest, describe_providers, release_rule, shrink_spec
+from .providers import (
+    DEVICE_BY_KIND,
+    NVIDIA_PROVIDERS,
+    DeviceRequest,
+    describe_providers,
+    release_rule,
+    row_of,
+    shrink_spec,
+)
 
 LIBRARY_RAM: dict = {}
 """``{"bytes": n}``: the RSS the first import of onnxruntime added, when this module imported it
@@ -44,21 +52,14 @@ def installed_providers() -> list[str]:
         return ["CPUExecutionProvider"]
 
 
-# onnxruntime-gpu lists these on every machine; they run only where the NVIDIA driver sees a GPU
-NVIDIA_PROVIDERS = frozenset({CUDA, "TensorrtExecutionProvider", "NvTensorRTRTXExecutionProvider"})
-
-
 def runnable_providers(available: Iterable[str] | None = None, gpu_count=nvidia_gpu_count) -> list[str]:
-    """The installed providers that can run here: the NVIDIA ones only where the driver sees a
-    GPU (an unknown count keeps them: Windows' older drivers keep NVML where it is not looked for)."""
+    """The installed providers that can run here: the NVIDIA ones (onnxruntime-gpu lists them on
+    every machine: providers.py's table) only where the driver sees a GPU (an unknown count keeps
+    them: Windows' older drivers keep NVML where it is not looked for)."""
     available = installed_providers() if available is None else list(available)
     if any(p in NVIDIA_PROVIDERS for p in available) and gpu_count() == 0:
         return [p for p in available if p not in NVIDIA_PROVIDERS]
     return available
-
-
-# The start of the warning of a CUDA request that landed elsewhere (Blender adds what to do)
-CUDA_FALLBACK_START = "CUDA was requested for"
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,9 @@ class SessionHandle:
         self.session = session
         self.providers: list[str] = list(session.get_providers())
         self.provider_options: dict = dict(session.get_provider_options() or {})
-        self.cpu_arena = cpu_arena and self.providers[:1] == [CPU]
+        # the row of the provider it really got (None for one the table does not know)
+        self.device = row_of(self.providers)
+        self.cpu_arena = cpu_arena and self.device is not None and self.device.host
         self.shrink = shrink_spec(self.providers, self.provider_options, cpu_arena_shrinkable=self.cpu_arena)
         # what gives its memory back when a job ends (providers.py's device table); the artist's
         # "keep models loaded" choice is applied when the job ends (operation.py)
@@ -102,21 +105,10 @@ class SessionHandle:
         self.partition_warning: str | None = None
         self.inputs = [TensorInfo(i.name, tuple(i.shape), i.type) for i in session.get_inputs()]
         self.outputs = [TensorInfo(o.name, tuple(o.shape), o.type) for o in session.get_outputs()]
-        self.fallback_warning: str | None = None
+        # a request for a device row that landed on another provider ("auto" asked for none)
+        requested = DEVICE_BY_KIND.get(request.kind)
+        self.fallback_warning = requested.fallback_warning(self.model_name, self.providers) if requested else None
         self.onnxruntime_log: list[str] = []  # ORT's own lines while it was created (runtime/log/native_log.py)
-        if request.kind == "cuda" and self.providers[:1] != [CUDA]:
-            self.fallback_warning = (
-                f"{CUDA_FALLBACK_START} {self.model_name} but the session runs on "
-                f"{describe_providers(self.providers)}: the GPU or its CUDA/cuDNN libraries could not be used. "
-                "Check the NVIDIA driver and the onnxruntime-gpu install; results are correct but slower."
-            )
-        elif request.kind in ("directml", "coreml") and self.providers[:1] != [DEVICE_BY_KIND[request.kind].provider]:
-            label = DEVICE_BY_KIND[request.kind].label
-            self.fallback_warning = (
-                f"{label} was requested for {self.model_name} but the session runs on "
-                f"{describe_providers(self.providers)}: {label} could not use this GPU. Update the graphics "
-                "driver; results are correct but slower."
-            )
         self.evicted = False
         self.evict_reason: str | None = None
         # operations that are using this session: an eviction drops it from the cache at once,
@@ -125,10 +117,6 @@ class SessionHandle:
         self.created_at = time.time()
         self.last_used = self.created_at
         self.load_growth: dict = {}  # figure -> bytes that loading it added (runtime.memory figures)
-        # the whole-number output/input size ratio this session's runs showed (an image-to-image
-        # model's scale, learned by models/adapters/upscale_runs.py), so the next job binds even its
-        # first run's output into its own buffer; dropped with the session, never carried to a new one
-        self.output_scale: int | None = None
         try:
             self.file_bytes = model_path.stat().st_size
         except OSError:
@@ -153,15 +141,15 @@ class SessionHandle:
     @property
     def device_label(self) -> str:
         name = describe_providers(self.providers)
-        if self.providers[:1] == [CUDA]:
-            return f"{name}:{int(self.provider_options.get(CUDA, {}).get('device_id', 0))}"
-        return name
+        gpu = self.gpu_device_id
+        return name if gpu is None else f"{name}:{gpu}"
 
     @property
     def gpu_device_id(self) -> int | None:
-        if self.providers[:1] == [CUDA]:
-            return int(self.provider_options.get(CUDA, {}).get("device_id", 0))
-        return None
+        """The device whose memory this session's figures read (its row: VRAM measurable)."""
+        if self.device is None or not self.device.vram_measurable:
+            return None
+        return int(self.provider_options.get(self.device.provider, {}).get("device_id", 0))
 
 
 T = TypeVar("T")

@@ -133,6 +133,10 @@ class RuntimeSettings:
     coreml_cache_dir: str | None = None
     """CoreML ``ModelCacheDirectory`` (compiled models); None: ``<per-user cache>/coreml``."""
 
+    def budgets(self) -> MemoryBudgets:
+        """The budgets of a job that brings none of its own (a script's configure(), the environment)."""
+        return MemoryBudgets(self.ram_budget_bytes, self.vram_budget_bytes)
+
     def __post_init__(self):
         for name in ("release_memory", "cpu_arena", "cudnn_max_workspace", "keep_models_loaded_on_dml_coreml"):
             if not isinstance(getattr(self, name), bool):

@@ -47,10 +47,9 @@ def fresh_runtime():
 @pytest.fixture
 def server():
     """A loopback model server (tests/model_server.py) for installer and download tests."""
-    from lean_image_ai.models.store.http_watch import loopback_http_for_tests
-    from model_server import serving
+    from model_server import loopback_http, serving
 
-    with serving() as srv, loopback_http_for_tests():
+    with serving() as srv, loopback_http():
         yield srv
 
 

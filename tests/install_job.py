@@ -11,16 +11,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lean_image_ai.models.store import installer  # noqa: E402
-from lean_image_ai.models.store.http_watch import loopback_http_for_tests  # noqa: E402
 from lean_image_ai.runtime.errors import ModelInstallError  # noqa: E402
-from model_server import loopback_entry  # noqa: E402
+from model_server import loopback_entry, loopback_http  # noqa: E402
 
 url, folder, size, sha, wait = sys.argv[1:6]
 entry = loopback_entry(
     url, None, size_bytes=None if size == "-" else int(size), sha256=None if sha == "-" else sha
 )
 try:
-    with loopback_http_for_tests():
+    with loopback_http():
         path = installer.install(
             entry,
             folder,

@@ -12,9 +12,22 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from lean_image_ai.models.store import http_watch
 from lean_image_ai.models.store.catalog import CatalogEntry
 
 CHUNK = 16 * 1024
+
+
+@contextlib.contextmanager
+def loopback_http():
+    """Within the block, the downloader may use plain ``http://`` to 127.0.0.1, ::1 and localhost
+    (and nowhere else): this server has no certificate. The product never allows it."""
+    previous = http_watch.PLAIN_HTTP_HOSTS
+    http_watch.PLAIN_HTTP_HOSTS = http_watch.LOOPBACK_HOSTS
+    try:
+        yield
+    finally:
+        http_watch.PLAIN_HTTP_HOSTS = previous
 
 
 class _Handler(BaseHTTPRequestHandler):

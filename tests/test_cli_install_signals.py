@@ -27,14 +27,14 @@ def _start(url: str, data: bytes, folder: Path) -> subprocess.Popen:
     prelude = (
         "import contextlib, sys\n"
         f"sys.path.insert(0, {str(TESTS)!r})\n"
-        "from lean_image_ai.models.store import http_watch, library\n"
+        "from lean_image_ai.models.store import library\n"
         "from lean_image_ai.models.store.catalog import Catalog\n"
-        "from model_server import loopback_entry\n"
+        "from model_server import loopback_entry, loopback_http\n"
         f"entry = loopback_entry({url!r}, None, size_bytes={len(data)}, "
         f"sha256={hashlib.sha256(data).hexdigest()!r}, id='test-slow', filename='test-slow.onnx')\n"
         "library.catalog = lambda _folder: Catalog(builtin=[entry])\n"
         "_allowed = contextlib.ExitStack()  # kept: the allowance lasts the whole process\n"
-        "_allowed.enter_context(http_watch.loopback_http_for_tests())\n"
+        "_allowed.enter_context(loopback_http())\n"
         "from lean_image_ai.ui.cli.main import main\n"
         f"sys.exit(main(['models', 'install', 'test-slow', '--models-dir', {str(folder)!r}]))\n"
     )

@@ -25,6 +25,7 @@ from lean_image_ai.models.base import JobOptions
 from lean_image_ai.models.tiles.receptive import ReceptiveField
 from lean_image_ai.runtime import Runtime
 from lean_image_ai.runtime.core import RuntimeSettings
+from lean_image_ai.runtime.settings import MemoryBudgets
 from onnx_builders import sr_model
 
 
@@ -139,17 +140,20 @@ def test_a_small_frame_of_a_never_measured_model_needs_no_measuring_run(model):
 
 
 @pytest.mark.parametrize(
-    ("settings", "budget", "gpu", "expected"),
+    ("settings", "job_budgets", "budget", "gpu", "expected"),
     [
-        (RuntimeSettings(), None, None, 2 << 30),  # CPU default
-        (RuntimeSettings(ram_budget_bytes=3 << 30), None, None, 3 << 29),  # half the RAM budget
-        (RuntimeSettings(), 1 << 30, None, 1 << 29),  # the caller's budget
-        (RuntimeSettings(), None, 0, 4 << 30),  # CUDA default
-        (RuntimeSettings(gpu_mem_limit_bytes=2 << 30), None, 0, 1 << 30),  # half of gpu_mem_limit
-        (RuntimeSettings(gpu_mem_limit_bytes=2 << 30, vram_budget_bytes=1 << 30), None, 0, 1 << 29),
+        (RuntimeSettings(), None, None, None, 2 << 30),  # CPU default
+        (RuntimeSettings(ram_budget_bytes=3 << 30), None, None, None, 3 << 29),  # half the RAM budget
+        (RuntimeSettings(), None, 1 << 30, None, 1 << 29),  # the caller's budget
+        (RuntimeSettings(), None, None, 0, 4 << 30),  # CUDA default
+        (RuntimeSettings(gpu_mem_limit_bytes=2 << 30), None, None, 0, 1 << 30),  # half of gpu_mem_limit
+        (RuntimeSettings(gpu_mem_limit_bytes=2 << 30, vram_budget_bytes=1 << 30), None, None, 0, 1 << 29),
+        # the job's own budgets, not the runtime's settings: RAM, and VRAM (which caps the arena too)
+        (RuntimeSettings(ram_budget_bytes=3 << 30), MemoryBudgets(1 << 30), None, None, 1 << 29),
+        (RuntimeSettings(gpu_mem_limit_bytes=6 << 30), MemoryBudgets(None, 2 << 30), None, 0, 1 << 30),
     ],
 )
-def test_the_working_target_per_device_and_limit(settings, budget, gpu, expected):
-    runtime = SimpleNamespace(settings=settings)
+def test_the_working_target_per_device_and_limit(settings, job_budgets, budget, gpu, expected):
+    op = Runtime(settings).operation("plan", budgets=job_budgets)
     handle = SimpleNamespace(gpu_device_id=gpu)
-    assert working_target(runtime, handle, budget) == expected
+    assert working_target(op, handle, budget) == expected

@@ -14,7 +14,7 @@ from lean_image_ai.models.store import http_watch, installer
 from lean_image_ai.models.store.catalog_entry import CatalogEntry
 from lean_image_ai.models.store.http_watch import TransferLimits
 from lean_image_ai.runtime.errors import ModelInstallError, OperationCancelled
-from model_server import loopback_entry, onnx_payload
+from model_server import loopback_entry, loopback_http, onnx_payload
 
 SIZE = 200 * 1024
 CHUNK = 16 * 1024
@@ -49,10 +49,13 @@ def test_plain_http_to_loopback_needs_the_test_allowance(tmp_path, model):
             installer.install(entry, tmp_path)
         assert srv.requests == []  # refused before any connection
     assert http_watch.refusal("http://example.com/m.onnx") is not None
-    with http_watch.loopback_http_for_tests():  # the allowance admits no other host
+    with loopback_http():  # the allowance admits no other host
         assert http_watch.refusal("http://example.com/m.onnx") is not None
         assert http_watch.refusal("http://127.0.0.1:8/m.onnx") is None
     assert http_watch.refusal("https://example.com/m.onnx") is None
+    # the allowance is the tests' own fixture: the product module has no hook that turns it on
+    assert http_watch.PLAIN_HTTP_HOSTS == frozenset()
+    assert [name for name in vars(http_watch) if "test" in name.lower()] == []
 
 
 def test_a_redirect_off_https_is_refused(server, tmp_path, model):

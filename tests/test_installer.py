@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 from lean_image_ai.models.store import installer
 from lean_image_ai.models.store.catalog import BUILTIN_ENTRIES, Catalog
-from lean_image_ai.models.store.http_watch import loopback_http_for_tests
 from lean_image_ai.runtime.errors import ModelFileError, ModelInstallError, OperationCancelled
-from model_server import loopback_entry, onnx_payload
+from model_server import loopback_entry, loopback_http, onnx_payload
 from polling import wait_until
 
 PAYLOAD_SIZE = 300 * 1024
@@ -129,7 +128,7 @@ def test_404_names_url_folder_and_filename(server, payload, tmp_path):
 def test_connection_refused_is_a_clear_error(payload, tmp_path):
     url = f"http://127.0.0.1:{_closed_port()}/m.onnx"
     entry = loopback_entry(url, payload)
-    with pytest.raises(ModelInstallError) as info, loopback_http_for_tests():
+    with pytest.raises(ModelInstallError) as info, loopback_http():
         installer.install(entry, tmp_path, timeout=5)
     msg = str(info.value)
     assert url in msg

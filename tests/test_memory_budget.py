@@ -93,10 +93,11 @@ def test_lru_sessions_go_first_then_a_plain_job_is_refused(tmp_path):
     newer = runtime.session(conv_model(tmp_path / "newer.onnx", mid_channels=4), "cpu")
     older.last_used, newer.last_used = 1.0, 2.0  # older is the least recently used
     reports = len(runtime.events.recent("job_memory"))
+    # no room at all (half the process: what a release gives back can't make room); a job takes
+    # its budgets when it starts (the runtime's settings here: the job brings none of its own)
+    runtime.configure(ram_budget_bytes=process_rss_bytes() // 2)
     with pytest.raises(MemoryBudgetError) as refused, runtime.operation("refused") as op:
-        handle = op.session(model, "cpu")
-        # and then no room at all (half the process: what a release gives back can't make room)
-        runtime.configure(ram_budget_bytes=process_rss_bytes() // 2)
+        handle = op.session(model, "cpu")  # loaded already: only the run is checked
         op.run(handle, feeds, last=True)
     assert op.runs == 0, "refused before the run"
     budget = runtime.events.recent("budget")[-1]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from lean_image_ai.models.adapters import upscale
+from lean_image_ai.models.adapters.upscale_runs import learned_scale
 from lean_image_ai.models.tiles import tiling
 from lean_image_ai.models.tiles.tile_memory import refuse_oversized_result
 from lean_image_ai.runtime import Runtime
@@ -128,18 +129,19 @@ def test_a_scale_that_changes_with_the_input_size_is_learned_again(recorded, mod
 
 
 def test_the_learned_scale_is_the_sessions_and_goes_when_it_is_evicted(recorded, models):
-    """What a session showed is kept on its handle: the next job on the same cached session binds
-    with it, and a session loaded again after an eviction starts without it (a module-wide table
-    keyed by the cache key outlived its session and fed the new one a stale scale)."""
+    """What a session showed is kept by the upscale for that session (upscale_runs.learned_scale,
+    not on the runtime's handle): the next job on the same cached session binds with it, and a
+    session loaded again after an eviction starts without it (a module-wide table keyed by the
+    cache key outlived its session and fed the new one a stale scale)."""
     runtime, factory = recorded
     kwargs = {"tile_size": None, "model_overlap": 0}  # no impulse probe: only the image's own runs
     upscale.run(picture(32, 32), models["to64"], options=opts(runtime), **kwargs)
     (handle,) = runtime.cached_sessions()
-    assert handle.output_scale == 2, "the unbound first run taught the session its x2"
+    assert learned_scale(handle) == 2 and not hasattr(handle, "output_scale"), "the first run taught x2"
     upscale.run(picture(32, 32, seed=1), models["to64"], options=opts(runtime), **kwargs)
     assert factory.runs[-1]["ok"] and len(factory.runs) == 2, "the second job bound with x2 at once"
     runtime.evict(handle, "test: the session goes")
     second = upscale.run(picture(16, 16, seed=2), models["to64"], options=opts(runtime), **kwargs)
     (fresh,) = runtime.cached_sessions()
-    assert fresh is not handle and second.scale == 4 and fresh.output_scale == 4
+    assert fresh is not handle and second.scale == 4 and learned_scale(fresh) == 4
     assert [r["ok"] for r in factory.runs[2:]] == [True], "no failed run bound with the evicted session's x2"

@@ -30,7 +30,7 @@ from ..operators.prefs import (
 from ..runtime import installed_providers, runnable_providers
 from ..runtime.cuda import gpu_libraries, gpu_loading
 from ..runtime.log import diagnostics
-from ..runtime.providers import AUTO_ENUM_NUMBER, CPU, DEVICE_BY_KIND, DEVICES, describe_providers
+from ..runtime.providers import AUTO_ENUM_NUMBER, DEVICE_BY_KIND, DEVICES, UNLOAD, describe_providers
 from ..runtime.settings import MAX_BUDGET_MB, MAX_RELEASE_DELAY_S
 
 
@@ -40,7 +40,7 @@ def _device_choices() -> tuple:
     None when always offered, stable enum number), AUTO first, then by enum number."""
     ranked = sorted((d for d in DEVICES if d.auto_rank is not None), key=lambda d: d.auto_rank)
     auto_text = f"Best available: {', then '.join(d.label for d in ranked)}, else CPU"
-    rows = [(d.kind.upper(), d.menu_label, d.menu_text, None if d.provider == CPU else d.provider, d.enum_number)
+    rows = [(d.kind.upper(), d.menu_label, d.menu_text, None if d.host else d.provider, d.enum_number)
             for d in sorted(DEVICES, key=lambda d: d.enum_number)]  # fmt: skip
     return (("AUTO", "Auto", auto_text, None, AUTO_ENUM_NUMBER), *rows)
 
@@ -62,6 +62,18 @@ def offered_providers() -> list[str]:
     if not _offered:
         _offered.extend(runnable_providers())
     return _offered
+
+
+def _draw_device_preferences(col, prefs, offered: list[str], *, index: bool) -> None:
+    """The preferences the rows of the devices that can run here name (providers.py): each one's
+    GPU index (enabled only where that device is the choice), or what shapes its options (enabled
+    for its own choice, or AUTO's)."""
+    for row in (d for d in DEVICES if d.provider in offered and not d.host):
+        for name in (row.index_preference,) if index else row.preferences:
+            if name:
+                sub = col.column()
+                sub.enabled = prefs.device == row.kind.upper() or (not index and prefs.device == "AUTO")
+                sub.prop(prefs, name)
 
 
 def compute_device_items(providers: list[str] | None = None) -> list[tuple[str, str, str, str, int]]:
@@ -355,22 +367,15 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         col = layout.column()
         col.prop(self, "device")
         offered = offered_providers()
-        cuda = DEVICE_BY_KIND["cuda"].provider in offered
-        if cuda:  # an NVIDIA GPU is there: its index and cuDNN's choice apply
-            sub = col.column()
-            sub.enabled = self.device == "CUDA"
-            sub.prop(self, "cuda_device_index")
+        _draw_device_preferences(col, self, offered, index=True)
         col.prop(self, "gpu_memory_budget_mb")
         col.prop(self, "ram_budget_mb")
-        if cuda:
-            sub = col.column()
-            sub.enabled = self.device in ("CUDA", "AUTO")
-            sub.prop(self, "cudnn_max_workspace")
+        _draw_device_preferences(col, self, offered, index=False)
         sub = col.column()
-        sub.enabled = self.device in ("DIRECTML", "COREML", "AUTO")
+        # the devices whose release rule unloads (DirectML, CoreML), or AUTO that may pick one
+        chosen = DEVICE_BY_KIND.get(self.device.lower())
+        sub.enabled = chosen is None or chosen.release == UNLOAD
         sub.prop(self, "keep_models_loaded_on_dml_coreml")
-        if self.device in ("COREML", "AUTO") and DEVICE_BY_KIND["coreml"].provider in offered:
-            col.prop(self, "coreml_compute_units")
         col.prop(self, "release_cpu_memory")
         sub = col.column()
         sub.enabled = self.release_cpu_memory

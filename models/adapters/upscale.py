@@ -173,7 +173,7 @@ class _Upscale:
         known, reach = cached_reach(handle.model_path)
         self._plan(math.inf if known and reach is None else reach)
         if self.tile is AUTO and self.memory_budget is None:  # the job's RAM or VRAM budget, by where it runs
-            self.memory_budget = budget_for(loop.runtime, handle.gpu_device_id)
+            self.memory_budget = budget_for(loop.op.budgets, handle.gpu_device_id)
 
     def _plan(self, reach) -> None:
         handle = self.loop.handle

@@ -238,18 +238,17 @@ def impulse_probe(infer, *, scale: int | None, channels: int = 3, fixed=None) ->
     return None if reach >= edge else reach
 
 
-def working_target(runtime, handle, budget: int | None) -> int:
+def working_target(op, handle, budget: int | None) -> int:
     """The working memory one window may take: a fixed figure per device kind, lowered to
     BUDGET_FRACTION of the caller's budget when given, else of the job's RAM or VRAM budget for the
-    device the session runs on (runtime/measure/budget.py ``budget_for``: the one route every front-end's
-    budget takes), and on CUDA of `gpu_mem_limit`. Never the memory free at call time: that made
-    the same job's plan change run to run."""
-    settings = runtime.settings
+    device the session runs on (the operation's: runtime/measure/budget.py ``budget_for``, the one
+    route every front-end's budget takes), and on CUDA of the job's `gpu_mem_limit`. Never the
+    memory free at call time: that made the same job's plan change run to run."""
     on_gpu = handle.gpu_device_id is not None
     limits = [AUTO_WORKING_GPU if on_gpu else AUTO_WORKING_CPU]
-    caps = [budget if budget is not None else budget_for(runtime, handle.gpu_device_id)]
+    caps = [budget if budget is not None else budget_for(op.budgets, handle.gpu_device_id)]
     if on_gpu:
-        caps.append(settings.gpu_mem_limit_bytes)  # the CUDA arena's cap (the weights sit outside it)
+        caps.append(op.gpu_mem_limit)  # the CUDA arena's cap (the weights sit outside it)
     limits += [int(BUDGET_FRACTION * cap) for cap in caps if cap]
     return max(1, min(limits))
 
@@ -262,7 +261,7 @@ def measured_bytes_per_pixel(runtime, handle) -> float | None:
     return None if not grew else grew / (MEASURE_WINDOW * MEASURE_WINDOW)
 
 
-def auto_tile(runtime, handle, overlap: int, budget: int | None, *, feather: int = 0, measure=None, frame_hw=None):
+def auto_tile(op, handle, overlap: int, budget: int | None, *, feather: int = 0, measure=None, frame_hw=None):
     """(window side in input pixels, or None for one window over the frame; how it was chosen).
 
     From the working memory this model was measured to take per pixel and `working_target`:
@@ -272,15 +271,15 @@ def auto_tile(runtime, handle, overlap: int, budget: int | None, *, feather: int
     budget meters), unless the frame is no larger than SMALL_IMAGE (then one window)."""
     floor = max(tile_floor(overlap, feather=feather), 4 * overlap)
     height, width = frame_hw if frame_hw is not None else (None, None)
-    rate = measured_bytes_per_pixel(runtime, handle)
+    rate = measured_bytes_per_pixel(op.runtime, handle)
     if rate is None and height is not None and max(height, width) <= SMALL_IMAGE:
         return None, "one window (a small image)"
     if rate is None and measure is not None:
         measure()
-        rate = measured_bytes_per_pixel(runtime, handle)
+        rate = measured_bytes_per_pixel(op.runtime, handle)
     if rate is None:
         return max(FALLBACK_TILE, floor), "a fixed size (working memory could not be measured)"
-    target = working_target(runtime, handle, budget)
+    target = working_target(op, handle, budget)
     how = f"{rate / 1024:.1f} KB per pixel measured, {target / 2**30:.1f} GiB per window"
     if height is not None and height * width * rate <= target and max(height, width) <= MAX_AUTO_TILE:
         return None, f"one window ({how})"
@@ -297,7 +296,7 @@ def auto_tile_for_frame(job, runtime, overlap: int, feather: int, budget: int | 
         grey = np.full((MEASURE_WINDOW, MEASURE_WINDOW, 3), 0.5, np.float32)
         job.infer(to_nchw(grey, job.handle.inputs[0].dtype), last=False, slot="probe")
 
-    tile, how = auto_tile(runtime, job.handle, overlap, budget, feather=feather, measure=measure, frame_hw=frame_hw)
+    tile, how = auto_tile(job.op, job.handle, overlap, budget, feather=feather, measure=measure, frame_hw=frame_hw)
     if (tile, how) != job.told_plan:
         job.told_plan = (tile, how)
         runtime.events.emit(

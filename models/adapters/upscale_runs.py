@@ -5,6 +5,7 @@ before, else learned from the first output)."""
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 
@@ -17,6 +18,17 @@ from ...runtime.errors import (
 from ..base import fixed_hw
 from ..tiles.receptive import graph_receptive_field
 from ..tiles.tiling import whole_scale
+
+# The whole-number output/input size ratio each session's runs showed (the model's scale), so the
+# next job on the same cached session binds even its first run's output into its own buffer. Only
+# an upscale knows it, so it is kept here, weakly by session handle: it goes with the handle, and a
+# session loaded again (a new handle) starts without it, never with an evicted one's.
+_LEARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def learned_scale(handle) -> int | None:
+    """The scale this session's runs showed (None: none yet, or it proved to vary)."""
+    return _LEARNED.get(handle)
 
 
 class ModelRuns:
@@ -74,7 +86,7 @@ class ModelRuns:
                 raise
             # a hinted scale this input does not have (a model whose factor depends on the size):
             # run it unbound, as if nothing were known, and learn the scale from its output
-            handle.output_scale = None
+            _LEARNED.pop(handle, None)
             self.scale, self.hinted = None, False
             return self.infer(feed, last=last, slot=slot)
         if output.ndim != 4 or output.shape[1] != 3:
@@ -89,18 +101,19 @@ class ModelRuns:
             if output.shape[3] == feed.shape[3] * found:  # else the tiler reports the contract error
                 self.scale = found
                 if fixed_hw(handle.outputs[0].shape) is None:  # a fixed output's factor varies
-                    handle.output_scale = found
+                    _LEARNED[handle] = found
         return output
 
 
 def scale_hint(handle) -> int | None:
     """The scale to bind the first run's output with before any output was seen: the one this
-    session showed before (``handle.output_scale``: without it, that first run would return its
+    session showed before (`learned_scale`: without it, that first run would return its
     output in arena memory, to be copied out, 200 MB for a 1024 px input at x4, and released by a
     run of its own), else the one the graph walk read (Conv strides, DepthToSpace, Resize factors).
     A wrong hint costs one failed run (`ModelRuns.infer` retries unbound), never a result."""
-    if handle.output_scale is not None:
-        return handle.output_scale
+    learned = learned_scale(handle)
+    if learned is not None:
+        return learned
     field_ = graph_receptive_field(handle.model_path)
     walked = field_.scale
     if field_.radius is None or field_.is_global or walked is None or walked < 1 or not float(walked).is_integer():

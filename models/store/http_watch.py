@@ -8,9 +8,10 @@ thread looks at the cancel flag, the overall deadline and the bytes that arrived
 second, and when one of them says stop it shuts the connection's socket down from outside: the
 blocked read returns at once, and the reader raises what the watch saw.
 
-Addresses: https only. Plain http reaches only a loopback host, and only inside
-:func:`loopback_http_for_tests` (the tests' model server has no certificate); no setting,
-environment variable or catalog field turns that on. A redirect is held to the same rule.
+Addresses: https only. Plain http reaches only a loopback host named in :data:`PLAIN_HTTP_HOSTS`,
+which is empty: no setting, environment variable or catalog field fills it (the tests' model server,
+which has no certificate, is let in by the tests' own fixture: tests/model_server.py). A redirect is
+held to the same rule.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
-_loopback_http_allowed = False
+PLAIN_HTTP_HOSTS: frozenset[str] = frozenset()  # loopback hosts plain http may reach: none
 
 # The largest single .onnx file onnxruntime can load: the protobuf it is parsed from is limited
 # to 2 GiB (bigger models keep their weights in external data files, which a one-file catalog
@@ -41,17 +42,6 @@ HARD_MAX_BYTES = 2 << 30
 SIZE_FACTOR = 2
 
 
-@contextlib.contextmanager
-def loopback_http_for_tests() -> Iterator[None]:
-    """Within the block, allow ``http://`` to 127.0.0.1, ::1 and localhost (and nowhere else)."""
-    global _loopback_http_allowed
-    previous, _loopback_http_allowed = _loopback_http_allowed, True
-    try:
-        yield
-    finally:
-        _loopback_http_allowed = previous
-
-
 def is_loopback_http(url: str) -> bool:
     parts = urllib.parse.urlsplit(url)
     return parts.scheme == "http" and parts.hostname in LOOPBACK_HOSTS
@@ -62,7 +52,7 @@ def refusal(url: str) -> str | None:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme == "https" and parts.hostname:
         return None
-    if is_loopback_http(url) and _loopback_http_allowed:
+    if is_loopback_http(url) and parts.hostname in PLAIN_HTTP_HOSTS:
         return None
     return f"only https addresses are downloaded from, and {url!r} is not one"
 

@@ -23,6 +23,7 @@ from typing import Any
 from ...runtime import get_runtime, load_errors, parse_device
 from ...runtime.errors import LeanImageError, ModelFileError, user_path
 from ...runtime.paths import user_data_root
+from ...runtime.providers import DEVICE_BY_KIND
 from .. import families
 from . import install_lock, installer, migrate
 from .catalog import Catalog, CatalogEntry
@@ -275,7 +276,8 @@ def prefer_for_device(entries, device: str = "auto") -> list[CatalogEntry]:
     included: without a GPU it runs on CPU) fp16-weight files last, since ORT's CPU provider has
     no fp16 kernel for most ops and casts back (BEN2 fp16: 1.22x slower, +0.86 GB peak); on CUDA
     the catalog's order. Stable otherwise."""
-    if parse_device(device).kind == "cuda":  # the runtime's rule: " CUDA:1 " and a DeviceRequest too
+    row = DEVICE_BY_KIND.get(parse_device(device).kind)  # the runtime's rule: " CUDA:1 " and a DeviceRequest too
+    if row is not None and row.prefers_fp16:
         return list(entries)
     return sorted(entries, key=lambda entry: entry.weight_dtype == "float16")
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import LeanImageError, MemoryBudgetError, user_path
+from ..providers import measured_gpu
+from ..settings import MemoryBudgets
 from .memory import available_system_memory_bytes, gpu_snapshot, memory_snapshot, peak_rss_bytes
 from .memory_report import mb
 from .timeline import figures
@@ -104,9 +106,9 @@ def remember_working(runtime, job: dict) -> None:
         remember(runtime, job["working_key"], job["figures"][-1].get("grew"))
 
 
-def budget_for(runtime, gpu_device_id: int | None) -> int | None:
-    settings = runtime.settings
-    return settings.ram_budget_bytes if gpu_device_id is None else settings.vram_budget_bytes
+def budget_for(budgets: MemoryBudgets, gpu_device_id: int | None) -> int | None:
+    """A job's budget for the memory of the device it runs on: RAM, or that GPU's VRAM."""
+    return budgets.ram_bytes if gpu_device_id is None else budgets.vram_bytes
 
 
 def _used_now(gpu_device_id: int | None) -> int | None:
@@ -179,9 +181,10 @@ def check(runtime, model_path, input_shapes, *, gpu_device_id=None, budget=None)
 class JobBudget:
     """The budget of one operation (see module doc); ``notes`` go into the job's report."""
 
-    def __init__(self, runtime, timeline):
+    def __init__(self, runtime, timeline, budgets: MemoryBudgets):
         self.runtime = runtime
         self.timeline = timeline
+        self.budgets = budgets  # the job's own (runtime/operation.py), never another job's
         self.notes: list[str] = []
         self._seen: set = set()
         self._baseline: dict = {}  # device -> its figure at the job's first run check
@@ -197,9 +200,9 @@ class JobBudget:
         if any(h.model_path == path for h in self.runtime.cached_sessions()):
             return
         # "auto" is checked against RAM: which device it lands on is known once the session exists
-        gpu = request.index if request.kind == "cuda" else None
+        gpu = measured_gpu(request)
         needed = int(size * (1 + MARGIN))
-        decision = decide(self.runtime, needed, gpu, budget=budget_for(self.runtime, gpu), how="its file's size", keep=keep)
+        decision = decide(self.runtime, needed, gpu, budget=budget_for(self.budgets, gpu), how="its file's size", keep=keep)
         self._conclude(decision, f"loading {path.name}", path.name, request)
 
     def before_run(self, handle, shapes, keep=()) -> None:
@@ -216,7 +219,7 @@ class JobBudget:
             return  # nothing measured: the weights were checked, the run measures itself
         grown = max(0, now - base) if None not in (now, base) else 0  # already held by this job
         needed = int(max(0, working - grown) * (1 + MARGIN))
-        decision = decide(self.runtime, needed, gpu, budget=budget_for(self.runtime, gpu), how=how, keep=keep)
+        decision = decide(self.runtime, needed, gpu, budget=budget_for(self.budgets, gpu), how=how, keep=keep)
         size = "x".join(str(d) for d in shapes[0]) if shapes else "?"
         self._conclude(decision, f"a {size} run of {handle.model_name}", handle.model_name, handle.device_label)
 

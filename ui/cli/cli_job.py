@@ -27,7 +27,7 @@ from ...models.store import library
 from ...runtime import settings
 from ...runtime.errors import LeanImageError, printable, user_path
 from ...runtime.measure.memory_report import mb
-from ...runtime.providers import DEVICE_HELP
+from ...runtime.providers import device_help
 from ...runtime.settings import FALSE_WORDS, TRUE_WORDS
 from . import cli_images
 from .cli_images import CommandLineError
@@ -177,7 +177,7 @@ def family_arguments(parser: argparse.ArgumentParser, family: Family) -> None:
     parser.add_argument("--frames", type=_frames_arg, help="frame range A-B or A-B:STEP")
     parser.add_argument("--model", help="a catalog model id, else an ONNX file (default: the first installed)")
     parser.add_argument("--models-dir", help=f"models folder (default: ${library.MODELS_DIR_ENV} or the user cache)")
-    parser.add_argument("--device", default="auto", help=f"{DEVICE_HELP} (default: auto)")
+    parser.add_argument("--device", default="auto", help=f"{device_help()} (default: auto)")
     budget_arguments(parser)
     parser.add_argument("--overwrite", action="store_true", help="replace existing output files")
     parser.add_argument("--skip-existing", action="store_true", help="keep existing outputs, do only the rest")

@@ -45,7 +45,7 @@ from ...runtime.measure import memory_plot
 from ...runtime.measure.leak_check import MAX_RUNS, MIN_RUNS, RUNS_REASON
 from ...runtime.measure.memory import peak_rss_bytes, reset_peak_rss
 from ...runtime.oom import out_of_memory_error
-from ...runtime.providers import DEVICE_HELP
+from ...runtime.providers import device_help, measured_gpu
 from . import cli_doctor, cli_images, cli_job, cli_models, cli_shot, farm_ray
 
 EXIT_OK = cli_job.EXIT_OK
@@ -96,8 +96,7 @@ class _Progress:
 
 
 def _gpu_id(device: str) -> int | None:
-    request = parse_device(device)
-    return request.index if request.kind == "cuda" else None
+    return measured_gpu(parse_device(device))
 
 
 def _print_memory_report(runtime, since: float, gpu_id: int | None) -> list[dict]:
@@ -303,7 +302,7 @@ def _add_leak_check(subparsers) -> None:
     )
     parser.add_argument("--model", help="a catalog model id, else an ONNX file (default: the installed or embedded one)")
     parser.add_argument("--models-dir", help="models folder")
-    parser.add_argument("--device", default="auto", help=f"{DEVICE_HELP} (default: auto)")
+    parser.add_argument("--device", default="auto", help=f"{device_help()} (default: auto)")
     cli_job.budget_arguments(parser)
     parser.set_defaults(handler=_leak_check)
 
