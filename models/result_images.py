@@ -1,7 +1,7 @@
 """How a result becomes an image file's pixels and bits, for every front-end (bpy-free).
 
 A family's :class:`~.family.Output` names one of the two kinds here (a colour image, an image of
-values); models/products.py plans the files and the front-end's writer encodes them.
+values); models/outputs.py plans the files and the front-end's writer encodes them.
 """
 
 from __future__ import annotations

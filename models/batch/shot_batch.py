@@ -88,6 +88,11 @@ class ShotSettings:
         """(image product, notes) of one frame's depth with the shot's range and alignment."""
         return self.depth.product(depth, suffix, float_suffixes)
 
+    def depth_image(self, result, suffix: str, float_suffixes):
+        """The job output's image of a result (models/outputs.py's ``image``): its depth with the
+        shot's range and alignment, and notes."""
+        return self.depth.product(result.depth, suffix, float_suffixes)
+
     def as_dict(self) -> dict:
         fields = {}
         if self.depth is not None:
