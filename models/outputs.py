@@ -221,16 +221,16 @@ class JobOutput:
         self.skip = {refs[i] for i in skipped}
         return refs, outputs, self.skip
 
-    def tidy(self, *, temps_older_than: float | None = None) -> list[Path]:
-        """What a killed earlier run left at the planned outputs: its frame claims (whatever this
-        run's mode: a claim held now stays) and, given ``temps_older_than`` (a time before this run
-        began), its temporary files. Removed; returned for the report."""
+    def tidy(self, *, temps_older_than: float | None = None) -> tuple[list[Path], list[Path]]:
+        """What a killed earlier run left at the planned outputs, removed and returned for the
+        report: (its temporary files, given ``temps_older_than``, a time before this run began;
+        its frame claims, whatever this run's mode: a claim held now stays)."""
         outputs = list(self.targets.values())
-        removed = []
+        temps = []
         if temps_older_than is not None:
             companions = [p for out in outputs for p in self.companion_paths(out)]
-            removed += files.remove_stale_temps(companions, older_than=temps_older_than)
-        return removed + frame_claims.remove_stale(outputs)
+            temps = files.remove_stale_temps(companions, older_than=temps_older_than)
+        return temps, frame_claims.remove_stale(outputs)
 
     # ---- claims ---------------------------------------------------------------------------------
 

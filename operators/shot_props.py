@@ -70,7 +70,7 @@ def writer(shot: ShotSettings, target: dict, write):
     def write_depth(ref, result):
         return products.write_result(
             shot.family_id, target[ref], result, {}, results.save_product,
-            file_formats.BLENDER_WRITER.float_suffixes, image=shot.depth_image,
+            file_formats.BLENDER_WRITER.float_suffixes, image=shot.output_image,
         )[0]
 
     return write_depth

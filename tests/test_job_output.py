@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import threading
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 from lean_image_ai.models import file_formats, files, products
 from lean_image_ai.models.adapters import shot_depth
+from lean_image_ai.models.batch import frame_claims
 from lean_image_ai.models.batch.frame_lists import FrameRef, resolve_input
 from lean_image_ai.models.batch.shot_batch import ShotSettings
 from lean_image_ai.models.outputs import JobOutput
@@ -69,6 +72,27 @@ def test_one_output_plans_names_writes_and_records_what_it_wrote(tmp_path):
     again.claims.release_all()
 
 
+def test_tidy_removes_what_a_killed_run_left_at_the_planned_outputs_only(tmp_path):
+    refs = plates(tmp_path / "plates", 2)
+    output = JobOutput.of("upscale")
+    outputs = plan(output, refs, None)[1]
+    old = time.time() - 3600
+    left = [files.temp_path_for(outputs[0]), frame_claims.claim_path(outputs[1])]
+    other = files.temp_path_for(outputs[0].with_name("not_ours.png"))  # no output of this job
+    for path in (left[0], other):
+        path.write_bytes(b"half")
+        os.utime(path, (old, old))
+    left[1].write_bytes(frame_claims.MARK)  # a claim whose holder died: its lock went with it
+    held = frame_claims.FrameClaims()  # a claim a live task holds now stays
+    assert held.take(outputs[0])
+    try:
+        assert output.tidy() == ([], [left[1]])  # no time given: temporary files are not judged
+        assert output.tidy(temps_older_than=time.time()) == ([left[0]], [])
+        assert other.exists() and frame_claims.claim_path(outputs[0]).exists()
+    finally:
+        held.release_all()
+
+
 def test_a_result_of_several_files_records_each_companion_it_wrote(tmp_path):
     """A family writing its own files (MoGe-2: mesh, camera, normals) is recorded file by file."""
     @dataclass
@@ -114,6 +138,7 @@ def test_writes_from_two_threads_are_all_recorded():
 def test_the_shots_depth_is_written_through_the_job_output(tmp_path):
     """The shot writers no longer bypass the output: one range for the shot, kept in the file, and
     the file recorded; the command line's shot writer writes the same bytes."""
+    assert ShotSettings("da3").output_image is None  # per-frame depth: the family's own image
     settings = ShotSettings("da3", depth_range="auto-shot")
     results = [depth_of(n) for n in (1, 2)]
     for result in results:
@@ -121,7 +146,7 @@ def test_the_shots_depth_is_written_through_the_job_output(tmp_path):
     low, high = settings.finish_first_pass().split(": ")[1].split(" over")[0].split("..")
     output = JobOutput.of("da3")
     direct = tmp_path / "direct.png"
-    notes, product = output.write(direct, results[0], {}, cli_images.write_image, image=settings.depth_image)
+    notes, product = output.write(direct, results[0], {}, cli_images.write_image, image=settings.output_image)
     assert output.written == [direct] and product.value_range == pytest.approx((float(low), float(high)), rel=1e-5)
     with Image.open(direct) as image:
         assert image.text["lean_image_ai:depth_range_mode"] == shot_depth.AUTO_SHOT

@@ -119,7 +119,7 @@ def shot_writer(settings: ShotSettings, write_result):
 
     def write(family_id, out, result, values):
         notes, product = products.write_result(
-            family_id, out, result, values, cli_images.write_image, image=settings.depth_image
+            family_id, out, result, values, cli_images.write_image, image=settings.output_image
         )
         low, high = product.metadata["lean_image_ai:depth_range"].split()
         size = f"{product.pixels.shape[1]}x{product.pixels.shape[0]}"
