@@ -7,6 +7,9 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -200,3 +203,32 @@ def test_no_output_module_names_a_family(module):
     tree = ast.parse((PACKAGE / module).read_text())
     named = [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and node.value in ids]
     assert named == [], f"{module} names the families {named}"
+
+
+def test_adding_a_format_is_one_row(tmp_path):
+    """A copy of the add-on whose only change is one row in models/file_formats.py reads a folder
+    of frames in the new format and writes its results in it from the command line."""
+    copy = tmp_path / "site" / "lean_image_ai"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns(".git", "__pycache__", "tests", "docs", "bench"))
+    table = copy / "models" / "file_formats.py"
+    row = '    FileFormat((".ppm",), "PPM", writers=frozenset({PILLOW}), frames=True),\n'
+    text = table.read_text()
+    anchor = "    # read by Blender (an image datablock's file), never written here\n"
+    table.write_text(text.replace(anchor, row + anchor, 1))
+    frames = tmp_path / "plates"
+    frames.mkdir()
+    rng = np.random.default_rng(5)
+    pictures = [(rng.random((6, 8, 3)) * 255).astype(np.uint8) for _ in range(2)]
+    for number, picture in enumerate(pictures, 1):
+        Image.fromarray(picture).save(frames / f"plate_{number}.ppm")
+    env = {**os.environ, "PYTHONPATH": str(copy.parent), "PYTHONDONTWRITEBYTECODE": "1"}
+    for suffix in ("ppm", "png"):  # the same job in a format the add-on had before: the same pixels
+        done = subprocess.run(
+            [sys.executable, "-m", "lean_image_ai", "upscale", str(frames), str(tmp_path / f"out_####.{suffix}"),
+             "--device", "cpu"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+    for number in (1, 2):
+        with Image.open(tmp_path / f"out_{number:04d}.ppm") as image, Image.open(tmp_path / f"out_{number:04d}.png") as png:
+            assert image.format == "PPM" and image.size == (16, 12)
+            assert np.array_equal(np.asarray(image), np.asarray(png.convert("RGB")))
