@@ -232,3 +232,21 @@ def test_adding_a_format_is_one_row(tmp_path):
         with Image.open(tmp_path / f"out_{number:04d}.ppm") as image, Image.open(tmp_path / f"out_{number:04d}.png") as png:
             assert image.format == "PPM" and image.size == (16, 12)
             assert np.array_equal(np.asarray(image), np.asarray(png.convert("RGB")))
+
+
+def test_a_family_says_what_its_product_is_and_gets_that_kinds_files(tmp_path):
+    """A depth family's output is its tag and its kind: the kind gives the float EXR, the value image
+    and the checks; a field the family gives wins; no kind and no format is refused at once."""
+    from lean_image_ai.models.family import Output
+    from lean_image_ai.models.result_images import DEPTH, MASK
+
+    depth = JobOutput(Output(tag="disparity", what="disparity", product=DEPTH))
+    assert (depth.default_suffix("8-bit"), depth.default_suffix("float")) == (".exr", ".exr")
+    assert depth.image(depth_of(1), ".exr").bits == "float"
+    assert depth.default_name("plate", 7) == "plate_disparity_0007.exr"
+    mask = JobOutput(Output(tag="matte", what="a matte", product=MASK, suffix=".tif"))
+    assert (mask.default_suffix(), mask.default_suffix("float")) == (".tif", ".exr")
+    with pytest.raises(LeanImageError, match="has no alpha channel"):
+        mask.check(tmp_path / "matte.jpg")
+    with pytest.raises(ValueError, match="give its product"):
+        Output(tag="nothing", what="nothing")
