@@ -5,7 +5,7 @@ operators, the N-panel's buttons and the scene settings are built from :attr:`Fa
 the adapter keywords of a job come from :meth:`Family.adapter_kwargs`. Nothing else names a
 family's knobs. What a result becomes as files (default format, name tag, accepted formats,
 companion files, an image or a writer of its own) is its :class:`Output`, applied by
-models/products.py for every front-end.
+models/outputs.py's JobOutput for every front-end.
 
 Two kinds of knobs:
 
@@ -51,11 +51,13 @@ class Option:
 
 @dataclass(frozen=True)
 class Output:
-    """What a family's result becomes as files: the family's own record of its outputs."""
+    """What a family's result becomes as files: the family's own record of its outputs. ``product``
+    says what the result is (models/result_images.py's MASK, DEPTH, IMAGE, MESH) and gives the
+    format fields' defaults; a field given here wins."""
 
     tag: str  # default names: ``<stem>_<tag>.<ext>``, a sequence's folder ``<input folder>_<tag>``
     what: str  # how messages name one result ("a cut-out")
-    suffix: str  # the default format for an 8- or 16-bit input
+    suffix: str = ""  # the default format for an 8- or 16-bit input
     float_suffix: str = ""  # the default format for a float input ("": ``suffix``)
     formats: tuple[str, ...] = ()  # the only suffixes it can be written to; (): any image format
     formats_hint: str = ""  # what to give instead, when ``formats`` refuses a name
@@ -66,6 +68,14 @@ class Output:
     write: Callable[..., list[str]] | None = None
     description: str = ""  # how the report names what ``write`` writes
     preview: Callable[[Any], Any] | None = None  # the image Preview Frame shows of such a result
+    product: Any = None  # a models/result_images.py ProductKind
+
+    def __post_init__(self):
+        for name in ("suffix", "float_suffix", "formats", "needs_alpha", "image"):
+            if self.product is not None and not getattr(self, name):
+                object.__setattr__(self, name, getattr(self.product, name))
+        if not self.suffix:
+            raise ValueError(f"output {self.tag!r}: give its product (models/result_images.py) or a suffix")
 
     def default_suffix(self, input_kind: str = "8-bit") -> str:
         return (self.float_suffix or self.suffix) if input_kind == "float" else self.suffix

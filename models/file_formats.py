@@ -1,26 +1,33 @@
 """Every file format the add-on reads or writes, one row each (bpy-free).
 
-A row says what the format keeps (alpha, 16-bit, float samples), which writers write it (Pillow
-and OpenEXR for the command line, Blender inside Blender, the add-on itself for its data files)
-and Blender's ``file_format`` names for it. Every output check and every "use .png, .exr, ..."
+A row says what the format keeps (alpha, 16-bit, float samples, text metadata), which writers
+write it (Pillow and OpenEXR for the command line, Blender inside Blender, the add-on itself for
+its data files) and Blender's ``file_format`` names for it; a data file's row holds its writer
+(``write``), each file written all or nothing (models/files.py). Every output check and every "use .png, .exr, ..."
 message is made from this table, so the command line and Blender never contradict each other.
 
-Read by: models/products.py (the families' format checks and their messages),
+Read by: models/outputs.py (the families' format checks and their messages),
 models/result_images.py (the bits a file keeps), models/batch/frame_lists.py (which files of a folder
 are frames), ui/cli/cli_images.py (the command line's check, writer and input kinds; ui/cli/cli_shot.py's float
 files), operators/sources.py and operators/batch_ops.py (Blender's output checks, its
 ``file_format``, the kind of a read frame), operators/image_io.py (the EXR names),
 operators/results.py (the format a file is saved as; float files also in image_ops.py,
-shot_ops.py, shot_props.py). Adding a format is one row here.
+shot_ops.py, shot_props.py), models/adapters/moge2_mesh.py (its mesh and camera files through
+their rows' writers). Adding a format is one row here (and its writer, for a data file).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
+
+from . import files
 
 PILLOW, OPENEXR, BLENDER, ADDON = "Pillow", "OpenEXR", "Blender", "the add-on"  # who writes a file
+TEXT_CHUNKS, HEADER, COMMENT = "text chunks", "header", "comment"  # where a file keeps text metadata
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,14 @@ class FileFormat:
     blender_formats: tuple[str, ...] = ()  # Blender's Image.file_format names: the one written first
     frames: bool = False  # a folder's files of this format are frames of a sequence
     image: bool = True  # False: a data file the add-on writes beside an image or a mesh
+    metadata: str = ""  # where its writers here keep the result's text (value range...); "": nowhere
+    write: Callable[..., Path] | None = None  # a data file's writer: write(path, data, ...) -> path
+
+    @property
+    def bit_depths(self) -> tuple[str, ...]:
+        """The sample kinds a file of it can hold: "8-bit", "16-bit", "float"."""
+        kinds = ("8-bit",) + (("16-bit",) if self.sixteen_bit else ())
+        return kinds + (("float",) if self.float_samples or self.float_by else ())
 
     @property
     def blender_format(self) -> str:
@@ -42,15 +57,43 @@ class FileFormat:
         return self.blender_formats[0] if BLENDER in self.writers else ""
 
 
+def write_json(path: Path, data) -> Path:
+    """``data`` as indented JSON text."""
+    return files.write_text(path, json.dumps(data, indent=2))
+
+
+def write_ply(path: Path, vertices, quads, uv, *, comment: str) -> Path:
+    """A binary little-endian PLY mesh: float xyz + uv per vertex, quads as 4-index faces."""
+    import numpy as np  # a data file's writer only: the table itself is read where numpy need not be
+
+    header = (
+        f"ply\nformat binary_little_endian 1.0\ncomment {comment}\n"
+        f"element vertex {len(vertices)}\nproperty float x\nproperty float y\nproperty float z\n"
+        "property float s\nproperty float t\n"
+        f"element face {len(quads)}\nproperty list uchar int vertex_indices\nend_header\n"
+    ).encode("ascii")
+    vertex = np.empty(len(vertices), [("xyz", "<f4", 3), ("uv", "<f4", 2)])
+    vertex["xyz"], vertex["uv"] = vertices, uv
+    face = np.empty(len(quads), [("n", "u1"), ("v", "<i4", 4)])
+    face["n"], face["v"] = 4, quads
+    with files.atomic_path(path) as temp:
+        with open(temp, "wb") as stream:
+            stream.write(header)
+            stream.write(vertex.tobytes())
+            stream.write(face.tobytes())
+    return path
+
+
 _ANY = frozenset({PILLOW, OPENEXR, BLENDER})
 
 FORMATS: tuple[FileFormat, ...] = (
     FileFormat((".png",), "PNG", alpha=True, sixteen_bit=True, writers=frozenset({PILLOW, BLENDER}),
-               blender_formats=("PNG",), frames=True),
+               blender_formats=("PNG",), frames=True, metadata=TEXT_CHUNKS),
     FileFormat((".exr",), "EXR", alpha=True, float_samples=True, float_by=frozenset({OPENEXR, BLENDER}),
                writers=frozenset({OPENEXR, BLENDER}), blender_formats=("OPEN_EXR", "OPEN_EXR_MULTILAYER"),
-               frames=True),
-    FileFormat((".jpg", ".jpeg"), "JPEG", writers=frozenset({PILLOW, BLENDER}), blender_formats=("JPEG",), frames=True),
+               frames=True, metadata=HEADER),
+    FileFormat((".jpg", ".jpeg"), "JPEG", writers=frozenset({PILLOW, BLENDER}), blender_formats=("JPEG",), frames=True,
+               metadata=COMMENT),
     # Pillow keeps one float channel in a TIFF; Blender's TIFF writer is 8/16-bit
     FileFormat((".tif", ".tiff"), "TIFF", alpha=True, sixteen_bit=True, float_by=frozenset({PILLOW}),
                writers=frozenset({PILLOW, BLENDER}), blender_formats=("TIFF",), frames=True),
@@ -63,9 +106,9 @@ FORMATS: tuple[FileFormat, ...] = (
     FileFormat((".cin",), "Cineon", blender_formats=("CINEON",)),
     FileFormat((".jp2", ".j2c"), "JPEG 2000", blender_formats=("JPEG2000",)),
     FileFormat((".sgi", ".rgb"), "Iris", blender_formats=("IRIS",)),
-    # data files a family writes itself (models/products.py)
-    FileFormat((".ply",), "PLY mesh", writers=frozenset({ADDON}), image=False),
-    FileFormat((".json",), "JSON", writers=frozenset({ADDON}), image=False),
+    # data files a family writes itself, through the row's writer (a family's Output.write)
+    FileFormat((".ply",), "PLY mesh", writers=frozenset({ADDON}), image=False, write=write_ply),
+    FileFormat((".json",), "JSON", writers=frozenset({ADDON}), image=False, write=write_json),
 )
 
 _BY_SUFFIX = {suffix: row for row in FORMATS for suffix in row.suffixes}

@@ -26,138 +26,75 @@ inputs leaves out any file this command would write (:func:`written_by`), so an 
 input folder still never feeds earlier results back in as frames.
 
 The front-end encodes the images (Blender with its own writers, the command line with Pillow and
-OpenEXR); this module decides what is written; a family's ``write`` writes its non-image files.
+OpenEXR); a family's ``write`` writes its non-image files. Each entry point here is a thin call
+onto the job's :class:`~.outputs.JobOutput` (models/outputs.py), which plans, claims and writes;
+a front-end that holds one job's output makes it once with :func:`job_output`.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 from pathlib import Path
 
-from ..runtime.errors import LeanImageError, user_path
 from . import file_formats
-from .batch import frame_lists
-from .batch.frame_lists import output_paths, shard_slice
 from .family import Output
+from .outputs import JobOutput, output_path
 from .result_images import FLOAT_SUFFIXES, ImageProduct
+
+__all__ = ["ImageProduct", "JobOutput", "output_path"]
+
+
+def job_output(family_id: str, writer: file_formats.Writer = file_formats.COMMAND_LINE) -> JobOutput:
+    """One job's output of the family (models/outputs.py)."""
+    return JobOutput.of(family_id, writer)
 
 
 def output_of(family_id: str) -> Output:
     """The family's record of its outputs (models/family.py)."""
-    from . import families  # the families' modules import this one
-
-    family = families.get(family_id)
-    if family.output is None:
-        raise LeanImageError(f"The {family.title} family declares no output files; it cannot write results.")
-    return family.output
+    return JobOutput.of(family_id).record
 
 
 def default_suffix(family_id: str, input_kind: str = "8-bit") -> str:
     """The output format when the user named none: it follows the input (module doc)."""
-    return output_of(family_id).default_suffix(input_kind)
+    return JobOutput.of(family_id).default_suffix(input_kind)
 
 
 def describe_output(family_id: str, suffix: str, input_kind: str, float_suffixes=FLOAT_SUFFIXES) -> str:
     """How the report names what is written, e.g. "float EXR (follows the float input)"."""
-    output = output_of(family_id)
-    return output.description or output.image.describe(suffix, input_kind, float_suffixes)
+    return JobOutput.of(family_id).describe(suffix, input_kind, float_suffixes)
 
 
 def default_name(family_id: str, stem: str, number: int | None = None, suffix: str | None = None) -> str:
-    output = output_of(family_id)
-    tag, suffix = output.tag, suffix or output.suffix
-    return f"{stem}_{tag}{suffix}" if number is None else f"{stem}_{tag}_{number:04d}{suffix}"
+    return JobOutput.of(family_id).default_name(stem, number, suffix)
 
 
 def default_name_for(
     family_id: str, path: Path, number: int, *, in_sequence: bool, suffix: str | None = None
 ) -> str:
-    """The default output name for one input file: ``<stem>_<kind>.<ext>``, or for a frame of a
-    sequence ``<name>_<kind>_####.<ext>`` with the frame digits moved to the end."""
-    if not in_sequence:
-        return default_name(family_id, path.stem, suffix=suffix)
-    match = re.match(r"^(.*?)\d+$", path.stem)
-    stem = match.group(1).rstrip("_.-") if match else path.stem
-    return default_name(family_id, stem or "frame", number, suffix)
+    """The default output name for one input file (:meth:`JobOutput.default_name_for`)."""
+    return JobOutput.of(family_id).default_name_for(path, number, in_sequence=in_sequence, suffix=suffix)
 
 
 def default_folder(family_id: str, input_folder: Path) -> Path:
-    """Where a folder's or a pattern's results go when no OUTPUT is given: ``<folder>_<kind>``
-    beside the input folder (``plates/`` -> ``plates_depth/``)."""
-    return input_folder.parent / f"{input_folder.name or 'frames'}_{output_of(family_id).tag}"
+    """Where a folder's or a pattern's results go when no OUTPUT is given (:meth:`JobOutput.default_folder`)."""
+    return JobOutput.of(family_id).default_folder(input_folder)
 
 
 def written_by(family_id: str, output: str | os.PathLike | None) -> Callable[[Path], bool]:
     """Whether a file met while listing the inputs is one this command writes for ``output``
-    (a pattern's frames, a folder's default names and their companions, or the one file named):
-    such files are left out of the listing, so earlier results are never taken for frames."""
-    if output is None:  # the default folder is beside the inputs, never among them
-        return lambda path: False
-    text = str(output)
-    target = user_path(text).resolve()
-    output_files = output_of(family_id)
-    if frame_lists.is_pattern(text):
-        patterns = output_files.companion_paths(target)
-
-        def in_pattern(path: Path) -> bool:
-            return path.resolve().parent == target.parent and any(
-                frame_lists.frame_number(pattern, path.name) is not None for pattern in patterns
-            )
-
-        return in_pattern
-    stem = rf".+_{re.escape(output_files.tag)}_\d+"
-    companions = [re.escape(t).replace(re.escape("{stem}"), stem) for t in output_files.companions]
-    names = re.compile("^(?:" + "|".join([stem + r"\.[^.]+", *companions]) + ")$")
-    folder_given = target.is_dir() or text.endswith(("/", "\\")) or not target.suffix
-
-    def written(path: Path) -> bool:
-        path = path.resolve()
-        if folder_given:
-            return path.parent == target and names.match(path.name) is not None
-        return path == target
-
-    return written
+    (:meth:`JobOutput.written_by`): such files are never taken for frames."""
+    return JobOutput.of(family_id).written_by(output)
 
 
 def check_output(family_id: str, path: Path, writer: file_formats.Writer = file_formats.COMMAND_LINE) -> None:
     """Refuse, before any model runs, a file that could not hold the family's result."""
-    output = output_of(family_id)
-    suffix = path.suffix.lower()
-    if output.formats and suffix not in output.formats:
-        raise LeanImageError(f"Cannot write {output.what} to '{path.name}': give {output.formats_hint}.")
-    row = file_formats.find(suffix)
-    if output.needs_alpha and row is not None and not row.alpha:
-        raise LeanImageError(
-            f"Cannot write {output.what} to '{path.name}': {suffix} has no alpha channel, and "
-            f"{output.what} needs it. Use {writer.advice(alpha=True)}."
-        )
+    JobOutput.of(family_id, writer).check(path)
 
 
 def companion_paths(family_id: str, path: Path) -> list[Path]:
     """Every file one result writes (checked up front like the main one)."""
-    return output_of(family_id).companion_paths(path)
-
-
-def _writable_folder(path: Path) -> set[Path]:
-    """The folders to make for ``path`` (none when its folder is there); LeanImageError when
-    the folder, or the one it would be made in, is not writable."""
-    folder, to_make = path.parent, set()
-    if not folder.is_dir():
-        to_make.add(folder)
-        while not folder.is_dir() and folder.parent != folder:  # where it would be made
-            folder = folder.parent
-    if not os.access(folder, os.W_OK):
-        raise LeanImageError(f"Output folder {folder} is not writable.")
-    return to_make
-
-
-def output_path(path: Path) -> Path:
-    """An output's absolute path: its folder resolved, its own name never (a symbolic link at
-    the name is the entry a result replaces, not a way to somewhere else)."""
-    path = Path(path)
-    return path.parent.resolve() / path.name
+    return JobOutput.of(family_id).companion_paths(path)
 
 
 def plan_outputs(
@@ -171,39 +108,10 @@ def plan_outputs(
     writer: file_formats.Writer = file_formats.COMMAND_LINE,
 ) -> set[int]:
     """Check every output before any model runs, then make the output folders not there yet;
-    returns the indices to skip (existing outputs
-    kept with ``skip_existing``). LeanImageError saying what is wrong and what to do."""
-    skip = set()
-    to_make: set[Path] = set()
-    sources = {os.path.normcase(str(p.resolve())) for p in inputs}
-    for index, out in enumerate(outputs):
-        check_output(family_id, out, writer)
-        # any entry at the name is an output there, a symbolic link too (dangling or not): a link
-        # planted in a shared folder must not send the result elsewhere
-        kept = os.path.lexists(out) and not overwrite
-        for path in companion_paths(family_id, out):
-            check_format(path)
-            if os.path.normcase(str(path)) in sources:
-                raise LeanImageError(f"Output {path} is an input image; choose another name or folder.")
-            if path.is_dir():
-                raise LeanImageError(f"Output path {path} is a folder; give a file name such as result.png.")
-            if not kept:  # a kept output writes nothing: its folder may be read-only
-                to_make |= _writable_folder(path)
-        if kept and not skip_existing:
-            raise LeanImageError(
-                f"{out} exists. Ask to overwrite it (--overwrite, overwrite=True), or to skip existing "
-                "outputs and do the rest (--skip-existing, skip_existing=True)."
-            )
-        if kept:
-            skip.add(index)
-    # as Blender does for render output, once every check has passed: farm tasks and scripts name
-    # folders still to be made (exist_ok: a sibling task may make the same one at the same moment)
-    for folder in sorted(to_make):
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise LeanImageError(f"Output folder {folder} cannot be made ({exc.strerror}); choose another.") from exc
-    return skip
+    returns the indices to skip (:meth:`JobOutput.plan_files`)."""
+    return JobOutput.of(family_id, writer).plan_files(
+        inputs, outputs, overwrite=overwrite, skip_existing=skip_existing, check_format=check_format
+    )
 
 
 def plan_batch(
@@ -220,51 +128,25 @@ def plan_batch(
     suffix: str | None = None,
     writer: file_formats.Writer = file_formats.COMMAND_LINE,
 ) -> tuple[list, list[Path], set]:
-    """(this task's frames, their output files, the frames to skip): output names from the whole
-    frame list (so N shards write what one run would), then this shard's part, then every check
-    of :func:`plan_outputs`, all before any model runs. ``suffix``: the default names' format
-    (:func:`default_suffix`); no ``output`` for a sequence: :func:`default_folder`."""
-    def default(ref):
-        return default_name_for(family_id, ref.path, ref.number, in_sequence=in_sequence, suffix=suffix)
-
-    if output is None and in_sequence and refs and inputs_are_files:
-        output = f"{default_folder(family_id, refs[0].path.parent)}{os.sep}"
-    outputs = [output_path(p) for p in output_paths(refs, output, default)]
-    claimed: dict[str, object] = {}
-    for ref, out in zip(refs, outputs, strict=True):
-        earlier = claimed.setdefault(os.path.normcase(str(out)), ref)
-        if earlier is not ref:
-            raise LeanImageError(
-                f"Frames {earlier.number} ({earlier.path.name}) and {ref.number} ({ref.path.name}) would both "
-                f"be written to {out}; give a pattern with the frame number (out_####.png) or rename one input."
-            )
-    inputs = [r.path for r in refs] if inputs_are_files else []
-    part = shard_slice(len(refs), shard)
-    refs, outputs = refs[part], outputs[part]
-    skipped = plan_outputs(
-        family_id, inputs, outputs, overwrite=overwrite, skip_existing=skip_existing, check_format=check_format,
-        writer=writer,
+    """(this task's frames, their output files, the frames to skip), every check made before any
+    model runs (:meth:`JobOutput.plan`)."""
+    return JobOutput.of(family_id, writer).plan(
+        refs, output, in_sequence=in_sequence, shard=shard, overwrite=overwrite, skip_existing=skip_existing,
+        check_format=check_format, inputs_are_files=inputs_are_files, suffix=suffix,
     )
-    return refs, outputs, {refs[i] for i in skipped}
 
 
 def image_product(family_id: str, result, suffix: str, float_suffixes=FLOAT_SUFFIXES) -> ImageProduct:
     """The image a family's result is written as, for a file with ``suffix`` (the writer keeps
     floats in ``float_suffixes``)."""
-    output = output_of(family_id)
-    if output.image is None:
-        raise ValueError(f"{family_id} results are not one image")
-    return output.image.product(result, suffix, float_suffixes)
+    return JobOutput.of(family_id).image(result, suffix, float_suffixes)
 
 
 def write_result(
     family_id: str, path: Path, result, values: dict, write_image: Callable[[Path, ImageProduct], list[str]],
-    float_suffixes=FLOAT_SUFFIXES,
+    float_suffixes=FLOAT_SUFFIXES, *, image=None,
 ) -> tuple[list[str], ImageProduct | None]:
     """Write one result to ``path`` and its companions with the front-end's ``write_image``;
-    returns the notes for the user and the image written (None for a result that is not one)."""
-    output = output_of(family_id)
-    if output.write is not None:
-        return output.write(path, result, values, write_image), None
-    product = image_product(family_id, result, path.suffix, float_suffixes)
-    return write_image(path, product) or [], product
+    returns the notes for the user and the image written (None for a result that is not one).
+    ``image``: a job's own image of the result (:meth:`JobOutput.write`)."""
+    return JobOutput.of(family_id).write(path, result, values, write_image, float_suffixes, image=image)

@@ -1,7 +1,9 @@
-"""How a result becomes an image file's pixels and bits, for every front-end (bpy-free).
+"""How a result becomes an image file's pixels and bits, for every front-end (bpy-free), and what a
+family's result is as files.
 
-A family's :class:`~.family.Output` names one of the two kinds here (a colour image, an image of
-values); models/products.py plans the files and the front-end's writer encodes them.
+A family's :class:`~.family.Output` names its :class:`ProductKind` (a mask, depth, an image, a
+mesh), which gives its default formats and, for an image, one of the two images here (a colour
+image, an image of values); models/outputs.py plans the files and the front-end's writer encodes them.
 """
 
 from __future__ import annotations
@@ -94,6 +96,26 @@ class ValueImage:
             row = file_formats.find(suffix)
             bits = "16-bit normalised" if row is not None and row.sixteen_bit else "8-bit normalised"
         return f"{bits} {suffix.lstrip('.').upper()}"
+
+
+@dataclass(frozen=True)
+class ProductKind:
+    """What a family's result is, as files see it: the defaults of its Output record (a field the
+    record gives itself wins). An image kind reads the result's attribute of its name."""
+
+    name: str
+    suffix: str  # the default format for an 8- or 16-bit input
+    float_suffix: str = ""  # the default format for a float input ("": ``suffix``)
+    formats: tuple[str, ...] = ()  # the only suffixes it can be written to; (): any image format
+    needs_alpha: bool = False  # the result is the alpha: formats without alpha are refused
+    image: ColourImage | ValueImage | None = None  # None: not one image (the family writes its files)
+
+
+# float inputs give EXR: the float file that holds colour and alpha for every writer (models/products.py)
+MASK = ProductKind("mask", ".png", ".exr", needs_alpha=True, image=ColourImage("rgba"))  # a cut-out: the matte as alpha
+DEPTH = ProductKind("depth", ".exr", image=ValueImage("depth"))
+IMAGE = ProductKind("image", ".png", ".exr", image=ColourImage("image"))
+MESH = ProductKind("mesh", ".ply", formats=(".ply",))
 
 
 def range_notes(path: Path, product: ImageProduct) -> list[str]:

@@ -191,15 +191,13 @@ def preview_product(family_id: str, result, shot) -> products.ImageProduct:
     the shot settings; a shot range needs the whole shot, so auto-shot shows this frame's own
     robust range), or what the family's output shows of a result that is not one image (MoGe-2: its
     normal map)."""
-    output = products.output_of(family_id)
-    if output.preview is not None:
+    output = products.job_output(family_id, file_formats.BLENDER_WRITER)
+    if shot.depth is None or output.record.preview is not None:
         return output.preview(result)
-    if shot.depth is not None:
-        if shot.depth.needs_first_pass:
-            shot.record(None, result)
-            shot.finish_first_pass()
-        return shot.depth_product(result.depth, ".png", file_formats.BLENDER_WRITER.float_suffixes)[0]
-    return products.image_product(family_id, result, ".png", file_formats.BLENDER_WRITER.float_suffixes)
+    if shot.depth.needs_first_pass:
+        shot.record(None, result)
+        shot.finish_first_pass()
+    return shot.depth_image(result, ".png", file_formats.BLENDER_WRITER.float_suffixes)[0]
 
 
 def show_in_image_editor(context, image) -> bool:

@@ -5,7 +5,7 @@ models/adapters/shot_depth.py and models/adapters/shot_camera.py, the two passes
 
 from bpy.props import BoolProperty, EnumProperty, FloatProperty, StringProperty
 
-from ..models import file_formats
+from ..models import file_formats, products
 from ..models.adapters import shot_camera, shot_depth
 from ..models.batch.shot_batch import ShotSettings, TwoPassBatch
 from . import results
@@ -68,9 +68,10 @@ def writer(shot: ShotSettings, target: dict, write):
         return write
 
     def write_depth(ref, result):
-        path = target[ref]
-        product, notes = shot.depth_product(result.depth, path.suffix, file_formats.BLENDER_WRITER.float_suffixes)
-        return notes + results.save_product(path, product)
+        return products.write_result(
+            shot.family_id, target[ref], result, {}, results.save_product,
+            file_formats.BLENDER_WRITER.float_suffixes, image=shot.output_image,
+        )[0]
 
     return write_depth
 

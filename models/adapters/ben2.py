@@ -28,7 +28,7 @@ from ..imaging import (
     resize_clipped,
     to_nchw,
 )
-from ..result_images import ColourImage
+from ..result_images import MASK
 
 MODEL_NAME = "BEN2"
 DEFAULT_INPUT_SIZE = 1024
@@ -195,7 +195,5 @@ FAMILY = Family(
     operator="remove_background",
     command="remove-background",
     check_session=_validate,
-    output=Output(
-        tag="cutout", what="a cut-out", suffix=".png", float_suffix=".exr", needs_alpha=True, image=ColourImage("rgba")
-    ),
+    output=Output(tag="cutout", what="a cut-out", product=MASK),
 )

@@ -37,7 +37,7 @@ from ..imaging import (
     resize_clipped,
     to_nchw,
 )
-from ..result_images import ValueImage
+from ..result_images import DEPTH
 
 MODEL_NAME = "Depth Anything 3"
 SKY_ACTIVATIONS = ("auto", "sigmoid", "none")
@@ -220,5 +220,5 @@ FAMILY = Family(
     command="depth",
     check_session=check_session,
     shot=frozenset({"depth"}),
-    output=Output(tag="depth", what="depth", suffix=".exr", image=ValueImage("depth")),
+    output=Output(tag="depth", what="depth", product=DEPTH),
 )

@@ -36,7 +36,7 @@ from ..base import JobOptions, check_finite, fixed_hw, squeeze_batch
 from ..family import Family, Option, Output, Setting, int_range, positive_int, unit_interval
 from ..frame_loop import Frame, run_frames
 from ..imaging import resize, resize_clipped, to_nchw
-from ..result_images import ImageProduct
+from ..result_images import MESH, ImageProduct
 from . import shot_camera
 from .moge2_contract import bind_contract
 from .moge2_mesh import normal_map, write_geometry
@@ -381,8 +381,7 @@ FAMILY = Family(
     output=Output(
         tag="geometry",
         what="geometry",
-        suffix=".ply",
-        formats=(".ply",),
+        product=MESH,
         formats_hint="a .ply mesh file (the camera goes to a .json file and the normal map to an .exr file beside it)",
         companions=("{stem}.json", "{stem}_normal.exr"),
         write=_write_files,

@@ -14,7 +14,6 @@ from, and the command line writes as PLY.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ...runtime.errors import LeanImageError
-from .. import files
+from .. import file_formats
 from ..result_images import ImageProduct
 
 MAX_GRID_SIDE = 512
@@ -107,31 +106,12 @@ def write_geometry(
         "mesh_stride_px": int(arrays.stride),
     }
     camera_path = path.with_suffix(".json")
-    files.write_text(camera_path, json.dumps(camera, indent=2))
+    file_formats.find(".json").write(camera_path, camera)
     normals = None
     if result.normal is not None:
         normals = ImageProduct(normal_map(result.normal, result.mask)[..., :3], is_data=True)
         if write_normals is not None:
             write_normals(path.with_name(f"{path.stem}_normal.exr"), normals)
             normals = None
-    _write_ply(path, arrays.vertices, arrays.quads, arrays.uv)
+    file_formats.find(".ply").write(path, arrays.vertices, arrays.quads, arrays.uv, comment="made by Lean Image AI (MoGe-2)")
     return [path, camera_path], normals
-
-
-def _write_ply(path: Path, vertices: np.ndarray, quads: np.ndarray, uv: np.ndarray) -> None:
-    """Binary little-endian PLY: float xyz + uv per vertex, quads as 4-index faces."""
-    header = (
-        "ply\nformat binary_little_endian 1.0\ncomment made by Lean Image AI (MoGe-2)\n"
-        f"element vertex {len(vertices)}\nproperty float x\nproperty float y\nproperty float z\n"
-        "property float s\nproperty float t\n"
-        f"element face {len(quads)}\nproperty list uchar int vertex_indices\nend_header\n"
-    ).encode("ascii")
-    vertex = np.empty(len(vertices), [("xyz", "<f4", 3), ("uv", "<f4", 2)])
-    vertex["xyz"], vertex["uv"] = vertices, uv
-    face = np.empty(len(quads), [("n", "u1"), ("v", "<i4", 4)])
-    face["n"], face["v"] = 4, quads
-    with files.atomic_path(path) as temp:
-        with open(temp, "wb") as stream:
-            stream.write(header)
-            stream.write(vertex.tobytes())
-            stream.write(face.tobytes())

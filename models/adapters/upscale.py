@@ -27,7 +27,7 @@ from ..base import FLOAT_TYPES, JobOptions, check_contract, check_finite, fixed_
 from ..family import Family, Option, Output, Setting, non_negative_int, one_of, positive_int
 from ..frame_loop import run_frames
 from ..imaging import check_shape, from_nchw, resize_clipped, to_nchw
-from ..result_images import ColourImage
+from ..result_images import IMAGE
 from ..tiles.reach import cached_reach, reach_for
 from ..tiles.tiling import TilePlan, refuse_oversized_result, run_tiled
 from .upscale_plan import (
@@ -418,5 +418,5 @@ FAMILY = Family(
     command="upscale",
     fallback_model=DEFAULT_MODEL_PATH,
     check_session=check_session,
-    output=Output(tag="upscaled", what="an upscaled image", suffix=".png", float_suffix=".exr", image=ColourImage("image")),
+    output=Output(tag="upscaled", what="an upscaled image", product=IMAGE),
 )

@@ -88,6 +88,16 @@ class ShotSettings:
         """(image product, notes) of one frame's depth with the shot's range and alignment."""
         return self.depth.product(depth, suffix, float_suffixes)
 
+    def depth_image(self, result, suffix: str, float_suffixes):
+        """(image product, notes) of a result's depth with the shot's range and alignment."""
+        return self.depth.product(result.depth, suffix, float_suffixes)
+
+    @property
+    def output_image(self):
+        """What a job's output writes in place of the family's own image (models/outputs.py's
+        ``image``): a depth sequence's shot depth; None when the shot changes no file."""
+        return self.depth_image if self.depth is not None else None
+
     def as_dict(self) -> dict:
         fields = {}
         if self.depth is not None:

@@ -333,19 +333,29 @@ def _write_pillow(path: Path, pixels: np.ndarray, product: ImageProduct) -> list
             notes.append(f"{image_format} has no alpha channel; alpha was dropped (write .png to keep it).")
         mode = "L" if array.ndim == 2 else {3: "RGB", 4: "RGBA"}[array.shape[2]]
         picture = Image.fromarray(np.ascontiguousarray(array), mode)
-        if product.value_range is not None and image_format == "JPEG":
-            metadata["comment"] = f"lean_image_ai:value_range {product.value_range[0]!r} {product.value_range[1]!r}"
-        elif product.metadata and image_format == "PNG":
-            from PIL import PngImagePlugin
-
-            metadata["pnginfo"] = PngImagePlugin.PngInfo()
-            for key, text in product.metadata.items():
-                metadata["pnginfo"].add_text(key, text)
-        elif product.metadata and image_format == "JPEG":
-            metadata["comment"] = "; ".join(f"{key} {text}" for key, text in product.metadata.items())
+        metadata = _text_metadata(path, product)
     with files.atomic_path(path) as temp:
         picture.save(temp, format=image_format, **metadata)
     return notes
+
+
+def _text_metadata(path: Path, product: ImageProduct) -> dict:
+    """Pillow's save arguments that keep an 8-bit file's text (value range, notes) where the
+    format's row says it keeps text."""
+    row = file_formats.find(path.suffix)
+    keeps = row.metadata if row is not None else ""
+    if product.value_range is not None and keeps == file_formats.COMMENT:
+        return {"comment": f"lean_image_ai:value_range {product.value_range[0]!r} {product.value_range[1]!r}"}
+    if product.metadata and keeps == file_formats.TEXT_CHUNKS:
+        from PIL import PngImagePlugin
+
+        info = PngImagePlugin.PngInfo()
+        for key, text in product.metadata.items():
+            info.add_text(key, text)
+        return {"pnginfo": info}
+    if product.metadata and keeps == file_formats.COMMENT:
+        return {"comment": "; ".join(f"{key} {text}" for key, text in product.metadata.items())}
+    return {}
 
 
 def _keeps_alpha(path: Path) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from ...models import file_formats
+from ...models import products
 from ...models.adapters import shot_camera, shot_depth
 from ...models.batch.shot_batch import ShotSettings
 from ...runtime.errors import LeanImageError, OperationCancelled
@@ -110,15 +110,17 @@ class ShotRun:
 
 
 def shot_writer(settings: ShotSettings, write_result):
-    """``write_result(family_id, out, result, values)``, with the shot's depth product."""
+    """``write_result(family_id, out, result, values)``, writing the shot's depth (one range, aligned)
+    through the job's output in place of the family's own image."""
     if settings.depth is None:
         return write_result
 
     from . import cli_images
 
     def write(family_id, out, result, values):
-        product, notes = settings.depth_product(result.depth, out.suffix, file_formats.COMMAND_LINE.float_suffixes)
-        notes = notes + cli_images.write_image(out, product)
+        notes, product = products.write_result(
+            family_id, out, result, values, cli_images.write_image, image=settings.output_image
+        )
         low, high = product.metadata["lean_image_ai:depth_range"].split()
         size = f"{product.pixels.shape[1]}x{product.pixels.shape[0]}"
         return notes, f"wrote: {out} {size}, depth range {float(low):.6g}..{float(high):.6g}"
