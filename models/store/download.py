@@ -194,7 +194,8 @@ def download_to_part(
     state = {"done": offset}
     with Watch(cancel, limits) as watch:
         try:
-            _Transfer(entry, dest, part, progress, cancel, timeout, chunk_size, watch, state).run(offset, if_range)
+            transfer = _Transfer(entry, dest, part, progress, cancel, timeout, chunk_size, watch, state)
+            transfer.run(offset, if_range)
         except (OSError, http.client.HTTPException, _Stopped) as exc:
             if watch.reason is None:
                 raise
