@@ -119,7 +119,11 @@ class Runtime:
         # ORT sets them up (env allocators interact with CUDA's pinned allocator: onnxruntime
         # #25211), and DirectML/CoreML sessions run exactly as before.
         cpu_arena = settings.cpu_arena and providers[0][0] == CPU
-        key = _session_key(identity, request, settings, providers, cpu_arena)
+        key = (identity, str(request), settings.gpu_mem_limit_bytes, cpu_arena, settings.intra_op_threads)
+        if providers[0][0] == CUDA:  # the cuDNN choices make another CUDA session, not another CPU one
+            key += (settings.cudnn_max_workspace, settings.cudnn_conv_algo_search)
+        if providers[0][0] == COREML:  # other compute units or shapes: another compiled model
+            key += tuple(sorted(providers[0][1].items()))
         with self._lock:
             handle = self._sessions.get(key)
             if handle is None and holder is not None:
@@ -128,19 +132,16 @@ class Runtime:
             if handle is not None:
                 self.events.emit("session_reuse", model=handle.model_name, device=handle.device_label)
             else:
-                handle = self._sessions[key] = self._new_session(key, path, request, providers, cpu_arena)
+                handle = self._create(key, path, request, providers, cpu_arena)
+                if handle.fallback_warning and providers[0][0] == CUDA and settings.cpu_arena:
+                    handle = self._recreate_on_cpu(key, path, request, handle)
+                if handle.fallback_warning:  # said once, after the CPU remake
+                    fallback = {"model": handle.model_name, "requested": str(request), "providers": handle.providers}
+                    self.events.emit("provider_fallback", **fallback, message=handle.fallback_warning)
+                self._sessions[key] = handle
             if holder is not None:
                 self.hold(handle, holder)
             return handle
-
-    def _new_session(self, key, path: Path, request: DeviceRequest, providers, cpu_arena: bool) -> SessionHandle:
-        handle = self._create(key, path, request, providers, cpu_arena)
-        if handle.fallback_warning and providers[0][0] == CUDA and self.settings.cpu_arena:
-            handle = self._recreate_on_cpu(key, path, request, handle)
-        if handle.fallback_warning:  # said once, after the CPU remake
-            fallback = {"model": handle.model_name, "requested": str(request), "providers": handle.providers}
-            self.events.emit("provider_fallback", **fallback, message=handle.fallback_warning)
-        return handle
 
     def hold(self, handle: SessionHandle, holder) -> None:
         """Mark ``handle`` as used by ``holder`` until :meth:`unhold`; raises SessionClosedError
@@ -174,7 +175,13 @@ class Runtime:
         if uses_cuda:
             self._preload_cuda_dlls()
         if cpu_arena:
-            self._join_cpu_arena(options)
+            register_env_cpu_arena(self.settings.cpu_arena_max_bytes)
+            options.add_session_config_entry("session.use_env_allocators", "1")
+            # No memory pattern: with it, the second run of an input shape allocates one block for
+            # the whole plan, which the kSameAsRequested arena cannot carve from the first run's
+            # freed chunks, so every shape held its working memory twice (compact x4 at 256 px:
+            # 44 MB after one run, 90 MB after two; RealESRGAN_x4plus at 1080p: +1.1 GB per shape).
+            options.enable_mem_pattern = False
         started = time.perf_counter()
         gpu_id = int(providers[0][1].get("device_id", 0)) if uses_cuda else None
         loading = figures(memory_snapshot(gpu_id))
@@ -183,10 +190,20 @@ class Runtime:
             with native_log.captured() as ort_log:
                 session = self._session_factory(str(path), options, providers)
         except Exception as exc:
-            failure = _load_error(exc, path, request, providers)
-            if failure is None:
+            resource = out_of_memory_resource(exc, on_gpu=uses_cuda)
+            if resource:
+                raise InferenceOutOfMemoryError(
+                    f"Not enough {resource} to load {path.name} on {request}. Close other programs "
+                    "or scenes using it, or choose the CPU device in the add-on preferences.",
+                    model=path.name,
+                    device=str(request),
+                    resource=resource,
+                    detail=str(exc),
+                ) from exc
+            if not type(exc).__module__.startswith("onnxruntime"):
                 raise
-            raise failure from exc
+            on_device = providers[0][0] != CPU
+            raise load_errors.load_failure(exc, path, device=str(request), on_device=on_device) from exc
         finally:
             if ort_log:
                 self.events.emit("onnxruntime_log", model=path.name, requested=str(request), lines=ort_log)
@@ -217,15 +234,6 @@ class Runtime:
             ).strip()
             self.events.emit("cuda_preload_failed", model=handle.model_name, **failed)
         return handle
-
-    def _join_cpu_arena(self, options) -> None:
-        register_env_cpu_arena(self.settings.cpu_arena_max_bytes)
-        options.add_session_config_entry("session.use_env_allocators", "1")
-        # No memory pattern: with it, the second run of an input shape allocates one block for
-        # the whole plan, which the kSameAsRequested arena cannot carve from the first run's
-        # freed chunks, so every shape held its working memory twice (compact x4 at 256 px:
-        # 44 MB after one run, 90 MB after two; RealESRGAN_x4plus at 1080p: +1.1 GB per shape).
-        options.enable_mem_pattern = False
 
     def _recreate_on_cpu(self, key, path: Path, request: DeviceRequest, fallen: SessionHandle) -> SessionHandle:
         """A CUDA request that landed on CPU, made again in the shared CPU arena so the job gives
@@ -401,34 +409,6 @@ class Runtime:
 
     def operation(self, name: str, *, cancel=None) -> Operation:
         return Operation(self, name, cancel=cancel)
-
-
-def _session_key(identity, request: DeviceRequest, settings: RuntimeSettings, providers, cpu_arena: bool) -> tuple:
-    """What a cached session is found by: the file, the request and the settings that change it."""
-    key = (identity, str(request), settings.gpu_mem_limit_bytes, cpu_arena, settings.intra_op_threads)
-    if providers[0][0] == CUDA:  # the cuDNN choices make another CUDA session, not another CPU one
-        key += (settings.cudnn_max_workspace, settings.cudnn_conv_algo_search)
-    if providers[0][0] == COREML:  # other compute units or shapes: another compiled model
-        key += tuple(sorted(providers[0][1].items()))
-    return key
-
-
-def _load_error(exc: Exception, path: Path, request: DeviceRequest, providers) -> Exception | None:
-    """What a failed session creation is said as; None for an error that is not onnxruntime's."""
-    resource = out_of_memory_resource(exc, on_gpu=providers[0][0] == CUDA)
-    if resource:
-        return InferenceOutOfMemoryError(
-            f"Not enough {resource} to load {path.name} on {request}. Close other programs "
-            "or scenes using it, or choose the CPU device in the add-on preferences.",
-            model=path.name,
-            device=str(request),
-            resource=resource,
-            detail=str(exc),
-        )
-    if not type(exc).__module__.startswith("onnxruntime"):
-        return None
-    on_device = providers[0][0] != CPU
-    return load_errors.load_failure(exc, path, device=str(request), on_device=on_device)
 
 
 def _drop(before, after):

@@ -36,6 +36,11 @@ PENDING_MERGE = {  # PENDING-MERGE
     "ui/cli/main.py::_run",
     "models/batch/sequence.py::BatchRun.pump",
     "models/batch/shot_batch.py::ShotSettings.__init__",
+    # rewritten on main (devices, output) since this branch began: split there, or after the merge
+    "runtime/core.py::Runtime.session",
+    "runtime/core.py::Runtime._create",
+    "runtime/cuda/gpu_loading.py::activate",
+    "ui/cli/cli_images.py::_write_pillow",
 }
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)

@@ -119,11 +119,29 @@ def activate(target_dir: str | os.PathLike) -> Activation:
     target = Path(target_dir)
     result = Activation(folder=str(target))
     _active = result
-    ort, system, result.error = _loader(target)
-    if result.error is not None:
+    if not (target / MARKER).is_file():  # a complete install only (install() writes it last)
+        result.error = f"No GPU libraries are installed in {target}."
+        return result
+    try:
+        import onnxruntime as ort
+    except Exception as exc:
+        result.error = f"onnxruntime cannot be imported ({type(exc).__name__}: {exc})."
+        return result
+    system = platform.system()
+    if system not in ("Linux", "Windows"):
+        result.error = f"CUDA libraries are not used on {system}."
+        return result
+    if not getattr(ort, "cuda_version", None):
+        result.error = f"{getattr(ort, 'package_name', 'onnxruntime')} is not a CUDA build: nothing to load."
         return result
     preload = getattr(ort, "preload_dlls", None)
-    groups = _groups(*library_paths(ort, system))
+    cuda, cudnn = library_paths(ort, system)
+    groups: dict[tuple, dict] = {}
+    for kind, paths in (("cuda", cuda), ("cudnn", cudnn)):
+        for relative in paths:
+            group = groups.setdefault(tuple(relative[:-1]), {"cuda": False, "cudnn": False, "names": []})
+            group[kind] = True
+            group["names"].append(relative[-1])
     for folder_parts, group in groups.items():
         folder = target.joinpath(*folder_parts)
         present = [n for n in group["names"] if (folder / n).is_file()]
@@ -134,39 +152,6 @@ def activate(target_dir: str | os.PathLike) -> Activation:
             with contextlib.suppress(OSError):  # lets the provider DLL resolve these DLLs' dependencies too
                 _dll_directories.append(os.add_dll_directory(str(folder)))
         _preload(preload, folder, group, result)
-    _check_loaded(target, groups, result)
-    return result
-
-
-def _loader(target: Path):
-    """(onnxruntime, the OS, None), or (.., .., why nothing can be loaded from ``target``)."""
-    if not (target / MARKER).is_file():  # a complete install only (install() writes it last)
-        return None, None, f"No GPU libraries are installed in {target}."
-    try:
-        import onnxruntime as ort
-    except Exception as exc:
-        return None, None, f"onnxruntime cannot be imported ({type(exc).__name__}: {exc})."
-    system = platform.system()
-    if system not in ("Linux", "Windows"):
-        return ort, system, f"CUDA libraries are not used on {system}."
-    if not getattr(ort, "cuda_version", None):
-        return ort, system, f"{getattr(ort, 'package_name', 'onnxruntime')} is not a CUDA build: nothing to load."
-    return ort, system, None
-
-
-def _groups(cuda, cudnn) -> dict[tuple, dict]:
-    """The libraries by folder (relative parts), each folder's kinds and file names."""
-    groups: dict[tuple, dict] = {}
-    for kind, paths in (("cuda", cuda), ("cudnn", cudnn)):
-        for relative in paths:
-            group = groups.setdefault(tuple(relative[:-1]), {"cuda": False, "cudnn": False, "names": []})
-            group[kind] = True
-            group["names"].append(relative[-1])
-    return groups
-
-
-def _check_loaded(target: Path, groups: dict, result: Activation) -> None:
-    """What really is in the process now: loaded, or failed with the loader's reason."""
     maps = _loaded_paths()
     for folder_parts, group in groups.items():
         folder = target.joinpath(*folder_parts)
@@ -178,6 +163,7 @@ def _check_loaded(target: Path, groups: dict, result: Activation) -> None:
                 result.loaded.append(str(path))
             elif name not in result.failed:
                 result.failed[name] = _reason_for(name, result.messages) or "not loaded"
+    return result
 
 
 def _preload(preload, folder: Path, group: dict, result: Activation) -> None:

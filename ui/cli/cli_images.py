@@ -309,55 +309,43 @@ def _write_pillow(path: Path, pixels: np.ndarray, product: ImageProduct) -> list
         grey = (np.clip(pixels, 0.0, 1.0) * 65535.0 + 0.5).astype(np.uint16)
         picture = Image.fromarray(grey)  # uint16: a 16-bit grey PNG
         if product.value_range is not None:
-            metadata["pnginfo"] = _png_texts(product, with_range=True)
+            from PIL import PngImagePlugin
+
+            info = PngImagePlugin.PngInfo()
+            info.add_text("lean_image_ai:value_range", f"{product.value_range[0]!r} {product.value_range[1]!r}")
+            for key, text in getattr(product, "metadata", {}).items():
+                info.add_text(key, text)
+            metadata["pnginfo"] = info
     elif product.bits == "16-bit" and image_format == "PNG":  # Pillow writes 8-bit colour only
         deep = (np.clip(pixels, 0.0, 1.0) * 65535.0 + 0.5).astype(np.uint16)
         with files.atomic_path(path) as temp:
             temp.write_bytes(png16_bytes(deep, product.metadata))
         return notes
     else:
-        picture = _eight_bit(Image, path, pixels, product, image_format, notes)
-        metadata = _eight_bit_metadata(product, image_format)
+        if product.bits != "8-bit":  # e.g. 16-bit colour TIFF, which Pillow writes with 8 bits
+            notes.append(
+                f"{path.name}: {image_format} is written with 8 bits here; {file_formats.KEEP_BITS} "
+                "to keep the input's bits."
+            )
+        array = (np.clip(pixels, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+        if array.ndim == 3 and array.shape[2] == 4 and not _keeps_alpha(path):
+            array = array[:, :, :3]
+            notes.append(f"{image_format} has no alpha channel; alpha was dropped (write .png to keep it).")
+        mode = "L" if array.ndim == 2 else {3: "RGB", 4: "RGBA"}[array.shape[2]]
+        picture = Image.fromarray(np.ascontiguousarray(array), mode)
+        if product.value_range is not None and image_format == "JPEG":
+            metadata["comment"] = f"lean_image_ai:value_range {product.value_range[0]!r} {product.value_range[1]!r}"
+        elif product.metadata and image_format == "PNG":
+            from PIL import PngImagePlugin
+
+            metadata["pnginfo"] = PngImagePlugin.PngInfo()
+            for key, text in product.metadata.items():
+                metadata["pnginfo"].add_text(key, text)
+        elif product.metadata and image_format == "JPEG":
+            metadata["comment"] = "; ".join(f"{key} {text}" for key, text in product.metadata.items())
     with files.atomic_path(path) as temp:
         picture.save(temp, format=image_format, **metadata)
     return notes
-
-
-def _png_texts(product: ImageProduct, with_range: bool):
-    """The product's metadata (and its value range) as PNG text chunks."""
-    from PIL import PngImagePlugin
-
-    info = PngImagePlugin.PngInfo()
-    if with_range:
-        info.add_text("lean_image_ai:value_range", f"{product.value_range[0]!r} {product.value_range[1]!r}")
-    for key, text in getattr(product, "metadata", {}).items():
-        info.add_text(key, text)
-    return info
-
-
-def _eight_bit(Image, path: Path, pixels: np.ndarray, product: ImageProduct, image_format, notes: list):
-    """An 8-bit picture of ``pixels``; what was lost on the way goes to ``notes``."""
-    if product.bits != "8-bit":  # e.g. 16-bit colour TIFF, which Pillow writes with 8 bits
-        notes.append(
-            f"{path.name}: {image_format} is written with 8 bits here; {file_formats.KEEP_BITS} "
-            "to keep the input's bits."
-        )
-    array = (np.clip(pixels, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
-    if array.ndim == 3 and array.shape[2] == 4 and not _keeps_alpha(path):
-        array = array[:, :, :3]
-        notes.append(f"{image_format} has no alpha channel; alpha was dropped (write .png to keep it).")
-    mode = "L" if array.ndim == 2 else {3: "RGB", 4: "RGBA"}[array.shape[2]]
-    return Image.fromarray(np.ascontiguousarray(array), mode)
-
-
-def _eight_bit_metadata(product: ImageProduct, image_format) -> dict:
-    if product.value_range is not None and image_format == "JPEG":
-        return {"comment": f"lean_image_ai:value_range {product.value_range[0]!r} {product.value_range[1]!r}"}
-    if product.metadata and image_format == "PNG":
-        return {"pnginfo": _png_texts(product, with_range=False)}
-    if product.metadata and image_format == "JPEG":
-        return {"comment": "; ".join(f"{key} {text}" for key, text in product.metadata.items())}
-    return {}
 
 
 def _keeps_alpha(path: Path) -> bool:
