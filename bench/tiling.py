@@ -139,7 +139,7 @@ def peaks(model: Path) -> dict:
 
 def plumbing(repeats: int = 3) -> dict:
     from lean_image_ai.models.imaging import from_nchw, prepare_image, to_nchw
-    from lean_image_ai.models.tiles.tiling import TilePlan, run_tiled
+    from lean_image_ai.models.tiles.tiling import TiledRun, TilePlan, run_tiled
 
     source = (_image(PLUMBING_SIZE) * 255).astype(np.uint8)
 
@@ -148,7 +148,7 @@ def plumbing(repeats: int = 3) -> dict:
 
     def pipeline():
         prepared = prepare_image(source)
-        return run_tiled(prepared.rgb, identity, TilePlan(THROUGHPUT_TILE, OVERLAP), scale=1).image
+        return run_tiled(prepared.rgb, TiledRun(identity, TilePlan(THROUGHPUT_TILE, OVERLAP), scale=1)).image
 
     as_float = prepare_image(source).rgb
     assert np.array_equal(pipeline(), as_float)  # the plumbing alone changes nothing

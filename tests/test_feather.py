@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from lean_image_ai.models.tiles.feather import feather_floor, ramp
-from lean_image_ai.models.tiles.tiling import TilePlan, run_tiled
+from lean_image_ai.models.tiles.tiling import TiledRun, TilePlan, run_tiled
 from lean_image_ai.runtime.errors import InferenceOutOfMemoryError
 
 
@@ -29,7 +29,7 @@ def as_nchw(window, _last, scale=2):
 @pytest.mark.parametrize("run_tile", [upscale_nearest, as_nchw], ids=["hwc", "nchw"])
 def test_weights_add_up_to_one(run_tile):
     image = picture(101, 137)
-    result = run_tiled(image, run_tile, TilePlan(48, 8, feather=4), scale=2)
+    result = run_tiled(image, TiledRun(run_tile, TilePlan(48, 8, feather=4), scale=2))
     assert result.tiles_run > 4
     np.testing.assert_allclose(result.image, upscale_nearest(image, True), atol=2e-7)
 
@@ -44,7 +44,7 @@ def test_weights_add_up_to_one_after_a_split():
             raise InferenceOutOfMemoryError("out of memory", model="m", device="cpu", resource="memory")
         return upscale_nearest(window, last)
 
-    result = run_tiled(image, once_out_of_memory, TilePlan(96, 8, feather=4), scale=2)
+    result = run_tiled(image, TiledRun(once_out_of_memory, TilePlan(96, 8, feather=4), scale=2))
     assert len(result.splits) == 1
     np.testing.assert_allclose(result.image, upscale_nearest(image, True), atol=2e-7)
 
@@ -58,11 +58,11 @@ def test_a_seam_is_a_ramp_not_a_step():
         offsets = iter([0.0, 0.5])
         return lambda window, _last: window + next(offsets)
 
-    result = run_tiled(image, biased(), TilePlan((56, 56), 8, feather=8), scale=1).image[0, :, 0]
+    result = run_tiled(image, TiledRun(biased(), TilePlan((56, 56), 8, feather=8), scale=1)).image[0, :, 0]
     steps = np.diff(result)
     assert result[0] == 0.0 and result[-1] == pytest.approx(0.5)
     assert steps.max() <= 0.5 / 16 + 1e-6  # 16 px band: no single jump
-    cropped = run_tiled(image, biased(), TilePlan((56, 56), 8), scale=1)
+    cropped = run_tiled(image, TiledRun(biased(), TilePlan((56, 56), 8), scale=1))
     assert np.diff(cropped.image[0, :, 0]).max() == pytest.approx(0.5)  # crop: one step
 
 
@@ -76,7 +76,7 @@ def test_ramp_is_symmetric_across_a_boundary():
 
 def test_feather_needs_the_overlap():
     with pytest.raises(ValueError, match="overlap"):
-        run_tiled(picture(20, 20), upscale_nearest, TilePlan(16, 2, feather=4))
+        run_tiled(picture(20, 20), TiledRun(upscale_nearest, TilePlan(16, 2, feather=4)))
 
 
 def test_splits_stop_where_owned_spans_keep_their_ramps_apart():
@@ -84,7 +84,7 @@ def test_splits_stop_where_owned_spans_keep_their_ramps_apart():
         raise InferenceOutOfMemoryError("out of memory", model="m", device="cpu", resource="memory")
 
     with pytest.raises(InferenceOutOfMemoryError):
-        run_tiled(picture(300, 300), always_out_of_memory, TilePlan(256, 16, min_tile=32, feather=8))
+        run_tiled(picture(300, 300), TiledRun(always_out_of_memory, TilePlan(256, 16, min_tile=32, feather=8)))
     assert feather_floor(16, 8) == 2 * 16 + 4 * 8 + 8
 
 
@@ -100,9 +100,11 @@ def test_uniform_windows_have_one_shape_and_stay_inside_the_image():
     image = picture(150, 230)
     result = run_tiled(
         image,
-        lambda w, last: seen.append(w.shape[:2]) or upscale_nearest(w, last),
-        TilePlan((150 + 16, 96), 8, feather=4, uniform=True),
-        scale=2,
+        TiledRun(
+            lambda w, last: seen.append(w.shape[:2]) or upscale_nearest(w, last),
+            TilePlan((150 + 16, 96), 8, feather=4, uniform=True),
+            scale=2,
+        ),
     )
     assert set(seen) == {(150, 96)}
     np.testing.assert_allclose(result.image, upscale_nearest(image, True), atol=2e-7)

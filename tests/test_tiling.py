@@ -19,6 +19,7 @@ from lean_image_ai.models.imaging import from_nchw, to_nchw
 from lean_image_ai.models.tiles import tiling
 from lean_image_ai.models.tiles.tiling import (
     Tile,
+    TiledRun,
     TilePlan,
     auto_tile_size,
     cut_window,
@@ -85,7 +86,7 @@ def untiled_reference(runtime, model, picture, overlap=0, pad_to=None):
 
 def tiled(runtime, model, picture, tile_size, overlap, fixed=False):
     with runtime.operation("tiled") as op:
-        return run_tiled(picture, model_fn(runtime, model, op), TilePlan(tile_size, overlap, fixed=fixed))
+        return run_tiled(picture, TiledRun(model_fn(runtime, model, op), TilePlan(tile_size, overlap, fixed=fixed)))
 
 
 # ---- planning ---------------------------------------------------------------------------------
@@ -191,7 +192,7 @@ def test_fixed_shape_model_gets_exactly_its_size_and_matches_the_dynamic_twin(ru
             seen.append(window.shape[:2])
             return run_tile(window, last)
 
-        result = run_tiled(picture, recording, TilePlan(64, 16, fixed=True))
+        result = run_tiled(picture, TiledRun(recording, TilePlan(64, 16, fixed=True)))
     assert set(seen) == {(64, 64)}
     reference = untiled_reference(runtime, models["dynamic"], picture, pad_to=(64, 64))
     np.testing.assert_allclose(result.image, reference, rtol=0, atol=ATOL)
@@ -235,7 +236,7 @@ def test_only_the_final_tile_of_the_final_image_is_marked_last():
     recorder = Recorder()
     frames = [image(40, 50, seed=s) for s in range(3)]
     for index, frame in enumerate(frames):
-        run_tiled(frame, recorder, TilePlan(20, 2), last=index == 2)
+        run_tiled(frame, TiledRun(recorder, TilePlan(20, 2), last=index == 2))
     flags = [last for _shape, last, _ok in recorder.calls]
     assert len(flags) > 3 * 4 and flags[-1] is True and sum(flags) == 1
 
@@ -249,12 +250,14 @@ def test_split_on_oom_halves_keeps_done_tiles_and_marks_the_new_final_tile():
     reports = []
     result = run_tiled(
         picture,
-        recorder,
-        TilePlan(None, 4),  # one window over the whole image first: too big
-        events=events,
-        label="m.onnx",
-        on_split=lambda size, exc: splits_seen.append((size, exc.resource)),
-        progress=lambda *a: reports.append(a),
+        TiledRun(
+            recorder,
+            TilePlan(None, 4),  # one window over the whole image first: too big
+            events=events,
+            label="m.onnx",
+            on_split=lambda size, exc: splits_seen.append((size, exc.resource)),
+            progress=lambda *a: reports.append(a),
+        ),
     )
     # the owned regions of the tiles that ran add up to the image, once
     assert reports[-1][0] == 1.0 and all(r[0] <= 1.0 for r in reports)
@@ -286,7 +289,7 @@ def test_split_after_some_tiles_were_done_continues_from_there():
         return recorder(window, last)
 
     reports = []
-    result = run_tiled(picture, flaky, TilePlan(40, 4, min_tile=16), progress=lambda *a: reports.append(a))
+    result = run_tiled(picture, TiledRun(flaky, TilePlan(40, 4, min_tile=16), progress=lambda *a: reports.append(a)))
     np.testing.assert_array_equal(result.image, nearest_x2(picture))
     shapes = [shape for shape, _last, _ok in recorder.calls]
     # 2x2 tiles of 32 owned + 4 of overlap on the inner sides (clipped at the image border)
@@ -304,7 +307,7 @@ def test_split_stops_at_the_floor_and_re_raises_the_readable_error():
 
     recorder, events = Recorder(always_oom=True), EventLog()
     with pytest.raises(InferenceOutOfMemoryError, match="Out of system memory"):
-        run_tiled(image(200, 200), recorder, TilePlan(100, 8, min_tile=32), events=events)
+        run_tiled(image(200, 200), TiledRun(recorder, TilePlan(100, 8, min_tile=32), events=events))
     # halved down to the floor (32, or 2 * overlap + 8), which is tried once
     assert [(e["old_tile_size"], e["new_tile_size"]) for e in events.recent("tile_split")] == [
         (100, 50),
@@ -317,7 +320,7 @@ def test_split_stops_at_the_floor_and_re_raises_the_readable_error():
 def test_fixed_shape_models_do_not_split():
     recorder = Recorder(always_oom=True)
     with pytest.raises(InferenceOutOfMemoryError):
-        run_tiled(image(100, 100), recorder, TilePlan(64, 8, fixed=True))
+        run_tiled(image(100, 100), TiledRun(recorder, TilePlan(64, 8, fixed=True)))
     assert len(recorder.calls) == 1
 
 
@@ -329,7 +332,7 @@ def test_non_integer_scale_from_the_first_tile_is_a_contract_error(tmp_path, run
 
 def test_progress_reports_area_and_the_current_plan():
     reports = []
-    run_tiled(image(30, 30), Recorder(), TilePlan(19, 2), progress=lambda *a: reports.append(a))
+    run_tiled(image(30, 30), TiledRun(Recorder(), TilePlan(19, 2), progress=lambda *a: reports.append(a)))
     assert reports[-1] == (1.0, len(reports), len(reports))
     assert all(b[0] > a[0] for a, b in zip(reports, reports[1:], strict=False))
 
@@ -368,10 +371,10 @@ def test_a_large_tile_is_pasted_in_bands_on_threads_like_one_pass(monkeypatch):
     def run_tile(window, last):
         return planes
 
-    result = run_tiled(np.zeros((rows, 24, 3), np.float32), run_tile, TilePlan(None, 0), clip=(0.0, 1.0))
+    result = run_tiled(np.zeros((rows, 24, 3), np.float32), TiledRun(run_tile, TilePlan(None, 0), clip=(0.0, 1.0)))
     np.testing.assert_array_equal(result.image, np.clip(planes[0].transpose(1, 2, 0), 0.0, 1.0))
 
     planes[0, 1, rows - 5, 3] = np.nan  # in the last band only
     seen = []
-    run_tiled(np.zeros((rows, 24, 3), np.float32), run_tile, TilePlan(None, 0), not_finite=seen.append)
+    run_tiled(np.zeros((rows, 24, 3), np.float32), TiledRun(run_tile, TilePlan(None, 0), not_finite=seen.append))
     assert len(seen) == 1 and seen[0] is planes

@@ -121,17 +121,23 @@ def _draw_family(box, s, context, family) -> None:
     col = box.column(align=True)
     col.enabled = reason is None
     text = BUTTONS.get(family.id, family.action + ": {}").format(target or "…")
-    if sequence:
-        source = _sequence_source(s, context)
-        _operator(
-            col, "lean_image_ai.process_sequence", text=text, icon=family.icon, family=family.id, **source,
-            frames=s.sequence_frames, output=s.sequence_output, skip_existing=s.skip_existing, **common,
-        )
-        _shot_buttons(col, s, family, {**source, **common})
-    else:
-        _operator(col, options.operator_idname(family), text=text, icon=family.icon, **common)
+    _draw_buttons(col, s, context, family, text, common)
     if reason:
         _why_not(box, reason)
+
+
+def _draw_buttons(col, s, context, family, text: str, common: dict) -> None:
+    """The family's button: Process Sequence (and the shot's buttons) on a sequence, else its
+    single-image operator."""
+    if not s.use_sequence:
+        _operator(col, options.operator_idname(family), text=text, icon=family.icon, **common)
+        return
+    source = _sequence_source(s, context)
+    _operator(
+        col, "lean_image_ai.process_sequence", text=text, icon=family.icon, family=family.id, **source,
+        frames=s.sequence_frames, output=s.sequence_output, skip_existing=s.skip_existing, **common,
+    )
+    _shot_buttons(col, s, family, {**source, **common})
 
 
 def _why_not(box, reason: str) -> None:

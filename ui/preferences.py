@@ -175,26 +175,36 @@ def _draw_entry(layout, entry, folder, download) -> None:
         op = row.operator("lean_image_ai.remove_model", text="Remove (keeps your file)", icon="X")
         op.model_id = entry.id
     else:
-        if status != library.INSTALLED:
-            if entry.url or status == library.UNVERIFIED:
-                sub = row.row()
-                sub.enabled = download is None  # one download at a time
-                label = "Verify" if status == library.UNVERIFIED else "Install"
-                op = sub.operator("lean_image_ai.install_model", text=label, icon="IMPORT")
-                op.model_id = entry.id
-            if not entry.url and status != library.UNVERIFIED:
-                wrapped_labels(
-                    col,
-                    f"No download address: download it yourself into {folder} as "
-                    f"{entry.filename}, or register your own ONNX.",
-                    icon="INFO",
-                )
-        if status in (library.INSTALLED, library.UNVERIFIED, library.WRONG_SIZE, library.PARTIAL):
-            op = row.operator("lean_image_ai.remove_model", text="Remove", icon="TRASH")
+        _draw_catalog_buttons(row, col, entry, status, folder, download)
+    _draw_last_failure(col, entry.id)
+
+
+def _draw_catalog_buttons(row, col, entry, status, folder, download) -> None:
+    """Install or Verify (or why there is nothing to install), and Remove, for a catalog model."""
+    if status != library.INSTALLED:
+        if entry.url or status == library.UNVERIFIED:
+            sub = row.row()
+            sub.enabled = download is None  # one download at a time
+            label = "Verify" if status == library.UNVERIFIED else "Install"
+            op = sub.operator("lean_image_ai.install_model", text=label, icon="IMPORT")
             op.model_id = entry.id
+        if not entry.url and status != library.UNVERIFIED:
+            wrapped_labels(
+                col,
+                f"No download address: download it yourself into {folder} as "
+                f"{entry.filename}, or register your own ONNX.",
+                icon="INFO",
+            )
+    if status in (library.INSTALLED, library.UNVERIFIED, library.WRONG_SIZE, library.PARTIAL):
+        op = row.operator("lean_image_ai.remove_model", text="Remove", icon="TRASH")
+        op.model_id = entry.id
+
+
+def _draw_last_failure(layout, key: str) -> None:
+    """The last download of ``key``, when it failed or was cancelled: what happened."""
     last = downloads.last
-    if last is not None and last.key == entry.id and last.state in ("failed", "cancelled"):
-        wrapped_labels(col, last.error_text, icon="ERROR", alert=last.state == "failed")
+    if last is not None and last.key == key and last.state in ("failed", "cancelled"):
+        wrapped_labels(layout, last.error_text, icon="ERROR", alert=last.state == "failed")
 
 
 def draw_gpu_runtime(layout, context) -> None:
@@ -212,21 +222,27 @@ def _draw_gpu_runtime(layout, context) -> None:
     folder = gpu_runtime_folder()
     version = gpu_libraries.installed_version(folder)
     if version:
-        box.label(text=f"Installed: {version}", icon="CHECKMARK")
-        wrapped_labels(box, f"Folder: {folder}")
-        activation = gpu_loading.active()
-        if activation is not None and activation.folder == str(folder):
-            wrapped_labels(
-                box, activation.summary(), icon="NONE" if activation.ok else "ERROR", alert=not activation.ok
-            )
-        if not gpu_libraries.is_current(folder, requirements):
-            box.label(
-                text="This add-on version pins other library versions: Install updates them.", icon="INFO"
-            )
+        _draw_gpu_installed(box, folder, version, requirements)
     else:
         size = gpu_runtime_size_text()
         box.label(text="Not installed: models run on the CPU (needed for the CUDA device).", icon="NONE")
         box.label(text=f"Download: {size or 'size unknown'}, into {folder}")
+    _draw_gpu_buttons(box, folder, version, requirements)
+    _draw_last_failure(box, GPU_JOB_KEY)
+
+
+def _draw_gpu_installed(box, folder, version: str, requirements) -> None:
+    box.label(text=f"Installed: {version}", icon="CHECKMARK")
+    wrapped_labels(box, f"Folder: {folder}")
+    activation = gpu_loading.active()
+    if activation is not None and activation.folder == str(folder):
+        wrapped_labels(box, activation.summary(), icon="NONE" if activation.ok else "ERROR", alert=not activation.ok)
+    if not gpu_libraries.is_current(folder, requirements):
+        box.label(text="This add-on version pins other library versions: Install updates them.", icon="INFO")
+
+
+def _draw_gpu_buttons(box, folder, version, requirements) -> None:
+    """The install's progress with Cancel, else Install or Update, and Remove."""
     job = downloads.running()
     row = box.row()
     if job is not None and job.key == GPU_JOB_KEY:
@@ -240,9 +256,6 @@ def _draw_gpu_runtime(layout, context) -> None:
             sub.operator("lean_image_ai.install_gpu_runtime", text=label, icon="IMPORT")
         if version:
             row.operator("lean_image_ai.remove_gpu_runtime", text="Remove", icon="TRASH")
-    last = downloads.last
-    if last is not None and last.key == GPU_JOB_KEY and last.state in ("failed", "cancelled"):
-        wrapped_labels(box, last.error_text, icon="ERROR", alert=last.state == "failed")
 
 
 def draw_doctor(layout) -> None:

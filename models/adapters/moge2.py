@@ -192,6 +192,48 @@ def _squeeze_batch(array, shape_tail: int, name: str, model_name: str) -> np.nda
     return array.astype(np.float32, copy=False)
 
 
+def _normal(outputs, binding, model_name: str, points_shape) -> np.ndarray | None:
+    if binding.normal is None:
+        return None
+    normal = _squeeze_batch(outputs[binding.normal.name], 3, binding.normal.name, model_name)
+    check_finite(normal, model_name, binding.normal.name)
+    if normal.shape != points_shape:
+        raise InvalidModelOutputError(
+            f"{model_name} returned '{binding.normal.name}' {list(normal.shape)} but points "
+            f"{list(points_shape)}; they must match."
+        )
+    return normal
+
+
+def _valid(outputs, binding, model_name: str, model_hw, mask_threshold, warnings: list) -> np.ndarray:
+    """The pixels the model's mask keeps (all of them, said so, when it has none)."""
+    if binding.mask is None:
+        warnings.append(f"{model_name} has no mask output: every pixel is treated as valid.")
+        return np.ones(model_hw, bool)
+    mask_prob = _squeeze_batch(outputs[binding.mask.name], 2, binding.mask.name, model_name)
+    check_finite(mask_prob, model_name, binding.mask.name)
+    if mask_prob.shape != model_hw:
+        raise InvalidModelOutputError(
+            f"{model_name} returned '{binding.mask.name}' {list(mask_prob.shape)} but points "
+            f"{list(model_hw)}; they must match."
+        )
+    return mask_prob > mask_threshold
+
+
+def _metric_scale(outputs, binding, model_name: str, warnings: list) -> float:
+    if binding.scale is None:
+        warnings.append(f"{model_name} has no metric scale output: geometry is up to an unknown scale.")
+        return 1.0
+    scale_array = np.asarray(outputs[binding.scale.name], np.float64)
+    check_finite(scale_array, model_name, binding.scale.name)
+    if scale_array.size != 1 or not scale_array.reshape(-1)[0] > 0:
+        raise InvalidModelOutputError(
+            f"{model_name} returned '{binding.scale.name}' = {scale_array.ravel()[:4].tolist()}; "
+            "expected one positive number."
+        )
+    return float(scale_array.reshape(-1)[0])
+
+
 def _postprocess(
     outputs, binding, model_name, label, source_size, *, mask_threshold, force_projection, warnings, focal_width=None
 ) -> GeometryResult:
@@ -201,39 +243,9 @@ def _postprocess(
         raise InvalidModelOutputError(
             f"{model_name} returned '{binding.points.name}' with shape {list(points.shape)}; expected HxWx3."
         )
-    normal = None
-    if binding.normal is not None:
-        normal = _squeeze_batch(outputs[binding.normal.name], 3, binding.normal.name, model_name)
-        check_finite(normal, model_name, binding.normal.name)
-        if normal.shape != points.shape:
-            raise InvalidModelOutputError(
-                f"{model_name} returned '{binding.normal.name}' {list(normal.shape)} but points "
-                f"{list(points.shape)}; they must match."
-            )
-    if binding.mask is not None:
-        mask_prob = _squeeze_batch(outputs[binding.mask.name], 2, binding.mask.name, model_name)
-        check_finite(mask_prob, model_name, binding.mask.name)
-        if mask_prob.shape != (model_h, model_w):
-            raise InvalidModelOutputError(
-                f"{model_name} returned '{binding.mask.name}' {list(mask_prob.shape)} but points "
-                f"{[model_h, model_w]}; they must match."
-            )
-        valid = mask_prob > mask_threshold
-    else:
-        valid = np.ones((model_h, model_w), bool)
-        warnings.append(f"{model_name} has no mask output: every pixel is treated as valid.")
-    if binding.scale is not None:
-        scale_array = np.asarray(outputs[binding.scale.name], np.float64)
-        check_finite(scale_array, model_name, binding.scale.name)
-        if scale_array.size != 1 or not scale_array.reshape(-1)[0] > 0:
-            raise InvalidModelOutputError(
-                f"{model_name} returned '{binding.scale.name}' = {scale_array.ravel()[:4].tolist()}; "
-                "expected one positive number."
-            )
-        metric_scale = float(scale_array.reshape(-1)[0])
-    else:
-        metric_scale = 1.0
-        warnings.append(f"{model_name} has no metric scale output: geometry is up to an unknown scale.")
+    normal = _normal(outputs, binding, model_name, points.shape)
+    valid = _valid(outputs, binding, model_name, (model_h, model_w), mask_threshold, warnings)
+    metric_scale = _metric_scale(outputs, binding, model_name, warnings)
 
     no_geometry = (
         f"{model_name} found no valid geometry in {label}: its mask rejects every pixel (threshold "

@@ -49,38 +49,32 @@ def _dim_is(value, expected) -> bool:
     return not isinstance(value, int) or value in (expected, -1)
 
 
-def bind_contract(handle) -> _Binding:
-    """Find MoGe-2's inputs/outputs by name (else by rank/dtype); ModelContractError if absent."""
-    problems = []
-    image = _pick(handle.inputs, ("image",), lambda i: len(i.shape) == 4 and i.type in FLOAT_TYPES)
-    tokens = _pick(handle.inputs, ("num_tokens",), lambda i: i.type in INT_TYPES, exclude=(image,))
+def _image_problems(image) -> list[str]:
     if image is None:
-        problems.append("no 'image' input (float 1x3xHxW)")
-    else:
-        if len(image.shape) != 4:
-            problems.append(
-                f"input '{image.name}': expected rank 4 (1x3xHxW), found shape {list(image.shape)}"
-            )
-        elif not _dim_is(image.shape[1], 3):
-            problems.append(f"input '{image.name}': expected 3 channels, found {image.shape[1]}")
-        if image.type not in FLOAT_TYPES:
-            problems.append(f"input '{image.name}': expected type tensor(float), found {image.type}")
-    if tokens is None:
-        problems.append("no 'num_tokens' input (int64 scalar)")
-    else:
-        if tokens.type not in INT_TYPES:
-            problems.append(f"input '{tokens.name}': expected type tensor(int64), found {tokens.type}")
-        if len(tokens.shape) > 1 or (len(tokens.shape) == 1 and not _dim_is(tokens.shape[0], 1)):
-            problems.append(f"input '{tokens.name}': expected a scalar, found shape {list(tokens.shape)}")
-    extra = [i for i in handle.inputs if i is not image and i is not tokens]
-    if extra:
-        problems.append(f"unexpected input(s) {_describe(extra)}")
+        return ["no 'image' input (float 1x3xHxW)"]
+    problems = []
+    if len(image.shape) != 4:
+        problems.append(f"input '{image.name}': expected rank 4 (1x3xHxW), found shape {list(image.shape)}")
+    elif not _dim_is(image.shape[1], 3):
+        problems.append(f"input '{image.name}': expected 3 channels, found {image.shape[1]}")
+    if image.type not in FLOAT_TYPES:
+        problems.append(f"input '{image.name}': expected type tensor(float), found {image.type}")
+    return problems
 
-    outputs = handle.outputs
-    points = _pick(outputs, ("points",), lambda o: len(o.shape) == 4)
-    normal = _pick(outputs, ("normal", "normals"), lambda o: len(o.shape) == 4, exclude=(points,))
-    mask = _pick(outputs, ("mask",), lambda o: len(o.shape) == 3, exclude=(points, normal))
-    scale = _pick(outputs, SCALE_NAMES, lambda o: len(o.shape) <= 1, exclude=(points, normal, mask))
+
+def _tokens_problems(tokens) -> list[str]:
+    if tokens is None:
+        return ["no 'num_tokens' input (int64 scalar)"]
+    problems = []
+    if tokens.type not in INT_TYPES:
+        problems.append(f"input '{tokens.name}': expected type tensor(int64), found {tokens.type}")
+    if len(tokens.shape) > 1 or (len(tokens.shape) == 1 and not _dim_is(tokens.shape[0], 1)):
+        problems.append(f"input '{tokens.name}': expected a scalar, found shape {list(tokens.shape)}")
+    return problems
+
+
+def _output_problems(points, normal, mask, scale) -> list[str]:
+    problems = []
     if points is None:
         problems.append("no 'points' output (1xHxWx3)")
     elif len(points.shape) != 4 or not _dim_is(points.shape[3], 3):
@@ -94,6 +88,24 @@ def bind_contract(handle) -> _Binding:
     for info in (points, normal, mask, scale):
         if info is not None and info.type not in FLOAT_TYPES:
             problems.append(f"output '{info.name}': expected type tensor(float), found {info.type}")
+    return problems
+
+
+def bind_contract(handle) -> _Binding:
+    """Find MoGe-2's inputs/outputs by name (else by rank/dtype); ModelContractError if absent."""
+    image = _pick(handle.inputs, ("image",), lambda i: len(i.shape) == 4 and i.type in FLOAT_TYPES)
+    tokens = _pick(handle.inputs, ("num_tokens",), lambda i: i.type in INT_TYPES, exclude=(image,))
+    problems = _image_problems(image) + _tokens_problems(tokens)
+    extra = [i for i in handle.inputs if i is not image and i is not tokens]
+    if extra:
+        problems.append(f"unexpected input(s) {_describe(extra)}")
+
+    outputs = handle.outputs
+    points = _pick(outputs, ("points",), lambda o: len(o.shape) == 4)
+    normal = _pick(outputs, ("normal", "normals"), lambda o: len(o.shape) == 4, exclude=(points,))
+    mask = _pick(outputs, ("mask",), lambda o: len(o.shape) == 3, exclude=(points, normal))
+    scale = _pick(outputs, SCALE_NAMES, lambda o: len(o.shape) <= 1, exclude=(points, normal, mask))
+    problems += _output_problems(points, normal, mask, scale)
     if problems:
         raise ModelContractError(
             f"{handle.model_name} does not look like a {MODEL_NAME} model: "

@@ -29,7 +29,7 @@ from ..frame_loop import run_frames
 from ..imaging import check_shape, from_nchw, resize_clipped, to_nchw
 from ..result_images import IMAGE
 from ..tiles.reach import cached_reach, reach_for
-from ..tiles.tiling import TilePlan, refuse_oversized_result, run_tiled
+from ..tiles.tiling import TiledRun, TilePlan, refuse_oversized_result, run_tiled
 from .upscale_plan import (
     AUTO,
     AUTO_OVERLAP,
@@ -298,17 +298,19 @@ class _Upscale:
         source, fed.source = fed.source, None  # the input goes as soon as the tiler is done with it
         return run_tiled(
             source,
-            run_tile,
-            tiles,
-            last=frame.last,
-            scale=self.scale,
-            label=runs.handle.model_name,
-            events=self.loop.runtime.events,
-            on_split=runs.reacquire,
-            progress=lambda fraction, done, total: frame.report(fraction, f"{prefix}tile {done}/{total}"),
-            clip=(0.0, fed.high),
-            not_finite=not_finite,
-            available_memory=available,
+            TiledRun(
+                run_tile,
+                tiles,
+                last=frame.last,
+                scale=self.scale,
+                label=runs.handle.model_name,
+                events=self.loop.runtime.events,
+                on_split=runs.reacquire,
+                progress=lambda fraction, done, total: frame.report(fraction, f"{prefix}tile {done}/{total}"),
+                clip=(0.0, fed.high),
+                not_finite=not_finite,
+                available_memory=available,
+            ),
         )
 
     def _result(self, image: np.ndarray, tiled, fed: _ModelInput) -> UpscaleResult:

@@ -110,59 +110,18 @@ def plan_overlap(
 ) -> OverlapPlan:
     """The overlap to run with, and what the artist should be told about it. `reach`: how far a
     one-pixel change was measured to reach (models/tiles/reach.py), for a deep net's default."""
-    warnings: list[str] = []
-    if field_.radius is None:  # no probe possible: keep the old default and say so
-        radius, global_ = None, False
-    else:
-        global_ = field_.is_global
-        radius = None if global_ else int(field_.radius)
+    global_ = field_.is_global  # no radius at all (no probe possible): the old default, said so
+    radius = None if field_.radius is None or global_ else int(field_.radius)
     auto = requested is None or requested == AUTO_OVERLAP
     deep = auto and radius is not None and radius > MAX_EXACT_RADIUS
-    bound, feather = "not exact", None
     if deep:
-        overlap, feather = reach_overlap(radius, reach, multiple)
-        reached = "not measured yet" if reach is None else (
-            f"past the {PROBE_REACH} px the probe sees" if math.isinf(reach) else f"{int(reach)} px")
-        if reach is not None and not math.isinf(reach):
-            bound = f"at most {SEAM_LEVELS} levels from one whole-image run (measured on {SEAM_MEASURED_ON})"
-        warnings.append(
-            f"Not exact: {name}'s receptive radius is {radius} px, too large to tile exactly at a sane cost; "
-            f"tiles overlap {overlap} px (how far a one-pixel change reaches: {reached}) and are blended "
-            f"across their seams: {bound} (Overlap set to the radius makes it exact, at that cost)."
-        )
-    elif auto:
-        overlap = _round_up(radius, multiple) if radius is not None else GLOBAL_OVERLAP
+        overlap, feather, bound, warning = _deep_overlap(name, radius, reach, multiple)
+        warnings = [warning]
     else:
-        overlap = int(requested)
-        if overlap < 0:
-            raise ValueError(f"overlap must be >= 0 ({AUTO_OVERLAP}: the model's receptive radius), got {overlap}")
-        if radius is not None and overlap < radius:
-            warnings.append(
-                f"Overlap {overlap} px is below {name}'s receptive radius ({radius} px): with more than "
-                "one tile the result is not exact; tiles are blended across their seams, and pixels near "
-                "them can differ from one whole-image run."
-            )
-    if global_:
-        where = f" ({field_.detail})" if field_.detail else ""
-        warnings.append(
-            f"{name} sees the whole image{where}: it cannot be tiled exactly; results with more than "
-            "one tile differ from one whole-image run."
-        )
-    elif field_.radius is None:
-        warnings.append(
-            f"{name}'s receptive radius is unknown ({field_.detail}); using a {overlap} px overlap."
-        )
-    elif not field_.proven and radius is not None and overlap >= radius:
-        source = "measured by an impulse probe" if field_.how == "probe" else "given by its catalog entry"
-        why = f" (the graph walk gave up at {field_.detail})" if field_.detail else ""
-        warnings.append(
-            f"{name}'s receptive radius ({radius} px) is {source}, not proven from its "
-            f"graph{why}: with more than one tile the result is not exact; pixels near tile seams can "
-            "differ slightly from one whole-image run."
-        )
-    elif not field_.bit_exact and radius is not None and overlap >= radius:
-        bound = f"at most {ROUNDING_LEVELS} levels from one whole-image run (fp32 rounding of a resize by a " \
-            "factor that is not a power of two; measured on trained realesr-animevideov3-x3, bench/seams.py)"
+        overlap, feather, bound = _plain_overlap(radius, requested, multiple), None, "not exact"
+        warnings = [] if auto else _requested_overlap_warnings(name, overlap, radius)
+    warning, bound = _field_warning(name, field_, radius, overlap, global_, bound)
+    warnings += [warning] if warning else []
     plan = OverlapPlan(
         overlap, radius, field_.how, False, warnings, proven=field_.proven, bit_exact=field_.bit_exact,
         reach=reach, needs_reach=deep and reach is None, bound=bound,
@@ -174,6 +133,66 @@ def plan_overlap(
         feather = 0 if plan.exact or (plan.proven and radius is not None and overlap >= radius) else overlap // 2
     plan.feather = feather
     return plan
+
+
+def _deep_overlap(name: str, radius: int, reach: float | None, multiple: int) -> tuple[int, int, str, str]:
+    """A deep net's (overlap, feather, bound, warning): blended seams, as far as a change reaches."""
+    overlap, feather = reach_overlap(radius, reach, multiple)
+    reached = "not measured yet" if reach is None else (
+        f"past the {PROBE_REACH} px the probe sees" if math.isinf(reach) else f"{int(reach)} px")
+    bound = "not exact"
+    if reach is not None and not math.isinf(reach):
+        bound = f"at most {SEAM_LEVELS} levels from one whole-image run (measured on {SEAM_MEASURED_ON})"
+    warning = (
+        f"Not exact: {name}'s receptive radius is {radius} px, too large to tile exactly at a sane cost; "
+        f"tiles overlap {overlap} px (how far a one-pixel change reaches: {reached}) and are blended "
+        f"across their seams: {bound} (Overlap set to the radius makes it exact, at that cost)."
+    )
+    return overlap, feather, bound, warning
+
+
+def _plain_overlap(radius: int | None, requested: int | None, multiple: int) -> int:
+    """The receptive radius (rounded up to `multiple`) on Auto, else the requested overlap."""
+    if requested is None or requested == AUTO_OVERLAP:
+        return _round_up(radius, multiple) if radius is not None else GLOBAL_OVERLAP
+    return int(requested)
+
+
+def _requested_overlap_warnings(name: str, overlap: int, radius: int | None) -> list[str]:
+    if overlap < 0:
+        raise ValueError(f"overlap must be >= 0 ({AUTO_OVERLAP}: the model's receptive radius), got {overlap}")
+    if radius is not None and overlap < radius:
+        return [
+            f"Overlap {overlap} px is below {name}'s receptive radius ({radius} px): with more than "
+            "one tile the result is not exact; tiles are blended across their seams, and pixels near "
+            "them can differ from one whole-image run."
+        ]
+    return []
+
+
+def _field_warning(name, field_: ReceptiveField, radius, overlap: int, global_: bool, bound: str):
+    """(what the artist is told about the receptive field, or None; the seams' bound)."""
+    if global_:
+        where = f" ({field_.detail})" if field_.detail else ""
+        return (
+            f"{name} sees the whole image{where}: it cannot be tiled exactly; results with more than "
+            "one tile differ from one whole-image run."
+        ), bound
+    if field_.radius is None:
+        return f"{name}'s receptive radius is unknown ({field_.detail}); using a {overlap} px overlap.", bound
+    covered = radius is not None and overlap >= radius
+    if not field_.proven and covered:
+        source = "measured by an impulse probe" if field_.how == "probe" else "given by its catalog entry"
+        why = f" (the graph walk gave up at {field_.detail})" if field_.detail else ""
+        return (
+            f"{name}'s receptive radius ({radius} px) is {source}, not proven from its "
+            f"graph{why}: with more than one tile the result is not exact; pixels near tile seams can "
+            "differ slightly from one whole-image run."
+        ), bound
+    if not field_.bit_exact and covered:
+        bound = f"at most {ROUNDING_LEVELS} levels from one whole-image run (fp32 rounding of a resize by a " \
+            "factor that is not a power of two; measured on trained realesr-animevideov3-x3, bench/seams.py)"
+    return None, bound
 
 
 def choose_tile(name: str, fixed: tuple[int, int] | None, tile_size, planned: OverlapPlan) -> tuple[object, list[str]]:

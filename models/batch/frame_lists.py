@@ -153,49 +153,66 @@ def resolve_input(
     exclude = exclude or (lambda path: False)
     path = user_path(text)
     if is_pattern(text):
-        if not path.parent.is_dir():
-            raise LeanImageError(f"Input folder '{path.parent}' does not exist.")
-        regex = _pattern_regex(path)
-        matches = [(int(m.group(1)), p) for p in path.parent.iterdir() if (m := regex.match(p.name)) and p.is_file()]
-        claims = _claims(_kept(matches, exclude, f"'{path}'"), f"'{path}'")
-        if frames is not None:
-            return _in_range(claims, frames, path)
-        if not claims:
-            raise LeanImageError(f"No file matches '{path}'.")
-        return [FrameRef(n, p) for n, p in sorted(claims.items())]
+        return _from_pattern(path, frames, exclude)
     if path.is_dir():
-        images = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in FRAME_SUFFIXES)
-        files = [p for _, p in _kept([(0, p) for p in images], exclude, f"Folder '{path}'")]
-        if not files:
-            raise LeanImageError(f"Folder '{path}' holds no image files ({', '.join(FRAME_SUFFIXES)}).")
-        numbered = [(found[1], p) for p in files if (found := pattern_of(p))]
-        if not numbered:
-            refs = [FrameRef(n, p) for n, p in enumerate(files, start=1)]
-        elif len(numbered) < len(files):
-            plain = next(p.name for p in files if pattern_of(p) is None)
-            raise LeanImageError(
-                f"Folder '{path}' mixes numbered frames ({numbered[0][1].name}) with files whose names end "
-                f"in no frame number ({plain}): move those out, or give a pattern such as "
-                f"{Path(pattern_of(numbered[0][1])[0]).name} to take the numbered ones."
-            )
-        else:
-            refs = [FrameRef(n, p) for n, p in sorted(_claims(numbered, f"Folder '{path}'").items())]
-        if frames is not None:
-            refs = [r for r in refs if r.number in frames]
-            if not refs:
-                raise LeanImageError(f"No image in '{path}' has a frame number in {_describe(frames)}.")
-        return refs
+        return _from_folder(path, frames, exclude)
     if path.is_file():
-        numbered = pattern_of(path)
-        if frames is not None and numbered is None:  # a range over one file would be ignored: say so
-            raise LeanImageError(
-                f"Frames {_describe(frames)} given with '{path.name}', whose name ends in no frame number: "
-                "give a frame of a numbered sequence (shot_0001.png), a pattern (shot_####.png) or a folder."
-            )
-        if frames is not None:
-            return resolve_input(numbered[0], frames, exclude)
-        return [FrameRef(numbered[1] if numbered else 1, path)]
+        return _from_file(path, frames, exclude)
     raise LeanImageError(f"Input '{path}' not found: give an image file, a folder or a pattern like shot_####.png.")
+
+
+def _from_pattern(path: Path, frames: range | None, exclude: Callable[[Path], bool]) -> list[FrameRef]:
+    if not path.parent.is_dir():
+        raise LeanImageError(f"Input folder '{path.parent}' does not exist.")
+    regex = _pattern_regex(path)
+    matches = [(int(m.group(1)), p) for p in path.parent.iterdir() if (m := regex.match(p.name)) and p.is_file()]
+    claims = _claims(_kept(matches, exclude, f"'{path}'"), f"'{path}'")
+    if frames is not None:
+        return _in_range(claims, frames, path)
+    if not claims:
+        raise LeanImageError(f"No file matches '{path}'.")
+    return [FrameRef(n, p) for n, p in sorted(claims.items())]
+
+
+def _from_folder(path: Path, frames: range | None, exclude: Callable[[Path], bool]) -> list[FrameRef]:
+    images = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in FRAME_SUFFIXES)
+    files = [p for _, p in _kept([(0, p) for p in images], exclude, f"Folder '{path}'")]
+    if not files:
+        raise LeanImageError(f"Folder '{path}' holds no image files ({', '.join(FRAME_SUFFIXES)}).")
+    refs = _numbered(path, files)
+    if frames is not None:
+        refs = [r for r in refs if r.number in frames]
+        if not refs:
+            raise LeanImageError(f"No image in '{path}' has a frame number in {_describe(frames)}.")
+    return refs
+
+
+def _numbered(folder: Path, files: list[Path]) -> list[FrameRef]:
+    """A folder's files as frames: by the digits ending their names, or 1, 2, ... when no name
+    ends in digits; a mix of the two is refused."""
+    numbered = [(found[1], p) for p in files if (found := pattern_of(p))]
+    if not numbered:
+        return [FrameRef(n, p) for n, p in enumerate(files, start=1)]
+    if len(numbered) < len(files):
+        plain = next(p.name for p in files if pattern_of(p) is None)
+        raise LeanImageError(
+            f"Folder '{folder}' mixes numbered frames ({numbered[0][1].name}) with files whose names end "
+            f"in no frame number ({plain}): move those out, or give a pattern such as "
+            f"{Path(pattern_of(numbered[0][1])[0]).name} to take the numbered ones."
+        )
+    return [FrameRef(n, p) for n, p in sorted(_claims(numbered, f"Folder '{folder}'").items())]
+
+
+def _from_file(path: Path, frames: range | None, exclude: Callable[[Path], bool]) -> list[FrameRef]:
+    numbered = pattern_of(path)
+    if frames is not None and numbered is None:  # a range over one file would be ignored: say so
+        raise LeanImageError(
+            f"Frames {_describe(frames)} given with '{path.name}', whose name ends in no frame number: "
+            "give a frame of a numbered sequence (shot_0001.png), a pattern (shot_####.png) or a folder."
+        )
+    if frames is not None:
+        return resolve_input(numbered[0], frames, exclude)
+    return [FrameRef(numbered[1] if numbered else 1, path)]
 
 
 def _describe(frames: range) -> str:

@@ -273,15 +273,20 @@ def _under_a_file(folder: Path) -> bool:
     return False
 
 
-def _parse_store(text: str) -> list[CatalogEntry]:
-    payload = json.loads(text)
-    if not isinstance(payload, dict):
-        raise ValueError(f"expected a JSON object with 'format' and 'user_models', found a {type(payload).__name__}")
-    version = payload.get("format")
+def _store_format(version) -> int:
+    """The file's format number: one this version reads, or _NewerFormat / ValueError."""
     if isinstance(version, int) and not isinstance(version, bool) and version > USER_MODELS_FORMAT:
         raise _NewerFormat(version)
     if version not in (1, USER_MODELS_FORMAT) or isinstance(version, bool):
         raise ValueError(f"expected format {USER_MODELS_FORMAT}, got {version!r}")
+    return version
+
+
+def _parse_store(text: str) -> list[CatalogEntry]:
+    payload = json.loads(text)
+    if not isinstance(payload, dict):
+        raise ValueError(f"expected a JSON object with 'format' and 'user_models', found a {type(payload).__name__}")
+    version = _store_format(payload.get("format"))
     unknown = sorted(set(payload) - {"format", "user_models"})
     if unknown:
         raise ValueError(f"unknown field(s) {', '.join(map(repr, unknown))} beside 'format' and 'user_models'")

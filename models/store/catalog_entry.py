@@ -72,6 +72,18 @@ class CatalogEntry:
         return "fp16 weights: on CPU slower and heavier than an fp32 export (BEN2: 1.22x the time, +0.86 GB peak)"
 
     def __post_init__(self):
+        # checked in this order, so the first thing wrong is the one reported
+        self._check_names()
+        self._check_download()
+        if self.weight_dtype not in WEIGHT_DTYPES:
+            raise ValueError(f"entry {self.id!r}: weight_dtype must be one of {WEIGHT_DTYPES}, got {self.weight_dtype!r}")
+        if not isinstance(self.settings or {}, Mapping):
+            raise ValueError(f"entry {self.id!r}: settings must be a mapping")
+        checked = families.get(self.family).check_settings(self.settings, f"entry {self.id!r}")
+        object.__setattr__(self, "settings", _freeze(checked))
+
+    def _check_names(self) -> None:
+        """The id, the text fields, the path, the family and the file name."""
         if not self.id or not isinstance(self.id, str):
             raise ValueError("a catalog entry needs a non-empty string id")
         for name in ("variant", "title", "filename", "license", "source", "notes"):
@@ -92,6 +104,9 @@ class CatalogEntry:
                 f"entry {self.id!r}: filename {self.filename!r} must be a bare file name (no folder, "
                 "not '.' or '..'); fix the entry in the catalog file"
             )
+
+    def _check_download(self) -> None:
+        """The address, the sizes and the checksum."""
         if self.url is not None and not (
             isinstance(self.url, str) and (self.url.startswith("https://") or is_loopback_http(self.url))
         ):
@@ -106,12 +121,6 @@ class CatalogEntry:
         if self.sha256 is not None:
             if not isinstance(self.sha256, str) or not _SHA256_RE.match(self.sha256):
                 raise ValueError(f"entry {self.id!r}: sha256 must be 64 lower-case hex digits or None")
-        if self.weight_dtype not in WEIGHT_DTYPES:
-            raise ValueError(f"entry {self.id!r}: weight_dtype must be one of {WEIGHT_DTYPES}, got {self.weight_dtype!r}")
-        if not isinstance(self.settings or {}, Mapping):
-            raise ValueError(f"entry {self.id!r}: settings must be a mapping")
-        checked = families.get(self.family).check_settings(self.settings, f"entry {self.id!r}")
-        object.__setattr__(self, "settings", _freeze(checked))
 
     @property
     def is_user(self) -> bool:

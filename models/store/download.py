@@ -194,7 +194,8 @@ def download_to_part(
     state = {"done": offset}
     with Watch(cancel, limits) as watch:
         try:
-            _transfer(entry, dest, part, progress, cancel, timeout, chunk_size, watch, offset, if_range, state)
+            transfer = _Transfer(entry, dest, part, progress, cancel, timeout, chunk_size, watch, state)
+            transfer.run(offset, if_range)
         except (OSError, http.client.HTTPException, _Stopped) as exc:
             if watch.reason is None:
                 raise
@@ -218,151 +219,164 @@ def _stopped_error(entry, dest, part, watch: Watch, done: int) -> Exception:
     return install_error(entry, dest, what)
 
 
-def _transfer(entry, dest, part, progress, cancel, timeout, chunk_size, watch, offset, if_range, state) -> None:
-    expected = entry.size_bytes
-    ceiling = expected if expected is not None else size_ceiling(entry.approx_size_bytes)
-    fetch = opener(watch)
-    restarted = False
-    while True:
-        if cancel is not None and cancel():
-            raise OperationCancelled(_cancel_message(entry, part, offset))
+class _Restart(Exception):
+    """The .part cannot be continued (the server refused its range, or sent another file's):
+    the download starts over from byte 0, once."""
+
+
+class _Transfer:
+    """One download's fixed parts (what, where, callbacks, watch), so that each step of it (open,
+    read the answer's headers, copy the body, check the end) is a method of its own."""
+
+    def __init__(self, entry, dest, part, progress, cancel, timeout, chunk_size, watch: Watch, state: dict):
+        self.entry, self.dest, self.part = entry, dest, part
+        self.progress, self.cancel = progress, cancel
+        self.timeout, self.chunk_size = timeout, chunk_size
+        self.watch, self.state = watch, state
+        expected = entry.size_bytes
+        self.ceiling = expected if expected is not None else size_ceiling(entry.approx_size_bytes)
+        self.fetch = opener(watch)
+
+    def run(self, offset: int, if_range: str | None) -> None:
+        restarted = False
+        while True:
+            try:
+                return self._attempt(offset, if_range, restarted)
+            except _Restart:
+                discard_part(self.part)
+                offset, restarted, if_range = 0, True, None
+                self.state["done"] = 0
+
+    def _attempt(self, offset: int, if_range: str | None, restarted: bool) -> None:
+        if self.cancel is not None and self.cancel():
+            raise OperationCancelled(_cancel_message(self.entry, self.part, offset))
+        response = self._open(offset, if_range, restarted)
+        with response:
+            offset, mode, total = self._start(response, offset, if_range, restarted)
+            done = self._receive(response, offset, mode, total)
+        if self.watch.reason is not None:
+            raise _Stopped()
+        if total is not None and done < total:
+            raise self._error(
+                f"the transfer was cut off after {done} of {total} bytes; install again to resume "
+                f"from {str(self.part)!r}"
+            )
+
+    def _error(self, what: str) -> ModelInstallError:
+        return install_error(self.entry, self.dest, what)
+
+    def _failed(self, what: str) -> Exception:
+        """What a broken connection raises: _Stopped when the watch ended it (it says why), else
+        the install error saying `what`."""
+        return _Stopped() if self.watch.reason is not None else self._error(what)
+
+    def _open(self, offset: int, if_range: str | None, restarted: bool):
         try:
-            response = fetch.open(_request(entry.url, offset, if_range), timeout=timeout)
+            return self.fetch.open(_request(self.entry.url, offset, if_range), timeout=self.timeout)
         except urllib.error.HTTPError as exc:
             if exc.code == 416 and offset > 0 and not restarted:
                 # Our .part does not fit what the server has now: start over.
                 exc.close()
-                discard_part(part)
-                offset, restarted = 0, True
-                state["done"] = 0
-                continue
-            if watch.reason is not None:
-                raise _Stopped() from exc
-            raise install_error(entry, dest, _describe_http_error(exc)) from exc
+                raise _Restart() from None
+            raise self._failed(_describe_http_error(exc)) from exc
         except RefusedAddress as exc:
-            raise install_error(entry, dest, str(exc.reason)) from exc
-        except urllib.error.URLError as exc:
-            if watch.reason is not None:
-                raise _Stopped() from exc
-            raise install_error(entry, dest, _describe_url_error(exc)) from exc
-        except TimeoutError as exc:
-            if watch.reason is not None:
-                raise _Stopped() from exc
-            raise install_error(entry, dest, _describe_url_error(exc)) from exc
+            raise self._error(str(exc.reason)) from exc
+        except (urllib.error.URLError, TimeoutError) as exc:
+            raise self._failed(_describe_url_error(exc)) from exc
         except (OSError, http.client.HTTPException) as exc:
-            if watch.reason is not None:
-                raise _Stopped() from exc
-            raise install_error(entry, dest, f"network error: {exc}") from exc
+            raise self._failed(f"network error: {exc}") from exc
 
-        with response:
-            status = response.status
-            length = _int_header(response, "Content-Length")
-            total: int | None
-            if offset > 0 and status == 206:
-                match = _CONTENT_RANGE_RE.match(response.headers.get("Content-Range", ""))
-                now = _validator(response.headers)
-                changed = _validator_changed(if_range, now)
-                if match is None or int(match.group(1)) != offset or changed:
-                    # a wrong range, or a server that ignored If-Range and sent a part of a
-                    # different file (its ETag changed): the .part cannot be continued
-                    if restarted:
-                        raise install_error(
-                            entry, dest, "the server answered the resume request with the wrong range"
-                        )
-                    discard_part(part)
-                    offset, restarted, if_range = 0, True, None
-                    state["done"] = 0
-                    continue
-                total = int(match.group(3)) if match.group(3) != "*" else None
-                if total is None and length is not None:
-                    total = offset + length
-                mode = "ab"
-            elif status in (200, 203):
-                # Fresh download, a server that ignores Range, or (If-Range) a file that changed
-                # since the .part was started: (re)write from byte 0 and remember what this is.
-                offset = 0
-                total = length
-                mode = "wb"
-                try:
-                    _write_record(part, entry.url, _validator(response.headers))
-                except OSError as exc:
-                    raise ModelInstallError(
-                        f"Could not write {str(record_path(part))!r} while downloading {entry.title}: "
-                        f"{exc}. Check free disk space and write permission of the models folder."
-                    ) from exc
-            else:
-                raise install_error(entry, dest, f"unexpected HTTP status {status}")
+    def _start(self, response, offset: int, if_range: str | None, restarted: bool):
+        """(offset, file mode, total bytes or None) for the body of this answer."""
+        status = response.status
+        length = _int_header(response, "Content-Length")
+        if offset > 0 and status == 206:
+            total, mode = self._resumed_total(response, offset, if_range, restarted, length), "ab"
+        elif status in (200, 203):
+            # Fresh download, a server that ignores Range, or (If-Range) a file that changed
+            # since the .part was started: (re)write from byte 0 and remember what this is.
+            offset, total, mode = 0, length, "wb"
+            self._remember(response)
+        else:
+            raise self._error(f"unexpected HTTP status {status}")
+        self._check_total(total)
+        return offset, mode, (self.entry.size_bytes if total is None else total)
 
-            if expected is not None and total is not None and total != expected:
-                discard_part(part)
-                raise install_error(
-                    entry,
-                    dest,
-                    f"the server offers {total} bytes but the catalog expects {expected} bytes "
-                    "(size mismatch: a different file is at that address)",
-                )
-            if total is not None and total > ceiling:
-                discard_part(part)
-                raise install_error(entry, dest, f"the server offers {total} bytes, " + _over(entry, ceiling))
-            if total is None:
-                total = expected
+    def _resumed_total(self, response, offset, if_range, restarted, length) -> int | None:
+        match = _CONTENT_RANGE_RE.match(response.headers.get("Content-Range", ""))
+        changed = _validator_changed(if_range, _validator(response.headers))
+        if match is None or int(match.group(1)) != offset or changed:
+            # a wrong range, or a server that ignored If-Range and sent a part of a
+            # different file (its ETag changed): the .part cannot be continued
+            if restarted:
+                raise self._error("the server answered the resume request with the wrong range")
+            raise _Restart()
+        total = int(match.group(3)) if match.group(3) != "*" else None
+        if total is None and length is not None:
+            total = offset + length
+        return total
 
-            done = state["done"] = offset
-            if progress is not None:
-                progress(done, total)
-            try:
-                with open(part, mode) as fh:
-                    while True:
-                        if cancel is not None and cancel():
-                            fh.flush()
-                            raise OperationCancelled(_cancel_message(entry, part, done))
-                        try:
-                            # one read at most: every byte that came is written and counted
-                            block = response.read1(chunk_size)
-                        except TimeoutError as exc:
-                            if watch.reason is not None:
-                                raise _Stopped() from exc
-                            raise install_error(
-                                entry, dest, f"the transfer stalled and timed out after {done} bytes"
-                            ) from exc
-                        except (OSError, http.client.HTTPException) as exc:
-                            if watch.reason is not None:
-                                raise _Stopped() from exc
-                            raise install_error(
-                                entry, dest, f"the transfer broke off after {done} bytes ({exc})"
-                            ) from exc
-                        if not block:
-                            break
-                        if done + len(block) > ceiling:
-                            raise _SizeOverrun(done + len(block))
-                        fh.write(block)
-                        done = state["done"] = done + len(block)
-                        watch.arrived(len(block))
-                        if progress is not None:
-                            progress(done, total)
-            except _SizeOverrun as overrun:
-                discard_part(part)
-                raise install_error(
-                    entry, dest, f"the server sent at least {overrun.done} bytes, " + _over(entry, ceiling)
-                ) from None
-            except OSError as exc:
-                if watch.reason is not None:
-                    raise _Stopped() from exc
-                raise ModelInstallError(
-                    f"Could not write {str(part)!r} while downloading {entry.title}: {exc}. "
-                    "Check free disk space and write permission of the models folder."
-                ) from exc
+    def _remember(self, response) -> None:
+        try:
+            _write_record(self.part, self.entry.url, _validator(response.headers))
+        except OSError as exc:
+            raise ModelInstallError(
+                f"Could not write {str(record_path(self.part))!r} while downloading {self.entry.title}: "
+                f"{exc}. Check free disk space and write permission of the models folder."
+            ) from exc
 
-        if watch.reason is not None:
-            raise _Stopped()
-        if total is not None and done < total:
-            raise install_error(
-                entry,
-                dest,
-                f"the transfer was cut off after {done} of {total} bytes; install again to resume "
-                f"from {str(part)!r}",
+    def _check_total(self, total: int | None) -> None:
+        expected = self.entry.size_bytes
+        if expected is not None and total is not None and total != expected:
+            discard_part(self.part)
+            raise self._error(
+                f"the server offers {total} bytes but the catalog expects {expected} bytes "
+                "(size mismatch: a different file is at that address)"
             )
-        return
+        if total is not None and total > self.ceiling:
+            discard_part(self.part)
+            raise self._error(f"the server offers {total} bytes, " + _over(self.entry, self.ceiling))
+
+    def _receive(self, response, offset: int, mode: str, total: int | None) -> int:
+        """Copy the body into the .part; the bytes it holds now."""
+        done = self.state["done"] = offset
+        if self.progress is not None:
+            self.progress(done, total)
+        try:
+            with open(self.part, mode) as fh:
+                while block := self._read(response, fh, done):
+                    if done + len(block) > self.ceiling:
+                        raise _SizeOverrun(done + len(block))
+                    fh.write(block)
+                    done = self.state["done"] = done + len(block)
+                    self.watch.arrived(len(block))
+                    if self.progress is not None:
+                        self.progress(done, total)
+        except _SizeOverrun as overrun:
+            discard_part(self.part)
+            raise self._error(
+                f"the server sent at least {overrun.done} bytes, " + _over(self.entry, self.ceiling)
+            ) from None
+        except OSError as exc:
+            if self.watch.reason is not None:
+                raise _Stopped() from exc
+            raise ModelInstallError(
+                f"Could not write {str(self.part)!r} while downloading {self.entry.title}: {exc}. "
+                "Check free disk space and write permission of the models folder."
+            ) from exc
+        return done
+
+    def _read(self, response, fh, done: int) -> bytes:
+        if self.cancel is not None and self.cancel():
+            fh.flush()
+            raise OperationCancelled(_cancel_message(self.entry, self.part, done))
+        try:
+            # one read at most: every byte that came is written and counted
+            return response.read1(self.chunk_size)
+        except TimeoutError as exc:
+            raise self._failed(f"the transfer stalled and timed out after {done} bytes") from exc
+        except (OSError, http.client.HTTPException) as exc:
+            raise self._failed(f"the transfer broke off after {done} bytes ({exc})") from exc
 
 
 def _over(entry: CatalogEntry, ceiling: int) -> str:

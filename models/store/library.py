@@ -227,35 +227,49 @@ def resolve(
     if not model_path:
         _check_named_folder(Path(folder))
     if model_path:
-        path = user_path(model_path)
-        if not os.path.lexists(path):
-            raise ModelFileError(
-                f"Model file not found: '{path}'. Check model_path, or leave it empty to use the "
-                f"installed {record.title} model."
-            )
-        load_errors.model_identity(path)  # a folder, pipe, device, link loop or no permission: said so
-        entry = next((e for e in known.entries(family) if e.path and _same_file(e.path, path)), None)
-        if entry is not None:
-            return _choice(str(path), entry, folder)
-        return ModelChoice(str(path), path.name, None, dict(record.user_defaults))
+        return _by_path(record, known, folder, model_path)
     if model_id:
-        try:
-            entry = known.get(model_id)
-        except KeyError:
-            raise ModelFileError(
-                f"Unknown model '{model_id}': it is neither a built-in model nor one of your "
-                f"registered models. See the model list in {PREFERENCES_HINT}."
-            ) from None
-        if entry.family != family:
-            other = families.get(entry.family).title
-            raise ModelFileError(
-                f"'{entry.title}' is a {other} model, not a {record.title} model. "
-                f"Pick a {record.title} model."
-            )
-        if not _installed(entry, folder, verify):
-            raise ModelFileError(_not_installed(entry, folder))
-        return _choice(str(installer.model_path(entry, folder)), entry, folder, verify)
-    entries = known.entries(family)
+        return _by_id(record, known, folder, model_id, verify)
+    return _default(record, known, folder, verify, device)
+
+
+def _by_path(record, known: Catalog, folder: Path, model_path: str) -> ModelChoice:
+    """A model file the user named: the registered entry of that file when there is one."""
+    path = user_path(model_path)
+    if not os.path.lexists(path):
+        raise ModelFileError(
+            f"Model file not found: '{path}'. Check model_path, or leave it empty to use the "
+            f"installed {record.title} model."
+        )
+    load_errors.model_identity(path)  # a folder, pipe, device, link loop or no permission: said so
+    entry = next((e for e in known.entries(record.id) if e.path and _same_file(e.path, path)), None)
+    if entry is not None:
+        return _choice(str(path), entry, folder)
+    return ModelChoice(str(path), path.name, None, dict(record.user_defaults))
+
+
+def _by_id(record, known: Catalog, folder: Path, model_id: str, verify: bool) -> ModelChoice:
+    try:
+        entry = known.get(model_id)
+    except KeyError:
+        raise ModelFileError(
+            f"Unknown model '{model_id}': it is neither a built-in model nor one of your "
+            f"registered models. See the model list in {PREFERENCES_HINT}."
+        ) from None
+    if entry.family != record.id:
+        other = families.get(entry.family).title
+        raise ModelFileError(
+            f"'{entry.title}' is a {other} model, not a {record.title} model. "
+            f"Pick a {record.title} model."
+        )
+    if not _installed(entry, folder, verify):
+        raise ModelFileError(_not_installed(entry, folder))
+    return _choice(str(installer.model_path(entry, folder)), entry, folder, verify)
+
+
+def _default(record, known: Catalog, folder: Path, verify: bool, device: str) -> ModelChoice:
+    """The family's first installed entry, else its embedded fallback; else what to install."""
+    entries = known.entries(record.id)
     for entry in prefer_for_device(entries, device):
         if _installed(entry, folder, verify):
             return _choice(str(installer.model_path(entry, folder)), entry, folder, verify)
@@ -266,7 +280,7 @@ def resolve(
         f"No {record.title} model is installed. Install one in {PREFERENCES_HINT}"
         + (f" (for example '{suggestion.title}')" if suggestion else "")
         + f" or with `python -m lean_image_ai models install {suggestion.id if suggestion else 'ID'}`"
-        + f" (`models list` shows them; `models register {record.command or family} FILE` adds your own ONNX file),"
+        + f" (`models list` shows them; `models register {record.command or record.id} FILE` adds your own ONNX file),"
         + f" or give the model file (model_path; command line: --model). Models folder: {folder}."
     )
 

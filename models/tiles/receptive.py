@@ -119,11 +119,17 @@ def _tensor(data) -> _Tensor:
         elif number == 9 and len(value) <= 64:
             raw = bytes(value)
     if values is None and raw is not None:
-        if dtype == 1:
-            values = list(struct.unpack(f"<{len(raw) // 4}f", raw))
-        elif dtype == 7:
-            values = [float(v) for v in struct.unpack(f"<{len(raw) // 8}q", raw)]
+        values = _raw_values(dtype, raw)
     return _Tensor(name, dims, values)
+
+
+def _raw_values(dtype: int, raw: bytes) -> list[float] | None:
+    """A small tensor's raw bytes as floats: float32 (1) and int64 (7) only."""
+    if dtype == 1:
+        return list(struct.unpack(f"<{len(raw) // 4}f", raw))
+    if dtype == 7:
+        return [float(v) for v in struct.unpack(f"<{len(raw) // 8}q", raw)]
+    return None
 
 
 @dataclass
@@ -152,6 +158,21 @@ def _constant(node: _Node) -> _Tensor | None:
     return None
 
 
+def _node(data) -> _Node:
+    node = _Node("", [], [], {})
+    for n, _, v in _fields(data):
+        if n == 1:
+            node.inputs.append(bytes(v).decode())
+        elif n == 2:
+            node.outputs.append(bytes(v).decode())
+        elif n == 4:
+            node.op = bytes(v).decode()
+        elif n == 5:
+            key, attr = _attribute(v)
+            node.attrs[key] = attr
+    return node
+
+
 def _graph(model: bytes):
     graph = next((v for n, _, v in _fields(model) if n == 7), None)
     if graph is None:
@@ -159,17 +180,7 @@ def _graph(model: bytes):
     nodes, tensors, inputs, outputs = [], {}, [], []
     for number, _, value in _fields(graph):
         if number == 1:
-            node = _Node("", [], [], {})
-            for n, _, v in _fields(value):
-                if n == 1:
-                    node.inputs.append(bytes(v).decode())
-                elif n == 2:
-                    node.outputs.append(bytes(v).decode())
-                elif n == 4:
-                    node.op = bytes(v).decode()
-                elif n == 5:
-                    key, attr = _attribute(v)
-                    node.attrs[key] = attr
+            node = _node(value)
             nodes.append(node)
             constant = _constant(node)
             if constant is not None:
@@ -215,48 +226,64 @@ def _reach_of(node: _Node, tensors, scale: float) -> tuple[float, float] | None:
     """(reach added in input pixels, new relative resolution); None when unknown."""
     op = node.op
     if op in _CONV:
-        kernel = _kernel(node, tensors)
-        if kernel is None:
-            return None
-        dims = len(kernel)
-        dilations = list(node.attrs.get("dilations") or [1] * dims)
-        strides = list(node.attrs.get("strides") or [1] * dims)
-        pads = list(node.attrs.get("pads") or [0] * (2 * dims))
-        reach = 0.0
-        for axis in range(dims):
-            span = (kernel[axis] - 1) * dilations[axis]
-            if op == "ConvTranspose":  # an output pixel gathers inputs within span / stride
-                side = math.ceil(span / strides[axis])
-            elif node.attrs.get("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER", "VALID"):
-                side = span - span // 2
-            else:
-                begin = pads[axis]
-                side = max(begin, span - begin)
-            reach = max(reach, side / scale)
-        stride = max(strides)
-        return reach, scale * stride if op == "ConvTranspose" else scale / stride
+        return _conv_reach(node, tensors, scale)
     if op == "DepthToSpace":
         return 0.0, scale * int(node.attrs.get("blocksize", 1))
     if op == "SpaceToDepth":
         block = int(node.attrs.get("blocksize", 1))
         return (block - 1) / scale, scale / block
     if op in ("Resize", "Upsample"):
-        factors = None
-        for name in node.inputs[1:]:
-            tensor = tensors.get(name)
-            if tensor is not None and tensor.values and len(tensor.values) == 4 and tensor.dims == [4]:
-                if name == node.inputs[-1] and len(node.inputs) == 4:
-                    return None  # `sizes`: the factor depends on the input's size
-                factors = tensor.values[2:]
-        if factors is None and node.attrs.get("scales"):
-            factors = list(node.attrs["scales"])[2:]
-        if not factors or factors[0] != factors[1] or factors[0] <= 0:
-            return None
-        factor = float(factors[0])
-        mode = node.attrs.get("mode", "nearest")
-        taps = {"nearest": 0.0 if factor >= 1 and factor.is_integer() else 1.0, "linear": 1.0}.get(mode, 2.0)
-        return taps * max(1.0, 1.0 / factor) / scale, scale * factor
+        return _resize_reach(node, tensors, scale)
     return None
+
+
+def _conv_reach(node: _Node, tensors, scale: float) -> tuple[float, float] | None:
+    kernel = _kernel(node, tensors)
+    if kernel is None:
+        return None
+    dims = len(kernel)
+    dilations = list(node.attrs.get("dilations") or [1] * dims)
+    strides = list(node.attrs.get("strides") or [1] * dims)
+    pads = list(node.attrs.get("pads") or [0] * (2 * dims))
+    transposed = node.op == "ConvTranspose"
+    reach = 0.0
+    for axis in range(dims):
+        span = (kernel[axis] - 1) * dilations[axis]
+        if transposed:  # an output pixel gathers inputs within span / stride
+            side = math.ceil(span / strides[axis])
+        elif node.attrs.get("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER", "VALID"):
+            side = span - span // 2
+        else:
+            begin = pads[axis]
+            side = max(begin, span - begin)
+        reach = max(reach, side / scale)
+    stride = max(strides)
+    return reach, scale * stride if transposed else scale / stride
+
+
+def _resize_reach(node: _Node, tensors, scale: float) -> tuple[float, float] | None:
+    factors = _resize_factors(node, tensors)
+    if not factors or factors[0] != factors[1] or factors[0] <= 0:
+        return None
+    factor = float(factors[0])
+    mode = node.attrs.get("mode", "nearest")
+    taps = {"nearest": 0.0 if factor >= 1 and factor.is_integer() else 1.0, "linear": 1.0}.get(mode, 2.0)
+    return taps * max(1.0, 1.0 / factor) / scale, scale * factor
+
+
+def _resize_factors(node: _Node, tensors) -> list[float] | None:
+    """A Resize's (H, W) factors from its `scales` input or attribute; None when unknown or given
+    as `sizes` (then the factor depends on the input's size)."""
+    factors = None
+    for name in node.inputs[1:]:
+        tensor = tensors.get(name)
+        if tensor is not None and tensor.values and len(tensor.values) == 4 and tensor.dims == [4]:
+            if name == node.inputs[-1] and len(node.inputs) == 4:
+                return None  # `sizes`: the factor depends on the input's size
+            factors = tensor.values[2:]
+    if factors is None and node.attrs.get("scales"):
+        factors = list(node.attrs["scales"])[2:]
+    return factors
 
 
 def _power_of_two(factor: float) -> bool:
@@ -270,6 +297,23 @@ def _shifts_exactly(node: _Node, scale: float) -> bool:
     return node.op not in ("Resize", "Upsample") or _power_of_two(scale)
 
 
+def _after(node: _Node, known: list, tensors):
+    """((reach, scale, why) after `node`, whether it samples the same fp32 positions in a window
+    as in the whole image); None when its reach is unknown."""
+    reach, scale, why = max(known, key=lambda k: k[0])
+    scale = known[0][1]
+    if math.isinf(reach):
+        return (reach, scale, why), True
+    if node.op in _MIXING:
+        return (GLOBAL, scale, node.op), True
+    if node.op in _POINTWISE:
+        return (reach, scale, why), True
+    step = _reach_of(node, tensors, scale)
+    if step is None:
+        return None
+    return (reach + step[0], step[1], why), _shifts_exactly(node, step[1] / scale)
+
+
 def _walk(nodes, tensors, inputs, outputs) -> ReceptiveField:
     if not inputs or not outputs:
         return ReceptiveField(None, "graph", "no input or output")
@@ -279,20 +323,11 @@ def _walk(nodes, tensors, inputs, outputs) -> ReceptiveField:
         known = [state[name] for name in node.inputs if name in state]
         if not known or node.op in _SHAPE_ONLY:
             continue  # works on constants and shapes only
-        reach, scale, why = max(known, key=lambda k: k[0])
-        scale = known[0][1]
-        if math.isinf(reach):
-            result = (reach, scale, why)
-        elif node.op in _MIXING:
-            result = (GLOBAL, scale, node.op)
-        elif node.op in _POINTWISE:
-            result = (reach, scale, why)
-        else:
-            step = _reach_of(node, tensors, scale)
-            if step is None:
-                return ReceptiveField(None, "graph", node.op)
-            result = (reach + step[0], step[1], why)
-            bit_exact = bit_exact and _shifts_exactly(node, step[1] / scale)
+        after = _after(node, known, tensors)
+        if after is None:
+            return ReceptiveField(None, "graph", node.op)
+        result, exact = after
+        bit_exact = bit_exact and exact
         for name in node.outputs:
             state[name] = result
     final = state.get(outputs[0])

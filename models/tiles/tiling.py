@@ -255,115 +255,152 @@ class TiledResult:
 RunTile = Callable[[np.ndarray, bool], np.ndarray]
 
 
-def run_tiled(
-    image: np.ndarray,
-    run_tile: RunTile,
-    plan: TilePlan,
-    *,
-    last: bool = True,
-    scale: int | None = None,
-    label: str = "model",
-    events=None,
-    on_split: Callable[[tuple[int, int], InferenceOutOfMemoryError], None] | None = None,
-    progress: Callable[[float, int, int], None] | None = None,
-    clip: tuple[float, float] | None = None,
-    not_finite: Callable[[np.ndarray], object] | None = None,
-    available_memory: int | None = None,
-) -> TiledResult:
-    """Run `run_tile(window HxWxC float32, last) -> (h*s)x(w*s)xC'` over the tiles of `plan` and assemble.
+@dataclass(frozen=True)
+class TiledRun:
+    """One image's tiled run: what runs a window, how the image is cut, and whom the run tells.
 
-    `run_tile` may also return a model's 1xC'x(h*s)x(w*s) tensor: its owned part is pasted into
-    the HxWxC' result transposed, in the same pass (and clipped to `clip` there, when given).
-
+    `run_tile(window HxWxC float32, last) -> (h*s)x(w*s)xC'`; it may also return a model's
+    1xC'x(h*s)x(w*s) tensor: its owned part is pasted into the HxWxC' result transposed, in the
+    same pass (and clipped to `clip` there, when given).
+    `plan`: the TilePlan (window size, overlap, split rule).
     `last`: this image holds the operation's final run; then exactly the final tile of the
     *current* plan (re-planned after each split) is called with last=True.
     `scale`: the known output/input ratio, or None to read it from the first tile's output.
     `events`: a runtime EventLog; each split is emitted there as "tile_split".
+    `on_split(new_tile_size, error)` after a split (the caller re-acquires its session there).
     `progress(fraction_of_area_done, tiles_done, tiles_in_plan)` after every tile.
     `not_finite(tile_result)`: called when a tile's owned part holds NaN or infinite values (it
     should raise). Seen in the paste's own pass, so checking costs no extra pass over the tile.
     `available_memory`: bytes the result may take (default: what the OS says is available); a
     larger result is refused (InvalidImageError) before it is allocated.
     """
+
+    run_tile: RunTile
+    plan: TilePlan
+    last: bool = True
+    scale: int | None = None
+    label: str = "model"
+    events: object = None
+    on_split: Callable[[tuple[int, int], InferenceOutOfMemoryError], None] | None = None
+    progress: Callable[[float, int, int], None] | None = None
+    clip: tuple[float, float] | None = None
+    not_finite: Callable[[np.ndarray], object] | None = None
+    available_memory: int | None = None
+
+
+def run_tiled(image: np.ndarray, run: TiledRun) -> TiledResult:
+    """Run `run.run_tile` over the tiles of `run.plan` and assemble the result (see TiledRun)."""
     image = np.asarray(image)
     if image.ndim == 2:
         image = image[:, :, None]
-    height, width = image.shape[:2]
-    if height == 0 or width == 0:
+    if image.shape[0] == 0 or image.shape[1] == 0:
         raise ValueError("cannot tile an image without pixels")
-    feather = int(plan.feather)
-    current = _pair(plan.tile_size) if plan.tile_size is not None else None
-    pending = deque(plan.tiles(height, width, current))
-    if current is None:
-        current = pending[0].window_shape
-    total_area = height * width
-    done_area = 0
-    tiles_run = 0
-    output = None
-    splits: list[dict] = []
-    ran_h = ran_w = 0
-    while pending:
-        tile = pending[0]
-        window = cut_window(image, tile)
-        failure = None
+    return _Tiler(image, run).assemble()
+
+
+class _Tiler:
+    """The state of one tiled run: the tiles still to run, the result so far, the splits."""
+
+    def __init__(self, image: np.ndarray, run: TiledRun):
+        self.image, self.run, self.plan = image, run, run.plan
+        self.height, self.width = image.shape[:2]
+        self.feather = int(run.plan.feather)
+        self.scale = run.scale
+        current = _pair(self.plan.tile_size) if self.plan.tile_size is not None else None
+        self.pending = deque(self.plan.tiles(self.height, self.width, current))
+        self.current = current if current is not None else self.pending[0].window_shape
+        self.done_area = self.tiles_run = self.ran_h = self.ran_w = 0
+        self.output = None
+        self.splits: list[dict] = []
+
+    def assemble(self) -> TiledResult:
+        while self.pending:
+            tile = self.pending[0]
+            result, failure = self._try(tile)
+            if failure is not None:
+                self._split(failure)
+                continue
+            self._paste(tile, result)
+            self._advance(tile)
+        ran = (self.ran_h, self.ran_w)
+        current = tuple(self.current)
+        return TiledResult(self.output, int(self.scale), current, self.tiles_run, ran, self.splits)
+
+    def _try(self, tile: Tile):
+        """(the tile's result, None), or (None, the out-of-memory error) when a split may follow."""
         try:
-            result = run_tile(window, last and len(pending) == 1)
+            last = self.run.last and len(self.pending) == 1
+            return self.run.run_tile(cut_window(self.image, tile), last), None
         except InferenceOutOfMemoryError as exc:
-            if plan.fixed:
+            if self.plan.fixed:
                 raise
-            if plan.split(current) is None:  # the smallest tile did not fit either
-                raise not_shrinking_with_tiles(exc, max(current)) from None
+            if self.plan.split(self.current) is None:  # the smallest tile did not fit either
+                raise not_shrinking_with_tiles(exc, max(self.current)) from None
             # Split and re-acquire only after this block: while it runs, the error's traceback holds
             # the frames of the failed run, and whatever they reference (the tile's buffers, any
             # session a caller's frame still holds) would live on beside the replacement session.
-            failure = exc.with_traceback(None)
-        if failure is not None:
-            smaller = plan.split(current)
-            payload = {
-                "model": label,
-                "old_tile_size": max(current),
-                "new_tile_size": max(smaller),
-                # over the budget: refused before the run (runtime/measure/budget.py), not run out of
-                "reason": "memory_budget" if isinstance(failure, MemoryBudgetError) else "out_of_memory",
-                "resource": failure.resource,
-                "tiles_done": tiles_run,
-            }
-            current = smaller
-            pending = deque(t for old in pending for t in plan.tiles(height, width, current, region=old.owned))
-            payload["tiles_left"] = len(pending)
-            if events is not None:
-                events.emit("tile_split", **payload)
-            splits.append(payload)
-            if on_split is not None:
-                on_split(current, failure)
-            continue
+            return None, exc.with_traceback(None)
+
+    def _split(self, failure: InferenceOutOfMemoryError) -> None:
+        smaller = self.plan.split(self.current)
+        payload = {
+            "model": self.run.label,
+            "old_tile_size": max(self.current),
+            "new_tile_size": max(smaller),
+            # over the budget: refused before the run (runtime/measure/budget.py), not run out of
+            "reason": "memory_budget" if isinstance(failure, MemoryBudgetError) else "out_of_memory",
+            "resource": failure.resource,
+            "tiles_done": self.tiles_run,
+        }
+        self.current = smaller
+        size = (self.height, self.width)
+        self.pending = deque(
+            t for old in self.pending for t in self.plan.tiles(*size, smaller, region=old.owned)
+        )
+        payload["tiles_left"] = len(self.pending)
+        if self.run.events is not None:
+            self.run.events.emit("tile_split", **payload)
+        self.splits.append(payload)
+        if self.run.on_split is not None:
+            self.run.on_split(smaller, failure)
+
+    def _paste(self, tile: Tile, result) -> None:
         result = np.asarray(result)
         if result.ndim == 2:
             result = result[:, :, None]
         nchw = result.ndim == 4
         out_hw, channels = (result.shape[2:], result.shape[1]) if nchw else (result.shape[:2], result.shape[2])
-        scale = _check_scale(out_hw, tile, scale, label)
-        if output is None:
-            refuse_oversized_result(height, width, scale, channels, label=label, available=available_memory)
-            # zeroed (pages still untouched until pasted) where tiles add their weighted pixels
-            output = (np.zeros if feather else np.empty)((height * scale, width * scale, channels), np.float32)
-        elif channels != output.shape[2]:
-            raise ModelContractError(
-                f"{label} returned {channels} channel(s) for one tile and {output.shape[2]} for another."
-            )
-        if feather:
-            finite = blend(output, result, tile, scale, feather, nchw, clip)
+        self.scale = _check_scale(out_hw, tile, self.scale, self.run.label)
+        self._make_room(channels)
+        if self.feather:
+            finite = blend(self.output, result, tile, self.scale, self.feather, nchw, self.run.clip)
         else:
-            finite = paste(output, result, tile, scale, nchw, clip)
-        if not finite and not_finite is not None:
-            not_finite(result)
-        pending.popleft()
-        ran_h, ran_w = max(ran_h, tile.window_shape[0]), max(ran_w, tile.window_shape[1])
-        tiles_run += 1
-        done_area += tile.area
-        if progress is not None:
-            progress(done_area / total_area, tiles_run, tiles_run + len(pending))
-    return TiledResult(output, int(scale), tuple(current), tiles_run, (ran_h, ran_w), splits)
+            finite = paste(self.output, result, tile, self.scale, nchw, self.run.clip)
+        if not finite and self.run.not_finite is not None:
+            self.run.not_finite(result)
+
+    def _make_room(self, channels: int) -> None:
+        """The result image, allocated at the first tile (its scale and channels known then)."""
+        label, available = self.run.label, self.run.available_memory
+        if self.output is None:
+            height, width, scale = self.height, self.width, self.scale
+            refuse_oversized_result(height, width, scale, channels, label=label, available=available)
+            # zeroed (pages still untouched until pasted) where tiles add their weighted pixels
+            shape = (self.height * self.scale, self.width * self.scale, channels)
+            self.output = (np.zeros if self.feather else np.empty)(shape, np.float32)
+        elif channels != self.output.shape[2]:
+            raise ModelContractError(
+                f"{label} returned {channels} channel(s) for one tile and {self.output.shape[2]} for another."
+            )
+
+    def _advance(self, tile: Tile) -> None:
+        self.pending.popleft()
+        self.ran_h, self.ran_w = max(self.ran_h, tile.window_shape[0]), max(self.ran_w, tile.window_shape[1])
+        self.tiles_run += 1
+        self.done_area += tile.area
+        if self.run.progress is not None:
+            fraction = self.done_area / (self.height * self.width)
+            self.run.progress(fraction, self.tiles_run, self.tiles_run + len(self.pending))
 
 
 def whole_scale(in_hw, out_hw, label: str) -> int:

@@ -77,35 +77,42 @@ def map_cuda_index(
 ) -> tuple[int | None, str]:
     """(NVML index, how it was decided) for CUDA device ``index``; (None, why) when it cannot be."""
     if bus_id is not None:
-        wanted = normal_bus_id(bus_id)
-        for device in devices:
-            if normal_bus_id(device.pci_bus_id) == wanted:
-                return device.index, "pci bus id from the CUDA runtime"
-        return None, f"no NVML device has the CUDA runtime's PCI bus id {bus_id}"
+        return _by_bus_id(bus_id, devices)
     by_bus = sorted(devices, key=lambda d: normal_bus_id(d.pci_bus_id) or (0, 0, 0, 0))
-    pci_order = (order or "").strip().upper() == "PCI_BUS_ID"
+    exact = (order or "").strip().upper() == "PCI_BUS_ID" or len(by_bus) == 1
     entries = visible_entries(visible)
     if entries is None:
         if index >= len(by_bus):
             return None, f"CUDA device {index} is not among NVML's {len(by_bus)} GPUs"
-        exact = pci_order or len(by_bus) == 1
         return by_bus[index].index, "PCI bus order" if exact else "assumed PCI bus order (CUDA_DEVICE_ORDER unset)"
     if index >= len(entries):
         return None, f"CUDA device {index} is not among the {len(entries)} in CUDA_VISIBLE_DEVICES"
     entry = entries[index]
-    if entry.upper().startswith("GPU-"):
-        matches = [d for d in devices if d.uuid.upper().startswith(entry.upper())]
-        if len(matches) == 1:
-            return matches[0].index, "UUID in CUDA_VISIBLE_DEVICES"
-        return None, f"{entry} names {len(matches)} NVML devices"
-    if entry.upper().startswith("MIG-"):
-        return None, "MIG instances are not mapped"
+    if entry.upper().startswith(("GPU-", "MIG-")):
+        return _by_uuid(entry, devices)
     position = int(entry)
     if position >= len(by_bus):
         return None, f"CUDA_VISIBLE_DEVICES entry {position} is not among NVML's {len(by_bus)} GPUs"
-    exact = pci_order or len(by_bus) == 1
     how = "CUDA_VISIBLE_DEVICES, PCI bus order" if exact else "CUDA_VISIBLE_DEVICES, assumed PCI bus order"
     return by_bus[position].index, how
+
+
+def _by_bus_id(bus_id: str, devices: list[NvmlDevice]) -> tuple[int | None, str]:
+    wanted = normal_bus_id(bus_id)
+    for device in devices:
+        if normal_bus_id(device.pci_bus_id) == wanted:
+            return device.index, "pci bus id from the CUDA runtime"
+    return None, f"no NVML device has the CUDA runtime's PCI bus id {bus_id}"
+
+
+def _by_uuid(entry: str, devices: list[NvmlDevice]) -> tuple[int | None, str]:
+    """A CUDA_VISIBLE_DEVICES entry naming a GPU by (a prefix of) its UUID; MIG ones are not mapped."""
+    if entry.upper().startswith("MIG-"):
+        return None, "MIG instances are not mapped"
+    matches = [d for d in devices if d.uuid.upper().startswith(entry.upper())]
+    if len(matches) == 1:
+        return matches[0].index, "UUID in CUDA_VISIBLE_DEVICES"
+    return None, f"{entry} names {len(matches)} NVML devices"
 
 
 def _loaded_cudart():

@@ -26,6 +26,7 @@ from ..cuda import gpu_libraries, gpu_loading
 from ..measure import memory
 from ..paths import ADDON_ROOT
 from . import native_log
+from .report_text import format_report  # noqa: F401  (the doctor's text, its own module)
 
 _REASON_PATTERNS = (
     re.compile(r"Failed to load library .*? with error: (.+)"),
@@ -155,22 +156,11 @@ def _nvml_facts() -> dict:
 
 def _cuda_library_facts(report: Report, ort, directory: str | None) -> None:
     """Where ORT's preload_dlls() would find each CUDA/cuDNN library (without loading from wheels)."""
-    if ort is None:
-        report.cuda_libraries_note = "onnxruntime is not importable"
-        return
-    if not report.build_cuda_version:
-        report.cuda_libraries_note = f"{report.onnxruntime_package or 'onnxruntime'} is not a CUDA build"
-        return
     system = platform.system()
-    if system not in ("Linux", "Windows"):
-        report.cuda_libraries_note = f"CUDA is not supported on {system}"
+    report.cuda_libraries_note = _no_libraries_because(report, ort, system)
+    if report.cuda_libraries_note is not None:
         return
-    paths_of = getattr(ort, "_get_nvidia_dll_paths", None)  # private; present in 1.2x-1.3x
-    if paths_of is None:
-        report.cuda_libraries_note = f"onnxruntime {report.onnxruntime_version} does not say which libraries it loads"
-        return
-    is_windows = system == "Windows"
-    wanted = paths_of(is_windows, True, True)
+    wanted = ort._get_nvidia_dll_paths(system == "Windows", True, True)
     # preload_dlls() stays quiet about cuDNN too, but the CUDA provider refuses to load without it.
     optional = {p[-1] for p in wanted if "cufft" in p[-1] or "nvrtc" in p[-1]}
     # The same search preload_dlls() makes: a given folder (flat), else the site-packages that
@@ -186,16 +176,31 @@ def _cuda_library_facts(report: Report, ort, directory: str | None) -> None:
             candidates.append((os.path.join(addon, *relative), "add-on GPU runtime"))
         if not directory:
             candidates.append((os.path.join(site, *relative), "nvidia wheel"))
-        hit = next(((path, where) for path, where in candidates if os.path.isfile(path)), None)
-        if hit is not None:
-            report.cuda_libraries.append(CudaLibrary(name, hit[0], hit[1], name not in optional))
-            continue
-        try:
-            ctypes.CDLL(name)  # what preload_dlls() tries next; a hit is loaded, as it would be
-            found = CudaLibrary(name, None, "system search path", name not in optional)
-        except OSError:
-            found = CudaLibrary(name, None, "not found", name not in optional)
-        report.cuda_libraries.append(found)
+        report.cuda_libraries.append(_find_library(name, candidates, name not in optional))
+
+
+def _no_libraries_because(report: Report, ort, system: str) -> str | None:
+    """Why no library list can be made here, or None when it can."""
+    if ort is None:
+        return "onnxruntime is not importable"
+    if not report.build_cuda_version:
+        return f"{report.onnxruntime_package or 'onnxruntime'} is not a CUDA build"
+    if system not in ("Linux", "Windows"):
+        return f"CUDA is not supported on {system}"
+    if getattr(ort, "_get_nvidia_dll_paths", None) is None:  # private; present in 1.2x-1.3x
+        return f"onnxruntime {report.onnxruntime_version} does not say which libraries it loads"
+    return None
+
+
+def _find_library(name: str, candidates: list[tuple[str, str]], required: bool) -> CudaLibrary:
+    hit = next(((path, where) for path, where in candidates if os.path.isfile(path)), None)
+    if hit is not None:
+        return CudaLibrary(name, hit[0], hit[1], required)
+    try:
+        ctypes.CDLL(name)  # what preload_dlls() tries next; a hit is loaded, as it would be
+        return CudaLibrary(name, None, "system search path", required)
+    except OSError:
+        return CudaLibrary(name, None, "not found", required)
 
 
 # --- what a CUDA session really gets --------------------------------------------------------------
@@ -340,81 +345,3 @@ def collect(*, cuda_probe: bool = True, directory: str | None = None, runtime=No
     if ort is not None:
         report.session = probe_session("auto", runtime)
     return report
-
-
-def _mib(value) -> str:
-    return "?" if value is None else f"{value / 2**20:.0f} MiB"
-
-
-def format_report(report: Report) -> str:
-    lines = [f"Python: {report.python}", f"Platform: {report.platform}"]
-    if report.onnxruntime_error:
-        lines.append(f"onnxruntime: {report.onnxruntime_error}")
-    else:
-        lines.append(
-            f"onnxruntime: {report.onnxruntime_package or 'onnxruntime'} {report.onnxruntime_version}"
-            f" from {report.onnxruntime_location}"
-            + (f" (built for CUDA {report.build_cuda_version})" if report.build_cuda_version else "")
-        )
-        lines.append(f"Providers offered: {', '.join(report.available_providers) or 'none'}")
-    if report.bundled_wheels:
-        lines.append(f"Bundled with this zip: {', '.join(report.bundled_wheels)}")
-    session = report.session
-    if session.get("device"):
-        lines.append(
-            f"A job on Auto runs on: {session['device']} ({', '.join(session['providers'])});"
-            f" release rule: {session['release_rule']}: {session['release_text']}"
-        )
-    elif session.get("error"):
-        lines.append(f"A job on Auto: no session ({session['error']})")
-    nvml = report.nvml
-    if nvml.get("available"):
-        lines.append(
-            f"NVIDIA driver {nvml.get('driver_version', '?')} (CUDA {nvml.get('cuda_driver_version', '?')}),"
-            f" {len(nvml.get('gpus', []))} GPU(s)"
-        )
-        for gpu in nvml.get("gpus", []):
-            lines.append(
-                f"  GPU {gpu['index']}: {gpu['name']}, {_mib(gpu['total_bytes'])} total,"
-                f" {_mib(gpu['free_bytes'])} free"
-            )
-        if nvml.get("error"):
-            lines.append(f"  NVML error: {nvml['error']}")
-    else:
-        extra = ""
-        if "driver_library_found" in nvml:
-            extra = "; NVIDIA driver library " + ("found" if nvml["driver_library_found"] else "not found")
-        lines.append(f"{nvml.get('error', 'NVML not available')}{extra}")
-    gpu = report.gpu_runtime
-    if gpu:
-        if gpu.get("error"):
-            lines.append(f"Add-on GPU runtime: {gpu['error']}")
-        else:
-            lines.append(
-                f"Add-on GPU runtime: {gpu.get('version') or '?'} in {gpu['folder']},"
-                f" {len(gpu.get('loaded', []))} loaded"
-                + (f", failed: {', '.join(gpu['failed'])}" if gpu.get("failed") else "")
-            )
-    if report.cuda_libraries_note:
-        lines.append(f"CUDA/cuDNN libraries: {report.cuda_libraries_note}")
-    elif report.cuda_libraries:
-        missing = [lib.name for lib in report.cuda_libraries if lib.where == "not found" and lib.required]
-        lines.append(
-            "CUDA/cuDNN libraries: " + ("all required found" if not missing else f"missing {', '.join(missing)}")
-        )
-        for lib in report.cuda_libraries:
-            tag = "" if lib.required else " (optional)"
-            lines.append(f"  {lib.name}{tag}: {lib.where}" + (f" {lib.path}" if lib.path else ""))
-    probe = report.cuda_probe
-    if probe is not None:
-        if not probe.attempted:
-            lines.append(f"CUDA session: not tried ({probe.fallback_reason})")
-        elif probe.ok:
-            lines.append(f"CUDA session: OK ({', '.join(probe.providers)})")
-        else:
-            got = ", ".join(probe.providers) or "no session"
-            lines.append(f"CUDA session: fell back to {got}: {probe.fallback_reason or 'no reason given by ORT'}")
-        if probe.ort_messages:  # ORT's own log while the session was made (kept off the console)
-            lines.append("  onnxruntime said:")
-            lines.extend(f"    {message}" for message in probe.ort_messages)
-    return "\n".join(lines)

@@ -110,30 +110,63 @@ def render(timeline: dict, width: int = WIDTH, height: int = HEIGHT, *, layout: 
     image = np.empty((height, width, 4), np.uint8)
     image[:, :, :3] = COLOURS["background"]
     image[:, :, 3] = 255
-    left, top, right, bottom = plot_box(timeline, width, height)
-    glyph = text_height(SCALE)
     marks = sorted(timeline.get("marks", ()), key=lambda m: m[0])
     times = [t for t, _ in timeline.get("samples", ())] + [t for t, _, _ in marks]
     end = max(times, default=0.0) or 1.0
-    span = end * 1.03  # a margin, so the last marks stay off the frame
-    seconds = [t for t in nice_ticks(0.0, end, 6) if t <= span]
-
-    def column(t: float) -> int:
-        return left + 1 + int(round(t / span * (right - left - 2)))
-
+    plot = _Plot(image, plot_box(timeline, width, height), end * 1.03)  # a margin: the last marks off the frame
     heading = title(timeline)
     size = SCALE if text_width(heading, SCALE) <= width - 16 else 1  # a long one in small type
     draw_text(image, max(8, (width - text_width(heading, size)) // 2), 10, heading, COLOURS["text"], size)
-    # time axis: grid, ticks and labels in seconds
+    _time_axis(plot, [t for t in nice_ticks(0.0, end, 6) if t <= plot.span])
+    scales = _figure_axes(plot, timeline)
+    levels = _levels(plot, marks, scales)
+    _marks(plot, marks)
+    curves = {key: _curve(plot, _series(timeline, key), *scales[key], COLOURS[key]) for key in scales}
+    labels = place_labels(levels, curves, plot.box)
+    if layout is not None:
+        layout.update(title=heading, labels=labels, curves=curves, plot=plot.box)
+    glyph = text_height(SCALE)
+    for text, (x, y_text, _, _), key in labels:
+        w = text_width(text, SCALE)
+        image[y_text - 2 : y_text + glyph + 2, x - 3 : x + w + 3, :3] = COLOURS["background"]
+        draw_text(image, x, y_text, text, COLOURS[key], SCALE)
+    left, top, right, bottom = plot.box
+    image[top : bottom + 1, [left, right], :3] = COLOURS["frame"]
+    image[[top, bottom], left : right + 1, :3] = COLOURS["frame"]
+    _legend(image, timeline, height - 8 - glyph, left)
+    return image
+
+
+class _Plot:
+    """The picture being drawn, its plot box and the seconds its width spans."""
+
+    def __init__(self, image: np.ndarray, box: tuple[int, int, int, int], span: float):
+        self.image, self.box, self.span = image, box, span
+        self.width = image.shape[1]
+
+    def column(self, t: float) -> int:
+        left, _, right, _ = self.box
+        return left + 1 + int(round(t / self.span * (right - left - 2)))
+
+
+def _time_axis(plot: _Plot, seconds: list[float]) -> None:
+    """Grid, ticks and labels in seconds."""
+    left, top, _, bottom = plot.box
     for value in seconds:
-        x = column(value)
-        image[top + 1 : bottom, x, :3] = COLOURS["grid"]
+        x = plot.column(value)
+        plot.image[top + 1 : bottom, x, :3] = COLOURS["grid"]
         label = _tick_text(value, seconds[1] - seconds[0]) if len(seconds) > 1 else f"{value:g}"
         if value == seconds[-1]:
             label += " s"
             x -= text_width(" s", SCALE) // 2
-        x = min(max(x - text_width(label, SCALE) // 2, left), width - 4 - text_width(label, SCALE))
-        draw_text(image, x, bottom + 8, label, COLOURS["text"], SCALE)
+        x = min(max(x - text_width(label, SCALE) // 2, left), plot.width - 4 - text_width(label, SCALE))
+        draw_text(plot.image, x, bottom + 8, label, COLOURS["text"], SCALE)
+
+
+def _figure_axes(plot: _Plot, timeline: dict) -> dict:
+    """One value axis per figure (left, then right), with its caption; figure -> (low, high) MiB."""
+    image, (left, top, right, bottom) = plot.image, plot.box
+    glyph = text_height(SCALE)
     scales = {}
     for side, key in zip(("left", "right"), figures_in(timeline), strict=False):
         values = np.array([v for _, v in _series(timeline, key)], np.float64) / MIB
@@ -147,45 +180,48 @@ def render(timeline: dict, width: int = WIDTH, height: int = HEIGHT, *, layout: 
             x = left - 6 - text_width(label, SCALE) if side == "left" else right + 6
             draw_text(image, x, y - glyph // 2, label, COLOURS[key], SCALE)
         caption = f"{SHORT[key]}, MiB"
-        x = 6 if side == "left" else width - 6 - text_width(caption, SCALE)
+        x = 6 if side == "left" else plot.width - 6 - text_width(caption, SCALE)
         draw_text(image, x, top - glyph - 8, caption, COLOURS[key], SCALE)
-    # RSS before and after the job: dashed levels with their figures
-    levels = []  # labelled last, over the lines, on a white ground
-    for key in scales:  # each figure before and after the job: dashed levels with their figures
+    return scales
+
+
+def _levels(plot: _Plot, marks: list, scales: dict) -> list[tuple]:
+    """Each figure before and after the job as a dashed level; its labels, drawn last (over the
+    lines, on a white ground), as (before/after, row, text, figure)."""
+    left, top, right, bottom = plot.box
+    dashes = [x for x in range(left + 1, right) if (x // 6) % 2 == 0]
+    levels = []
+    for key in scales:
         for _, label, v in marks:
             if label not in ("before", "after") or v.get(key) is None:
                 continue
             y = _row(v[key] / MIB, *scales[key], top, bottom)
-            image[y, [x for x in range(left + 1, right) if (x // 6) % 2 == 0], :3] = COLOURS[f"{key}_level"]
+            plot.image[y, dashes, :3] = COLOURS[f"{key}_level"]
             levels.append((label, y, f"{SHORT[key]} {label} {mb(v[key])}", key))
-    xs, apart = _mark_columns([column(t) for t, _, _ in marks], left, right)
+    return levels
+
+
+def _marks(plot: _Plot, marks: list) -> None:
+    left, top, right, bottom = plot.box
+    xs, apart = _mark_columns([plot.column(t) for t, _, _ in marks], left, right)
     for x, (_, label, _) in zip(xs, marks, strict=True):
         kind = mark_kind(label)
         rows = np.arange(top + 1, bottom) if apart or kind != "run" else np.arange(bottom - RUG, bottom)
         if kind == "edge":
             rows = rows[(rows // 5) % 2 == 0]
         x = max(left + 1, x)
-        image[rows, x : x + (2 if kind == "release" else 1), :3] = COLOURS[kind]
-    curves = {}
-    for key in scales:
-        points = _series(timeline, key)
-        low, high = scales[key]
-        px = np.array([column(t) for t, _ in points], np.float64)
-        py = np.array([_row(v / MIB, low, high, top, bottom) for _, v in points], np.float64)
-        curves[key] = _curve_pixels(px, py)
-        cols, rows = curves[key]
-        image[np.clip(rows, 0, height - 1), np.clip(cols, 0, width - 1), :3] = COLOURS[key]
-    labels = place_labels(levels, curves, (left, top, right, bottom))
-    if layout is not None:
-        layout.update(title=heading, labels=labels, curves=curves, plot=(left, top, right, bottom))
-    for text, (x, y_text, _, _), key in labels:
-        w = text_width(text, SCALE)
-        image[y_text - 2 : y_text + glyph + 2, x - 3 : x + w + 3, :3] = COLOURS["background"]
-        draw_text(image, x, y_text, text, COLOURS[key], SCALE)
-    image[top : bottom + 1, [left, right], :3] = COLOURS["frame"]
-    image[[top, bottom], left : right + 1, :3] = COLOURS["frame"]
-    _legend(image, timeline, height - 8 - glyph, left)
-    return image
+        plot.image[rows, x : x + (2 if kind == "release" else 1), :3] = COLOURS[kind]
+
+
+def _curve(plot: _Plot, points: list, low: float, high: float, colour) -> tuple[np.ndarray, np.ndarray]:
+    """Draw one figure's curve; its pixels (columns, rows)."""
+    _, top, _, bottom = plot.box
+    height, width = plot.image.shape[:2]
+    px = np.array([plot.column(t) for t, _ in points], np.float64)
+    py = np.array([_row(v / MIB, low, high, top, bottom) for _, v in points], np.float64)
+    cols, rows = _curve_pixels(px, py)
+    plot.image[np.clip(rows, 0, height - 1), np.clip(cols, 0, width - 1), :3] = colour
+    return cols, rows
 
 
 def _mark_columns(xs: list[int], left: int, right: int) -> tuple[list[int], bool]:
@@ -259,31 +295,36 @@ def place_labels(levels, curves: dict, plot: tuple[int, int, int, int]) -> list[
     """(text, (x0, y0, x1, y1), figure) of each level's label: next to its line (before: at the
     left, after: at the right), moved along and across the line until it covers neither a curve
     nor a label placed before it; where no place is clear, the first one that misses the labels."""
-    left, top, right, bottom = plot
     glyph = text_height(SCALE)
     placed: list[tuple[str, tuple, str]] = []
     for label, y, text, key in levels:
         w = text_width(text, SCALE)
-        rows = [y + 5, y - glyph - 5] if label == "before" else [y - glyph - 5, y + 5]
-        rows += [y + 5 + k * (glyph + 6) for k in range(1, 4)] + [y - glyph - 5 - k * (glyph + 6) for k in range(1, 4)]
-        rows = [min(max(r, top + 3), bottom - glyph - 3) for r in rows]  # inside the plot
-        span = max(1, right - left - 16 - w)
-        steps = [i * span // 8 for i in range(9)]
-        columns = [left + 8 + d for d in steps] if label == "before" else [right - 8 - w - d for d in steps]
-        first_free, chosen = None, None
-        for y_text in rows:
-            for x in columns:
-                box = (x, y_text, x + w, y_text + glyph)
-                if any(b[0] < box[2] + 4 and box[0] < b[2] + 4 and b[1] < box[3] + 4 and box[1] < b[3] + 4 for _, b, _ in placed):
-                    continue
-                first_free = first_free or box
-                if not _hits(box, curves):
-                    chosen = box
-                    break
-            if chosen:
-                break
-        placed.append((text, chosen or first_free or (columns[0], rows[0], columns[0] + w, rows[0] + glyph), key))
+        rows, columns = _label_spots(label, y, w, plot)
+        boxes = [(x, y_text, x + w, y_text + glyph) for y_text in rows for x in columns]
+        free = [box for box in boxes if not _overlaps(box, placed)]
+        chosen = next((box for box in free if not _hits(box, curves)), None)
+        placed.append((text, chosen or (free[0] if free else boxes[0]), key))
     return placed
+
+
+def _label_spots(label: str, y: int, w: int, plot: tuple[int, int, int, int]) -> tuple[list[int], list[int]]:
+    """The rows and columns a level's label may go, best first: beside its line (before: at the
+    left, after: at the right), then further along and across."""
+    left, top, right, bottom = plot
+    glyph = text_height(SCALE)
+    rows = [y + 5, y - glyph - 5] if label == "before" else [y - glyph - 5, y + 5]
+    rows += [y + 5 + k * (glyph + 6) for k in range(1, 4)] + [y - glyph - 5 - k * (glyph + 6) for k in range(1, 4)]
+    rows = [min(max(r, top + 3), bottom - glyph - 3) for r in rows]  # inside the plot
+    span = max(1, right - left - 16 - w)
+    steps = [i * span // 8 for i in range(9)]
+    columns = [left + 8 + d for d in steps] if label == "before" else [right - 8 - w - d for d in steps]
+    return rows, columns
+
+
+def _overlaps(box, placed) -> bool:
+    return any(
+        b[0] < box[2] + 4 and box[0] < b[2] + 4 and b[1] < box[3] + 4 and box[1] < b[3] + 4 for _, b, _ in placed
+    )
 
 
 def label_layout(timeline: dict, width: int = WIDTH, height: int = HEIGHT) -> dict:

@@ -35,6 +35,18 @@ def _sub(a, b):
     return None if a is None or b is None else a - b
 
 
+def _floors(wanted: list[tuple[str, int | None]], after: int | None) -> list[tuple[str, int | None]]:
+    """Each part of ``after`` in turn, at most what is left of it, then the rest of the process."""
+    floors, left = [], after
+    for label, value in wanted:
+        if value is not None and left is not None:
+            value = min(max(0, value), max(0, left))
+            left -= value
+        floors.append((label, value))
+    floors.append(("rest of the process", None if left is None else max(0, left)))
+    return floors
+
+
 def job_figures(
     key: str,
     *,
@@ -78,13 +90,7 @@ def job_figures(
         (session_label, weights),
         (f"the sessions' own state ({sessions}: onnxruntime's graph and kernels beyond the weights)", session_state),
     ]
-    floors, left = [], after
-    for label, value in wanted:
-        if value is not None and left is not None:
-            value = min(max(0, value), max(0, left))
-            left -= value
-        floors.append((label, value))
-    floors.append(("rest of the process", None if left is None else max(0, left)))
+    floors = _floors(wanted, after)
     return {
         "figure": key,
         "label": LABELS[key],

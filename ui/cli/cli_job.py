@@ -296,29 +296,8 @@ def option_values(family: Family, args) -> dict:
 def plan(family: Family, args):
     """(frame refs, output paths, refs to skip); every check that can fail before the model runs."""
     started = time.time()  # nothing of this run is written yet: older temporary files are not its own
-    for given, flag in ((args.input, args.input_opt), (args.output, args.output_opt)):
-        if given and flag and given != flag:
-            kind = "INPUT" if flag is args.input_opt else "OUTPUT"
-            raise CommandLineError(f"{kind} is given twice ({given} and --{kind.lower()} {flag}); give it once.")
-    source = args.input or args.input_opt
-    target = args.output or args.output_opt
-    if source is None:
-        if family.fallback_model is None:
-            raise CommandLineError(f"Give an INPUT image, folder or pattern for {family.command}.")
-        if args.frames is not None:
-            raise CommandLineError("--frames needs an INPUT sequence (the generated demo image is one frame).")
-        refs = [frame_lists.FrameRef(1, Path.cwd() / "(generated demo image)")]
-        target = target or Path.cwd() / products.default_name(family.id, DEMO_NAME)
-        many = False
-    else:
-        # what this command writes is never read back as a frame (an OUTPUT in the input folder)
-        refs = frame_lists.resolve_input(source, args.frames, products.written_by(family.id, target))
-        many = (
-            len(refs) > 1
-            or args.frames is not None
-            or frame_lists.is_pattern(source)
-            or user_path(source).is_dir()
-        )
+    source, target = _given(args)
+    refs, target, many = _frames(family, args, source, target)
     refs, outputs, skip = products.plan_batch(
         family.id,
         refs,
@@ -339,6 +318,30 @@ def plan(family: Family, args):
     for claim in frame_claims.remove_stale(outputs):
         print(printable(f"removed a frame claim left by an interrupted run: {claim}"), file=sys.stderr)
     return refs, outputs, skip
+
+
+def _given(args):
+    """(INPUT, OUTPUT), each given as a positional or its flag, not both differently."""
+    for given, flag in ((args.input, args.input_opt), (args.output, args.output_opt)):
+        if given and flag and given != flag:
+            kind = "INPUT" if flag is args.input_opt else "OUTPUT"
+            raise CommandLineError(f"{kind} is given twice ({given} and --{kind.lower()} {flag}); give it once.")
+    return args.input or args.input_opt, args.output or args.output_opt
+
+
+def _frames(family: Family, args, source, target):
+    """(frame refs, the output given or the demo's, whether the input is a sequence)."""
+    if source is None:
+        if family.fallback_model is None:
+            raise CommandLineError(f"Give an INPUT image, folder or pattern for {family.command}.")
+        if args.frames is not None:
+            raise CommandLineError("--frames needs an INPUT sequence (the generated demo image is one frame).")
+        refs = [frame_lists.FrameRef(1, Path.cwd() / "(generated demo image)")]
+        return refs, target or Path.cwd() / products.default_name(family.id, DEMO_NAME), False
+    # what this command writes is never read back as a frame (an OUTPUT in the input folder)
+    refs = frame_lists.resolve_input(source, args.frames, products.written_by(family.id, target))
+    many = len(refs) > 1 or args.frames is not None or frame_lists.is_pattern(source) or user_path(source).is_dir()
+    return refs, target, many
 
 
 def _first_input_kind(refs) -> str:
