@@ -134,16 +134,20 @@ class Runtime:
             if handle is not None:
                 self.events.emit("session_reuse", model=handle.model_name, device=handle.device_label)
             else:
-                handle = self._create(key, path, request, providers, cpu_arena)
-                if handle.fallback_warning and row.remake_in_cpu_arena and settings.cpu_arena:
-                    handle = self._recreate_on_cpu(key, path, request, handle)
-                if handle.fallback_warning:  # said once, after the CPU remake
-                    fallback = {"model": handle.model_name, "requested": str(request), "providers": handle.providers}
-                    self.events.emit("provider_fallback", **fallback, message=handle.fallback_warning)
-                self._sessions[key] = handle
+                handle = self._sessions[key] = self._new_session(key, path, request, providers, cpu_arena, settings)
             if holder is not None:
                 self.hold(handle, holder)
             return handle
+
+    def _new_session(self, key, path: Path, request: DeviceRequest, providers, cpu_arena: bool, settings):
+        handle = self._create(key, path, request, providers, cpu_arena)
+        remake = DEVICE_BY_PROVIDER[providers[0][0]].remake_in_cpu_arena and settings.cpu_arena
+        if handle.fallback_warning and remake:
+            handle = self._recreate_on_cpu(key, path, request, handle)
+        if handle.fallback_warning:  # said once, after the CPU remake
+            fallback = {"model": handle.model_name, "requested": str(request), "providers": handle.providers}
+            self.events.emit("provider_fallback", **fallback, message=handle.fallback_warning)
+        return handle
 
     def hold(self, handle: SessionHandle, holder) -> None:
         """Mark ``handle`` as used by ``holder`` until :meth:`unhold`; raises SessionClosedError
@@ -177,13 +181,7 @@ class Runtime:
         if row.addon_libraries:
             self._preload_cuda_dlls()
         if cpu_arena:
-            register_env_cpu_arena(self.settings.cpu_arena_max_bytes)
-            options.add_session_config_entry("session.use_env_allocators", "1")
-            # No memory pattern: with it, the second run of an input shape allocates one block for
-            # the whole plan, which the kSameAsRequested arena cannot carve from the first run's
-            # freed chunks, so every shape held its working memory twice (compact x4 at 256 px:
-            # 44 MB after one run, 90 MB after two; RealESRGAN_x4plus at 1080p: +1.1 GB per shape).
-            options.enable_mem_pattern = False
+            self._join_cpu_arena(options)
         started = time.perf_counter()
         gpu_id = int(providers[0][1].get("device_id", 0)) if row.vram_measurable else None
         loading = figures(memory_snapshot(gpu_id))
@@ -192,19 +190,10 @@ class Runtime:
             with native_log.captured() as ort_log:
                 session = self._session_factory(str(path), options, providers)
         except Exception as exc:
-            resource = out_of_memory_resource(exc, on_gpu=row.vram_measurable)
-            if resource:
-                raise InferenceOutOfMemoryError(
-                    f"Not enough {resource} to load {path.name} on {request}. Close other programs "
-                    "or scenes using it, or choose the CPU device in the add-on preferences.",
-                    model=path.name,
-                    device=str(request),
-                    resource=resource,
-                    detail=str(exc),
-                ) from exc
-            if not type(exc).__module__.startswith("onnxruntime"):
+            failure = _load_error(exc, path, request, row)
+            if failure is None:
                 raise
-            raise load_errors.load_failure(exc, path, device=str(request), on_device=not row.host) from exc
+            raise failure from exc
         finally:
             if ort_log:
                 self.events.emit("onnxruntime_log", model=path.name, requested=str(request), lines=ort_log)
@@ -235,6 +224,15 @@ class Runtime:
             ).strip()
             self.events.emit("cuda_preload_failed", model=handle.model_name, **failed)
         return handle
+
+    def _join_cpu_arena(self, options) -> None:
+        register_env_cpu_arena(self.settings.cpu_arena_max_bytes)
+        options.add_session_config_entry("session.use_env_allocators", "1")
+        # No memory pattern: with it, the second run of an input shape allocates one block for
+        # the whole plan, which the kSameAsRequested arena cannot carve from the first run's
+        # freed chunks, so every shape held its working memory twice (compact x4 at 256 px:
+        # 44 MB after one run, 90 MB after two; RealESRGAN_x4plus at 1080p: +1.1 GB per shape).
+        options.enable_mem_pattern = False
 
     def _recreate_on_cpu(self, key, path: Path, request: DeviceRequest, fallen: SessionHandle) -> SessionHandle:
         """A CUDA request that landed on CPU, made again in the shared CPU arena so the job gives
@@ -411,6 +409,23 @@ class Runtime:
     def operation(self, name: str, *, cancel=None, budgets: MemoryBudgets | None = None) -> Operation:
         """A job (see Operation); ``budgets``: its own memory budgets, else the runtime's settings'."""
         return Operation(self, name, cancel=cancel, budgets=budgets)
+
+
+def _load_error(exc: Exception, path: Path, request: DeviceRequest, row) -> Exception | None:
+    """What a failed session creation is said as; None for an error that is not onnxruntime's."""
+    resource = out_of_memory_resource(exc, on_gpu=row.vram_measurable)
+    if resource:
+        return InferenceOutOfMemoryError(
+            f"Not enough {resource} to load {path.name} on {request}. Close other programs "
+            "or scenes using it, or choose the CPU device in the add-on preferences.",
+            model=path.name,
+            device=str(request),
+            resource=resource,
+            detail=str(exc),
+        )
+    if not type(exc).__module__.startswith("onnxruntime"):
+        return None
+    return load_errors.load_failure(exc, path, device=str(request), on_device=not row.host)
 
 
 def _drop(before, after):

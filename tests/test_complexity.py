@@ -28,7 +28,6 @@ EXCUSE = "Not split:"
 # Functions in modules other branches are rewriting while this list was made: splitting them here
 # would only collide with that work. The lead empties this list after merging those branches.
 PENDING_MERGE = {  # PENDING-MERGE
-    "runtime/operation.py::Operation.run",
     "ui/cli/farm_ray.py::run",
     "ui/cli/farm_ray.py::Farm.run",
     "models/store/family_check.py::_final_ops",
@@ -36,11 +35,6 @@ PENDING_MERGE = {  # PENDING-MERGE
     "ui/cli/main.py::_run",
     "models/batch/sequence.py::BatchRun.pump",
     "models/batch/shot_batch.py::ShotSettings.__init__",
-    # rewritten on main (devices, output) since this branch began: split there, or after the merge
-    "runtime/core.py::Runtime.session",
-    "runtime/core.py::Runtime._create",
-    "runtime/cuda/gpu_loading.py::activate",
-    "ui/cli/cli_images.py::_write_pillow",
 }
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)

@@ -175,13 +175,7 @@ def activate(target_dir: str | os.PathLike) -> Activation:
                             "it), so models run on the CPU: install it again from the preferences (Update).")
         return result
     preload = getattr(ort, "preload_dlls", None)
-    cuda, cudnn = library_paths(ort, system)
-    groups: dict[tuple, dict] = {}
-    for kind, paths in (("cuda", cuda), ("cudnn", cudnn)):
-        for relative in paths:
-            group = groups.setdefault(tuple(relative[:-1]), {"cuda": False, "cudnn": False, "names": []})
-            group[kind] = True
-            group["names"].append(relative[-1])
+    groups = _groups(*library_paths(ort, system))
     for folder_parts, group in groups.items():
         folder = target.joinpath(*folder_parts)
         present = [n for n in group["names"] if (folder / n).is_file()]
@@ -192,6 +186,23 @@ def activate(target_dir: str | os.PathLike) -> Activation:
             with contextlib.suppress(OSError):  # lets the provider DLL resolve these DLLs' dependencies too
                 _dll_directories.append(os.add_dll_directory(str(folder)))
         _preload(preload, folder, group, result)
+    _check_loaded(target, groups, result)
+    return result
+
+
+def _groups(cuda, cudnn) -> dict[tuple, dict]:
+    """The libraries by folder (relative parts), each folder's kinds and file names."""
+    groups: dict[tuple, dict] = {}
+    for kind, paths in (("cuda", cuda), ("cudnn", cudnn)):
+        for relative in paths:
+            group = groups.setdefault(tuple(relative[:-1]), {"cuda": False, "cudnn": False, "names": []})
+            group[kind] = True
+            group["names"].append(relative[-1])
+    return groups
+
+
+def _check_loaded(target: Path, groups: dict, result: Activation) -> None:
+    """What really is in the process now: loaded, or failed with the loader's reason."""
     maps = _loaded_paths()
     for folder_parts, group in groups.items():
         folder = target.joinpath(*folder_parts)
@@ -203,7 +214,6 @@ def activate(target_dir: str | os.PathLike) -> Activation:
                 result.loaded.append(str(path))
             elif name not in result.failed:
                 result.failed[name] = _reason_for(name, result.messages) or "not loaded"
-    return result
 
 
 def _preload(preload, folder: Path, group: dict, result: Activation) -> None:
