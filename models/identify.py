@@ -211,6 +211,13 @@ class ModelView:
             return Plane(name, low, high, finite, self.ops.get(name, ""))
         return None
 
+    @property
+    def conclusive(self) -> bool:
+        """False when the probe left NaN or infinity: the values say nothing of what the model is
+        (a broken export, or one that overflows in fp16), and the family's own run reports them."""
+        probed = self.probe()
+        return probed is not None and all(np.isfinite(np.asarray(a, np.float64)).all() for a in probed[1].values())
+
     def describe(self) -> str:
         """What the model looks like in words, for a model no family recognises."""
         if self._run is None:

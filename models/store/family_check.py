@@ -120,7 +120,7 @@ def identify(handle, run: Runner | None = None) -> tuple[Finding, bool]:
     view = ModelView(handle, ops, run)
     family, match = ask_families(view)
     if family is None:
-        return Finding(None, view.describe(), complete=True), view.probed
+        return Finding(None, view.describe(), complete=view.probed is False or view.conclusive), view.probed
     return Finding(family.id, match.why, strong=match.confidence >= SURE, complete=True), view.probed
 
 
