@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...runtime import get_runtime
+from ...runtime import Runtime, get_runtime
 from ...runtime.errors import ModelContractError
 from .. import family as _family
 from ..family import command_of
@@ -133,23 +133,37 @@ def check(family: str, handle, run: Runner | None = None) -> Verdict:
 _job_verdicts: dict[tuple, Verdict] = {}
 
 
-def require(family: str, handle, run: Runner | None = None) -> Verdict:
-    """Before a job: refuse a file that is plainly another family's, or no family's. ``run`` (the
-    job's own operation) makes the probe when the graph does not tell: once per file, family and
-    set of registered families, as the verdict is kept."""
+def require(family: str, handle, *, probe: bool = False) -> Verdict:
+    """Before a job: refuse a file that is plainly another family's, or (``probe``) no family's.
+    When the graph does not tell, ``probe`` makes the probe run on a CPU session of a runtime of
+    its own (``probe_privately``): the job's session, its memory figures and its runs stay the
+    job's. The verdict is kept per file, family and set of registered families."""
     path = Path(handle.model_path)
     asked = tuple(f.id for f in _family.IDENTIFY_ORDER)
     try:
         st = path.stat()
-        key = (str(path), st.st_size, st.st_mtime_ns, family, asked, run is None)
+        key = (str(path), st.st_size, st.st_mtime_ns, family, asked, probe)
     except OSError:
-        key = (str(path), None, None, family, asked, run is None)
+        key = (str(path), None, None, family, asked, probe)
     verdict = _job_verdicts.get(key)
     if verdict is None:
-        verdict = _job_verdicts[key] = check(family, handle, run)
+        verdict = check(family, handle)
+        if probe and not verdict.finding.complete:
+            verdict = probe_privately(family, path)
+        _job_verdicts[key] = verdict
     if verdict.refused:
         raise ModelContractError(f"{path.name}: {verdict.message()}")
     return verdict
+
+
+def probe_privately(family: str, path: Path) -> Verdict:
+    """``check_file`` on a runtime made for it and cleared after: one more CPU load of the file,
+    once per process, instead of a run that would count in the job's memory figures."""
+    runtime = Runtime()
+    try:
+        return check_file(family, path, runtime)[0]
+    finally:
+        runtime.clear("family check")
 
 
 @contextlib.contextmanager
