@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...runtime import Runtime, get_runtime
-from ...runtime.errors import ModelContractError
+from ...runtime.errors import LeanImageError, ModelContractError, first_line
 from .. import family as _family
 from ..family import command_of
 from ..identify import NO, PROBE_NUM_TOKENS, SURE, ModelView, Runner, final_ops, probe_feeds
@@ -162,6 +162,8 @@ def probe_privately(family: str, path: Path) -> Verdict:
     runtime = Runtime()
     try:
         return check_file(family, path, runtime)[0]
+    except LeanImageError as exc:  # a probe that cannot run (memory, an odd input) proves nothing: the job says the rest
+        return Verdict(family, Finding(None, f"the probe could not run: {first_line(exc)}"))
     finally:
         runtime.clear("family check")
 
