@@ -101,16 +101,18 @@ def _final_ops(buf) -> dict[str, str]:
                 producer[name] = (op, ins[0] if ins else None)
         elif wire == 2 and number == 12:  # ValueInfoProto: name 1
             outputs.extend(_text(buf, v) for n, w, v in fields(buf, *span) if n == 1 and w == 2)
-    found = {}
-    for name in outputs:
-        tensor, op = name, ""
-        for _ in range(64):
-            op, source = producer.get(tensor, ("", None))
-            if op not in SHAPE_ONLY_OPS or source is None:
-                break
-            tensor = source
-        found[name] = op
-    return found
+    return {name: _producing_op(producer, name) for name in outputs}
+
+
+def _producing_op(producer: dict, tensor: str) -> str:
+    """The op that makes ``tensor``, looked through shape-only ops (at most 64 of them)."""
+    op = ""
+    for _ in range(64):
+        op, source = producer.get(tensor, ("", None))
+        if op not in SHAPE_ONLY_OPS or source is None:
+            break
+        tensor = source
+    return op
 
 
 # ---- shapes -------------------------------------------------------------------------------------
