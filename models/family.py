@@ -117,6 +117,11 @@ class Family:
     # the shot options a sequence of it takes (models/batch/shot_batch.py): "depth" (one depth range,
     # aligned depth: results with ``.depth``), "camera" (one camera fitted for the shot)
     shot: frozenset[str] = frozenset()
+    # how the family recognises its own model: identify(models/identify.py ModelView) -> Match (a
+    # confidence and why); the family check asks every family (IDENTIFY_ORDER), the surest wins.
+    # None: it recognises no file, so every file given to it is refused
+    identify: Callable[[Any], Any] | None = None
+    looks: str = ""  # what a refusal calls its model ("a depth model")
     _by_name: Mapping[str, Setting] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -150,6 +155,17 @@ class Family:
 
     def option(self, name: str) -> Option:
         return next(o for o in self.options if o.name == name)
+
+    @property
+    def model_looks(self) -> str:
+        return self.looks or f"a {self.title} model"
+
+
+# The order the family check asks the families in: the more particular model first (a MoGe-2 export
+# also has a one-channel mask, which alone would look like a matte), so on equal confidence the
+# earlier family's answer wins. Filled by models/families.py, which imports the adapters; it lives
+# here because the frame loop the adapters run checks every job's file against it.
+IDENTIFY_ORDER: list[Family] = []
 
 
 # ---- setting checks -------------------------------------------------------------------------

@@ -43,8 +43,9 @@ class FrameLoop:
         self.op, self._before_release = op, before_release
         self.handle = op.session(self.model_path, self.options.device)
         self.contract = check(self.handle) if check is not None else None
-        # after the shapes: what fits them may still be another family
-        family_check.require(self.family, self.handle)
+        # after the shapes: what fits them may still be another family's, or no family's (when the
+        # graph does not tell, a probe on a CPU copy of the file does, once per file)
+        family_check.require(self.family, self.handle, probe=True)
 
     def reacquire(self) -> SessionHandle:
         """The session again, after an out-of-memory eviction dropped the one the job had."""

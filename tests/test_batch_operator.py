@@ -20,6 +20,7 @@ bh.import_package()
 
 from builders_families import ben2_like_model, da3_like_model  # noqa: E402
 from builders_moge2 import moge2_like_model  # noqa: E402
+from lean_image_ai.models import families  # noqa: E402
 from lean_image_ai.operators import batch_ops, geometry_ops, image_ops, jobs  # noqa: E402
 from lean_image_ai.runtime import get_runtime  # noqa: E402
 from onnx_builders import sr_model  # noqa: E402
@@ -66,6 +67,10 @@ def releases(since: float = 0.0) -> int:
 
 
 EXPECTED = {"ben2": "plate_cutout_{:04d}.png", "da3": "plate_depth_{:04d}.exr", "moge2": "plate_geometry_{:04d}.ply", "upscale": "plate_upscaled_{:04d}.png"}
+
+
+def test_every_registered_family_is_expected_here():
+    assert set(EXPECTED) == set(families.IDS)
 
 
 @pytest.mark.parametrize("family", list(EXPECTED))

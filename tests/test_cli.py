@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+from lean_image_ai.models import families
 from lean_image_ai.ui.cli.main import build_parser, demo_image
 from PIL import Image
 
@@ -163,6 +164,10 @@ EXPECTED = {  # command -> (default name of frame 2 in a folder, files one frame
     "geometry": ("shot_geometry_0002.ply", 3),
     "upscale": ("shot_upscaled_0002.png", 1),
 }
+
+
+def test_every_registered_command_is_expected_here():
+    assert set(EXPECTED) == {f.command for f in families.ALL}
 
 
 @pytest.mark.parametrize("command", list(EXPECTED))

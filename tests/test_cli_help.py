@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from lean_image_ai.models import families
 from lean_image_ai.ui.cli.main import build_parser, main
 
 
@@ -31,7 +32,7 @@ COMMANDS = _every_command()
 
 def test_the_command_list_covers_every_family_and_the_farm():
     names = {" ".join(c) for c in COMMANDS}
-    for command in ("remove-background", "depth", "geometry", "upscale", "doctor", "leak-check", "farm"):
+    for command in (*(f.command for f in families.ALL), "doctor", "leak-check", "farm"):
         assert command in names
         if command not in ("doctor", "leak-check", "farm"):
             assert f"farm {command}" in names

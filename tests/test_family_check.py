@@ -1,5 +1,6 @@
-"""The family check (models/store/family_check.py): each family's stand-in against each family's contract
-(16 pairs), the probe for what the graph cannot tell, and a job refusing a file of another family."""
+"""The family check (models/store/family_check.py): every registered family's stand-in against every
+family (each identified by its own ``identify``), the declared order they are asked in, the probe for
+what the graph cannot tell, and a job refusing a file of another family, or of no family."""
 
 from __future__ import annotations
 
@@ -12,13 +13,17 @@ import pytest
 from builders_families import ben2_like_model, da3_like_model, photo
 from builders_moge2 import moge2_like_model
 from builders_upscale import resize_model
+from lean_image_ai.models import families, family
 from lean_image_ai.models.adapters import ben2, da3
 from lean_image_ai.models.base import JobOptions
+from lean_image_ai.models.identify import ModelView, final_ops
 from lean_image_ai.models.store import family_check
 from lean_image_ai.runtime.errors import ModelContractError
-from onnx_builders import sr_model
+from onnx import TensorProto, helper, numpy_helper
+from onnx_builders import save_model, sr_model
+from PIL import Image
 
-FAMILIES = ("ben2", "da3", "moge2", "upscale")
+FAMILIES = families.IDS  # a family registered in the add-on without a stand-in below fails the first test
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +37,11 @@ def standins(tmp_path_factory) -> dict[str, Path]:
     }
 
 
+def test_every_registered_family_has_a_stand_in_and_its_own_signs(standins):
+    assert set(standins) == set(FAMILIES)
+    assert all(families.get(f).identify is not None and families.get(f).looks for f in FAMILIES)
+
+
 @pytest.mark.parametrize("claimed", FAMILIES)
 @pytest.mark.parametrize("actual", FAMILIES)
 def test_each_family_against_each_stand_in(standins, fresh_runtime, claimed, actual):
@@ -41,15 +51,16 @@ def test_each_family_against_each_stand_in(standins, fresh_runtime, claimed, act
         assert verdict.fits and not verdict.refused and verdict.warning is None
     else:
         assert verdict.refused, verdict.message()
-        assert f"this looks like {family_check.LOOKS[actual]}" in verdict.message()
+        assert f"this looks like {families.get(actual).looks}" in verdict.message()
+        assert f"Use {families.get(actual).command} ({families.get(actual).action} in Blender)" in verdict.message()
     assert fresh_runtime.cached_sessions() == []  # the check's session was dropped again
 
 
 def test_a_final_sigmoid_is_found_through_shape_only_ops(standins):
     # the stand-in ends Sigmoid -> Identity; the SR stand-in ends in DepthToSpace
-    assert family_check.final_ops(standins["ben2"]) == {"output": "Sigmoid"}
-    assert family_check.final_ops(standins["upscale"]) == {"output": "DepthToSpace"}
-    assert family_check.final_ops(Path(__file__)) == {}  # not an ONNX file: nothing, no error
+    assert final_ops(standins["ben2"]) == {"output": "Sigmoid"}
+    assert final_ops(standins["upscale"]) == {"output": "DepthToSpace"}
+    assert final_ops(Path(__file__)) == {}  # not an ONNX file: nothing, no error
 
 
 @pytest.mark.parametrize("joined,final", [(["m"], "Sigmoid"), (["m", "m"], "Concat")])
@@ -66,7 +77,7 @@ def test_a_concat_of_one_input_is_looked_through_and_of_two_is_not(tmp_path, joi
     )
     path = tmp_path / "joined.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    assert family_check.final_ops(path) == {"y": final}
+    assert final_ops(path) == {"y": final}
 
 
 def test_a_dynamic_upscaler_is_told_by_the_probe(tmp_path, fresh_runtime):
@@ -77,11 +88,12 @@ def test_a_dynamic_upscaler_is_told_by_the_probe(tmp_path, fresh_runtime):
     assert family_check.check_file("upscale", path, fresh_runtime)[0].fits
 
 
-def test_a_one_times_image_model_fits_no_family_and_is_only_warned_about(tmp_path, fresh_runtime):
+def test_a_one_times_image_model_fits_no_family_and_is_refused(tmp_path, fresh_runtime):
     path = resize_model(tmp_path / "x1.onnx", factor=1.0)
     verdict, _io = family_check.check_file("upscale", path, fresh_runtime)
-    assert verdict.finding.looks_like is None and not verdict.refused
-    assert "on a 56x56 probe its outputs are 'output' [1, 3, 56, 56]" in verdict.warning
+    assert verdict.finding.looks_like is None and verdict.refused and verdict.probed
+    assert verdict.message() == ("this does not look like a super-resolution model or any model the add-on runs: "
+                                 "on a 56x56 probe its outputs are 'output' [1, 3, 56, 56].")
 
 
 def test_probe_ranges_decide_matte_or_depth_but_only_warn(tmp_path, fresh_runtime):
@@ -141,3 +153,69 @@ def test_probe_feeds_follow_the_inputs(standins, fresh_runtime):
     feeds = family_check.probe_feeds(handle)
     assert feeds["image"].shape == (1, 3, 56, 56) and feeds["image"].dtype == np.float32
     assert feeds["num_tokens"].dtype == np.int64 and int(feeds["num_tokens"]) == family_check.PROBE_NUM_TOKENS
+
+
+# ---- a model no family recognises; the order the families are asked in --------------------------
+
+
+def one_conv_model(path: Path) -> Path:
+    """One 1x1 conv, RGB -> one channel (R - G): the shape of a matte, values of neither a matte nor depth."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, "h", "w"])
+    weight = numpy_helper.from_array(np.array([1.0, -1.0, 0.0], np.float32).reshape(1, 3, 1, 1), "w")
+    return save_model(helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"])], "one_conv", [x], [y], [weight]), path)
+
+
+LOOKS_OF_ONE_CONV = "one channel ('y') at the input size with negative values (values -1 to 1 on a probe image)"
+
+
+@pytest.mark.parametrize("claimed", FAMILIES)
+def test_a_one_conv_single_channel_model_is_refused_by_every_family_saying_what_it_looks_like(tmp_path, fresh_runtime, claimed):
+    verdict, _io = family_check.check_file(claimed, one_conv_model(tmp_path / "one_conv.onnx"), fresh_runtime)
+    assert verdict.refused and verdict.finding.looks_like is None
+    assert verdict.message() == (f"this does not look like {families.get(claimed).looks} or any model the add-on runs: "
+                                 f"{LOOKS_OF_ONE_CONV}.")
+
+
+def test_a_one_conv_single_channel_model_is_not_run_as_remove_background(tmp_path, fresh_runtime, capsys):
+    from lean_image_ai.ui.cli.main import main
+
+    path = one_conv_model(tmp_path / "one_conv.onnx")
+    with pytest.raises(ModelContractError, match=r"one_conv.onnx: this does not look like a background-removal"):
+        ben2.run(photo(), path, options=JobOptions(runtime=fresh_runtime))
+    Image.fromarray(photo()).save(tmp_path / "photo.png")
+    code = main(["remove-background", str(tmp_path / "photo.png"), str(tmp_path / "cut.png"), "--model", str(path), "--device", "cpu"])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and LOOKS_OF_ONE_CONV in line, line
+    assert not (tmp_path / "cut.png").exists()
+
+
+def test_the_families_are_asked_in_their_declared_order(standins, fresh_runtime, monkeypatch):
+    # a MoGe-2 export's mask is one channel ending in a Sigmoid: alone, a sure sign of a matte
+    handle = fresh_runtime.session(standins["moge2"], "cpu")
+    view = ModelView(handle, final_ops(standins["moge2"]))
+    assert families.get("ben2").identify(view).confidence == families.get("moge2").identify(view).confidence == 1.0
+    assert [f.id for f in family.IDENTIFY_ORDER].index("moge2") < [f.id for f in family.IDENTIFY_ORDER].index("ben2")
+    assert family_check.ask_families(view)[0].id == "moge2"
+    monkeypatch.setattr(family, "IDENTIFY_ORDER", sorted(family.IDENTIFY_ORDER, key=lambda f: f.id != "ben2"))
+    assert family_check.ask_families(view)[0].id == "ben2"  # asked first, the matte's sign wins the tie
+
+
+def test_a_registered_family_is_asked_after_the_built_ins_unless_it_asks_first(standins, fresh_runtime, monkeypatch):
+    import dataclasses
+
+    from lean_image_ai.models.identify import Match
+
+    monkeypatch.setattr(families, "ALL", families.ALL)
+    monkeypatch.setattr(families, "IDS", families.IDS)
+    monkeypatch.setattr(families, "_BY_ID", dict(families._BY_ID))
+    monkeypatch.setattr(family, "IDENTIFY_ORDER", list(family.IDENTIFY_ORDER))
+    monkeypatch.setattr(family, "COMMANDS", dict(family.COMMANDS))
+    greedy = dataclasses.replace(families.get("upscale"), id="greedy", command="greedy", options=(),
+                                 identify=lambda model: Match(1.0, "it takes anything"))
+    families.register(greedy)
+    view = ModelView(fresh_runtime.session(standins["da3"], "cpu"), final_ops(standins["da3"]))
+    assert family_check.ask_families(view)[0].id == "da3"
+    family.IDENTIFY_ORDER.remove(greedy)
+    family.IDENTIFY_ORDER.insert(0, greedy)
+    assert family_check.ask_families(view)[0].id == "greedy"

@@ -58,11 +58,11 @@ SETTINGS = {
 }
 
 
-def compile_job(tmp_path, **overrides) -> dict:
+def compile_job(tmp_path, job_type: Path = JOB_TYPE, **overrides) -> dict:
     harness = tmp_path / "harness.js"
     harness.write_text(HARNESS)
     settings = json.dumps({**SETTINGS, **overrides})
-    done = subprocess.run([NODE, str(harness), str(JOB_TYPE), settings], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([NODE, str(harness), str(job_type), settings], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -106,6 +106,19 @@ def test_the_command_is_a_background_blender_call_of_the_farm_script(tmp_path):
         "--python", "/farm/farm_sequence.py", "--", "upscale", "/shots/plate_####.png", "/out/",
         "--frames", "1001-1100", "--shard", "1/10", "--skip-existing", "--model-id", "realesr-x2",
     ]
+
+
+def test_the_job_type_offers_the_registry_commands_as_the_command_line_writes_it(tmp_path):
+    from lean_image_ai.models import families
+    from lean_image_ai.ui.cli import cli_flamenco
+    from lean_image_ai.ui.cli.main import main
+
+    (command,) = [s for s in compile_job(tmp_path)["job_type"]["settings"] if s["key"] == "command"]
+    assert command["choices"] == [f.command for f in families.ALL]
+    assert command["default"] in command["choices"]
+    assert main(["flamenco-job-type", str(tmp_path)]) == 0  # a folder: the file goes in it, by its name
+    assert (tmp_path / JOB_TYPE.name).read_text() == JOB_TYPE.read_text()  # the shipped file is up to date
+    assert cli_flamenco.job_type_source(["a", "b"]).count('choices: ["a", "b"], ') == 1
 
 
 @pytest.mark.parametrize("frames", ["1-30, 40", "10-1", "1-5:0", ""])

@@ -302,7 +302,7 @@ def test_a_wrong_family_refusal_says_what_the_model_looks_like_and_which_command
     refused = Verdict("ben2", Finding("da3", "an output named 'depth'", strong=True))
     assert refused.refused
     assert refused.message() == ("this looks like a depth model: an output named 'depth'. "
-                                 "Use depth for it (remove-background cannot use it).")
+                                 "Use depth (Estimate Depth in Blender) for it (remove-background cannot use it).")
     doubtful = Verdict("upscale", Finding("ben2", "values within [0, 1] on a probe"))
     assert "use remove-background" in doubtful.message() and "ben2" not in doubtful.message()
     from lean_image_ai.models import families

@@ -24,6 +24,7 @@ panels = bh.import_submodule("ui.panels")
 panel_memory = bh.import_submodule("ui.panel_memory")
 S = bh.import_submodule("ui.settings")
 jobs = bh.import_submodule("operators.jobs")
+from lean_image_ai.models import families  # noqa: E402
 from lean_image_ai.models.adapters.upscale import DEFAULT_MODEL_PATH  # noqa: E402
 from lean_image_ai.models.store import library  # noqa: E402
 from lean_image_ai.models.store.catalog import Catalog, CatalogEntry  # noqa: E402
@@ -181,7 +182,7 @@ def test_sequence_toggle_turns_every_button_into_a_sequence_job(settings, models
     settings.tile_size = 64
     layout = draw(panels.LEAN_IMAGE_AI_PT_image_editor)
     buttons = [c for c in layout.calls("operator") if c.name == "lean_image_ai.process_sequence"]
-    assert [b.props["family"] for b in buttons] == ["ben2", "da3", "moge2", "upscale"]
+    assert [b.props["family"] for b in buttons] == list(families.IDS)
     assert not [c for c in layout.calls("operator") if c.name in MODEL_OPS]
     for button in buttons:
         assert (button.props["source"], button.props["frames"], button.props["output"]) == (
@@ -206,7 +207,7 @@ def test_sequence_box_has_the_shot_options_preview_and_one_camera(settings, mode
     # the depth range goes to the depth sequence only (test_panel_modes.py: per family)
     assert [b.props.get("depth_range") for b in sequence] == [None, "auto-shot", None, None]
     previews = [c for c in layout.calls("operator") if c.name == "lean_image_ai.preview_frame"]
-    assert [b.props["family"] for b in previews] == ["ben2", "da3", "moge2", "upscale"]
+    assert [b.props["family"] for b in previews] == list(families.IDS)
     assert previews[1].props["source"] == "//plates/shot_####.png"
     shots = [c for c in layout.calls("operator") if c.name == "lean_image_ai.reconstruct_shot"]
     assert len(shots) == 1 and shots[0].props["shot_camera"] == "shot"

@@ -12,6 +12,7 @@ import onnxruntime as ort
 import pytest
 from builders_families import ben2_like_model, da3_like_model
 from builders_moge2 import moge2_like_model
+from lean_image_ai.models import families
 from lean_image_ai.models.adapters import ben2, da3, moge2, upscale
 from lean_image_ai.models.base import JobOptions
 from lean_image_ai.runtime import Runtime, RuntimeSettings
@@ -37,7 +38,7 @@ def frames(count=2):
     return [rng.random((40, 56, 3), dtype=np.float32) for _ in range(count)]
 
 
-@pytest.mark.parametrize("family", ["ben2", "da3", "moge2", "upscale"])
+@pytest.mark.parametrize("family", families.IDS)
 def test_every_family_keeps_its_session_and_releases_only_on_the_final_run(family_models, family):
     run, model, kwargs = family_models[family]
     factory = RecordingFactory()
@@ -80,7 +81,7 @@ def _job(family_models, family, release, jobs=1):
     return products, factory
 
 
-@pytest.mark.parametrize("family", ["ben2", "da3", "moge2", "upscale"])
+@pytest.mark.parametrize("family", families.IDS)
 def test_every_family_returns_the_same_result_with_release_on_and_off(family_models, family):
     """Whole job products (every array of every frame's result) are identical with release on and
     off; the "on" jobs really sent the shrink entry on their final run only, the "off" job never,

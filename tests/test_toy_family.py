@@ -1,7 +1,9 @@
 """A fifth model family defined here, in one module and one registry entry, with nothing else of
 the add-on edited: it shows up in the command line's subcommands and runs there, in the farm's
-subcommands and its worker, in the scene settings, the N-panel and Process Sequence (real bpy),
-and writes its files. Its model, built here, inverts the colours (1 - x).
+subcommands and its worker, in the scene settings, the N-panel and Process Sequence (real bpy), in
+the Flamenco job type the command line writes (and its tasks run), is recognised by its own
+``identify`` (and its model by no other family), and writes its files. Its model, built here,
+inverts the colours (1 - x).
 
 The Blender part and the command-line run happen in fresh interpreters: the operators' and the
 scene settings' properties are made from the registry when those modules are imported, so the
@@ -11,6 +13,7 @@ family is registered first, as a plug-in would be. The in-process checks put the
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -18,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lean_image_ai.models import families, products
+from lean_image_ai.models import families, family, products
 from lean_image_ai.ui.cli import main as cli
 from onnx import TensorProto, helper, numpy_helper
 from onnx_builders import save_model
@@ -35,6 +38,7 @@ import numpy as np
 
 from lean_image_ai.models.family import Family, Option, Output
 from lean_image_ai.models.frame_loop import run_frames
+from lean_image_ai.models.identify import NO, SURE, Match
 from lean_image_ai.models.imaging import from_nchw, to_nchw
 from lean_image_ai.models.result_images import ColourImage
 
@@ -57,8 +61,22 @@ def run(images, model_path, *, options=None, invert_amount=1.0):
     return run_frames("invert", images, model_path, options, check=None, body=invert)
 
 
+def identify(model):
+    """Its sign: on a probe image, the output is one minus the input."""
+    probed = model.probe()
+    if probed is None or model.image_input is None:
+        return NO
+    image = model.feeds[model.image_input.name]
+    out = probed[1].get(model.outputs[0].name)
+    if out is not None and np.shape(out) == image.shape and np.allclose(out, 1.0 - image, atol=1e-5):
+        return Match(SURE, "its output is one minus its input on a probe image")
+    return NO
+
+
 FAMILY = Family(
     id="invert",
+    identify=identify,
+    looks="a colour-inversion model",
     title="colour inversion",
     produces="the image with its colours inverted",
     run=run,
@@ -111,6 +129,7 @@ def registered_here(toy, monkeypatch):
     monkeypatch.setattr(families, "ALL", families.ALL)
     monkeypatch.setattr(families, "IDS", families.IDS)
     monkeypatch.setattr(families, "_BY_ID", dict(families._BY_ID))
+    monkeypatch.setattr(family, "IDENTIFY_ORDER", list(family.IDENTIFY_ORDER))
     monkeypatch.syspath_prepend(str(toy[0]))
     import toy_invert
 
@@ -129,6 +148,21 @@ def test_the_command_line_and_the_farm_list_it_with_its_options(registered_here)
         parser.parse_args(["invert", "in.png", "--invert-amount", "2"])
     assert products.default_name("invert", "photo") == "photo_inverted.png"
     assert products.default_suffix("invert", "float") == ".exr"
+
+
+def test_it_is_recognised_by_its_own_identify_and_its_model_by_no_other_family(registered_here, toy, tmp_path, fresh_runtime):
+    from lean_image_ai.models.store import family_check
+    from onnx_builders import sr_model
+
+    _, model, _ = toy
+    own, _io = family_check.check_file("invert", model, fresh_runtime)
+    assert own.fits and own.probed and own.finding.why == "its output is one minus its input on a probe image"
+    as_upscale, _io = family_check.check_file("upscale", model, fresh_runtime)
+    assert as_upscale.refused
+    assert as_upscale.message().startswith("this looks like a colour-inversion model: its output is one minus its input")
+    assert "Use invert (Invert Colours in Blender) for it (upscale cannot use it)" in as_upscale.message()
+    upscaler, _io = family_check.check_file("invert", sr_model(tmp_path / "sr.onnx", scale=2, mid_channels=4), fresh_runtime)
+    assert upscaler.refused and upscaler.finding.looks_like == "upscale"  # asked after the built-ins, it takes none of theirs
 
 
 def test_the_farm_worker_writes_its_frames(registered_here, toy, tmp_path):
@@ -244,3 +278,43 @@ def test_a_family_naming_an_operator_it_lacks_is_refused_at_registration(toy, tm
     assert done.returncode == 0, done.stderr[-3000:]
     assert "refused:" in done.stdout and "invert (lean_image_ai.invert_colours)" in done.stdout, done.stdout
     assert "panel registered: False" in done.stdout
+
+
+RENDER_NODE = """
+import runpy
+sys.argv = ["blender", *{args!r}]
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+def test_flamenco_offers_it_and_its_tasks_write_its_frames(toy, tmp_path):
+    pytest.importorskip("bpy")
+    import test_flamenco_job as flamenco
+
+    if flamenco.NODE is None:
+        pytest.skip("node is not installed: the job type cannot be run here")
+    folder, model, frames = toy
+    job_type = tmp_path / "scripts" / "lean_image_ai.js"
+    job_type.parent.mkdir()
+    code = REGISTER.format(folder=str(folder)) + f"from lean_image_ai.ui.cli.main import main\nsys.exit(main(['flamenco-job-type', {str(job_type.parent)!r}]))\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr + done.stdout
+    out = tmp_path / "flamenco_out"
+    out.mkdir()
+    script = flamenco.REPO / "examples" / "farm_sequence.py"
+    compiled = flamenco.compile_job(
+        tmp_path, job_type, command="invert", input=str(frames / "plate_####.png"), output=str(out) + "/",
+        frames="1-3", chunk_size=2, script=str(script), model_path=str(model),
+    )
+    (command,) = [s for s in compiled["job_type"]["settings"] if s["key"] == "command"]
+    assert command["choices"][-1] == "invert" and command["choices"][:-1] == [f.command for f in families.ALL]
+    assert [t["name"] for t in compiled["tasks"]] == ["invert-1-1", "invert-2-3"]
+    env = {**os.environ, "LEAN_IMAGE_AI_MODELS_DIR": str(tmp_path / "models")}
+    for task in compiled["tasks"]:  # as a render node with the plug-in installed runs it (bpy stands in for Blender)
+        args = flamenco.task_args(task)
+        code = REGISTER.format(folder=str(folder)) + RENDER_NODE.format(args=args[2:], script=str(script))
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in out.iterdir()) == [f"plate_inverted_{n:04d}.png" for n in (1, 2, 3)]
+    for n in (1, 2, 3):
+        assert_inverted(frames / f"plate_{n:04d}.png", out / f"plate_inverted_{n:04d}.png")

@@ -20,6 +20,7 @@ from ...runtime.errors import InvalidModelOutputError, ModelContractError
 from ..base import FLOAT_TYPES, JobOptions, check_contract, check_finite, squeeze_batch
 from ..family import Family, Option, Output, Setting, rgb_triple_or_none, size_or_none
 from ..frame_loop import Frame, run_frames
+from ..identify import LIKELY, NO, SURE, Match, spatial
 from ..imaging import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -168,11 +169,30 @@ def _normalise_matte(raw: np.ndarray, model_name: str) -> tuple[np.ndarray, str 
     )
 
 
+def identify(model) -> Match:
+    """One channel ending in a Sigmoid (seen through shape-only ops); without one, a plane at the
+    input size that stays within [0, 1] on a probe."""
+    for out in model.outputs:
+        dims = spatial(out.shape)
+        if dims is not None and dims[0] == 1 and model.ops.get(out.name) == "Sigmoid" and model.input_hw:
+            return Match(SURE, f"one channel ('{out.name}') ending in a Sigmoid")
+    plane = model.plane()
+    if plane is None or not plane.finite:
+        return NO
+    if plane.op == "Sigmoid":
+        return Match(SURE, f"one channel ('{plane.name}') ending in a Sigmoid")
+    if 0.0 <= plane.low and plane.high <= 1.0:
+        return Match(LIKELY, f"one channel ('{plane.name}') at the input size within [0, 1] ({plane.span})")
+    return NO
+
+
 FAMILY = Family(
     id="ben2",
     title="BEN2 background removal",
     produces="a cut-out: the image with the subject's matte as its alpha",
     run=run,
+    identify=identify,
+    looks="a background-removal (matte) model",
     settings=(
         Setting("mean", rgb_triple_or_none),
         Setting("std", rgb_triple_or_none),

@@ -27,6 +27,7 @@ from ...runtime.errors import InvalidModelOutputError, ModelContractError
 from ..base import FLOAT_TYPES, JobOptions, check_contract, check_finite, squeeze_batch
 from ..family import Family, Option, Output, Setting, one_of, positive_int, rgb_triple_or_none
 from ..frame_loop import Frame, run_frames
+from ..identify import LIKELY, NO, SURE, Match
 from ..imaging import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -190,11 +191,24 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(np.float32)
 
 
+def identify(model) -> Match:
+    """An output named 'depth'; without the name, one plane at the input size, positive and
+    unbounded on a probe (a matte stays within [0, 1])."""
+    if "depth" in model.output_names:
+        return Match(SURE, "an output named 'depth'")
+    plane = model.plane()
+    if plane is not None and plane.finite and plane.low > 0.0 and plane.high > 1.0:
+        return Match(LIKELY, f"one channel ('{plane.name}') at the input size, unbounded and positive ({plane.span})")
+    return NO
+
+
 FAMILY = Family(
     id="da3",
     title="Depth Anything 3 depth",
     produces="a float depth map",  # the plane is an option of the Blender operator only
     run=run,
+    identify=identify,
+    looks="a depth model",
     settings=(
         Setting("process_res", positive_int),
         Setting("patch_multiple", positive_int, keyword="multiple"),

@@ -35,6 +35,7 @@ from ...runtime.errors import InvalidModelOutputError
 from ..base import JobOptions, check_finite, fixed_hw, squeeze_batch
 from ..family import Family, Option, Output, Setting, int_range, positive_int, unit_interval
 from ..frame_loop import Frame, run_frames
+from ..identify import NO, SURE, Match
 from ..imaging import resize, resize_clipped, to_nchw
 from ..result_images import MESH, ImageProduct
 from . import shot_camera
@@ -337,11 +338,22 @@ def _preview(result) -> ImageProduct:
     return ImageProduct(result.depth / max(float(result.depth.max()), 1e-12), is_data=True)
 
 
+def identify(model) -> Match:
+    """An output named 'points' (the rest of the export's contract is bind_contract's, by name)."""
+    if "points" not in model.output_names:
+        return NO
+    named = sorted(model.input_names & {"image", "num_tokens"})
+    inputs = f"inputs {' and '.join(repr(n) for n in named)}, " if named else ""
+    return Match(SURE, f"{inputs}an output named 'points'")
+
+
 FAMILY = Family(
     id="moge2",
     title="MoGe-2 geometry",
     produces="a metric mesh of the photo, its normal map and a matching camera",
     run=run,
+    identify=identify,
+    looks="a MoGe-2 geometry model",
     settings=(
         Setting("num_tokens_range", int_range),
         Setting("resolution_levels", positive_int),

@@ -41,7 +41,7 @@ from .upscale_plan import (
     receptive_field,
     split_warning,
 )
-from .upscale_runs import ModelRuns, scale_hint, static_scale
+from .upscale_runs import ModelRuns, identify, scale_hint, static_scale
 
 DEFAULT_MODEL_PATH = Path(__file__).parents[1] / "assets" / "bicubic_x2.onnx"
 OPERATION_NAME = "upscale"
@@ -384,6 +384,8 @@ FAMILY = Family(
     title="Super-Resolution",
     produces="the image at the model's scale (x2 with the built-in bicubic model)",
     run=run,
+    identify=identify,
+    looks="a super-resolution model",
     settings=(
         Setting("tile_overlap", non_negative_int, keyword="model_overlap"),
         Setting("alpha_mode", one_of(*ALPHA_MODES)),

@@ -16,6 +16,7 @@ from ...runtime.errors import (
     SessionClosedError,
 )
 from ..base import fixed_hw
+from ..identify import LIKELY, NO, SURE, Match, spatial, whole_multiple
 from ..tiles.receptive import graph_receptive_field
 from ..tiles.tiling import whole_scale
 
@@ -127,3 +128,25 @@ def static_scale(handle) -> int | None:
     if fixed_in is None or fixed_out is None:
         return None
     return whole_scale(fixed_in, fixed_out, handle.model_name)
+
+
+def identify(model) -> Match:
+    """The upscale family's sign: an image output (3 channels) at the same whole multiple > 1 of
+    the input's height and width, from fixed shapes, else from the probe."""
+    in_hw = model.input_hw
+    for out in model.outputs if in_hw and None not in in_hw else ():
+        dims = spatial(out.shape)
+        factor = whole_multiple(in_hw, dims[1:]) if dims and dims[0] == 3 and None not in dims else None
+        if factor:
+            (ih, iw), (oh, ow) = in_hw, dims[1:]
+            return Match(SURE, f"output '{out.name}' is {factor}x the input ({iw}x{ih} -> {ow}x{oh})")
+    probed = model.probe()
+    images = [(n, np.shape(a)) for n, a in (probed[1].items() if probed else ()) if np.ndim(a) == 4 and np.shape(a)[1] == 3]
+    for name, shape in images:
+        (ih, iw), (oh, ow) = probed[0], shape[-2:]
+        factor = whole_multiple(probed[0], shape[-2:])
+        if factor:
+            return Match(SURE, f"output '{name}' came out {factor}x the probe ({iw}x{ih} -> {ow}x{oh})")
+        if oh > ih and ow > iw:  # a scale this family refuses, with its own words, when it runs
+            return Match(LIKELY, f"output '{name}' came out larger than the probe ({iw}x{ih} -> {ow}x{oh})")
+    return NO

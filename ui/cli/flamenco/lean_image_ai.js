@@ -17,7 +17,7 @@ const JOB_TYPE = {
             key: "command",
             type: "string",
             required: true,
-            choices: ["depth", "remove-background", "geometry", "upscale"],
+            choices: ["remove-background", "depth", "geometry", "upscale"], // the registry's commands: python -m lean_image_ai flamenco-job-type
             default: "depth",
             description: "Which model runs on every frame",
         },
