@@ -95,13 +95,19 @@ def _final_ops(buf) -> dict[str, str]:
     producer: dict[str, tuple[str, str | None]] = {}  # tensor -> (op type, its first input)
     outputs: list[str] = []
     for number, wire, span in fields(buf, *graph):
-        if wire == 2 and number == 1:
-            ins, outs, op = _node(buf, span)
-            for name in outs:
-                producer[name] = (op, ins[0] if ins else None)
-        elif wire == 2 and number == 12:  # ValueInfoProto: name 1
+        if wire != 2:
+            continue
+        if number == 1:
+            _note_producer(buf, span, producer)
+        elif number == 12:  # ValueInfoProto: name 1
             outputs.extend(_text(buf, v) for n, w, v in fields(buf, *span) if n == 1 and w == 2)
     return {name: _producing_op(producer, name) for name in outputs}
+
+
+def _note_producer(buf, span, producer: dict) -> None:
+    ins, outs, op = _node(buf, span)
+    for name in outs:
+        producer[name] = (op, ins[0] if ins else None)
 
 
 def _producing_op(producer: dict, tensor: str) -> str:

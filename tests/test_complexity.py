@@ -30,8 +30,6 @@ EXCUSE = "Not split:"
 PENDING_MERGE = {  # PENDING-MERGE
     "ui/cli/farm_ray.py::run",
     "ui/cli/farm_ray.py::Farm.run",
-    "models/store/family_check.py::_final_ops",
-    "models/store/family_check.py::graph_finding",
     "ui/cli/main.py::_run",
     "models/batch/sequence.py::BatchRun.pump",
     "models/batch/shot_batch.py::ShotSettings.__init__",

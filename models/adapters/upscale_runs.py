@@ -133,6 +133,10 @@ def static_scale(handle) -> int | None:
 def identify(model) -> Match:
     """The upscale family's sign: an image output (3 channels) at the same whole multiple > 1 of
     the input's height and width, from fixed shapes, else from the probe."""
+    return _from_fixed_shapes(model) or _from_probe(model) or NO
+
+
+def _from_fixed_shapes(model) -> Match | None:
     in_hw = model.input_hw
     for out in model.outputs if in_hw and None not in in_hw else ():
         dims = spatial(out.shape)
@@ -140,6 +144,10 @@ def identify(model) -> Match:
         if factor:
             (ih, iw), (oh, ow) = in_hw, dims[1:]
             return Match(SURE, f"output '{out.name}' is {factor}x the input ({iw}x{ih} -> {ow}x{oh})")
+    return None
+
+
+def _from_probe(model) -> Match | None:
     probed = model.probe()
     images = [(n, np.shape(a)) for n, a in (probed[1].items() if probed else ()) if np.ndim(a) == 4 and np.shape(a)[1] == 3]
     for name, shape in images:
@@ -149,4 +157,4 @@ def identify(model) -> Match:
             return Match(SURE, f"output '{name}' came out {factor}x the probe ({iw}x{ih} -> {ow}x{oh})")
         if oh > ih and ow > iw:  # a scale this family refuses, with its own words, when it runs
             return Match(LIKELY, f"output '{name}' came out larger than the probe ({iw}x{ih} -> {ow}x{oh})")
-    return NO
+    return None
