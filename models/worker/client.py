@@ -155,6 +155,8 @@ class WorkerClient:
                 message = wire.receive(self.conn, self.folder)
                 if message[0] == "status":
                     self.status = message[1]
+                elif message[0] == "event":
+                    _replay(message[1])
                 else:
                     found.append(message)
         except (EOFError, OSError):
@@ -227,6 +229,15 @@ class WorkerClient:
     def inject_fault(self, how: str) -> None:
         """Tests only: a native fault in the worker (honoured where serve.FAULTS_ENV is set)."""
         self.send("fault", how)
+
+
+def _replay(event: dict) -> None:
+    """A worker's runtime event into this process's event log (and its listeners: the event file,
+    the panel); the runtime here is only its log, it loads nothing."""
+    from ...runtime import get_runtime
+
+    payload = {k: v for k, v in event.items() if k not in ("event", "time")}
+    get_runtime().events.emit(event["event"], **payload)
 
 
 def _rss_of(pid: int) -> int | None:

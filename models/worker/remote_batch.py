@@ -18,6 +18,7 @@ and every frame claim held for a frame in the worker is released.
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -25,11 +26,14 @@ from collections.abc import Callable
 from ...runtime.errors import LeanImageError
 from ..base import JobOptions
 from ..batch.frame_lists import FrameRef
-from ..batch.sequence import BatchReport
+from ..batch.sequence import BatchReport, BatchRun
 from ..job import FamilyJob
 from . import client as worker_client
 
 CANCEL_GRACE_S = 0.5  # a cancel the worker has not confirmed by then ends the process (the 1 s goal)
+# "1": the model runs in this process on BatchRun's threads, as before the worker (debugging, and
+# tests that look inside the runtime of the process that runs the model)
+IN_PROCESS_ENV = "LEAN_IMAGE_AI_IN_PROCESS"
 
 
 class RemoteBatchRun:
@@ -67,6 +71,11 @@ class RemoteBatchRun:
         self._error: BaseException | None = None
         self._started = time.monotonic()
         self.spawned = False  # this batch started the worker (its first job pays the start)
+        self._local: BatchRun | None = None
+        if os.environ.get(IN_PROCESS_ENV) == "1":
+            self._local = BatchRun(refs, job.infer, read, write, options=options, skip=skip,
+                                   stop_on_error=stop_on_error, depth=depth, claim=claim, release=release)
+            self.report = self._local.report
 
     @property
     def needs_model(self) -> bool:
@@ -80,6 +89,8 @@ class RemoteBatchRun:
 
     def cancel(self) -> None:
         self._cancel.set()
+        if self._local is not None:
+            self._local.cancel()
 
     def run(self) -> BatchReport:
         """A headless caller's loop (``blender --background`` scripts, the bench): pump until over."""
@@ -90,6 +101,8 @@ class RemoteBatchRun:
     def pump(self, budget: float = 0.05, *, read: bool = True) -> bool:
         """Send frames, write the results the worker has sent, for about ``budget`` seconds;
         True once the batch is over (then :attr:`report` is final)."""
+        if self._local is not None:
+            return self._pump_local(budget, read)
         if self._phase == "over":
             return True
         deadline = time.monotonic() + budget
@@ -109,6 +122,12 @@ class RemoteBatchRun:
                     time.sleep(0.002)
         except worker_client.WorkerEnded as exc:
             return self._ended(exc)
+
+    def _pump_local(self, budget: float, read: bool) -> bool:
+        if self._phase == "new":
+            self._phase = "running"
+            self._local.start()
+        return self._local.pump(budget, read=read)
 
     # -- steps -------------------------------------------------------------------------------
     def _start(self) -> None:

@@ -65,6 +65,9 @@ class Worker:
 
     # -- the connection ----------------------------------------------------------------------
     def serve(self) -> None:
+        # the runtime's events (loads, runs, releases, warnings) go to the client as they happen:
+        # the host's event log and panel tell what its worker did
+        get_runtime().events.subscribe(lambda event: self.send("event", event))
         while True:
             try:
                 message = wire.receive(self.conn, self.folder)

@@ -16,6 +16,7 @@ Classes are named by module, and the two sides may know this package under diffe
 
 from __future__ import annotations
 
+import copyreg
 import io
 import itertools
 import os
@@ -24,8 +25,15 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from types import MappingProxyType
 
 _serial = itertools.count()
+# a catalog entry's read-only tables (MappingProxyType) cross as what they show
+def _proxy(mapping: dict) -> MappingProxyType:
+    return MappingProxyType(mapping)
+
+
+copyreg.pickle(MappingProxyType, lambda proxy: (_proxy, (dict(proxy),)))
 _PACKAGE = __name__.rsplit(".models.worker.wire", 1)[0]  # this package's name on this side
 _TOP = "lean_image_ai"
 
