@@ -6,14 +6,17 @@ drops the sessions. Both report what they freed, in the runtime's wording. The l
 on the job engine's worker like a model job (progress, Esc or Cancel) and says stable or growing
 at the end. After each finished job the image "Lean Image AI Memory" shows its memory timeline
 (runtime/measure/memory_plot.py); a cancelled or failed job changes no Blender data, that image included.
-Idle unload is a Blender timer armed after each job, re-armed only while sessions are cached,
-never in background mode (there are no timers there and a script decides for itself).
+Idle unload is a Blender timer armed after each job, re-armed only while sessions are cached or
+the model worker runs, never in background mode (there are no timers there and a script decides
+for itself); it ends the worker process (models/worker/client.py), which gives everything back.
+"Free memory now" ends the worker at once and says how much it held just before.
 """
 
 import bpy
 import numpy as np
 
 from ..models import families
+from ..models.worker import client as worker_client
 from ..runtime import get_runtime
 from ..runtime.errors import OperationCancelled
 from ..runtime.log import event_file
@@ -60,6 +63,28 @@ class LEAN_IMAGE_AI_OT_unload_all(bpy.types.Operator):
         freed = get_runtime().unload()
         self.report({"INFO"}, format_freed("Unload all", freed))
         return {"FINISHED"}
+
+
+class LEAN_IMAGE_AI_OT_free_memory_now(bpy.types.Operator):
+    """End the model process now: every byte it held (RAM, VRAM, the GPU's context) comes back"""
+
+    bl_idname = "lean_image_ai.free_memory_now"
+    bl_label = "Free Memory Now"
+
+    def execute(self, context):
+        if _busy(self):
+            return {"CANCELLED"}
+        self.report({"INFO"}, freed_text(worker_client.shared().free_now()))
+        return {"FINISHED"}
+
+
+def freed_text(freed: dict) -> str:
+    if not freed.get("was_running"):
+        return "Free memory now: the model process was not running; nothing to give back."
+    parts = [f"{(freed.get('rss_bytes') or 0) / 2**20:.0f} MiB RAM"]
+    if freed.get("vram_bytes"):
+        parts.append(f"{freed['vram_bytes'] / 2**20:.0f} MiB VRAM")
+    return f"Free memory now: the model process ended; {' and '.join(parts)} came back."
 
 
 class LEAN_IMAGE_AI_OT_leak_check(WorkerOperator, bpy.types.Operator):
@@ -191,22 +216,27 @@ def idle_tick():
         limit = idle_seconds()
     except Exception:
         return None
-    runtime = get_runtime()
+    runtime, worker = get_runtime(), worker_client.shared()
     if limit <= 0 or manager.running() is not None:
-        return IDLE_CHECK_MAX_S if runtime.cached_sessions() and limit > 0 else None
+        return IDLE_CHECK_MAX_S if (runtime.cached_sessions() or worker.running) and limit > 0 else None
     runtime.unload_idle(limit)
+    worker.check_idle(limit)  # the worker's end is what gives its memory back
     handles = runtime.cached_sessions()
-    if not handles:
+    if not handles and not worker.running:
         return None  # nothing cached: the next job arms it again
     import time
 
-    soonest = min(limit - (time.time() - h.last_used) for h in handles)
-    return max(1.0, min(IDLE_CHECK_MAX_S, soonest))
+    waits = [limit - (time.time() - h.last_used) for h in handles]
+    if worker.running:
+        waits.append(limit - (time.monotonic() - worker.idle_since))
+    return max(1.0, min(IDLE_CHECK_MAX_S, min(waits)))
 
 
 def arm_idle_unload() -> bool:
     """Start the idle timer after a job (UI only); True when it is (now) registered."""
-    if bpy.app.background or idle_seconds() <= 0 or not get_runtime().cached_sessions():
+    if bpy.app.background or idle_seconds() <= 0:
+        return False
+    if not get_runtime().cached_sessions() and not worker_client.shared().running:
         return False
     if not bpy.app.timers.is_registered(idle_tick):
         bpy.app.timers.register(idle_tick, first_interval=IDLE_CHECK_MAX_S, persistent=True)
@@ -240,11 +270,13 @@ def pre_unregister():
     event_file.stop()
     if bpy.app.timers.is_registered(idle_tick):
         bpy.app.timers.unregister(idle_tick)
+    worker_client.stop_shared()  # the add-on goes: so does its model process
 
 
 classes = (
     LEAN_IMAGE_AI_OT_release_memory,
     LEAN_IMAGE_AI_OT_unload_all,
+    LEAN_IMAGE_AI_OT_free_memory_now,
     LEAN_IMAGE_AI_OT_leak_check,
     LEAN_IMAGE_AI_OT_open_log_folder,
     LEAN_IMAGE_AI_OT_show_memory_plot,

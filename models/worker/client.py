@@ -154,7 +154,7 @@ class WorkerClient:
             while self.conn is not None and self.conn.poll(0):
                 message = wire.receive(self.conn, self.folder)
                 if message[0] == "status":
-                    self.status = message[1]
+                    self._adopt(message[1])
                 elif message[0] == "event":
                     _replay(message[1])
                 else:
@@ -169,6 +169,14 @@ class WorkerClient:
         returncode = self.process.wait() if self.process is not None else None
         self._tidy()
         raise WorkerEnded(f"the model process ended unexpectedly ({ended_how(returncode)})")
+
+    def _adopt(self, status: dict) -> None:
+        self.status = status
+        if "timeline" in status:  # what the host's memory picture and Memory panel read
+            from ...runtime import get_runtime
+
+            runtime = get_runtime()
+            runtime.last_timeline, runtime.last_job_memory = status.pop("timeline"), status.pop("job_memory")
 
     def begin(self, name: str) -> bool:
         """Before a job: the worker is up; True when it was started for this job."""

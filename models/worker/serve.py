@@ -105,9 +105,13 @@ class Worker:
             self._arrived[number] = value
             self._frames.notify_all()
 
-    def status(self) -> dict:
-        models = [h.model_name for h in get_runtime().cached_sessions()]
-        return {"pid": os.getpid(), "models": models, "job": self._job_name, **measure()}
+    def status(self, *, with_job: bool = False) -> dict:
+        runtime = get_runtime()
+        models = [h.model_name for h in runtime.cached_sessions()]
+        status = {"pid": os.getpid(), "models": models, "job": self._job_name, **measure()}
+        if with_job:  # the job's memory timeline and figures: the host's memory picture and panel
+            status.update(timeline=runtime.last_timeline, job_memory=runtime.last_job_memory)
+        return status
 
     @staticmethod
     def fault(how: str) -> None:
@@ -145,11 +149,13 @@ class Worker:
             report = run.run()
         except BaseException as exc:  # the job could not run at all (the model, the device)
             self._job_name = ""
+            # the status first: the host's after-job listeners read the job's memory from it
+            self.send("status", self.status(with_job=True))
             self.send("error", _picklable(exc), self._new_failures())
         else:
             self._job_name = ""
+            self.send("status", self.status(with_job=True))
             self.send("done", {"cancelled": report.cancelled}, self._new_failures())
-        self.send("status", self.status())
 
     def _new_failures(self) -> list:
         failed = self._run.report.failed if self._run is not None else []
