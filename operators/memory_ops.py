@@ -3,7 +3,7 @@ picture, idle unload.
 
 Release now keeps the sessions (weights stay loaded) and gives back arena memory; Unload all
 drops the sessions. Both report what they freed, in the runtime's wording. The leak check runs
-on the job engine's worker like a model job (progress, Esc or Cancel) and says stable or growing
+in the model worker like a model job (progress, Esc or Cancel) and says stable or growing
 at the end. After each finished job the image "Lean Image AI Memory" shows its memory timeline
 (runtime/measure/memory_plot.py); a cancelled or failed job changes no Blender data, that image included.
 Idle unload is a Blender timer armed after each job, re-armed only while sessions are cached or
@@ -16,15 +16,15 @@ import bpy
 import numpy as np
 
 from ..models import families
+from ..models.base import JobOptions
 from ..models.worker import client as worker_client
 from ..runtime import get_runtime
-from ..runtime.errors import OperationCancelled
 from ..runtime.log import event_file
 from ..runtime.measure import memory_plot
-from ..runtime.measure.leak_check import MIN_RUNS, RUNS_REASON, leak_check
+from ..runtime.measure.leak_check import MIN_RUNS, RUNS_REASON
 from ..runtime.measure.memory_report import format_freed
 from . import prefs, results
-from .jobs import Job, WorkerOperator, manager
+from .jobs import BatchTask, Job, WorkerOperator, manager
 
 IDLE_CHECK_MAX_S = 60.0  # the timer wakes at most once a minute, at least when the next session turns idle
 
@@ -104,22 +104,16 @@ class LEAN_IMAGE_AI_OT_leak_check(WorkerOperator, bpy.types.Operator):
     )
 
     def prepare(self, context, job: Job):
-        from ..models.leak_job import family_job
+        from ..models.worker.remote_call import RemoteCall
+        from .model_job import model_worker
 
         device, budgets = prefs.configure_runtime(context)
-        runs = self.runs
-        folder = prefs.models_folder(context)
-        request = family_job(self.family, device=device, folder=folder, budgets=budgets, cancel=job.cancel_event)
-
-        def work(job: Job):
-            def after_run(index, _values):
-                job.report(index / runs, f"run {index}/{runs}")
-                job_cancelled(job)
-
-            job_cancelled(job)
-            return leak_check(request, runs=runs, after_run=after_run)
-
-        return work
+        spec = {"family": self.family, "device": device, "folder": prefs.models_folder(context),
+                "budgets": budgets, "runs": self.runs}
+        # in the model worker: the leak check measures the process whose runtime runs the model
+        call = RemoteCall("leak", spec, options=JobOptions(progress=job.report, cancel=job.cancel_event),
+                          name=job.name, client=model_worker())
+        return BatchTask(job, call, lambda: call.result)
 
     def finish(self, context, job: Job):
         if job.state != "finished":
@@ -128,12 +122,6 @@ class LEAN_IMAGE_AI_OT_leak_check(WorkerOperator, bpy.types.Operator):
         result = job.result
         self.report({"INFO"} if result.verdict == "stable" else {"WARNING"}, result.summary())
         return {"FINISHED"}
-
-
-def job_cancelled(job: Job) -> None:
-    """Between two runs: stop when the artist cancelled (a run itself stops before its model run)."""
-    if job.cancel_event.is_set():
-        raise OperationCancelled("The leak check was cancelled; nothing was changed.")
 
 
 class LEAN_IMAGE_AI_OT_open_log_folder(bpy.types.Operator):

@@ -81,6 +81,9 @@ class Worker:
         kind = message[0]
         if kind == "job":
             self.start_job(message[1])
+        elif kind == "leak":
+            self._cancel = threading.Event()
+            threading.Thread(target=self._leak_check, args=(message[1],), name="lean_image_ai:leak", daemon=True).start()
         elif kind == "frame":
             self._arrive(message[1], message[2])
         elif kind == "skip":
@@ -156,6 +159,33 @@ class Worker:
             self._job_name = ""
             self.send("status", self.status(with_job=True))
             self.send("done", {"cancelled": report.cancelled}, self._new_failures())
+
+    def _leak_check(self, spec: dict) -> None:
+        """The leak check, here: it measures the process whose runtime runs the model."""
+        from ...runtime.errors import OperationCancelled
+        from ...runtime.measure.leak_check import leak_check
+        from ..leak_job import family_job
+
+        cancel, runs = self._cancel, spec["runs"]
+
+        def after_run(index, _values):
+            self.send("progress", index / runs, f"run {index}/{runs}")
+            if cancel.is_set():
+                raise OperationCancelled("The leak check was cancelled; nothing was changed.")
+
+        try:
+            get_runtime().configure(**vars(spec["settings"]))
+            if cancel.is_set():
+                raise OperationCancelled("The leak check was cancelled; nothing was changed.")
+            request = family_job(spec["family"], device=spec["device"], folder=spec["folder"],
+                                 budgets=spec["budgets"], cancel=cancel)
+            result = leak_check(request, runs=runs, after_run=after_run)
+        except BaseException as exc:  # noqa: BLE001 - the client raises it
+            self.send("status", self.status(with_job=True))
+            self.send("error", _picklable(exc), [])
+        else:
+            self.send("status", self.status(with_job=True))
+            self.send("answer", result, [])
 
     def _new_failures(self) -> list:
         failed = self._run.report.failed if self._run is not None else []
