@@ -13,8 +13,8 @@ Measured, in order (everything about Blender's process before anything imports o
 threads started and onnxruntime modules in this process during three small upscale jobs, its RSS
 growth over them, the first job's extra time (the worker's start), a cancel in the middle of one
 long tile (Esc to the end of the job), kill -9 of the worker mid-job (the next job must work),
-Free memory now's figure, and last a warm full-size job through the worker against the same job
-run in this process by the batch runner (models/batch/sequence.py's BatchRun), side by side.
+Free memory now's figure, and last warm full-size jobs through the worker against the same job
+run in this process by the batch runner (models/batch/sequence.py's BatchRun), in alternating pairs.
 Ends with one JSON line with the keys of issue #30 item 8.
 """
 
@@ -68,6 +68,7 @@ def main(argv=None) -> int:
     parser.add_argument("--height", type=int, default=1080)
     parser.add_argument("--small", type=int, default=256, help="side of the three small jobs")
     parser.add_argument("--model", default="")
+    parser.add_argument("--pairs", type=int, default=4, help="worker/in-process pairs of the full-size job")
     args = parser.parse_args(argv)
 
     import tempfile
@@ -90,9 +91,10 @@ def main(argv=None) -> int:
     client = WorkerClient()
 
     def remote(pixels, **hooks):
-        kept = []
+        kept = []  # each result's shape: a result kept alive would count as Blender's growth
         run = RemoteBatchRun(job, [FrameRef(1, Path("photo.png"))], lambda ref: pixels,
-                             lambda ref, result: kept.append(result), options=job.options(**hooks), client=client)
+                             lambda ref, result: kept.append(result.image.shape), options=job.options(**hooks),
+                             client=client)
         return run, kept
 
     def timed_remote(pixels) -> tuple[float, list]:
@@ -145,26 +147,33 @@ def main(argv=None) -> int:
     survived = bool(line) and len(kept_again) == 1 and not kept
     print(f"kill -9: '{line}'; the next job wrote {len(kept_again)} result(s) in {again:.2f} s")
 
-    # -- warm full-size job through the worker, then the same job in this process ----------------
-    timed_remote(small)  # the session is loaded: both sides below run warm
-    worker_seconds, _ = timed_remote(full)
-    rss_worker = client.status.get("rss_bytes")
-    freed = client.free_now()
-    print(f"free now: {_mib(freed.get('rss_bytes'))} MiB RAM, VRAM {_mib(freed.get('vram_bytes'))} MiB "
-          f"(worker RSS after the full job {_mib(rss_worker)} MiB)")
-
+    # -- warm full-size jobs: through the worker and in this process, alternating ----------------
     def in_process(pixels) -> float:
         kept = []
         local = BatchRun([FrameRef(1, Path("photo.png"))], job.infer, lambda ref: pixels,
-                         lambda ref, result: kept.append(result), options=job.options())
+                         lambda ref, result: kept.append(result.image.shape), options=job.options())
         started = time.perf_counter()
         local.run()
         return time.perf_counter() - started
 
-    in_process(small)  # warm: this process's session loaded, as the worker's was
-    local_seconds = in_process(full)
-    ratio = worker_seconds / local_seconds
-    print(f"{args.width}x{args.height}: worker {worker_seconds:.2f} s, in-process {local_seconds:.2f} s, ratio {ratio:.3f}")
+    timed_remote(small)  # both sessions loaded before anything is timed
+    in_process(small)
+    ratios = []
+    for index in range(args.pairs):  # which side runs first alternates: a machine's drift cancels out
+        if index % 2:
+            local_seconds = in_process(full)
+            worker_seconds, _ = timed_remote(full)
+        else:
+            worker_seconds, _ = timed_remote(full)
+            local_seconds = in_process(full)
+        ratios.append(worker_seconds / local_seconds)
+        print(f"{args.width}x{args.height} pair {index + 1}: worker {worker_seconds:.2f} s, in-process {local_seconds:.2f} s, "
+              f"ratio {ratios[-1]:.3f}")
+    ratio = float(np.median(ratios))
+    rss_worker = client.status.get("rss_bytes")
+    freed = client.free_now()
+    print(f"free now: {_mib(freed.get('rss_bytes'))} MiB RAM, VRAM {_mib(freed.get('vram_bytes'))} MiB "
+          f"(worker RSS after the full jobs {_mib(rss_worker)} MiB)")
 
     print(json.dumps({
         "blender_threads_started": threads,
