@@ -18,6 +18,7 @@ from pathlib import Path
 from ...runtime import get_runtime
 from ...runtime.errors import LeanImageError
 from ...runtime.measure import memory
+from .. import families
 from ..base import JobOptions
 from ..batch.sequence import BatchRun
 from . import wire
@@ -133,6 +134,8 @@ class Worker:
     # -- one job -------------------------------------------------------------------------------
     def start_job(self, spec: dict) -> None:
         job = spec["job"]
+        if spec.get("family") is not None and spec["family"].id not in families.IDS:
+            families.register(spec["family"])
         with self._frames:
             self._arrived.clear()
         self._cancel = threading.Event()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copyreg
 import io
 import itertools
+import mmap
 import os
 import pickle
 import shutil
@@ -28,6 +29,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 _serial = itertools.count()
+LARGE = 1 << 20
 # a catalog entry's read-only tables (MappingProxyType) cross as what they show
 def _proxy(mapping: dict) -> MappingProxyType:
     return MappingProxyType(mapping)
@@ -96,13 +98,22 @@ def unpack(packed: tuple[bytes, list[str]], folder: Path):
     try:
         for name in names:
             path = folder / name
-            chunk = bytearray(path.stat().st_size)  # writable: an array taken out is as good as the sender's
+            chunk = _buffer(path.stat().st_size)
             with open(path, "rb") as source:
                 source.readinto(memoryview(chunk))
             buffers.append(chunk)
     finally:
         discard(names, folder)
     return _Unpickler(io.BytesIO(data), buffers=buffers).load()
+
+
+def _buffer(size: int):
+    """Writable memory for one received array. A large one is an anonymous mapping, unmapped when
+    the array goes: malloc would keep a freed block of a frame's size in the heap (glibc raises its
+    mmap threshold after such a free), and Blender's RSS would grow by one frame for good."""
+    if size >= LARGE:
+        return mmap.mmap(-1, size)
+    return bytearray(size)
 
 
 def discard(names: list[str], folder: Path) -> None:
