@@ -46,8 +46,9 @@ class LEAN_IMAGE_AI_OT_release_memory(bpy.types.Operator):
     def execute(self, context):
         if _busy(self):
             return {"CANCELLED"}
-        freed = get_runtime().release_now()
-        self.report({"INFO"}, format_freed("Release now", freed))
+        in_worker = worker_client.shared().ask("release")  # the models are the worker's
+        freed = get_runtime().release_now()  # and whatever a job run in this process left (LEAN_IMAGE_AI_IN_PROCESS)
+        self.report({"INFO"}, format_freed("Release now", in_worker or freed))
         return {"FINISHED"}
 
 
@@ -60,8 +61,9 @@ class LEAN_IMAGE_AI_OT_unload_all(bpy.types.Operator):
     def execute(self, context):
         if _busy(self):
             return {"CANCELLED"}
-        freed = get_runtime().unload()
-        self.report({"INFO"}, format_freed("Unload all", freed))
+        in_worker = worker_client.shared().ask("unload")  # the models are the worker's
+        freed = get_runtime().unload()  # and whatever a job run in this process left (LEAN_IMAGE_AI_IN_PROCESS)
+        self.report({"INFO"}, format_freed("Unload all", in_worker or freed))
         return {"FINISHED"}
 
 

@@ -82,3 +82,28 @@ def test_upscale_and_process_sequence_run_in_the_worker_with_no_thread_and_no_on
     assert result["onnxruntime"] == [], "onnxruntime was imported in Blender's process"
     assert result["worker_pid"] not in (None, result["blender_pid"]) and result["spawns"] == 1  # one warm worker
     assert result["worker_after_unregister"] is False
+
+
+def test_the_memory_buttons_reach_the_worker_and_free_now_ends_it(tmp_path):
+    """Unload All empties the worker's session cache; Free Memory Now ends the worker and says
+    what came back (its RSS just before it ended)."""
+    from PIL import Image
+
+    bpy = pytest.importorskip("bpy")
+    memory_ops = bh.import_submodule("operators.memory_ops")
+    from lean_image_ai.models.worker import client as worker_client
+
+    model = compact_model(tmp_path / "x4.onnx", num_conv=4, feat=8)
+    source = tmp_path / "photo.png"
+    Image.fromarray((np.random.default_rng(0).random((20, 28, 3)) * 255).astype(np.uint8)).save(source)
+    with bh.registered_addon():
+        worker = worker_client.shared()
+        assert bpy.ops.lean_image_ai.upscale(filepath=str(source), model_path=str(model)) == {"FINISHED"}
+        assert worker.running and worker.status["models"] == [model.name]
+        assert bpy.ops.lean_image_ai.unload_all() == {"FINISHED"}
+        assert worker.running and worker.status["models"] == []
+        freed = worker.free_now()
+        assert freed["was_running"] and freed["rss_bytes"] > 0 and not worker.running
+        assert "MiB RAM came back" in memory_ops.freed_text(freed)
+        assert bpy.ops.lean_image_ai.free_memory_now() == {"FINISHED"}  # nothing running: says so
+        assert "not running" in memory_ops.freed_text(worker.free_now())

@@ -226,6 +226,24 @@ class WorkerClient:
         self.kill()
         return {**figures, "was_running": True}
 
+    def ask(self, kind: str) -> dict | None:
+        """Release now / Unload all in an idle worker: its answer (what was freed), or None when
+        it does not run or gives none within :data:`FREE_WAIT_S` (a bounded wait on a button)."""
+        if not self.running or self.job_name:
+            return None
+        try:
+            self.messages()
+            self.send(kind)
+            deadline = time.monotonic() + FREE_WAIT_S
+            while time.monotonic() < deadline:
+                for message in self.messages():
+                    if message[0] == "answer":
+                        return message[1]
+                time.sleep(0.01)
+        except (LeanImageError, OSError):
+            pass
+        return None
+
     def check_idle(self, idle_seconds: float, *, now: float | None = None) -> bool:
         """The host's timer: end a worker idle for ``idle_seconds`` (0: never); True when it did."""
         now = time.monotonic() if now is None else now

@@ -93,6 +93,11 @@ class Worker:
             self._cancel.set()
             if self._run is not None:
                 self._run.cancel()
+        elif kind in ("release", "unload"):  # Release now / Unload all, on this process's runtime
+            runtime = get_runtime()
+            freed = runtime.release_now() if kind == "release" else runtime.unload()
+            self.send("status", self.status())
+            self.send("answer", freed, [])
         elif kind == "state":
             self.send("status", self.status())
         elif kind == "free":
