@@ -142,7 +142,6 @@ class JobManager:
                 traceback.print_exc()
         _settle_event_log()
 
-
     def cancel_all(self, *, join_timeout: float = JOIN_TIMEOUT) -> None:
         """Cancel the current job, wait for its worker, and undo what it left behind (its modal
         timer and progress bar, data prepared for it). Main thread only."""
@@ -210,8 +209,8 @@ class InlineTask:
             run_job(job, self.work)
         return True
 
-    def cancel(self) -> None:
-        pass  # the job's cancel_event is already set: work that looks at it stops
+    def cancel(self) -> None:  # the job's cancel_event is set already: work that looks at it stops
+        pass
 
 
 class BatchTask:
