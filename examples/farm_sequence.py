@@ -14,6 +14,10 @@ is enabled here if the saved preferences did not enable it. Exits 0 when every f
 (or skipped), 1 when a frame failed or the batch could not run, with the reason said once (Blender
 prints the operator's ERROR report on stdout).
 
+The model runs in the add-on's model worker process (models/worker/), as in Blender with a UI:
+in background mode the operator's ``execute`` pumps the job itself (modal operators get no timer
+events there), and the worker is ended before Blender exits, so a render node keeps no process.
+
 How Blender reports an operator's failure to a script: the operator returns {'CANCELLED'} after an
 ERROR report, and bpy.ops turns that into a RuntimeError carrying the report's text. Blender's exit
 code stays 0 unless the script exits non-zero (sys.exit below), or --python-exit-code N is given
@@ -93,7 +97,16 @@ def main(argv) -> int:
         if not str(exc).startswith("Error:"):
             print(f"farm_sequence: {exc}", file=sys.stderr)
         return 1
+    finally:
+        _end_model_worker()
     return 0 if result == {"FINISHED"} else 1
+
+
+def _end_model_worker() -> None:
+    """The worker ends on its own when Blender's end closes its connection; ended here at once."""
+    for name, module in list(sys.modules.items()):
+        if name.endswith(".models.worker.client") and hasattr(module, "stop_shared"):
+            module.stop_shared()
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Process a sequence: any family over an image sequence, a folder or a numbered pattern (bpy).
 
 One operator for the four families (``family``). The frames are read and the results written by
-Blender on the main thread (bpy is not thread safe) while the model runs on the worker, through
-models/batch/sequence.py's BatchRun: the whole sequence is one runtime operation, each frame is written
+Blender on the main thread (bpy is not thread safe) while the model runs in the worker process,
+through models/worker/remote_batch.py's RemoteBatchRun: the whole sequence is one runtime operation, each frame is written
 all or nothing, a cancelled or failed batch keeps the frames already written. Nothing is created
 in the .blend: the results are files.
 """
@@ -17,10 +17,12 @@ import numpy as np
 from bpy.props import BoolProperty, EnumProperty, StringProperty
 
 from ..models import families, file_formats, image_meta, products
-from ..models.batch import frame_claims, frame_lists, sequence
+from ..models.batch import frame_claims, frame_lists
+from ..models.worker.remote_batch import RemoteBatchRun
 from ..runtime.errors import LeanImageError
 from . import image_io, options, prefs, results, shot_props, sources
-from .jobs import BatchOperator, Job
+from .jobs import BatchOperator, BatchTask, Job
+from .model_job import model_worker
 
 
 def _blender_can_write(path: Path) -> None:
@@ -212,15 +214,17 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
 
         def make_pass(write, shot_kwargs, first_pass):  # a shot's first pass records, skips nothing
             pass_job = replace(family_job, extra=dict(shot_kwargs))
-            run = sequence.BatchRun(
+            run = RemoteBatchRun(
+                pass_job,
                 refs,
-                pass_job.infer,
                 lambda ref: read_frame(ref, None if first_pass else run.report.warnings.append),
                 write,
                 options=pass_job.options(progress=job.report, cancel=job.cancel_event),
                 skip=(lambda ref: False) if first_pass else skip.__contains__,
                 stop_on_error=self.stop_on_error,
                 **(claims.batch_hooks(target) if self.skip_existing and not first_pass else {}),
+                client=model_worker(),
+                name=job.name,
             )
             return run
 
@@ -229,7 +233,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
         batch.claims = claims  # released in finish(), whatever the outcome
         job.inputs = batch
         job.key = str(outputs[0].parent) if outputs else f"(shard {self.shard}: no frames)"
-        return lambda job: batch.infer_all()
+        return BatchTask(job, batch)
 
 
     def finish(self, context, job: Job):

@@ -43,12 +43,11 @@ class LEAN_IMAGE_AI_OT_reconstruct_geometry(ModelJobOperator, bpy.types.Operator
     def keeps_source(self):
         return True  # the mesh's material shows it
 
-    def work(self, inputs, options):
-        geometry = super().work(inputs, options)
-        options.report(0.9, "building mesh")
+    def shape(self, inputs, geometry, report):
+        report(0.9, "building mesh")
         mesh = mesh_arrays(geometry.points, geometry.mask, discontinuity=inputs.options["discontinuity"])
         normals = None if geometry.normal is None else normal_map(geometry.normal, geometry.mask)
-        options.report(1.0, "done")
+        report(1.0, "done")
         return Reconstruction(geometry, mesh, normals, list(geometry.warnings))
 
     def apply(self, context, inputs, result):

@@ -1,30 +1,34 @@
-"""The one job engine: work on a worker thread, Blender data touched only on the main thread.
+"""The one job engine: no thread at all; Blender's main thread pumps each job from a timer.
 
 Model jobs and model downloads both run through it. An operator built on :class:`WorkerOperator`
 splits its work in three:
 
-  prepare(context, job)  main thread: read Blender data; returns the work, a callable
-                         ``work(job) -> result`` that uses no bpy and nothing of the operator
-                         (``self`` is a Blender struct)
-  work(job)              worker thread (or inline in background mode); reports progress with
-                         ``job.report`` and stops when ``job.cancel_event`` is set
+  prepare(context, job)  main thread: read Blender data; returns the job's task: an object with
+                         ``pump(budget) -> bool`` (True once over) and ``cancel()`` that leaves its
+                         outcome in ``job`` (:class:`BatchTask`: a batch whose model runs in the
+                         worker process, models/worker/), or a plain callable ``work(job)``, run
+                         inline at the first pump (:class:`InlineTask`: quick work only)
+  pump                   main thread, from the modal timer (or a loop in background mode): the
+                         task's share of work, reading and writing frames with bpy
   finish(context, job)   main thread, whatever the outcome: apply or report; returns the
                          operator's result set
 
-With a UI, ``invoke`` starts the worker under a modal timer (progress bar, status text, Esc
-cancels). In background mode (``bpy.app.background``, headless scripts) Blender calls ``execute``
-even for 'INVOKE_DEFAULT', and ``execute`` runs the same three steps synchronously.
+With a UI, ``invoke`` starts a modal timer (progress bar, status text, Esc cancels) that pumps the
+task. In background mode (``bpy.app.background``, headless scripts) Blender calls ``execute`` even
+for 'INVOKE_DEFAULT', and modal operators get no timer events there: ``execute`` pumps in a loop.
+Blender does not support Python threads (its "Gotchas: threading" page), and the model runs in
+another process, so nothing here needs one.
 
 Each lane (:data:`manager` for model jobs, :data:`downloads` for downloads) runs one job at a time
-and refuses a second with a message naming the running one; the two lanes run side by side, as a
-download never touches the runtime. Whatever ``prepare`` creates for the job (an image loaded
-from a file, say) is registered with ``job.on_discard``: it is removed whenever the job ends
-without being applied (failure, cancel, unregister), so Blender's data stays as it was.
+and refuses a second with a message naming the running one. Whatever ``prepare`` creates for the
+job (an image loaded from a file, say) is registered with ``job.on_discard``: it is removed
+whenever the job ends without being applied (failure, cancel, unregister), so Blender's data stays
+as it was.
 """
 
 from __future__ import annotations
 
-import threading
+import threading  # Event and Lock only: flags and a lane's lock, never a thread
 import time
 import traceback
 from collections.abc import Callable
@@ -51,7 +55,8 @@ class Job:
     result: object = None
     error: BaseException | None = None
     error_text: str = ""
-    thread: threading.Thread | None = None
+    task: object = None  # what pumps the job (BatchTask, InlineTask, or prepare's own)
+    thread: threading.Thread | None = None  # only a caller that runs a task on a thread of its own sets it
     started: float = field(default_factory=time.monotonic)
     # Held by the job (not the operator) so that cancel_all() can tidy up without the operator:
     teardown: Callable[[], None] | None = None  # removes the modal timer, progress bar, status
@@ -65,6 +70,9 @@ class Job:
         self.cancel_event.set()
         if self.state == "running":
             self.stage = "cancelling..."
+        task = self.task
+        if task is not None and hasattr(task, "cancel"):
+            task.cancel()
 
     @property
     def done(self) -> bool:
@@ -134,7 +142,6 @@ class JobManager:
                 traceback.print_exc()
         _settle_event_log()
 
-
     def cancel_all(self, *, join_timeout: float = JOIN_TIMEOUT) -> None:
         """Cancel the current job, wait for its worker, and undo what it left behind (its modal
         timer and progress bar, data prepared for it). Main thread only."""
@@ -153,6 +160,7 @@ def stop(job: Job, join_timeout: float = JOIN_TIMEOUT) -> None:
     job.cancel()
     if job.thread is not None and job.thread is not threading.current_thread():
         job.thread.join(join_timeout)
+    _pump_until_over(job, join_timeout)  # a batch's cancel ends or kills its worker within a second
     if job.teardown is not None:
         job.teardown()
     job.discard()
@@ -160,16 +168,11 @@ def stop(job: Job, join_timeout: float = JOIN_TIMEOUT) -> None:
 
 
 def run_job(job: Job, work: Callable[[Job], object]) -> None:
-    """The worker body: runs ``work(job)`` and records the outcome in ``job``."""
+    """A plain task's body: runs ``work(job)`` and records the outcome in ``job``."""
     try:
         result = work(job)
-    except OperationCancelled as exc:
-        job.error, job.error_text, job.state = exc, str(exc), "cancelled"
-    except LeanImageError as exc:
-        job.error, job.error_text, job.state = exc, str(exc), "failed"
-    except Exception as exc:  # a bug: the traceback to the console, a short line for the user
-        traceback.print_exc()
-        job.error, job.error_text, job.state = exc, f"Unexpected error: {type(exc).__name__}: {exc}", "failed"
+    except Exception as exc:  # noqa: BLE001 - recorded as the job's outcome
+        _record_failure(job, exc)
     else:
         # result before state: the main thread reads the result once it sees the state change
         job.result = result
@@ -177,6 +180,83 @@ def run_job(job: Job, work: Callable[[Job], object]) -> None:
             job.error_text, job.state = f"{job.name} was cancelled; nothing was changed.", "cancelled"
         else:
             job.state = "finished"
+
+
+def _record_failure(job: Job, exc: BaseException) -> None:
+    if isinstance(exc, OperationCancelled):
+        job.error, job.error_text, job.state = exc, str(exc), "cancelled"
+    elif isinstance(exc, LeanImageError):
+        job.error, job.error_text, job.state = exc, str(exc), "failed"
+    else:  # a bug: the traceback to the console, a short line for the user
+        traceback.print_exception(exc)
+        job.error, job.error_text, job.state = exc, f"Unexpected error: {type(exc).__name__}: {exc}", "failed"
+
+
+class InlineTask:
+    """A plain callable ``work(job)`` as a task: it runs whole at the first pump, on the caller's
+    thread (quick work; anything long belongs in a process)."""
+
+    def __init__(self, job: Job, work: Callable[[Job], object]):
+        self.job, self.work = job, work
+
+    def pump(self, budget: float) -> bool:
+        job = self.job
+        if job.done:
+            return True
+        if job.cancel_event.is_set():  # stopped before it ran: it never runs
+            job.error_text, job.state = f"{job.name} was cancelled; nothing was changed.", "cancelled"
+        else:
+            run_job(job, self.work)
+        return True
+
+    def cancel(self) -> None:  # the job's cancel_event is set already: work that looks at it stops
+        pass
+
+
+class BatchTask:
+    """A batch (models/worker/remote_batch.py's RemoteBatchRun, or a shot's TwoPassBatch of them)
+    pumped here: frames read and written on this thread, the model in the worker process.
+    ``result()`` gives the job's result once the batch is over."""
+
+    def __init__(self, job: Job, batch, result: Callable[[], object] = lambda: None):
+        self.job, self.batch, self.result = job, batch, result
+
+    def pump(self, budget: float) -> bool:
+        job = self.job
+        if job.done:
+            return True
+        try:
+            if not self.batch.pump(budget):
+                return False
+            result = self.result()
+        except BaseException as exc:  # noqa: BLE001 - the outcome is the job's, reported by finish()
+            _record_failure(job, exc)
+            return True
+        job.result = result
+        if job.cancel_event.is_set() or getattr(self.batch.report, "cancelled", False):
+            job.error_text, job.state = f"{job.name} was cancelled; nothing was changed.", "cancelled"
+        else:
+            job.state = "finished"
+        return True
+
+    def cancel(self) -> None:
+        self.batch.cancel()
+
+
+def as_task(job: Job, prepared) -> object:
+    """``prepare``'s answer as a task (see module doc)."""
+    return prepared if hasattr(prepared, "pump") else InlineTask(job, prepared)
+
+
+def _pump_until_over(job: Job, limit: float) -> None:
+    deadline = time.monotonic() + limit
+    while job.task is not None and time.monotonic() < deadline:
+        try:
+            if job.task.pump(0.05):
+                return
+        except Exception:  # ending anyway: the job is being stopped
+            traceback.print_exc()
+            return
 
 
 class _ModalTeardown:
@@ -207,7 +287,7 @@ class WorkerOperator:
 
     _job: Job | None = None
 
-    def prepare(self, context, job: Job) -> Callable[[Job], object]:
+    def prepare(self, context, job: Job):
         raise NotImplementedError
 
     def finish(self, context, job: Job) -> set:
@@ -217,30 +297,21 @@ class WorkerOperator:
         return ""
 
     def pump(self, context, job: Job, budget: float) -> bool:
-        """Main-thread work while the worker runs (a batch reads and writes frames here, as bpy
-        is not thread safe); True once the job is over. By default: when the worker is done."""
-        return job.done
+        """The task's share of work on the main thread; True once the job is over."""
+        return job.done or job.task.pump(budget)
 
     # -- synchronous path (background mode, scripts, and `execute` calls) ----------------------
     def execute(self, context):
-        started = self._begin(context)
-        if started is None:
+        job = self._begin(context)
+        if job is None:
             return {"CANCELLED"}
-        job, work = started
         try:
-            if type(self).pump is WorkerOperator.pump:
-                run_job(job, work)
-            else:  # the worker on its thread, this thread pumping until the job is over
-                job.thread = threading.Thread(target=run_job, args=(job, work), name=f"lean_image_ai:{job.name}")
-                job.thread.start()
-                try:
-                    while not self.pump(context, job, 0.5):
-                        pass
-                except BaseException:
-                    job.cancel()
-                    raise
-                finally:
-                    job.thread.join()
+            try:
+                while not self.pump(context, job, 0.5):
+                    pass
+            except BaseException:
+                job.cancel()
+                raise
             return self.finish(context, job)
         finally:
             job.discard()  # finish() empties it when it applied the job
@@ -253,11 +324,10 @@ class WorkerOperator:
         return self.start_modal(context)
 
     def start_modal(self, context):
-        """Start the worker under a modal timer; what ``invoke`` does when Blender has a UI."""
-        started = self._begin(context)
-        if started is None:
+        """Start the job under a modal timer; what ``invoke`` does when Blender has a UI."""
+        job = self._begin(context)
+        if job is None:
             return {"CANCELLED"}
-        job, work = started
         wm = context.window_manager
         try:
             timer = wm.event_timer_add(TIMER_INTERVAL, window=context.window)
@@ -278,10 +348,6 @@ class WorkerOperator:
             self.report({"ERROR"}, job.error_text)
             return {"CANCELLED"}
         self._job = job
-        job.thread = threading.Thread(
-            target=run_job, args=(job, work), name=f"lean_image_ai:{job.name}", daemon=True
-        )
-        job.thread.start()
         return {"RUNNING_MODAL"}
 
     def modal(self, context, event):
@@ -293,13 +359,16 @@ class WorkerOperator:
             return {"RUNNING_MODAL"}  # Esc is ours while the job runs: no other tool gets it
         if event.type != "TIMER":
             return {"PASS_THROUGH"}
-        if not self.pump(context, job, 0.05):
+        try:
+            over = self.pump(context, job, 0.05)
+        except Exception as exc:  # noqa: BLE001 - a task that broke ends its job, never the modal loop
+            _record_failure(job, exc)
+            over = True
+        if not over:
             context.window_manager.progress_update(int(job.progress * 100))
             _set_status(context, f"{job.name}: {job.stage} ({job.progress:.0%}) - Esc to cancel")
             self._redraw(context)
             return {"RUNNING_MODAL"}
-        if job.thread is not None:
-            job.thread.join(JOIN_TIMEOUT)  # pump() may report the end just before the worker returns
         if job.teardown is not None:
             job.teardown()
         self._redraw(context)
@@ -320,15 +389,16 @@ class WorkerOperator:
         self.lane.end(job)
 
     # -- shared ----------------------------------------------------------------------------------
-    def _begin(self, context) -> tuple[Job, Callable[[Job], object]] | None:
-        """Claim the lane and prepare the job: (job, work), or None after reporting why not."""
+    def _begin(self, context) -> Job | None:
+        """Claim the lane and prepare the job (its ``task`` set), or None after reporting why not."""
         try:
             job = self.lane.begin(self.job_title, self.job_key())
         except JobBusyError as exc:
             self.report({"ERROR"}, str(exc))
             return None
         try:
-            return job, self.prepare(context, job)
+            job.task = as_task(job, self.prepare(context, job))
+            return job
         except LeanImageError as exc:
             job.state, job.error_text = "failed", str(exc)
         except Exception as exc:  # a bug: traceback to the console, a line to the user
@@ -376,12 +446,4 @@ classes = (LEAN_IMAGE_AI_OT_cancel_job,)
 
 
 class BatchOperator(WorkerOperator):
-    """A WorkerOperator whose ``job.inputs`` is a batch (models/batch/sequence.py's BatchRun, or a shot's
-    two passes): its frames are read and written here, on the main thread, between the worker's runs."""
-
-    def pump(self, context, job: Job, budget: float) -> bool:
-        try:
-            return job.inputs.pump(budget)
-        except LeanImageError as exc:  # the batch could not run at all (the model, the device)
-            job.error, job.error_text, job.state = exc, str(exc), "failed"
-            return True
+    """A WorkerOperator whose task is a :class:`BatchTask` (kept as a name the sequence operators share)."""

@@ -3,25 +3,28 @@ picture, idle unload.
 
 Release now keeps the sessions (weights stay loaded) and gives back arena memory; Unload all
 drops the sessions. Both report what they freed, in the runtime's wording. The leak check runs
-on the job engine's worker like a model job (progress, Esc or Cancel) and says stable or growing
+in the model worker like a model job (progress, Esc or Cancel) and says stable or growing
 at the end. After each finished job the image "Lean Image AI Memory" shows its memory timeline
 (runtime/measure/memory_plot.py); a cancelled or failed job changes no Blender data, that image included.
-Idle unload is a Blender timer armed after each job, re-armed only while sessions are cached,
-never in background mode (there are no timers there and a script decides for itself).
+Idle unload is a Blender timer armed after each job, re-armed only while sessions are cached or
+the model worker runs, never in background mode (there are no timers there and a script decides
+for itself); it ends the worker process (models/worker/client.py), which gives everything back.
+"Free memory now" ends the worker at once and says how much it held just before.
 """
 
 import bpy
 import numpy as np
 
 from ..models import families
+from ..models.base import JobOptions
+from ..models.worker import client as worker_client
 from ..runtime import get_runtime
-from ..runtime.errors import OperationCancelled
 from ..runtime.log import event_file
 from ..runtime.measure import memory_plot
-from ..runtime.measure.leak_check import MIN_RUNS, RUNS_REASON, leak_check
+from ..runtime.measure.leak_check import MIN_RUNS, RUNS_REASON
 from ..runtime.measure.memory_report import format_freed
 from . import prefs, results
-from .jobs import Job, WorkerOperator, manager
+from .jobs import BatchTask, Job, WorkerOperator, manager
 
 IDLE_CHECK_MAX_S = 60.0  # the timer wakes at most once a minute, at least when the next session turns idle
 
@@ -43,8 +46,9 @@ class LEAN_IMAGE_AI_OT_release_memory(bpy.types.Operator):
     def execute(self, context):
         if _busy(self):
             return {"CANCELLED"}
-        freed = get_runtime().release_now()
-        self.report({"INFO"}, format_freed("Release now", freed))
+        in_worker = worker_client.shared().ask("release")  # the models are the worker's
+        freed = get_runtime().release_now()  # and whatever a job run in this process left (LEAN_IMAGE_AI_IN_PROCESS)
+        self.report({"INFO"}, format_freed("Release now", in_worker or freed))
         return {"FINISHED"}
 
 
@@ -57,9 +61,32 @@ class LEAN_IMAGE_AI_OT_unload_all(bpy.types.Operator):
     def execute(self, context):
         if _busy(self):
             return {"CANCELLED"}
-        freed = get_runtime().unload()
-        self.report({"INFO"}, format_freed("Unload all", freed))
+        in_worker = worker_client.shared().ask("unload")  # the models are the worker's
+        freed = get_runtime().unload()  # and whatever a job run in this process left (LEAN_IMAGE_AI_IN_PROCESS)
+        self.report({"INFO"}, format_freed("Unload all", in_worker or freed))
         return {"FINISHED"}
+
+
+class LEAN_IMAGE_AI_OT_free_memory_now(bpy.types.Operator):
+    """End the model process now: every byte it held (RAM, VRAM, the GPU's context) comes back"""
+
+    bl_idname = "lean_image_ai.free_memory_now"
+    bl_label = "Free Memory Now"
+
+    def execute(self, context):
+        if _busy(self):
+            return {"CANCELLED"}
+        self.report({"INFO"}, freed_text(worker_client.shared().free_now()))
+        return {"FINISHED"}
+
+
+def freed_text(freed: dict) -> str:
+    if not freed.get("was_running"):
+        return "Free memory now: the model process was not running; nothing to give back."
+    parts = [f"{(freed.get('rss_bytes') or 0) / 2**20:.0f} MiB RAM"]
+    if freed.get("vram_bytes"):
+        parts.append(f"{freed['vram_bytes'] / 2**20:.0f} MiB VRAM")
+    return f"Free memory now: the model process ended; {' and '.join(parts)} came back."
 
 
 class LEAN_IMAGE_AI_OT_leak_check(WorkerOperator, bpy.types.Operator):
@@ -79,22 +106,16 @@ class LEAN_IMAGE_AI_OT_leak_check(WorkerOperator, bpy.types.Operator):
     )
 
     def prepare(self, context, job: Job):
-        from ..models.leak_job import family_job
+        from ..models.worker.remote_call import RemoteCall
+        from .model_job import model_worker
 
         device, budgets = prefs.configure_runtime(context)
-        runs = self.runs
-        folder = prefs.models_folder(context)
-        request = family_job(self.family, device=device, folder=folder, budgets=budgets, cancel=job.cancel_event)
-
-        def work(job: Job):
-            def after_run(index, _values):
-                job.report(index / runs, f"run {index}/{runs}")
-                job_cancelled(job)
-
-            job_cancelled(job)
-            return leak_check(request, runs=runs, after_run=after_run)
-
-        return work
+        spec = {"family": self.family, "device": device, "folder": prefs.models_folder(context),
+                "budgets": budgets, "runs": self.runs}
+        # in the model worker: the leak check measures the process whose runtime runs the model
+        call = RemoteCall("leak", spec, options=JobOptions(progress=job.report, cancel=job.cancel_event),
+                          name=job.name, client=model_worker())
+        return BatchTask(job, call, lambda: call.result)
 
     def finish(self, context, job: Job):
         if job.state != "finished":
@@ -103,12 +124,6 @@ class LEAN_IMAGE_AI_OT_leak_check(WorkerOperator, bpy.types.Operator):
         result = job.result
         self.report({"INFO"} if result.verdict == "stable" else {"WARNING"}, result.summary())
         return {"FINISHED"}
-
-
-def job_cancelled(job: Job) -> None:
-    """Between two runs: stop when the artist cancelled (a run itself stops before its model run)."""
-    if job.cancel_event.is_set():
-        raise OperationCancelled("The leak check was cancelled; nothing was changed.")
 
 
 class LEAN_IMAGE_AI_OT_open_log_folder(bpy.types.Operator):
@@ -191,22 +206,27 @@ def idle_tick():
         limit = idle_seconds()
     except Exception:
         return None
-    runtime = get_runtime()
+    runtime, worker = get_runtime(), worker_client.shared()
     if limit <= 0 or manager.running() is not None:
-        return IDLE_CHECK_MAX_S if runtime.cached_sessions() and limit > 0 else None
+        return IDLE_CHECK_MAX_S if (runtime.cached_sessions() or worker.running) and limit > 0 else None
     runtime.unload_idle(limit)
+    worker.check_idle(limit)  # the worker's end is what gives its memory back
     handles = runtime.cached_sessions()
-    if not handles:
+    if not handles and not worker.running:
         return None  # nothing cached: the next job arms it again
     import time
 
-    soonest = min(limit - (time.time() - h.last_used) for h in handles)
-    return max(1.0, min(IDLE_CHECK_MAX_S, soonest))
+    waits = [limit - (time.time() - h.last_used) for h in handles]
+    if worker.running:
+        waits.append(limit - (time.monotonic() - worker.idle_since))
+    return max(1.0, min(IDLE_CHECK_MAX_S, min(waits)))
 
 
 def arm_idle_unload() -> bool:
     """Start the idle timer after a job (UI only); True when it is (now) registered."""
-    if bpy.app.background or idle_seconds() <= 0 or not get_runtime().cached_sessions():
+    if bpy.app.background or idle_seconds() <= 0:
+        return False
+    if not get_runtime().cached_sessions() and not worker_client.shared().running:
         return False
     if not bpy.app.timers.is_registered(idle_tick):
         bpy.app.timers.register(idle_tick, first_interval=IDLE_CHECK_MAX_S, persistent=True)
@@ -240,11 +260,13 @@ def pre_unregister():
     event_file.stop()
     if bpy.app.timers.is_registered(idle_tick):
         bpy.app.timers.unregister(idle_tick)
+    worker_client.stop_shared()  # the add-on goes: so does its model process
 
 
 classes = (
     LEAN_IMAGE_AI_OT_release_memory,
     LEAN_IMAGE_AI_OT_unload_all,
+    LEAN_IMAGE_AI_OT_free_memory_now,
     LEAN_IMAGE_AI_OT_leak_check,
     LEAN_IMAGE_AI_OT_open_log_folder,
     LEAN_IMAGE_AI_OT_show_memory_plot,

@@ -1,5 +1,7 @@
 """What every model operator shares (bpy): its properties, the gather of its inputs on the main
-thread, the adapter call on the worker, and the end of the job (apply, or undo what was gathered).
+thread, the adapter call in the model worker process (a one-frame models/worker/remote_batch.py
+batch whose read hands over the gathered pixels), and the end of the job (apply, or undo what was
+gathered).
 
 A model operator is ``@with_family_options(FAMILY)`` on a :class:`ModelJobOperator` subclass that
 writes ``apply``; the family record (models/family.py) gives it its options and its adapter.
@@ -15,12 +17,14 @@ import numpy as np
 from bpy.props import BoolProperty, StringProperty
 
 from ..models import file_formats
-from ..models.base import JobOptions
+from ..models.batch.frame_lists import FrameRef
 from ..models.family import Family
 from ..models.job import FamilyJob
+from ..models.worker import client as worker_client
+from ..models.worker.remote_batch import RemoteBatchRun
 from ..runtime.errors import LeanImageError
 from . import image_io, prefs, sources
-from .jobs import Job, WorkerOperator
+from .jobs import BatchTask, Job, WorkerOperator
 from .options import path_options
 
 
@@ -40,6 +44,34 @@ class JobInputs:
     def options(self) -> dict:
         """The family's option values of this call."""
         return self.job.values
+
+
+def model_worker() -> worker_client.WorkerClient:
+    """The process's model worker (models/worker/client.py), started with the installed GPU
+    runtime where there is one: the worker loads it, Blender's process never does."""
+    try:
+        folder = prefs.gpu_runtime_folder()
+        gpu_runtime = str(folder) if folder.is_dir() else ""
+    except Exception:  # no user folder to look in: then nothing is installed there either
+        gpu_runtime = ""
+    return worker_client.shared(gpu_runtime=gpu_runtime)
+
+
+def one_frame_task(job: Job, family_job: FamilyJob, ref: FrameRef, pixels, shape=lambda result: result) -> BatchTask:
+    """The task of one gathered image: a one-frame batch in the model worker whose read hands over
+    ``pixels``; the job's result is ``shape(result)``, a failure in the model the job's error."""
+    results = []
+    batch = RemoteBatchRun(
+        family_job, [ref], lambda ref: pixels, lambda ref, result: results.append(result),
+        options=family_job.options(progress=job.report, cancel=job.cancel_event), client=model_worker(), name=job.name,
+    )
+
+    def result():
+        if batch.report.failed:
+            raise LeanImageError(batch.report.failed[0][1])
+        return shape(results[0]) if results else None
+
+    return BatchTask(job, batch, result)
 
 
 class ModelOperatorProperties:
@@ -122,16 +154,13 @@ class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
 
     def prepare(self, context, job: Job):
         inputs = job.inputs = self.gather(context, job)
-        work = self.work  # bound here: the worker must look nothing up on the operator
+        shape = self.shape  # bound here: the result is shaped after the operator's call has returned
+        ref = FrameRef(0, Path(inputs.info.name))  # the image's name: what a message about it says
+        return one_frame_task(job, inputs.job, ref, inputs.model_rgba, lambda result: shape(inputs, result, job.report))
 
-        def run(job: Job):
-            return work(inputs, inputs.job.options(progress=job.report, cancel=job.cancel_event))
-
-        return run
-
-    def work(self, inputs: JobInputs, options: JobOptions):
-        """Worker thread: the family's job on the gathered pixels (no bpy)."""
-        return inputs.job.infer(inputs.model_rgba, options)
+    def shape(self, inputs: JobInputs, result, report):
+        """The model's result as ``apply`` takes it (numpy only, no bpy); by default as it is."""
+        return result
 
     def apply(self, context, inputs: JobInputs, result) -> str:
         """Create Blender data from the result; returns a one-line summary for the report.

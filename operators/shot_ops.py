@@ -23,10 +23,12 @@ from bpy.props import EnumProperty, IntProperty, StringProperty
 from ..models import families, file_formats, products
 from ..models.adapters import moge2
 from ..models.adapters.moge2_mesh import mesh_arrays
-from ..models.batch import frame_lists, sequence
+from ..models.batch import frame_lists
+from ..models.worker.remote_batch import RemoteBatchRun
 from ..runtime.errors import LeanImageError
 from . import batch_ops, geometry_ops, image_io, options, prefs, results, shot_props, sources
-from .jobs import BatchOperator, Job, WorkerOperator
+from .jobs import BatchOperator, BatchTask, Job, WorkerOperator
+from .model_job import model_worker, one_frame_task
 
 PREVIEW_IMAGE = "Lean Image AI Preview"
 
@@ -124,18 +126,20 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
 
         def make_pass(write, shot_kwargs, first_pass):
             pass_job = replace(family_job, extra=dict(shot_kwargs))
-            return sequence.BatchRun(
+            return RemoteBatchRun(
+                pass_job,
                 refs,
-                pass_job.infer,
                 batch_ops.read_frame,
                 write,
                 options=pass_job.options(progress=job.report, cancel=job.cancel_event),
+                client=model_worker(),
+                name=job.name,
             )
 
         job.inputs = shot_props.batch(shot, make_pass, add_frame, job.cancel_event)
         job.inputs.made = made
         job.key = str(refs[0].path.parent) if refs else ""
-        return lambda job: job.inputs.infer_all()
+        return BatchTask(job, job.inputs)
 
 
     def finish(self, context, job: Job):
@@ -236,8 +240,7 @@ class LEAN_IMAGE_AI_OT_preview_frame(WorkerOperator, bpy.types.Operator):
         family_job.extra.update(shot.adapter_kwargs())  # a given field of view; a fitted shot focal needs the shot
         pixels = batch_ops.read_frame(refs[0])  # main thread: Blender reads the file
         job.inputs = SimpleNamespace(number=number, shot=shot, family=family)
-        opts = family_job.options(progress=job.report, cancel=job.cancel_event)
-        return lambda job: family_job.infer(pixels, opts)
+        return one_frame_task(job, family_job, refs[0], pixels)
 
     def finish(self, context, job: Job):
         if job.state != "finished":

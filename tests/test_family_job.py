@@ -52,7 +52,11 @@ def runtime_kept():
 @pytest.fixture
 def tile_plans(monkeypatch):
     """Every auto tile size an upscale plans, with the budget it was planned from and the working
-    target per window it says it used (the real upscale_plan.auto_tile, recorded)."""
+    target per window it says it used (the real upscale_plan.auto_tile, recorded). In this process:
+    Blender's operators run the model here too (remote_batch.IN_PROCESS_ENV) so that it is seen."""
+    from lean_image_ai.models.worker.remote_batch import IN_PROCESS_ENV
+
+    monkeypatch.setenv(IN_PROCESS_ENV, "1")
     plans = []
     real = upscale_plan.auto_tile
 

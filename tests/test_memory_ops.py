@@ -125,11 +125,11 @@ def test_leak_check_modal_on_the_worker_with_progress(leak_driver):
     def script(op):
         assert op.start_modal(ctx) == {"RUNNING_MODAL"}
         job = jobs.manager.current
-        assert job.name == "Leak Check" and job.thread is not None and job.thread.daemon
+        assert job.name == "Leak Check" and job.thread is None and isinstance(job.task, jobs.BatchTask)  # in the worker
         return job, pump(op, ctx, timeout=120)
 
     job, result = drive(leak_driver, script, runs=8)
-    assert result == {"FINISHED"} and job.state == "finished" and not job.thread.is_alive()
+    assert result == {"FINISHED"} and job.state == "finished" and job.result.runs == 8
     wm = ctx.window_manager
     assert wm.progress and wm.progress == sorted(wm.progress) and wm.live_timers == []
     assert any(text and text.startswith("Leak Check: run ") for text in ctx.workspace.status)
@@ -221,6 +221,8 @@ def test_leak_check_repeats_the_chosen_family_job(runtime, tmp_path, monkeypatch
     entry = catalog.Catalog().get("da3-metric-large")  # no size/sha256 known: a present file counts
     model = da3_like_model(tmp_path / entry.filename, fixed_hw=None)
     assert bpy.ops.lean_image_ai.leak_check(runs=8, family="da3") == {"FINISHED"}
-    assert [h.model_path for h in get_runtime().cached_sessions()] == [Path(model).resolve()]
+    from lean_image_ai.models.worker import client as worker_client
+
+    assert worker_client.shared().status["models"] == [Path(model).name]  # loaded in the model worker
     with pytest.raises(RuntimeError, match="No BEN2 .* model is installed"):
         bpy.ops.lean_image_ai.leak_check(runs=8, family="ben2")

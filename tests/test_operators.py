@@ -159,14 +159,13 @@ def test_source_image_removed_while_the_job_ran_is_a_clear_error(models, monkeyp
     area = window.screen.areas[0]
     area.type = "IMAGE_EDITOR"
     area.spaces.active.image = image
-    work = model_job.ModelJobOperator.work
+    shape = model_job.ModelJobOperator.shape
 
-    def work_then_the_artist_deletes_the_image(self, inputs, options):
-        result = work(self, inputs, options)
+    def shape_then_the_artist_deletes_the_image(self, inputs, result, report):
         bpy.data.images.remove(inputs.source)  # what deleting it in the UI during the job does
-        return result
+        return shape(self, inputs, result, report)
 
-    monkeypatch.setattr(model_job.ModelJobOperator, "work", work_then_the_artist_deletes_the_image)
+    monkeypatch.setattr(model_job.ModelJobOperator, "shape", shape_then_the_artist_deletes_the_image)
     with bpy.context.temp_override(window=window, area=area):
         with pytest.raises(RuntimeError, match="Image 'editor' was removed while the job ran; nothing was changed"):
             bpy.ops.lean_image_ai.remove_background(model_path=str(models["ben2"]), replace=True)
@@ -466,9 +465,13 @@ def test_operators_are_built_from_the_family_records():
 
 @pytest.fixture
 def recorded(monkeypatch):
-    """The process-wide runtime replaced by one whose real CPU sessions record every run."""
+    """The process-wide runtime replaced by one whose real CPU sessions record every run (in this
+    process: the model worker's runtime is another process's)."""
+    from lean_image_ai.models.worker.remote_batch import IN_PROCESS_ENV
     from lean_image_ai.runtime import core
     from recording import RecordingFactory
+
+    monkeypatch.setenv(IN_PROCESS_ENV, "1")
 
     factory = RecordingFactory()
     runtime = Runtime(session_factory=factory)

@@ -240,8 +240,10 @@ def test_a_batch_whose_model_answered_no_frame_is_never_finished(tmp_path, model
     """'0 written ... of N' is not a success: a model side that returns without taking the frames
     (as the 2-frame shots once did) ends in an ERROR for both shot operators, nothing added."""
     from lean_image_ai.models.job import FamilyJob
+    from lean_image_ai.models.worker.remote_batch import IN_PROCESS_ENV
 
     shot = _red_shot(tmp_path / "in", count=3)
+    monkeypatch.setenv(IN_PROCESS_ENV, "1")  # the model side patched here runs here
     monkeypatch.setattr(FamilyJob, "infer", lambda self, frames, options=None: None)
     with pytest.raises(RuntimeError, match=r"0 written, 0 skipped, 0 failed of 3.*3 frame\(s\) were neither written"):
         bpy.ops.lean_image_ai.process_sequence(

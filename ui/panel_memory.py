@@ -7,6 +7,7 @@ event log) is in Details, wrapped.
 
 import time
 
+from ..models.worker import client as worker_client
 from ..operators import prefs
 from ..operators.jobs import manager
 from ..runtime import get_runtime, memory_snapshot
@@ -71,9 +72,21 @@ def gpu_unavailable_reason(gpu: dict) -> str:
 
 
 def draw_memory(layout, context) -> None:
+    preferences.draw_safely(layout, "Model process", _draw_worker, context)
     preferences.draw_safely(layout, "Memory stats", _draw_memory_stats, context)
     preferences.draw_safely(layout, "Last job's memory", _draw_last_job_summary, context)
     preferences.draw_safely(layout, "Sessions", _draw_sessions_summary, context)
+
+
+def _draw_worker(layout, context) -> None:
+    """The model process in one line (not running / ready, its model and memory / running a job)
+    and the button that ends it."""
+    worker = worker_client.shared()
+    row = layout.row(align=True)
+    row.label(text=short(worker.state()))
+    sub = row.row(align=True)
+    sub.enabled = worker.running and manager.running() is None
+    _button(sub, "lean_image_ai.free_memory_now", text="Free Memory Now", icon="X")
 
 
 def _draw_memory_stats(layout, context) -> None:

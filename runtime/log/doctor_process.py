@@ -54,11 +54,17 @@ def _search_dir(root: Path, folder: Path) -> Path:
     return folder
 
 
+def host_environment(folder: Path, root: Path = ADDON_ROOT) -> dict:
+    """The environment of a child of the host's Python that imports this package and the host's
+    wheels (the doctor, the model worker: models/worker/client.py); ``folder`` may get a link."""
+    paths = [str(_search_dir(Path(root), folder)), *(p for p in sys.path if p)]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(paths), PYTHONIOENCODING="utf-8")
+
+
 def start(gpu_runtime: str | os.PathLike | None = None, *, root: Path = ADDON_ROOT) -> DoctorRun:
     folder = Path(tempfile.mkdtemp(prefix="lean_image_ai_doctor_"))
     try:
-        paths = [str(_search_dir(Path(root), folder)), *(p for p in sys.path if p)]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), PYTHONIOENCODING="utf-8")
+        env = host_environment(folder, root)
         with open(folder / "stdout.txt", "wb") as out, open(folder / "stderr.txt", "wb") as err:
             process = subprocess.Popen(
                 command(gpu_runtime), stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, cwd=str(folder)

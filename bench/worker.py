@@ -1,0 +1,193 @@
+"""The model worker process against the same job run in Blender's process (issue #30 item 8).
+
+    python bench/worker.py [--width 1920 --height 1080] [--small 256] [--model FILE]
+
+This process plays Blender's: it imports bpy (the bpy 5.0.1 wheel of the dev venv) and the add-on,
+and drives jobs as the operators do (models/worker/remote_batch.py's RemoteBatchRun, pumped from
+this thread, no thread of its own). The model is the compact x4 real-architecture export of
+tools/reference_models.py (``compact-x4``, read from ~/.cache/lean_image_ai/reference_models and
+never rebuilt here), else a seeded compact net built like it (tests/builders_upscale.py), named in
+the output.
+
+Measured, in order (everything about Blender's process before anything imports onnxruntime in it):
+threads started and onnxruntime modules in this process during three small upscale jobs, its RSS
+growth over them, the first job's extra time (the worker's start), a cancel in the middle of one
+long tile (Esc to the end of the job), kill -9 of the worker mid-job (the next job must work),
+Free memory now's figure, and last warm full-size jobs through the worker against the same job
+run in this process by the batch runner (models/batch/sequence.py's BatchRun), in alternating pairs.
+Ends with one JSON line with the keys of issue #30 item 8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tools"))
+
+_started: list[str] = []
+_real_start = threading.Thread.start
+
+
+def _recording_start(self, *args, **kwargs):
+    _started.append(self.name)
+    return _real_start(self, *args, **kwargs)
+
+
+def _model(args, folder: Path) -> tuple[Path, str]:
+    if args.model:
+        return Path(args.model), f"given: {args.model}"
+    from reference_models import reference_dir
+
+    exported = reference_dir() / "compact-x4.onnx"
+    if exported.is_file():
+        return exported, f"compact-x4 reference export ({exported})"
+    from builders_upscale import compact_model
+
+    built = compact_model(folder / "compact-x4-like.onnx", num_conv=32, feat=64, scale=4)
+    return built, "a seeded compact net (32 convs, 64 features, x4; no reference export found)"
+
+
+def _mib(value) -> float:
+    return round((value or 0) / 2**20, 1)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--width", type=int, default=1920)
+    parser.add_argument("--height", type=int, default=1080)
+    parser.add_argument("--small", type=int, default=256, help="side of the three small jobs")
+    parser.add_argument("--model", default="")
+    parser.add_argument("--pairs", type=int, default=4, help="worker/in-process pairs of the full-size job")
+    args = parser.parse_args(argv)
+
+    import tempfile
+
+    import bpy  # noqa: F401 - this process is Blender's
+    from lean_image_ai.models.batch.frame_lists import FrameRef
+    from lean_image_ai.models.batch.sequence import BatchRun
+    from lean_image_ai.models.job import FamilyJob
+    from lean_image_ai.models.worker.client import WorkerClient
+    from lean_image_ai.models.worker.remote_batch import RemoteBatchRun
+    from lean_image_ai.runtime.errors import LeanImageError
+    from lean_image_ai.runtime.measure.memory import process_rss_bytes
+
+    folder = Path(tempfile.mkdtemp(prefix="bench_worker_"))
+    model, model_text = _model(args, folder)
+    job = FamilyJob.resolve("upscale", folder, model_path=str(model), device="cpu")
+    rng = np.random.default_rng(0)
+    small = rng.random((args.small, args.small, 4), dtype=np.float32)
+    full = rng.random((args.height, args.width, 4), dtype=np.float32)
+    client = WorkerClient()
+
+    def remote(pixels, **hooks):
+        kept = []  # each result's shape: a result kept alive would count as Blender's growth
+        run = RemoteBatchRun(job, [FrameRef(1, Path("photo.png"))], lambda ref: pixels,
+                             lambda ref, result: kept.append(result.image.shape), options=job.options(**hooks),
+                             client=client)
+        return run, kept
+
+    def timed_remote(pixels) -> tuple[float, list]:
+        started = time.perf_counter()
+        run, kept = remote(pixels)
+        run.run()
+        return time.perf_counter() - started, kept
+
+    print(f"model: {model_text}")
+    # -- Blender's process during three jobs -----------------------------------------------------
+    threading.Thread.start = _recording_start
+    rss_before = process_rss_bytes()
+    first, _ = timed_remote(small)
+    second, _ = timed_remote(small)
+    third, _ = timed_remote(small)
+    rss_after = process_rss_bytes()
+    threading.Thread.start = _real_start
+    threads = len(_started)
+    ort_here = any(name.split(".")[0] == "onnxruntime" for name in sys.modules)
+    spawn = first - min(second, third)
+    print(f"3 jobs {args.small}x{args.small}: {first:.2f} s (worker start), {second:.2f} s, {third:.2f} s; "
+          f"threads started here {threads}, onnxruntime here {ort_here}, RSS here {_mib(rss_before)} -> {_mib(rss_after)} MiB")
+
+    # -- cancel in the middle of one long tile -------------------------------------------------
+    stages = []
+    run, kept = remote(full, progress=lambda fraction, stage: stages.append(stage))
+    begun = time.monotonic()
+    while not run.pump(0.01) and time.monotonic() - begun < 2.0:
+        pass  # two seconds in: inside the job's long run
+    esc = time.monotonic()
+    run.cancel()
+    while not run.pump(0.01):
+        pass
+    cancel_seconds = time.monotonic() - esc
+    print(f"cancel mid-tile: over {cancel_seconds:.2f} s after the cancel (cancelled={run.report.cancelled}, "
+          f"written={len(kept)}, worker {'ended' if not client.running else 'kept'})")
+
+    # -- kill -9 mid-job ----------------------------------------------------------------------
+    run, kept = remote(full)
+    while not run.pump(0.01) and not client.running:
+        pass
+    time.sleep(0.5)
+    os.kill(client.pid, signal.SIGKILL)
+    line = ""
+    try:
+        run.run()
+    except LeanImageError as exc:
+        line = str(exc)
+    again, kept_again = timed_remote(small)
+    survived = bool(line) and len(kept_again) == 1 and not kept
+    print(f"kill -9: '{line}'; the next job wrote {len(kept_again)} result(s) in {again:.2f} s")
+
+    # -- warm full-size jobs: through the worker and in this process, alternating ----------------
+    def in_process(pixels) -> float:
+        kept = []
+        local = BatchRun([FrameRef(1, Path("photo.png"))], job.infer, lambda ref: pixels,
+                         lambda ref, result: kept.append(result.image.shape), options=job.options())
+        started = time.perf_counter()
+        local.run()
+        return time.perf_counter() - started
+
+    timed_remote(small)  # both sessions loaded before anything is timed
+    in_process(small)
+    ratios = []
+    for index in range(args.pairs):  # which side runs first alternates: a machine's drift cancels out
+        if index % 2:
+            local_seconds = in_process(full)
+            worker_seconds, _ = timed_remote(full)
+        else:
+            worker_seconds, _ = timed_remote(full)
+            local_seconds = in_process(full)
+        ratios.append(worker_seconds / local_seconds)
+        print(f"{args.width}x{args.height} pair {index + 1}: worker {worker_seconds:.2f} s, in-process {local_seconds:.2f} s, "
+              f"ratio {ratios[-1]:.3f}")
+    ratio = float(np.median(ratios))
+    rss_worker = client.status.get("rss_bytes")
+    freed = client.free_now()
+    print(f"free now: {_mib(freed.get('rss_bytes'))} MiB RAM, VRAM {_mib(freed.get('vram_bytes'))} MiB "
+          f"(worker RSS after the full jobs {_mib(rss_worker)} MiB)")
+
+    print(json.dumps({
+        "blender_threads_started": threads,
+        "onnxruntime_in_blender": ort_here,
+        "blender_rss_growth_mib": _mib((rss_after or 0) - (rss_before or 0)),
+        "worker_over_in_process": round(ratio, 3),
+        "spawn_seconds": round(spawn, 2),
+        "cancel_seconds": round(cancel_seconds, 2),
+        "survived_kill9": survived,
+        "free_now_returned_mib": _mib(freed.get("rss_bytes")),
+    }))
+    client.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""A batch whose inference runs in the model worker process (bpy-free), with the caller interface
+of models/batch/sequence.py's BatchRun: ``pump(budget, read=...)``, ``report``, ``needs_model``,
+``cancel()``, ``run()``. Any front-end (a single-image operator, Process Sequence, a shot's pass
+in models/batch/shot_batch.py's TwoPassBatch, a headless script) swaps it in for a BatchRun.
+
+Frames are read, claimed, written and released here, in the caller's process (Blender reads and
+writes with its own image IO on its main thread); only ``job.infer`` runs in the worker, the whole
+batch as one runtime operation there (models/worker/serve.py). Nothing here starts a thread or
+waits on the worker: each pump reads what the worker has said so far.
+
+Cancel: the worker is told; a worker that has not confirmed within :data:`CANCEL_GRACE_S` (one
+long tile, a native call that never looks at the cancel) is killed, and the next job starts a
+fresh one. A worker that ends on its own while it has work (a crash, kill -9, the OOM killer)
+ends the batch with one line; a frame is only ever written whole, here, so nothing is half-written,
+and every frame claim held for a frame in the worker is released.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from ...runtime.errors import LeanImageError
+from ..adapters import ben2, da3, moge2, upscale
+from ..base import JobOptions
+from ..batch.frame_lists import FrameRef
+from ..batch.sequence import BatchReport, BatchRun
+from ..job import FamilyJob
+from . import client as worker_client
+
+BUILT_IN = frozenset(m.FAMILY.id for m in (ben2, da3, moge2, upscale))  # every worker knows these
+CANCEL_GRACE_S = 0.5  # a cancel the worker has not confirmed by then ends the process (the 1 s goal)
+# "1": the model runs in this process on BatchRun's threads, as before the worker (debugging, and
+# tests that look inside the runtime of the process that runs the model)
+IN_PROCESS_ENV = "LEAN_IMAGE_AI_IN_PROCESS"
+
+
+class RemoteBatchRun:
+    def __init__(
+        self,
+        job: FamilyJob,
+        refs: list[FrameRef],
+        read: Callable[[FrameRef], object],
+        write: Callable[[FrameRef, object], list[str] | None],
+        *,
+        options: JobOptions,
+        skip: Callable[[FrameRef], bool] = lambda ref: False,
+        stop_on_error: bool = False,
+        depth: int = 2,
+        claim: Callable[[FrameRef], bool] = lambda ref: True,
+        release: Callable[[FrameRef], None] = lambda ref: None,
+        client: worker_client.WorkerClient | None = None,
+        name: str = "",
+    ):
+        self.report = BatchReport(total=len(refs))
+        self._job, self._read, self._write = job, read, write
+        self._claim, self._release = claim, release
+        self._options, self._stop_on_error, self._depth = options, stop_on_error, max(1, depth)
+        self._cancel = options.cancel if isinstance(options.cancel, threading.Event) else threading.Event()
+        self._client = client
+        self.name = name or job.family.action or job.family.title
+        self._todo: collections.deque = collections.deque()
+        for ref in refs:
+            (self.report.skipped.append(ref.number) if skip(ref) else self._todo.append(ref))
+        self._needs_model = bool(self._todo)
+        self._sent: dict[int, FrameRef] = {}  # in the worker, not answered yet (insertion order)
+        self._phase = "new"  # new -> running -> (cancelling) -> over
+        self._cancel_sent_at = 0.0
+        self._stopped = False  # a failed frame ended the batch (stop_on_error), not a cancel
+        self._error: BaseException | None = None
+        self._started = time.monotonic()
+        self.spawned = False  # this batch started the worker (its first job pays the start)
+        self._local: BatchRun | None = None
+        if os.environ.get(IN_PROCESS_ENV) == "1":
+            self._local = BatchRun(refs, job.infer, read, write, options=options, skip=skip,
+                                   stop_on_error=stop_on_error, depth=depth, claim=claim, release=release)
+            self.report = self._local.report
+
+    @property
+    def needs_model(self) -> bool:
+        return self._needs_model
+
+    @property
+    def client(self) -> worker_client.WorkerClient:
+        if self._client is None:
+            self._client = worker_client.shared()
+        return self._client
+
+    def cancel(self) -> None:
+        self._cancel.set()
+        if self._local is not None:
+            self._local.cancel()
+
+    def run(self) -> BatchReport:
+        """A headless caller's loop (``blender --background`` scripts, the bench): pump until over."""
+        while not self.pump(0.5):
+            pass
+        return self.report
+
+    def pump(self, budget: float = 0.05, *, read: bool = True) -> bool:
+        """Send frames, write the results the worker has sent, for about ``budget`` seconds;
+        True once the batch is over (then :attr:`report` is final)."""
+        if self._local is not None:
+            return self._pump_local(budget, read)
+        if self._phase == "over":
+            return True
+        deadline = time.monotonic() + budget
+        try:
+            if self._phase == "new":
+                if not self._todo or self._cancel.is_set():
+                    self.report.cancelled = self._cancel.is_set()
+                    return self._finish()
+                self._start()
+            while True:
+                progressed = self._step(read)
+                if self._phase == "over":
+                    return self._finish()
+                if time.monotonic() >= deadline:
+                    return False
+                if not progressed:
+                    time.sleep(0.002)
+        except worker_client.WorkerEnded as exc:
+            return self._ended(exc)
+
+    def _pump_local(self, budget: float, read: bool) -> bool:
+        if self._phase == "new":
+            self._phase = "running"
+            self._local.start()
+        return self._local.pump(budget, read=read)
+
+    # -- steps -------------------------------------------------------------------------------
+    def _start(self) -> None:
+        self.spawned = self.client.begin(self.name)
+        family = self._job.family
+        self._send("job", {
+            "job": self._job.for_worker(),
+            # a plug-in's family (families.register in the host) is registered there too; its
+            # adapter must be importable from the host's sys.path, which the worker has
+            "family": None if family.id in BUILT_IN else family,
+            "refs": list(self._todo),
+            "depth": self._depth,
+            "stop_on_error": self._stop_on_error,
+            "name": self.name,
+            "settings": self._options.get_runtime().settings,
+        })
+        self._phase = "running"
+
+    def _send(self, *message) -> None:
+        try:
+            self.client.send(*message)
+        except (OSError, ValueError):  # the worker is gone: say how it ended
+            self.client.messages()
+            raise worker_client.WorkerEnded("the model process ended unexpectedly") from None
+
+    def _step(self, read: bool) -> bool:
+        if self._cancel.is_set() and self._phase == "running":
+            self._phase, self._cancel_sent_at = "cancelling", time.monotonic()
+            self._send("cancel")
+        if self._phase == "cancelling" and time.monotonic() - self._cancel_sent_at > CANCEL_GRACE_S:
+            self.client.kill()  # one long native call does not look at the cancel: the process ends
+            self.report.cancelled, self._phase = not self._stopped, "over"
+            return True
+        messages = self.client.messages()
+        for message in messages:
+            self._handle(message)
+        if read and self._phase == "running" and self._todo and len(self._sent) < self._depth:
+            self._feed_one()
+            return True
+        return bool(messages)
+
+    def _feed_one(self) -> None:
+        ref = self._todo.popleft()
+        try:
+            claimed = self._claim(ref)
+            pixels = self._read(ref) if claimed else None
+        except Exception as exc:  # noqa: BLE001 - any unreadable frame is reported, never raised
+            self._frame_failed(ref, exc)
+            self._send("skip", ref.number)
+            if self._stop_on_error:
+                for rest in self._todo:
+                    self._send("skip", rest.number)
+                self._todo.clear()
+            return
+        if not claimed:
+            self.report.skipped.append(ref.number)
+            self._send("skip", ref.number)
+            return
+        self._sent[ref.number] = ref
+        self._send("frame", ref.number, pixels)
+
+    def _handle(self, message) -> None:
+        kind = message[0]
+        if kind == "progress":
+            self._options.report(message[1], message[2])
+            return
+        self._failures(message[-1])
+        if kind == "result":
+            self._result(self._sent.pop(message[1]), message[2])
+        elif kind == "done":
+            self.report.cancelled = (message[1]["cancelled"] or self._cancel.is_set()) and not self._stopped
+            self._phase = "over"
+        elif kind == "error":
+            self._error, self._phase = message[1], "over"
+
+    def _failures(self, failures) -> None:
+        for number, text in failures:
+            ref = self._sent.pop(number, None)
+            if ref is not None:
+                self._release(ref)
+            self.report.failed.append((number, text))
+            if self._stop_on_error:
+                self._stopped = True
+                self._todo.clear()
+
+    def _result(self, ref: FrameRef, result) -> None:
+        if self._cancel.is_set() and not self._stopped:
+            self._release(ref)  # cancelled: nothing after the cancel is written, finished or not
+            return
+        try:
+            notes = self._write(ref, result)
+            self.report.written.append(ref.number)
+            self.report.warnings.extend(notes or [])
+            self.report.warnings.extend(getattr(result, "warnings", None) or [])
+        except Exception as exc:  # noqa: BLE001 - reported per frame
+            self._frame_failed(ref, exc)
+            if self._stop_on_error:
+                self._send("cancel")
+                self._todo.clear()
+            return
+        self._release(ref)
+
+    def _frame_failed(self, ref: FrameRef, exc: BaseException) -> None:
+        self._release(ref)
+        text = str(exc) if isinstance(exc, LeanImageError | OSError) else f"{type(exc).__name__}: {exc}"
+        self.report.failed.append((ref.number, text))
+        if self._stop_on_error:
+            self._stopped = True
+
+    # -- the end -------------------------------------------------------------------------------
+    def _release_sent(self) -> None:
+        sent, self._sent = list(self._sent.values()), {}
+        for ref in sent:
+            self._release(ref)
+
+    def _finish(self) -> bool:
+        self._phase = "over"
+        self._release_sent()
+        self.report.seconds = time.monotonic() - self._started
+        if self._client is not None:
+            self._client.end()
+        error, self._error = self._error, None
+        if error is not None and not self.report.cancelled:
+            raise error
+        return True
+
+    def _ended(self, exc: worker_client.WorkerEnded) -> bool:
+        if self._phase == "cancelling":  # ended while cancelling: the cancel is what happened
+            self.report.cancelled = not self._stopped
+            return self._finish()
+        where = next(iter(self._sent.values()), None)
+        on = f" on {where.path.name}" if where is not None and getattr(where, "path", None) else ""
+        written = (
+            f"it was not written (the {len(self.report.written)} frame(s) written before it are kept)"
+            if self.report.written else "nothing was written"
+        )
+        self._error = worker_client.WorkerEnded(f"{exc} while running {self.name}{on}; {written}; run it again")
+        return self._finish()
