@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from ...runtime import get_runtime
+from ...runtime import get_runtime, providers
 from ...runtime.errors import LeanImageError
 from ...runtime.measure import memory
 from .. import families
@@ -32,7 +32,8 @@ def measure() -> dict:
     """This process's memory now: what ending it gives back."""
     rss = memory.process_rss_bytes()
     vram = None
-    if any(h.providers[:1] == ["CUDAExecutionProvider"] for h in get_runtime().cached_sessions()):
+    if any((row := providers.row_of(h.providers)) is not None and row.vram_measurable
+           for h in get_runtime().cached_sessions()):
         vram = memory.gpu_snapshot(0).get("process_used_bytes")
     return {"rss_bytes": rss, "vram_bytes": vram}
 
