@@ -57,6 +57,9 @@ class Job:
     teardown: Callable[[], None] | None = None  # removes the modal timer, progress bar, status
     on_discard: list[Callable[[], None]] = field(default_factory=list)
     inputs: object = None  # what prepare() read for the job, for finish()
+    # prepare()'s answer when it is a task (pump/cancel/result, e.g. runtime/child_process.py's
+    # ChildTask): pumped on the main thread, no worker thread
+    task: object = None
 
     def report(self, fraction: float, stage: str) -> None:
         self.progress, self.stage = fraction, stage
@@ -151,6 +154,8 @@ downloads = JobManager("Wait for it to finish or cancel it in the add-on prefere
 
 def stop(job: Job, join_timeout: float = JOIN_TIMEOUT) -> None:
     job.cancel()
+    if job.task is not None:
+        job.task.cancel()
     if job.thread is not None and job.thread is not threading.current_thread():
         job.thread.join(join_timeout)
     if job.teardown is not None:
@@ -177,6 +182,18 @@ def run_job(job: Job, work: Callable[[Job], object]) -> None:
             job.error_text, job.state = f"{job.name} was cancelled; nothing was changed.", "cancelled"
         else:
             job.state = "finished"
+
+
+def pump_task(job: Job, budget: float) -> bool:
+    """One look at a job's task: True once it is over, its outcome recorded in ``job``."""
+    if job.done:
+        return True
+    if job.cancel_event.is_set():
+        job.task.cancel()
+    if not job.task.pump(budget):
+        return False
+    run_job(job, lambda _job: job.task.result())
+    return True
 
 
 class _ModalTeardown:
@@ -218,8 +235,8 @@ class WorkerOperator:
 
     def pump(self, context, job: Job, budget: float) -> bool:
         """Main-thread work while the worker runs (a batch reads and writes frames here, as bpy
-        is not thread safe); True once the job is over. By default: when the worker is done."""
-        return job.done
+        is not thread safe); True once the job is over. By default: when the worker (or the task) is done."""
+        return pump_task(job, budget) if job.task is not None else job.done
 
     # -- synchronous path (background mode, scripts, and `execute` calls) ----------------------
     def execute(self, context):
@@ -228,7 +245,14 @@ class WorkerOperator:
             return {"CANCELLED"}
         job, work = started
         try:
-            if type(self).pump is WorkerOperator.pump:
+            if job.task is not None:  # a task: pumped here until over, no thread
+                try:
+                    while not self.pump(context, job, 0.5):
+                        pass
+                except BaseException:
+                    stop(job)
+                    raise
+            elif type(self).pump is WorkerOperator.pump:
                 run_job(job, work)
             else:  # the worker on its thread, this thread pumping until the job is over
                 job.thread = threading.Thread(target=run_job, args=(job, work), name=f"lean_image_ai:{job.name}")
@@ -278,10 +302,11 @@ class WorkerOperator:
             self.report({"ERROR"}, job.error_text)
             return {"CANCELLED"}
         self._job = job
-        job.thread = threading.Thread(
-            target=run_job, args=(job, work), name=f"lean_image_ai:{job.name}", daemon=True
-        )
-        job.thread.start()
+        if job.task is None:
+            job.thread = threading.Thread(
+                target=run_job, args=(job, work), name=f"lean_image_ai:{job.name}", daemon=True
+            )
+            job.thread.start()
         return {"RUNNING_MODAL"}
 
     def modal(self, context, event):
@@ -328,7 +353,10 @@ class WorkerOperator:
             self.report({"ERROR"}, str(exc))
             return None
         try:
-            return job, self.prepare(context, job)
+            work = self.prepare(context, job)
+            if hasattr(work, "pump"):
+                job.task = work
+            return job, work
         except LeanImageError as exc:
             job.state, job.error_text = "failed", str(exc)
         except Exception as exc:  # a bug: traceback to the console, a line to the user

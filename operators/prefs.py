@@ -13,7 +13,7 @@ from ..models import families
 from ..models.job import FamilyJob
 from ..models.store import library
 from ..runtime import get_runtime, parse_device
-from ..runtime.cuda import gpu_libraries
+from ..runtime.cuda import gpu_libraries, gpu_loading
 from ..runtime.errors import LeanImageError
 from ..runtime.log import event_file
 from ..runtime.paths import ADDON_ROOT
@@ -118,6 +118,7 @@ def configure_runtime(context) -> tuple[str, MemoryBudgets]:
     (models/job.py) carries them too, as on the command line."""
     prefs = get_prefs(context)
     job_budgets = budgets(prefs)
+    load_gpu_runtime()
     get_runtime().configure(
         **job_budgets.settings(),
         cpu_arena=bool(prefs.release_cpu_memory),
@@ -128,6 +129,21 @@ def configure_runtime(context) -> tuple[str, MemoryBudgets]:
         coreml_cache_dir=str(user_folder("coreml")),
     )
     return device_string(prefs), job_budgets
+
+
+def load_gpu_runtime() -> None:
+    """The installed CUDA/cuDNN libraries loaded into the process that makes the model sessions,
+    before its first one; once. Not at register: that would import onnxruntime into Blender's
+    process for every artist, a model job or not."""
+    if gpu_loading.active() is not None:
+        return
+    try:
+        folder = gpu_runtime_folder()
+    except Exception as exc:  # no user folder (a read-only or odd setup): CUDA simply stays unavailable
+        print(f"Lean Image AI: GPU runtime folder unavailable: {exc}")
+        return
+    if folder.is_dir():
+        print(f"Lean Image AI: {gpu_loading.activate(folder).summary()}")
 
 
 def family_job(context, owner, family_id: str) -> FamilyJob:
