@@ -18,12 +18,12 @@ import bpy
 from bpy.props import StringProperty
 
 from ..runtime import get_runtime
-from ..runtime.child_process import ChildTask
 from ..runtime.cuda import gpu_libraries
 from ..runtime.errors import LeanImageError, user_path
 from ..runtime.log import doctor_process
 from . import prefs
 from .jobs import Job, WorkerOperator, downloads, manager
+from .model_ops import child_job_task
 from .options import path_options
 
 JOB_KEY = "gpu_runtime"  # the download lane's key for this job (the preferences draw by it)
@@ -84,11 +84,10 @@ class LEAN_IMAGE_AI_OT_install_gpu_runtime(WorkerOperator, bpy.types.Operator):
         # A folder the add-on did not make is named now, not after a gigabyte of download.
         gpu_libraries.check_replaceable(folder)
         job.inputs = (folder, requirements)
-        return ChildTask(
-            ["gpu-runtime", "install", "--target", str(folder), "--requirements", str(requirements), "--json-progress"],
-            report=job.report, cancelled=job.cancel_event.is_set,
-            cancel_text="Installing the GPU libraries was cancelled; nothing was installed.",
-        )  # fmt: skip
+        return child_job_task(
+            job, ["gpu-runtime", "install", "--target", str(folder), "--requirements", str(requirements)],
+            "Installing the GPU libraries was cancelled; nothing was installed.",
+        )
 
     def finish(self, context, job: Job):
         if job.state != "finished":

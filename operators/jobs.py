@@ -185,15 +185,12 @@ def run_job(job: Job, work: Callable[[Job], object]) -> None:
 
 
 def pump_task(job: Job, budget: float) -> bool:
-    """One look at a job's task: True once it is over, its outcome recorded in ``job``."""
+    """One look at a job's task: True once it is over (the task leaves its outcome in ``job``)."""
     if job.done:
         return True
     if job.cancel_event.is_set():
         job.task.cancel()
-    if not job.task.pump(budget):
-        return False
-    run_job(job, lambda _job: job.task.result())
-    return True
+    return job.task.pump(budget)
 
 
 class _ModalTeardown:

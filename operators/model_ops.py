@@ -22,8 +22,15 @@ from ..runtime import get_runtime
 from ..runtime.child_process import ChildTask
 from ..runtime.errors import LeanImageError, user_path
 from . import prefs
-from .jobs import Job, WorkerOperator, downloads, manager
+from .jobs import Job, WorkerOperator, downloads, manager, run_job
 from .options import path_options
+
+
+def child_job_task(job: Job, args: list[str], cancel_text: str) -> ChildTask:
+    """``python -m lean_image_ai *args --json-progress`` as the job's task: its progress is the
+    job's, the job's cancel stops it, and its outcome is left in the job when it ends."""
+    return ChildTask([*args, "--json-progress"], report=job.report, cancelled=job.cancel_event.is_set,
+                     cancel_text=cancel_text, on_over=lambda task: run_job(job, lambda _job: task.result()))  # fmt: skip
 
 
 def _lookup(context, model_id: str):
@@ -78,11 +85,10 @@ class LEAN_IMAGE_AI_OT_install_model(WorkerOperator, bpy.types.Operator):
             )
         verify_only = offline and library.status(entry, folder) == library.UNVERIFIED
         part = library.installer.part_path(entry, folder)
-        return ChildTask(
-            ["models", "verify" if verify_only else "install", entry.id, "--models-dir", str(folder), "--json-progress"],
-            report=job.report, cancelled=job.cancel_event.is_set,
-            cancel_text=f"{job.name} was cancelled; what arrived is kept in {part} and Install resumes it.",
-        )  # fmt: skip
+        return child_job_task(
+            job, ["models", "verify" if verify_only else "install", entry.id, "--models-dir", str(folder)],
+            f"{job.name} was cancelled; what arrived is kept in {part} and Install resumes it.",
+        )
 
     def finish(self, context, job: Job):
         if job.state == "finished":
@@ -205,11 +211,10 @@ class LEAN_IMAGE_AI_OT_register_user_model(WorkerOperator, bpy.types.Operator):
         folder = prefs.models_folder(context)
         job.name = f"Register {path.name}"
         # loading the file to check it imports onnxruntime: the child checks and saves it
-        return ChildTask(
-            ["models", "register", self.family, str(path), "--models-dir", str(folder), "--json-progress"],
-            report=job.report, cancelled=job.cancel_event.is_set,
-            cancel_text=f"{job.name} was cancelled; nothing was registered.",
-        )  # fmt: skip
+        return child_job_task(
+            job, ["models", "register", self.family, str(path), "--models-dir", str(folder)],
+            f"{job.name} was cancelled; nothing was registered.",
+        )
 
     def finish(self, context, job: Job):
         if job.state != "finished":

@@ -85,17 +85,21 @@ class ChildTask:
     ``{"result": ...}`` line, or the LeanImageError / OperationCancelled it ended with).
 
     ``report(fraction, stage)`` is told each ``{"progress": f, "stage": s}`` line; ``cancelled()``
-    is asked at each pump (a job's cancel flag), as well as :meth:`cancel` being called.
+    is asked at each pump (a job's cancel flag), as well as :meth:`cancel` being called;
+    ``on_over(task)`` is called once, when it is over, before that pump returns True (a job engine
+    that expects its task to leave the outcome in the job).
     """
 
     def __init__(self, args: Sequence[str], *, report: Callable[[float, str], None] | None = None,
                  cancelled: Callable[[], bool] | None = None, cancel_text: str = "Cancelled.",
-                 grace_s: float = CANCEL_GRACE_S, root: Path = ADDON_ROOT):  # fmt: skip
+                 grace_s: float = CANCEL_GRACE_S, root: Path = ADDON_ROOT,
+                 on_over: Callable[[ChildTask], None] | None = None):  # fmt: skip
         self.args = list(args)
         self._report = report
         self._cancelled = cancelled
         self.cancel_text = cancel_text
         self.grace_s = grace_s
+        self._on_over = on_over
         self.folder = new_folder("task")
         self._offset = 0
         self._partial = b""
@@ -189,3 +193,5 @@ class ChildTask:
                 self._outcome = {"error": line or f"The task ended with exit code {code} and said nothing."}
         self.done = True
         shutil.rmtree(self.folder, ignore_errors=True)
+        if self._on_over is not None:
+            self._on_over(self)

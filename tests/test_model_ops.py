@@ -206,12 +206,11 @@ def test_child_download_shows_progress_in_preferences_and_cancel_button(server, 
     entry = entry_for(server.url("/big.onnx"), data)
     use_entries(catalog, entry)
     download = M.downloads.begin(f"Install {entry.title}", entry.id)
-    download.task = M.ChildTask(["models", "install", entry.id, "--models-dir", str(models_dir), "--json-progress"],
-                                report=download.report, cancelled=download.cancel_event.is_set)
+    download.task = M.child_job_task(download, ["models", "install", entry.id, "--models-dir", str(models_dir)], "stopped")
     try:
         deadline = time.monotonic() + 30
         while download.progress == 0 and time.monotonic() < deadline:
-            assert not jobs.pump_task(download, 0.01)
+            assert not download.task.pump(0.01)  # what the modal timer does, in either engine
         layout = RecordingLayout()
         P.draw_model_catalog(layout, bpy.context)
         (bar,) = layout.calls("progress")
@@ -222,7 +221,7 @@ def test_child_download_shows_progress_in_preferences_and_cancel_button(server, 
             bpy.ops.lean_image_ai.install_model(model_id="test-sr")
         assert bpy.ops.lean_image_ai.cancel_download() == {"FINISHED"}
         deadline = time.monotonic() + 30
-        while not jobs.pump_task(download, 0.05):
+        while not download.task.pump(0.05):
             assert time.monotonic() < deadline
     finally:
         jobs.stop(download)
