@@ -168,7 +168,7 @@ def test_install_refused_while_offline_and_unknown_id(server, models_dir, catalo
 def test_cancel_keeps_part_and_install_resumes(server, models_dir, catalog):
     data = bytes(range(256)) * 1200  # 300 KiB, ~19 chunks
     server.files["/big.onnx"] = data
-    server.throttle = 0.01
+    server.throttle = 0.1  # about two seconds: the child reports progress while it downloads
     entry = entry_for(server.url("/big.onnx"), data)
     use_entries(catalog, entry)
 
@@ -202,7 +202,7 @@ def test_child_download_shows_progress_in_preferences_and_cancel_button(server, 
     # (no thread), the list draws its progress, and the list's Cancel button (an operator) stops it.
     data = bytes(range(256)) * 1200
     server.files["/big.onnx"] = data
-    server.throttle = 0.01
+    server.throttle = 0.1  # about two seconds: the child reports progress while it downloads
     entry = entry_for(server.url("/big.onnx"), data)
     use_entries(catalog, entry)
     download = M.downloads.begin(f"Install {entry.title}", entry.id)
