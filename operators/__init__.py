@@ -9,7 +9,7 @@ from the family records), ``model_job`` (the model operators' base), ``jobs`` (t
 from ..ui import registration
 
 # Submodules with a module-level `classes` tuple; registered in this order, unregistered in reverse.
-# gpu_ops' post_register() loads the CUDA/cuDNN libraries before any session is made.
+# The CUDA/cuDNN libraries are loaded by the model worker process (models/worker/__main__.py), never here.
 _MODULES = ("jobs", "image_ops", "geometry_ops", "batch_ops", "shot_ops", "model_ops", "memory_ops", "gpu_ops")
 
 

@@ -2,7 +2,9 @@
 
 Install runs on the job engine's download lane (operators/jobs.py), beside a model job: progress
 in the preferences' GPU runtime box, Esc or the box's Cancel (``lean_image_ai.cancel_download``)
-stops pip and nothing is left; in background mode it runs synchronously. pip is Blender's own
+stops pip and nothing is left; in background mode it runs synchronously. It runs in a child
+process (``python -m lean_image_ai gpu-runtime install --json-progress``, runtime/child_process.py)
+pumped from the job's timer, so pip's output reader is no thread of Blender's. pip is Blender's own
 (``sys.executable`` inside Blender) with its usual configuration and PIP_* environment variables.
 What is installed, and how it is loaded, is the runtime's business (runtime/cuda/gpu_libraries.py).
 """
@@ -15,13 +17,13 @@ from pathlib import Path
 import bpy
 from bpy.props import StringProperty
 
-from ..models.store import library
 from ..runtime import get_runtime
-from ..runtime.cuda import gpu_libraries, gpu_loading
+from ..runtime.cuda import gpu_libraries
 from ..runtime.errors import LeanImageError, user_path
 from ..runtime.log import doctor_process
 from . import prefs
 from .jobs import Job, WorkerOperator, downloads, manager
+from .model_ops import child_job_task
 from .options import path_options
 
 JOB_KEY = "gpu_runtime"  # the download lane's key for this job (the preferences draw by it)
@@ -81,36 +83,23 @@ class LEAN_IMAGE_AI_OT_install_gpu_runtime(WorkerOperator, bpy.types.Operator):
         folder = prefs.gpu_runtime_folder(create_parent=True)
         # A folder the add-on did not make is named now, not after a gigabyte of download.
         gpu_libraries.check_replaceable(folder)
-        size = gpu_libraries.download_size(requirements)
         job.inputs = (folder, requirements)
-        python = sys.executable  # Blender's own Python inside Blender
-
-        def work(job: Job) -> Path:
-            def progress(fraction: float, stage: str) -> None:
-                total = f" of {library.format_bytes(size)}" if size else ""
-                job.report(fraction, f"{stage}{total}" if stage.startswith("downloading") else stage)
-
-            return gpu_libraries.install(
-                folder, requirements, python=python, progress=progress, cancel=job.cancel_event.is_set
-            )
-
-        return work
+        return child_job_task(
+            job, ["gpu-runtime", "install", "--target", str(folder), "--requirements", str(requirements)],
+            "Installing the GPU libraries was cancelled; nothing was installed.",
+        )
 
     def finish(self, context, job: Job):
         if job.state != "finished":
             level = "WARNING" if job.state == "cancelled" else "ERROR"
             self.report({level}, job.error_text or f"{job.name} did not finish.")
             return {"CANCELLED"}
-        folder = job.result
-        activation = gpu_loading.activate(folder)
+        folder = Path(job.result["folder"])
         # Sessions made before (a CUDA request that fell back to CPU) would be reused as they are.
         if manager.running() is None:
             get_runtime().clear("gpu runtime installed")
-        text = f"Installed {gpu_libraries.installed_version(folder)} in {folder}. {activation.summary()}."
-        if not activation.ok:
-            self.report({"WARNING"}, text + " Restart Blender if CUDA still falls back to the CPU.")
-        else:
-            self.report({"INFO"}, text)
+        # Loaded by the process that runs the models, before its first CUDA session: never here.
+        self.report({"INFO"}, f"Installed {gpu_libraries.installed_version(folder)} in {folder}.")
         return {"FINISHED"}
 
 
@@ -193,19 +182,6 @@ class LEAN_IMAGE_AI_OT_run_doctor(bpy.types.Operator):
         if not bpy.app.timers.is_registered(poll_doctor):
             bpy.app.timers.register(poll_doctor, first_interval=0.25)
         return {"FINISHED"}
-
-
-def post_register():
-    """Load the installed libraries before any session is made (never fails the add-on's register)."""
-    try:
-        folder = prefs.gpu_runtime_folder()
-    except Exception as exc:  # no user folder (a read-only or odd setup): CUDA simply stays unavailable
-        print(f"Lean Image AI: GPU runtime folder unavailable: {exc}")
-        return
-    if not folder.is_dir():
-        return
-    activation = gpu_loading.activate(folder)
-    print(f"Lean Image AI: {activation.summary()}")
 
 
 def pre_unregister():

@@ -251,12 +251,25 @@ def _plot_exists() -> bool:
 def post_register():
     if _after_job not in manager.on_end:
         manager.on_end.append(_after_job)
-    event_file.start(get_runtime(), prefs.log_folder())  # the folder is made by the first write
+    # written from this timer, not a writer thread (Blender does not support Python threads)
+    event_file.start(get_runtime(), prefs.log_folder(), writer_thread=False)  # the folder is made by the first write
+    if not bpy.app.timers.is_registered(_drain_event_log):
+        bpy.app.timers.register(_drain_event_log, first_interval=EVENT_LOG_DRAIN_S, persistent=True)
+
+
+EVENT_LOG_DRAIN_S = 1.0
+
+
+def _drain_event_log():
+    event_file.drain()
+    return EVENT_LOG_DRAIN_S
 
 
 def pre_unregister():
     if _after_job in manager.on_end:
         manager.on_end.remove(_after_job)
+    if bpy.app.timers.is_registered(_drain_event_log):
+        bpy.app.timers.unregister(_drain_event_log)
     event_file.stop()
     if bpy.app.timers.is_registered(idle_tick):
         bpy.app.timers.unregister(idle_tick)

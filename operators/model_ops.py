@@ -2,8 +2,11 @@
 
 Installing runs on the job engine's download lane (operators/jobs.py): beside a model job, with
 progress in the preferences' model list, Esc or the list's Cancel stops it and keeps the ``.part``
-for a resume; in background mode it runs synchronously. What is installed, and where, is the
-model library's business (models/store/library.py).
+for a resume; in background mode it runs synchronously. The download, its checksum and the check of
+a file to register run in a child process (``python -m lean_image_ai models install ID
+--json-progress``, runtime/child_process.py), pumped from the job's timer: Blender's process starts
+no thread and never imports onnxruntime for them. What is installed, and where, is the model
+library's business (models/store/library.py).
 """
 
 from __future__ import annotations
@@ -16,13 +19,18 @@ from bpy.props import EnumProperty, StringProperty
 from ..models import families
 from ..models.store import library, user_models
 from ..runtime import get_runtime
+from ..runtime.child_process import ChildTask
 from ..runtime.errors import LeanImageError, user_path
 from . import prefs
-from .jobs import Job, WorkerOperator, downloads, manager
+from .jobs import Job, WorkerOperator, downloads, manager, run_job
 from .options import path_options
 
-# Cancel is checked between chunks: small enough that Esc answers quickly on a slow line.
-DOWNLOAD_CHUNK_SIZE = 256 * 1024
+
+def child_job_task(job: Job, args: list[str], cancel_text: str) -> ChildTask:
+    """``python -m lean_image_ai *args --json-progress`` as the job's task: its progress is the
+    job's, the job's cancel stops it, and its outcome is left in the job when it ends."""
+    return ChildTask([*args, "--json-progress"], report=job.report, cancelled=job.cancel_event.is_set,
+                     cancel_text=cancel_text, on_over=lambda task: run_job(job, lambda _job: task.result()))  # fmt: skip
 
 
 def _lookup(context, model_id: str):
@@ -36,15 +44,6 @@ def _lookup(context, model_id: str):
     except KeyError:
         ids = ", ".join(e.id for e in known.entries())
         raise LeanImageError(f"No model with id {model_id!r} in the catalog. Known ids: {ids}.") from None
-
-
-def _download_progress(job: Job):
-    def report(done: int, total: int | None) -> None:
-        stage = "verifying" if total and done >= total else "downloading"
-        size = library.format_bytes(total) if total else "unknown size"
-        job.report(min(1.0, done / total) if total else 0.0, f"{stage}: {library.format_bytes(done)} / {size}")
-
-    return report
 
 
 class LEAN_IMAGE_AI_OT_install_model(WorkerOperator, bpy.types.Operator):
@@ -85,24 +84,15 @@ class LEAN_IMAGE_AI_OT_install_model(WorkerOperator, bpy.types.Operator):
                 f"{entry.filename!r} in {str(folder)!r}."
             )
         verify_only = offline and library.status(entry, folder) == library.UNVERIFIED
-
-        def work(job: Job) -> Path:
-            if verify_only:
-                job.report(0.0, "verifying")
-                return library.installer.verify_installed(entry, folder, cancel=job.cancel_event.is_set)
-            return library.fetch(
-                entry,
-                folder,
-                progress=_download_progress(job),
-                cancel=job.cancel_event.is_set,
-                chunk_size=DOWNLOAD_CHUNK_SIZE,
-            )
-
-        return work
+        part = library.installer.part_path(entry, folder)
+        return child_job_task(
+            job, ["models", "verify" if verify_only else "install", entry.id, "--models-dir", str(folder)],
+            f"{job.name} was cancelled; what arrived is kept in {part} and Install resumes it.",
+        )
 
     def finish(self, context, job: Job):
         if job.state == "finished":
-            path, entry = job.result, job.inputs
+            path, entry = Path(job.result["path"]), job.inputs
             self.report({"INFO"}, f"Installed {entry.title} ({library.format_bytes(path.stat().st_size)}) at {path}")
             return {"FINISHED"}
         level = "WARNING" if job.state == "cancelled" else "ERROR"
@@ -182,7 +172,7 @@ class LEAN_IMAGE_AI_OT_register_user_model(WorkerOperator, bpy.types.Operator):
     """Use your own ONNX file (e.g. another 4x upscaler) for one of the add-on's jobs; it is first
     checked to fit that job"""
 
-    # the check is models/store/family_check.py's, run off the main thread (the docstring is the tooltip)
+    # the check is models/store/family_check.py's, run in a child (the docstring is the tooltip)
 
     bl_idname = "lean_image_ai.register_user_model"
     bl_label = "Register ONNX Model"
@@ -218,26 +208,20 @@ class LEAN_IMAGE_AI_OT_register_user_model(WorkerOperator, bpy.types.Operator):
         path = user_path(bpy.path.abspath(self.filepath))
         if not path.is_file():
             raise LeanImageError(f"Cannot register {str(path)!r}: there is no file at that path.")
-        family = self.family
-        job.name, job.inputs = f"Register {path.name}", (family, path, prefs.models_folder(context))
-
-        def work(job: Job):
-            return user_models.check(family, path, progress=job.report)
-
-        return work
+        folder = prefs.models_folder(context)
+        job.name = f"Register {path.name}"
+        # loading the file to check it imports onnxruntime: the child checks and saves it
+        return child_job_task(
+            job, ["models", "register", self.family, str(path), "--models-dir", str(folder)],
+            f"{job.name} was cancelled; nothing was registered.",
+        )
 
     def finish(self, context, job: Job):
         if job.state != "finished":
             level = "WARNING" if job.state == "cancelled" else "ERROR"
             self.report({level}, job.error_text or f"{job.name} did not finish.")
             return {"CANCELLED"}
-        family, path, folder = job.inputs
-        try:
-            registered = user_models.save(family, path, folder, *job.result)
-        except LeanImageError as exc:
-            self.report({"ERROR"}, str(exc))
-            return {"CANCELLED"}
-        self.report({"WARNING"} if registered.verdict.warning else {"INFO"}, registered.summary())
+        self.report({"WARNING"} if job.result["warning"] else {"INFO"}, job.result["text"])
         return {"FINISHED"}
 
 

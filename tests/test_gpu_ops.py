@@ -76,7 +76,7 @@ def test_install_through_the_operator_then_remove(setup):
     assert bpy.ops.lean_image_ai.install_gpu_runtime(requirements=str(req)) == {"FINISHED"}
     assert (folder / "nvidia/cu13/lib/libfake.so.13").read_bytes() == b"cudart" * 100
     assert sorted(p.name for p in folder.parent.iterdir()) == ["gpu_runtime"]  # no staging left
-    assert L.active() is not None and L.active().folder == str(folder)  # activated right away
+    assert L.active() is None  # loaded by the process that runs the models, not into Blender's on install
     after = _box()
     assert "Installed: CUDA 13.5.37, cuDNN 9.28.1.4" in after.joined_text()
     assert after.operators("lean_image_ai.remove_gpu_runtime")
@@ -126,8 +126,9 @@ def test_install_refused_offline(setup):
 
 
 def test_progress_bar_and_cancel_while_pip_runs(setup):
-    """The interactive path: the install on a worker thread of the download lane, the box draws its
-    progress, and its Cancel button (an operator) stops pip; nothing is left."""
+    """The install's own cancel (what the child process of the operator runs, on the download
+    lane's job): the box draws its progress, and its Cancel button (an operator) stops pip; nothing
+    is left. The test holds pip's output on a thread of its own, not the add-on's."""
     job = jobs.downloads.begin("Install GPU runtime", GO.JOB_KEY)
     started = threading.Event()
 
@@ -161,11 +162,13 @@ def test_progress_bar_and_cancel_while_pip_runs(setup):
     assert list(setup["folder"].parent.iterdir()) == []
 
 
-def test_register_activates_an_installed_folder(setup, registered):
+def test_the_first_model_job_activates_an_installed_folder_not_register(setup, registered):
     assert bpy.ops.lean_image_ai.install_gpu_runtime(requirements=str(setup["req"])) == {"FINISHED"}
     L._active = None
     registered.unregister()
     registered.register()  # what enabling the add-on at Blender's start does
+    assert L.active() is None  # register loads nothing (and imports no onnxruntime for it)
+    R.configure_runtime(bpy.context)  # what a model job does before its first session
     activation = L.active()
     assert activation is not None and activation.folder == str(setup["folder"])
     assert activation.error is None  # the fake files are not onnxruntime's libraries: all "missing"
@@ -178,7 +181,8 @@ def test_providers_line_becomes_the_import_error_with_what_to_do(registered, mon
         "onnxruntime cannot be imported (ImportError: libfoo) by Python 3.11; install the Lean Image AI"
         " zip built for this platform and Blender version"
     )
-    monkeypatch.setattr(diagnostics, "onnxruntime_import_error", lambda: text)
+    probe = bh.import_submodule("ui.runtime_probe")
+    monkeypatch.setitem(probe._state, "answer", {"onnxruntime_error": text, "installed": [], "runnable": []})
     # DefaultPreferences has no RNA to check property names against: record them as given
     monkeypatch.setattr(RecordingLayout, "prop", lambda self, data, prop, **kw: self._record("prop", name=prop))
     fake = R.DefaultPreferences()

@@ -1,6 +1,8 @@
 """operators/model_ops.py and the preferences' model list with real bpy, a real loopback HTTP
 server (127.0.0.1) and real tiny ONNX models: install, cancel/resume, 404, remove, register
-your own ONNX (persisted to user_models.json), clear sessions.
+your own ONNX (persisted to user_models.json), clear sessions. Install and register run in a real
+child process (runtime/child_process.py), which sees the test's catalog through
+tests/child_catalog.py.
 
 The model list is drawn with the recording stand-in layout (tests/recording_layout.py):
 background Blender has no UI regions, so no real UILayout exists.
@@ -19,6 +21,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import blender_helpers as bh  # noqa: E402
 import onnx_builders as ob  # noqa: E402
+from child_catalog import ChildCatalog  # noqa: E402
 from model_server import loopback_entry  # noqa: E402
 from recording_layout import RecordingLayout  # noqa: E402
 
@@ -50,7 +53,6 @@ def registered():
 def models_dir(tmp_path, monkeypatch, registered):
     path = tmp_path / "models"
     monkeypatch.setenv(library.MODELS_DIR_ENV, str(path))
-    monkeypatch.setattr(M, "DOWNLOAD_CHUNK_SIZE", CHUNK)  # small chunks: cancel lands mid-download
     system = bpy.context.preferences.system
     online = system.use_online_access
     system.use_online_access = True  # bpy as a module starts offline, like `blender --offline-mode`
@@ -71,16 +73,19 @@ def entry_for(url: str | None, data: bytes | None, **overrides) -> CatalogEntry:
 
 
 @pytest.fixture
-def catalog(monkeypatch):
-    """Inject a test catalog everywhere the add-on asks for one."""
+def catalog(monkeypatch, tmp_path):
+    """Inject a test catalog everywhere the add-on asks for one, the child processes included
+    (small chunks there: a cancel lands mid-download)."""
     cat = Catalog(builtin=[])
     monkeypatch.setattr(library, "catalog", lambda folder: cat)
+    cat.child = ChildCatalog(tmp_path / "child_site", monkeypatch, CHUNK)
     return cat
 
 
 def use_entries(catalog_, *entries) -> Catalog:
     for entry in entries:
         catalog_._builtin[entry.id] = entry
+    catalog_.child.write(catalog_._builtin.values())
     return catalog_
 
 
@@ -163,7 +168,7 @@ def test_install_refused_while_offline_and_unknown_id(server, models_dir, catalo
 def test_cancel_keeps_part_and_install_resumes(server, models_dir, catalog):
     data = bytes(range(256)) * 1200  # 300 KiB, ~19 chunks
     server.files["/big.onnx"] = data
-    server.throttle = 0.01
+    server.throttle = 0.1  # about two seconds: the child reports progress while it downloads
     entry = entry_for(server.url("/big.onnx"), data)
     use_entries(catalog, entry)
 
@@ -192,26 +197,20 @@ def test_cancel_keeps_part_and_install_resumes(server, models_dir, catalog):
     assert (models_dir / "test-sr.onnx").read_bytes() == data
 
 
-def test_worker_download_shows_progress_in_preferences_and_cancel_button(server, models_dir, catalog):
-    # The interactive path: the download's work on a worker thread of the job engine, the list
-    # draws its progress, and the list's Cancel button (an operator) stops it.
+def test_child_download_shows_progress_in_preferences_and_cancel_button(server, models_dir, catalog):
+    # The interactive path: the download in its child process, pumped as the modal timer does
+    # (no thread), the list draws its progress, and the list's Cancel button (an operator) stops it.
     data = bytes(range(256)) * 1200
     server.files["/big.onnx"] = data
-    server.throttle = 0.01
+    server.throttle = 0.1  # about two seconds: the child reports progress while it downloads
     entry = entry_for(server.url("/big.onnx"), data)
     use_entries(catalog, entry)
     download = M.downloads.begin(f"Install {entry.title}", entry.id)
-
-    def work(job):
-        progress, cancel = M._download_progress(job), job.cancel_event.is_set
-        return library.fetch(entry, models_dir, progress=progress, cancel=cancel, chunk_size=M.DOWNLOAD_CHUNK_SIZE)
-
-    download.thread = threading.Thread(target=jobs.run_job, args=(download, work))
-    download.thread.start()
+    download.task = M.child_job_task(download, ["models", "install", entry.id, "--models-dir", str(models_dir)], "stopped")
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while download.progress == 0 and time.monotonic() < deadline:
-            time.sleep(0.005)
+            assert not download.task.pump(0.01)  # what the modal timer does, in either engine
         layout = RecordingLayout()
         P.draw_model_catalog(layout, bpy.context)
         (bar,) = layout.calls("progress")
@@ -221,8 +220,11 @@ def test_worker_download_shows_progress_in_preferences_and_cancel_button(server,
         with pytest.raises(RuntimeError, match="'Install Test SR x2' is still running"):  # one at a time
             bpy.ops.lean_image_ai.install_model(model_id="test-sr")
         assert bpy.ops.lean_image_ai.cancel_download() == {"FINISHED"}
+        deadline = time.monotonic() + 30
+        while not download.task.pump(0.05):
+            assert time.monotonic() < deadline
     finally:
-        download.thread.join(10)
+        jobs.stop(download)
         M.downloads.end(download)
     assert download.state == "cancelled"
     assert installer.part_path(entry, models_dir).stat().st_size < len(data)

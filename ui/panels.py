@@ -17,8 +17,7 @@ from ..models.adapters import shot_depth
 from ..operators import options, prefs, sources
 from ..operators.jobs import manager
 from ..runtime import get_runtime
-from ..runtime.log.diagnostics import onnxruntime_import_error
-from . import panel_memory, preferences
+from . import panel_memory, preferences, runtime_probe
 from . import settings as scene_settings
 from .panel_memory import cached_memory_snapshot, invalidate_memory_snapshot  # noqa: F401 (the panel's API)
 
@@ -71,13 +70,9 @@ def _job_busy() -> bool:
 
 
 def _onnxruntime_problem() -> str | None:
-    """Asked once per session: an import that failed stays failed until Blender restarts."""
-    if "problem" not in _runtime_check:
-        _runtime_check["problem"] = onnxruntime_import_error()
-    return _runtime_check["problem"]
-
-
-_runtime_check: dict = {}
+    """Asked once per session of a child process (ui/runtime_probe.py): an import that failed
+    stays failed until Blender restarts; None while it has not answered."""
+    return runtime_probe.onnxruntime_problem()
 
 
 def _draw_actions(layout, context) -> None:

@@ -27,11 +27,10 @@ from ..operators.prefs import (
     models_folder,
     release_rule_lines,
 )
-from ..runtime import installed_providers, runnable_providers
 from ..runtime.cuda import gpu_libraries, gpu_loading
-from ..runtime.log import diagnostics
 from ..runtime.providers import AUTO_ENUM_NUMBER, DEVICE_BY_KIND, DEVICES, UNLOAD, describe_providers
 from ..runtime.settings import MAX_BUDGET_MB, MAX_RELEASE_DELAY_S
+from . import runtime_probe
 
 
 # The numbers are what Blender stores, so they must never change (a dynamic enum is saved as int).
@@ -57,10 +56,12 @@ _offered: list[str] = []
 
 def offered_providers() -> list[str]:
     """The providers that can run here (runtime's runnable_providers: onnxruntime-gpu's CUDA and
-    TensorRT only where the driver sees an NVIDIA GPU), asked once: the NVML check is not free
-    and the preferences redraw often."""
+    TensorRT only where the driver sees an NVIDIA GPU), asked once of a child process
+    (ui/runtime_probe.py): CPU only until it has answered, then its answer, kept."""
     if not _offered:
-        _offered.extend(runnable_providers())
+        if runtime_probe.answer() is None:
+            return runtime_probe.runnable()
+        _offered.extend(runtime_probe.runnable())
     return _offered
 
 
@@ -76,6 +77,12 @@ def _draw_device_preferences(col, prefs, offered: list[str], *, index: bool) -> 
                 sub.prop(prefs, name)
 
 
+def _forget_guesses() -> None:
+    """The probe answered: the menu and the list built on "CPU only" are made again."""
+    _offered.clear()
+    _device_items.clear()
+
+
 def compute_device_items(providers: list[str] | None = None) -> list[tuple[str, str, str, str, int]]:
     """Enum items for what can run here: always AUTO and CPU, plus the GPU providers that can."""
     providers = offered_providers() if providers is None else providers
@@ -89,6 +96,8 @@ def compute_device_items(providers: list[str] | None = None) -> list[tuple[str, 
 def device_items(_self=None, _context=None):
     """Items callback of ``LeanImageAIPreferences.device`` (computed once, then cached)."""
     if not _device_items:
+        if runtime_probe.answer() is None:  # a guess, not kept: built again once the child answers
+            return compute_device_items()
         _device_items.extend(compute_device_items())
     return _device_items
 
@@ -394,12 +403,14 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         sub.enabled = self.release_cpu_memory
         sub.prop(self, "ram_release_delay_s")
         col.prop(self, "idle_unload_minutes")
-        problem = diagnostics.onnxruntime_import_error()
-        if problem:  # the line already says what to do (install the zip built for this Blender)
+        problem = runtime_probe.onnxruntime_problem()
+        if runtime_probe.answer() is None:
+            col.label(text="Checking which devices can run here...", icon="SORTTIME")
+        elif problem:  # the line already says what to do (install the zip built for this Blender)
             wrapped_labels(col, problem, icon="ERROR", alert=True)
         else:
             col.label(text="Can run on: " + ", ".join(describe_providers([p]) for p in offered))
-            unused = [p for p in installed_providers() if p not in offered]
+            unused = [p for p in runtime_probe.installed() if p not in offered]
             if unused:
                 names = ", ".join(describe_providers([p]) for p in unused)
                 wrapped_labels(col, f"No NVIDIA GPU found, so {names} cannot run here.")
@@ -418,3 +429,14 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
 
 
 classes = (LeanImageAIPreferences,)
+
+
+def post_register():
+    runtime_probe.on_answer.append(_forget_guesses)
+
+
+def pre_unregister():
+    # the timer Blender holds would keep this module, and bpy, alive after an uninstall
+    runtime_probe.forget()
+    if _forget_guesses in runtime_probe.on_answer:
+        runtime_probe.on_answer.remove(_forget_guesses)

@@ -3,9 +3,10 @@ onnxruntime itself for it nor wait (Blender's preferences): :func:`start` return
 host calls :func:`poll` from its own timer until the report is there. No thread: the child writes
 into files that are read once it has ended.
 
-The child is the host's own Python (``sys.executable``) with the host's ``sys.path``, so it
-imports the onnxruntime the host would (an extension's wheels live in Blender's extension
-site-packages) and reports what the command line reports.
+The child is started by runtime/child_process.py's :func:`spawn`: the host's own Python
+(``sys.executable``) with the host's ``sys.path``, so it imports the onnxruntime the host would (an
+extension's wheels live in Blender's extension site-packages) and reports what the command line
+reports.
 """
 
 from __future__ import annotations
@@ -13,15 +14,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..child_process import command as child_command
+from ..child_process import host_environment, new_folder, spawn
 from ..paths import ADDON_ROOT
 
-PACKAGE = "lean_image_ai"  # what ``python -m`` imports: the package's top-level name
 TIME_LIMIT_S = 180.0  # a CUDA probe that hangs (a wedged driver) must not leave the button busy
 
 
@@ -39,36 +39,17 @@ class DoctorRun:
 
 
 def command(gpu_runtime: str | os.PathLike | None = None) -> list[str]:
-    argv = [sys.executable, "-m", PACKAGE, "doctor"]
-    if gpu_runtime:
-        argv += ["--gpu-runtime", str(gpu_runtime)]
-    return argv
+    return child_command(*_args(gpu_runtime))
 
 
-def _search_dir(root: Path, folder: Path) -> Path:
-    """A folder from which ``import lean_image_ai`` finds ``root``: its parent for an installed
-    add-on (Blender names the folder after the package), else a link made in ``folder``."""
-    if root.name == PACKAGE:
-        return root.parent
-    (folder / PACKAGE).symlink_to(root, target_is_directory=True)
-    return folder
-
-
-def host_environment(folder: Path, root: Path = ADDON_ROOT) -> dict:
-    """The environment of a child of the host's Python that imports this package and the host's
-    wheels (the doctor, the model worker: models/worker/client.py); ``folder`` may get a link."""
-    paths = [str(_search_dir(Path(root), folder)), *(p for p in sys.path if p)]
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(paths), PYTHONIOENCODING="utf-8")
+def _args(gpu_runtime) -> list[str]:
+    return ["doctor", "--gpu-runtime", str(gpu_runtime)] if gpu_runtime else ["doctor"]
 
 
 def start(gpu_runtime: str | os.PathLike | None = None, *, root: Path = ADDON_ROOT) -> DoctorRun:
-    folder = Path(tempfile.mkdtemp(prefix="lean_image_ai_doctor_"))
+    folder = new_folder("doctor")
     try:
-        env = host_environment(folder, root)
-        with open(folder / "stdout.txt", "wb") as out, open(folder / "stderr.txt", "wb") as err:
-            process = subprocess.Popen(
-                command(gpu_runtime), stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, cwd=str(folder)
-            )
+        process = spawn(_args(gpu_runtime), folder, root=Path(root))
     except Exception:
         shutil.rmtree(folder, ignore_errors=True)
         raise
@@ -93,6 +74,9 @@ def poll(run: DoctorRun, *, now: float | None = None) -> bool:
     run.text = out
     shutil.rmtree(run.folder, ignore_errors=True)
     return True
+
+
+__all__ = ["DoctorRun", "command", "host_environment", "poll", "start", "stop"]
 
 
 def stop(run: DoctorRun, text: str = "The doctor was stopped.") -> None:

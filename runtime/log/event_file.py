@@ -1,7 +1,8 @@
 """The runtime's events, appended to a JSON-lines log on disk (one event a line, rotated).
 
 The listener on the event log only queues the event, so inference never waits for a disk; one
-long-lived writer thread appends the lines. A write that fails (a folder that cannot be made, a
+long-lived writer thread appends the lines, or, in a host that must start no Python thread
+(Blender), the host's own timer calls :meth:`EventFile.drain` (``writer_thread=False``). A write that fails (a folder that cannot be made, a
 full or read-only disk) is counted and said once, never raised: a log must not break a job.
 Rotation keeps at most ``files`` files of about ``max_bytes`` each: ``events.jsonl`` (newest),
 ``events.jsonl.1``, ... (older). Several processes may log to one folder (a farm's workers, the
@@ -54,7 +55,8 @@ def log_folder(host_default: Path | None = None) -> Path:
 class EventFile:
     """Writes the events of an :class:`~.events.EventLog` to ``folder/events.jsonl``."""
 
-    def __init__(self, folder, *, max_bytes: int = MAX_BYTES, files: int = FILES, on_error=None):
+    def __init__(self, folder, *, max_bytes: int = MAX_BYTES, files: int = FILES, on_error=None,
+                 writer_thread: bool = True):
         self.folder = Path(folder)
         self.path = self.folder / LOG_NAME
         self.max_bytes = max(1, int(max_bytes))
@@ -68,8 +70,10 @@ class EventFile:
         self.on_error = on_error
         self._queue: queue.Queue = queue.Queue(QUEUE_LIMIT)
         self._unsubscribe = None
-        self._thread = threading.Thread(target=self._loop, name="lean-image-ai-event-log", daemon=True)
-        self._thread.start()
+        self._thread = None
+        if writer_thread:
+            self._thread = threading.Thread(target=self._loop, name="lean-image-ai-event-log", daemon=True)
+            self._thread.start()
 
     def attach(self, events) -> EventFile:
         self._unsubscribe = events.subscribe(self._enqueue)
@@ -81,8 +85,21 @@ class EventFile:
         except queue.Full:
             self.dropped += 1
 
+    def drain(self) -> None:
+        """Without a writer thread: write what is queued, here and now (the host's timer)."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, dict):
+                self._append(item)
+
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until what was queued so far is on disk (or failed); False on timeout."""
+        if self._thread is None:
+            self.drain()
+            return True
         done = threading.Event()
         try:
             self._queue.put(done, timeout=timeout)
@@ -96,8 +113,9 @@ class EventFile:
             self._unsubscribe()
             self._unsubscribe = None
         self.flush(timeout)
-        self._enqueue(None)
-        self._thread.join(timeout)
+        if self._thread is not None:
+            self._enqueue(None)
+            self._thread.join(timeout)
 
     def _loop(self) -> None:
         while True:
@@ -107,16 +125,19 @@ class EventFile:
             if isinstance(item, threading.Event):
                 item.set()
                 continue
-            try:
-                self._write(json.dumps(item, default=str, sort_keys=True) + "\n")
-                self.written += 1
-            except Exception as exc:  # never raised: a log must not break a job
-                self.failures += 1
-                if self.error is None:
-                    self.error = first_line(exc)
-                    logger.warning("event log %s cannot be written: %s", self.path, self.error)
-                    if self.on_error is not None:
-                        self.on_error(self.path, self.error)
+            self._append(item)
+
+    def _append(self, item: dict) -> None:
+        try:
+            self._write(json.dumps(item, default=str, sort_keys=True) + "\n")
+            self.written += 1
+        except Exception as exc:  # never raised: a log must not break a job
+            self.failures += 1
+            if self.error is None:
+                self.error = first_line(exc)
+                logger.warning("event log %s cannot be written: %s", self.path, self.error)
+                if self.on_error is not None:
+                    self.on_error(self.path, self.error)
 
     def _write(self, line: str) -> None:
         data = line.encode("utf-8")
@@ -194,19 +215,27 @@ _current: EventFile | None = None
 _lock = threading.Lock()
 
 
-def start(runtime, folder, *, on_error=None) -> EventFile:
+def start(runtime, folder, *, on_error=None, writer_thread: bool = True) -> EventFile:
     """Log ``runtime``'s events to ``folder`` from now on (replacing the log already started);
-    ``on_error(path, text)`` is told once when the log cannot be written."""
+    ``on_error(path, text)`` is told once when the log cannot be written. Without a writer thread
+    the host calls :func:`drain` from its own timer."""
     global _current
     with _lock:
         if _current is not None:
             _current.close()
-        _current = EventFile(folder, on_error=on_error).attach(runtime.events)
+        _current = EventFile(folder, on_error=on_error, writer_thread=writer_thread).attach(runtime.events)
         return _current
 
 
 def current() -> EventFile | None:
     return _current
+
+
+def drain() -> None:
+    """The current log's queued events written now (a host's timer, when it has no writer thread)."""
+    log = _current
+    if log is not None:
+        log.drain()
 
 
 def stop() -> None:

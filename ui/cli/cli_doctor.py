@@ -6,10 +6,26 @@ from __future__ import annotations
 
 import json
 
+from ...runtime.child_process import emit
 from .cli_job import EXIT_ERROR, EXIT_OK
 
 
+def _providers() -> int:
+    """``doctor --providers``: one JSON line, what Blender's device menu and panel need to know
+    (asked by Blender in a child once a session, so Blender's own process never imports onnxruntime)."""
+    from ...runtime.log import diagnostics
+    from ...runtime.session import installed_providers, runnable_providers
+
+    problem = diagnostics.onnxruntime_import_error()
+    installed = [] if problem else installed_providers()
+    runnable = [] if problem else runnable_providers(installed)
+    emit(result={"onnxruntime_error": problem, "installed": installed, "runnable": runnable})
+    return EXIT_OK
+
+
 def _doctor(args) -> int:
+    if args.providers:
+        return _providers()
     from ...runtime.log import diagnostics
 
     if args.gpu_runtime:  # as Blender does at register, so the report is what Blender's sessions get
@@ -34,6 +50,8 @@ def add_parser(subparsers) -> None:
     )
     parser.add_argument("--no-cuda-probe", action="store_true", help="do not try a CUDA session")
     parser.add_argument("--json", action="store_true", help="also print the report as one JSON line")
+    parser.add_argument("--providers", action="store_true",
+                        help="only one JSON line: the import error, the installed and the runnable providers")
     parser.add_argument(
         "--gpu-runtime", metavar="FOLDER", default="",
         help="load the CUDA/cuDNN libraries the add-on installed in FOLDER first (its GPU runtime folder)",

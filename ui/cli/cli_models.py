@@ -10,10 +10,12 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 from ...models import families
 from ...models.store import library, user_models
+from ...runtime.child_process import emit
 from ...runtime.errors import LeanImageError, OperationCancelled, printable
 from . import cli_job
 from .cli_job import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK
@@ -100,12 +102,30 @@ class _DownloadProgress:
             print(f"  {percent}downloading: {library.format_bytes(done)} / {size}", flush=True)
 
 
+class _JsonProgress:
+    """``--json-progress``: the stage a host shows (Blender's preferences), at most ten lines a
+    second (a 1 GB model is four thousand chunks)."""
+
+    def __init__(self, interval: float = 0.1):
+        self.interval, self.last, self.stage = interval, 0.0, ""
+
+    def __call__(self, done: int, total: int | None) -> None:
+        stage = "verifying" if total and done >= total else "downloading"
+        now = time.monotonic()
+        if stage == self.stage and now - self.last < self.interval:
+            return
+        self.last, self.stage = now, stage
+        size = library.format_bytes(total) if total else "unknown size"
+        emit(progress=min(1.0, done / total) if total else 0.0,
+             stage=f"{stage}: {library.format_bytes(done)} / {size}")  # fmt: skip
+
+
 def _install(args) -> int:
     folder = _folder(args)
     _known, entry = _lookup(folder, args.model_id)
     if entry.is_user:
         raise LeanImageError(f"{entry.title} is your own file: there is nothing to download.")
-    print(printable(f"installing {entry.title} ({library.format_size(entry)}) into {folder}"))
+    print(printable(f"installing {entry.title} ({library.format_size(entry)}) into {folder}"), file=_text(args))
     # the event the first Ctrl+C or SIGTERM sets (ui/cli/cli_job.Interrupts): the download's watch
     # polls it ten times a second and ends the transfer; a second signal raises Stopped at once
     interrupts = getattr(args, "interrupts", None)
@@ -114,7 +134,8 @@ def _install(args) -> int:
         interrupts.stops = "the download now, keeping what arrived"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        path = library.fetch(entry, folder, progress=_DownloadProgress(), cancel=cancel.is_set)
+        progress = _JsonProgress() if args.json_progress else _DownloadProgress()
+        path = library.fetch(entry, folder, progress=progress, cancel=cancel.is_set)
     except (OperationCancelled, KeyboardInterrupt):
         cancel.set()
         name = interrupts.name if interrupts is not None else "Ctrl+C"
@@ -123,19 +144,33 @@ def _install(args) -> int:
         return interrupts.exit_code if interrupts is not None else EXIT_INTERRUPTED
     except OSError as exc:
         raise LeanImageError(f"Cannot write to the models folder {folder}: {exc}. Give --models-dir another folder.") from exc
-    print(printable(f"installed {entry.title} ({library.format_bytes(path.stat().st_size)}) at {path}"))
+    text = f"Installed {entry.title} ({library.format_bytes(path.stat().st_size)}) at {path}"
+    print(printable(text[0].lower() + text[1:]), file=_text(args))
+    if args.json_progress:
+        emit(result={"path": str(path), "text": text})
     return EXIT_OK
+
+
+def _text(args):
+    """Where the human lines go: stdout, or stderr when stdout carries ``--json-progress``."""
+    return sys.stderr if getattr(args, "json_progress", False) else sys.stdout
 
 
 def _register(args) -> int:
     folder = _folder(args)
 
-    def progress(_fraction, stage):
-        print(printable(f"  {stage}"), flush=True)
+    def progress(fraction, stage):
+        if args.json_progress:
+            emit(progress=fraction, stage=stage)
+        else:
+            print(printable(f"  {stage}"), flush=True)
 
     registered = user_models.register(args.family_id, args.file, folder, progress=progress)
-    print(printable(registered.summary()))
-    print(printable(f"id: {registered.entry.id}"))
+    print(printable(registered.summary()), file=_text(args))
+    print(printable(f"id: {registered.entry.id}"), file=_text(args))
+    if args.json_progress:
+        emit(result={"id": registered.entry.id, "text": registered.summary(),
+                     "warning": bool(registered.verdict.warning)})  # fmt: skip
     return EXIT_OK
 
 
@@ -157,8 +192,23 @@ def _remove(args) -> int:
     return EXIT_OK
 
 
+def _verify_one(args) -> int:
+    """``verify ID --json-progress``: the one model's check as a host's task (its error is the
+    command's one line)."""
+    folder = _readable_folder(args)
+    _known, entry = _lookup(folder, args.model_id)
+    interrupts = getattr(args, "interrupts", None)
+    cancel = interrupts.event.is_set if interrupts is not None else None
+    emit(progress=0.0, stage="verifying")
+    path = library.installer.verify_installed(entry, folder, cancel=cancel)
+    emit(result={"path": str(path), "text": f"Verified {entry.title} at {path}"})
+    return EXIT_OK
+
+
 def _verify(args) -> int:
     """Each model with a file (or a partial one) checked against the catalog: size, sha256."""
+    if args.json_progress and args.model_id:
+        return _verify_one(args)
     folder = _readable_folder(args)
     known = _lookup(folder, args.model_id)[0] if args.model_id else library.catalog(folder)
     checked = failed = 0
@@ -194,6 +244,8 @@ def add_parser(subparsers) -> None:
     def action(name, handler, help_text):
         sub = actions.add_parser(name, help=help_text, description=help_text)
         sub.add_argument("--models-dir", help="models folder (default: the shared one)")
+        sub.add_argument("--json-progress", action="store_true",
+                         help="progress and the result as JSON lines on stdout (for a host such as Blender)")
         sub.set_defaults(handler=handler)
         return sub
 

@@ -46,7 +46,7 @@ from ...runtime.measure.leak_check import MAX_RUNS, MIN_RUNS, RUNS_REASON
 from ...runtime.measure.memory import peak_rss_bytes, reset_peak_rss
 from ...runtime.oom import out_of_memory_error
 from ...runtime.providers import device_help, measured_gpu
-from . import cli_doctor, cli_flamenco, cli_images, cli_job, cli_models, cli_shot, farm_ray
+from . import cli_doctor, cli_flamenco, cli_gpu, cli_images, cli_job, cli_models, cli_shot, farm_ray
 
 EXIT_OK = cli_job.EXIT_OK
 EXIT_ERROR = cli_job.EXIT_ERROR
@@ -326,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_leak_check(subparsers)
     cli_models.add_parser(subparsers)
     cli_flamenco.add_parser(subparsers)
+    cli_gpu.add_parser(subparsers)
     farm_ray.add_parser(subparsers)  # Ray itself is imported only when `farm` runs
     return parser
 

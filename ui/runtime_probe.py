@@ -1,0 +1,105 @@
+"""What onnxruntime offers here, asked once a session of a child process (bpy): whether it
+imports, its providers, and which of them can run (runtime's ``runnable_providers``).
+
+Blender's process never imports onnxruntime (its native libraries, and a GPU provider's, would
+stay loaded for the whole session): the device menu, the preferences' "Can run on" line and the
+panel's import check read :func:`answer`, which is None until ``python -m lean_image_ai doctor
+--providers`` has answered. With a UI the child is pumped by a ``bpy.app.timers`` timer (no
+thread, no wait) and the areas are redrawn when it answers; in background mode, where timers do
+not run, the first question waits for it.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+
+import bpy
+
+from ..runtime.child_process import ChildTask
+from ..runtime.errors import LeanImageError
+
+POLL_S = 0.2
+CPU_ONLY = ["CPUExecutionProvider"]
+
+_state: dict = {"task": None, "answer": None}
+on_answer: list[Callable[[], None]] = []  # told once the answer is in (caches built on the guess)
+
+
+def answer() -> dict | None:
+    """{"onnxruntime_error": str | None, "installed": [...], "runnable": [...]}; None while the
+    child has not answered (it is started by the first question)."""
+    if _state["answer"] is None:
+        _start()
+    return _state["answer"]
+
+
+def runnable() -> list[str]:
+    """The providers that can run here; CPU only until the child has answered."""
+    known = answer()
+    return list(known["runnable"]) if known and known["runnable"] else list(CPU_ONLY)
+
+
+def installed() -> list[str]:
+    known = answer()
+    return list(known["installed"]) if known and known["installed"] else list(CPU_ONLY)
+
+
+def onnxruntime_problem() -> str | None:
+    """The import error's one line (what to do included); None when it imports or is not known yet."""
+    known = answer()
+    return known["onnxruntime_error"] if known else None
+
+
+def _start() -> None:
+    if _state["task"] is not None:
+        return
+    try:
+        _state["task"] = ChildTask(["doctor", "--providers"])
+    except LeanImageError as exc:
+        _settle({"onnxruntime_error": str(exc), "installed": [], "runnable": []})
+        return
+    if bpy.app.background:
+        _poll(wait=True)
+    elif not bpy.app.timers.is_registered(_poll):
+        bpy.app.timers.register(_poll, first_interval=POLL_S)
+
+
+def _poll(wait: bool = False):
+    """The timer: None (stop) once the answer is in, else the seconds to the next look."""
+    task = _state["task"]
+    if task is None:
+        return None
+    if wait:
+        while not task.pump(POLL_S):
+            pass
+    elif not task.pump(0.0):
+        return POLL_S
+    try:
+        known = task.result()
+    except LeanImageError as exc:
+        known = {"onnxruntime_error": f"The runtime check could not run: {exc}", "installed": [], "runnable": []}
+    _settle(known)
+    return None
+
+
+def _settle(known: dict) -> None:
+    _state["answer"] = known
+    for listener in list(on_answer):
+        try:
+            listener()
+        except Exception:  # a cache that cannot be reset must not stop the others
+            traceback.print_exc()
+    for window in getattr(bpy.context.window_manager, "windows", ()):
+        for area in window.screen.areas:
+            area.tag_redraw()
+
+
+def forget() -> None:
+    """Stop a child still running and forget the answer (unregister; tests)."""
+    if bpy.app.timers.is_registered(_poll):
+        bpy.app.timers.unregister(_poll)
+    task = _state["task"]
+    if task is not None and not task.done:
+        task.cancel()
+    _state["task"] = _state["answer"] = None
