@@ -13,7 +13,6 @@ default), shown in an Image Editor, nothing written to disk.
 """
 
 # No ``from __future__ import annotations``: Blender reads property annotations as objects.
-from dataclasses import replace
 from types import SimpleNamespace
 
 import bpy
@@ -23,7 +22,8 @@ from bpy.props import EnumProperty, IntProperty, StringProperty
 from ..models import families, file_formats, products
 from ..models.adapters import moge2
 from ..models.adapters.moge2_mesh import mesh_arrays
-from ..models.batch import frame_lists, sequence
+from ..models.batch import frame_lists
+from ..models.batch.runner import RunEvents, Runner
 from ..runtime.errors import LeanImageError
 from . import batch_ops, geometry_ops, image_io, options, prefs, results, shot_props, sources
 from .jobs import BatchOperator, Job, WorkerOperator
@@ -31,15 +31,20 @@ from .jobs import BatchOperator, Job, WorkerOperator
 PREVIEW_IMAGE = "Lean Image AI Preview"
 
 
-def _frames(owner, frames: range | None) -> list:
+def _source(owner):
+    """Where the frames are: an Image datablock's files, or Frames From."""
     if owner.image_name:
         image = bpy.data.images.get(owner.image_name)
         if image is None:
             raise LeanImageError(f"There is no image called '{owner.image_name}' in this file.")
-        return batch_ops.sequence_refs(image, frames)
+        return batch_ops.sequence_source(image)
     if owner.source:
-        return frame_lists.resolve_input(sources.absolute_path(owner.source), frames)
+        return sources.absolute_path(owner.source)
     raise LeanImageError("Give the frames: an image sequence (image_name), or a folder or pattern (source).")
+
+
+def _frames(owner, frames: range | None) -> list:
+    return frame_lists.resolve_input(_source(owner), frames)
 
 
 def _source_properties() -> dict:
@@ -90,10 +95,12 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
     frames: StringProperty(name="Frames", description="A-B or A-B:STEP. Empty: every frame")
 
     def prepare(self, context, job: Job):
-        refs = _frames(self, frame_lists.parse_frames(self.frames) if self.frames.strip() else None)
-        family_job = prefs.family_job(context, self, moge2.FAMILY.id)
-        values = family_job.values
-        shot = shot_props.settings_of(self, moge2.FAMILY.id)
+        frames = frame_lists.parse_frames(self.frames) if self.frames.strip() else None
+        spec = batch_ops.job_spec(context, self, moge2.FAMILY.id, source=str(_source(self)), writes_files=False)
+        events = RunEvents(progress=job.report)  # each result becomes a mesh (add_frame, below), never a file
+        runner = Runner(spec.with_frames(frames), batch_ops.BlenderFrames(), events=events, cancel=job.cancel_event,
+                        verify=False)
+        refs, values = runner.refs, runner.job.values
         numbers = [r.number for r in refs]
         following = dict(zip(numbers, numbers[1:] + [None], strict=True))
         previous = dict(zip(numbers, [None] + numbers[:-1], strict=True))
@@ -122,20 +129,11 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
             made.fov_x, made.size = geometry.fov_x, geometry.mask.shape
             return []
 
-        def make_pass(write, shot_kwargs, first_pass):
-            pass_job = replace(family_job, extra=dict(shot_kwargs))
-            return sequence.BatchRun(
-                refs,
-                pass_job.infer,
-                batch_ops.read_frame,
-                write,
-                options=pass_job.options(progress=job.report, cancel=job.cancel_event),
-            )
-
-        job.inputs = shot_props.batch(shot, make_pass, add_frame, job.cancel_event)
-        job.inputs.made = made
+        events.take = add_frame
+        job.inputs = runner
+        runner.made = made
         job.key = str(refs[0].path.parent) if refs else ""
-        return lambda job: job.inputs.infer_all()
+        return lambda job: runner.infer_all()
 
 
     def finish(self, context, job: Job):
