@@ -1,8 +1,9 @@
 """Process a sequence: any family over an image sequence, a folder or a numbered pattern (bpy).
 
-One operator for the four families (``family``). The frames are read and the results written by
-Blender on the main thread (bpy is not thread safe) while the model runs on the worker, through
-models/batch/sequence.py's BatchRun: the whole sequence is one runtime operation, each frame is written
+One operator for the four families (``family``). It builds the job (models/job_spec.py) and hands
+it to the one runner (models/batch/runner.py) with Blender's frame IO: the frames are read and the
+results written by Blender on the main thread (bpy is not thread safe) while the model runs on the
+worker; the whole sequence is one runtime operation, each frame is written
 all or nothing, a cancelled or failed batch keeps the frames already written. Nothing is created
 in the .blend: the results are files.
 """
