@@ -295,15 +295,7 @@ def option_values(family: Family, args) -> dict:
 def job_spec(family: Family, args, *, farm: bool = False) -> JobSpec:
     """The job (models/job_spec.py) the command line's arguments describe; the checks only the
     command line has (INPUT given twice, no INPUT) before anything is resolved."""
-    for given, flag in ((args.input, args.input_opt), (args.output, args.output_opt)):
-        if given and flag and given != flag:
-            kind = "INPUT" if flag is args.input_opt else "OUTPUT"
-            raise CommandLineError(f"{kind} is given twice ({given} and --{kind.lower()} {flag}); give it once.")
-    source = args.input or args.input_opt
-    if source is None and family.fallback_model is None:
-        raise CommandLineError(f"Give an INPUT image, folder or pattern for {family.command}.")
-    if source is None and args.frames is not None:
-        raise CommandLineError("--frames needs an INPUT sequence (the generated demo image is one frame).")
+    source = _checked_input(family, args)
     limits = budgets(args)
     shot = ShotOptions(**{name: getattr(args, flag, getattr(ShotOptions, name)) for name, flag in SHOT_FLAGS.items()})
     return JobSpec(
@@ -313,6 +305,20 @@ def job_spec(family: Family, args, *, farm: bool = False) -> JobSpec:
         values=option_values(family, args), device=args.device, ram_budget=limits.ram_bytes,
         vram_budget=limits.vram_bytes, shot=shot, farm=farm,
     ).with_frames(args.frames)
+
+
+def _checked_input(family: Family, args) -> str | None:
+    """INPUT once, and one at all unless the family has a demo image."""
+    for given, flag in ((args.input, args.input_opt), (args.output, args.output_opt)):
+        if given and flag and given != flag:
+            kind = "INPUT" if flag is args.input_opt else "OUTPUT"
+            raise CommandLineError(f"{kind} is given twice ({given} and --{kind.lower()} {flag}); give it once.")
+    source = args.input or args.input_opt
+    if source is None and family.fallback_model is None:
+        raise CommandLineError(f"Give an INPUT image, folder or pattern for {family.command}.")
+    if source is None and args.frames is not None:
+        raise CommandLineError("--frames needs an INPUT sequence (the generated demo image is one frame).")
+    return source
 
 
 SHOT_FLAGS = {"depth_range": "depth_range", "align_depth": "align_depth", "camera": "camera", "fov": "fov",

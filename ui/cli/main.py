@@ -189,8 +189,13 @@ def _run(args) -> int:
         **runner.shot.as_dict(), **preview, **extra,
     )
     print(json.dumps(summary))
+    return _ending(report, refs[0].path.name if single else None, plot_error, interrupt)
+
+
+def _ending(report, single_name: str | None, plot_error: str | None, interrupt) -> int:
+    """What failed, on stderr, and the exit code."""
     for number, error in report.failed:
-        print(printable(f"error: {refs[0].path.name if single else f'frame {number}'}: {error}"), file=sys.stderr)
+        print(printable(f"error: {single_name or f'frame {number}'}: {error}"), file=sys.stderr)
     if plot_error:
         print(printable(f"error: {plot_error}"), file=sys.stderr)
     if report.cancelled:
