@@ -100,7 +100,7 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
         events = RunEvents(progress=job.report)  # each result becomes a mesh (add_frame, below), never a file
         runner = Runner(spec.with_frames(frames), batch_ops.BlenderFrames(), events=events, cancel=job.cancel_event,
                         verify=False)
-        refs, values = runner.refs, runner.job.values
+        refs, values = runner.refs, runner.model_run.values
         numbers = [r.number for r in refs]
         following = dict(zip(numbers, numbers[1:] + [None], strict=True))
         previous = dict(zip(numbers, [None] + numbers[:-1], strict=True))

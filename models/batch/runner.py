@@ -14,7 +14,9 @@ The front-end gives only what only it can do, as a frame IO (duck-typed):
 - ``input_kind(ref) -> "8-bit" | "16-bit" | "float"``: the samples of an input frame;
 
 and ``batch_factory``, a callable with models/batch/sequence.py BatchRun's signature (BatchRun for
-the command line and the farm; a worker process's batch for Blender). Events go out through
+the command line and the farm; a worker process's batch for Blender). It is given ``infer``, the
+pass's bound ``FamilyJob.infer``: a factory that sends the model run elsewhere takes
+``infer.__self__``, plain data that pickles. Events go out through
 :class:`RunEvents`. Blender pumps a runner from its timer (:meth:`Runner.pump`, its worker thread
 calls :meth:`Runner.infer_all`); the command line and the farm call :meth:`Runner.run`.
 """
@@ -63,14 +65,14 @@ class RunEvents:
 
 class Runner:
     def __init__(self, spec: JobSpec, io, *, events: RunEvents | None = None, batch_factory=BatchRun,
-                 cancel: threading.Event | None = None, job: FamilyJob | None = None, runtime=None,
+                 cancel: threading.Event | None = None, model_run: FamilyJob | None = None, runtime=None,
                  verify: bool = True):
         self.spec, self.io = spec, io
         self.events = events or RunEvents()
         self.cancel_event = cancel if cancel is not None else threading.Event()
         self._factory, self._runtime = batch_factory, runtime
-        # the model, resolved once: a farm worker is given the driver's (named by its absolute path)
-        self.job = job or FamilyJob.resolve(
+        # the model run (the model resolved once): a farm worker is given the driver's (named by its absolute path)
+        self.model_run = model_run or FamilyJob.resolve(
             spec.family_id, library.models_dir(spec.models_dir), model=spec.model, model_path=spec.model_path,
             values=spec.values, device=spec.device, budgets=spec.budgets, verify=verify,
         )
@@ -172,7 +174,7 @@ class Runner:
             notes = notes + (self.io.write_image(out, product) or [])
         else:
             notes, product = products.write_result(
-                self.family_id, out, result, self.job.values, self.io.write_image, self.io.writer.float_suffixes
+                self.family_id, out, result, self.model_run.values, self.io.write_image, self.io.writer.float_suffixes
             )
         if self.events.written is not None:
             return self.events.written(ref, out, result, product, notes)
@@ -180,10 +182,10 @@ class Runner:
 
     def _make_pass(self, write, shot_kwargs: dict, first: bool):
         """One pass over the frames: the first (a shot's) records and skips nothing, never claims."""
-        job = FamilyJob(self.job.family_id, self.job.model, self.job.values, self.job.device, self.job.budgets,
-                        {**self.job.extra, **shot_kwargs})
+        run = self.model_run
+        pass_run = FamilyJob(run.family_id, run.model, run.values, run.device, run.budgets, {**run.extra, **shot_kwargs})
         fields = {"runtime": self._runtime} if self._runtime is not None else {}
-        options = job.options(progress=self.events.progress, cancel=self.cancel_event, **fields)
+        options = pass_run.options(progress=self.events.progress, cancel=self.cancel_event, **fields)
         claims = self.spec.skip_existing and self.spec.source is not None and self.spec.writes_files and not first
         batch = None
 
@@ -191,7 +193,7 @@ class Runner:
             return self.io.read(ref, None if first else batch.report.warnings.append)
 
         batch = self._factory(
-            self.refs, job.infer, read, write, options=options,
+            self.refs, pass_run.infer, read, write, options=options,
             skip=(lambda ref: False) if first else self.skip.__contains__,
             stop_on_error=self.spec.stop_on_error,
             **(self._claims.batch_hooks(self.target) if claims else {}),

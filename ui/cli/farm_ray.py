@@ -359,7 +359,7 @@ def run(args, *, on_event=None, worker_class=FrameWorker) -> int:
         raise CommandLineError(f"--preview {args.preview} is one frame: run it without the farm ({family.command} ... --preview N).")
     spec = cli_job.job_spec(family, args, farm=True)  # a shot value that needs the whole shot first is refused
     plan = Runner(spec, cli_images.CommandLineFrames(), events=RunEvents(notice=_notice))  # the frames; nothing runs here
-    job = plan.job.for_worker()
+    job = plan.model_run.for_worker()
     refs, outputs, skip = plan.refs, plan.outputs, plan.skip
     todo = [_Frame(ref, out, family.id) for ref, out in zip(refs, outputs, strict=True) if ref not in skip]
     before = memory_snapshot(None)

@@ -63,7 +63,7 @@ class FrameWorker:
                        output_list=[str(out) for _, _, out in chunk], shard=None, stop_on_error=False)
         since = time.time()
         runner = self._runner = Runner(
-            part, cli_images.CommandLineFrames(), job=self.job, runtime=self.runtime,
+            part, cli_images.CommandLineFrames(), model_run=self.job, runtime=self.runtime,
             events=RunEvents(take=lambda ref, result: self.write(ref, runner.target[ref], result)),
         )
         over, outcome = threading.Event(), {}

@@ -164,7 +164,7 @@ def _run(args) -> int:
         print(f"input: generated demo image {width}x{height}{shard}")
     else:
         print(printable(f"input: {len(refs)} frame(s){shard}" + (f" from {refs[0].path}" if refs else "")))
-    print(printable(f"model: {runner.job.model.describe()}"))
+    print(printable(f"model: {runner.model_run.model.describe()}"))
     output_type = runner.output_type()  # reads the first frame's header: once
     print(f"output: {output_type}")
 
