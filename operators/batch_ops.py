@@ -1,28 +1,29 @@
 """Process a sequence: any family over an image sequence, a folder or a numbered pattern (bpy).
 
-One operator for the four families (``family``). The frames are read and the results written by
-Blender on the main thread (bpy is not thread safe) while the model runs in the worker process,
-through models/worker/remote_batch.py's RemoteBatchRun: the whole sequence is one runtime operation, each frame is written
+One operator for the four families (``family``). It builds the job (models/job_spec.py) and hands
+it to the one runner (models/batch/runner.py) with Blender's frame IO: the frames are read and the
+results written by Blender on the main thread (bpy is not thread safe) while the model runs in the
+worker process (models/worker/); the whole sequence is one runtime operation, each frame is written
 all or nothing, a cancelled or failed batch keeps the frames already written. Nothing is created
 in the .blend: the results are files.
 """
 
 # No ``from __future__ import annotations``: Blender reads property annotations as objects.
 import os
-from dataclasses import replace
 from pathlib import Path
 
 import bpy
 import numpy as np
 from bpy.props import BoolProperty, EnumProperty, StringProperty
 
-from ..models import families, file_formats, image_meta, products
-from ..models.batch import frame_claims, frame_lists
-from ..models.worker.remote_batch import RemoteBatchRun
+from ..models import families, file_formats, image_meta
+from ..models.batch import frame_lists
+from ..models.batch.runner import RunEvents, Runner
+from ..models.job_spec import JobSpec
 from ..runtime.errors import LeanImageError
 from . import image_io, options, prefs, results, shot_props, sources
 from .jobs import BatchOperator, BatchTask, Job
-from .model_job import model_worker
+from .model_job import worker_batches
 
 
 def _blender_can_write(path: Path) -> None:
@@ -30,14 +31,14 @@ def _blender_can_write(path: Path) -> None:
         raise LeanImageError(f"Cannot save '{path.name}': Blender writes {file_formats.BLENDER_WRITER.advice()} here.")
 
 
-def sequence_refs(image, frames: range | None, exclude=None) -> list[frame_lists.FrameRef]:
-    """The frames of an Image datablock. A SEQUENCE image's file name is numbered the way Blender
-    reads sequences (the digits before the suffix): every file of that numbering, or ``frames``."""
+def sequence_source(image):
+    """Where an Image datablock's frames are. A SEQUENCE image's file name is numbered the way
+    Blender reads sequences (the digits before the suffix): every file of that numbering."""
     path = sources.absolute_path(image.filepath_raw or image.filepath)
     numbered = frame_lists.pattern_of(path)
     if image.source == "SEQUENCE" and numbered is not None:
-        return frame_lists.resolve_input(numbered[0], frames, exclude)
-    return frame_lists.resolve_input(path, frames, exclude)
+        return numbered[0]
+    return path
 
 
 def _kind(image) -> str:
@@ -87,10 +88,39 @@ def read_frame(ref: frame_lists.FrameRef, warn=None):
     return image_meta.upright(pixels, image_meta.exif_orientation(ref.path))
 
 
-def write_result(family_id: str, path: Path, result, values: dict) -> list[str]:
-    return products.write_result(
-        family_id, path, result, values, results.save_product, file_formats.BLENDER_WRITER.float_suffixes
-    )[0]
+class BlenderFrames:
+    """Blender's frame IO for models/batch/runner.py: frames read and results saved by Blender,
+    on the main thread."""
+
+    writer = file_formats.BLENDER_WRITER
+
+    def read(self, ref, warn=None):
+        return read_frame(ref, warn)
+
+    def write_image(self, path: Path, product) -> list[str]:
+        return results.save_product(path, product)
+
+    def check_format(self, path: Path) -> None:
+        _blender_can_write(path)
+
+    def input_kind(self, ref) -> str:
+        return input_kind(ref)
+
+
+def job_spec(context, owner, family_id: str, **fields) -> JobSpec:
+    """The job (models/job_spec.py) an operator's properties and the preferences describe: its
+    Model (a catalog id, never a path: files go in Model File) or Model File, its option values,
+    the shot options, the preferences' device and budgets (applied to the runtime) and folder."""
+    model_id = prefs.checked_model_id(getattr(owner, "model_id", ""))
+    device, budgets = prefs.configure_runtime(context)
+    family = families.get(family_id)
+    model_path = getattr(owner, "model_path", "")
+    return JobSpec(
+        family.id, model=model_id, model_path=str(sources.absolute_path(model_path)) if model_path else "",
+        models_dir=str(prefs.models_folder(context)), values={o.name: getattr(owner, o.name) for o in family.options},
+        device=device, ram_budget=budgets.ram_bytes, vram_budget=budgets.vram_bytes, shot=shot_props.options_of(owner),
+        **fields,
+    )
 
 
 FAILED_DETAILS = 20  # failed frames past the first three whose error gets a WARNING; all are numbered
@@ -173,71 +203,37 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
         family = families.get(self.family)
         job.name = f"{family.action} (sequence)"
         frames = frame_lists.parse_frames(self.frames) if self.frames.strip() else None
-        shard = frame_lists.parse_shard(self.shard)
-        shot = shot_props.settings_of(self, family.id, shard)  # a refused combination makes no folder
         output = sources.absolute_path(self.output) if self.output else None
         if output is not None and self.output.endswith(("/", "\\")):
             output = f"{output}{os.sep}"  # a folder still to be made keeps its trailing separator
-        exclude = products.written_by(family.id, output)  # earlier results are never frames
+        spec = job_spec(
+            context, self, family.id, source=self._source(), output=None if output is None else str(output),
+            in_sequence=True, overwrite=self.overwrite, skip_existing=self.skip_existing,
+            shard=frame_lists.parse_shard(self.shard), stop_on_error=self.stop_on_error,
+        ).with_frames(frames)
+        # a first-time hash runs on the worker; Skip Existing claims frames as the command line does
+        runner = Runner(spec, BlenderFrames(), events=RunEvents(progress=job.report), cancel=job.cancel_event,
+                        verify=False, batch_factory=worker_batches(job.name))
+        output_type = runner.output_type()
+        if output_type:
+            job.name = f"{job.name}, {output_type}"
+        job.inputs = runner
+        job.key = str(runner.outputs[0].parent) if runner.outputs else f"(shard {self.shard}: no frames)"
+        return BatchTask(job, runner)
+
+    def _source(self) -> str:
+        """The frames: an Image datablock's files (a SEQUENCE image by its numbering), or Frames From."""
         if self.image_name:
             image = bpy.data.images.get(self.image_name)
             if image is None:
                 raise LeanImageError(f"There is no image called '{self.image_name}' in this file.")
-            refs = sequence_refs(image, frames, exclude)
-        elif self.source:
-            refs = frame_lists.resolve_input(sources.absolute_path(self.source), frames, exclude)
-        else:
-            raise LeanImageError("Give the frames: an image sequence (image_name), or a folder or pattern (source).")
-        kind = input_kind(refs[0]) if refs else "8-bit"
-        refs, outputs, skip = products.plan_batch(
-            family.id,
-            refs,
-            output,
-            in_sequence=True,
-            shard=shard,
-            overwrite=self.overwrite,
-            skip_existing=self.skip_existing,
-            check_format=_blender_can_write,
-            writer=file_formats.BLENDER_WRITER,
-            suffix=products.default_suffix(family.id, kind),
-        )
-        frame_claims.remove_stale(outputs)  # a killed Skip Existing run's, whatever this run's mode
-        if outputs:
-            output_type = products.describe_output(family.id, outputs[0].suffix, kind, file_formats.BLENDER_WRITER.float_suffixes)
-            job.name = f"{job.name}, {output_type}"
-        family_job = prefs.family_job(context, self, family.id)  # a first-time hash runs on the worker
-        values = family_job.values
-        target = dict(zip(refs, outputs, strict=True))
-        # Skip Existing: tasks sharing a folder (a requeued farm task beside the first) each compute a
-        # missing frame once, as on the command line (models/batch/frame_claims.py)
-        claims = frame_claims.FrameClaims()
-
-        def make_pass(write, shot_kwargs, first_pass):  # a shot's first pass records, skips nothing
-            pass_job = replace(family_job, extra=dict(shot_kwargs))
-            run = RemoteBatchRun(
-                pass_job,
-                refs,
-                lambda ref: read_frame(ref, None if first_pass else run.report.warnings.append),
-                write,
-                options=pass_job.options(progress=job.report, cancel=job.cancel_event),
-                skip=(lambda ref: False) if first_pass else skip.__contains__,
-                stop_on_error=self.stop_on_error,
-                **(claims.batch_hooks(target) if self.skip_existing and not first_pass else {}),
-                client=model_worker(),
-                name=job.name,
-            )
-            return run
-
-        write = shot_props.writer(shot, target, lambda ref, result: write_result(family.id, target[ref], result, values))
-        batch = shot_props.batch(shot, make_pass, write, job.cancel_event)
-        batch.claims = claims  # released in finish(), whatever the outcome
-        job.inputs = batch
-        job.key = str(outputs[0].parent) if outputs else f"(shard {self.shard}: no frames)"
-        return BatchTask(job, batch)
-
+            return str(sequence_source(image))
+        if self.source:
+            return str(sources.absolute_path(self.source))
+        raise LeanImageError("Give the frames: an image sequence (image_name), or a folder or pattern (source).")
 
     def finish(self, context, job: Job):
-        job.inputs.claims.release_all()  # a cancelled or failed batch's frames are free for another task
+        job.inputs.close()  # a cancelled or failed batch's frames are free for another task
         report = job.inputs.report
         if job.state == "failed" and job.error_text and not report.written:
             self.report({"ERROR"}, job.error_text)

@@ -57,6 +57,17 @@ def model_worker() -> worker_client.WorkerClient:
     return worker_client.shared(gpu_runtime=gpu_runtime)
 
 
+def worker_batches(name: str):
+    """The runner's ``batch_factory`` in Blender (models/batch/runner.py): every pass a
+    RemoteBatchRun, so the model runs in the worker process, never on a thread of Blender's."""
+    client = model_worker()
+
+    def make(refs, infer, read, write, **keywords):
+        return RemoteBatchRun(infer.__self__, refs, read, write, client=client, name=name, **keywords)
+
+    return make
+
+
 def one_frame_task(job: Job, family_job: FamilyJob, ref: FrameRef, pixels, shape=lambda result: result) -> BatchTask:
     """The task of one gathered image: a one-frame batch in the model worker whose read hands over
     ``pixels``; the job's result is ``shape(result)``, a failure in the model the job's error."""

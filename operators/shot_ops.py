@@ -13,7 +13,6 @@ default), shown in an Image Editor, nothing written to disk.
 """
 
 # No ``from __future__ import annotations``: Blender reads property annotations as objects.
-from dataclasses import replace
 from types import SimpleNamespace
 
 import bpy
@@ -24,24 +23,29 @@ from ..models import families, file_formats, products
 from ..models.adapters import moge2
 from ..models.adapters.moge2_mesh import mesh_arrays
 from ..models.batch import frame_lists
-from ..models.worker.remote_batch import RemoteBatchRun
+from ..models.batch.runner import RunEvents, Runner
 from ..runtime.errors import LeanImageError
 from . import batch_ops, geometry_ops, image_io, options, prefs, results, shot_props, sources
 from .jobs import BatchOperator, BatchTask, Job, WorkerOperator
-from .model_job import model_worker, one_frame_task
+from .model_job import one_frame_task, worker_batches
 
 PREVIEW_IMAGE = "Lean Image AI Preview"
 
 
-def _frames(owner, frames: range | None) -> list:
+def _source(owner):
+    """Where the frames are: an Image datablock's files, or Frames From."""
     if owner.image_name:
         image = bpy.data.images.get(owner.image_name)
         if image is None:
             raise LeanImageError(f"There is no image called '{owner.image_name}' in this file.")
-        return batch_ops.sequence_refs(image, frames)
+        return batch_ops.sequence_source(image)
     if owner.source:
-        return frame_lists.resolve_input(sources.absolute_path(owner.source), frames)
+        return sources.absolute_path(owner.source)
     raise LeanImageError("Give the frames: an image sequence (image_name), or a folder or pattern (source).")
+
+
+def _frames(owner, frames: range | None) -> list:
+    return frame_lists.resolve_input(_source(owner), frames)
 
 
 def _source_properties() -> dict:
@@ -92,10 +96,12 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
     frames: StringProperty(name="Frames", description="A-B or A-B:STEP. Empty: every frame")
 
     def prepare(self, context, job: Job):
-        refs = _frames(self, frame_lists.parse_frames(self.frames) if self.frames.strip() else None)
-        family_job = prefs.family_job(context, self, moge2.FAMILY.id)
-        values = family_job.values
-        shot = shot_props.settings_of(self, moge2.FAMILY.id)
+        frames = frame_lists.parse_frames(self.frames) if self.frames.strip() else None
+        spec = batch_ops.job_spec(context, self, moge2.FAMILY.id, source=str(_source(self)), writes_files=False)
+        events = RunEvents(progress=job.report)  # each result becomes a mesh (add_frame, below), never a file
+        runner = Runner(spec.with_frames(frames), batch_ops.BlenderFrames(), events=events, cancel=job.cancel_event,
+                        verify=False, batch_factory=worker_batches(self.job_title))
+        refs, values = runner.refs, runner.model_run.values
         numbers = [r.number for r in refs]
         following = dict(zip(numbers, numbers[1:] + [None], strict=True))
         previous = dict(zip(numbers, [None] + numbers[:-1], strict=True))
@@ -124,22 +130,11 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
             made.fov_x, made.size = geometry.fov_x, geometry.mask.shape
             return []
 
-        def make_pass(write, shot_kwargs, first_pass):
-            pass_job = replace(family_job, extra=dict(shot_kwargs))
-            return RemoteBatchRun(
-                pass_job,
-                refs,
-                batch_ops.read_frame,
-                write,
-                options=pass_job.options(progress=job.report, cancel=job.cancel_event),
-                client=model_worker(),
-                name=job.name,
-            )
-
-        job.inputs = shot_props.batch(shot, make_pass, add_frame, job.cancel_event)
-        job.inputs.made = made
+        events.take = add_frame
+        job.inputs = runner
+        runner.made = made
         job.key = str(refs[0].path.parent) if refs else ""
-        return BatchTask(job, job.inputs)
+        return BatchTask(job, runner)
 
 
     def finish(self, context, job: Job):
@@ -195,13 +190,15 @@ def preview_product(family_id: str, result, shot) -> products.ImageProduct:
     the shot settings; a shot range needs the whole shot, so auto-shot shows this frame's own
     robust range), or what the family's output shows of a result that is not one image (MoGe-2: its
     normal map)."""
-    output = products.job_output(family_id, file_formats.BLENDER_WRITER)
-    if shot.depth is None or output.record.preview is not None:
+    output = products.output_of(family_id)
+    if output.preview is not None:
         return output.preview(result)
-    if shot.depth.needs_first_pass:
-        shot.record(None, result)
-        shot.finish_first_pass()
-    return shot.depth_image(result, ".png", file_formats.BLENDER_WRITER.float_suffixes)[0]
+    if shot.depth is not None:
+        if shot.depth.needs_first_pass:
+            shot.record(None, result)
+            shot.finish_first_pass()
+        return shot.depth_product(result.depth, ".png", file_formats.BLENDER_WRITER.float_suffixes)[0]
+    return products.image_product(family_id, result, ".png", file_formats.BLENDER_WRITER.float_suffixes)
 
 
 def show_in_image_editor(context, image) -> bool:

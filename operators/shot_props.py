@@ -1,14 +1,13 @@
 """The shot options in Blender (bpy): one depth range and aligned depth for a depth sequence, one
 camera for a MoGe-2 sequence. The same properties on Process Sequence, Preview Frame and the
 scene settings (functions: Blender needs a fresh definition per class); the maths is
-models/adapters/shot_depth.py and models/adapters/shot_camera.py, the two passes models/batch/shot_batch.py."""
+models/adapters/shot_depth.py and models/adapters/shot_camera.py, the two passes models/batch/runner.py."""
 
 from bpy.props import BoolProperty, EnumProperty, FloatProperty, StringProperty
 
-from ..models import file_formats, products
 from ..models.adapters import shot_camera, shot_depth
-from ..models.batch.shot_batch import ShotSettings, TwoPassBatch
-from . import results
+from ..models.batch.shot_batch import ShotSettings
+from ..models.job_spec import ShotOptions
 
 
 def shot_properties() -> dict:
@@ -48,6 +47,12 @@ def shot_properties() -> dict:
 NAMES = tuple(shot_properties())
 
 
+def options_of(owner) -> ShotOptions:
+    """The shot options an operator holds, as a job carries them (models/job_spec.py)."""
+    return ShotOptions(depth_range=owner.depth_range, align_depth=owner.align_depth, camera=owner.shot_camera,
+                       fov=owner.shot_fov or None)
+
+
 def settings_of(owner, family_id: str, shard=None) -> ShotSettings:
     """The shot settings an operator (or the scene settings) holds."""
     return ShotSettings(
@@ -59,25 +64,3 @@ def settings_of(owner, family_id: str, shard=None) -> ShotSettings:
         shard=shard,
         skip_existing=bool(getattr(owner, "skip_existing", False)),
     )
-
-
-def writer(shot: ShotSettings, target: dict, write):
-    """``write(ref, result)``, or for a depth sequence with shot options the shot's depth product
-    (Blender's image writers keep no custom metadata: the range goes into the report)."""
-    if shot.depth is None:
-        return write
-
-    def write_depth(ref, result):
-        return products.write_result(
-            shot.family_id, target[ref], result, {}, results.save_product,
-            file_formats.BLENDER_WRITER.float_suffixes, image=shot.output_image,
-        )[0]
-
-    return write_depth
-
-
-def batch(shot: ShotSettings, make_pass, write, cancel):
-    """One BatchRun, or a first pass then the writing pass (TwoPassBatch) when the shot needs it."""
-    if not shot.needs_first_pass:
-        return make_pass(write, shot.adapter_kwargs(), False)
-    return TwoPassBatch(shot, make_pass, write, cancel)

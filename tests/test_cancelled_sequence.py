@@ -19,7 +19,7 @@ bpy = pytest.importorskip("bpy")
 bh.import_package()
 
 import modal_standins  # noqa: E402
-from lean_image_ai.operators import batch_ops, jobs, memory_ops  # noqa: E402
+from lean_image_ai.operators import batch_ops, jobs, memory_ops, results  # noqa: E402
 from lean_image_ai.runtime import get_runtime  # noqa: E402
 from lean_image_ai.runtime.measure import memory_plot  # noqa: E402
 from modal_standins import ESC, StandInContext, driver_class, pump  # noqa: E402
@@ -66,14 +66,14 @@ def test_esc_after_frame_one_says_what_was_kept_and_the_picture_follows_the_pane
 
     ctx = StandInContext()
     live = {}
-    real_write = batch_ops.write_result
+    real_write = results.save_product
 
-    def write_then_esc(family_id, path, result, values):
-        notes = real_write(family_id, path, result, values)
+    def write_then_esc(path, product):
+        notes = real_write(path, product)
         live["op"].modal(ctx, ESC)  # the artist presses Esc once frame 1 is on disk
         return notes
 
-    monkeypatch.setattr(batch_ops, "write_result", write_then_esc)
+    monkeypatch.setattr(results, "save_product", write_then_esc)
 
     def script(op):
         live["op"] = op

@@ -217,7 +217,7 @@ def test_a_bug_is_still_one_line_with_the_traceback_in_the_event_log(job_folder,
     def broken(*args, **kwargs):
         return 1 / 0
 
-    monkeypatch.setattr(cli.cli_job, "plan", broken)
+    monkeypatch.setattr(cli.cli_job, "job_spec", broken)
     code, err = _main(["upscale", str(job_folder / "in.png"), "--device", "cpu"], capsys)
     assert code == 2 and "Traceback" not in err
     assert err.strip().startswith("error: unexpected ZeroDivisionError: division by zero (a bug;")

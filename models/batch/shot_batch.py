@@ -1,4 +1,4 @@
-"""A sequence's shot options as one object, and the two-pass batch that Blender pumps (bpy-free).
+"""A sequence's shot options as one object, and the two-pass batch a pumped runner uses (bpy-free).
 
 :class:`ShotSettings` holds what the shot options change (models/adapters/shot_depth.py's range and
 alignment, models/adapters/shot_camera.py's focal) for every front-end. :class:`TwoPassBatch` has

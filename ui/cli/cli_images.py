@@ -384,3 +384,29 @@ def png16_bytes(array: np.ndarray, texts: dict[str, str] | None = None) -> bytes
     notes = b"".join(chunk(b"tEXt", key.encode("latin-1") + b"\0" + text.encode("latin-1", "replace"))
                      for key, text in (texts or {}).items())
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + notes + chunk(b"IDAT", data) + chunk(b"IEND", b"")
+
+
+class CommandLineFrames:
+    """The command line's frame IO for models/batch/runner.py: image files through Pillow and
+    OpenEXR, or the generated demo image when there is no input."""
+
+    writer = file_formats.COMMAND_LINE
+
+    def __init__(self, demo=None):
+        self._demo = demo  # demo(): the generated image
+        self.say_size = False  # one frame: its size is said once read
+
+    def read(self, ref, warn=None) -> np.ndarray:
+        image = self._demo() if self._demo is not None else read_image(ref.path)
+        if self.say_size:
+            print(f"input: {image.shape[1]}x{image.shape[0]} ({image.dtype})")
+        return image
+
+    def write_image(self, path: Path, product: ImageProduct) -> list[str]:
+        return write_image(path, product)
+
+    def check_format(self, path: Path) -> None:
+        check_writable_format(path)
+
+    def input_kind(self, ref) -> str:
+        return input_kind(ref.path)

@@ -15,21 +15,20 @@ import os
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 
-from ...models import files, products
-from ...models.batch import frame_claims, frame_lists
+from ...models import products
+from ...models.batch import frame_lists
 from ...models.batch.sequence import BatchReport
 from ...models.family import Family
 from ...models.job import FamilyJob
+from ...models.job_spec import JobSpec, ShotOptions
 from ...models.store import library
 from ...runtime import settings
-from ...runtime.errors import LeanImageError, printable, user_path
+from ...runtime.errors import LeanImageError, user_path
 from ...runtime.measure.memory_report import mb
 from ...runtime.providers import device_help
 from ...runtime.settings import FALSE_WORDS, TRUE_WORDS
-from . import cli_images
 from .cli_images import CommandLineError
 
 DEMO_NAME = "demo"
@@ -293,68 +292,37 @@ def option_values(family: Family, args) -> dict:
     return {o.name: getattr(args, o.name) for o in family.options if hasattr(args, o.name)}
 
 
-def plan(family: Family, args):
-    """(frame refs, output paths, refs to skip); every check that can fail before the model runs."""
-    started = time.time()  # nothing of this run is written yet: older temporary files are not its own
-    source, target = _given(args)
-    refs, target, many = _frames(family, args, source, target)
-    refs, outputs, skip = products.plan_batch(
-        family.id,
-        refs,
-        target,
-        in_sequence=many,
-        shard=args.shard,
+def job_spec(family: Family, args, *, farm: bool = False) -> JobSpec:
+    """The job (models/job_spec.py) the command line's arguments describe; the checks only the
+    command line has (INPUT given twice, no INPUT) before anything is resolved."""
+    source = _checked_input(family, args)
+    limits = budgets(args)
+    shot = ShotOptions(**{name: getattr(args, flag, getattr(ShotOptions, name)) for name, flag in SHOT_FLAGS.items()})
+    return JobSpec(
+        family.id, model=args.model or "", models_dir=args.models_dir or "", source=source, output=args.output or args.output_opt,
         overwrite=args.overwrite or source is None,  # the demo replaces its own earlier result
-        skip_existing=args.skip_existing,
-        check_format=cli_images.check_writable_format,
-        inputs_are_files=source is not None,
-        suffix=products.default_suffix(family.id, _first_input_kind(refs) if source is not None else "8-bit"),
-    )
-    if args.skip_existing:  # a killed earlier run's temporary files of these outputs (never newer ones)
-        companions = [p for out in outputs for p in products.companion_paths(family.id, out)]
-        for temp in files.remove_stale_temps(companions, older_than=started - STALE_TEMP_S):
-            print(printable(f"removed a temporary file left by an interrupted run: {temp}"), file=sys.stderr)
-    # a killed --skip-existing run's frame claims, whatever this run's mode (a claim held now stays)
-    for claim in frame_claims.remove_stale(outputs):
-        print(printable(f"removed a frame claim left by an interrupted run: {claim}"), file=sys.stderr)
-    return refs, outputs, skip
+        skip_existing=args.skip_existing, shard=args.shard, stop_on_error=args.stop_on_error,
+        values=option_values(family, args), device=args.device, ram_budget=limits.ram_bytes,
+        vram_budget=limits.vram_bytes, shot=shot, farm=farm,
+    ).with_frames(args.frames)
 
 
-def _given(args):
-    """(INPUT, OUTPUT), each given as a positional or its flag, not both differently."""
+def _checked_input(family: Family, args) -> str | None:
+    """INPUT once, and one at all unless the family has a demo image."""
     for given, flag in ((args.input, args.input_opt), (args.output, args.output_opt)):
         if given and flag and given != flag:
             kind = "INPUT" if flag is args.input_opt else "OUTPUT"
             raise CommandLineError(f"{kind} is given twice ({given} and --{kind.lower()} {flag}); give it once.")
-    return args.input or args.input_opt, args.output or args.output_opt
+    source = args.input or args.input_opt
+    if source is None and family.fallback_model is None:
+        raise CommandLineError(f"Give an INPUT image, folder or pattern for {family.command}.")
+    if source is None and args.frames is not None:
+        raise CommandLineError("--frames needs an INPUT sequence (the generated demo image is one frame).")
+    return source
 
 
-def _frames(family: Family, args, source, target):
-    """(frame refs, the output given or the demo's, whether the input is a sequence)."""
-    if source is None:
-        if family.fallback_model is None:
-            raise CommandLineError(f"Give an INPUT image, folder or pattern for {family.command}.")
-        if args.frames is not None:
-            raise CommandLineError("--frames needs an INPUT sequence (the generated demo image is one frame).")
-        refs = [frame_lists.FrameRef(1, Path.cwd() / "(generated demo image)")]
-        return refs, target or Path.cwd() / products.default_name(family.id, DEMO_NAME), False
-    # what this command writes is never read back as a frame (an OUTPUT in the input folder)
-    refs = frame_lists.resolve_input(source, args.frames, products.written_by(family.id, target))
-    many = len(refs) > 1 or args.frames is not None or frame_lists.is_pattern(source) or user_path(source).is_dir()
-    return refs, target, many
-
-
-def _first_input_kind(refs) -> str:
-    """The output type follows the first frame that exists (a sequence is one format)."""
-    return next((cli_images.input_kind(r.path) for r in refs if r.path.is_file()), "8-bit")
-
-
-def output_type(family: Family, refs, outputs) -> str:
-    """What the job writes, for the report and the JSON line (models/products.py's policy)."""
-    if not outputs:
-        return ""
-    demo = not refs[0].path.is_file()
-    return products.describe_output(family.id, outputs[0].suffix, "8-bit" if demo else _first_input_kind(refs))
+SHOT_FLAGS = {"depth_range": "depth_range", "align_depth": "align_depth", "camera": "camera", "fov": "fov",
+              "preview": "preview"}  # the job's shot field -> its argparse destination
 
 
 def plan_memory_plot(args, refs, outputs) -> Path | None:
@@ -382,10 +350,12 @@ def plan_memory_plot(args, refs, outputs) -> Path | None:
     return path
 
 
-def write_result(family_id: str, out: Path, result, values: dict) -> tuple[list[str], str]:
-    """Write one frame's result to ``out`` (and its companions), all or nothing; returns the notes
-    for the user and the ``wrote:`` line that describes it."""
-    notes, product = products.write_result(family_id, out, result, values, cli_images.write_image)
+def written_line(family_id: str, out: Path, result, product) -> str:
+    """The ``wrote:`` line that describes one frame's files."""
+    if product is not None and "lean_image_ai:depth_range" in product.metadata:  # a shot's depth range
+        low, high = product.metadata["lean_image_ai:depth_range"].split()
+        size = f"{product.pixels.shape[1]}x{product.pixels.shape[0]}"
+        return f"wrote: {out} {size}, depth range {float(low):.6g}..{float(high):.6g}"
     if product is None:
         also = [p.name for p in products.companion_paths(family_id, out)[1:] if p.is_file()]
         kind = f" (+ {', '.join(also)})" if also else ""
@@ -397,7 +367,7 @@ def write_result(family_id: str, out: Path, result, values: dict) -> tuple[list[
     tile = ""
     if hasattr(result, "tile_size_used"):  # the largest window that ran, and its overlap
         tile = f", tile {result.tile_size_used} px, overlap {result.overlap} px, seams {result.seams}"
-    return notes, f"wrote: {out}{size}{tile}{kind}"
+    return f"wrote: {out}{size}{tile}{kind}"
 
 
 def single_file(args, refs) -> bool:

@@ -1,7 +1,7 @@
 """`python -m lean_image_ai farm FAMILY INPUT OUTPUT --address ...`: one sequence over Ray workers.
 
 A front-end beside the command line (main.py) for plain-Python pipelines. The driver plans the
-frames as the command line does (cli_job.plan: frame list, shard, output names and checks),
+frames as the command line does (models/batch/runner.py: frame list, shard, output names and checks),
 cuts the list into chunks with the farm's split rule (frame_lists.shard_slice), and hands one
 chunk at a time to each worker: a Ray actor (farm_worker.FrameWorker) that keeps the runtime
 and its session for the whole run. Input and output live on storage every worker shares;
@@ -30,12 +30,13 @@ from pathlib import Path
 
 from ...models import families, files, products
 from ...models.batch import frame_lists
+from ...models.batch.runner import RunEvents, Runner
 from ...models.batch.sequence import BatchReport
 from ...models.family import Family
 from ...runtime import memory_snapshot, parse_device
 from ...runtime.errors import LeanImageError, printable
 from ...runtime.measure.memory import peak_rss_bytes, reset_peak_rss
-from . import cli_job, cli_shot, farm_connect
+from . import cli_images, cli_job, cli_shot, farm_connect
 from .cli_images import CommandLineError
 from .cli_job import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK
 from .farm_worker import FrameWorker
@@ -337,6 +338,10 @@ class _Progress:
             self.last = percent
 
 
+def _notice(text: str) -> None:
+    print(printable(text), file=sys.stderr)
+
+
 def run(args, *, on_event=None, worker_class=FrameWorker) -> int:
     """The `farm` command. ``on_event`` sees every frame written and every worker death;
     ``worker_class``: FrameWorker or a test's subclass of it."""
@@ -350,10 +355,12 @@ def run(args, *, on_event=None, worker_class=FrameWorker) -> int:
     parse_device(args.device)  # a typo fails here, before Ray starts
     if not (args.input or args.input_opt):
         raise CommandLineError("Give an INPUT image, folder or pattern on storage every worker can read.")
-    shot = cli_shot.ShotRun(family, args, farm=True)  # a shot value that needs the whole shot first is refused
-    job = cli_job.family_job(family, args).for_worker()
-    job.extra.update(shot.settings.adapter_kwargs())  # a given field of view
-    refs, outputs, skip = cli_job.plan(family, args)
+    if getattr(args, "preview", None) is not None:
+        raise CommandLineError(f"--preview {args.preview} is one frame: run it without the farm ({family.command} ... --preview N).")
+    spec = cli_job.job_spec(family, args, farm=True)  # a shot value that needs the whole shot first is refused
+    plan = Runner(spec, cli_images.CommandLineFrames(), events=RunEvents(notice=_notice))  # the frames; nothing runs here
+    job = plan.model_run.for_worker()
+    refs, outputs, skip = plan.refs, plan.outputs, plan.skip
     todo = [_Frame(ref, out, family.id) for ref, out in zip(refs, outputs, strict=True) if ref not in skip]
     before = memory_snapshot(None)
     reset_peak_rss()
@@ -370,7 +377,7 @@ def run(args, *, on_event=None, worker_class=FrameWorker) -> int:
         worker = ray.remote(worker_class).options(
             num_cpus=threads, num_gpus=args.gpus_per_worker, max_restarts=-1, max_task_retries=0
         )
-        actors = [worker.remote(job, threads, shot=shot.options) for _ in range(count)]
+        actors = [worker.remote(job, threads, spec) for _ in range(count)]
         farm = Farm(
             ray, actors, todo, chunk_size, max_tries=max(1, args.max_tries), stop_on_error=args.stop_on_error,
             on_event=_Progress(len(todo), count, on_event),
@@ -419,8 +426,8 @@ def run(args, *, on_event=None, worker_class=FrameWorker) -> int:
     for warning in dict.fromkeys(report.warnings):
         print(printable(f"warning: {warning}"), file=sys.stderr)
     print(json.dumps(cli_job.summary(
-        family, args.shard, refs, report, memory, output_type=cli_job.output_type(family, refs, outputs), farm=details,
-        **shot.as_dict(),
+        family, args.shard, refs, report, memory, output_type=plan.output_type(), farm=details,
+        **plan.shot.as_dict(),
     )))
     for number, error in report.failed:
         print(printable(f"error: frame {number}: {error}"), file=sys.stderr)

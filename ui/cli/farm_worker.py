@@ -1,10 +1,10 @@
 """What one farm worker process does (no Ray here: ui/cli/farm_ray.py makes this class a Ray actor).
 
 A worker keeps the process-wide runtime, and so its cached session, across every chunk it is
-given: the model loads once per worker process, not once per chunk or frame. Each chunk is one
-:class:`~lean_image_ai.models.batch.sequence.BatchRun`, so one runtime operation that releases its
+given: the model loads once per worker process, not once per chunk or frame. Each chunk is one run of
+models/batch/runner.py (one BatchRun), so one runtime operation that releases its
 memory after the chunk's last model run, with the frames read and written exactly as the command
-line does (ui/cli/cli_images.py, cli_job.write_result, models/files.py's atomic writer) on storage every
+line does (ui/cli/cli_images.py, the runner's writer, models/files.py's atomic writer) on storage every
 worker and the driver share.
 
 :meth:`FrameWorker.process` is a generator: Ray streams each item to the driver as it is
@@ -18,31 +18,33 @@ import os
 import socket
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from ...models.batch.frame_lists import FrameRef
-from ...models.batch.sequence import BatchRun
-from ...models.batch.shot_batch import ShotSettings
+from ...models.batch.runner import RunEvents, Runner
 from ...models.job import FamilyJob
+from ...models.job_spec import JobSpec
 from ...runtime import get_runtime
 from ...runtime.errors import LeanImageError
 from ...runtime.measure.memory import peak_rss_bytes, reset_peak_rss
-from . import cli_images, cli_job, cli_shot
+from . import cli_images
 
 
 class FrameWorker:
     """One worker: the driver's family job (models/job.py, the model named by its absolute path),
-    ``threads`` intra-op threads per session."""
+    ``threads`` intra-op threads per session, and the driver's job (models/job_spec.py: the shot's
+    given values, stop on error); each chunk runs through models/batch/runner.py as the command
+    line's jobs do."""
 
-    def __init__(self, job: FamilyJob, threads: int = 1, shot: dict | None = None):
+    def __init__(self, job: FamilyJob, threads: int = 1, spec: JobSpec | None = None):
         self.job = job
-        # the driver's shot options (cli_shot.ShotRun.options): a given depth range or field of view
-        settings = ShotSettings(job.family_id, **(shot or {}), farm=True)
-        self.write_result = cli_shot.shot_writer(settings, cli_job.write_result)
+        self.spec = spec or JobSpec(job.family_id, values=dict(job.values), device=job.device, farm=True)
         self.runtime = get_runtime()
         if threads:  # sessions made from now on; a worker makes its one session after this
             self.runtime.configure(intra_op_threads=int(threads))
         self.frames_done = 0
+        self._runner: Runner | None = None
         reset_peak_rss()
 
     def ready(self) -> dict:
@@ -57,20 +59,18 @@ class FrameWorker:
         process's figures; ``{"fatal": text}`` (then nothing more) when the job cannot run at all
         here (the model or the device), which no retry elsewhere would fix either.
         """
-        refs = [FrameRef(int(number), Path(source)) for number, source, _ in chunk]
-        target = {ref: Path(out) for ref, (_, _, out) in zip(refs, chunk, strict=True)}
+        part = replace(self.spec, frame_list=[(int(n), str(source)) for n, source, _ in chunk],
+                       output_list=[str(out) for _, _, out in chunk], shard=None, stop_on_error=False)
         since = time.time()
-        options = self.job.options(runtime=self.runtime, cancel=threading.Event())
+        runner = self._runner = Runner(
+            part, cli_images.CommandLineFrames(), model_run=self.job, runtime=self.runtime,
+            events=RunEvents(take=lambda ref, result: self.write(ref, runner.target[ref], result)),
+        )
+        over, outcome = threading.Event(), {}
 
-        def write(ref, result):
-            return self.write(ref, target[ref], result)
-
-        batch = BatchRun(refs, self.job.infer, lambda ref: cli_images.read_image(ref.path), write, options=options)
-        report, over, outcome = batch.report, threading.Event(), {}
-
-        def whole_chunk():  # exactly as the command line runs a batch: reader, model, writer threads
+        def whole_chunk():  # exactly as the command line runs a job: reader, model, writer threads
             try:
-                batch.run()
+                runner.run()
             except BaseException as exc:  # noqa: BLE001 - handed to the generator below
                 outcome["error"] = exc
             finally:
@@ -80,6 +80,7 @@ class FrameWorker:
         told_written = told_failed = 0
         while True:
             finished = over.wait(0.02)
+            report = runner.report
             for number in report.written[told_written:]:
                 yield {"frame": number}
             for number, error in report.failed[told_failed:]:
@@ -106,5 +107,4 @@ class FrameWorker:
 
     def write(self, ref: FrameRef, out: Path, result) -> list[str]:
         """Write one frame as the command line does; returns the notes for the user."""
-        notes, _ = self.write_result(self.job.family_id, out, result, self.job.values)
-        return notes
+        return self._runner.write_file(ref, result)

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ...models import families, files
-from ...models.batch import frame_claims, sequence
+from ...models.batch.runner import RunEvents, Runner
 from ...models.family import Family
 from ...runtime import format_snapshot, get_runtime, memory_snapshot, parse_device, settings
 from ...runtime.errors import LeanImageError, OperationCancelled, first_line, printable
@@ -134,67 +134,45 @@ def _add_family(subparsers, family: Family) -> None:
 def _run(args) -> int:
     family: Family = args.family
     parse_device(args.device)  # a typo fails here, before anything is loaded
-    job = cli_job.family_job(family, args)
-    model = job.model
-    shot = cli_shot.ShotRun(family, args)  # a bad shot option fails before any folder is made
-    refs, outputs, skip = cli_job.plan(family, args)
-    plot = cli_job.plan_memory_plot(args, refs, outputs)
-    target = dict(zip(refs, outputs, strict=True))
-    refs, skip = shot.frames(refs, skip)
-    write_result = shot.writer(cli_job.write_result)
-    demo = not (args.input or args.input_opt)
-    values = job.values
+    spec = cli_job.job_spec(family, args)
+    demo = spec.source is None
+    tilings = []  # how each upscaled frame was tiled (exact or not), for the JSON line
+
+    def written(ref, out, result, product, notes):
+        if hasattr(result, "seams"):
+            tilings.append({"tile": result.tile_size_used, "overlap": result.overlap, "seams": result.seams,
+                            "exact": result.exact})
+        for note in notes:
+            print(printable(f"warning: {note}"))
+        print(printable(cli_job.written_line(family.id, out, result, product)), flush=True)
+        return []  # said here, as each frame is written
+
+    interrupt = args.interrupts
+    events = RunEvents(
+        progress=_Progress(), line=lambda text: print(text, flush=True), written=written,
+        notice=lambda text: print(printable(text), file=sys.stderr),
+    )
+    io = cli_images.CommandLineFrames(demo_image if demo else None)
+    runner = Runner(spec, io, events=events, cancel=interrupt.event, runtime=get_runtime())
+    refs = runner.refs
+    plot = cli_job.plan_memory_plot(args, refs, runner.outputs)
+    io.say_size = len(refs) == 1
     height, width = DEMO_SIZE
     shard = f" (shard {args.shard[0]}/{args.shard[1]})" if args.shard else ""
     if demo:
         print(f"input: generated demo image {width}x{height}{shard}")
     else:
         print(printable(f"input: {len(refs)} frame(s){shard}" + (f" from {refs[0].path}" if refs else "")))
-    print(printable(f"model: {model.describe()}"))
-    output_type = cli_job.output_type(family, refs, outputs)  # reads the first frame's header: once
+    print(printable(f"model: {runner.model_run.model.describe()}"))
+    output_type = runner.output_type()  # reads the first frame's header: once
     print(f"output: {output_type}")
-
-    def read(ref):
-        image = demo_image() if demo else cli_images.read_image(ref.path)
-        if len(refs) == 1:
-            print(f"input: {image.shape[1]}x{image.shape[0]} ({image.dtype})")
-        return image
-
-    tilings = []  # how each upscaled frame was tiled (exact or not), for the JSON line
-
-    def write(ref, result):
-        if hasattr(result, "seams"):
-            tilings.append({"tile": result.tile_size_used, "overlap": result.overlap, "seams": result.seams,
-                            "exact": result.exact})
-        notes, line = write_result(family.id, target[ref], result, values)
-        for note in notes:
-            print(printable(f"warning: {note}"))
-        print(printable(line), flush=True)
 
     runtime = get_runtime()
     gpu_id = _gpu_id(args.device)
     since = time.time()
     before = memory_snapshot(gpu_id)
     reset_peak_rss()
-    interrupt = args.interrupts
-    options = job.options(progress=_Progress(), cancel=interrupt.event, runtime=runtime)
-    job.extra.update(shot.first_pass(lambda record: sequence.BatchRun(refs, job.infer, read, record, options=options).run()))
-    # --skip-existing runs sharing a folder each compute a missing frame once (models/batch/frame_claims.py)
-    claims = frame_claims.FrameClaims()
-    batch = sequence.BatchRun(
-        refs,
-        job.infer,
-        read,
-        write,
-        options=options,
-        skip=skip.__contains__,
-        stop_on_error=args.stop_on_error,
-        **(claims.batch_hooks(target) if args.skip_existing and not demo else {}),
-    )
-    try:
-        report = batch.run()
-    finally:
-        claims.release_all()
+    report = runner.run()
     fallbacks = [e["message"] for e in runtime.events.recent("provider_fallback") if e["time"] >= since]
     for warning in dict.fromkeys([*fallbacks, *report.warnings]):  # each said once per job
         print(printable(f"warning: {warning}"))
@@ -204,20 +182,19 @@ def _run(args) -> int:
     print(cli_job.format_memory_figures(memory))
     single = cli_job.single_file(args, refs)
     extra = {"tiling": tilings} if tilings else {}
+    preview = {"preview": spec.shot.preview} if spec.shot.preview is not None else {}
     summary = cli_job.summary(
-        family,
-        args.shard,
-        refs,
-        report,
-        memory,
-        single=single,
-        output_type=output_type,
-        **shot.as_dict(),
-        **extra,
+        family, args.shard, refs, report, memory, single=single, output_type=output_type,
+        **runner.shot.as_dict(), **preview, **extra,
     )
     print(json.dumps(summary))
+    return _ending(report, refs[0].path.name if single else None, plot_error, interrupt)
+
+
+def _ending(report, single_name: str | None, plot_error: str | None, interrupt) -> int:
+    """What failed, on stderr, and the exit code."""
     for number, error in report.failed:
-        print(printable(f"error: {refs[0].path.name if single else f'frame {number}'}: {error}"), file=sys.stderr)
+        print(printable(f"error: {single_name or f'frame {number}'}: {error}"), file=sys.stderr)
     if plot_error:
         print(printable(f"error: {plot_error}"), file=sys.stderr)
     if report.cancelled:

@@ -1,0 +1,66 @@
+"""The one runner (models/batch/runner.py), in this process: pumped as Blender pumps it (the model
+on a worker thread, frames read and written by the caller) it writes what run() writes, as the
+command line and the farm call it; results that are not files go to the front-end."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from builders_shot import drifting_depth_model, write_shot  # noqa: E402
+from lean_image_ai.models.batch.runner import RunEvents, Runner  # noqa: E402
+from lean_image_ai.models.job_spec import JobSpec, ShotOptions  # noqa: E402
+from lean_image_ai.ui.cli.cli_images import CommandLineFrames  # noqa: E402
+
+REPEATS = 20
+
+
+@pytest.fixture(scope="module")
+def shot(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runner")
+    return write_shot(root / "in", 2, noise=True), drifting_depth_model(root / "drift.onnx")
+
+
+def _spec(frames: Path, model: Path, output: Path) -> JobSpec:
+    return JobSpec("da3", model=str(model), source=str(frames / "shot_####.png"), output=str(output / "d_####.png"),
+                   device="cpu", shot=ShotOptions(depth_range="auto-shot"))
+
+
+def _pumped(runner: Runner):
+    worker = threading.Thread(target=runner.infer_all, daemon=True)
+    worker.start()
+    while not runner.pump(0.01):
+        pass
+    worker.join(30)
+    return runner.report
+
+
+def test_a_pumped_two_frame_shot_writes_what_run_writes_every_time(shot, tmp_path):
+    frames, model = shot
+    lines = []
+    run = Runner(_spec(frames, model, tmp_path / "run"), CommandLineFrames(), events=RunEvents(line=lines.append))
+    assert run.run().written == [1, 2]
+    assert lines[0].startswith("first pass:") and lines[1].startswith("shot depth range:")
+    reference = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
+    for attempt in range(REPEATS):
+        out = tmp_path / f"pumped{attempt}"
+        runner = Runner(_spec(frames, model, out), CommandLineFrames())
+        report = _pumped(runner)
+        assert (report.written, report.failed) == ([1, 2], []), f"attempt {attempt}: {report.summary()}"
+        assert runner.shot_line == lines[1]
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == reference, f"attempt {attempt}"
+
+
+def test_results_that_are_not_files_go_to_the_front_end(shot, tmp_path):
+    frames, model = shot
+    taken = []
+    spec = replace(_spec(frames, model, tmp_path / "never"), output=None, writes_files=False)
+    runner = Runner(spec, CommandLineFrames(), events=RunEvents(take=lambda ref, result: taken.append(ref.number)))
+    report = runner.run()
+    assert taken == [1, 2] and report.written == [1, 2]
+    assert not (tmp_path / "never").exists() and runner.outputs == []
