@@ -39,8 +39,7 @@ if _path:
         return _real_fetch(*args, **kwargs)
 
     library.catalog, library.fetch = catalog, fetch
-    _allowed = contextlib.ExitStack()  # kept: the allowance lasts the whole process
-    _allowed.enter_context(http_watch.loopback_http_for_tests())
+    http_watch.PLAIN_HTTP_HOSTS = http_watch.LOOPBACK_HOSTS  # the whole child process: the test's server
 '''
 
 

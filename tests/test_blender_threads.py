@@ -7,9 +7,8 @@ Real bpy 5.0.1 in processes of their own (tests/thread_watch_job.py records ever
 drawing the preferences and the N-panel (the device menu), installing and removing a model from
 the loopback model server, registering and removing your own ONNX file, installing and removing
 the GPU runtime from a local folder of fake wheels (pip's own PIP_* settings), the doctor, the
-cancel buttons, and every model operator. The model operators still run their jobs in Blender's
-process until they move to the worker process (branch ``worker``): exactly those cases are
-expected to fail, strictly, so this test says so the day they pass.
+cancel buttons, and every model operator (their jobs run in the model worker process,
+models/worker/).
 """
 
 from __future__ import annotations
@@ -30,13 +29,12 @@ from builders_moge2 import moge2_like_model  # noqa: E402
 from child_catalog import ENV as CHILD_CATALOG_ENV  # noqa: E402
 from child_catalog import ChildCatalog  # noqa: E402
 from fake_wheels import build_wheel, write_requirements  # noqa: E402
-from model_server import loopback_entry, onnx_payload, serving  # noqa: E402
+from model_server import loopback_entry, loopback_http, onnx_payload, serving  # noqa: E402
 
 pytest.importorskip("bpy")
 PIL = pytest.importorskip("PIL.Image")
 
 TESTS = Path(__file__).resolve().parent
-WORKER_BRANCH = "model jobs move to the worker process (branch worker)"
 
 # Not a model job: none may start a thread or import onnxruntime.
 OTHER_CASES = (
@@ -129,9 +127,8 @@ def _run(root: Path, config: dict, env: dict, cases) -> dict:
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
     root = tmp_path_factory.mktemp("threads")
-    from lean_image_ai.models.store.http_watch import loopback_http_for_tests
 
-    with serving() as server, loopback_http_for_tests():
+    with serving() as server, loopback_http():
         config, env = _config(root, server)
         return {
             "other": _run(root, config, env, OTHER_CASES),
@@ -153,6 +150,5 @@ def test_no_thread_and_no_onnxruntime_in_blender(records, case):
 
 
 @pytest.mark.parametrize("case", MODEL_CASES)
-@pytest.mark.xfail(strict=True, reason=WORKER_BRANCH)
 def test_model_operators_start_no_thread_in_blender(records, case):
     _check(records["model"], case)

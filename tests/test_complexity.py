@@ -30,7 +30,6 @@ EXCUSE = "Not split:"
 PENDING_MERGE = {  # PENDING-MERGE
     "ui/cli/farm_ray.py::run",
     "ui/cli/farm_ray.py::Farm.run",
-    "ui/cli/main.py::_run",
     "models/batch/sequence.py::BatchRun.pump",
     "models/batch/shot_batch.py::ShotSettings.__init__",
 }

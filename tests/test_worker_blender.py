@@ -98,6 +98,7 @@ def test_the_memory_buttons_reach_the_worker_and_free_now_ends_it(tmp_path):
     Image.fromarray((np.random.default_rng(0).random((20, 28, 3)) * 255).astype(np.uint8)).save(source)
     with bh.registered_addon():
         worker = worker_client.shared()
+        worker.free_now()  # an earlier test's warm worker holds its models: start from none
         assert bpy.ops.lean_image_ai.upscale(filepath=str(source), model_path=str(model)) == {"FINISHED"}
         assert worker.running and worker.status["models"] == [model.name]
         assert bpy.ops.lean_image_ai.unload_all() == {"FINISHED"}

@@ -2,7 +2,7 @@
 blocking, and ends it (idle, Free memory now, a cancel it did not answer, the host going away).
 
 The worker is the host's own Python (``sys.executable``: Blender's bundled Python in Blender)
-with the host's ``sys.path`` (runtime/log/doctor_process.py's ``host_environment``), running
+with the host's ``sys.path`` (runtime/child_process.py's ``host_environment``), running
 ``python -m lean_image_ai.models.worker``. The connection is a ``multiprocessing.connection``
 Connection over a socket pair inherited by the child: no ``multiprocessing.Queue`` or ``Pool``
 (each starts threads in the parent) and no thread here at all; every read is ``poll(0)`` first.
@@ -21,12 +21,12 @@ import sys
 import time
 from pathlib import Path
 
+from ...runtime import child_process
 from ...runtime.errors import LeanImageError
-from ...runtime.log import doctor_process
 from ...runtime.paths import ADDON_ROOT
 from . import wire
 
-MODULE = f"{doctor_process.PACKAGE}.models.worker"
+MODULE = f"{child_process.PACKAGE}.models.worker"
 FREE_WAIT_S = 2.0  # Free memory now waits this long for the worker's own figures, then ends it anyway
 QUIT_WAIT_S = 1.0
 
@@ -84,7 +84,7 @@ class WorkerClient:
         return argv + (["--gpu-runtime", self.gpu_runtime] if self.gpu_runtime else [])
 
     def _spawn(self, folder: Path):
-        env = {**doctor_process.host_environment(folder, self.root), **self.env}
+        env = {**child_process.host_environment(folder, self.root), **self.env}
         if os.name == "posix":
             import socket
             from multiprocessing.connection import Connection
