@@ -190,9 +190,11 @@ def main(zip_path: str, work: Path, models: dict, tests: Path, checks: dict) -> 
     draw_ui(out, tests)
     run_doctor(out)
 
-    ort = sys.modules.get("onnxruntime")
-    out["onnxruntime_file"] = getattr(ort, "__file__", None)
-    out["onnxruntime_version"] = getattr(ort, "__version__", None)
+    # the models ran in the worker process: onnxruntime is imported there, never in Blender's
+    out["onnxruntime_in_blender"] = "onnxruntime" in sys.modules
+    worker = importlib.import_module(MODULE + ".models.worker.client").shared()
+    out["onnxruntime_file"] = worker.status.get("onnxruntime_file")
+    out["onnxruntime_version"] = worker.status.get("onnxruntime_version")
     out["addon_file"] = sys.modules[MODULE].__file__
     out["imported"] = {name: name in sys.modules for name in ("PIL", "psutil", "flatbuffers", "google.protobuf")}
     memory = importlib.import_module(MODULE + ".runtime.measure.memory")

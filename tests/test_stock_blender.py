@@ -231,6 +231,7 @@ def test_upscale_runs_in_stock_blender_with_the_bundled_onnxruntime(stock_run):
     # Blender unpacks extension wheels into one site-packages under the user extensions folder.
     site = ext / ".local" / "lib" / f"python{python_line(stock_run['version'])}" / "site-packages"
     assert stock_run["site_packages"] == [str(site)]
+    assert stock_run["onnxruntime_in_blender"] is False  # the model worker imported it (issue 30)
     assert Path(stock_run["onnxruntime_file"]).resolve().is_relative_to(site)
     assert Path(stock_run["addon_file"]).resolve() == ext / "user_default" / "lean_image_ai" / "__init__.py"
     assert "onnxruntime" in stock_run["site_entries_installed"]

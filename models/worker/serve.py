@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -118,7 +119,9 @@ class Worker:
     def status(self, *, with_job: bool = False) -> dict:
         runtime = get_runtime()
         models = [h.model_name for h in runtime.cached_sessions()]
-        status = {"pid": os.getpid(), "models": models, "job": self._job_name, **measure()}
+        ort = sys.modules.get("onnxruntime")  # which build this process runs: the doctor's and the tests' question
+        status = {"pid": os.getpid(), "models": models, "job": self._job_name, **measure(),
+                  "onnxruntime_file": getattr(ort, "__file__", None), "onnxruntime_version": getattr(ort, "__version__", None)}
         if with_job:  # the job's memory timeline and figures: the host's memory picture and panel
             status.update(timeline=runtime.last_timeline, job_memory=runtime.last_job_memory)
         return status
