@@ -293,8 +293,9 @@ class BatchRun:
                 if self._over.is_set() and self._results.empty():
                     return self._finish()
             if item is not None:
-                # cancelled: nothing after the cancel is written, finished or not
-                if not (self._cancel.is_set() and not self._stopped):
+                # cancelled: nothing after the cancel is written, finished or not (a failed frame's
+                # stop is not a cancel: the frames before it still finish)
+                if self._stopped or not self._cancel.is_set():
                     self._take(*item)
                 progressed = True
             if time.monotonic() >= deadline:
