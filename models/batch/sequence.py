@@ -292,27 +292,30 @@ class BatchRun:
                 item = None
                 if self._over.is_set() and self._results.empty():
                     return self._finish()
-            if item is not None and self._cancel.is_set() and not self._stopped:
-                item = None  # cancelled: nothing after the cancel is written, finished or not
-                progressed = True
             if item is not None:
-                ref, result = item
-                if isinstance(result, BaseException):
-                    self._frame_failed(ref, result)
-                else:
-                    try:
-                        notes = self._write(ref, result)
-                        self.report.written.append(ref.number)
-                        self.report.warnings.extend(notes or [])
-                        self.report.warnings.extend(getattr(result, "warnings", None) or [])
-                    except Exception as exc:  # noqa: BLE001 - reported per frame
-                        self._frame_failed(ref, exc)
-                    self._release(ref)
+                # cancelled: nothing after the cancel is written, finished or not (a failed frame's
+                # stop is not a cancel: the frames before it still finish)
+                if self._stopped or not self._cancel.is_set():
+                    self._take(*item)
                 progressed = True
             if time.monotonic() >= deadline:
                 return False
             if not progressed:
                 time.sleep(0.002)
+
+    def _take(self, ref: FrameRef, result) -> None:
+        """One item the worker handed out: a frame's result written, or its failure reported."""
+        if isinstance(result, BaseException):
+            self._frame_failed(ref, result)
+            return
+        try:
+            notes = self._write(ref, result)
+            self.report.written.append(ref.number)
+            self.report.warnings.extend(notes or [])
+            self.report.warnings.extend(getattr(result, "warnings", None) or [])
+        except Exception as exc:  # noqa: BLE001 - reported per frame
+            self._frame_failed(ref, exc)
+        self._release(ref)
 
     def _frame_failed(self, ref: FrameRef, exc: BaseException, *, before_model: bool = False) -> None:
         self._release(ref)

@@ -32,6 +32,11 @@ class ShotSettings:
         if "camera" in shot:
             chosen = shot_camera.ShotCamera(camera, fov)
             self.camera = chosen if chosen.changes_output else None
+        self._refuse_partial_runs(skip_existing=skip_existing, shard=shard, farm=farm)
+
+    def _refuse_partial_runs(self, *, skip_existing: bool, shard, farm: bool) -> None:
+        """A run over part of the shot (or frames written as they come) cannot honour an option
+        that needs the whole shot in order or looked at first."""
         if self.depth is not None and self.depth.align and (skip_existing or shard or farm):
             # Refused, not resumed from the written file: only a float EXR holds the aligned depth
             # exactly (8/16-bit files are quantised and clipped to the range), and a frame another

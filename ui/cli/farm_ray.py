@@ -164,36 +164,40 @@ class Farm:
             self.in_flight[actor.ready.remote()] = (slot, None)
 
     def run(self) -> None:
-        errors = self.ray.exceptions
         # a worker coming back after a restart does not hold the run open once nothing is left
         while self._chunks_in_flight() or (self.pending and (self.idle or self.in_flight)):
             while self.idle and self.pending and self._may_dispatch():
                 self._send(self.idle.pop(0), self.pending.popleft())
             ready, _ = self.ray.wait(list(self.in_flight), num_returns=1, timeout=1.0)
             for key in ready:
-                slot, chunk = self.in_flight[key]
-                try:
-                    if chunk is None:
-                        self._ready(slot, self.ray.get(key))
-                        del self.in_flight[key]
-                    else:
-                        self._item(slot, chunk, self.ray.get(next(key)))
-                except StopIteration:  # the chunk's stream ended: the worker is free
-                    del self.in_flight[key]
-                    self._chunk_over(slot, chunk, died=False)
-                except (errors.RayActorError, errors.WorkerCrashedError, errors.ObjectLostError) as exc:
-                    del self.in_flight[key]
-                    self._worker_lost(slot, chunk, exc)
-                except errors.RayTaskError as exc:  # a bug in the worker, not a frame: same for all
-                    del self.in_flight[key]
-                    self._stop(f"worker error: {exc}")
-                    if chunk is not None:
-                        self._chunk_over(slot, chunk, died=False)
+                self._answer(key)
         if self.pending and self.fatal is None:  # every worker failed to start, again and again
             self.fatal = f"no worker could start ({self.start_error})"
         for index in (i for chunk in self.pending for i in chunk):
             self._fail(index, self.fatal)
         self.pending.clear()
+
+    def _answer(self, key) -> None:
+        """One ready reference: a worker's ready(), the next item of a chunk, or how either ended."""
+        errors = self.ray.exceptions
+        slot, chunk = self.in_flight[key]
+        try:
+            if chunk is None:
+                self._ready(slot, self.ray.get(key))
+                del self.in_flight[key]
+            else:
+                self._item(slot, chunk, self.ray.get(next(key)))
+        except StopIteration:  # the chunk's stream ended: the worker is free
+            del self.in_flight[key]
+            self._chunk_over(slot, chunk, died=False)
+        except (errors.RayActorError, errors.WorkerCrashedError, errors.ObjectLostError) as exc:
+            del self.in_flight[key]
+            self._worker_lost(slot, chunk, exc)
+        except errors.RayTaskError as exc:  # a bug in the worker, not a frame: same for all
+            del self.in_flight[key]
+            self._stop(f"worker error: {exc}")
+            if chunk is not None:
+                self._chunk_over(slot, chunk, died=False)
 
     # -- chunks out, items back ---------------------------------------------------------------
     def _chunks_in_flight(self) -> bool:
@@ -345,12 +349,7 @@ def _notice(text: str) -> None:
 def run(args, *, on_event=None, worker_class=FrameWorker) -> int:
     """The `farm` command. ``on_event`` sees every frame written and every worker death;
     ``worker_class``: FrameWorker or a test's subclass of it."""
-    if args.address == "local" and "ray" not in sys.modules:
-        # Ray picks its node address when imported: a one-machine instance listens on loopback
-        # only, and a throwaway instance reports no usage statistics
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray = import_ray()
+    ray = _import_ray_for(args.address)
     family: Family = args.family
     parse_device(args.device)  # a typo fails here, before Ray starts
     if not (args.input or args.input_opt):
@@ -360,81 +359,91 @@ def run(args, *, on_event=None, worker_class=FrameWorker) -> int:
     spec = cli_job.job_spec(family, args, farm=True)  # a shot value that needs the whole shot first is refused
     plan = Runner(spec, cli_images.CommandLineFrames(), events=RunEvents(notice=_notice))  # the frames; nothing runs here
     job = plan.model_run.for_worker()
-    refs, outputs, skip = plan.refs, plan.outputs, plan.skip
-    todo = [_Frame(ref, out, family.id) for ref, out in zip(refs, outputs, strict=True) if ref not in skip]
+    todo = [_Frame(ref, out, family.id) for ref, out in zip(plan.refs, plan.outputs, strict=True) if ref not in plan.skip]
     before = memory_snapshot(None)
     reset_peak_rss()
     started_ray = farm_connect.connect(ray, args.address)
     try:
-        threads = max(1, args.threads_per_worker)
-        count = args.workers or max(1, int(ray.cluster_resources().get("CPU", 1) // threads))
-        chunk_size = args.chunk_size or max(1, min(MAX_AUTO_CHUNK, len(todo) // (3 * count)))
-        print(
-            printable(f"farm: {len(todo)} frame(s) to do ({len(skip)} skipped) on {count} worker(s), chunks of "
-                      f"{chunk_size}; model {job.model.path}"),
-            file=sys.stderr,
-        )
-        worker = ray.remote(worker_class).options(
-            num_cpus=threads, num_gpus=args.gpus_per_worker, max_restarts=-1, max_task_retries=0
-        )
-        actors = [worker.remote(job, threads, spec) for _ in range(count)]
-        farm = Farm(
-            ray, actors, todo, chunk_size, max_tries=max(1, args.max_tries), stop_on_error=args.stop_on_error,
-            on_event=_Progress(len(todo), count, on_event),
-        )
-        started = time.monotonic()
-        cancelled = False
-        interrupts = getattr(args, "interrupts", None)
-        if interrupts is not None:  # the driver only waits: a signal stops the waiting at once
-            interrupts.immediate = True
-        try:
-            if interrupts is not None and interrupts.event.is_set():
-                raise KeyboardInterrupt  # the signal came while Ray was starting: send nothing
-            farm.run()
-        except KeyboardInterrupt:
-            farm.cancel()
-            cancelled = True
-        seconds = time.monotonic() - started
-        for actor in actors:
-            ray.kill(actor, no_restart=True)
+        farm, details, cancelled, seconds = _drive(ray, args, spec, job, plan, todo, on_event, worker_class)
     finally:
         if started_ray:
             ray.shutdown()
     if farm.fatal is not None and not farm.written:
         raise LeanImageError(farm.fatal)
     report = BatchReport(
-        total=len(refs),
-        written=sorted(todo[i].ref.number for i in farm.written),
-        skipped=[r.number for r in refs if r in skip],
+        total=len(plan.refs), written=sorted(todo[i].ref.number for i in farm.written),
+        skipped=[r.number for r in plan.refs if r in plan.skip],
         failed=sorted((todo[i].ref.number, todo[i].error) for i in farm.failed),
-        warnings=farm.warnings,
-        cancelled=cancelled,
-        seconds=seconds,
+        warnings=farm.warnings, cancelled=cancelled, seconds=seconds,
     )
-    after = memory_snapshot(None)
-    memory = cli_job.memory_figures(before, after, peak_rss_bytes())  # the jobs ran in the workers
+    memory = cli_job.memory_figures(before, memory_snapshot(None), peak_rss_bytes())  # the jobs ran in the workers
+    _print_outcome(args, plan, report, memory, farm.fatal, details)
+    return _exit_code(args, report, farm.fatal)
+
+
+def _import_ray_for(address: str):
+    if address == "local" and "ray" not in sys.modules:
+        # Ray picks its node address when imported: a one-machine instance listens on loopback
+        # only, and a throwaway instance reports no usage statistics
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    return import_ray()
+
+
+def _drive(ray, args, spec, job, plan, todo: list[_Frame], on_event, worker_class):
+    """Workers started, the farm run (till done or a signal), workers killed: (farm, figures, cancelled, s)."""
+    threads = max(1, args.threads_per_worker)
+    count = args.workers or max(1, int(ray.cluster_resources().get("CPU", 1) // threads))
+    chunk_size = args.chunk_size or max(1, min(MAX_AUTO_CHUNK, len(todo) // (3 * count)))
+    _notice(f"farm: {len(todo)} frame(s) to do ({len(plan.skip)} skipped) on {count} worker(s), chunks of "
+            f"{chunk_size}; model {job.model.path}")
+    worker = ray.remote(worker_class).options(
+        num_cpus=threads, num_gpus=args.gpus_per_worker, max_restarts=-1, max_task_retries=0)
+    actors = [worker.remote(job, threads, spec) for _ in range(count)]
+    farm = Farm(ray, actors, todo, chunk_size, max_tries=max(1, args.max_tries), stop_on_error=args.stop_on_error,
+                on_event=_Progress(len(todo), count, on_event))
+    started = time.monotonic()
+    cancelled = _run_until_signal(farm, getattr(args, "interrupts", None))
+    seconds = time.monotonic() - started
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
     details = {
-        "address": args.address,
-        "workers": count,
-        "chunk_size": chunk_size,
-        "chunks": farm.chunks_sent,
-        "worker_deaths": farm.deaths,
-        "redone_frames": farm.redone,
-        "temp_files_removed": farm.temps_removed,
+        "address": args.address, "workers": count, "chunk_size": chunk_size, "chunks": farm.chunks_sent,
+        "worker_deaths": farm.deaths, "redone_frames": farm.redone, "temp_files_removed": farm.temps_removed,
         "processes": sorted(farm.processes.values(), key=lambda p: (p["worker"], p["pid"])),
     }
+    return farm, details, cancelled, seconds
+
+
+def _run_until_signal(farm: Farm, interrupts) -> bool:
+    """Runs the farm; True when a signal stopped it (what the workers were writing cleaned up)."""
+    if interrupts is not None:  # the driver only waits: a signal stops the waiting at once
+        interrupts.immediate = True
+    try:
+        if interrupts is not None and interrupts.event.is_set():
+            raise KeyboardInterrupt  # the signal came while Ray was starting: send nothing
+        farm.run()
+    except KeyboardInterrupt:
+        farm.cancel()
+        return True
+    return False
+
+
+def _print_outcome(args, plan, report: BatchReport, memory, fatal: str | None, details: dict) -> None:
     for warning in dict.fromkeys(report.warnings):
         print(printable(f"warning: {warning}"), file=sys.stderr)
-    print(json.dumps(cli_job.summary(
-        family, args.shard, refs, report, memory, output_type=plan.output_type(), farm=details,
-        **plan.shot.as_dict(),
-    )))
+    print(json.dumps(cli_job.summary(args.family, args.shard, plan.refs, report, memory,
+                                     output_type=plan.output_type(), farm=details, **plan.shot.as_dict())))
     for number, error in report.failed:
         print(printable(f"error: frame {number}: {error}"), file=sys.stderr)
-    if farm.fatal is not None:
-        print(printable(f"error: {farm.fatal}"), file=sys.stderr)
-    if cancelled:
+    if fatal is not None:
+        print(printable(f"error: {fatal}"), file=sys.stderr)
+
+
+def _exit_code(args, report: BatchReport, fatal: str | None) -> int:
+    if report.cancelled:
+        interrupts = getattr(args, "interrupts", None)
         name = interrupts.name if interrupts is not None else "Ctrl+C"
         print(f"Stopped by {name}; {len(report.written)} frame(s) written are kept, none half-way.", file=sys.stderr)
         return interrupts.exit_code if interrupts is not None else EXIT_INTERRUPTED
-    return EXIT_ERROR if report.failed or farm.fatal else EXIT_OK
+    return EXIT_ERROR if report.failed or fatal else EXIT_OK
