@@ -74,6 +74,11 @@ NOT_READ_BY_THE_CLI = {
     "LEAN_IMAGE_AI_CACHE",
     "LEAN_IMAGE_AI_BUDGET_FRESH",
     "LEAN_IMAGE_AI_BUDGET_TEST",
+    # tests only: Blender's model jobs in the caller's process, a test catalog in child processes,
+    # the worker's fault injection (models/worker/)
+    "LEAN_IMAGE_AI_IN_PROCESS",
+    "LEAN_IMAGE_AI_TEST_CHILD_CATALOG",
+    "LEAN_IMAGE_AI_WORKER_FAULTS",
 }
 
 

@@ -162,18 +162,20 @@ def test_progress_bar_and_cancel_while_pip_runs(setup):
     assert list(setup["folder"].parent.iterdir()) == []
 
 
-def test_the_first_model_job_activates_an_installed_folder_not_register(setup, registered):
+def test_only_the_model_worker_activates_an_installed_folder(setup, registered):
+    """Blender's process never loads the GPU runtime (not at register, not before a job): the
+    model worker is started with it (models/worker/__main__.py activates it before onnxruntime)."""
     assert bpy.ops.lean_image_ai.install_gpu_runtime(requirements=str(setup["req"])) == {"FINISHED"}
     L._active = None
     registered.unregister()
     registered.register()  # what enabling the add-on at Blender's start does
     assert L.active() is None  # register loads nothing (and imports no onnxruntime for it)
-    R.configure_runtime(bpy.context)  # what a model job does before its first session
-    activation = L.active()
-    assert activation is not None and activation.folder == str(setup["folder"])
-    assert activation.error is None  # the fake files are not onnxruntime's libraries: all "missing"
-    report = diagnostics.collect(cuda_probe=False)
-    assert report.gpu_runtime["folder"] == str(setup["folder"])
+    R.configure_runtime(bpy.context)  # what a model job does before it starts
+    assert L.active() is None  # still nothing in Blender's process
+    model_job = bh.import_submodule("operators.model_job")
+    worker = model_job.model_worker()
+    argv = worker._argv()
+    assert argv[argv.index("--gpu-runtime") + 1] == str(setup["folder"])
 
 
 def test_providers_line_becomes_the_import_error_with_what_to_do(registered, monkeypatch):

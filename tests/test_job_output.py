@@ -24,7 +24,7 @@ from lean_image_ai.models.batch.frame_lists import FrameRef, resolve_input
 from lean_image_ai.models.batch.shot_batch import ShotSettings
 from lean_image_ai.models.outputs import JobOutput
 from lean_image_ai.runtime.errors import LeanImageError
-from lean_image_ai.ui.cli import cli_images, cli_shot
+from lean_image_ai.ui.cli import cli_images
 from PIL import Image
 
 PACKAGE = Path(products.__file__).resolve().parents[1]
@@ -140,7 +140,7 @@ def test_writes_from_two_threads_are_all_recorded():
 
 def test_the_shots_depth_is_written_through_the_job_output(tmp_path):
     """The shot writers no longer bypass the output: one range for the shot, kept in the file, and
-    the file recorded; the command line's shot writer writes the same bytes."""
+    the file recorded; the runner's write (every front-end's) writes the same bytes."""
     assert ShotSettings("da3").output_image is None  # per-frame depth: the family's own image
     settings = ShotSettings("da3", depth_range="auto-shot")
     results = [depth_of(n) for n in (1, 2)]
@@ -155,11 +155,12 @@ def test_the_shots_depth_is_written_through_the_job_output(tmp_path):
         assert image.text["lean_image_ai:depth_range_mode"] == shot_depth.AUTO_SHOT
 
     settings.depth.start_pass()  # the writing pass again, from the first frame
-    through_cli = tmp_path / "cli.png"
-    cli_notes, line = cli_shot.shot_writer(settings, None)("da3", through_cli, results[0], {})
-    assert through_cli.read_bytes() == direct.read_bytes()
-    assert cli_notes == [note.replace("direct.png", "cli.png") for note in notes]
-    assert line.startswith(f"wrote: {through_cli} 8x6, depth range")
+    through_runner = tmp_path / "runner.png"  # what models/batch/runner.py's write_file calls
+    runner_notes, _ = products.write_result(
+        "da3", through_runner, results[0], {}, cli_images.write_image, image=settings.output_image
+    )
+    assert through_runner.read_bytes() == direct.read_bytes()
+    assert runner_notes == [note.replace("direct.png", "runner.png") for note in notes]
 
 
 def test_format_rows_hold_their_writers_abilities_and_data_writers(tmp_path):

@@ -14,17 +14,26 @@ def unfinished_bytes(tb) -> int:
     whatever the caller handed in (the input images, made before the job)."""
     if tb is None:
         return 0
-    outer = {id(_owner(v)) for v in tb.tb_frame.f_locals.values() if isinstance(v, np.ndarray)}
+    outer = {id(_owner(a)) for a in _arrays(tb.tb_frame.f_locals)}
     seen: dict[int, int] = {}
     tb = tb.tb_next
     while tb is not None:
-        for value in tb.tb_frame.f_locals.values():
-            if isinstance(value, np.ndarray):
-                root = _owner(value)
-                if id(root) not in outer:
-                    seen[id(root)] = int(root.nbytes)
+        for array in _arrays(tb.tb_frame.f_locals):
+            root = _owner(array)
+            if id(root) not in outer:
+                seen[id(root)] = int(root.nbytes)
         tb = tb.tb_next
     return sum(seen.values())
+
+
+def _arrays(local_values: dict):
+    """A frame's arrays: its locals, and the array attributes of the objects it works on (a
+    tiling loop's ``self`` holds the canvas)."""
+    for value in local_values.values():
+        if isinstance(value, np.ndarray):
+            yield value
+        elif not isinstance(value, type) and isinstance(getattr(value, "__dict__", None), dict):
+            yield from (v for v in vars(value).values() if isinstance(v, np.ndarray))
 
 
 def _owner(array: np.ndarray) -> np.ndarray:
