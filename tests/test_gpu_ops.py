@@ -26,7 +26,6 @@ P = bh.import_submodule("ui.preferences")
 jobs = bh.import_submodule("operators.jobs")
 from lean_image_ai.runtime.cuda import gpu_libraries as G  # noqa: E402
 from lean_image_ai.runtime.cuda import gpu_loading as L  # noqa: E402
-from lean_image_ai.runtime.log import diagnostics  # noqa: E402
 
 
 @pytest.fixture
