@@ -35,7 +35,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 def child(mode: str, frames: int, size: int, tile: int, mid: int) -> dict:
     from lean_image_ai.models.adapters import upscale
-    from lean_image_ai.models.base import JobOptions
+    from lean_image_ai.models.base import RunOptions
     from lean_image_ai.runtime import Runtime, RuntimeSettings
     from lean_image_ai.runtime.measure.memory import process_rss_bytes
     from onnx_builders import sr_model
@@ -43,7 +43,7 @@ def child(mode: str, frames: int, size: int, tile: int, mid: int) -> dict:
     model = sr_model(Path(tempfile.mkdtemp()) / "sr.onnx", scale=2, mid_channels=mid)
     runtime = Runtime(RuntimeSettings(cpu_arena=mode != "ort_default_arena"))
     images = [np.random.default_rng(i).random((size, size, 3), dtype=np.float32) for i in range(frames)]
-    upscale.run(images[0][:32, :32], model, options=JobOptions(device="cpu", runtime=runtime), tile_size=None)
+    upscale.run(images[0][:32, :32], model, options=RunOptions(device="cpu", runtime=runtime), tile_size=None)
     samples: list[tuple[float, int]] = []
     marks: list[float] = []
     stop = threading.Event()
@@ -66,12 +66,12 @@ def child(mode: str, frames: int, size: int, tile: int, mid: int) -> dict:
                 marks.append(time.perf_counter())
 
         results = upscale.run(
-            images, model, options=JobOptions(device="cpu", runtime=runtime, progress=progress), tile_size=tile or None
+            images, model, options=RunOptions(device="cpu", runtime=runtime, progress=progress), tile_size=tile or None
         )
     else:
         results = []  # kept, as the one job keeps every frame's result until it returns
         for image in images:
-            results.append(upscale.run(image, model, options=JobOptions(device="cpu", runtime=runtime), tile_size=tile or None))
+            results.append(upscale.run(image, model, options=RunOptions(device="cpu", runtime=runtime), tile_size=tile or None))
             marks.append(time.perf_counter())
     seconds = time.perf_counter() - started
     time.sleep(0.02)

@@ -72,7 +72,7 @@ def _context(runtime, args, sampler) -> int:
 def child_floors(args) -> dict:
     """Context, then weights, then libraries after a full-size warm-up: levels, cumulative."""
     from lean_image_ai.models.adapters import upscale
-    from lean_image_ai.models.base import JobOptions
+    from lean_image_ai.models.base import RunOptions
 
     runtime, model = _setup(args)
     device = None if args.dry_run_cpu else args.device
@@ -81,7 +81,7 @@ def child_floors(args) -> dict:
         context = _context(runtime, args, sampler)
         _require_cuda(runtime.session(model, _device(args)), args)
         weights = sampler.samples[sampler.mark() - 1][0]
-        options = JobOptions(device=_device(args), runtime=runtime)
+        options = RunOptions(device=_device(args), runtime=runtime)
         upscale.run(_images(args, "single"), model, options=options, tile_size=None)
         libraries = sampler.samples[sampler.mark() - 1][0]
     return {
@@ -94,12 +94,12 @@ def child_floors(args) -> dict:
 
 def child_release(args, release: str, ending: str, job: str) -> dict:
     from lean_image_ai.models.adapters import upscale
-    from lean_image_ai.models.base import JobOptions
+    from lean_image_ai.models.base import RunOptions
     from lean_image_ai.runtime import OperationCancelled
 
     runtime, model = _setup(args, release_memory=release == "on")
     device = None if args.dry_run_cpu else args.device
-    warm = JobOptions(device=_device(args), runtime=runtime)
+    warm = RunOptions(device=_device(args), runtime=runtime)
     tile = args.size // 2 if job == "tiled" else None
     with Sampler(device) as sampler:
         sampler.mark(before_cuda=True)
@@ -119,7 +119,7 @@ def child_release(args, release: str, ending: str, job: str) -> dict:
             checks["n"] += 1
             return ending == "cancel" and checks["n"] > 1
 
-        options = JobOptions(device=_device(args), runtime=runtime, cancel=cancel)
+        options = RunOptions(device=_device(args), runtime=runtime, cancel=cancel)
         digest = None
         try:
             result = upscale.run(_images(args, job), model, options=options, tile_size=tile)
@@ -224,7 +224,7 @@ def child_workspace(args, on: str, search: str) -> dict:
     """Peak of a job over several tile shapes (each a new cuDNN algorithm search), cuDNN's max
     workspace on vs off."""
     from lean_image_ai.models.adapters import upscale
-    from lean_image_ai.models.base import JobOptions
+    from lean_image_ai.models.base import RunOptions
 
     runtime, model = _setup(args, cudnn_max_workspace=on == "1", cudnn_conv_algo_search=search)
     device = None if args.dry_run_cpu else args.device
@@ -234,7 +234,7 @@ def child_workspace(args, on: str, search: str) -> dict:
         loaded = sampler.samples[sampler.mark() - 1][0]
         image = _images(args, "tiled")
         for tile in (args.size // 2, args.size // 3, args.size // 4):  # a new input shape each time
-            upscale.run(image, model, options=JobOptions(device=_device(args), runtime=runtime), tile_size=tile)
+            upscale.run(image, model, options=RunOptions(device=_device(args), runtime=runtime), tile_size=tile)
         peak = sampler.peak()
     device_peak = sampler.device_peak()
     return {

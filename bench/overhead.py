@@ -160,7 +160,7 @@ def main() -> None:
     import onnxruntime as ort
     from builders_upscale import compact_model
     from lean_image_ai.models.adapters import upscale
-    from lean_image_ai.models.base import JobOptions
+    from lean_image_ai.models.base import RunOptions
     from lean_image_ai.models.imaging import to_nchw
     from lean_image_ai.runtime import Runtime
     from lean_image_ai.runtime.core import RuntimeSettings
@@ -168,11 +168,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         model = compact_model(Path(folder) / "compact_x4.onnx", num_conv=16, feat=16, scale=4)
         runtime = Runtime(RuntimeSettings(intra_op_threads=args.threads))
-        options = JobOptions(device="cpu", runtime=runtime)
+        options = RunOptions(device="cpu", runtime=runtime)
         kept = Runtime(RuntimeSettings(intra_op_threads=args.threads, release_memory=False))
-        kept_options = JobOptions(device="cpu", runtime=kept)
+        kept_options = RunOptions(device="cpu", runtime=kept)
         deferred = Runtime(RuntimeSettings(intra_op_threads=args.threads, cpu_release_delay=args.release_delay))
-        deferred_options = JobOptions(device="cpu", runtime=deferred)
+        deferred_options = RunOptions(device="cpu", runtime=deferred)
         bare_options = ort.SessionOptions()
         bare_options.intra_op_num_threads = args.threads
         bare = ort.InferenceSession(str(model), bare_options, providers=["CPUExecutionProvider"])

@@ -13,7 +13,7 @@ the compact x4 upscaler at 512x512 and 1920x1080, RealESRGAN_x4plus at 256x256 (
 
 Each case runs in two fresh processes, one after the other:
 - product: a PNG of the picture is decoded by the command line's reader, the family's job
-  (models/job.py FamilyJob, device CPU, `--threads` intra-op threads) runs on the array, and its
+  (models/model_run.py ModelRun, device CPU, `--threads` intra-op threads) runs on the array, and its
   result is written as the command line writes it. Decode and encode are timed apart from the
   model part; the model part is the job's wall less the model load (timed apart, as the bare
   load is). The job is instrumented from the outside: the runtime's operation (runtime/operation.py
@@ -188,7 +188,7 @@ class _Recorder:
 
 def child_product(args) -> dict:
     from lean_image_ai.models import products
-    from lean_image_ai.models.job import FamilyJob
+    from lean_image_ai.models.model_run import ModelRun
     from lean_image_ai.runtime import Runtime
     from lean_image_ai.runtime.core import RuntimeSettings
     from lean_image_ai.runtime.errors import InvalidModelOutputError
@@ -201,7 +201,7 @@ def child_product(args) -> dict:
     source = work / "input.png"
     cli_images._pillow().fromarray(_image(args.height, args.width)).save(source)
     runtime = Runtime(settings=RuntimeSettings(intra_op_threads=args.threads))
-    job = FamilyJob.resolve(args.family, work / "models", model_path=args.model, device="cpu")
+    job = ModelRun.resolve(args.family, work / "models", model_path=args.model, device="cpu")
     if args.family == "moge2":  # seeded weights give no camera the solver accepts: a shot's focal
         job.extra["focal_width"] = MOGE2_FOCAL_WIDTH  # instead, so the whole post-process runs
     started = time.perf_counter()

@@ -81,14 +81,14 @@ def measure_reach(model: Path, image: np.ndarray, options) -> tuple[int | None, 
 
 def bench_model(name: str, tiles, size=None) -> list[dict]:
     from lean_image_ai.models.adapters import upscale
-    from lean_image_ai.models.base import JobOptions
+    from lean_image_ai.models.base import RunOptions
     from lean_image_ai.runtime import Runtime
 
     model = trained_model(name)
     height, width = size or SIZES[name]
     image = natural_image(height, width)
     runtime = Runtime()
-    options = JobOptions(device="cpu", runtime=runtime)
+    options = RunOptions(device="cpu", runtime=runtime)
     upscale.run(image[:32, :32], model, options=options, tile_size=None)  # the session, warmed up
     reach, probe_s = measure_reach(model, image, options)
     from lean_image_ai.models.tiles.tile_memory import tile_floor

@@ -73,10 +73,10 @@ def writer(folder: Path):
 
 def pipelined(refs, model, out: Path, runtime) -> float:
     from lean_image_ai.models.adapters import upscale
-    from lean_image_ai.models.base import JobOptions
+    from lean_image_ai.models.base import RunOptions
     from lean_image_ai.models.batch.sequence import BatchRun
 
-    options = JobOptions(device="cpu", runtime=runtime, cancel=threading.Event())
+    options = RunOptions(device="cpu", runtime=runtime, cancel=threading.Event())
     started = time.perf_counter()
     report = BatchRun(
         refs, lambda frames, o: upscale.run(frames, model, options=o, tile_size=None), read, writer(out), options=options
@@ -100,10 +100,10 @@ class SerialFrames:
 
 def serial(refs, model, out: Path, runtime) -> float:
     from lean_image_ai.models.adapters import upscale
-    from lean_image_ai.models.base import JobOptions
+    from lean_image_ai.models.base import RunOptions
 
     write, numbers = writer(out), iter(refs)
-    options = JobOptions(device="cpu", runtime=runtime, on_result=lambda result: write(next(numbers), result))
+    options = RunOptions(device="cpu", runtime=runtime, on_result=lambda result: write(next(numbers), result))
     started = time.perf_counter()
     upscale.run(SerialFrames(refs), model, options=options, tile_size=None)
     return time.perf_counter() - started

@@ -50,11 +50,11 @@ def _image(size: int, seed: int = 0) -> np.ndarray:
 
 def throughput(model: Path, repeats: int = 3) -> dict:
     from lean_image_ai.models.adapters import upscale
-    from lean_image_ai.models.base import JobOptions
+    from lean_image_ai.models.base import RunOptions
     from lean_image_ai.runtime import Runtime
 
     runtime = Runtime()
-    options = JobOptions(device="cpu", runtime=runtime)
+    options = RunOptions(device="cpu", runtime=runtime)
     image = _image(THROUGHPUT_SIZE)
     upscale.run(_image(64), model, options=options, tile_size=None)  # session + kernels warmed up
     best = {"untiled": float("inf"), "tiled": float("inf")}
@@ -81,12 +81,12 @@ def throughput(model: Path, repeats: int = 3) -> dict:
 def child_peak(model: str, size: int, mode: str) -> dict:
     """One upscale in this (fresh) process; RSS figures relative to the post-warm-up baseline."""
     from lean_image_ai.models.adapters import upscale
-    from lean_image_ai.models.base import JobOptions
+    from lean_image_ai.models.base import RunOptions
     from lean_image_ai.runtime import Runtime
     from lean_image_ai.runtime.measure.memory import peak_rss_bytes, process_rss_bytes, reset_peak_rss
 
     runtime = Runtime()
-    options = JobOptions(device="cpu", runtime=runtime)
+    options = RunOptions(device="cpu", runtime=runtime)
     image = (_image(size) * 255).astype(np.uint8)  # what a file gives; float copies are the job's own
     upscale.run(image[:32, :32], model, options=options, tile_size=None)  # session, arena, kernels
     baseline = process_rss_bytes()

@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     import bpy  # noqa: F401 - this process is Blender's
     from lean_image_ai.models.batch.frame_lists import FrameRef
     from lean_image_ai.models.batch.sequence import BatchRun
-    from lean_image_ai.models.job import FamilyJob
+    from lean_image_ai.models.model_run import ModelRun
     from lean_image_ai.models.worker.client import WorkerClient
     from lean_image_ai.models.worker.remote_batch import RemoteBatchRun
     from lean_image_ai.runtime.errors import LeanImageError
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
 
     folder = Path(tempfile.mkdtemp(prefix="bench_worker_"))
     model, model_text = _model(args, folder)
-    job = FamilyJob.resolve("upscale", folder, model_path=str(model), device="cpu")
+    job = ModelRun.resolve("upscale", folder, model_path=str(model), device="cpu")
     rng = np.random.default_rng(0)
     small = rng.random((args.small, args.small, 4), dtype=np.float32)
     full = rng.random((args.height, args.width, 4), dtype=np.float32)

@@ -25,7 +25,7 @@ ProgressCallback = Callable[[float, str], None]
 
 
 @dataclass
-class JobOptions:
+class RunOptions:
     device: str = "auto"
     progress: ProgressCallback | None = None  # (fraction 0..1, stage text)
     cancel: object = None  # threading.Event or callable -> bool; checked between runs
@@ -57,7 +57,7 @@ class ResultSink:
     """Where an adapter puts each frame's result: handed to ``options.on_result`` when set (the
     caller writes and drops it), else kept and returned."""
 
-    def __init__(self, options: JobOptions):
+    def __init__(self, options: RunOptions):
         self._emit = options.on_result
         self._kept: list = []
         self._seen: list[weakref.ref] = []  # every result handed out, to tell which still live

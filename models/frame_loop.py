@@ -14,7 +14,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 
 from ..runtime import Operation, SessionHandle, mark_last
-from .base import JobOptions, ResultSink, as_frames
+from .base import ResultSink, RunOptions, as_frames
 from .family import command_of
 from .imaging import PreparedImage, prepare_image
 from .store import family_check
@@ -23,7 +23,7 @@ from .store import family_check
 class FrameLoop:
     """One job's operation and session, as its adapter's setup and frames see them."""
 
-    def __init__(self, family: str, model_path, options: JobOptions, *, single: bool, count: int):
+    def __init__(self, family: str, model_path, options: RunOptions, *, single: bool, count: int):
         self.family = family
         self.model_path = model_path
         self.options = options
@@ -113,7 +113,7 @@ def run_frames(
     family: str,
     images,
     model_path,
-    options: JobOptions | None,
+    options: RunOptions | None,
     *,
     check: Callable[[SessionHandle], object] | None,
     body: Callable[[Frame], object],
@@ -128,7 +128,7 @@ def run_frames(
     setup, once, after the check and before the first frame (a tile plan, say). Each result must
     have a ``warnings`` list.
     """
-    options = options or JobOptions()
+    options = options or RunOptions()
     frames, single = as_frames(images)
     if not len(frames):
         return []

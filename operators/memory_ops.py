@@ -16,7 +16,7 @@ import bpy
 import numpy as np
 
 from ..models import families
-from ..models.base import JobOptions
+from ..models.base import RunOptions
 from ..models.worker import client as worker_client
 from ..runtime import get_runtime
 from ..runtime.log import event_file
@@ -113,7 +113,7 @@ class LEAN_IMAGE_AI_OT_leak_check(WorkerOperator, bpy.types.Operator):
         spec = {"family": self.family, "device": device, "folder": prefs.models_folder(context),
                 "budgets": budgets, "runs": self.runs}
         # in the model worker: the leak check measures the process whose runtime runs the model
-        call = RemoteCall("leak", spec, options=JobOptions(progress=job.report, cancel=job.cancel_event),
+        call = RemoteCall("leak", spec, options=RunOptions(progress=job.report, cancel=job.cancel_event),
                           name=job.name, client=model_worker())
         return BatchTask(job, call, lambda: call.result)
 

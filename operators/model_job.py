@@ -19,7 +19,7 @@ from bpy.props import BoolProperty, StringProperty
 from ..models import file_formats
 from ..models.batch.frame_lists import FrameRef
 from ..models.family import Family
-from ..models.job import FamilyJob
+from ..models.model_run import ModelRun
 from ..models.worker import client as worker_client
 from ..models.worker.remote_batch import RemoteBatchRun
 from ..runtime.errors import LeanImageError
@@ -37,7 +37,7 @@ class JobInputs:
     info: image_io.ImageInfo
     rgba: np.ndarray  # the source pixels as Blender holds them
     model_rgba: np.ndarray  # straight, sRGB-encoded: what models take
-    job: FamilyJob  # the model, the option values, the device and the budgets (models/job.py)
+    job: ModelRun  # the model, the option values, the device and the budgets (models/model_run.py)
     output: tuple[Path, str] | None  # (path, Blender file format)
 
     @property
@@ -68,7 +68,7 @@ def worker_batches(name: str):
     return make
 
 
-def one_frame_task(job: Job, family_job: FamilyJob, ref: FrameRef, pixels, shape=lambda result: result) -> BatchTask:
+def one_frame_task(job: Job, family_job: ModelRun, ref: FrameRef, pixels, shape=lambda result: result) -> BatchTask:
     """The task of one gathered image: a one-frame batch in the model worker whose read hands over
     ``pixels``; the job's result is ``shape(result)``, a failure in the model the job's error."""
     results = []

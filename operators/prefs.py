@@ -10,7 +10,7 @@ from pathlib import Path
 import bpy
 
 from ..models import families
-from ..models.job import FamilyJob
+from ..models.model_run import ModelRun
 from ..models.store import library
 from ..runtime import get_runtime, parse_device
 from ..runtime.cuda import gpu_libraries
@@ -113,7 +113,7 @@ def budgets(prefs) -> MemoryBudgets:
 
 def configure_runtime(context) -> tuple[str, MemoryBudgets]:
     """Apply the preferences to the shared runtime; returns (device string, memory budgets).
-    The budgets are not the runtime's: the family job (models/job.py) carries them to its own
+    The budgets are not the runtime's: the family job (models/model_run.py) carries them to its own
     operation, as on the command line, which checks them before each load and run
     (runtime/measure/budget.py)."""
     prefs = get_prefs(context)
@@ -128,8 +128,8 @@ def configure_runtime(context) -> tuple[str, MemoryBudgets]:
     return device_string(prefs), budgets(prefs)
 
 
-def family_job(context, owner, family_id: str) -> FamilyJob:
-    """The family job (models/job.py) of an operator: its Model (a catalog id, never a path: files
+def family_job(context, owner, family_id: str) -> ModelRun:
+    """The family job (models/model_run.py) of an operator: its Model (a catalog id, never a path: files
     go in Model File) or Model File, its option values, and the preferences' device and budgets,
     applied to the runtime. Main thread: a model file never hashed is hashed by the job's first
     run, on the worker."""
@@ -137,7 +137,7 @@ def family_job(context, owner, family_id: str) -> FamilyJob:
     device, job_budgets = configure_runtime(context)
     family = families.get(family_id)
     model_path = getattr(owner, "model_path", "")
-    return FamilyJob.resolve(
+    return ModelRun.resolve(
         family.id,
         models_folder(context),
         model=model_id,

@@ -14,7 +14,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lean_image_ai.models.adapters import upscale  # noqa: E402
-from lean_image_ai.models.base import JobOptions  # noqa: E402
+from lean_image_ai.models.base import RunOptions  # noqa: E402
 from lean_image_ai.runtime import Runtime, RuntimeSettings  # noqa: E402
 from lean_image_ai.runtime.core import default_session_factory  # noqa: E402
 from lean_image_ai.runtime.measure.memory import process_rss_bytes  # noqa: E402
@@ -33,7 +33,7 @@ def factory(path, options, providers):
 
 runtime = Runtime(RuntimeSettings(cpu_arena_max_bytes=cap), session_factory=factory)
 image = np.random.default_rng(0).random((side, side, 3), dtype=np.float32)
-result = upscale.run(image, model, options=JobOptions(device="cpu", runtime=runtime), tile_size=None)
+result = upscale.run(image, model, options=RunOptions(device="cpu", runtime=runtime), tile_size=None)
 print(
     json.dumps(
         {

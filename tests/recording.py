@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnxruntime as ort
-from lean_image_ai.models.base import JobOptions
+from lean_image_ai.models.base import RunOptions
 
 SHRINK_CONFIG_KEY = "memory.enable_memory_arena_shrinkage"
 CPU = "CPUExecutionProvider"
@@ -138,6 +138,6 @@ class RecordingFactory:
         return [{k: (tuple(v.shape), v.dtype) for k, v in r["feeds"].items()} for r in self.log]
 
 
-def cpu_options(runtime, **kwargs) -> JobOptions:
+def cpu_options(runtime, **kwargs) -> RunOptions:
     """Adapter options that run on CPU through the given (usually recording) runtime."""
-    return JobOptions(device="cpu", runtime=runtime, **kwargs)
+    return RunOptions(device="cpu", runtime=runtime, **kwargs)

@@ -21,7 +21,7 @@ from lean_image_ai.models.adapters.upscale_plan import (
     plan_overlap,
     working_target,
 )
-from lean_image_ai.models.base import JobOptions
+from lean_image_ai.models.base import RunOptions
 from lean_image_ai.models.tiles.receptive import ReceptiveField
 from lean_image_ai.runtime import Runtime
 from lean_image_ai.runtime.core import RuntimeSettings
@@ -71,13 +71,13 @@ def test_a_covered_radius_that_is_not_bit_exact_is_cropped_and_not_called_exact(
 def test_the_result_the_cli_line_and_the_json_say_not_exact(model):
     runtime = Runtime()
     image = picture(200, 260)
-    result = upscale.run(image, model, options=JobOptions(device="cpu", runtime=runtime), tile_size=140, model_overlap=100)
+    result = upscale.run(image, model, options=RunOptions(device="cpu", runtime=runtime), tile_size=140, model_overlap=100)
     # the net's reach (2 px) was probed on this image: the least overlap, blended outside the reach
     assert (result.exact, result.overlap, result.feather) == (False, FEATHER_OVERLAP, REACH_FEATHER)
     assert result.seams.startswith(f"tiles blended; at most {SEAM_LEVELS} levels from one whole-image run")
     assert any(w.startswith("Not exact:") for w in result.warnings)
     # the net's true radius is 2 px, far inside the 32 px overlap: blended seams equal one run
-    whole = upscale.run(image, model, options=JobOptions(device="cpu", runtime=runtime), tile_size=None)
+    whole = upscale.run(image, model, options=RunOptions(device="cpu", runtime=runtime), tile_size=None)
     np.testing.assert_allclose(result.image, whole.image, atol=1e-5)
     runtime.clear("test teardown")
 
@@ -86,17 +86,17 @@ def test_a_tile_size_too_small_for_the_feather_ramps_is_raised_not_a_crash(model
     """A user's tile (e.g. 32 px) below what an overlap and its ramps need: raised, said, and run."""
     runtime = Runtime()
     image = picture(200, 260)
-    result = upscale.run(image, model, options=JobOptions(device="cpu", runtime=runtime), tile_size=32, model_overlap=100)
+    result = upscale.run(image, model, options=RunOptions(device="cpu", runtime=runtime), tile_size=32, model_overlap=100)
     floor = [w for w in result.warnings if w.startswith("Tile size 32 is below the minimum")]
     assert floor and result.tile_size_used < 200 and result.seams.startswith("tiles blended")
-    whole = upscale.run(image, model, options=JobOptions(device="cpu", runtime=runtime), tile_size=None)
+    whole = upscale.run(image, model, options=RunOptions(device="cpu", runtime=runtime), tile_size=None)
     np.testing.assert_allclose(result.image, whole.image, atol=1e-5)
     runtime.clear("test teardown")
 
 
 def test_one_window_has_no_seam_so_no_not_exact_warning(model):
     runtime = Runtime()
-    result = upscale.run(picture(40, 48), model, options=JobOptions(device="cpu", runtime=runtime), tile_size=None, model_overlap=100)
+    result = upscale.run(picture(40, 48), model, options=RunOptions(device="cpu", runtime=runtime), tile_size=None, model_overlap=100)
     assert result.exact is True and result.seams == "exact"
     assert not [w for w in result.warnings if w.startswith("Not exact:")]
     runtime.clear("test teardown")
@@ -104,7 +104,7 @@ def test_one_window_has_no_seam_so_no_not_exact_warning(model):
 
 def test_auto_tiles_come_from_the_measured_working_memory(model):
     runtime = Runtime()
-    options = JobOptions(device="cpu", runtime=runtime)
+    options = RunOptions(device="cpu", runtime=runtime)
     upscale.run(picture(300, 320), model, options=options)  # the model's first job measures it (one run)
     grew = runtime.working_memory[("sr.onnx", ((1, 3, MEASURE_WINDOW, MEASURE_WINDOW),))]
     rate = grew / MEASURE_WINDOW**2
@@ -131,7 +131,7 @@ def test_auto_tiles_come_from_the_measured_working_memory(model):
 
 def test_a_small_frame_of_a_never_measured_model_needs_no_measuring_run(model):
     runtime = Runtime()
-    upscale.run(picture(MEASURE_WINDOW, MEASURE_WINDOW), model, options=JobOptions(device="cpu", runtime=runtime))
+    upscale.run(picture(MEASURE_WINDOW, MEASURE_WINDOW), model, options=RunOptions(device="cpu", runtime=runtime))
     (plan,) = runtime.events.recent("tile_plan")
     assert plan["tile_size"] is None and plan["how"] == "one window (a small image)"
     (ended,) = [e for e in runtime.events.recent() if e["event"] == "operation_end"]

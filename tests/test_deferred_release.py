@@ -139,14 +139,14 @@ def test_jobs_in_a_row_find_the_arena_warm_and_the_memory_still_comes_back(tmp_p
         from lean_image_ai.runtime import Runtime, RuntimeSettings
         from lean_image_ai.runtime.measure.memory import process_rss_bytes
         from lean_image_ai.models.adapters import upscale
-        from lean_image_ai.models.base import JobOptions
+        from lean_image_ai.models.base import RunOptions
         import sys
         model = sys.argv[1]
         image = np.random.default_rng(0).random((512, 512, 3), dtype=np.float32)
         faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for delay in (0, 600):
             runtime = Runtime(RuntimeSettings(cpu_release_delay=delay))
-            options = JobOptions(device="cpu", runtime=runtime)
+            options = RunOptions(device="cpu", runtime=runtime)
             before = process_rss_bytes()
             for _ in range(2):  # onnxruntime plans a shape's memory pattern on its first run
                 upscale.run(image, model, options=options)
@@ -207,10 +207,10 @@ def image(seed, size=48):
 )
 def test_output_buffers_are_kept_only_while_the_arena_is(compact, settings, kept_after_the_job):
     from lean_image_ai.models.adapters import upscale
-    from lean_image_ai.models.base import JobOptions
+    from lean_image_ai.models.base import RunOptions
 
     runtime = Runtime(settings)
-    result = upscale.run(image(0), compact, options=JobOptions(device="cpu", runtime=runtime), tile_size=None)
+    result = upscale.run(image(0), compact, options=RunOptions(device="cpu", runtime=runtime), tile_size=None)
     output_bytes = result.image[..., :3].size * 4
     assert (runtime.scratch.kept_bytes >= output_bytes) is kept_after_the_job
     runtime.release_now()  # the deferred release, Release Now, an unload: all go through the CPU release
@@ -222,10 +222,10 @@ def test_jobs_at_once_each_get_their_own_buffer_and_results_match_jobs_one_by_on
     """Two threads upscaling different images at once on one runtime, edge tiles included (their
     outputs are bound to a prefix of the full tile's buffer): each gets the pixels it gets alone."""
     from lean_image_ai.models.adapters import upscale
-    from lean_image_ai.models.base import JobOptions
+    from lean_image_ai.models.base import RunOptions
 
     runtime = Runtime(RuntimeSettings(cpu_release_delay=60))
-    options = JobOptions(device="cpu", runtime=runtime)
+    options = RunOptions(device="cpu", runtime=runtime)
     images = [image(seed, size=70) for seed in range(4)]
     alone = [upscale.run(i, compact, options=options, tile_size=32).image for i in images]
     together = [None] * len(images)

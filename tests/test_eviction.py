@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 from lean_image_ai.models.adapters import upscale
-from lean_image_ai.models.base import JobOptions
+from lean_image_ai.models.base import RunOptions
 from lean_image_ai.runtime import Runtime, SessionClosedError
 from onnx_builders import sr_model
 
@@ -27,7 +27,7 @@ def _frames(count=3):
 def test_tiled_multi_frame_jobs_survive_an_evicting_thread(model):
     runtime = Runtime()
     frames = _frames()
-    reference = upscale.run(frames, model, options=JobOptions(device="cpu", runtime=runtime), tile_size=24, overlap=4)
+    reference = upscale.run(frames, model, options=RunOptions(device="cpu", runtime=runtime), tile_size=24, overlap=4)
     stop = threading.Event()
     evictions = 0
 
@@ -46,7 +46,7 @@ def test_tiled_multi_frame_jobs_survive_an_evicting_thread(model):
         for _ in range(30):
             try:
                 results = upscale.run(
-                    frames, model, options=JobOptions(device="cpu", runtime=runtime), tile_size=24, overlap=4
+                    frames, model, options=RunOptions(device="cpu", runtime=runtime), tile_size=24, overlap=4
                 )
             except Exception as exc:  # noqa: BLE001 - every failure is the finding
                 failures.append(f"{type(exc).__name__}: {exc}")
@@ -62,7 +62,7 @@ def test_tiled_multi_frame_jobs_survive_an_evicting_thread(model):
     assert evicted_in_use, "some evictions landed while a job was using the session"
     # the next job in the same process works and nothing stays loaded behind the cache's back
     runtime.clear("test end")
-    upscale.run(frames[0], model, options=JobOptions(device="cpu", runtime=runtime), tile_size=None)
+    upscale.run(frames[0], model, options=RunOptions(device="cpu", runtime=runtime), tile_size=None)
 
 
 def test_evicted_session_is_kept_until_its_job_ends(model):

@@ -15,7 +15,7 @@ from builders_moge2 import moge2_like_model
 from builders_upscale import resize_model
 from lean_image_ai.models import families, family
 from lean_image_ai.models.adapters import ben2, da3
-from lean_image_ai.models.base import JobOptions
+from lean_image_ai.models.base import RunOptions
 from lean_image_ai.models.identify import ModelView, final_ops
 from lean_image_ai.models.store import family_check
 from lean_image_ai.runtime.errors import ModelContractError
@@ -110,7 +110,7 @@ def test_probe_ranges_decide_matte_or_depth_but_only_warn(tmp_path, fresh_runtim
 
 
 def test_a_job_refuses_a_model_of_another_family(standins, fresh_runtime):
-    options = JobOptions(runtime=fresh_runtime)
+    options = RunOptions(runtime=fresh_runtime)
     with pytest.raises(ModelContractError, match="this looks like a depth model: an output named 'depth'"):
         ben2.run(photo(), standins["da3"], options=options)
     with pytest.raises(ModelContractError, match="this looks like a background-removal"):
@@ -182,7 +182,7 @@ def test_a_one_conv_single_channel_model_is_not_run_as_remove_background(tmp_pat
 
     path = one_conv_model(tmp_path / "one_conv.onnx")
     with pytest.raises(ModelContractError, match=r"one_conv.onnx: this does not look like a background-removal"):
-        ben2.run(photo(), path, options=JobOptions(runtime=fresh_runtime))
+        ben2.run(photo(), path, options=RunOptions(runtime=fresh_runtime))
     Image.fromarray(photo()).save(tmp_path / "photo.png")
     code = main(["remove-background", str(tmp_path / "photo.png"), str(tmp_path / "cut.png"), "--model", str(path), "--device", "cpu"])
     (line,) = capsys.readouterr().err.strip().splitlines()

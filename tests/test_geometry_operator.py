@@ -23,7 +23,7 @@ bh.import_package()
 
 from builders_moge2 import moge2_like_model  # noqa: E402
 from lean_image_ai.models.adapters import moge2, moge2_mesh  # noqa: E402
-from lean_image_ai.models.base import JobOptions  # noqa: E402
+from lean_image_ai.models.base import RunOptions  # noqa: E402
 from lean_image_ai.operators import geometry_ops, image_io, image_ops, jobs  # noqa: E402
 from lean_image_ai.runtime import Runtime  # noqa: E402
 
@@ -68,7 +68,7 @@ def photo(tmp_path):
 def expected_geometry(model, pixels, level=0):
     runtime = Runtime()
     try:
-        return moge2.run(pixels, model, options=JobOptions(runtime=runtime), resolution_level=level)
+        return moge2.run(pixels, model, options=RunOptions(runtime=runtime), resolution_level=level)
     finally:
         runtime.clear("test")
 

@@ -47,7 +47,7 @@ def test_a_cpu_release_trims_the_heap_and_release_off_does_not():
         from lean_image_ai.runtime import Runtime, operation, core
         from lean_image_ai.runtime.measure import memory
         from lean_image_ai.models.adapters import upscale
-        from lean_image_ai.models.base import JobOptions
+        from lean_image_ai.models.base import RunOptions
         import lean_image_ai, pathlib
         model = pathlib.Path(lean_image_ai.__file__).parent / "models/assets/bicubic_x2.onnx"
         image = (np.random.default_rng(0).random((64, 96, 3)) * 255).astype(np.uint8)
@@ -61,7 +61,7 @@ def test_a_cpu_release_trims_the_heap_and_release_off_does_not():
             counted.clear()
             runtime = Runtime()
             runtime.configure(cpu_arena=release)
-            upscale.run(image, model, options=JobOptions(device="cpu", runtime=runtime))
+            upscale.run(image, model, options=RunOptions(device="cpu", runtime=runtime))
             print(len(counted))
             runtime.clear("done")
         """

@@ -18,7 +18,7 @@ import onnx
 import pytest
 from lean_image_ai.models.adapters import upscale
 from lean_image_ai.models.adapters.upscale import DEFAULT_MODEL_PATH
-from lean_image_ai.models.base import JobOptions
+from lean_image_ai.models.base import RunOptions
 from lean_image_ai.runtime import Runtime
 from lean_image_ai.runtime.errors import OperationCancelled, SettingError
 from lean_image_ai.runtime.measure import leak_check, memory_plot
@@ -189,7 +189,7 @@ def test_a_cancelled_job_report_says_what_stayed(tmp_path):
         if stage.startswith("tile 2/"):
             cancel.set()
 
-    options = JobOptions(device="cpu", progress=progress, cancel=cancel, runtime=runtime)
+    options = RunOptions(device="cpu", progress=progress, cancel=cancel, runtime=runtime)
     with pytest.raises(OperationCancelled):
         upscale.run(image, options=options, tile_size=128)
     report = runtime.last_job_memory
@@ -201,7 +201,7 @@ def test_a_cancelled_job_report_says_what_stayed(tmp_path):
     assert "the unfinished frame's buffers" in text and f"{_mib(ram['unfinished'])} MiB allocated" in text
     assert "The cached session and the arena's reserved regions stay on purpose" in text
     # a finished job has nothing unfinished and says nothing about it
-    upscale.run(image, options=JobOptions(device="cpu", runtime=runtime), tile_size=128)
+    upscale.run(image, options=RunOptions(device="cpu", runtime=runtime), tile_size=128)
     assert runtime.last_job_memory["figures"][0]["unfinished"] == 0
     assert "unfinished" not in "\n".join(runtime.last_job_memory["lines"])
 
@@ -334,7 +334,7 @@ def test_the_cuda_fallback_names_each_library_once():
     assert "cannot open shared object file" in text and "not found" in text
 
 
-INTERNAL_NAMES = ("FamilyJob", "run_tiled", "run_frames", "JobOptions", "ResultSink", "BatchRun", "FrameQueue",
+INTERNAL_NAMES = ("ModelRun", "run_tiled", "run_frames", "RunOptions", "ResultSink", "BatchRun", "FrameQueue",
                   "preload_dlls", "upscale.run")
 
 

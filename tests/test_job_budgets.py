@@ -1,4 +1,4 @@
-"""A job's memory budgets travel with the job (models/job.py -> JobOptions -> its runtime
+"""A job's memory budgets travel with the job (models/model_run.py -> RunOptions -> its runtime
 operation), never through the shared runtime's settings: one job's budget never governs another
 job, before, after or at the same time, on the same runtime."""
 
@@ -8,8 +8,8 @@ import threading
 
 import numpy as np
 import pytest
-from lean_image_ai.models.base import JobOptions
-from lean_image_ai.models.job import FamilyJob
+from lean_image_ai.models.base import RunOptions
+from lean_image_ai.models.model_run import ModelRun
 from lean_image_ai.runtime import Runtime, mark_last
 from lean_image_ai.runtime.errors import MemoryBudgetError
 from lean_image_ai.runtime.settings import MemoryBudgets
@@ -33,16 +33,16 @@ def job(runtime, model, budgets=None):
 def test_a_family_jobs_budget_is_its_own(tmp_path):
     runtime = Runtime()
     model = sr_model(tmp_path / "sr.onnx", scale=2, mid_channels=4)
-    tight = FamilyJob.resolve("upscale", tmp_path, model_path=str(model), device="cpu", budgets=TINY)
+    tight = ModelRun.resolve("upscale", tmp_path, model_path=str(model), device="cpu", budgets=TINY)
     image = np.full((16, 16, 3), 0.5, np.float32)
     with pytest.raises(MemoryBudgetError, match=r"Not enough memory: loading sr\.onnx on cpu"):
         tight.infer(image, tight.options(runtime=runtime))
     assert runtime.settings.ram_budget_bytes is None and runtime.settings.vram_budget_bytes is None
-    free = FamilyJob.resolve("upscale", tmp_path, model_path=str(model), device="cpu")
+    free = ModelRun.resolve("upscale", tmp_path, model_path=str(model), device="cpu")
     assert free.infer(image, free.options(runtime=runtime)).image.shape == (32, 32, 3)
     # options a front-end built itself still run under the job's budgets
     with pytest.raises(MemoryBudgetError):
-        tight.infer(image, JobOptions(device="cpu", runtime=runtime))
+        tight.infer(image, RunOptions(device="cpu", runtime=runtime))
 
 
 def test_jobs_with_other_budgets_at_the_same_time_keep_their_own(conv, tmp_path):

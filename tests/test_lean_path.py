@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 from lean_image_ai.models.adapters import upscale
-from lean_image_ai.models.base import JobOptions
+from lean_image_ai.models.base import RunOptions
 from onnx_builders import sr_model
 
 
@@ -26,7 +26,7 @@ def test_bound_output_is_written_in_place_and_equals_a_plain_run(tmp_path, fresh
 def test_a_single_window_is_the_image_itself_and_tiles_feed_no_padding(runtime, factory, tmp_path):
     model = sr_model(tmp_path / "sr.onnx", scale=2)
     image = np.random.default_rng(1).random((37, 45, 3), dtype=np.float32)
-    options = JobOptions(device="cpu", runtime=runtime)
+    options = RunOptions(device="cpu", runtime=runtime)
     whole = upscale.run(image, model, options=options)
     assert factory.fed[-1]["input"][0] == (1, 3, 37, 45) and whole.tile_size_used == 45
     tiled = upscale.run(image, model, options=options, tile_size=32)

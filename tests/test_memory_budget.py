@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from lean_image_ai.models.adapters import upscale
-from lean_image_ai.models.base import JobOptions
+from lean_image_ai.models.base import RunOptions
 from lean_image_ai.runtime import Runtime, RuntimeSettings, core, mark_last
 from lean_image_ai.runtime.errors import MemoryBudgetError
 from lean_image_ai.runtime.measure import memory
@@ -55,7 +55,7 @@ def test_upscale_degrades_to_smaller_tiles_with_the_same_bytes(tmp_path):
     runtime = Runtime()
     model = sr_model(tmp_path / "sr.onnx", scale=2, mid_channels=32)
     image = card(384)
-    options = JobOptions(device="cpu", runtime=runtime)
+    options = RunOptions(device="cpu", runtime=runtime)
     whole = upscale.run(image, model, options=options, tile_size=None)  # one window: measured
     measured = runtime.working_memory[("sr.onnx", ((1, 3, 384, 384),))]
     assert measured > 0 and not whole.warnings

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lean_image_ai.models.leak_job import family_job
+from lean_image_ai.models.leak_request import family_job
 from lean_image_ai.runtime import Runtime, mark_last
 from lean_image_ai.runtime.measure.leak_check import analyse, leak_check
 from lean_image_ai.runtime.measure.memory_report import format_freed, format_job_memory, job_figures
@@ -121,7 +121,7 @@ def test_leak_check_says_stable_for_the_real_runtime_over_30_runs():
 
 LEAKING_JOB = """
 import json
-from lean_image_ai.models.leak_job import family_job
+from lean_image_ai.models.leak_request import family_job
 from lean_image_ai.runtime import Runtime
 from lean_image_ai.runtime.measure.leak_check import leak_check
 

@@ -212,7 +212,7 @@ def test_the_ram_budget_preference_refuses_a_job_it_cannot_fit(runtime, upscale_
 
 
 def test_leak_check_repeats_the_chosen_family_job(runtime, tmp_path, monkeypatch):
-    """The family's job as every front-end builds it (models/job.py): its installed model from the
+    """The family's job as every front-end builds it (models/model_run.py): its installed model from the
     preferences' models folder; a family with nothing installed says what to install."""
     from builders_families import da3_like_model
     from lean_image_ai.models.store import catalog, library

@@ -104,11 +104,11 @@ print(json.dumps({{"figure": op.memory["figures"][0], "lines": op.memory["lines"
 def test_an_upscale_reports_its_result_as_held_not_as_kept_by_the_runtime():
     import numpy as np
     from lean_image_ai.models.adapters import upscale
-    from lean_image_ai.models.base import JobOptions
+    from lean_image_ai.models.base import RunOptions
     from lean_image_ai.runtime import Runtime
 
     runtime = Runtime()
-    result = upscale.run(np.full((96, 128, 3), 0.5, np.float32), options=JobOptions(device="cpu", runtime=runtime))
+    result = upscale.run(np.full((96, 128, 3), 0.5, np.float32), options=RunOptions(device="cpu", runtime=runtime))
     (ram,) = runtime.last_job_memory["figures"]
     assert ram["results"] == result.image.nbytes  # alive when the report was made (returned after it)
     assert any("results still held: " in line for line in runtime.last_job_memory["lines"])
@@ -119,7 +119,7 @@ def test_results_held_counts_arrays_in_a_results_dict_and_each_buffer_once():
     from dataclasses import dataclass, field
 
     import numpy as np
-    from lean_image_ai.models.base import JobOptions, ResultSink
+    from lean_image_ai.models.base import ResultSink, RunOptions
 
     @dataclass
     class Depth:  # DA3's shape: the confidence map sits in a dict beside the depth
@@ -128,7 +128,7 @@ def test_results_held_counts_arrays_in_a_results_dict_and_each_buffer_once():
         alias: np.ndarray | None = None
 
     depth, conf = np.zeros((90, 160), np.float32), np.zeros((90, 160), np.float32)
-    sink = ResultSink(JobOptions(on_result=lambda _result: None))
+    sink = ResultSink(RunOptions(on_result=lambda _result: None))
     result = Depth(depth, {"depth_conf": conf}, alias=depth[:45])  # a view holds its owner's memory
     sink.add(result)
     assert sink.held_bytes() == depth.nbytes + conf.nbytes

@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
-from lean_image_ai.models.base import JobOptions
+from lean_image_ai.models.base import RunOptions
 from lean_image_ai.models.batch.frame_lists import FrameRef
 from lean_image_ai.models.batch.sequence import BatchRun
 from lean_image_ai.runtime import InferenceOutOfMemoryError
@@ -28,7 +28,7 @@ def test_a_numpy_memory_error_in_a_batch_is_the_out_of_memory_error_with_what_wa
 
     refs = [FrameRef(1, Path("a.png")), FrameRef(2, Path("b.png"))]
     batch = BatchRun(refs, infer, lambda ref: np.zeros((4, 4, 3), np.uint8), lambda ref, result: None,
-                     options=JobOptions(device="cpu", cancel=threading.Event()))
+                     options=RunOptions(device="cpu", cancel=threading.Event()))
     report = batch.run()
     assert [n for n, _ in report.failed] == [1, 2]
     for _, text in report.failed:
@@ -70,12 +70,12 @@ BOMB_JOB = r"""
 import json, sys
 import numpy as np
 from lean_image_ai.models.adapters import upscale
-from lean_image_ai.models.base import JobOptions
+from lean_image_ai.models.base import RunOptions
 from lean_image_ai.runtime import InferenceOutOfMemoryError, Runtime, RuntimeSettings
 
 runtime = Runtime(RuntimeSettings(cpu_arena_max_bytes=16 << 20))
 try:
-    upscale.run(np.full((96, 96, 3), 0.5, np.float32), sys.argv[1], options=JobOptions(device="cpu", runtime=runtime))
+    upscale.run(np.full((96, 96, 3), 0.5, np.float32), sys.argv[1], options=RunOptions(device="cpu", runtime=runtime))
     print(json.dumps({"raised": None}))
 except InferenceOutOfMemoryError as exc:
     print(json.dumps({"raised": type(exc).__name__, "message": str(exc), "splits": len(runtime.events.recent("tile_split"))}))

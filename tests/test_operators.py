@@ -27,7 +27,7 @@ bh.import_package()
 from builders_families import ben2_like_model, da3_like_model  # noqa: E402
 from builders_upscale import resize_model  # noqa: E402
 from lean_image_ai.models.adapters import ben2, da3, moge2, upscale  # noqa: E402
-from lean_image_ai.models.base import JobOptions  # noqa: E402
+from lean_image_ai.models.base import RunOptions  # noqa: E402
 from lean_image_ai.models.imaging import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402
 from lean_image_ai.models.store import catalog, library  # noqa: E402
 from lean_image_ai.operators import geometry_ops, image_io, image_ops, jobs  # noqa: E402
@@ -117,7 +117,7 @@ def test_remove_background_from_file_makes_cutout(tmp_path, models, private_runt
     expected = ben2.run(
         pixels,
         models["ben2"],
-        options=JobOptions(runtime=private_runtime),
+        options=RunOptions(runtime=private_runtime),
         input_size=(1024, 1024),
         **IMAGENET,
     )
@@ -203,7 +203,7 @@ def test_estimate_depth_from_texture_node_with_plane(tmp_path, models, private_r
     expected = da3.run(
         pixels,
         models["da3"],
-        options=JobOptions(runtime=private_runtime),
+        options=RunOptions(runtime=private_runtime),
         process_res=504,
         multiple=14,
         **IMAGENET,
@@ -277,7 +277,7 @@ def test_upscale_reads_the_model_scale(tmp_path, models, private_runtime):
     src = write_png(tmp_path / "s.png", source_pixels())
     assert bpy.ops.lean_image_ai.upscale(filepath=str(src), model_path=str(models["sr"])) == {"FINISHED"}
     got = image_io.image_to_array(bpy.data.images["s_x2"])
-    expected = upscale.run(source_pixels(), models["sr"], options=JobOptions(runtime=private_runtime)).image
+    expected = upscale.run(source_pixels(), models["sr"], options=RunOptions(runtime=private_runtime)).image
     assert got.shape == (2 * H, 2 * W, 4)
     assert np.abs(got - expected).max() <= 1 / 255 + 1e-6
 

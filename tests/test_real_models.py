@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from lean_image_ai.models.adapters import da3, moge2_contract, upscale
-from lean_image_ai.models.base import JobOptions
-from lean_image_ai.models.job import FamilyJob
+from lean_image_ai.models.base import RunOptions
+from lean_image_ai.models.model_run import ModelRun
 from lean_image_ai.models.store import family_check
 from lean_image_ai.models.tiles.receptive import graph_receptive_field
 from lean_image_ai.runtime.errors import ModelContractError
@@ -94,7 +94,7 @@ def picture(h, w, seed=0):
 
 
 def opts(runtime):
-    return JobOptions(device="cpu", runtime=runtime)
+    return RunOptions(device="cpu", runtime=runtime)
 
 
 @pytest.mark.parametrize("name,radius", [("compact-x4", 34), ("rrdb-x4plus", 349)])
@@ -187,7 +187,7 @@ def test_the_memory_report_on_a_real_export_holds_results_apart_and_nothing_nega
     family, export, request, tmp_path, fresh_runtime
 ):
     path = request.getfixturevalue(export)
-    job = FamilyJob.resolve(family, tmp_path, model_path=str(path), device="cpu")
+    job = ModelRun.resolve(family, tmp_path, model_path=str(path), device="cpu")
     result = job.infer(picture(480, 640, seed=9), job.options(runtime=fresh_runtime))  # BEN2: one 1024² run
     report = fresh_runtime.last_job_memory
     assert report["outcome"] == "success" and report["runs"] == 1

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from builders_upscale import compact_model, global_context_model
 from lean_image_ai.models.adapters import upscale
-from lean_image_ai.models.base import JobOptions
+from lean_image_ai.models.base import RunOptions
 from lean_image_ai.models.tiles import tile_memory
 from lean_image_ai.models.tiles.receptive import graph_receptive_field
 from lean_image_ai.runtime.core import Runtime, RuntimeSettings
@@ -15,7 +15,7 @@ from onnx_builders import save_model, sr_model
 
 
 def opts(runtime):
-    return JobOptions(device="cpu", runtime=runtime)
+    return RunOptions(device="cpu", runtime=runtime)
 
 
 @pytest.fixture

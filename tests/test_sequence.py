@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from lean_image_ai.models import files
 from lean_image_ai.models.adapters import upscale
-from lean_image_ai.models.base import JobOptions
+from lean_image_ai.models.base import RunOptions
 from lean_image_ai.models.batch import frame_lists
 from lean_image_ai.models.batch.frame_lists import FrameRef
 from lean_image_ai.models.batch.sequence import BatchRun
@@ -54,7 +54,7 @@ class Saver:
 
 def batch(tmp_path, runtime, model, *, read=None, saver=None, cancel=None, **kwargs):
     saver = saver or Saver(tmp_path)
-    options = JobOptions(device="cpu", runtime=runtime, cancel=cancel or threading.Event())
+    options = RunOptions(device="cpu", runtime=runtime, cancel=cancel or threading.Event())
 
     def infer(frames, opts):
         # 9 tiles per 20x24 frame (8 px owned + 12 of overlap): frames take several runs, as before
@@ -119,7 +119,7 @@ def test_twelve_frames_are_one_operation_with_one_release_at_the_end(tmp_path, r
     assert len(entries) > FRAMES  # tiled: several runs per frame
     assert entries[-1] == "cpu:0" and set(entries[:-1]) == {""}
     assert len(runtime.events.recent("memory_release")) == 1
-    expected = upscale.run(frame(7), model, options=JobOptions(device="cpu", runtime=runtime), tile_size=32, overlap=12)
+    expected = upscale.run(frame(7), model, options=RunOptions(device="cpu", runtime=runtime), tile_size=32, overlap=12)
     np.testing.assert_array_equal(np.load(saver.path(FrameRef(7, Path()))), expected.image)
 
 
@@ -192,7 +192,7 @@ def test_a_short_batch_whose_model_cannot_load_ends_instead_of_waiting(tmp_path,
     """Two frames fill the queue before the worker fails: closing the input must not block."""
     not_a_model = tmp_path / "broken.onnx"
     not_a_model.write_bytes(b"not onnx at all")
-    options = JobOptions(device="cpu", runtime=runtime, cancel=threading.Event())
+    options = RunOptions(device="cpu", runtime=runtime, cancel=threading.Event())
     run = BatchRun(
         refs(tmp_path, count=2),
         lambda frames, opts: upscale.run(frames, not_a_model, options=opts),
@@ -217,7 +217,7 @@ def test_a_short_batch_fed_whole_before_its_worker_starts_still_runs_every_frame
     run, saver = batch(tmp_path, runtime, model)
     run = BatchRun(
         refs(tmp_path, count=2), run._infer, lambda ref: frame(ref.number), saver,
-        options=JobOptions(device="cpu", runtime=runtime, cancel=threading.Event()),
+        options=RunOptions(device="cpu", runtime=runtime, cancel=threading.Event()),
     )
     run.pump(0.05)  # the caller reads both frames first...
     worker = threading.Thread(target=run.infer_all)  # ...then the worker starts

@@ -239,12 +239,12 @@ def test_a_shot_with_a_damaged_frame_leaves_the_scene_as_it_was_and_names_the_fr
 def test_a_batch_whose_model_answered_no_frame_is_never_finished(tmp_path, models, monkeypatch):
     """'0 written ... of N' is not a success: a model side that returns without taking the frames
     (as the 2-frame shots once did) ends in an ERROR for both shot operators, nothing added."""
-    from lean_image_ai.models.job import FamilyJob
+    from lean_image_ai.models.model_run import ModelRun
     from lean_image_ai.models.worker.remote_batch import IN_PROCESS_ENV
 
     shot = _red_shot(tmp_path / "in", count=3)
     monkeypatch.setenv(IN_PROCESS_ENV, "1")  # the model side patched here runs here
-    monkeypatch.setattr(FamilyJob, "infer", lambda self, frames, options=None: None)
+    monkeypatch.setattr(ModelRun, "infer", lambda self, frames, options=None: None)
     with pytest.raises(RuntimeError, match=r"0 written, 0 skipped, 0 failed of 3.*3 frame\(s\) were neither written"):
         bpy.ops.lean_image_ai.process_sequence(
             family="upscale", source=str(shot), output=str(tmp_path / "o" / "u_####.png"), model_path=str(models["upscale"])

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from builders_moge2 import moge2_like_model
 from lean_image_ai.models.adapters import moge2, moge2_solver, shot_camera
-from lean_image_ai.models.base import JobOptions
+from lean_image_ai.models.base import RunOptions
 from lean_image_ai.runtime.errors import LeanImageError
 from lean_image_ai.ui.cli.main import main
 from PIL import Image
@@ -69,13 +69,13 @@ def model(tmp_path_factory):
 
 def test_adapter_uses_the_given_focal(model, fresh_runtime):
     image = red_image(60, 90)
-    options = JobOptions(runtime=fresh_runtime)
+    options = RunOptions(runtime=fresh_runtime)
     own = moge2.run(image, model, options=options)
     fixed_width = float(own.intrinsics[0][0]) / 90
-    fixed = moge2.run(image, model, options=JobOptions(runtime=fresh_runtime), focal_width=fixed_width)
+    fixed = moge2.run(image, model, options=RunOptions(runtime=fresh_runtime), focal_width=fixed_width)
     assert float(fixed.intrinsics[0][0]) == pytest.approx(float(own.intrinsics[0][0]), rel=1e-6)
     assert fixed.shift == pytest.approx(own.shift, rel=1e-3)  # its own focal: the same shift
-    wider = moge2.run(image, model, options=JobOptions(runtime=fresh_runtime), focal_width=fixed_width * 0.8)
+    wider = moge2.run(image, model, options=RunOptions(runtime=fresh_runtime), focal_width=fixed_width * 0.8)
     assert float(wider.intrinsics[0][0]) == pytest.approx(0.8 * float(own.intrinsics[0][0]), rel=1e-6)
     assert wider.fov_x > own.fov_x and wider.shift != pytest.approx(own.shift, rel=1e-3)
 

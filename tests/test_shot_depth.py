@@ -13,7 +13,7 @@ import OpenEXR
 import pytest
 from builders_shot import background_mask, drifting_depth_model, shot_frame, write_shot
 from lean_image_ai.models.adapters import da3, shot_depth
-from lean_image_ai.models.base import JobOptions
+from lean_image_ai.models.base import RunOptions
 from lean_image_ai.models.batch.frame_lists import FrameRef
 from lean_image_ai.models.batch.sequence import BatchRun
 from lean_image_ai.runtime.errors import LeanImageError
@@ -200,7 +200,7 @@ def test_first_pass_keeps_no_frame(model, align, fresh_runtime):
 
     refs = [FrameRef(n, None) for n in range(1, count + 1)]
     frame_bytes = shot_frame(0, count)[..., 0].size * 4  # one float32 depth map
-    options = JobOptions(runtime=fresh_runtime)
+    options = RunOptions(runtime=fresh_runtime)
     warm_up = shot_depth.ShotDepth(shot_depth.DepthRangeChoice(shot_depth.AUTO_SHOT))
     BatchRun(refs[:3], infer, lambda ref: shot_frame(0, count), lambda r, res: warm_up.record(res.depth), options=options).run()
     gc.collect()
@@ -244,7 +244,7 @@ def _two_pass(model, runtime, count, write, cancel, settings):
             return da3.run(frames, model, options=options, process_res=84, **extra)
 
         return BatchRun(refs, infer, lambda ref: shot_frame(ref.number - 1, count, noise=False), writer,
-                        options=JobOptions(runtime=runtime, cancel=cancel))
+                        options=RunOptions(runtime=runtime, cancel=cancel))
 
     return TwoPassBatch(settings, make_pass, write, cancel)
 

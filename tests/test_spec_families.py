@@ -14,7 +14,7 @@ from builders_families import ben2_like_model, da3_like_model
 from builders_moge2 import moge2_like_model
 from lean_image_ai.models import families
 from lean_image_ai.models.adapters import ben2, da3, moge2, upscale
-from lean_image_ai.models.base import JobOptions
+from lean_image_ai.models.base import RunOptions
 from lean_image_ai.runtime import Runtime, RuntimeSettings
 from onnx_builders import sr_model
 from recording import RecordingFactory
@@ -43,7 +43,7 @@ def test_every_family_keeps_its_session_and_releases_only_on_the_final_run(famil
     run, model, kwargs = family_models[family]
     factory = RecordingFactory()
     runtime = Runtime(session_factory=factory)
-    options = JobOptions(device="cpu", runtime=runtime)
+    options = RunOptions(device="cpu", runtime=runtime)
     run(frames(), model, options=options, **kwargs)
     first_entries = factory.shrink_entries
     assert len(first_entries) >= 2, "two frames (and tiles for upscale) are several runs"
@@ -73,7 +73,7 @@ def _job(family_models, family, release, jobs=1):
         kwargs = {**kwargs, "tile_size": 16}  # 40x56 frames in 16 px windows: several tiles each
     factory = RecordingFactory()
     runtime = Runtime(RuntimeSettings(release_memory=release), session_factory=factory)
-    options = JobOptions(device="cpu", runtime=runtime)
+    options = RunOptions(device="cpu", runtime=runtime)
     try:
         products = [run(frames(3), model, options=options, **kwargs) for _ in range(jobs)]
     finally:
@@ -122,7 +122,7 @@ import numpy as np
 sys.path.insert(0, sys.argv[1])
 from onnx_builders import sr_model
 from lean_image_ai.models.adapters import upscale
-from lean_image_ai.models.base import JobOptions
+from lean_image_ai.models.base import RunOptions
 from lean_image_ai.runtime import InferenceOutOfMemoryError, Runtime, RuntimeSettings
 
 # 256 KiB arena: even the floor tile (32 px) needs a 512 KiB 128-channel intermediate
@@ -131,7 +131,7 @@ model = sr_model(sys.argv[2], scale=2, mid_channels=128)
 report = {}
 try:
     upscale.run(np.random.default_rng(0).random((256, 256, 3), dtype=np.float32), model,
-                options=JobOptions(device="cpu", runtime=runtime), tile_size=256, overlap=4)
+                options=RunOptions(device="cpu", runtime=runtime), tile_size=256, overlap=4)
 except InferenceOutOfMemoryError as exc:
     report = {"message": str(exc), "resource": exc.resource, "model": exc.model}
 report["cached_sessions"] = len(runtime.cached_sessions())

@@ -166,14 +166,14 @@ def test_it_is_recognised_by_its_own_identify_and_its_model_by_no_other_family(r
 
 
 def test_the_farm_worker_writes_its_frames(registered_here, toy, tmp_path):
-    from lean_image_ai.models.job import FamilyJob
+    from lean_image_ai.models.model_run import ModelRun
     from lean_image_ai.ui.cli.farm_worker import FrameWorker
 
     _, model, frames = toy
     out = tmp_path / "farm_out"
     out.mkdir()
     chunk = [(n, str(frames / f"plate_{n:04d}.png"), str(out / f"plate_inverted_{n:04d}.png")) for n in (1, 2)]
-    job = FamilyJob.resolve("invert", tmp_path, model_path=str(model), values={"invert_amount": 1.0}, device="cpu")
+    job = ModelRun.resolve("invert", tmp_path, model_path=str(model), values={"invert_amount": 1.0}, device="cpu")
     worker = FrameWorker(job.for_worker())  # what the farm's driver hands each worker
     messages = list(worker.process(chunk))
     assert [m["frame"] for m in messages if "frame" in m and "error" not in m] == [1, 2], messages

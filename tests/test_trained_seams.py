@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from lean_image_ai.models.adapters import upscale
 from lean_image_ai.models.adapters.upscale_plan import REACH_FEATHER, ROUNDING_LEVELS, SEAM_LEVELS
-from lean_image_ai.models.base import JobOptions
+from lean_image_ai.models.base import RunOptions
 from lean_image_ai.models.tiles import reach
 from lean_image_ai.models.tiles.receptive import graph_receptive_field
 from lean_image_ai.runtime import Runtime
@@ -30,7 +30,7 @@ def runtime():
 
 
 def _run(runtime, image, model, **settings):
-    return upscale.run(image, model, options=JobOptions(device="cpu", runtime=runtime), **settings)
+    return upscale.run(image, model, options=RunOptions(device="cpu", runtime=runtime), **settings)
 
 
 def _levels(a, b) -> np.ndarray:

@@ -19,7 +19,7 @@ import onnxruntime as ort
 import pytest
 from builders_upscale import resize_model
 from lean_image_ai.models.adapters import upscale
-from lean_image_ai.models.base import JobOptions
+from lean_image_ai.models.base import RunOptions
 from lean_image_ai.models.imaging import resize
 from lean_image_ai.runtime import Runtime
 from lean_image_ai.runtime.errors import (
@@ -294,7 +294,7 @@ def test_progress_is_reported_per_frame_and_tile(fresh_runtime):
     stages = []
     upscale.run(
         [picture(30, 30), picture(30, 30)],
-        options=JobOptions(device="cpu", runtime=fresh_runtime, progress=lambda f, s: stages.append((f, s))),
+        options=RunOptions(device="cpu", runtime=fresh_runtime, progress=lambda f, s: stages.append((f, s))),
         tile_size=24,
         overlap=2,
     )
@@ -333,7 +333,7 @@ import numpy as np
 sys.path.insert(0, sys.argv[1])
 from recording import RecordingFactory
 from lean_image_ai.models.adapters import upscale
-from lean_image_ai.models.base import JobOptions
+from lean_image_ai.models.base import RunOptions
 from lean_image_ai.models.imaging import to_nchw
 from lean_image_ai.runtime import InferenceOutOfMemoryError, Runtime, RuntimeSettings
 
@@ -351,7 +351,7 @@ try:
 except InferenceOutOfMemoryError as exc:
     report["untiled"] = type(exc).__name__
 first_job_run = len(factory.runs)
-result = upscale.run(image, model, options=JobOptions(device="cpu", runtime=runtime), tile_size=None)
+result = upscale.run(image, model, options=RunOptions(device="cpu", runtime=runtime), tile_size=None)
 np.save(out_path, result.image)
 runs = factory.runs[first_job_run:]
 splits = runtime.events.recent("tile_split")
@@ -408,7 +408,7 @@ def test_cuda_fallback_warning_reaches_the_upscale_result(models, monkeypatch):
         session_factory=factory, available_providers=lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"]
     )
     result = upscale.run(
-        picture(16, 16), models["x2"], options=JobOptions(device="cuda:0", runtime=runtime), tile_size=None
+        picture(16, 16), models["x2"], options=RunOptions(device="cuda:0", runtime=runtime), tile_size=None
     )
     assert any("CUDA was requested" in w and "CPU" in w for w in result.warnings), result.warnings
 
@@ -425,6 +425,6 @@ def test_a_model_with_an_extra_input_is_refused_and_not_kept_cached(tmp_path, fr
     graph = helper.make_graph([helper.make_node("Identity", ["input"], ["output"])], "two_inputs", [image, strength], [output])
     model = save_model(graph, tmp_path / "two_inputs.onnx")
     with pytest.raises(ModelContractError, match=r"expected 1 input\(s\), found 2 \('input', 'strength'\)"):
-        upscale.run(np.zeros((8, 8, 3), np.float32), model, options=JobOptions(device="cpu", runtime=fresh_runtime))
+        upscale.run(np.zeros((8, 8, 3), np.float32), model, options=RunOptions(device="cpu", runtime=fresh_runtime))
     assert fresh_runtime.cached_sessions() == []
     assert [e["reason"] for e in fresh_runtime.events.recent("session_evict")] == ["model contract"]

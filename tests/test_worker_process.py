@@ -18,7 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from builders_upscale import compact_model  # noqa: E402
 from lean_image_ai.models.batch.frame_lists import FrameRef  # noqa: E402
-from lean_image_ai.models.job import FamilyJob  # noqa: E402
+from lean_image_ai.models.model_run import ModelRun  # noqa: E402
 from lean_image_ai.models.worker import client as worker_client  # noqa: E402
 from lean_image_ai.models.worker import serve  # noqa: E402
 from lean_image_ai.models.worker.remote_batch import RemoteBatchRun  # noqa: E402
@@ -53,7 +53,7 @@ class Batch:
     """One job through the worker: what it wrote, what it released, how it ended."""
 
     def __init__(self, client, model, pixels, *, name="photo.png", values=None):
-        self.job = FamilyJob.resolve("upscale", model.parent, model_path=str(model), device="cpu", values=values)
+        self.job = ModelRun.resolve("upscale", model.parent, model_path=str(model), device="cpu", values=values)
         self.written, self.released, self.stages = [], [], []
         self.run = RemoteBatchRun(
             self.job, [FrameRef(1, Path(name))], lambda ref: pixels, lambda ref, result: self.written.append(result),

@@ -17,7 +17,7 @@ import numpy as np
 
 from ...runtime import SessionHandle, TensorInfo
 from ...runtime.errors import InvalidModelOutputError, ModelContractError
-from ..base import FLOAT_TYPES, JobOptions, check_contract, check_finite, squeeze_batch
+from ..base import FLOAT_TYPES, RunOptions, check_contract, check_finite, squeeze_batch
 from ..family import Family, Option, Output, Setting, rgb_triple_or_none, size_or_none
 from ..frame_loop import Frame, run_frames
 from ..identify import LIKELY, NO, SURE, Match, spatial
@@ -51,7 +51,7 @@ def run(
     images,
     model_path,
     *,
-    options: JobOptions | None = None,
+    options: RunOptions | None = None,
     mean: Sequence[float] | None = IMAGENET_MEAN,
     std: Sequence[float] | None = IMAGENET_STD,
     input_size: int | Sequence[int] | None = None,

@@ -24,7 +24,7 @@ import numpy as np
 
 from ...runtime import SessionHandle, TensorInfo
 from ...runtime.errors import InvalidModelOutputError, ModelContractError
-from ..base import FLOAT_TYPES, JobOptions, check_contract, check_finite, squeeze_batch
+from ..base import FLOAT_TYPES, RunOptions, check_contract, check_finite, squeeze_batch
 from ..family import Family, Option, Output, Setting, one_of, positive_int, rgb_triple_or_none
 from ..frame_loop import Frame, run_frames
 from ..identify import LIKELY, NO, SURE, Match
@@ -58,7 +58,7 @@ def run(
     images,
     model_path,
     *,
-    options: JobOptions | None = None,
+    options: RunOptions | None = None,
     process_res: int = 504,
     multiple: int = 14,
     mean: Sequence[float] | None = IMAGENET_MEAN,

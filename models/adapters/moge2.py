@@ -32,7 +32,7 @@ from functools import partial
 import numpy as np
 
 from ...runtime.errors import InvalidModelOutputError
-from ..base import JobOptions, check_finite, fixed_hw, squeeze_batch
+from ..base import RunOptions, check_finite, fixed_hw, squeeze_batch
 from ..family import Family, Option, Output, Setting, int_range, positive_int, unit_interval
 from ..frame_loop import Frame, run_frames
 from ..identify import NO, SURE, Match
@@ -119,7 +119,7 @@ def run(
     images,
     model_path,
     *,
-    options: JobOptions | None = None,
+    options: RunOptions | None = None,
     resolution_level: int = 9,
     num_tokens: int | None = None,
     num_tokens_range: tuple[int, int] = NUM_TOKENS_RANGE,

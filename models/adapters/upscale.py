@@ -23,7 +23,7 @@ import numpy as np
 from ...runtime.errors import InferenceOutOfMemoryError
 from ...runtime.measure.budget import budget_for
 from ...runtime.measure.memory import available_system_memory_bytes
-from ..base import FLOAT_TYPES, JobOptions, check_contract, check_finite, fixed_hw
+from ..base import FLOAT_TYPES, RunOptions, check_contract, check_finite, fixed_hw
 from ..family import Family, Option, Output, Setting, non_negative_int, one_of, positive_int
 from ..frame_loop import run_frames
 from ..imaging import check_shape, from_nchw, resize_clipped, to_nchw
@@ -75,7 +75,7 @@ def run(
     images,
     model_path=DEFAULT_MODEL_PATH,
     *,
-    options: JobOptions | None = None,
+    options: RunOptions | None = None,
     tile_size: int | str | None = "auto",
     overlap: int | None = None,
     model_overlap: int | None = None,
@@ -111,7 +111,7 @@ def run(
     tile_size = _checked_tile_size(tile_size)
     if overlap is not None and int(overlap) < AUTO_OVERLAP:
         raise ValueError(f"overlap must be >= 0 ({AUTO_OVERLAP}: the model's receptive radius), got {overlap}")
-    options = options or JobOptions()
+    options = options or RunOptions()
     options.report(0.0, "loading model")
     job = _Upscale(
         tile_size, overlap, model_overlap, alpha_mode, memory_budget_bytes, size_multiple, available_memory_bytes

@@ -15,7 +15,7 @@ The front-end gives only what only it can do, as a frame IO (duck-typed):
 
 and ``batch_factory``, a callable with models/batch/sequence.py BatchRun's signature (BatchRun for
 the command line and the farm; a worker process's batch for Blender). It is given ``infer``, the
-pass's bound ``FamilyJob.infer``: a factory that sends the model run elsewhere takes
+pass's bound ``ModelRun.infer``: a factory that sends the model run elsewhere takes
 ``infer.__self__``, plain data that pickles. Events go out through
 :class:`RunEvents`. Blender pumps a runner from its timer (:meth:`Runner.pump`, its worker thread
 calls :meth:`Runner.infer_all`); the command line and the farm call :meth:`Runner.run`.
@@ -31,8 +31,8 @@ from pathlib import Path
 
 from ...runtime.errors import LeanImageError, OperationCancelled, user_path
 from .. import files, products
-from ..job import FamilyJob
 from ..job_spec import JobSpec
+from ..model_run import ModelRun
 from ..store import library
 from . import frame_claims, frame_lists
 from .frame_lists import FrameRef
@@ -65,14 +65,14 @@ class RunEvents:
 
 class Runner:
     def __init__(self, spec: JobSpec, io, *, events: RunEvents | None = None, batch_factory=BatchRun,
-                 cancel: threading.Event | None = None, model_run: FamilyJob | None = None, runtime=None,
+                 cancel: threading.Event | None = None, model_run: ModelRun | None = None, runtime=None,
                  verify: bool = True):
         self.spec, self.io = spec, io
         self.events = events or RunEvents()
         self.cancel_event = cancel if cancel is not None else threading.Event()
         self._factory, self._runtime = batch_factory, runtime
         # the model run (the model resolved once): a farm worker is given the driver's (named by its absolute path)
-        self.model_run = model_run or FamilyJob.resolve(
+        self.model_run = model_run or ModelRun.resolve(
             spec.family_id, library.models_dir(spec.models_dir), model=spec.model, model_path=spec.model_path,
             values=spec.values, device=spec.device, budgets=spec.budgets, verify=verify,
         )
@@ -180,7 +180,7 @@ class Runner:
     def _make_pass(self, write, shot_kwargs: dict, first: bool):
         """One pass over the frames: the first (a shot's) records and skips nothing, never claims."""
         run = self.model_run
-        pass_run = FamilyJob(run.family_id, run.model, run.values, run.device, run.budgets, {**run.extra, **shot_kwargs})
+        pass_run = ModelRun(run.family_id, run.model, run.values, run.device, run.budgets, {**run.extra, **shot_kwargs})
         fields = {"runtime": self._runtime} if self._runtime is not None else {}
         options = pass_run.options(progress=self.events.progress, cancel=self.cancel_event, **fields)
         claims = self.spec.skip_existing and self.spec.source is not None and self.spec.writes_files and not first

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from ...runtime.errors import LeanImageError, OperationCancelled
 from ...runtime.oom import out_of_memory_error
-from ..base import JobOptions
+from ..base import RunOptions
 from .frame_lists import FrameRef
 
 _ADAPTER_FRAME = re.compile(r"^frame \d+/\d+(, )?")
@@ -148,11 +148,11 @@ class BatchRun:
     def __init__(
         self,
         refs: list[FrameRef],
-        infer: Callable[[FrameQueue, JobOptions], object],
+        infer: Callable[[FrameQueue, RunOptions], object],
         read: Callable[[FrameRef], object],
         write: Callable[[FrameRef, object], list[str] | None],  # returns notes for the report
         *,
-        options: JobOptions,
+        options: RunOptions,
         skip: Callable[[FrameRef], bool] = lambda ref: False,
         stop_on_error: bool = False,
         depth: int = 2,
@@ -215,7 +215,7 @@ class BatchRun:
         if not self.needs_model:  # every frame was skipped: no model to load
             self._over.set()
             return self.report
-        options = JobOptions(
+        options = RunOptions(
             device=self._options.device,
             progress=self._progress,
             cancel=self._cancel,

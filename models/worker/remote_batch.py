@@ -25,10 +25,10 @@ from collections.abc import Callable
 
 from ...runtime.errors import LeanImageError
 from ..adapters import ben2, da3, moge2, upscale
-from ..base import JobOptions
+from ..base import RunOptions
 from ..batch.frame_lists import FrameRef
 from ..batch.sequence import BatchReport, BatchRun
-from ..job import FamilyJob
+from ..model_run import ModelRun
 from . import client as worker_client
 
 BUILT_IN = frozenset(m.FAMILY.id for m in (ben2, da3, moge2, upscale))  # every worker knows these
@@ -41,12 +41,12 @@ IN_PROCESS_ENV = "LEAN_IMAGE_AI_IN_PROCESS"
 class RemoteBatchRun:
     def __init__(
         self,
-        job: FamilyJob,
+        job: ModelRun,
         refs: list[FrameRef],
         read: Callable[[FrameRef], object],
         write: Callable[[FrameRef, object], list[str] | None],
         *,
-        options: JobOptions,
+        options: RunOptions,
         skip: Callable[[FrameRef], bool] = lambda ref: False,
         stop_on_error: bool = False,
         depth: int = 2,

@@ -8,13 +8,13 @@ import threading
 import time
 from types import SimpleNamespace
 
-from ..base import JobOptions
+from ..base import RunOptions
 from . import client as worker_client
 from .remote_batch import CANCEL_GRACE_S
 
 
 class RemoteCall:
-    def __init__(self, kind: str, spec: dict, *, options: JobOptions, name: str,
+    def __init__(self, kind: str, spec: dict, *, options: RunOptions, name: str,
                  client: worker_client.WorkerClient | None = None):
         self._kind, self._spec, self._options, self.name = kind, spec, options, name
         self._cancel = options.cancel if isinstance(options.cancel, threading.Event) else threading.Event()

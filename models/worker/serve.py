@@ -20,7 +20,7 @@ from ...runtime import get_runtime, providers
 from ...runtime.errors import LeanImageError
 from ...runtime.measure import memory
 from .. import families
-from ..base import JobOptions
+from ..base import RunOptions
 from ..batch.sequence import BatchRun
 from . import wire
 
@@ -151,7 +151,7 @@ class Worker:
         self._failed_sent = 0
         if spec.get("settings") is not None:
             get_runtime().configure(**vars(spec["settings"]))
-        options = JobOptions(device=job.device, progress=self._progress, cancel=self._cancel)
+        options = RunOptions(device=job.device, progress=self._progress, cancel=self._cancel)
         self._run = BatchRun(
             spec["refs"], job.infer, self._read, self._write, options=options,
             stop_on_error=spec.get("stop_on_error", False), depth=spec.get("depth", 2), claim=self._claim,
@@ -176,7 +176,7 @@ class Worker:
         """The leak check, here: it measures the process whose runtime runs the model."""
         from ...runtime.errors import OperationCancelled
         from ...runtime.measure.leak_check import leak_check
-        from ..leak_job import family_job
+        from ..leak_request import family_job
 
         cancel, runs = self._cancel, spec["runs"]
 

@@ -21,8 +21,8 @@ from ...models import products
 from ...models.batch import frame_lists
 from ...models.batch.sequence import BatchReport
 from ...models.family import Family
-from ...models.job import FamilyJob
 from ...models.job_spec import JobSpec, ShotOptions
+from ...models.model_run import ModelRun
 from ...models.store import library
 from ...runtime import settings
 from ...runtime.errors import LeanImageError, user_path
@@ -235,9 +235,9 @@ def _auto_arg(option):
     return parse
 
 
-def family_job(family: Family, args) -> FamilyJob:
-    """The job the command line (and the farm's workers) run: models/job.py, as every front-end."""
-    return FamilyJob.resolve(
+def family_job(family: Family, args) -> ModelRun:
+    """The job the command line (and the farm's workers) run: models/model_run.py, as every front-end."""
+    return ModelRun.resolve(
         family.id,
         library.models_dir(args.models_dir or ""),
         model=args.model or "",

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from ...models.batch.frame_lists import FrameRef
 from ...models.batch.runner import RunEvents, Runner
-from ...models.job import FamilyJob
 from ...models.job_spec import JobSpec
+from ...models.model_run import ModelRun
 from ...runtime import get_runtime
 from ...runtime.errors import LeanImageError
 from ...runtime.measure.memory import peak_rss_bytes, reset_peak_rss
@@ -32,12 +32,12 @@ from . import cli_images
 
 
 class FrameWorker:
-    """One worker: the driver's family job (models/job.py, the model named by its absolute path),
+    """One worker: the driver's family job (models/model_run.py, the model named by its absolute path),
     ``threads`` intra-op threads per session, and the driver's job (models/job_spec.py: the shot's
     given values, stop on error); each chunk runs through models/batch/runner.py as the command
     line's jobs do."""
 
-    def __init__(self, job: FamilyJob, threads: int = 1, spec: JobSpec | None = None):
+    def __init__(self, job: ModelRun, threads: int = 1, spec: JobSpec | None = None):
         self.job = job
         self.spec = spec or JobSpec(job.family_id, values=dict(job.values), device=job.device, farm=True)
         self.runtime = get_runtime()

@@ -11,7 +11,7 @@ Memory budgets, in MiB as Blender's preferences (0: no limit): ``--ram-budget`` 
 on a CPU job) and ``--vram-budget`` (its GPU memory on a GPU job; also caps the CUDA arena), else
 ``$LEAN_IMAGE_AI_RAM_BUDGET_MB`` and ``$LEAN_IMAGE_AI_VRAM_BUDGET_MB``. They are checked before
 each load and run, and an upscale's auto tile size follows the budget of the device it runs on:
-the same budget and image give the same tile plan here, on the farm and in Blender (models/job.py).
+the same budget and image give the same tile plan here, on the farm and in Blender (models/model_run.py).
 
 Exit codes: 0 all frames written (or skipped), 2 an error or a failed frame (one line on stderr
 says why, whatever the input, option or environment variable: never a traceback), 130 interrupted
@@ -219,7 +219,7 @@ def _write_memory_plot(path: Path, timeline: dict | None) -> str | None:
 
 def _leak_check(args) -> int:
     """Same request N times; memory after each; the last line is `stable` or `growing`."""
-    from ...models.leak_job import family_job
+    from ...models.leak_request import family_job
     from ...models.store import library
     from ...runtime.measure.leak_check import leak_check
     from ...runtime.measure.memory_report import mb

@@ -1,10 +1,10 @@
 """One family job, defined once (bpy-free): the family, the model it runs, the artist's option
 values, the device and the memory budgets, and the one call that runs it on frames.
 
-Every front-end builds its job here and runs it through :meth:`FamilyJob.infer` (the callable a
+Every front-end builds its job here and runs it through :meth:`ModelRun.infer` (the callable a
 models/batch/sequence.py BatchRun takes): the command line (ui/cli/main.py), the farm's workers
 (ui/cli/farm_worker.py), Blender's single-image operators (operators/model_job.py), Process Sequence
-(operators/batch_ops.py) and the leak check (models/leak_job.py). So they agree on:
+(operators/batch_ops.py) and the leak check (models/leak_request.py). So they agree on:
 
 - which model a ``--model``/Model text names (models/store/library.py ``names_a_file``);
 - the adapter's keywords (the model's settings and the job's option values);
@@ -22,13 +22,13 @@ from pathlib import Path
 
 from ..runtime.settings import MemoryBudgets
 from . import families
-from .base import JobOptions
+from .base import RunOptions
 from .family import Family
 from .store import library
 
 
 @dataclass
-class FamilyJob:
+class ModelRun:
     family_id: str
     model: library.ModelChoice
     values: dict = field(default_factory=dict)  # the family's option values (front-end-only ones too)
@@ -49,7 +49,7 @@ class FamilyJob:
         device: str = "auto",
         budgets: MemoryBudgets | None = None,
         verify: bool = True,
-    ) -> FamilyJob:
+    ) -> ModelRun:
         """The job of ``family_id`` with ``model`` (an id or a file: one rule) or ``model_path``,
         else the installed or embedded default, from the models ``folder``. ``verify=False`` leaves
         the first-time hash of an installed file to :meth:`infer` (Blender's main thread). The
@@ -66,16 +66,16 @@ class FamilyJob:
     def adapter_kwargs(self) -> dict:
         return {**self.model.adapter_kwargs(self.family_id, **self.values), **self.extra}
 
-    def options(self, **fields) -> JobOptions:
+    def options(self, **fields) -> RunOptions:
         """Job options on this job's device and budgets (progress, cancel, runtime as given)."""
-        return JobOptions(**{"device": self.device, "budgets": self.budgets, **fields})
+        return RunOptions(**{"device": self.device, "budgets": self.budgets, **fields})
 
-    def for_worker(self) -> FamilyJob:
+    def for_worker(self) -> ModelRun:
         """The same job for another process: the model named by its absolute path."""
         model = library.ModelChoice(**{**vars(self.model), "path": str(Path(self.model.path).resolve())})
-        return FamilyJob(self.family_id, model, dict(self.values), self.device, self.budgets, dict(self.extra))
+        return ModelRun(self.family_id, model, dict(self.values), self.device, self.budgets, dict(self.extra))
 
-    def infer(self, frames, options: JobOptions | None = None):
+    def infer(self, frames, options: RunOptions | None = None):
         """Run the family's adapter on ``frames`` (one image, a list, or a lazy frame source) as
         one runtime operation, under this job's budgets (unless ``options`` brings its own)."""
         options = options or self.options()

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ..runtime.settings import MemoryBudgets
-from .job import FamilyJob
+from .model_run import ModelRun
 from .store import library
 
 
@@ -29,12 +29,12 @@ def family_job(
     size=(96, 128),
     cancel=None,
 ) -> Callable[[], object]:
-    """A callable that runs the family's job (models/job.py) once on the same image with the same
+    """A callable that runs the family's job (models/model_run.py) once on the same image with the same
     model (an installed one, ``model`` as an id or a file, or the family's embedded fallback), from
     the models ``folder`` a front-end found (library.models_dir), else the default one."""
     # the first-time hash of an installed file, if any, is the first run's (never the caller's thread)
     folder = folder if folder is not None else library.models_dir()
-    job = FamilyJob.resolve(family_id, folder, model=model, device=device, budgets=budgets, verify=False)
+    job = ModelRun.resolve(family_id, folder, model=model, device=device, budgets=budgets, verify=False)
     image = card_image(*size)
     options = job.options(runtime=runtime, cancel=cancel)
     return lambda: job.infer([image], options)

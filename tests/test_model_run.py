@@ -1,4 +1,4 @@
-"""One family job (models/job.py) behind every front-end, with the real onnxruntime and real bpy
+"""One family job (models/model_run.py) behind every front-end, with the real onnxruntime and real bpy
 5.0.1: the same upscale with the same RAM budget gets the same tile plan from the command line
 (its flag and its variable), a farm worker (FrameWorker in this process: no Ray needed), the
 single-image Upscale operator and Process Sequence; the budget flags and variables follow the
@@ -24,7 +24,7 @@ bh.import_package()
 from lean_image_ai.models import families  # noqa: E402
 from lean_image_ai.models.adapters import upscale_plan  # noqa: E402
 from lean_image_ai.models.adapters.upscale_plan import AUTO_WORKING_CPU  # noqa: E402
-from lean_image_ai.models.job import FamilyJob  # noqa: E402
+from lean_image_ai.models.model_run import ModelRun  # noqa: E402
 from lean_image_ai.models.store import installer, library  # noqa: E402
 from lean_image_ai.models.store.catalog import Catalog  # noqa: E402
 from lean_image_ai.models.store.catalog_entry import CatalogEntry  # noqa: E402
@@ -188,9 +188,9 @@ def test_a_model_text_is_a_catalog_id_else_a_file(tmp_path, monkeypatch):
     assert library.names_a_file(f"sub{'/'}thing", known)
     assert not library.names_a_file("no-such-model", known)
     with pytest.raises(ModelFileError, match="Unknown model 'no-such-model'"):
-        FamilyJob.resolve("upscale", tmp_path, model="no-such-model")
+        ModelRun.resolve("upscale", tmp_path, model="no-such-model")
     with pytest.raises(ModelFileError, match="Model file not found: 'missing.onnx'"):
-        FamilyJob.resolve("upscale", tmp_path, model="missing.onnx")
+        ModelRun.resolve("upscale", tmp_path, model="missing.onnx")
 
 
 def test_the_first_time_hash_runs_with_the_job_not_where_it_is_set_up(tmp_path, runtime_kept, monkeypatch):
@@ -210,7 +210,7 @@ def test_the_first_time_hash_runs_with_the_job_not_where_it_is_set_up(tmp_path, 
     real_hash = installer.sha256_file
     monkeypatch.setattr(installer, "sha256_file", lambda *a, **k: hashed.append(a[0]) or real_hash(*a, **k))
 
-    job = FamilyJob.resolve("upscale", folder, model=entry.id, device="cpu", verify=False)
+    job = ModelRun.resolve("upscale", folder, model=entry.id, device="cpu", verify=False)
     assert hashed == [] and library.status(entry, folder) == library.UNVERIFIED
     image = np.zeros((8, 8, 3), np.uint8)
     result = job.infer(image)
@@ -220,7 +220,7 @@ def test_the_first_time_hash_runs_with_the_job_not_where_it_is_set_up(tmp_path, 
     assert len(hashed) == 1  # once
 
     (folder / entry.filename).write_bytes(data[:-4] + b"\0\0\0\0")  # same size, other bytes
-    corrupt = FamilyJob.resolve("upscale", folder, model=entry.id, device="cpu", verify=False)
+    corrupt = ModelRun.resolve("upscale", folder, model=entry.id, device="cpu", verify=False)
     with pytest.raises(ModelFileError):
         corrupt.infer(image)
 
@@ -229,7 +229,7 @@ def test_every_family_job_fills_in_the_defaults_of_options_a_front_end_lacks(tmp
     for family in families.ALL:
         if family.fallback_model is None:
             continue
-        job = FamilyJob.resolve(family.id, tmp_path, values={})
+        job = ModelRun.resolve(family.id, tmp_path, values={})
         assert set(job.values) == {o.name for o in family.options}
 
 
@@ -251,5 +251,5 @@ def test_the_jobs_device_picks_the_default_model(tmp_path, monkeypatch):
         entries.append(entry)
     monkeypatch.setattr(library, "catalog", lambda _folder: Catalog(builtin=entries))
     for device, expected in (("cpu", "sr-full"), ("auto", "sr-full"), ("cuda:0", "sr-half")):
-        job = FamilyJob.resolve("upscale", folder, device=device, verify=False)
+        job = ModelRun.resolve("upscale", folder, device=device, verify=False)
         assert job.model.entry.id == expected, device
