@@ -18,7 +18,9 @@ from bpy.props import BoolProperty, StringProperty
 
 from ..models import file_formats
 from ..models.batch.frame_lists import FrameRef
+from ..models.batch.runner import RunEvents, Runner
 from ..models.family import Family
+from ..models.job_spec import JobSpec
 from ..models.model_run import ModelRun
 from ..models.worker import client as worker_client
 from ..models.worker.remote_batch import RemoteBatchRun
@@ -68,21 +70,40 @@ def worker_batches(name: str):
     return make
 
 
-def one_frame_task(job: Job, family_job: ModelRun, ref: FrameRef, pixels, shape=lambda result: result) -> BatchTask:
-    """The task of one gathered image: a one-frame batch in the model worker whose read hands over
-    ``pixels``; the job's result is ``shape(result)``, a failure in the model the job's error."""
-    results = []
-    batch = RemoteBatchRun(
-        family_job, [ref], lambda ref: pixels, lambda ref, result: results.append(result),
-        options=family_job.options(progress=job.report, cancel=job.cancel_event), client=model_worker(), name=job.name,
+class GatheredFrame:
+    """The runner's frame IO for one image Blender has already read (the Image Editor's image, a
+    texture node's, a frame of a sequence): its read hands over those pixels; nothing is written."""
+
+    writer = file_formats.BLENDER_WRITER
+
+    def __init__(self, pixels):
+        self.pixels = pixels
+
+    def read(self, ref, warn=None):
+        return self.pixels
+
+
+def one_frame_task(job: Job, model_run: ModelRun, ref: FrameRef, pixels, shape=lambda result: result) -> BatchTask:
+    """The task of one gathered image: a one-frame job (models/job_spec.py) the runner runs with
+    its model in the worker process; the job's result is ``shape(result)``, a failure in the
+    model the job's error."""
+    budgets = model_run.budgets
+    spec = JobSpec(
+        model_run.family_id, model_path=str(model_run.model.path), values=dict(model_run.values),
+        device=model_run.device, ram_budget=budgets.ram_bytes, vram_budget=budgets.vram_bytes,
+        source=str(ref.path), frame_list=[(ref.number, str(ref.path))], writes_files=False,
     )
+    results = []
+    events = RunEvents(progress=job.report, take=lambda ref, result: results.append(result))
+    runner = Runner(spec, GatheredFrame(pixels), events=events, cancel=job.cancel_event, model_run=model_run,
+                    batch_factory=worker_batches(job.name))
 
     def result():
-        if batch.report.failed:
-            raise LeanImageError(batch.report.failed[0][1])
+        if runner.report.failed:
+            raise LeanImageError(runner.report.failed[0][1])
         return shape(results[0]) if results else None
 
-    return BatchTask(job, batch, result)
+    return BatchTask(job, runner, result)
 
 
 class ModelOperatorProperties:

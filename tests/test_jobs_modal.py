@@ -39,6 +39,7 @@ import modal_standins  # noqa: E402
 from builders_upscale import compact_model  # noqa: E402
 from lean_image_ai import operators  # noqa: E402
 from lean_image_ai.models.store import library  # noqa: E402
+from lean_image_ai.models.worker import client as worker_client  # noqa: E402
 from lean_image_ai.operators import geometry_ops, image_io, image_ops, jobs  # noqa: E402
 from lean_image_ai.runtime import get_runtime  # noqa: E402
 from modal_standins import ESC, TIMER, Event, StandInContext, driver_class, pump  # noqa: E402
@@ -184,7 +185,7 @@ def test_esc_cancels_between_runs(monkeypatch, model, source):
         assert op.start_modal(ctx) == {"RUNNING_MODAL"}
         gate.wait(op, ctx)
         job = jobs.manager.current
-        pid = job.task.batch.client.pid
+        pid = worker_client.shared().pid
         assert op.modal(ctx, ESC) == {"RUNNING_MODAL"}  # Esc is consumed, the job winds down
         assert job.cancel_event.is_set() and job.stage == "cancelling..."
         result = pump(op, ctx)
@@ -200,7 +201,7 @@ def test_esc_cancels_between_runs(monkeypatch, model, source):
     released = release_events_since(mark)
     # the worker stopped between two tiles and released, or (a tile past the grace time) was ended
     stopped = released and released[-1]["reason"] == "cancelled" and released[-1]["operation"] == "upscale"
-    assert stopped or not job.task.batch.client.running or job.task.batch.client.pid != pid
+    assert stopped or not worker_client.shared().running or worker_client.shared().pid != pid
 
 
 def test_second_job_refused_and_cancel_job_operator(monkeypatch, model, source):
@@ -256,7 +257,7 @@ def test_unregister_while_a_job_runs_stops_it_and_the_worker(monkeypatch, model,
     # the driver's execute returns with the job still running (its instance is gone: the task
     # must not need it); then the add-on's operators are unregistered, as on disabling the add-on
     job = drive(script, filepath=str(source), model_path=str(model), tile_size=TILE)
-    client = job.task.batch.client
+    client = worker_client.shared()
     assert not job.done and jobs.manager.current is job and client.running
     bpy.utils.unregister_class(LEANTEST_OT_drive_upscale)
     registered_before = {cls for cls in operators._classes() if cls.is_registered}
