@@ -14,6 +14,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 
 from ..runtime import Operation, SessionHandle, mark_last
+from ..runtime.errors import ModelContractError
 from .base import ResultSink, RunOptions, as_frames
 from .family import command_of
 from .imaging import PreparedImage, prepare_image
@@ -42,7 +43,13 @@ class FrameLoop:
     def open(self, op: Operation, before_release: ExitStack, check: Callable[[SessionHandle], object] | None) -> None:
         self.op, self._before_release = op, before_release
         self.handle = op.session(self.model_path, self.options.device)
-        self.contract = check(self.handle) if check is not None else None
+        try:
+            self.contract = check(self.handle) if check is not None else None
+        except ModelContractError:
+            # a file that is plainly another family's is refused with what it looks like ("use
+            # Estimate Depth for it"), not with this family's shapes; else the contract's own words
+            family_check.require(self.family, self.handle)
+            raise
         # after the shapes: what fits them may still be another family's, or no family's (when the
         # graph does not tell, a probe on a CPU copy of the file does, once per file)
         family_check.require(self.family, self.handle, probe=True)

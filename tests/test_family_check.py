@@ -118,6 +118,21 @@ def test_a_job_refuses_a_model_of_another_family(standins, fresh_runtime):
     assert ben2.run(photo(), standins["ben2"], options=options).matte.shape == (37, 53)
 
 
+LOOKS = {"ben2": "a background-removal", "da3": "a depth model", "moge2": "a MoGe-2", "upscale": "a super-resolution"}
+
+
+@pytest.mark.parametrize("asked", ["upscale", "moge2"])
+@pytest.mark.parametrize("given", ["ben2", "da3"])
+def test_a_family_whose_contract_another_familys_file_fails_says_what_it_looks_like(standins, fresh_runtime, asked, given):
+    """Upscale's and MoGe-2's own shape checks come first; a file that is plainly another family's
+    is still refused with what it looks like and which button takes it (before: 'does not look
+    like a super-resolution model: expected 3 channels, found 1')."""
+    adapter = families.get(asked).run
+    with pytest.raises(ModelContractError) as refused:
+        adapter(photo(), standins[given], options=RunOptions(runtime=fresh_runtime))
+    assert f"this looks like {LOOKS[given]}" in str(refused.value), str(refused.value)
+
+
 REFERENCE_MANIFEST = Path(
     os.environ.get("LEAN_IMAGE_AI_REFERENCE_DIR", Path.home() / ".cache/lean_image_ai/reference_models")
 ) / "manifest.json"
