@@ -118,6 +118,12 @@ class BatchReport:
     cancelled: bool = False
     seconds: float = 0.0
 
+    def wrote(self, number: int, notes, result) -> None:
+        """A frame written: its number, the writer's notes and the result's own warnings."""
+        self.written.append(number)
+        self.warnings.extend(notes or [])
+        self.warnings.extend(getattr(result, "warnings", None) or [])
+
     def summary(self) -> str:
         text = f"{len(self.written)} written, {len(self.skipped)} skipped, {len(self.failed)} failed of {self.total}"
         if self.cancelled:
@@ -309,10 +315,7 @@ class BatchRun:
             self._frame_failed(ref, result)
             return
         try:
-            notes = self._write(ref, result)
-            self.report.written.append(ref.number)
-            self.report.warnings.extend(notes or [])
-            self.report.warnings.extend(getattr(result, "warnings", None) or [])
+            self.report.wrote(ref.number, self._write(ref, result), result)
         except Exception as exc:  # noqa: BLE001 - reported per frame
             self._frame_failed(ref, exc)
         self._release(ref)

@@ -220,10 +220,7 @@ class RemoteBatchRun:
             self._release(ref)  # cancelled: nothing after the cancel is written, finished or not
             return
         try:
-            notes = self._write(ref, result)
-            self.report.written.append(ref.number)
-            self.report.warnings.extend(notes or [])
-            self.report.warnings.extend(getattr(result, "warnings", None) or [])
+            self.report.wrote(ref.number, self._write(ref, result), result)
         except Exception as exc:  # noqa: BLE001 - reported per frame
             self._frame_failed(ref, exc)
             if self._stop_on_error:
