@@ -138,9 +138,9 @@ def _budget(name: str, value):
 def _fov(value):
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or \
-            not 0 < value < 180:
-        raise _refuse("shot.fov", "degrees between 0 and 180, or null", value)
+    # its range is the shot camera's rule (models/adapters/shot_camera.py), applied before any run
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _refuse("shot.fov", "degrees (a number), or null", value)
     return float(value)
 
 
