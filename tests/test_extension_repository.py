@@ -11,9 +11,11 @@ import json
 import os
 import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import tomllib
 import zipfile
 from pathlib import Path
@@ -265,12 +267,29 @@ def test_a_repo_dir_that_is_a_file_is_one_line(tmp_path):
     assert "is a file" in line and taken.read_text() == "a file"
 
 
-@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes into any folder")
-def test_a_repo_dir_the_user_cannot_write_is_one_line(tmp_path):
-    locked = tmp_path / "locked"
-    locked.mkdir(mode=0o555)
-    line = one_line(*run_tool(locked / "repo", tiny_zip(tmp_path / "dist", "tiny-1.0.0.zip"))[:2])
-    assert "cannot be made" in line or "not writable" in line, line
+@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="POSIX permissions")
+def test_a_repo_dir_the_user_cannot_write_is_one_line():
+    """A real read-only folder: as root (which writes anywhere) the tool drops to 'nobody' once its
+    modules are imported, as tests/test_hostile_outputs.py's read-only case does."""
+    base = Path(tempfile.mkdtemp(prefix="lean_image_ai_publish_"))
+    try:
+        base.chmod(0o755)
+        zip_path = tiny_zip(base / "dist", "tiny-1.0.0.zip")
+        locked = base / "locked"
+        locked.mkdir()
+        locked.chmod(0o555)
+        drop = "os.setgroups([]); os.setgid(65534); os.setuid(65534)" if os.geteuid() == 0 else ""
+        for repo in (locked, locked / "repo"):  # there and not writable; to be made where it cannot be
+            # zip names' codec loaded before the drop: this Python's own files may not be readable by nobody
+            code = (f"import os, sys, encodings.cp437\nsys.path.insert(0, {str(TOOL.parent)!r})\nimport publish_repository as tool\n"
+                    f"{drop}\nsys.exit(tool.main(['--repo-dir', {str(repo)!r}, {str(zip_path)!r}]))")
+            proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=base)
+            line = one_line(proc.returncode, proc.stderr.strip().splitlines())
+            assert "not writable" in line or "cannot be made" in line, line
+        assert not any(locked.iterdir())
+    finally:
+        locked.chmod(0o755)
+        shutil.rmtree(base)
 
 
 def test_a_manifest_that_inflates_to_gigabytes_is_one_line(tmp_path):
