@@ -45,7 +45,8 @@ def _check_values(family: Family, values: dict) -> None:
     for name, value in values.items():
         problem = options[name].problem(value)
         if problem:
-            raise JobSpecError(f"job field values.{name}: {problem}, got {value!r}.")
+            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+            raise JobSpecError(f"job field values.{name}: {problem}, got {shown}.")
 
 
 def _key(path) -> str:
