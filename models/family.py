@@ -17,6 +17,7 @@ Two kinds of knobs:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,31 @@ class Option:
     to_adapter: bool = True  # False: used by the front-end only (e.g. the mesh's discontinuity)
     blender_only: bool = False  # about Blender data (a camera, replacing pixels): no CLI flag
     alias: str = ""  # a shorter command-line flag that also takes the word "auto" for the default
+
+    def problem(self, value) -> str:
+        """What is wrong with ``value`` for this option ("" if nothing): its kind and its range,
+        for a job received as data (models/batch/job_checks.py). Blender keeps a float property
+        as a 32-bit float, a hair past a decimal limit: within a millionth of it counts as in."""
+        if self.kind is bool:
+            return "" if isinstance(value, bool) else "give true or false"
+        slack = 1e-6 * max(abs(self.min or 0), abs(self.max or 0), 1) if self.kind is float else 0
+        return number_problem(value, self.kind, self.min, self.max, slack=slack)
+
+
+def number_problem(value, kind=int, minimum=None, maximum=None, *, slack: float = 0) -> str:
+    """THE rule of a number option ("" if ``value`` keeps it): a finite ``kind`` (an int for a
+    float too, never a bool) within [minimum, maximum]. The command line's flags say it as well."""
+    what = "a whole number" if kind is int else "a number"
+    kinds = (int, float) if kind is float else (int,)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
+        return f"give {what}"
+    if (minimum is None or value >= minimum - slack) and (maximum is None or value <= maximum + slack):
+        return ""
+    if minimum is not None and maximum is not None:
+        return f"give {what} from {minimum:g} to {maximum:g}"
+    if minimum is not None:
+        return f"give {what} of {minimum:g} or more"
+    return f"give {what} of at most {maximum:g}"
 
 
 @dataclass(frozen=True)

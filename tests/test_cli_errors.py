@@ -44,7 +44,7 @@ EXTRA_BAD = {  # beyond GENERIC_BAD: the edges of each range
     "--runs": ["0", "-5", "3"],
     "--workers": ["-1"],
     "--threads-per-worker": ["0"],
-    "--chunk-size": ["-1"],
+    "--chunk-size": ["-1", "0"],
     "--max-tries": ["0"],
     "--gpus-per-worker": ["-1", "inf"],
     "--address": ["nope", "ray://"],

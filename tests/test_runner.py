@@ -13,8 +13,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from builders_shot import drifting_depth_model, write_shot  # noqa: E402
+from lean_image_ai.models.batch import job_checks  # noqa: E402
 from lean_image_ai.models.batch.runner import RunEvents, Runner  # noqa: E402
-from lean_image_ai.models.job_spec import JobSpec, ShotOptions  # noqa: E402
+from lean_image_ai.models.job_spec import JobSpec, JobSpecError, ShotOptions  # noqa: E402
 from lean_image_ai.ui.cli.cli_images import CommandLineFrames  # noqa: E402
 
 REPEATS = 20
@@ -64,3 +65,59 @@ def test_results_that_are_not_files_go_to_the_front_end(shot, tmp_path):
     report = runner.run()
     assert taken == [1, 2] and report.written == [1, 2]
     assert not (tmp_path / "never").exists() and runner.outputs == []
+
+
+# -- the runner trusts nothing of a job it receives (issue 39, item 8): one ValueError naming the
+# field before any model is resolved or any file touched ---------------------------------------------
+def _chunk(frames: Path, model: Path, outputs: list, numbers=(1, 2)) -> JobSpec:
+    return JobSpec("da3", model=str(model), device="cpu", farm=True,
+                   frame_list=[(n, str(frames / f"shot_{n:04d}.png")) for n in numbers],
+                   output_list=[str(out) for out in outputs])
+
+
+def _refused(spec, *, named: str) -> str:
+    with pytest.raises(ValueError) as caught:
+        Runner(spec, CommandLineFrames()).run()
+    assert isinstance(caught.value, JobSpecError), caught.value
+    message = str(caught.value)
+    assert named in message and "\n" not in message, message
+    return message
+
+
+def test_a_chunk_whose_output_is_an_input_is_refused_and_the_input_kept(shot, tmp_path):
+    frames, model = shot
+    before = {p.name: p.read_bytes() for p in frames.iterdir()}
+    # frame 1 written over its own input, then over frame 2's input named another way
+    _refused(_chunk(frames, model, [frames / "shot_0001.png"], numbers=(1,)), named="shot_0001.png")
+    _refused(_chunk(frames, model, [tmp_path / "d1.png", frames / ".." / frames.name / "shot_0002.png"]),
+             named="input of frame 2")
+    assert {p.name: p.read_bytes() for p in frames.iterdir()} == before
+
+
+def test_two_frames_of_a_chunk_with_one_output_are_refused(shot, tmp_path):
+    frames, model = shot
+    _refused(_chunk(frames, model, [tmp_path / "d.png", tmp_path / "d.png"]), named="frames 1 and 2")
+    assert not (tmp_path / "d.png").exists()
+
+
+def test_each_bad_field_is_one_value_error_naming_it(shot, tmp_path):
+    frames, model = shot
+    good = _chunk(frames, model, [tmp_path / "a.png", tmp_path / "b.png"])
+    cases = {  # field set after the job was built: the runner checks it again
+        "output_list": {"output_list": [str(tmp_path / "a.png")]},
+        "frames": {"frame_list": None, "output_list": None, "source": str(frames / "shot_####.png"), "frames": (1, 4, 0)},
+        "frame_list": {"frame_list": [(-1, str(frames / "shot_0001.png")), (2, str(frames / "shot_0002.png"))]},
+        "family_id": {"family_id": "nope"},
+        "values.tile_size": {"family_id": "upscale", "values": {"tile_size": "abc"}},
+        "values: zoom": {"values": {"zoom": 2}},
+        "values.make_plane": {"values": {"make_plane": "no"}},
+    }
+    for named, changes in cases.items():
+        spec = replace(good)
+        for name, value in changes.items():
+            setattr(spec, name, value)
+        _refused(spec, named=named)
+        with pytest.raises(JobSpecError, match=named.split(":")[0]):  # building it so is refused as well
+            replace(good, **changes) if named.startswith(("output_list", "frame")) else job_checks.checked(spec)
+    assert not list(tmp_path.iterdir())
+    assert Runner(good, CommandLineFrames()).run().written == [1, 2]  # the good chunk runs

@@ -37,13 +37,22 @@ def parse_frames(text: str) -> range:
     first = int(match.group(1))
     last = int(match.group(2)) if match.group(2) is not None else first
     step = int(match.group(3) or 1)
-    if first < 0 or last < 0:  # a frame file's number has no sign: "-3" would be looked for and never found
-        raise LeanImageError(f"Frames {text!r}: frame numbers start at 0; give A-B with A and B of 0 or more.")
-    if last < first or step < 1:
-        raise LeanImageError(f"Frames {text!r}: the end comes before the start, or the step is 0.")
-    if max(abs(first), abs(last), step) > MAX_FRAME:
-        raise LeanImageError(f"Frames {text!r}: frame numbers and steps go up to {MAX_FRAME:,} (as in Blender).")
+    problem = range_problem(first, last, step)
+    if problem:
+        raise LeanImageError(f"Frames {text!r}: {problem}")
     return range(first, last + 1, step)
+
+
+def range_problem(first: int, last: int, step: int) -> str:
+    """What is wrong with the inclusive frames ``first``-``last`` every ``step`` ("" if nothing):
+    THE rule of a frame range, for the command line's --frames and for a job received as data."""
+    if first < 0 or last < 0:  # a frame file's number has no sign: "-3" would be looked for and never found
+        return "frame numbers start at 0; give A-B with A and B of 0 or more."
+    if last < first or step < 1:
+        return "the end comes before the start, or the step is 0."
+    if max(first, last, step) > MAX_FRAME:
+        return f"frame numbers and steps go up to {MAX_FRAME:,} (as in Blender)."
+    return ""
 
 
 def _kept(matches: list[tuple[int, Path]], exclude: Callable[[Path], bool], where: str) -> list[tuple[int, Path]]:

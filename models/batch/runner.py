@@ -34,7 +34,7 @@ from .. import files, products
 from ..job_spec import JobSpec
 from ..model_run import ModelRun
 from ..store import library
-from . import frame_claims, frame_lists
+from . import frame_claims, frame_lists, job_checks
 from .frame_lists import FrameRef
 from .sequence import BatchReport, BatchRun
 from .shot_batch import ShotSettings, TwoPassBatch
@@ -67,6 +67,7 @@ class Runner:
     def __init__(self, spec: JobSpec, io, *, events: RunEvents | None = None, batch_factory=BatchRun,
                  cancel: threading.Event | None = None, model_run: ModelRun | None = None, runtime=None,
                  verify: bool = True):
+        spec = job_checks.checked(spec)  # a job received as data is trusted in nothing, before anything runs
         self.spec, self.io = spec, io
         self.events = events or RunEvents()
         self.cancel_event = cancel if cancel is not None else threading.Event()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import signal
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 from ...models import products
 from ...models.batch import frame_lists
 from ...models.batch.sequence import BatchReport
-from ...models.family import Family
+from ...models.family import Family, number_problem
 from ...models.job_spec import JobSpec, ShotOptions
 from ...models.model_run import ModelRun
 from ...models.store import library
@@ -125,22 +124,15 @@ def _option_type(option):
 
 
 def number(text: str, kind=int, minimum=None, maximum=None):
-    """``text`` as a finite ``kind`` (int or float) within [minimum, maximum], for argparse."""
+    """``text`` as a finite ``kind`` (int or float) within [minimum, maximum], for argparse: the
+    rule of a job's option values (models/family.py number_problem), read from text."""
     try:
         value = kind(text)
     except (ValueError, OverflowError):
         value = None
-    what = "a whole number" if kind is int else "a number"
-    if value is None or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"give {what}, got {settings.quoted(text)}")
-    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        if minimum is not None and maximum is not None:
-            accepted = f"from {minimum:g} to {maximum:g}"
-        elif minimum is not None:
-            accepted = f"of {minimum:g} or more"
-        else:
-            accepted = f"of at most {maximum:g}"
-        raise argparse.ArgumentTypeError(f"give {what} {accepted}, got {settings.quoted(text)}")
+    problem = number_problem(value, kind, minimum, maximum)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{problem}, got {settings.quoted(text)}")
     return value
 
 

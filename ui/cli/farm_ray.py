@@ -75,7 +75,8 @@ def add_parser(subparsers) -> None:
             "--threads-per-worker", type=cli_job.counted(1, 4096), default=1, help="intra-op threads = CPUs per worker"
         )
         parser.add_argument(
-            "--chunk-size", type=cli_job.counted(0, 1_000_000), default=0, help=f"frames per chunk (default: up to {MAX_AUTO_CHUNK})"
+            "--chunk-size", type=cli_job.counted(1, 1_000_000), default=None,
+            help=f"frames per chunk, 1 or more (default: chosen from the frames and workers, up to {MAX_AUTO_CHUNK})"
         )
         parser.add_argument(
             "--max-tries", type=cli_job.counted(1, 100), default=3, help="tries of a frame before it is reported failed"
