@@ -222,7 +222,10 @@ def gpu_runtime_size_text() -> str | None:
     return library.format_bytes(size) if size else None
 
 
-GPU_RUNTIME_HINT = "Install GPU Runtime in Edit > Preferences > Add-ons > Lean Image AI provides the CUDA/cuDNN libraries."
+GPU_RUNTIME_HINT = (
+    "The GPU engine (CUDA/cuDNN libraries) is not installed: Edit > Preferences > Add-ons > Lean Image AI "
+    "shows the terminal command that installs it."
+)
 
 
 def with_gpu_runtime_hint(warning: str) -> str:

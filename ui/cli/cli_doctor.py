@@ -24,14 +24,14 @@ def _providers() -> int:
 
 
 def _doctor(args) -> int:
+    if args.gpu_runtime:  # as the model worker does, so the report is what its sessions get
+        from ...runtime.cuda import gpu_loading
+
+        gpu_loading.activate(args.gpu_runtime)
     if args.providers:
         return _providers()
     from ...runtime.log import diagnostics
 
-    if args.gpu_runtime:  # as Blender does at register, so the report is what Blender's sessions get
-        from ...runtime.cuda import gpu_loading
-
-        gpu_loading.activate(args.gpu_runtime)
     report = diagnostics.collect(cuda_probe=not args.no_cuda_probe)
     print(diagnostics.format_report(report))
     if args.json:
