@@ -255,3 +255,24 @@ def test_providers_line_becomes_the_import_error_with_what_to_do(registered, mon
     assert not any(c.text.startswith("Can run on") for c in labels)
     assert all(c.alert for c in labels if "onnxruntime" in c.text or "zip built" in c.text)
     assert text in fake.layout.joined_text()
+
+
+def test_the_worker_python_from_the_environment_runs_the_worker_and_a_bad_one_is_refused(registered, monkeypatch):
+    """Headless render nodes: LEAN_IMAGE_AI_WORKER_PYTHON names the engine's Python; a model job
+    checks it before the worker starts and refuses one that cannot run it, in one line."""
+    from engine_pythons import engine_venv, pyenv_python
+
+    from lean_image_ai.models.worker.engine_python import ENV_VAR, EnginePythonError
+
+    model_job = bh.import_submodule("operators.model_job")
+    good = engine_venv("3.13")
+    monkeypatch.setenv(ENV_VAR, good)
+    try:
+        assert model_job.model_worker()._argv()[0] == good
+        monkeypatch.setenv(ENV_VAR, pyenv_python("3.10"))
+        with pytest.raises(EnginePythonError, match=r"is Python 3\.10\.\d+; the worker needs Python 3\.11"):
+            model_job.model_worker()
+        assert "is Python 3.10" in GO.worker_python_check["text"]  # what the preferences show
+    finally:
+        monkeypatch.delenv(ENV_VAR)
+        assert model_job.model_worker()._argv()[0] == sys.executable  # the shared client as it was
