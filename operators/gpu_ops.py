@@ -136,8 +136,8 @@ def poll_doctor():
 
 
 class LEAN_IMAGE_AI_OT_run_doctor(bpy.types.Operator):
-    """What onnxruntime, the GPU and its CUDA/cuDNN libraries look like to this Blender: the report
-    of python -m lean_image_ai doctor (also kept in the Text Editor)"""
+    """Why the GPU is or is not used: the worker's Python, onnxruntime, the providers that can run and why others
+    cannot, and the one thing to do next (python -m lean_image_ai doctor; also kept in the Text Editor)"""
 
     bl_idname = "lean_image_ai.run_doctor"
     bl_label = "Run Doctor"
@@ -149,7 +149,10 @@ class LEAN_IMAGE_AI_OT_run_doctor(bpy.types.Operator):
             return {"CANCELLED"}
         folder = prefs.gpu_runtime_folder()
         try:
-            doctor["run"] = doctor_process.start(folder if gpu_libraries.installed_version(folder) else None)
+            doctor["run"] = doctor_process.start(
+                folder if gpu_libraries.installed_version(folder) else None,
+                worker_python=getattr(prefs.get_prefs(context), "worker_python", ""),
+            )
         except OSError as exc:
             self.report({"ERROR"}, f"Could not start {sys.executable} for the doctor: {exc}")
             return {"CANCELLED"}

@@ -261,7 +261,6 @@ def test_the_worker_python_from_the_environment_runs_the_worker_and_a_bad_one_is
     """Headless render nodes: LEAN_IMAGE_AI_WORKER_PYTHON names the engine's Python; a model job
     checks it before the worker starts and refuses one that cannot run it, in one line."""
     from engine_pythons import engine_venv, pyenv_python
-
     from lean_image_ai.models.worker.engine_python import ENV_VAR, EnginePythonError
 
     model_job = bh.import_submodule("operators.model_job")
