@@ -160,7 +160,7 @@ def _starts_pip(argv) -> bool:
     )
 
 
-def test_no_operator_of_the_add_on_starts_pip(setup, monkeypatch):
+def test_no_operator_of_the_add_on_starts_pip_or_changes_sys_path(setup, monkeypatch):
     """Every operator of the package, run with every way of starting a program recorded (and
     refused, so nothing really starts): none runs pip, directly or through the terminal command."""
     started: list = []
@@ -175,6 +175,7 @@ def test_no_operator_of_the_add_on_starts_pip(setup, monkeypatch):
             monkeypatch.setattr(os, name, lambda path, *args, **kwargs: refuse([path, *(args[0] if args and isinstance(args[0], (list, tuple)) else args)]))
     monkeypatch.setattr(runpy, "run_module", lambda name, *a, **k: refuse([name]))
     monkeypatch.setattr(runpy, "run_path", lambda path, *a, **k: refuse([path]))
+    path_before = list(sys.path)
     names = sorted(n for n in dir(bpy.ops.lean_image_ai) if not n.startswith("_"))
     assert "copy_engine_command" in names and len(names) > 10
     for name in names:
@@ -184,6 +185,7 @@ def test_no_operator_of_the_add_on_starts_pip(setup, monkeypatch):
             pass  # refused without inputs, or a start we refused: what was started is recorded
         started_pip = [argv for argv in started if _starts_pip(argv)]
         assert not started_pip, (name, started_pip)
+    assert sys.path == path_before  # Blender's own search path is never changed (the engine loads in the worker)
 
 
 def _code_words(path: Path) -> list[str]:
