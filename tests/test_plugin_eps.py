@@ -175,7 +175,7 @@ def _session(device: str) -> dict:
 def _report(**changes):
     report = diagnostics.Report(python="3.11.7 (/blender/python)", platform="Linux", onnxruntime_version="1.31.1",
                                 onnxruntime_package="onnxruntime-gpu", build_cuda_version="13.0",
-                                available_providers=["CUDAExecutionProvider", "CPUExecutionProvider"],
+                                available_providers=["CUDAExecutionProvider", "CPUExecutionProvider"], cuda_offered=True,
                                 session=_session("CPU"))  # fmt: skip
     for name, value in changes.items():
         setattr(report, name, value)
@@ -201,7 +201,8 @@ def test_a_missing_libcudart_says_install_the_engine_again():
 
 
 def test_a_gpu_with_the_cpu_onnxruntime_says_install_the_engine_and_a_working_one_nothing():
-    cpu_only = _report(nvml=GPU, available_providers=["CPUExecutionProvider"], onnxruntime_package="onnxruntime")
+    cpu_only = _report(nvml=GPU, available_providers=["CPUExecutionProvider"], cuda_offered=False,
+                       onnxruntime_package="onnxruntime")
     assert next_step(cpu_only).startswith("an NVIDIA GPU is here but this onnxruntime has no CUDA: install the GPU engine")
     working = _report(nvml=GPU, cuda_probe=diagnostics.CudaProbe(attempted=True, ok=True), session=_session("CUDA"))
     assert next_step(working) == "nothing: models run on CUDA"

@@ -71,6 +71,7 @@ class Report:
     gpu_runtime: dict = field(default_factory=dict)  # the add-on's own CUDA/cuDNN folder, when activated
     bundled_wheels: list[str] = field(default_factory=list)  # the onnxruntime wheel(s) this zip ships
     session: dict = field(default_factory=dict)  # what an "auto" job's session really gets, and its release rule
+    cuda_offered: bool = False  # this onnxruntime build lists the CUDA provider
     plugin_eps: list[dict] = field(default_factory=list)  # installed plugin packages: devices found, or why not
     worker_python: dict = field(default_factory=dict)  # the worker's interpreter, when another (ui/cli/cli_doctor.py)
 
@@ -336,6 +337,7 @@ def collect(*, cuda_probe: bool = True, directory: str | None = None, runtime=No
             "error": activation.error,
         }
     _cuda_library_facts(report, ort, directory)
+    report.cuda_offered = "CUDAExecutionProvider" in report.available_providers
     if ort is None:
         report.cuda_probe = CudaProbe(attempted=False, fallback_reason="onnxruntime is not importable")
     elif "CUDAExecutionProvider" not in report.available_providers:

@@ -50,7 +50,7 @@ def _cuda_step(report) -> str | None:
     """The one thing to do when the CUDA provider is offered but does not run (or is missing)."""
     nvml, probe = report.nvml or {}, report.cuda_probe
     gpus = len(nvml.get("gpus", [])) if nvml.get("available") else 0
-    offered = "CUDAExecutionProvider" in report.available_providers
+    offered = report.cuda_offered
     if gpus and not offered:
         return ("an NVIDIA GPU is here but this onnxruntime has no CUDA: install the GPU engine with the command "
                 "the add-on's preferences show (python <add-on folder> gpu install --target <folder>)")  # fmt: skip
