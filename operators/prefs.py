@@ -42,6 +42,7 @@ class DefaultPreferences:
     cudnn_max_workspace: bool = False
     keep_models_loaded_on_dml_coreml: bool = False
     coreml_compute_units: str = "ALL"
+    worker_python: str = ""  # empty: LEAN_IMAGE_AI_WORKER_PYTHON, else the host's Python
 
 
 def get_prefs(context=None):

@@ -104,7 +104,11 @@ def test_the_box_shows_the_command_for_this_machine_and_copies_it(setup):
 
 def test_installed_from_a_terminal_the_box_sees_it_without_a_restart_then_remove(setup):
     folder = setup["folder"]
+    probe = bh.import_submodule("ui.runtime_probe")
     assert "Not installed" in _box().joined_text()
+    assert probe._engine_args() == []
+    # the device list as the child answered it before the install (CPU only)
+    probe._state["answer"] = {"onnxruntime_error": None, "installed": ["CPUExecutionProvider"], "runnable": ["CPUExecutionProvider"]}
     done = _install_with(setup, setup["req"])
     assert done.returncode == 0, done.stdout + done.stderr
     assert (folder / "nvidia/cu13/lib/libfake.so.13").read_bytes() == b"cudart" * 100
@@ -112,6 +116,9 @@ def test_installed_from_a_terminal_the_box_sees_it_without_a_restart_then_remove
     assert L.active() is None  # loaded by the process that runs the models, never Blender's
     after = _box()  # the next redraw, same Blender session
     assert "Installed: CUDA 13.5.37, cuDNN 9.28.1.4" in after.joined_text()
+    # the device list is asked again, by a child that loads the engine first as the worker does
+    assert probe._state["answer"] is None
+    assert probe._engine_args() == ["--gpu-runtime", str(folder)]
     assert after.operators("lean_image_ai.remove_gpu_runtime")
     # installed from another file than the shipped one: the box gives the command that updates it
     assert after.operators("lean_image_ai.copy_engine_command")
