@@ -62,6 +62,7 @@ def model_worker() -> worker_client.WorkerClient:
     choice = engine_python.choose(getattr(prefs.get_prefs(), "worker_python", ""))
     if choice.source != "host":
         gpu_ops.check_worker_python(choice.path)
+        gpu_runtime = ""  # the engine's wheels are built for Blender's Python; that Python has its own onnxruntime
     return worker_client.shared(gpu_runtime=gpu_runtime, python=choice.path)
 
 

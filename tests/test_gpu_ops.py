@@ -266,7 +266,8 @@ def test_providers_line_becomes_the_import_error_with_what_to_do(registered, mon
     assert text in fake.layout.joined_text()
 
 
-def test_the_worker_python_from_the_environment_runs_the_worker_and_a_bad_one_is_refused(registered, monkeypatch):
+def test_the_worker_python_from_the_environment_runs_the_worker_and_a_bad_one_is_refused(registered, monkeypatch,
+                                                                                        tmp_path):
     """Headless render nodes: LEAN_IMAGE_AI_WORKER_PYTHON names the engine's Python; a model job
     checks it before the worker starts and refuses one that cannot run it, in one line."""
     from engine_pythons import engine_venv, pyenv_python
@@ -274,13 +275,19 @@ def test_the_worker_python_from_the_environment_runs_the_worker_and_a_bad_one_is
 
     model_job = bh.import_submodule("operators.model_job")
     good = engine_venv("3.13")
+    engine = tmp_path / "gpu_runtime"
+    engine.mkdir()  # an engine folder for Blender's Python: not for another Python's worker
+    monkeypatch.setenv(G.FOLDER_ENV, str(engine))
+    assert "--gpu-runtime" in model_job.model_worker()._argv()
     monkeypatch.setenv(ENV_VAR, good)
     try:
-        assert model_job.model_worker()._argv()[0] == good
+        argv = model_job.model_worker()._argv()
+        assert argv[0] == good and "--gpu-runtime" not in argv
         monkeypatch.setenv(ENV_VAR, pyenv_python("3.10"))
         with pytest.raises(EnginePythonError, match=r"is Python 3\.10\.\d+; the worker needs Python 3\.11"):
             model_job.model_worker()
         assert "is Python 3.10" in GO.worker_python_check["text"]  # what the preferences show
     finally:
         monkeypatch.delenv(ENV_VAR)
+        monkeypatch.delenv(G.FOLDER_ENV)
         assert model_job.model_worker()._argv()[0] == sys.executable  # the shared client as it was
