@@ -15,7 +15,7 @@ from ..runtime.cuda import gpu_libraries, gpu_loading
 from . import runtime_probe
 from .layout_text import draw_safely, wrapped_labels
 
-_seen = {"engine": None}  # the engine version the device list was asked with
+_seen: dict = {}  # "engine": the version the last draw saw (the device list was asked with it)
 
 
 def draw_gpu_runtime(layout, context) -> None:
@@ -31,10 +31,9 @@ def _draw_gpu_runtime(layout, context) -> None:
     box.label(text="GPU Engine (NVIDIA CUDA 13 + cuDNN 9)", icon="MEMORY")
     folder = gpu_runtime_folder()
     version = gpu_libraries.installed_version(folder)
-    if version != _seen["engine"]:
-        if _seen["engine"] is not None or version:
-            runtime_probe.forget()  # installed (or removed) from a terminal: ask the device list again
-        _seen["engine"] = version
+    if "engine" in _seen and _seen["engine"] != version:
+        runtime_probe.forget()  # installed (or removed) from a terminal: ask the device list again
+    _seen["engine"] = version
     if version:
         _draw_gpu_installed(box, folder, version, requirements)
         box.operator("lean_image_ai.remove_gpu_runtime", text="Remove", icon="TRASH")
@@ -76,7 +75,7 @@ def _draw_worker_python(layout, prefs) -> None:
     row.operator("lean_image_ai.check_worker_python", text="Check", icon="VIEWZOOM")
     choice = engine_python.choose(prefs.worker_python)
     if choice.source == "host":
-        box.label(text="Models run in Blender's own Python with the onnxruntime this zip brings.")
+        box.label(text="Models run in Blender's own Python, with the runtime this zip brings.")
         return
     wrapped_labels(box, f"Models run in {choice.path} (from {choice.described}).")
     last = gpu_ops.worker_python_check
