@@ -5,6 +5,7 @@ Real interpreters: pyenv's 3.10 and bare 3.13, and a 3.13 venv with numpy 2 and 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -84,3 +85,20 @@ def test_an_accepted_python_is_asked_once_a_refused_one_again(tmp_path):
     with pytest.raises(EnginePythonError):
         engine_python.checked(pyenv_python("3.10"))
     assert all(key[0] != pyenv_python("3.10") for key in engine_python._checked)
+
+
+def test_the_doctor_names_the_workers_python_and_its_onnxruntime(tmp_path):
+    """What Run Doctor asks (its --worker-python is the preference): the worker's interpreter and
+    what it has, beside the doctor's own Python."""
+    from lean_image_ai.runtime.log import doctor_process
+    from lean_image_ai.runtime.paths import ADDON_ROOT
+
+    python = engine_venv("3.13")
+    assert doctor_process.command("/engine", python)[-5:] == ["doctor", "--gpu-runtime", "/engine", "--worker-python", python]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", ENV_VAR)}
+    done = subprocess.run([sys.executable, str(ADDON_ROOT), "doctor", "--no-cuda-probe", "--worker-python", python],
+                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    line = next(x for x in done.stdout.splitlines() if x.startswith("The worker runs in: "))
+    assert line.startswith(f"The worker runs in: {python} (from the add-on preference Worker Python): Python 3.13.")
+    assert ", numpy 2." in line and "onnxruntime 1.31.1 from " in line and "engine-py313" in line
