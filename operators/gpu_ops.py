@@ -1,105 +1,83 @@
-"""Installing and removing NVIDIA's CUDA/cuDNN libraries for onnxruntime-gpu (bpy).
+"""The GPU engine in Blender (bpy): its terminal command copied, removed, the worker's Python
+checked, and the doctor.
 
-Install runs on the job engine's download lane (operators/jobs.py), beside a model job: progress
-in the preferences' GPU runtime box, Esc or the box's Cancel (``lean_image_ai.cancel_download``)
-stops pip and nothing is left; in background mode it runs synchronously. It runs in a child
-process (``python -m lean_image_ai gpu-runtime install --json-progress``, runtime/child_process.py)
-pumped from the job's timer, so pip's output reader is no thread of Blender's. pip is Blender's own
-(``sys.executable`` inside Blender) with its usual configuration and PIP_* environment variables.
-What is installed, and how it is loaded, is the runtime's business (runtime/cuda/gpu_libraries.py).
+The add-on never installs Python packages (extensions.blender.org, "Be Self Contained"): the engine,
+onnxruntime-gpu with NVIDIA's CUDA/cuDNN libraries, is installed by the user in a terminal with the
+command the preferences show (``python FOLDER gpu install --target ...``, ui/cli/cli_gpu.py;
+runtime/cuda/engine_command.py writes it). The preferences see it once its folder is complete, with
+no restart: the next worker started loads it (runtime/cuda/gpu_loading.py), Blender never does.
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import bpy
-from bpy.props import StringProperty
 
+from ..models.worker import engine_python
 from ..runtime import get_runtime
-from ..runtime.cuda import gpu_libraries
-from ..runtime.errors import LeanImageError, user_path
+from ..runtime.cuda import engine_command, gpu_libraries
 from ..runtime.log import doctor_process
 from . import prefs
-from .jobs import Job, WorkerOperator, downloads, manager
-from .model_ops import child_job_task
-from .options import path_options
+from .jobs import manager
 
-JOB_KEY = "gpu_runtime"  # the download lane's key for this job (the preferences draw by it)
 DOCTOR_TEXT = "Lean Image AI doctor"  # the Text Editor datablock that keeps the last report
 
 
-def _requirements(path_property: str) -> Path:
-    if path_property:
-        path = user_path(bpy.path.abspath(path_property))
-        if not path.is_file():
-            raise LeanImageError(f"No requirements file at {path}.")
-        return path
-    shipped = prefs.gpu_requirements()
-    if shipped is None:
-        raise LeanImageError(
-            f"This add-on zip has no CUDA libraries for {sys.platform} / Python "
-            f"{sys.version_info.major}.{sys.version_info.minor}: CUDA is offered on Linux and Windows x64 "
-            "with the zip built for this Blender version."
-        )
-    return shipped
+def install_command() -> str:
+    """The engine's install command for this machine: Blender's Python, the add-on folder, the
+    folder the add-on loads the engine from."""
+    return engine_command.install_command(sys.executable, prefs.gpu_runtime_folder())
 
 
-def _install_description() -> str:
-    size = prefs.gpu_runtime_size_text()
-    return "Download onnxruntime-gpu with NVIDIA's CUDA 13 and cuDNN 9 libraries" + (f" ({size})" if size else "") + (
-        " so models can run on an NVIDIA GPU"
-    )
+class LEAN_IMAGE_AI_OT_copy_engine_command(bpy.types.Operator):
+    """Copy the command that installs the GPU engine; paste it into a terminal (Command Prompt on Windows)"""
 
-
-class LEAN_IMAGE_AI_OT_install_gpu_runtime(WorkerOperator, bpy.types.Operator):
-    bl_idname = "lean_image_ai.install_gpu_runtime"
-    bl_label = "Install GPU Runtime"
-    bl_description = _install_description()  # the size the box shows, from the same requirement file
+    bl_idname = "lean_image_ai.copy_engine_command"
+    bl_label = "Copy Command"
     bl_options = {"INTERNAL"}
 
-    lane = downloads
-    job_title = "Install GPU runtime"
-    redraw_areas = frozenset({"PREFERENCES"})
+    def execute(self, context):
+        context.window_manager.clipboard = install_command()
+        self.report({"INFO"}, "Copied: paste it into a terminal; Blender sees the engine when it is installed.")
+        return {"FINISHED"}
 
-    requirements: StringProperty(
-        name="Requirements",
-        description="Pinned requirements file to install from. Empty: the one this zip ships for this platform",
-        subtype="FILE_PATH",
-        options=path_options("SKIP_SAVE"),
-    )
 
-    def job_key(self) -> str:
-        return JOB_KEY
+# The last check of the Worker Python preference: (path, one line), for the preferences to show.
+worker_python_check: dict = {"path": None, "text": "", "ok": False}
 
-    def prepare(self, context, job: Job):
-        requirements = _requirements(self.requirements)
-        if not bpy.app.online_access:
-            raise LeanImageError(
-                "Online access is disabled (Preferences > System > Network > Allow Online Access; "
-                "headless: blender --online-mode), so the GPU libraries cannot be downloaded."
-            )
-        folder = prefs.gpu_runtime_folder(create_parent=True)
-        # A folder the add-on did not make is named now, not after a gigabyte of download.
-        gpu_libraries.check_replaceable(folder)
-        job.inputs = (folder, requirements)
-        return child_job_task(
-            job, ["gpu-runtime", "install", "--target", str(folder), "--requirements", str(requirements)],
-            "Installing the GPU libraries was cancelled; nothing was installed.",
-        )
 
-    def finish(self, context, job: Job):
-        if job.state != "finished":
-            level = "WARNING" if job.state == "cancelled" else "ERROR"
-            self.report({level}, job.error_text or f"{job.name} did not finish.")
+def check_worker_python(path: str) -> engine_python.EngineFacts:
+    """The preference's interpreter asked (once while it answers well); the line kept for the box."""
+    worker_python_check["path"] = path
+    try:
+        facts = engine_python.checked(path)
+    except engine_python.EnginePythonError as exc:
+        worker_python_check.update(text=str(exc), ok=False)
+        raise
+    worker_python_check.update(
+        text=f"Python {facts.version_text}, numpy {facts.numpy}, onnxruntime {facts.onnxruntime} "
+        f"({', '.join(facts.providers)})", ok=True,
+    )  # fmt: skip
+    return facts
+
+
+class LEAN_IMAGE_AI_OT_check_worker_python(bpy.types.Operator):
+    """Ask the Worker Python (or LEAN_IMAGE_AI_WORKER_PYTHON) whether it can run the models: its version, numpy and onnxruntime"""
+
+    bl_idname = "lean_image_ai.check_worker_python"
+    bl_label = "Check Worker Python"
+    bl_options = {"INTERNAL"}
+
+    def execute(self, context):
+        choice = engine_python.choose(getattr(prefs.get_prefs(context), "worker_python", ""))
+        engine_python.forget()
+        try:
+            check_worker_python(choice.path)
+        except engine_python.EnginePythonError as exc:
+            self.report({"ERROR"}, str(exc))
             return {"CANCELLED"}
-        folder = Path(job.result["folder"])
-        # Sessions made before (a CUDA request that fell back to CPU) would be reused as they are.
-        if manager.running() is None:
-            get_runtime().clear("gpu runtime installed")
-        # Loaded by the process that runs the models, before its first CUDA session: never here.
-        self.report({"INFO"}, f"Installed {gpu_libraries.installed_version(folder)} in {folder}.")
+        self.report({"INFO"}, f"{choice.path}: {worker_python_check['text']}")
         return {"FINISHED"}
 
 
@@ -111,10 +89,6 @@ class LEAN_IMAGE_AI_OT_remove_gpu_runtime(bpy.types.Operator):
     bl_options = {"INTERNAL"}
 
     def execute(self, context):
-        download = downloads.running()
-        if download is not None and download.key == JOB_KEY:
-            self.report({"ERROR"}, "The GPU runtime is being installed; cancel that first.")
-            return {"CANCELLED"}
         running = manager.running()
         if running is not None:
             self.report({"ERROR"}, f"'{running.name}' may be running on the GPU; wait or cancel it first.")
@@ -162,8 +136,8 @@ def poll_doctor():
 
 
 class LEAN_IMAGE_AI_OT_run_doctor(bpy.types.Operator):
-    """What onnxruntime, the GPU and its CUDA/cuDNN libraries look like to this Blender: the report
-    of python -m lean_image_ai doctor (also kept in the Text Editor)"""
+    """Why the GPU is or is not used: the worker's Python, onnxruntime, the providers that can run and why others
+    cannot, and the one thing to do next (python -m lean_image_ai doctor; also kept in the Text Editor)"""
 
     bl_idname = "lean_image_ai.run_doctor"
     bl_label = "Run Doctor"
@@ -175,7 +149,10 @@ class LEAN_IMAGE_AI_OT_run_doctor(bpy.types.Operator):
             return {"CANCELLED"}
         folder = prefs.gpu_runtime_folder()
         try:
-            doctor["run"] = doctor_process.start(folder if gpu_libraries.installed_version(folder) else None)
+            doctor["run"] = doctor_process.start(
+                folder if gpu_libraries.installed_version(folder) else None,
+                worker_python=getattr(prefs.get_prefs(context), "worker_python", ""),
+            )
         except OSError as exc:
             self.report({"ERROR"}, f"Could not start {sys.executable} for the doctor: {exc}")
             return {"CANCELLED"}
@@ -193,4 +170,9 @@ def pre_unregister():
         doctor["run"] = None
 
 
-classes = (LEAN_IMAGE_AI_OT_install_gpu_runtime, LEAN_IMAGE_AI_OT_remove_gpu_runtime, LEAN_IMAGE_AI_OT_run_doctor)
+classes = (
+    LEAN_IMAGE_AI_OT_copy_engine_command,
+    LEAN_IMAGE_AI_OT_check_worker_python,
+    LEAN_IMAGE_AI_OT_remove_gpu_runtime,
+    LEAN_IMAGE_AI_OT_run_doctor,
+)

@@ -23,9 +23,10 @@ from ..models.family import Family
 from ..models.job_spec import JobSpec
 from ..models.model_run import ModelRun
 from ..models.worker import client as worker_client
+from ..models.worker import engine_python
 from ..models.worker.remote_batch import RemoteBatchRun
 from ..runtime.errors import LeanImageError
-from . import image_io, prefs, sources
+from . import gpu_ops, image_io, prefs, sources
 from .jobs import BatchTask, Job, WorkerOperator
 from .options import path_options
 
@@ -56,7 +57,13 @@ def model_worker() -> worker_client.WorkerClient:
         gpu_runtime = str(folder) if folder.is_dir() else ""
     except Exception:  # no user folder to look in: then nothing is installed there either
         gpu_runtime = ""
-    return worker_client.shared(gpu_runtime=gpu_runtime)
+    # the Worker Python preference, else LEAN_IMAGE_AI_WORKER_PYTHON: refused in one line before
+    # the worker starts when it cannot run it (models/worker/engine_python.py)
+    choice = engine_python.choose(getattr(prefs.get_prefs(), "worker_python", ""))
+    if choice.source != "host":
+        gpu_ops.check_worker_python(choice.path)
+        gpu_runtime = ""  # the engine's wheels are built for Blender's Python; that Python has its own onnxruntime
+    return worker_client.shared(gpu_runtime=gpu_runtime, python=choice.path)
 
 
 def worker_batches(name: str):

@@ -42,6 +42,7 @@ class DefaultPreferences:
     cudnn_max_workspace: bool = False
     keep_models_loaded_on_dml_coreml: bool = False
     coreml_compute_units: str = "ALL"
+    worker_python: str = ""  # empty: LEAN_IMAGE_AI_WORKER_PYTHON, else the host's Python
 
 
 def get_prefs(context=None):
@@ -222,7 +223,10 @@ def gpu_runtime_size_text() -> str | None:
     return library.format_bytes(size) if size else None
 
 
-GPU_RUNTIME_HINT = "Install GPU Runtime in Edit > Preferences > Add-ons > Lean Image AI provides the CUDA/cuDNN libraries."
+GPU_RUNTIME_HINT = (
+    "The GPU engine (CUDA/cuDNN libraries) is not installed: Edit > Preferences > Add-ons > Lean Image AI "
+    "shows the terminal command that installs it."
+)
 
 
 def with_gpu_runtime_hint(warning: str) -> str:

@@ -31,6 +31,7 @@ from .measure.memory import memory_snapshot, nvidia_gpu_count, trim_process_heap
 from .measure.timeline import figures
 from .oom import out_of_memory_resource
 from .operation import Operation
+from .plugin_eps import registry as plugin_registry
 from .providers import (
     CPU,
     DEVICE_BY_KIND,
@@ -45,7 +46,7 @@ from .providers import (
 from .release.cpu_arena import RELEASE_PROBE_MODEL, env_cpu_arena_config, register_env_cpu_arena
 from .release.deferred_release import DeferredRelease
 from .release.scratch import ScratchBuffers
-from .session import LIBRARY_RAM, SessionHandle, onnxruntime_module
+from .session import LIBRARY_RAM, SessionHandle, installed_providers, onnxruntime_module
 from .settings import MemoryBudgets, RuntimeSettings, settings_from_environment
 
 # The events are the runtime's record (event log, file, panels): no raw JSON lines on stderr from
@@ -59,7 +60,7 @@ def visible_cuda_count() -> int | None:
 
 
 def default_session_factory(model_path: str, session_options, providers):
-    return onnxruntime_module().InferenceSession(model_path, sess_options=session_options, providers=providers)
+    return plugin_registry.inference_session(onnxruntime_module(), model_path, session_options, providers)
 
 
 class Runtime:
@@ -73,7 +74,7 @@ class Runtime:
         self.settings = settings or RuntimeSettings()
         self.events = EventLog()
         self._session_factory = session_factory or default_session_factory
-        self._available_providers = available_providers or (lambda: list(onnxruntime_module().get_available_providers()))
+        self._available_providers = available_providers or installed_providers
         self._lock = threading.RLock()
         self._sessions: dict[tuple, SessionHandle] = {}
         self._probe = None

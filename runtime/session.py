@@ -13,6 +13,7 @@ import numpy as np
 
 from .measure.memory import nvidia_gpu_count, process_rss_bytes
 from .onnx_inputs import weights_bytes
+from .plugin_eps import registry as plugin_registry
 from .providers import (
     DEVICE_BY_KIND,
     NVIDIA_PROVIDERS,
@@ -47,9 +48,14 @@ def installed_providers() -> list[str]:
     """The providers the installed onnxruntime offers, or CPU only when onnxruntime is missing or
     broken (a missing wheel, DLL trouble): a device menu then still has something to pick."""
     try:
-        return list(onnxruntime_module().get_available_providers())
+        ort = onnxruntime_module()
+        listed = list(ort.get_available_providers())
     except Exception:
         return ["CPUExecutionProvider"]
+    try:  # plugin packages in this Python (onnxruntime-ep-webgpu, ...) that found a device
+        return listed + [p for p in plugin_registry.runnable_providers(ort) if p not in listed]
+    except Exception:  # an onnxruntime too old for plugin libraries: the doctor says so
+        return listed
 
 
 def runnable_providers(available: Iterable[str] | None = None, gpu_count=nvidia_gpu_count) -> list[str]:

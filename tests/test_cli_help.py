@@ -20,8 +20,11 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 
 
 def _every_command() -> list[list[str]]:
-    commands = []
+    commands, seen = [], set()
     for name, parser in _subcommands(build_parser()).items():
+        if id(parser) in seen:  # an alias (gpu-runtime for gpu): its usage names the command itself
+            continue
+        seen.add(id(parser))
         commands.append([name])
         commands.extend([name, sub] for sub in _subcommands(parser))
     return commands

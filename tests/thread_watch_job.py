@@ -85,7 +85,15 @@ def remove_user_model():
 
 
 def install_gpu_runtime():
-    _ok(OPS.install_gpu_runtime(requirements=CONFIG["gpu_requirements"]))
+    """The engine installed the user's way (the box's command, run by a shell: pip in processes of
+    its own), then the box's Copy button."""
+    import subprocess
+
+    from lean_image_ai.operators import gpu_ops
+
+    command = f"{gpu_ops.install_command()} --requirements {CONFIG['gpu_requirements']}"
+    assert subprocess.run(command, shell=True).returncode == 0, command
+    _ok(OPS.copy_engine_command())
 
 
 def remove_gpu_runtime():

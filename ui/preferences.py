@@ -7,30 +7,19 @@ checkout and ``bl_ext.user_default.lean_image_ai`` when installed as an extensio
 
 # No ``from __future__ import annotations`` here: Blender reads the property annotations of the
 # class below as objects at registration time.
-import textwrap
-import traceback
-
 import bpy
 from bpy.props import BoolProperty, EnumProperty, FloatProperty, IntProperty, StringProperty
 
 from ..models import families
 from ..models.family import command_of
 from ..models.store import installer, library
-from ..operators import gpu_ops
-from ..operators.gpu_ops import JOB_KEY as GPU_JOB_KEY
 from ..operators.jobs import downloads
-from ..operators.prefs import (
-    ADDON_ID,
-    gpu_requirements,
-    gpu_runtime_folder,
-    gpu_runtime_size_text,
-    models_folder,
-    release_rule_lines,
-)
-from ..runtime.cuda import gpu_libraries, gpu_loading
+from ..operators.prefs import ADDON_ID, models_folder, release_rule_lines
 from ..runtime.providers import AUTO_ENUM_NUMBER, DEVICE_BY_KIND, DEVICES, UNLOAD, describe_providers
 from ..runtime.settings import MAX_BUDGET_MB, MAX_RELEASE_DELAY_S
 from . import runtime_probe
+from .engine_box import draw_doctor, draw_gpu_runtime, draw_worker_python
+from .layout_text import draw_safely, wrapped_labels
 
 
 # The numbers are what Blender stores, so they must never change (a dynamic enum is saved as int).
@@ -102,16 +91,6 @@ def device_items(_self=None, _context=None):
     return _device_items
 
 
-def wrapped_labels(layout, text: str, *, width: int = 90, icon: str = "NONE", alert: bool = False):
-    """Labels do not wrap in Blender: split a long message over several rows."""
-    col = layout.column(align=True)
-    col.alert = alert
-    lines = textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False)  # keep paths whole
-    for i, line in enumerate(lines or [""]):
-        col.label(text=line, icon=icon if i == 0 else "BLANK1" if icon != "NONE" else "NONE")
-    return col
-
-
 _STATUS_TEXT = {
     library.INSTALLED: ("Installed", "CHECKMARK"),
     library.UNVERIFIED: ("File present, checksum not verified yet (Install verifies it)", "QUESTION"),
@@ -121,16 +100,6 @@ _STATUS_TEXT = {
     library.USER_FILE: ("Your file", "CHECKMARK"),
     library.USER_FILE_MISSING: ("Your file is missing", "ERROR"),
 }
-
-
-def draw_safely(layout, title: str, draw, *args) -> None:
-    """``draw(layout, *args)``; a drawing bug shows as one line instead of taking the whole page
-    (or panel) with it."""
-    try:
-        draw(layout, *args)
-    except Exception as exc:
-        traceback.print_exc()
-        layout.label(text=f"{title} unavailable: {type(exc).__name__}: {exc}", icon="ERROR")
 
 
 def draw_model_catalog(layout, context) -> None:
@@ -216,82 +185,6 @@ def _draw_last_failure(layout, key: str) -> None:
         wrapped_labels(layout, last.error_text, icon="ERROR", alert=last.state == "failed")
 
 
-def draw_gpu_runtime(layout, context) -> None:
-    """NVIDIA's CUDA/cuDNN libraries: installed or not, the download size, Install/Remove, and the
-    install's progress with Cancel (drawn from the download lane, like the model list)."""
-    draw_safely(layout, "GPU runtime box", _draw_gpu_runtime, context)
-
-
-def _draw_gpu_runtime(layout, context) -> None:
-    requirements = gpu_requirements()
-    if requirements is None:
-        return  # no CUDA build for this platform / Python (macOS): nothing to offer
-    box = layout.box()
-    box.label(text="GPU Runtime (NVIDIA CUDA 13 + cuDNN 9)", icon="MEMORY")
-    folder = gpu_runtime_folder()
-    version = gpu_libraries.installed_version(folder)
-    if version:
-        _draw_gpu_installed(box, folder, version, requirements)
-    else:
-        size = gpu_runtime_size_text()
-        box.label(text="Not installed: models run on the CPU (needed for the CUDA device).", icon="NONE")
-        box.label(text=f"Download: {size or 'size unknown'}, into {folder}")
-    _draw_gpu_buttons(box, folder, version, requirements)
-    _draw_last_failure(box, GPU_JOB_KEY)
-
-
-def _draw_gpu_installed(box, folder, version: str, requirements) -> None:
-    box.label(text=f"Installed: {version}", icon="CHECKMARK")
-    wrapped_labels(box, f"Folder: {folder}")
-    activation = gpu_loading.active()
-    if activation is not None and activation.folder == str(folder):
-        wrapped_labels(box, activation.summary(), icon="NONE" if activation.ok else "ERROR", alert=not activation.ok)
-    if not gpu_libraries.is_current(folder, requirements):
-        box.label(text="This add-on version pins other library versions: Install updates them.", icon="INFO")
-
-
-def _draw_gpu_buttons(box, folder, version, requirements) -> None:
-    """The install's progress with Cancel, else Install or Update, and Remove."""
-    job = downloads.running()
-    row = box.row()
-    if job is not None and job.key == GPU_JOB_KEY:
-        row.progress(factor=job.progress, type="BAR", text=job.stage)
-        row.operator("lean_image_ai.cancel_download", text="Cancel", icon="CANCEL")
-    else:
-        sub = row.row()
-        sub.enabled = job is None  # one download at a time
-        label = "Update" if version and not gpu_libraries.is_current(folder, requirements) else "Install"
-        if not version or label == "Update":
-            sub.operator("lean_image_ai.install_gpu_runtime", text=label, icon="IMPORT")
-        if version:
-            row.operator("lean_image_ai.remove_gpu_runtime", text="Remove", icon="TRASH")
-
-
-def draw_doctor(layout) -> None:
-    """The doctor's box: its button, and its last report (what the command line's prints)."""
-    draw_safely(layout, "Doctor", _draw_doctor)
-
-
-def _draw_doctor(layout) -> None:
-    box = layout.box()
-    row = box.row()
-    row.label(text="Doctor: which onnxruntime, GPUs, CUDA/cuDNN libraries, what a session gets", icon="INFO")
-    sub = row.row()
-    sub.enabled = not gpu_ops.doctor_running()
-    sub.operator("lean_image_ai.run_doctor", text="Run Doctor", icon="VIEWZOOM")
-    run = gpu_ops.doctor["run"]
-    if run is None:
-        return
-    if run.running:
-        box.label(text="Running python -m lean_image_ai doctor...", icon="SORTTIME")
-        return
-    col = box.column(align=True)
-    col.alert = not run.ok
-    for line in run.text.splitlines():
-        wrapped_labels(col, line, width=110)
-    box.label(text=f"Also in the Text Editor: {gpu_ops.DOCTOR_TEXT}")
-
-
 class LeanImageAIPreferences(bpy.types.AddonPreferences):
     bl_idname = ADDON_ID
 
@@ -371,6 +264,14 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
         ),
         default="ALL",
     )
+    worker_python: StringProperty(
+        name="Worker Python",
+        description="A Python 3.11+ with numpy and onnxruntime (onnxruntime-gpu, -directml, -openvino, plugin "
+        "EP packages) that runs the models instead of Blender's own. Empty: LEAN_IMAGE_AI_WORKER_PYTHON if set, "
+        "else Blender's Python with the onnxruntime of this zip",
+        subtype="FILE_PATH",
+        default="",
+    )
     ram_release_delay_s: FloatProperty(
         name="Give RAM Back After (s)",
         description="Seconds without a job before system memory goes back, so jobs run one after another "
@@ -416,6 +317,7 @@ class LeanImageAIPreferences(bpy.types.AddonPreferences):
                 wrapped_labels(col, f"No NVIDIA GPU found, so {names} cannot run here.")
             for line in release_rule_lines(self, offered):
                 wrapped_labels(col, line)
+        draw_worker_python(layout, self)
         draw_gpu_runtime(layout, context)
         draw_doctor(layout)
 

@@ -55,7 +55,7 @@ def _start() -> None:
     if _state["task"] is not None:
         return
     try:
-        _state["task"] = ChildTask(["doctor", "--providers"])
+        _state["task"] = ChildTask(["doctor", "--providers", *_engine_args()])
     except LeanImageError as exc:
         _settle({"onnxruntime_error": str(exc), "installed": [], "runnable": []})
         return
@@ -63,6 +63,19 @@ def _start() -> None:
         _poll(wait=True)
     elif not bpy.app.timers.is_registered(_poll):
         bpy.app.timers.register(_poll, first_interval=POLL_S)
+
+
+def _engine_args() -> list[str]:
+    """The installed GPU engine, loaded by the child first as the worker loads it, so the device
+    list offers what the worker can run."""
+    from ..operators.prefs import gpu_runtime_folder
+    from ..runtime.cuda import gpu_libraries
+
+    try:
+        folder = gpu_runtime_folder()
+    except Exception:  # no user folder to look in: then nothing is installed there either
+        return []
+    return ["--gpu-runtime", str(folder)] if gpu_libraries.installed_version(folder) else []
 
 
 def _poll(wait: bool = False):

@@ -1,7 +1,8 @@
 """The model worker's client (bpy-free): starts the worker process, talks to it without ever
 blocking, and ends it (idle, Free memory now, a cancel it did not answer, the host going away).
 
-The worker is the host's own Python (``sys.executable``: Blender's bundled Python in Blender)
+The worker runs under models/worker/engine_python.py's choice: by default the host's own Python
+(``sys.executable``: Blender's bundled Python in Blender)
 with the host's ``sys.path`` (runtime/child_process.py's ``host_environment``), running
 ``python -m lean_image_ai.models.worker``. The connection is a ``multiprocessing.connection``
 Connection over a socket pair inherited by the child: no ``multiprocessing.Queue`` or ``Pool``
@@ -17,14 +18,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from ...runtime import child_process
 from ...runtime.errors import LeanImageError
 from ...runtime.paths import ADDON_ROOT
-from . import wire
+from . import engine_python, wire
 
 MODULE = f"{child_process.PACKAGE}.models.worker"
 FREE_WAIT_S = 2.0  # Free memory now waits this long for the worker's own figures, then ends it anyway
@@ -44,8 +44,10 @@ def ended_how(returncode: int | None) -> str:
 
 
 class WorkerClient:
-    def __init__(self, *, gpu_runtime: str | os.PathLike = "", root: Path = ADDON_ROOT, env: dict | None = None):
+    def __init__(self, *, gpu_runtime: str | os.PathLike = "", root: Path = ADDON_ROOT, env: dict | None = None,
+                 python: str = ""):
         self.gpu_runtime = str(gpu_runtime or "")
+        self.python = python  # the Worker Python preference (models/worker/engine_python.py); "": env, else ours
         self.root = Path(root)
         self.env = dict(env or {})  # added to the worker's environment (tests: the fault switch)
         self.process: subprocess.Popen | None = None
@@ -80,7 +82,7 @@ class WorkerClient:
         return True
 
     def _argv(self) -> list[str]:
-        argv = [sys.executable, "-m", MODULE, "--exchange", str(self.folder)]
+        argv = [engine_python.worker_python(self.python), "-m", MODULE, "--exchange", str(self.folder)]
         return argv + (["--gpu-runtime", self.gpu_runtime] if self.gpu_runtime else [])
 
     def _spawn(self, folder: Path):

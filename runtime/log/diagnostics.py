@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from ..cuda import gpu_libraries, gpu_loading
 from ..measure import memory
 from ..paths import ADDON_ROOT
+from ..plugin_eps import registry as plugin_registry
 from . import native_log
 from .report_text import format_report  # noqa: F401  (the doctor's text, its own module)
 
@@ -70,6 +71,9 @@ class Report:
     gpu_runtime: dict = field(default_factory=dict)  # the add-on's own CUDA/cuDNN folder, when activated
     bundled_wheels: list[str] = field(default_factory=list)  # the onnxruntime wheel(s) this zip ships
     session: dict = field(default_factory=dict)  # what an "auto" job's session really gets, and its release rule
+    cuda_offered: bool = False  # this onnxruntime build lists the CUDA provider
+    plugin_eps: list[dict] = field(default_factory=list)  # installed plugin packages: devices found, or why not
+    worker_python: dict = field(default_factory=dict)  # the worker's interpreter, when another (ui/cli/cli_doctor.py)
 
 
 # --- onnxruntime --------------------------------------------------------------------------------
@@ -333,6 +337,7 @@ def collect(*, cuda_probe: bool = True, directory: str | None = None, runtime=No
             "error": activation.error,
         }
     _cuda_library_facts(report, ort, directory)
+    report.cuda_offered = "CUDAExecutionProvider" in report.available_providers
     if ort is None:
         report.cuda_probe = CudaProbe(attempted=False, fallback_reason="onnxruntime is not importable")
     elif "CUDAExecutionProvider" not in report.available_providers:
@@ -343,5 +348,15 @@ def collect(*, cuda_probe: bool = True, directory: str | None = None, runtime=No
         report.cuda_probe = probe_cuda("cuda", runtime)
     report.bundled_wheels = bundled_wheels()
     if ort is not None:
+        report.plugin_eps = _plugin_facts(ort)
         report.session = probe_session("auto", runtime)
     return report
+
+
+def _plugin_facts(ort) -> list[dict]:
+    try:
+        found = plugin_registry.statuses(ort)
+    except Exception as exc:  # an onnxruntime without plugin support: said as the one fact
+        return [{"package": "plugin execution providers", "problem": _one_line(exc), "devices": 0}]
+    return [{"package": s.plugin.package, "label": s.plugin.label, "provider": s.provider, "library": s.library,
+             "devices": s.devices, "problem": s.problem} for s in found]  # fmt: skip

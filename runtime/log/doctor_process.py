@@ -38,18 +38,19 @@ class DoctorRun:
         return self.text is None
 
 
-def command(gpu_runtime: str | os.PathLike | None = None) -> list[str]:
-    return child_command(*_args(gpu_runtime))
+def command(gpu_runtime: str | os.PathLike | None = None, worker_python: str = "") -> list[str]:
+    return child_command(*_args(gpu_runtime, worker_python))
 
 
-def _args(gpu_runtime) -> list[str]:
-    return ["doctor", "--gpu-runtime", str(gpu_runtime)] if gpu_runtime else ["doctor"]
+def _args(gpu_runtime, worker_python: str = "") -> list[str]:
+    args = ["doctor", "--gpu-runtime", str(gpu_runtime)] if gpu_runtime else ["doctor"]
+    return args + (["--worker-python", worker_python] if worker_python else [])
 
 
-def start(gpu_runtime: str | os.PathLike | None = None, *, root: Path = ADDON_ROOT) -> DoctorRun:
+def start(gpu_runtime: str | os.PathLike | None = None, *, root: Path = ADDON_ROOT, worker_python: str = "") -> DoctorRun:
     folder = new_folder("doctor")
     try:
-        process = spawn(_args(gpu_runtime), folder, root=Path(root))
+        process = spawn(_args(gpu_runtime, worker_python), folder, root=Path(root))
     except Exception:
         shutil.rmtree(folder, ignore_errors=True)
         raise

@@ -12,9 +12,83 @@ def _mib(value) -> str:
 def format_report(report) -> str:
     """The text of a diagnostics.Report."""
     lines = [f"Python: {report.python}", f"Platform: {report.platform}"]
-    for part in (_onnxruntime_lines, _session_lines, _nvml_lines, _gpu_runtime_lines, _library_lines, _probe_lines):
+    for part in (_worker_lines, _onnxruntime_lines, _session_lines, _nvml_lines, _gpu_runtime_lines,
+                 _library_lines, _probe_lines, _plugin_lines):  # fmt: skip
         lines += part(report)
+    lines.append(f"Next: {next_step(report)}")
     return "\n".join(lines)
+
+
+def _worker_lines(report) -> list[str]:
+    worker = getattr(report, "worker_python", None) or {}
+    if not worker:
+        return []
+    head = f"The worker runs in: {worker['path']} (from {worker['source']})"
+    return [f"{head}: {worker['facts']}" if worker.get("facts") else f"{head}: {worker['problem']}",
+            "  (the lines below are of the doctor's own Python, the first line)"]  # fmt: skip
+
+
+def _plugin_lines(report) -> list[str]:
+    lines = []
+    for plugin in getattr(report, "plugin_eps", None) or ():
+        if plugin.get("problem"):
+            lines.append(f"{plugin['package']}: cannot run: {plugin['problem']}")
+        else:
+            lines.append(f"{plugin['package']}: {plugin['provider']} on {plugin['devices']} device(s), "
+                         f"from {plugin['library']}")  # fmt: skip
+    return lines
+
+
+def _version(text) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in str(text).split(".")[:2])
+    except ValueError:
+        return ()
+
+
+def _cuda_step(report) -> str | None:
+    """The one thing to do when the CUDA provider is offered but does not run (or is missing)."""
+    nvml, probe = report.nvml or {}, report.cuda_probe
+    gpus = len(nvml.get("gpus", [])) if nvml.get("available") else 0
+    offered = report.cuda_offered
+    if gpus and not offered:
+        return ("an NVIDIA GPU is here but this onnxruntime has no CUDA: install the GPU engine with the command "
+                "the add-on's preferences show (python <add-on folder> gpu install --target <folder>)")  # fmt: skip
+    if not offered or probe is None or not probe.attempted or probe.ok:
+        return None
+    return _cuda_fallback_step(report, nvml, gpus)
+
+
+def _cuda_fallback_step(report, nvml: dict, gpus: int) -> str:
+    """Why a CUDA session fell back to the CPU, as the thing to do."""
+    driver, build = _version(nvml.get("cuda_driver_version")), _version(report.build_cuda_version)
+    if driver and build and driver < build:
+        return (f"the NVIDIA driver supports CUDA {nvml.get('cuda_driver_version')} but this onnxruntime needs "
+                f"CUDA {report.build_cuda_version}: update the NVIDIA driver")  # fmt: skip
+    if not gpus:
+        return "no NVIDIA GPU or driver is seen: install the NVIDIA driver, or choose another device"
+    missing = [lib.name for lib in report.cuda_libraries if lib.where == "not found" and lib.required]
+    if missing:
+        return f"{', '.join(missing)} not found: install the GPU engine again (gpu install), which brings them"
+    reason = report.cuda_probe.fallback_reason or "no reason given"
+    return f"CUDA could not be used ({reason}): send this report with a bug report"
+
+
+def next_step(report) -> str:
+    """The one thing to do next, from the facts; 'nothing' when the best device here runs."""
+    if report.onnxruntime_error:
+        return report.onnxruntime_error
+    worker = getattr(report, "worker_python", None) or {}
+    if worker.get("problem"):
+        return worker["problem"]
+    step = _cuda_step(report)
+    if step:
+        return step
+    stuck = [p for p in getattr(report, "plugin_eps", None) or () if p.get("problem")]
+    if stuck:
+        return stuck[0]["problem"]
+    device = (report.session or {}).get("device")
+    return f"nothing: models run on {device}" if device else "nothing found to fix"
 
 
 def _onnxruntime_lines(report) -> list[str]:

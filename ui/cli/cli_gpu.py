@@ -1,13 +1,16 @@
-"""`python -m lean_image_ai gpu-runtime install --target FOLDER --requirements FILE | remove --target FOLDER`:
-NVIDIA's CUDA/cuDNN libraries for onnxruntime-gpu (runtime/cuda/gpu_libraries.py), all or nothing.
+"""`python -m lean_image_ai gpu install [--target FOLDER] [--requirements FILE] | remove [--target FOLDER]`:
+the GPU engine, onnxruntime-gpu with NVIDIA's CUDA/cuDNN libraries (runtime/cuda/gpu_libraries.py),
+pinned, hash-checked, all or nothing.
 
-Blender's Install GPU Runtime button runs ``install --json-progress`` in a child process (pip and
-its output reader live there, not in Blender's process); SIGTERM, its Cancel, stops pip and
-leaves nothing behind.
+The user runs it in a terminal: the add-on never runs pip (Blender's preferences show this command
+for the machine, runtime/cuda/engine_command.py). Ctrl+C stops pip and leaves nothing behind.
+``--target`` defaults to ``LEAN_IMAGE_AI_GPU_RUNTIME_DIR`` (render nodes). ``gpu-runtime`` is the
+command's former name, still accepted.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from pathlib import Path
@@ -36,8 +39,18 @@ def _requirements(args) -> Path:
     return shipped
 
 
+def _target(args) -> Path:
+    chosen = args.target or os.environ.get(gpu_libraries.FOLDER_ENV, "").strip()
+    if not chosen:
+        raise LeanImageError(
+            f"No engine folder: give --target FOLDER (Blender's preferences show the command with its folder), "
+            f"or set {gpu_libraries.FOLDER_ENV}."
+        )
+    return user_path(chosen)
+
+
 def _install(args) -> int:
-    target = user_path(args.target)
+    target = _target(args)
     requirements = _requirements(args)
     size = gpu_libraries.download_size(requirements)
     interrupts = getattr(args, "interrupts", None)
@@ -62,7 +75,7 @@ def _install(args) -> int:
 
 
 def _remove(args) -> int:
-    target = user_path(args.target)
+    target = _target(args)
     if not gpu_libraries.remove(target):
         raise LeanImageError(f"No GPU runtime is installed in {target}; nothing was removed.")
     print(printable(f"removed the GPU runtime from {target}"))
@@ -71,19 +84,21 @@ def _remove(args) -> int:
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
-        "gpu-runtime",
-        help="install or remove NVIDIA's CUDA/cuDNN libraries for onnxruntime-gpu (what Blender's button does)",
+        "gpu", aliases=["gpu-runtime"],
+        help="install or remove the GPU engine: onnxruntime-gpu with NVIDIA's CUDA/cuDNN libraries",
         description="pip installs the pinned wheels into a staging folder beside FOLDER; only a complete, "
         "checked install is moved into place. pip uses its own configuration and PIP_* variables.",
     )
     actions = parser.add_subparsers(dest="gpu_command", metavar="ACTION", required=True)
     install = actions.add_parser("install", help="download and install the libraries into --target")
-    install.add_argument("--target", required=True, metavar="FOLDER", help="the GPU runtime folder")
+    install.add_argument("--target", default="", metavar="FOLDER",
+                         help=f"the engine folder (default: {gpu_libraries.FOLDER_ENV})")
     install.add_argument("--requirements", default="", metavar="FILE",
                          help="pinned requirements file (default: the one the add-on ships for this platform)")
     install.add_argument("--json-progress", action="store_true",
-                         help="progress and the result as JSON lines on stdout (for a host such as Blender)")
+                         help="progress and the result as JSON lines on stdout (for a program that drives the install)")
     install.set_defaults(handler=_install)
     remove = actions.add_parser("remove", help="delete the libraries the add-on installed in --target")
-    remove.add_argument("--target", required=True, metavar="FOLDER", help="the GPU runtime folder")
+    remove.add_argument("--target", default="", metavar="FOLDER",
+                        help=f"the engine folder (default: {gpu_libraries.FOLDER_ENV})")
     remove.set_defaults(handler=_remove)
