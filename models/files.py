@@ -8,8 +8,8 @@ A failure at any step removes the temporary file and leaves an existing target u
 
 While a writer has its temporary file, it holds an OS lock on it (``flock`` on POSIX; the OS
 drops it when the process ends, SIGKILL included): a cleaner that can take the lock knows no live
-process is writing it, whatever its age (:func:`remove_stale_temps`). Windows needs no lock: a
-file open in a live writer cannot be deleted there.
+process is writing it, whatever its age (:func:`remove_stale_temps`). Where no such lock can be
+taken (Windows, a file system without ``flock``) the cleaner goes by age, as before.
 """
 
 from __future__ import annotations
