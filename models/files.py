@@ -21,7 +21,6 @@ import re
 import secrets
 import stat
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -126,10 +125,6 @@ def leftover_temps(target: str | os.PathLike) -> list[Path]:
 _ANY_TEMP = re.compile(rf"\.(?P<name>.+)\.[0-9a-f]{{{2 * _TEMP_TOKEN_BYTES}}}\.tmp(?P<suffix>.*)")
 
 
-# A temporary file younger than this may be one whose writer has made it but not locked it yet.
-TEMP_LOCK_GRACE_S = 2.0
-
-
 def _writer_alive(fd: int) -> bool | None:
     """Does a live process hold the writer's lock on this temporary file? None: this file system
     cannot tell (no ``flock``), nor can Windows (where a live writer's file cannot be deleted)."""
@@ -146,8 +141,8 @@ def _writer_alive(fd: int) -> bool | None:
 
 def _remove_unowned(path: str, older_than: float) -> bool:
     """Delete the temporary file at ``path`` when no live process writes it: its writer's lock is
-    free (and it is past the grace), or, where that cannot be told, it last changed before
-    ``older_than``. Never through a symbolic link, never anything but a plain file."""
+    free, or, where that cannot be told, it last changed before ``older_than``. Never through a
+    symbolic link, never anything but a plain file."""
     try:
         fd = os.open(path, os.O_RDWR | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | _BINARY)
     except OSError:
@@ -155,8 +150,7 @@ def _remove_unowned(path: str, older_than: float) -> bool:
     try:
         info = os.fstat(fd)
         alive = _writer_alive(fd) if stat.S_ISREG(info.st_mode) else True
-        age_limit = older_than if alive is None else time.time() - TEMP_LOCK_GRACE_S
-        if alive or info.st_mtime >= age_limit or not _still_ours(info, Path(path)):
+        if alive or (alive is None and info.st_mtime >= older_than) or not _still_ours(info, Path(path)):
             return False
         if os.name == "nt":  # Windows deletes no file that is open, ours included
             os.close(fd)
@@ -256,6 +250,35 @@ def _install(made: os.stat_result, tmp: Path, target: Path) -> None:
     _fsync_folder(target.parent)
 
 
+def _lock_for_writer(fd: int) -> bool:
+    """Take the writer's lock ("a live process writes this": see the module); False when a
+    cleaner holds it (it took the file for a dead writer's). True where no lock can be taken:
+    cleaners go by age there."""
+    if os.name == "nt":
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _new_locked_temp(target: Path) -> tuple[Path, int, os.stat_result]:
+    """A new temporary file beside ``target``, made (``O_EXCL``) and locked. A cleaner that came
+    in the instant between, while no lock was on it yet, has it or has removed it: then another
+    name, so no age has to guard that instant."""
+    for _ in range(8):
+        tmp = temp_path_for(target)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY, 0o600)
+        made = os.fstat(fd)
+        if _lock_for_writer(fd) and _still_ours(made, tmp):
+            return tmp, fd, made
+        os.close(fd)  # the cleaner removes it, or has
+    raise OSError(f"every temporary file made beside '{target}' was removed at once (another process cleaning the folder?)")
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path to write ``target``'s new content to; commit it when the block ends.
@@ -266,12 +289,7 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     as it was and removes the temporary file.
     """
     target = Path(target)
-    tmp = temp_path_for(target)
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY, 0o600)
-    made = os.fstat(fd)
-    if os.name != "nt":
-        with contextlib.suppress(OSError):  # a file system without flock: cleaners go by age there
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # "a live process writes this": see the module
+    tmp, fd, made = _new_locked_temp(target)
     try:
         yield tmp
         _seal(fd, made, tmp, target)

@@ -101,16 +101,24 @@ def test_a_temp_a_live_process_writes_is_kept_whatever_its_age_and_removed_once_
         assert tmp.exists()
     finally:
         temp_writer.kill(writer)
-    young = time.time() - files.TEMP_LOCK_GRACE_S - 1
+    young = time.time() + 60
     os.utime(tmp, (young, young))  # younger than any run's start: by age, a live writer's
-    assert files.remove_stale_temps([target], older_than=young - 60) == [tmp]
+    assert files.remove_stale_temps([target], older_than=time.time() - 60) == [tmp]
     assert listing(tmp_path) == []
 
 
-def test_a_temp_made_this_instant_is_left_to_its_writer(tmp_path):
-    # between a writer's O_EXCL create and its lock there is an instant with no lock: the grace
+def test_a_cleaner_in_the_instant_before_the_writer_locks_its_file_costs_the_writer_nothing(tmp_path, monkeypatch):
+    # the one interleaving where a live writer's file has no lock yet: made, not locked. The
+    # cleaner takes it for a dead writer's; the writer sees that and makes another.
     target = tmp_path / "o_0001.png"
-    tmp = files.temp_path_for(target)
-    tmp.write_bytes(b"just made")
-    assert files.remove_stale_temps([target], older_than=time.time() + 60) == []
-    assert tmp.exists()
+    real_lock, removed = files._lock_for_writer, []
+
+    def cleaner_comes_first(fd):
+        if not removed:
+            removed.extend(files.remove_stale_temps([target], older_than=0.0))
+        return real_lock(fd)
+
+    monkeypatch.setattr(files, "_lock_for_writer", cleaner_comes_first)
+    files.write_bytes(target, b"the frame")
+    assert len(removed) == 1 and target.read_bytes() == b"the frame"
+    assert listing(tmp_path) == ["o_0001.png"]
