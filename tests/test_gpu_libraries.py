@@ -5,8 +5,6 @@ folder (``--no-index --find-links``): install, wrong hash, cancel, remove, downl
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -253,6 +251,10 @@ def _job(target, req, pip, wheels) -> list[str]:
     return [sys.executable, str(Path(__file__).parent / "gpu_install_job.py"), str(target), str(req), str(pip), str(wheels[0].parent)]
 
 
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the gated pip is a shebang script; /proc")
+
+
+@linux_only
 def test_a_second_install_into_the_folder_is_refused_and_the_first_completes(tmp_path, wheels):
     # the first install is held inside its pip (a gate): deterministic, no timing
     req = write_requirements(tmp_path / "req.txt", wheels)
@@ -282,17 +284,30 @@ def test_a_second_install_into_the_folder_is_refused_and_the_first_completes(tmp
     assert sorted(p.name for p in target.parent.iterdir()) == ["gpu_runtime"]  # no staging, no lock left
 
 
-def test_the_lock_of_a_killed_install_goes_with_it(tmp_path, wheels):
+@linux_only
+def test_a_killed_install_holds_the_folder_while_its_pip_lives_and_frees_it_after(tmp_path, wheels):
+    """The install killed (as a crash takes Blender) while its pip runs: that pip, orphaned, still
+    writes into the staging folder and holds the lock it inherited; once it ends, the OS frees the
+    lock and the next install clears the staging folder and completes."""
     req = write_requirements(tmp_path / "req.txt", wheels)
     target = tmp_path / "gpu_runtime"
     pip, gate = _gated_pip(tmp_path)
-    first = subprocess.Popen(_job(target, req, pip, wheels), stdout=subprocess.DEVNULL, start_new_session=True)
+    first = subprocess.Popen(_job(target, req, pip, wheels), stdout=subprocess.DEVNULL)
     try:
         _wait_for(gate / "first", first)
     finally:
-        os.killpg(first.pid, signal.SIGKILL)  # the install and its pip, as a crash takes them
+        first.kill()
         first.wait()
-    G.install(target, req, index_args=_index(wheels))  # the OS released the lock; the staging is cleared
+    (orphan,) = [int(p.name.split("-")[1]) for p in gate.glob("pip-*")]
+    with pytest.raises(G.GpuRuntimeError, match=f"Another install of the GPU libraries into {target.resolve()}"):
+        G.install(target, req, index_args=_index(wheels))
+    assert (tmp_path / "gpu_runtime.staging" / G.STAGING_MARKER).is_file()
+    (gate / "open").touch()
+    for _ in range(3000):  # the orphan is not our child: watch its pid
+        if not Path(f"/proc/{orphan}").exists() or Path(f"/proc/{orphan}/stat").read_text().split()[2] == "Z":
+            break
+        time.sleep(0.02)
+    G.install(target, req, index_args=_index(wheels))
     assert G.is_current(target, req)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("gpu_runtime")) == ["gpu_runtime"]
 

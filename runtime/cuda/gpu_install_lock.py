@@ -4,8 +4,9 @@ Two Blender windows pressing Install, or the command twice, would otherwise shar
 folder: the second deletes the first's mid-pip, both pips write into it, and one ends marked
 complete with files from two runs. The whole install (staging, pip, marking it complete, the move
 into place) holds the OS lock of runtime/file_lock.py on ``<folder>.lock``; the OS releases it
-when the holder dies, and a second install is refused at once, naming the process that holds it
-(an install takes minutes: there is no sensible wait to offer).
+when the holder dies (and pip, which inherits it, has ended too), and a second install is refused
+at once, naming the process that holds it (an install takes minutes: there is no sensible wait
+to offer).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from ..errors import GpuRuntimeError
 
 
 @contextlib.contextmanager
-def one_install_at_a_time(target: Path) -> Iterator[None]:
-    """Hold ``<target>.lock`` for the block (``target`` resolved, not the root); GpuRuntimeError
+def one_install_at_a_time(target: Path) -> Iterator[int]:
+    """Hold ``<target>.lock`` for the block (``target`` resolved, not the root), yielding its
+    locked descriptor (a child given it holds the lock as long as it lives); GpuRuntimeError
     naming the holder when another process holds it, before anything is changed."""
     lock = file_lock.lock_path(target)
     try:
@@ -39,4 +41,4 @@ def one_install_at_a_time(target: Path) -> Iterator[None]:
         ),
     )
     with file_lock.held(lock, fd):
-        yield
+        yield fd

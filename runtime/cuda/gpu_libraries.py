@@ -232,8 +232,8 @@ def install(target_dir: str | os.PathLike, requirements_file: str | os.PathLike,
     """
     target = Path(target_dir).resolve()
     _beside(target, _STAGING_SUFFIX)  # the root of the file system is refused before any lock
-    with one_install_at_a_time(target):
-        return _install(target, requirements_file, **options)
+    with one_install_at_a_time(target) as lock_fd:
+        return _install(target, requirements_file, lock_fd=lock_fd, **options)
 
 
 def _install(
@@ -245,6 +245,7 @@ def _install(
     progress: Callable[[float, str], None] | None = None,
     cancel: Callable[[], bool] | None = None,
     poll_interval: float = 0.1,
+    lock_fd: int | None = None,
 ) -> Path:
     target = Path(target_dir).resolve()
     requirements_file = Path(requirements_file).resolve()
@@ -283,6 +284,9 @@ def _install(
                 text=True,
                 errors="replace",
                 creationflags=getattr(subprocess, "CREATE_NO_WINDOW", 0),  # no console flashing on Windows
+                # pip holds the install's lock too: killed, this process leaves a pip that still
+                # writes into the staging folder, and no other install may take it meanwhile
+                pass_fds=(lock_fd,) if lock_fd is not None and os.name != "nt" else (),
             )
         except OSError as exc:
             raise GpuRuntimeError(f"Cannot run {python} to install the GPU libraries: {exc}.") from exc
