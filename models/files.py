@@ -5,6 +5,11 @@ CLI result, an image Blender saves) goes through :func:`atomic_path`: the conten
 temporary file in the target's own folder (so the final rename never crosses file systems),
 flushed to disk, given the permission bits the target should have, and renamed over the target.
 A failure at any step removes the temporary file and leaves an existing target untouched.
+
+While a writer has its temporary file, it holds an OS lock on it (``flock`` on POSIX; the OS
+drops it when the process ends, SIGKILL included): a cleaner that can take the lock knows no live
+process is writing it, whatever its age (:func:`remove_stale_temps`). Where no such lock can be
+taken (Windows, a file system without ``flock``) the cleaner goes by age, as before.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+
+if os.name != "nt":
+    import fcntl
 
 _umask_lock = threading.Lock()
 
@@ -117,10 +125,51 @@ def leftover_temps(target: str | os.PathLike) -> list[Path]:
 _ANY_TEMP = re.compile(rf"\.(?P<name>.+)\.[0-9a-f]{{{2 * _TEMP_TOKEN_BYTES}}}\.tmp(?P<suffix>.*)")
 
 
+def _writer_alive(fd: int) -> bool | None:
+    """Does a live process hold the writer's lock on this temporary file? None: this file system
+    cannot tell (no ``flock``), nor can Windows (where a live writer's file cannot be deleted)."""
+    if os.name == "nt":
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held until fd is closed
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    return False
+
+
+def _remove_unowned(path: str, older_than: float) -> bool:
+    """Delete the temporary file at ``path`` when no live process writes it: its writer's lock is
+    free, or, where that cannot be told, it last changed before ``older_than``. Never through a
+    symbolic link, never anything but a plain file."""
+    try:
+        fd = os.open(path, os.O_RDWR | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | _BINARY)
+    except OSError:
+        return False
+    try:
+        info = os.fstat(fd)
+        alive = _writer_alive(fd) if stat.S_ISREG(info.st_mode) else True
+        if alive or (alive is None and info.st_mtime >= older_than) or not _still_ours(info, Path(path)):
+            return False
+        if os.name == "nt":  # Windows deletes no file that is open, ours included
+            os.close(fd)
+            fd = -1
+        os.unlink(path)
+        return True
+    except OSError:  # gone already (another task cleaned it), or not ours to remove
+        return False
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 def remove_stale_temps(targets, older_than: float) -> list[Path]:
-    """Delete the temporary files of :func:`temp_path_for` for ``targets`` last changed before
-    ``older_than`` (a run's start, as ``time.time()``): what an earlier writer of these very
-    outputs left when it was killed. Only those names are touched; each folder is listed once."""
+    """Delete the temporary files of :func:`temp_path_for` for ``targets`` that no live process
+    writes: what an earlier writer of these very outputs left when it was killed. A writer's lock
+    tells (:func:`_remove_unowned`); where the file system cannot, only a file last changed before
+    ``older_than`` (a time before this run began, as ``time.time()``) is taken for a dead writer's.
+    Only those names are touched; each folder is listed once."""
     by_folder: dict[Path, dict[str, str]] = {}  # folder -> {temp key: target suffix}
     for target in targets:
         target = Path(target)
@@ -133,14 +182,8 @@ def remove_stale_temps(targets, older_than: float) -> list[Path]:
             continue
         for entry in entries:
             match = _ANY_TEMP.fullmatch(entry.name)
-            if not match or names.get(match["name"]) != match["suffix"]:
-                continue
-            try:
-                if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < older_than:
-                    os.unlink(entry.path)
-                    removed.append(Path(entry.path))
-            except OSError:  # gone already (another task cleaned it), or not ours to remove
-                continue
+            if match and names.get(match["name"]) == match["suffix"] and _remove_unowned(entry.path, older_than):
+                removed.append(Path(entry.path))
     return removed
 
 
@@ -207,6 +250,35 @@ def _install(made: os.stat_result, tmp: Path, target: Path) -> None:
     _fsync_folder(target.parent)
 
 
+def _lock_for_writer(fd: int) -> bool:
+    """Take the writer's lock ("a live process writes this": see the module); False when a
+    cleaner holds it (it took the file for a dead writer's). True where no lock can be taken:
+    cleaners go by age there."""
+    if os.name == "nt":
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _new_locked_temp(target: Path) -> tuple[Path, int, os.stat_result]:
+    """A new temporary file beside ``target``, made (``O_EXCL``) and locked. A cleaner that came
+    in the instant between, while no lock was on it yet, has it or has removed it: then another
+    name, so no age has to guard that instant."""
+    for _ in range(8):
+        tmp = temp_path_for(target)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY, 0o600)
+        made = os.fstat(fd)
+        if _lock_for_writer(fd) and _still_ours(made, tmp):
+            return tmp, fd, made
+        os.close(fd)  # the cleaner removes it, or has
+    raise OSError(f"every temporary file made beside '{target}' was removed at once (another process cleaning the folder?)")
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path to write ``target``'s new content to; commit it when the block ends.
@@ -217,14 +289,13 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     as it was and removes the temporary file.
     """
     target = Path(target)
-    tmp = temp_path_for(target)
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY, 0o600)
-    made = os.fstat(fd)
+    tmp, fd, made = _new_locked_temp(target)
     try:
         yield tmp
         _seal(fd, made, tmp, target)
-        os.close(fd)  # before the rename: Windows renames no open file
-        fd = -1
+        if os.name == "nt":  # Windows renames no open file; elsewhere the lock is held to the rename
+            os.close(fd)
+            fd = -1
         _install(made, tmp, target)
     finally:
         if fd >= 0:

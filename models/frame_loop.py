@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import ExitStack
+from pathlib import Path
 
 from ..runtime import Operation, SessionHandle, mark_last
 from ..runtime.errors import ModelContractError
@@ -34,6 +35,7 @@ class FrameLoop:
         self.op: Operation | None = None
         self.handle: SessionHandle | None = None
         self.contract = None  # what the family's check returned (e.g. the output to read)
+        self.family_warning: str | None = None  # the file only may be another family's: said with each result
         self._before_release: ExitStack | None = None
 
     @property
@@ -52,7 +54,8 @@ class FrameLoop:
             raise
         # after the shapes: what fits them may still be another family's, or no family's (when the
         # graph does not tell, a probe on a CPU copy of the file does, once per file)
-        family_check.require(self.family, self.handle, probe=True)
+        warning = family_check.require(self.family, self.handle, probe=True).warning
+        self.family_warning = f"{Path(self.model_path).name}: {warning}" if warning else None
 
     def reacquire(self) -> SessionHandle:
         """The session again, after an out-of-memory eviction dropped the one the job had."""
@@ -154,6 +157,8 @@ def run_frames(
             result = body(Frame(loop, image, index, last))
             if loop.handle.fallback_warning:  # a device asked for, another given: the user must hear it
                 result.warnings.append(loop.handle.fallback_warning)
+            if loop.family_warning:  # a file whose probe looks like another family's runs, but not in silence
+                result.warnings.append(loop.family_warning)
             results.add(result)
     options.report(1.0, "done")
     return results.value(single)

@@ -65,6 +65,7 @@ class LEAN_IMAGE_AI_OT_remove_background(ModelJobOperator, bpy.types.Operator):
                 image_io.write_array_to_image(image, source_rgba)  # as it was
                 raise
             image.update()
+            results.remember_replaced(image)
             return f"Removed the background of '{image.name}' in place{note}"
         with results.created_data() as created:
             image = created.add(bpy.data.images, results.new_image_like(f"{inputs.stem}_cutout", straight, info))
@@ -197,3 +198,7 @@ classes = (
     LEAN_IMAGE_AI_OT_estimate_depth,
     LEAN_IMAGE_AI_OT_upscale,
 )
+
+
+def pre_unregister() -> None:
+    results.forget_replaced()

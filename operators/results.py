@@ -79,6 +79,40 @@ def keep(image, path: Path | None = None, *, result: bool = True) -> None:
     image.reload()
 
 
+# Replace (Remove Background) packs new pixels into the source image itself. Undo and redo bring
+# back the datablock (its own file, or the packed cut-out) but leave the pixel buffer Blender had
+# in memory, so after Ctrl+Z the image still showed the cut-out until Image > Reload (4.2 to 5.3).
+# After each undo and redo, the images Replace changed in this file drop their buffer and read it
+# again from what the datablock now says. Never reload(): on a packed image it re-packs the file
+# on disk over the packed cut-out.
+_replaced: set[str] = set()
+
+
+def remember_replaced(image) -> None:
+    """``image`` had its pixels replaced in place: undo and redo must show its pixels of then."""
+    handlers = bpy.app.handlers
+    if _renew_replaced not in handlers.undo_post:
+        _replaced.clear()  # names of a file loaded before (loading a file drops these handlers)
+        handlers.undo_post.append(_renew_replaced)
+        handlers.redo_post.append(_renew_replaced)
+    _replaced.add(image.name)
+
+
+def _renew_replaced(*_args) -> None:
+    for name in _replaced:
+        image = bpy.data.images.get(name)
+        if image is not None and not image.is_dirty:  # unsaved paint strokes are the user's: kept
+            image.buffers_free()
+
+
+def forget_replaced() -> None:
+    """At unregister: no handler of the add-on stays behind."""
+    for handlers in (bpy.app.handlers.undo_post, bpy.app.handlers.redo_post):
+        while _renew_replaced in handlers:
+            handlers.remove(_renew_replaced)
+    _replaced.clear()
+
+
 def show(context, source, image) -> None:
     """The Image Editors that showed ``source`` show ``image``; ``source`` stays one click away
     in the image browser (with a fake user when the editor was its only user, so a save keeps it)."""

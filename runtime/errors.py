@@ -74,6 +74,10 @@ class ModelInstallError(LeanImageError):
     """Downloading, verifying or installing a catalog model failed."""
 
 
+class GpuRuntimeError(LeanImageError):
+    """Installing, removing or loading the CUDA/cuDNN libraries failed; the message says why and what to do."""
+
+
 class InferenceError(LeanImageError):
     """A model run failed for a reason other than memory (bad input shape, provider error)."""
 

@@ -98,6 +98,15 @@ def check_replaced_source(session: dict) -> None:
     assert not np.array_equal(session["read_pixels"]["plate.png"].reshape(H, W, 4)[::-1], original)
 
 
+def check_replace_undo_redo(session: dict) -> None:
+    """Undo after Replace shows the pixels the image had (the datablock alone came back before),
+    redo the cut-out again; and the .blend saved after keeps the cut-out (check_reopened_pixels)."""
+    made = session["made_pixels"]
+    assert not np.array_equal(made["plate.png"], made["plate.png@before"])
+    np.testing.assert_array_equal(made["plate.png@undo"], made["plate.png@before"], err_msg="after undo")
+    np.testing.assert_array_equal(made["plate.png@redo"], made["plate.png"], err_msg="after redo")
+
+
 def check_loaded_source_relative(session: dict) -> None:
     assert session["read"]["images"]["room.png"]["filepath"] == "//room.png", session["read"]["images"]["room.png"]
 

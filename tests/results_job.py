@@ -89,10 +89,18 @@ def make(config: dict, folder: Path, package: str = "lean_image_ai") -> None:
             filepath="//photo.png", output_path="//cutout.png", model_path=config["models"]["ben2"]
         )
         arrays["photo_cutout.001"] = pixels(bpy.data.images["photo_cutout.001"])
-        # Replace: the source's new pixels are packed; it keeps its own file and users
+        # Replace: the source's new pixels are packed; it keeps its own file and users. Undo gives
+        # back the pixels it had, redo the cut-out (issue #39 item 12)
         area.spaces.active.image = bpy.data.images.load("//plate.png")
+        arrays["plate.png@before"] = pixels(bpy.data.images["plate.png"])
+        bpy.ops.ed.undo_push(message="plate opened")
         bpy.ops.lean_image_ai.remove_background(replace=True, model_path=config["models"]["ben2"])
+        bpy.ops.ed.undo_push(message="remove_background replace")
         arrays["plate.png"] = pixels(bpy.data.images["plate.png"])
+        bpy.ops.ed.undo()
+        arrays["plate.png@undo"] = pixels(bpy.data.images["plate.png"])
+        bpy.ops.ed.redo()
+        arrays["plate.png@redo"] = pixels(bpy.data.images["plate.png"])
         # a source the add-on loads and keeps (the mesh's material shows it) is stored `//`-relative
         bpy.ops.lean_image_ai.reconstruct_geometry(
             filepath=str(folder / "room.png"), model_path=config["models"]["moge2"]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import temp_writer
 from lean_image_ai.models import files
 from PIL import Image
 
@@ -124,15 +125,39 @@ def test_skip_existing_removes_stale_temp_files_of_its_own_outputs_only(tmp_path
     past = time.time() - 60
     for path in (left[0], foreign, lookalike):
         os.utime(path, (past, past))
-    live = files.temp_path_for(out / "o_0003.png")  # another task writing the same output right now
-    live.write_bytes(b"x")
-    done = subprocess.run(
-        [sys.executable, "-m", "lean_image_ai", *args, "--skip-existing"], cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
+    writer, live = temp_writer.start(out / "o_0003.png")  # another task writing the same output right now
+    try:
+        os.utime(live, (past, past))  # as old as the killed run's: its writer's lock keeps it
+        done = subprocess.run(
+            [sys.executable, "-m", "lean_image_ai", *args, "--skip-existing"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+        assert live.exists()
+    finally:
+        temp_writer.kill(writer)
+    live.unlink()
     assert done.returncode == 0, done.stderr
     assert f"removed a temporary file left by an interrupted run: {left[0]}" in done.stderr
-    assert not left[0].exists() and foreign.exists() and lookalike.exists() and live.exists()
+    assert not left[0].exists() and foreign.exists() and lookalike.exists()
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [f"o_{n:04d}.png" for n in range(1, 5)]
+
+
+def test_a_temp_of_a_writer_killed_just_before_the_final_run_is_gone_when_it_ends(tmp_path):
+    """Issue #39 item 13: a writer killed a moment before the final --skip-existing run left a
+    temporary file younger than the stale age at the run's start: it stayed. Its lock went with
+    the writer, so the run removes it, by its end at the latest. Three rounds, each killed anew."""
+    pattern = _frames(tmp_path, 2)
+    out = tmp_path / "out"
+    out.mkdir()
+    args = [sys.executable, "-m", "lean_image_ai", "upscale", pattern, str(out / "o_####.png"), "--device", "cpu", "--skip-existing"]
+    assert subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=120).returncode == 0
+    for _ in range(3):
+        (out / "o_0002.png").unlink()
+        writer, left = temp_writer.start(out / "o_0002.png")
+        temp_writer.kill(writer)
+        done = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert f"removed a temporary file left by an interrupted run: {left}" in done.stderr
+        assert sorted(p.name for p in out.iterdir()) == ["o_0001.png", "o_0002.png"]
 
 
 def test_a_stop_at_once_while_a_model_runs_in_native_code_exits_143_not_abort(tmp_path):

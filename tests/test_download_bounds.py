@@ -66,6 +66,16 @@ def test_a_redirect_off_https_is_refused(server, tmp_path, model):
     _nothing_installed(entry, tmp_path)
 
 
+@pytest.mark.parametrize("loop", [{"/m.onnx": "/m.onnx"}, {"/m.onnx": "/n.onnx", "/n.onnx": "/m.onnx"}])
+def test_a_redirect_loop_is_one_line(server, tmp_path, model, loop):
+    server.redirects.update({path: server.url(target) for path, target in loop.items()})
+    entry = loopback_entry(server.url("/m.onnx"), None)
+    with pytest.raises(ModelInstallError, match="redirects that go round in a loop") as caught:
+        installer.install(entry, tmp_path)
+    assert "\n" not in str(caught.value)
+    _nothing_installed(entry, tmp_path)
+
+
 # -- sizes ---------------------------------------------------------------------------------------
 
 

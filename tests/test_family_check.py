@@ -205,6 +205,33 @@ def test_a_one_conv_single_channel_model_is_not_run_as_remove_background(tmp_pat
     assert not (tmp_path / "cut.png").exists()
 
 
+def relu_model(path: Path, weights=(3.0, 3.0, 3.0)) -> Path:
+    """One 1x1 conv and a Relu, RGB -> one channel: the shape of a matte, positive values far past 1."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, "h", "w"])
+    weight = numpy_helper.from_array(np.array(weights, np.float32).reshape(1, 3, 1, 1), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["y"])]
+    return save_model(helper.make_graph(nodes, "relu", [x], [y], [weight]), path)
+
+
+def test_a_relu_output_run_as_remove_background_says_what_it_looks_like(tmp_path, fresh_runtime, capsys):
+    """Issue #39 item 15: the probe's unbounded values point to depth (a warning, not a refusal),
+    but the job dropped the warning: the cut-out came out without a word."""
+    from lean_image_ai.ui.cli.main import main
+
+    path = relu_model(tmp_path / "relu.onnx")
+    looks = "relu.onnx: this looks like a depth model: one channel ('y') at the input size, unbounded and positive"
+    result = ben2.run(photo(), path, options=RunOptions(runtime=fresh_runtime))
+    assert [w for w in result.warnings if w.startswith(looks)] and "use depth" in result.warnings[-1], result.warnings
+    Image.fromarray(photo()).save(tmp_path / "photo.png")
+    code = main(["remove-background", str(tmp_path / "photo.png"), str(tmp_path / "cut.png"), "--model", str(path), "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.count(f"warning: {looks}") == 1, out
+    # a model that fits its family gets no such line
+    assert not [w for w in ben2.run(photo(), ben2_like_model(tmp_path / "b.onnx", fixed=False), options=RunOptions(runtime=fresh_runtime)).warnings
+                if "looks like" in w]
+
+
 def test_the_families_are_asked_in_their_declared_order(standins, fresh_runtime, monkeypatch):
     # a MoGe-2 export's mask is one channel ending in a Sigmoid: alone, a sure sign of a matte
     handle = fresh_runtime.session(standins["moge2"], "cpu")

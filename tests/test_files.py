@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import stat
 import sys
+import time
 
 import pytest
+import temp_writer
 from lean_image_ai.models import files
 
 posix_only = pytest.mark.skipif(sys.platform.startswith("win"), reason="POSIX permission bits")
@@ -85,3 +87,38 @@ def test_leftover_temps_finds_only_temps_of_that_target(tmp_path):
     target.write_bytes(b"whole")
     assert files.leftover_temps(target) == [killed]
     assert files.leftover_temps(tmp_path / "missing" / "x.png") == []
+
+
+def test_a_temp_a_live_process_writes_is_kept_whatever_its_age_and_removed_once_it_dies(tmp_path):
+    """Issue #39 item 13: age alone judged a temporary file, so a killed writer's young one stayed
+    after the run (and an old one of a live, slow writer would have gone). The writer's lock tells."""
+    target = tmp_path / "o_0001.png"
+    writer, tmp = temp_writer.start(target)
+    try:
+        past = time.time() - 3600
+        os.utime(tmp, (past, past))  # by age, a killed writer's
+        assert files.remove_stale_temps([target], older_than=time.time()) == []
+        assert tmp.exists()
+    finally:
+        temp_writer.kill(writer)
+    young = time.time() + 60
+    os.utime(tmp, (young, young))  # younger than any run's start: by age, a live writer's
+    assert files.remove_stale_temps([target], older_than=time.time() - 60) == [tmp]
+    assert listing(tmp_path) == []
+
+
+def test_a_cleaner_in_the_instant_before_the_writer_locks_its_file_costs_the_writer_nothing(tmp_path, monkeypatch):
+    # the one interleaving where a live writer's file has no lock yet: made, not locked. The
+    # cleaner takes it for a dead writer's; the writer sees that and makes another.
+    target = tmp_path / "o_0001.png"
+    real_lock, removed = files._lock_for_writer, []
+
+    def cleaner_comes_first(fd):
+        if not removed:
+            removed.extend(files.remove_stale_temps([target], older_than=0.0))
+        return real_lock(fd)
+
+    monkeypatch.setattr(files, "_lock_for_writer", cleaner_comes_first)
+    files.write_bytes(target, b"the frame")
+    assert len(removed) == 1 and target.read_bytes() == b"the frame"
+    assert listing(tmp_path) == ["o_0001.png"]

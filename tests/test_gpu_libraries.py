@@ -4,7 +4,10 @@ folder (``--no-index --find-links``): install, wrong hash, cancel, remove, downl
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -205,6 +208,108 @@ def test_a_staging_folder_left_by_a_killed_install_is_cleared(tmp_path, wheels):
     (staging / "site" / "half.so").write_bytes(b"half")
     G.install(target, write_requirements(tmp_path / "req.txt", wheels), index_args=_index(wheels))
     assert not staging.exists() and G.installed_packages(target)
+
+
+GATED_PIP = """#!{python}
+# pip for these tests: the first one started waits at a gate (the test opens it), then every
+# one runs the real pip with the same arguments
+import os, sys, time
+from pathlib import Path
+
+gate = Path({gate!r})
+try:
+    os.close(os.open(gate / "first", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    first = True
+except FileExistsError:
+    first = False
+(gate / f"pip-{{os.getpid()}}").write_text(" ".join(sys.argv))
+deadline = time.monotonic() + 60
+while first and not (gate / "open").exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+os.execv({python!r}, [{python!r}, *sys.argv[1:]])
+"""
+
+
+def _gated_pip(tmp_path) -> tuple[Path, Path]:
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    pip = tmp_path / "gated_python"
+    pip.write_text(GATED_PIP.format(python=sys.executable, gate=str(gate)))
+    pip.chmod(0o755)
+    return pip, gate
+
+
+def _wait_for(path: Path, process) -> None:
+    for _ in range(3000):
+        if path.exists() or process.poll() is not None:
+            break
+        time.sleep(0.02)
+    assert path.exists(), process.communicate(timeout=30)
+
+
+def _job(target, req, pip, wheels) -> list[str]:
+    return [sys.executable, str(Path(__file__).parent / "gpu_install_job.py"), str(target), str(req), str(pip), str(wheels[0].parent)]
+
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the gated pip is a shebang script; /proc")
+
+
+@linux_only
+def test_a_second_install_into_the_folder_is_refused_and_the_first_completes(tmp_path, wheels):
+    # the first install is held inside its pip (a gate): deterministic, no timing
+    req = write_requirements(tmp_path / "req.txt", wheels)
+    target = tmp_path / "user" / "gpu_runtime"
+    pip, gate = _gated_pip(tmp_path)
+    first = subprocess.Popen(_job(target, req, pip, wheels), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for(gate / "first", first)
+        staging = tmp_path / "user" / "gpu_runtime.staging"
+        assert (staging / G.STAGING_MARKER).is_file()
+        second = subprocess.run(_job(target, req, pip, wheels), capture_output=True, text=True, timeout=120)
+        refusal = json.loads(second.stdout)["error"]
+        assert second.returncode == 2 and "\n" not in refusal, second
+        assert f"Another install of the GPU libraries into {target.resolve()} is running (process {first.pid} on" in refusal
+        with pytest.raises(G.GpuRuntimeError, match=f"process {first.pid} on"):
+            G.remove(target)  # nor is the folder removed under it
+        assert (staging / G.STAGING_MARKER).is_file()  # the first's staging is untouched
+        assert len(list(gate.glob("pip-*"))) == 1  # one pip run, never two into one staging folder
+        (gate / "open").touch()
+        out, _ = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert first.returncode == 0 and json.loads(out.splitlines()[-1])["ok"], out
+    assert G.is_current(target, req) and G.installed_packages(target) == {"nvidia-fake-lib": "1.0", "nvidia-fake-dnn": "2.3"}
+    assert sorted(p.name for p in target.parent.iterdir()) == ["gpu_runtime"]  # no staging, no lock left
+
+
+@linux_only
+def test_a_killed_install_holds_the_folder_while_its_pip_lives_and_frees_it_after(tmp_path, wheels):
+    """The install killed (as a crash takes Blender) while its pip runs: that pip, orphaned, still
+    writes into the staging folder and holds the lock it inherited; once it ends, the OS frees the
+    lock and the next install clears the staging folder and completes."""
+    req = write_requirements(tmp_path / "req.txt", wheels)
+    target = tmp_path / "gpu_runtime"
+    pip, gate = _gated_pip(tmp_path)
+    first = subprocess.Popen(_job(target, req, pip, wheels), stdout=subprocess.DEVNULL)
+    try:
+        _wait_for(gate / "first", first)
+    finally:
+        first.kill()
+        first.wait()
+    (orphan,) = [int(p.name.split("-")[1]) for p in gate.glob("pip-*")]
+    with pytest.raises(G.GpuRuntimeError, match=f"Another install of the GPU libraries into {target.resolve()}"):
+        G.install(target, req, index_args=_index(wheels))
+    assert (tmp_path / "gpu_runtime.staging" / G.STAGING_MARKER).is_file()
+    (gate / "open").touch()
+    for _ in range(3000):  # the orphan is not our child: watch its pid
+        if not Path(f"/proc/{orphan}").exists() or Path(f"/proc/{orphan}/stat").read_text().split()[2] == "Z":
+            break
+        time.sleep(0.02)
+    G.install(target, req, index_args=_index(wheels))
+    assert G.is_current(target, req)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("gpu_runtime")) == ["gpu_runtime"]
 
 
 def test_activate_without_libraries_reports_and_never_raises(tmp_path):

@@ -183,7 +183,9 @@ def test_hidden_names_beside_a_255_byte_name_fit_and_stay_distinct(tmp_path):
     left = files.temp_path_for(b)  # what a killed writer of b leaves: found and cleaned by its hashed name
     left.write_bytes(b"half")
     assert files.leftover_temps(b) == [left] and files.leftover_temps(a) == []
-    assert files.remove_stale_temps([a, b], older_than=left.stat().st_mtime + 1) == [left]
+    past = left.stat().st_mtime - 60  # the killed writer's, a minute ago (a younger one may be a writer about to lock it)
+    os.utime(left, (past, past))
+    assert files.remove_stale_temps([a, b], older_than=past + 1) == [left]
     files.write_bytes(b, b"y")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([a.name, b.name])
 

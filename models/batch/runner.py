@@ -94,7 +94,7 @@ class Runner:
     # -- the plan: frames and outputs, every check before the model runs --------------------------
     def _plan(self) -> tuple[list[FrameRef], list[Path], set]:
         spec = self.spec
-        started = time.time()  # nothing of this run is written yet: older temporary files are not its own
+        self._started = time.time()  # nothing of this run is written yet: older temporary files are not its own
         if spec.frame_list is not None and spec.output_list is not None:  # a farm chunk: planned by its driver
             refs = [FrameRef(int(n), Path(p)) for n, p in spec.frame_list]
             return refs, [Path(p) for p in spec.output_list], set()
@@ -111,14 +111,21 @@ class Runner:
             inputs_are_files=spec.source is not None, suffix=products.default_suffix(spec.family_id, kind),
             writer=self.io.writer,
         )
-        if spec.skip_existing:  # a killed earlier run's temporary files of these outputs (never newer ones)
-            companions = [p for out in outputs for p in products.companion_paths(spec.family_id, out)]
-            for temp in files.remove_stale_temps(companions, older_than=started - STALE_TEMP_S):
-                self.events.notice(f"removed a temporary file left by an interrupted run: {temp}")
+        self._remove_killed_temps(outputs)
         # a killed Skip Existing run's frame claims, whatever this run's mode (a claim held now stays)
         for claim in frame_claims.remove_stale(outputs):
             self.events.notice(f"removed a frame claim left by an interrupted run: {claim}")
         return self._preview(refs, outputs) if spec.shot.preview is not None else (refs, outputs, skip)
+
+    def _remove_killed_temps(self, outputs) -> None:
+        """With Skip Existing, the temporary files of these outputs that no live process writes
+        (models/files.py): at the start, a killed earlier run's; at the end, also one a run killed
+        while this one ran left, or one too young to judge at the start where only age tells."""
+        if not self.spec.skip_existing:
+            return
+        companions = [p for out in outputs for p in products.companion_paths(self.spec.family_id, out)]
+        for temp in files.remove_stale_temps(companions, older_than=self._started - STALE_TEMP_S):
+            self.events.notice(f"removed a temporary file left by an interrupted run: {temp}")
 
     def _in_sequence(self, refs) -> bool:
         spec = self.spec
@@ -235,6 +242,8 @@ class Runner:
     def close(self) -> None:
         """A finished, cancelled or failed run's claimed frames are free for another task."""
         self._claims.release_all()
+        if self.spec.writes_files:
+            self._remove_killed_temps(self.outputs)
 
     def run(self) -> BatchReport:
         """The whole job on this thread's watch (the command line, a farm worker): frames read on a

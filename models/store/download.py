@@ -70,6 +70,17 @@ def _describe_url_error(exc: BaseException) -> str:
 
 def _describe_http_error(exc: urllib.error.HTTPError) -> str:
     code = exc.code
+    gave_up = urllib.request.HTTPRedirectHandler.inf_msg
+    if str(exc.reason).startswith(gave_up):
+        # urllib gives up on a loop, or on too many hops, with a 30x "error" whose text is
+        # three lines of its own: say it in one.
+        limit = urllib.request.HTTPRedirectHandler.max_redirections
+        last = str(exc.reason).replace(gave_up, "").strip()
+        return (
+            f"the server answered with redirects that go round in a loop (or more than {limit} in a "
+            f"row; the last was HTTP {code}{' ' + last if last else ''}), so the address is broken at "
+            "the moment; try again later"
+        )
     if code == 404:
         return "HTTP 404 Not Found (the file is not at that address any more)"
     if code in (401, 403):

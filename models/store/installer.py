@@ -4,8 +4,8 @@ bpy-free and free of global state, so :func:`install` can run in a worker thread
 goes to ``<file>.part`` and is resumed with an HTTP Range request next time; it is checked
 against the catalog's size and sha256 (where known) and only then renamed into place with
 ``os.replace``. A small ``<file>.verified.json`` sidecar remembers what was verified, so
-:func:`is_installed` does not re-hash a 1 GB file on every run (only when its size or mtime
-changed).
+:func:`is_installed` does not re-hash a 1 GB file on every run (only when its size, mtime, ctime
+or inode changed: models/store/file_key.py).
 
 Two installs of the same entry into the same folder at the same time (two Blender processes or
 farm nodes sharing a models folder) take turns on a cross-process lock (models/store/install_lock.py):
@@ -41,6 +41,7 @@ from .download import (
     looks_like_text_not_model,
     manual_hint,
 )
+from .file_key import file_key, unchanged
 from .http_watch import TransferLimits, size_floor
 from .install_lock import edit_lock, install_lock
 
@@ -130,7 +131,7 @@ def _write_sidecar(
         sidecar.parent.mkdir(parents=True, exist_ok=True)
         with edit_lock(sidecar, f"the verified record of {entry.title}"):
             st = dest.stat()
-            if hashed is not None and (not os.path.samestat(st, hashed) or st.st_mtime_ns != hashed.st_mtime_ns):
+            if hashed is not None and file_key(st) != file_key(hashed):
                 return
             first = first_sha256 or (_read_sidecar(sidecar) or {}).get("first_sha256") or sha256
             files.write_text(sidecar, json.dumps(_sidecar_payload(entry, dest, st, sha256, first), indent=2, sort_keys=True))
@@ -143,8 +144,7 @@ def _sidecar_payload(entry: CatalogEntry, dest: Path, st: os.stat_result, sha256
         "first_sha256": first_sha256,  # no catalog checksum: what any later copy is compared with
         "entry_id": entry.id,
         "filename": dest.name,
-        "size": st.st_size,
-        "mtime_ns": st.st_mtime_ns,
+        **file_key(st),
         "sha256": sha256,
         "expected_sha256": entry.sha256,
         "expected_size": entry.size_bytes,
@@ -169,8 +169,8 @@ def verify_installed(
     """Return the model's path if it is present and matches the catalog, else raise ModelFileError.
 
     Size is checked every time (a ``stat``). The sha256 (when the catalog knows it) is taken from
-    the ``.verified.json`` sidecar as long as the file's size and mtime still match it, and is
-    re-computed only when they changed or the sidecar is missing.
+    the ``.verified.json`` sidecar as long as the file's size, mtime, ctime and inode still match
+    it, and is re-computed only when one changed or the sidecar is missing.
     """
     dest = model_path(entry, models_dir)
     try:
@@ -216,7 +216,7 @@ def _verify_against_first_install(
     recorded = _read_sidecar(sidecar)
     if recorded is None or not recorded.get("sha256"):
         return dest
-    if recorded.get("size") == st.st_size and recorded.get("mtime_ns") == st.st_mtime_ns:
+    if unchanged(recorded, st):
         return dest
     got = sha256_file(dest, cancel=cancel)
     if got != recorded["sha256"]:
@@ -231,14 +231,9 @@ def _verify_against_first_install(
 
 
 def _sidecar_vouches(entry: CatalogEntry, st: os.stat_result, sidecar: Path) -> bool:
-    """The sidecar recorded this very file (size, mtime) with the catalog's sha256."""
+    """The sidecar recorded this very file (models/store/file_key.py) with the catalog's sha256."""
     recorded = _read_sidecar(sidecar)
-    return (
-        recorded is not None
-        and recorded.get("size") == st.st_size
-        and recorded.get("mtime_ns") == st.st_mtime_ns
-        and recorded.get("sha256") == entry.sha256
-    )
+    return recorded is not None and unchanged(recorded, st) and recorded.get("sha256") == entry.sha256
 
 
 def is_verified(entry: CatalogEntry, models_dir: str | os.PathLike) -> bool:

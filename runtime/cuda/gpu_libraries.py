@@ -34,7 +34,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import LeanImageError, OperationCancelled, user_path
+from ..errors import GpuRuntimeError, OperationCancelled, user_path
+from .gpu_install_lock import one_install_at_a_time
+from .pip_output import DOWNLOAD_SHARE, INSTALL_SHARE, normalized, pip_failure, progress_from_line
 
 REQUIREMENTS_DIR = "gpu_requirements"
 FOLDER_ENV = "LEAN_IMAGE_AI_GPU_RUNTIME_DIR"  # headless/farm: a folder of libraries set up once
@@ -44,18 +46,8 @@ STAGING_MARKER = "lean_image_ai_gpu_staging"
 _STAGING_SUFFIX = ".staging"
 _OLD_SUFFIX = ".old"
 
-# Share of the progress bar for each phase. pip reports no byte progress that every pip version
-# prints the same way, so downloads advance per wheel, weighted by the sizes the file records.
-_DOWNLOAD_SHARE = 0.9
-_INSTALL_SHARE = 0.08
-
 _LINE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)\s+--hash=sha256:([0-9a-fA-F]{64})\s*(?:#(.*))?$")
 _SIZE = re.compile(r"\bsize:\s*(\d+)")
-_COLLECTING = re.compile(r"^\s*(?:Collecting|Processing|Obtaining)\s+(\S+)")
-
-
-class GpuRuntimeError(LeanImageError):
-    """Installing, removing or loading the CUDA/cuDNN libraries failed; the message says why and what to do."""
 
 
 @dataclass(frozen=True)
@@ -119,10 +111,6 @@ def download_size(requirements: str | os.PathLike | Iterable[Requirement]) -> in
     return None if any(s is None for s in sizes) else sum(sizes)
 
 
-def _normalized(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 # --- what is installed ----------------------------------------------------------------------------
 
 
@@ -134,7 +122,7 @@ def installed_packages(target_dir: str | os.PathLike) -> dict[str, str]:
     packages = {}
     for info in target.glob("*.dist-info"):
         name, _, version = info.name[: -len(".dist-info")].partition("-")
-        packages[_normalized(name)] = version
+        packages[normalized(name)] = version
     return packages
 
 
@@ -231,49 +219,25 @@ def _beside(target: Path, suffix: str) -> Path:
     return target.with_name(target.name + suffix)
 
 
-def _progress_from_line(line: str, requirements: list[Requirement], state: dict) -> tuple[float, str] | None:
-    """(fraction, stage) for one line of pip's output, or None when the line says nothing new."""
-    sized = all(r.size for r in requirements)  # by bytes when every size is known, else per wheel
-    weight = {_normalized(r.name): r.size if sized else 1 for r in requirements}
-    total = sum(weight.values())
-    collecting = _COLLECTING.match(line)
-    if collecting:
-        spec = collecting.group(1)
-        name = _normalized(re.split(r"[=<>~!\[ ]", Path(spec).name.split("-")[0] if spec.endswith(".whl") else spec)[0])
-        if name in weight and name not in state["seen"]:
-            # the previous wheel is complete once pip moves on to the next one
-            state["done"] += state.pop("current_weight", 0)
-            state["seen"].add(name)
-            state["current_weight"] = weight[name]
-            return _DOWNLOAD_SHARE * state["done"] / total, f"downloading {name} ({len(state['seen'])}/{len(requirements)})"
-        return None
-    if line.startswith("Installing collected packages"):
-        state["done"] += state.pop("current_weight", 0)
-        return _DOWNLOAD_SHARE, "installing"
-    return None
+def install(target_dir: str | os.PathLike, requirements_file: str | os.PathLike, **options) -> Path:
+    """Install the wheels of `requirements_file` into target_dir with pip; all or nothing.
+
+    pip installs into a staging folder beside target_dir; only a complete, verified install is
+    renamed into place (replacing an older one), so a failure, a cancel or a crash never leaves a
+    half-filled folder that activate() would load from. Raises OperationCancelled when `cancel()`
+    turns true (pip is terminated, the staging folder removed), GpuRuntimeError on failure, and
+    at once when another process is installing into or removing target_dir (an OS lock,
+    runtime/cuda/gpu_install_lock.py, is held for the whole install: staging, pip, marking it
+    complete). Options: python, index_args, progress(fraction, stage), cancel(), poll_interval.
+    """
+    target = Path(target_dir).resolve()
+    _beside(target, _STAGING_SUFFIX)  # the root of the file system is refused before any lock
+    with one_install_at_a_time(target) as lock_fd:
+        return _install(target, requirements_file, lock_fd=lock_fd, **options)
 
 
-def _pip_failure(returncode: int, lines: list[str], python: str) -> GpuRuntimeError:
-    text = "\n".join(lines)
-    tail = " | ".join(ln.strip() for ln in lines[-6:] if ln.strip())
-    if "No module named pip" in text:
-        return GpuRuntimeError(
-            f"The Python at {python} has no pip, so the GPU libraries cannot be installed. Run "
-            f"'{python} -m ensurepip' once, then install again."
-        )
-    if "DO NOT MATCH THE HASHES" in text:
-        return GpuRuntimeError(
-            "A downloaded GPU library does not match the checksum this add-on version expects, so "
-            f"nothing was installed (pip: {tail}). Check pip's index settings, or update the add-on."
-        )
-    return GpuRuntimeError(
-        f"pip could not install the GPU libraries (exit {returncode}); nothing was installed. "
-        f"Check the network and pip's settings. pip said: {tail or 'nothing'}"
-    )
-
-
-def install(
-    target_dir: str | os.PathLike,
+def _install(
+    target_dir: Path,
     requirements_file: str | os.PathLike,
     *,
     python: str = sys.executable,
@@ -281,14 +245,8 @@ def install(
     progress: Callable[[float, str], None] | None = None,
     cancel: Callable[[], bool] | None = None,
     poll_interval: float = 0.1,
+    lock_fd: int | None = None,
 ) -> Path:
-    """Install the wheels of `requirements_file` into target_dir with pip; all or nothing.
-
-    pip installs into a staging folder beside target_dir; only a complete, verified install is
-    renamed into place (replacing an older one), so a failure, a cancel or a crash never leaves a
-    half-filled folder that activate() would load from. Raises OperationCancelled when `cancel()`
-    turns true (pip is terminated, the staging folder removed), GpuRuntimeError on failure.
-    """
     target = Path(target_dir).resolve()
     requirements_file = Path(requirements_file).resolve()
     requirements = parse_requirements(requirements_file)
@@ -296,8 +254,7 @@ def install(
     cancelled = cancel or (lambda: False)
     staging = _beside(target, _STAGING_SUFFIX)
     check_replaceable(target)  # before pip downloads a gigabyte it could not put in place
-    target.parent.mkdir(parents=True, exist_ok=True)
-    _remove_ours(staging, STAGING_MARKER)  # left by a Blender that was killed mid-install
+    _remove_ours(staging, STAGING_MARKER)  # left by an install that was killed (its lock went with it)
     staging.mkdir()
     (staging / STAGING_MARKER).write_text("made by Lean Image AI's GPU runtime installer\n", encoding="utf-8")
     site = staging / "site"
@@ -327,6 +284,9 @@ def install(
                 text=True,
                 errors="replace",
                 creationflags=getattr(subprocess, "CREATE_NO_WINDOW", 0),  # no console flashing on Windows
+                # pip holds the install's lock too: killed, this process leaves a pip that still
+                # writes into the staging folder, and no other install may take it meanwhile
+                pass_fds=(lock_fd,) if lock_fd is not None and os.name != "nt" else (),
             )
         except OSError as exc:
             raise GpuRuntimeError(f"Cannot run {python} to install the GPU libraries: {exc}.") from exc
@@ -355,16 +315,16 @@ def install(
                 finished = True
                 continue
             lines.append(line)
-            step = _progress_from_line(line, requirements, state)
+            step = progress_from_line(line, requirements, state)
             if step is not None:
                 report(*step)
         returncode = process.wait()
         reader.join(5)
         if returncode != 0:
-            raise _pip_failure(returncode, lines, python)
+            raise pip_failure(returncode, lines, python)
         if cancelled():
             raise OperationCancelled("Installing the GPU libraries was cancelled; nothing was installed.")
-        report(_DOWNLOAD_SHARE + _INSTALL_SHARE, "checking")
+        report(DOWNLOAD_SHARE + INSTALL_SHARE, "checking")
         _check_installed(site, requirements)
         (site / MARKER).write_text(
             json.dumps(
@@ -400,8 +360,8 @@ def _check_installed(site: Path, requirements: list[Requirement]) -> None:
     have = {}
     for info in site.glob("*.dist-info"):
         name, _, version = info.name[: -len(".dist-info")].partition("-")
-        have[_normalized(name)] = version
-    wrong = [f"{r.name}=={r.version}" for r in requirements if have.get(_normalized(r.name)) != r.version]
+        have[normalized(name)] = version
+    wrong = [f"{r.name}=={r.version}" for r in requirements if have.get(normalized(r.name)) != r.version]
     if wrong:
         raise GpuRuntimeError(f"pip finished but did not install {', '.join(wrong)}; nothing was installed.")
 
@@ -431,6 +391,13 @@ def remove(target_dir: str | os.PathLike) -> bool:
     """
     target = Path(target_dir).resolve()
     owned = [(target, MARKER), (_beside(target, _OLD_SUFFIX), MARKER), (_beside(target, _STAGING_SUFFIX), STAGING_MARKER)]
+    if not any(path.exists() or path.is_symlink() for path, _marker in owned):
+        return False
+    with one_install_at_a_time(target):  # never pulls the staging folder from under a running install
+        return _remove(target, owned)
+
+
+def _remove(target: Path, owned: list) -> bool:
     for path, marker in owned:  # all checked before anything goes
         _check_ours(path, marker)
     present = _carries(target, MARKER)
