@@ -213,7 +213,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
         ).with_frames(frames)
         # a first-time hash runs on the worker; Skip Existing claims frames as the command line does
         runner = Runner(spec, BlenderFrames(), events=RunEvents(progress=job.report), cancel=job.cancel_event,
-                        verify=False, batch_factory=worker_batches(job.name))
+                        batch_factory=worker_batches(job.name))
         output_type = runner.output_type()
         if output_type:
             job.name = f"{job.name}, {output_type}"

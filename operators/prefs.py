@@ -145,7 +145,6 @@ def family_job(context, owner, family_id: str) -> ModelRun:
         values={o.name: getattr(owner, o.name) for o in family.options},
         device=device,
         budgets=job_budgets,
-        verify=False,
     )
 
 

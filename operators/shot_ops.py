@@ -100,7 +100,7 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
         spec = batch_ops.job_spec(context, self, moge2.FAMILY.id, source=str(_source(self)), writes_files=False)
         events = RunEvents(progress=job.report)  # each result becomes a mesh (add_frame, below), never a file
         runner = Runner(spec.with_frames(frames), batch_ops.BlenderFrames(), events=events, cancel=job.cancel_event,
-                        verify=False, batch_factory=worker_batches(self.job_title))
+                        batch_factory=worker_batches(self.job_title))
         refs, values = runner.refs, runner.model_run.values
         numbers = [r.number for r in refs]
         following = dict(zip(numbers, numbers[1:] + [None], strict=True))

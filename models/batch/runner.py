@@ -65,8 +65,7 @@ class RunEvents:
 
 class Runner:
     def __init__(self, spec: JobSpec, io, *, events: RunEvents | None = None, batch_factory=BatchRun,
-                 cancel: threading.Event | None = None, model_run: ModelRun | None = None, runtime=None,
-                 verify: bool = True):
+                 cancel: threading.Event | None = None, model_run: ModelRun | None = None, runtime=None):
         self.spec, self.io = spec, io
         self.events = events or RunEvents()
         self.cancel_event = cancel if cancel is not None else threading.Event()
@@ -74,7 +73,7 @@ class Runner:
         # the model run (the model resolved once): a farm worker is given the driver's (named by its absolute path)
         self.model_run = model_run or ModelRun.resolve(
             spec.family_id, library.models_dir(spec.models_dir), model=spec.model, model_path=spec.model_path,
-            values=spec.values, device=spec.device, budgets=spec.budgets, verify=verify,
+            values=spec.values, device=spec.device, budgets=spec.budgets,
         )
         shot = spec.shot  # a bad shot option fails before any folder is made
         self.shot = ShotSettings(spec.family_id, depth_range=shot.depth_range, align_depth=shot.align_depth,
