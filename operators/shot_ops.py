@@ -27,7 +27,7 @@ from ..models.batch.runner import RunEvents, Runner
 from ..runtime.errors import LeanImageError
 from . import batch_ops, geometry_ops, image_io, options, prefs, results, shot_props, sources
 from .jobs import BatchOperator, BatchTask, Job, WorkerOperator
-from .model_job import one_frame_task, worker_batches
+from .model_job import BlenderFrames, one_frame_task, read_frame, worker_batches
 
 PREVIEW_IMAGE = "Lean Image AI Preview"
 
@@ -99,7 +99,7 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
         frames = frame_lists.parse_frames(self.frames) if self.frames.strip() else None
         spec = batch_ops.job_spec(context, self, moge2.FAMILY.id, source=str(_source(self)), writes_files=False)
         events = RunEvents(progress=job.report)  # each result becomes a mesh (add_frame, below), never a file
-        runner = Runner(spec.with_frames(frames), batch_ops.BlenderFrames(), events=events, cancel=job.cancel_event,
+        runner = Runner(spec.with_frames(frames), BlenderFrames(), events=events, cancel=job.cancel_event,
                         batch_factory=worker_batches(self.job_title))
         refs, values = runner.refs, runner.model_run.values
         numbers = [r.number for r in refs]
@@ -235,7 +235,7 @@ class LEAN_IMAGE_AI_OT_preview_frame(WorkerOperator, bpy.types.Operator):
         family_job = prefs.family_job(context, self, family.id)
         shot = shot_props.settings_of(self, family.id)
         family_job.extra.update(shot.adapter_kwargs())  # a given field of view; a fitted shot focal needs the shot
-        pixels = batch_ops.read_frame(refs[0])  # main thread: Blender reads the file
+        pixels = read_frame(refs[0])  # main thread: Blender reads the file
         job.inputs = SimpleNamespace(number=number, shot=shot, family=family)
         return one_frame_task(job, family_job, refs[0], pixels)
 

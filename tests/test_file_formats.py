@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from lean_image_ai.models import file_formats, products
+from lean_image_ai.models.batch import image_files
 from lean_image_ai.runtime.errors import LeanImageError
-from lean_image_ai.ui.cli import cli_images
 
 WRITERS = (file_formats.COMMAND_LINE, file_formats.BLENDER_WRITER)
 
@@ -35,12 +35,12 @@ def test_a_cut_out_to_a_file_without_alpha_suggests_only_what_that_front_end_wri
 
 
 def test_every_format_the_command_line_suggests_it_can_write(tmp_path):
-    with pytest.raises(cli_images.CommandLineError) as refused:
-        cli_images.check_writable_format(tmp_path / "out.xyz")
+    with pytest.raises(image_files.ImageFileError) as refused:
+        image_files.check_writable_format(tmp_path / "out.xyz")
     names = suggested(str(refused.value))
     assert names == [row.suffixes[0] for row in file_formats.FORMATS if row.image and row.writers & {"Pillow", "OpenEXR"}]
     for suffix in names:
-        cli_images.check_writable_format(tmp_path / f"out{suffix}")  # no error: Pillow or OpenEXR writes it
+        image_files.check_writable_format(tmp_path / f"out{suffix}")  # no error: Pillow or OpenEXR writes it
 
 
 def test_blender_writes_exactly_the_rows_that_name_it():

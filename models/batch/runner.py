@@ -35,6 +35,7 @@ from ..job_spec import JobSpec
 from ..model_run import ModelRun
 from ..store import library
 from . import frame_claims, frame_lists
+from .frame_io import FrameIO
 from .frame_lists import FrameRef
 from .sequence import BatchReport, BatchRun
 from .shot_batch import ShotSettings, TwoPassBatch
@@ -64,7 +65,7 @@ class RunEvents:
 
 
 class Runner:
-    def __init__(self, spec: JobSpec, io, *, events: RunEvents | None = None, batch_factory=BatchRun,
+    def __init__(self, spec: JobSpec, io: FrameIO, *, events: RunEvents | None = None, batch_factory=BatchRun,
                  cancel: threading.Event | None = None, model_run: ModelRun | None = None, runtime=None):
         self.spec, self.io = spec, io
         self.events = events or RunEvents()

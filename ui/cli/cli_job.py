@@ -29,7 +29,11 @@ from ...runtime.errors import LeanImageError, user_path
 from ...runtime.measure.memory_report import mb
 from ...runtime.providers import device_help
 from ...runtime.settings import FALSE_WORDS, TRUE_WORDS
-from .cli_images import CommandLineError
+
+
+class CommandLineError(LeanImageError):
+    """A command line the user can fix: a bad path, a flag out of range, a farm that cannot be reached."""
+
 
 DEMO_NAME = "demo"
 # a temporary file untouched this long before the run is a killed writer's: a live one (another
