@@ -187,9 +187,9 @@ class _Recorder:
 
 
 def child_product(args) -> dict:
-    from lean_image_ai.models import products
     from lean_image_ai.models.batch import image_files
     from lean_image_ai.models.model_run import ModelRun
+    from lean_image_ai.models.outputs import JobOutput
     from lean_image_ai.runtime import Runtime
     from lean_image_ai.runtime.core import RuntimeSettings
     from lean_image_ai.runtime.errors import InvalidModelOutputError
@@ -220,7 +220,7 @@ def child_product(args) -> dict:
     if result is not None:
         target = work / f"result{job.family.output.suffix}"
         encode = time.perf_counter()
-        products.write_result(args.family, target, result, job.values, image_files.write_image)
+        JobOutput.of(args.family).write(target, result, job.values, image_files.write_image)
         encode = time.perf_counter() - encode
     (ram,) = runtime.last_job_memory["figures"]
     plans = runtime.events.recent("tile_plan")

@@ -111,7 +111,7 @@ class Family:
     # check_session(handle): raises ModelContractError when a loaded model's inputs and outputs
     # do not fit the family (the same check a job makes; the installer asks it of a download)
     check_session: Callable[[Any], Any] | None = None
-    output: Output | None = None  # what a result becomes as files (models/products.py applies it)
+    output: Output | None = None  # what a result becomes as files (models/outputs.py applies it)
     # the shot options a sequence of it takes (models/batch/shot_batch.py): "depth" (one depth range,
     # aligned depth: results with ``.depth``), "camera" (one camera fitted for the shot)
     shot: frozenset[str] = frozenset()

@@ -12,8 +12,9 @@ import math
 import bpy
 import numpy as np
 
-from ..models import families, file_formats, products
+from ..models import families, file_formats
 from ..models.adapters import ben2, da3, upscale
+from ..models.outputs import OutputPolicy
 from ..runtime.errors import InvalidImageError
 from . import image_io, results
 from .model_job import ModelJobOperator
@@ -111,11 +112,11 @@ def _save_depth(image, depth, output) -> str:
 
 def _save_values(family, image, result, output) -> str:
     """An image of values keeps them in EXR; another format gets them normalised to 0..1, and the
-    note says from which range (models/products.py's policy)."""
+    note says from which range (models/outputs.py's policy)."""
     if not output or output[0].suffix.lower() in file_formats.BLENDER_WRITER.float_suffixes:
         return results.save_output(image, output)
     path = output[0]
-    product = products.image_product(family.id, result, path.suffix, file_formats.BLENDER_WRITER.float_suffixes)
+    product = OutputPolicy.of(family.id, file_formats.BLENDER_WRITER).image(result, path.suffix)
     notes = results.save_product(path, product)
     results.keep(image)  # the file holds the depth normalised: the image keeps the values, packed
     return f"; saved {path} ({' '.join(notes)})"

@@ -87,7 +87,7 @@ def _kind(image) -> str:
 
 def _as_kind(rgba, kind: str):
     """Model values as the source's sample type, so results are written with the source's bits
-    (models/products.py): 8-bit frames come back exactly as stored."""
+    (models/outputs.py): 8-bit frames come back exactly as stored."""
     if kind == "float":
         return rgba
     top = 255.0 if kind == "8-bit" else 65535.0

@@ -19,11 +19,13 @@ import bpy
 import numpy as np
 from bpy.props import EnumProperty, IntProperty, StringProperty
 
-from ..models import families, file_formats, products
+from ..models import families, file_formats
 from ..models.adapters import moge2
 from ..models.adapters.moge2_mesh import mesh_arrays
 from ..models.batch import frame_lists
 from ..models.batch.runner import RunEvents, Runner
+from ..models.outputs import OutputPolicy
+from ..models.result_images import ImageProduct
 from ..runtime.errors import LeanImageError
 from . import batch_ops, geometry_ops, image_io, options, prefs, results, shot_props, sources
 from .jobs import BatchOperator, BatchTask, Job, WorkerOperator
@@ -185,20 +187,20 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
         return {"CANCELLED"}
 
 
-def preview_product(family_id: str, result, shot) -> products.ImageProduct:
+def preview_product(family_id: str, result, shot) -> ImageProduct:
     """What the preview shows: the image the sequence would write for this frame (depth with
     the shot settings; a shot range needs the whole shot, so auto-shot shows this frame's own
     robust range), or what the family's output shows of a result that is not one image (MoGe-2: its
     normal map)."""
-    output = products.output_of(family_id)
-    if output.preview is not None:
-        return output.preview(result)
+    output = OutputPolicy.of(family_id, file_formats.BLENDER_WRITER)
+    if output.record.preview is not None:
+        return output.record.preview(result)
     if shot.depth is not None:
         if shot.depth.needs_first_pass:
             shot.record(None, result)
             shot.finish_first_pass()
         return shot.depth_product(result.depth, ".png", file_formats.BLENDER_WRITER.float_suffixes)[0]
-    return products.image_product(family_id, result, ".png", file_formats.BLENDER_WRITER.float_suffixes)
+    return output.image(result, ".png")
 
 
 def show_in_image_editor(context, image) -> bool:

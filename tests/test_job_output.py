@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lean_image_ai.models import file_formats, files, products
+from lean_image_ai.models import file_formats, files, outputs
 from lean_image_ai.models.adapters import shot_depth
 from lean_image_ai.models.batch import frame_claims, image_files
 from lean_image_ai.models.batch.frame_lists import FrameRef, resolve_input
@@ -26,7 +26,7 @@ from lean_image_ai.models.outputs import JobOutput
 from lean_image_ai.runtime.errors import LeanImageError
 from PIL import Image
 
-PACKAGE = Path(products.__file__).resolve().parents[1]
+PACKAGE = Path(outputs.__file__).resolve().parents[1]
 
 
 @dataclass
@@ -155,8 +155,8 @@ def test_the_shots_depth_is_written_through_the_job_output(tmp_path):
 
     settings.depth.start_pass()  # the writing pass again, from the first frame
     through_runner = tmp_path / "runner.png"  # what models/batch/runner.py's write_file calls
-    runner_notes, _ = products.write_result(
-        "da3", through_runner, results[0], {}, image_files.write_image, image=settings.output_image
+    runner_notes, _ = JobOutput.of("da3").write(
+        through_runner, results[0], {}, image_files.write_image, image=settings.output_image
     )
     assert through_runner.read_bytes() == direct.read_bytes()
     assert runner_notes == [note.replace("direct.png", "runner.png") for note in notes]
@@ -176,7 +176,7 @@ def test_format_rows_hold_their_writers_abilities_and_data_writers(tmp_path):
 def test_where_an_8_bit_file_keeps_text_is_its_rows_metadata_column(tmp_path, monkeypatch):
     """The command line's writer asks the row, not the format's name: a JPEG row without a
     comment column writes no value range."""
-    product = products.image_product("da3", depth_of(3), ".jpg")
+    product = outputs.OutputPolicy.of("da3").image(depth_of(3), ".jpg")
     image_files.write_image(tmp_path / "kept.jpg", product)
     with Image.open(tmp_path / "kept.jpg") as image:
         assert image.info["comment"].startswith(b"lean_image_ai:value_range")
@@ -189,7 +189,7 @@ def test_where_an_8_bit_file_keeps_text_is_its_rows_metadata_column(tmp_path, mo
         assert "comment" not in image.info
 
 
-OUTPUT_MODULES = ("models/outputs.py", "models/products.py", "models/result_images.py", "models/file_formats.py",
+OUTPUT_MODULES = ("models/outputs.py", "models/result_images.py", "models/file_formats.py",
                   "models/batch/shot_batch.py", "models/batch/image_files.py", "models/batch/frame_io.py", "ui/cli/cli_shot.py", "operators/results.py",
                   "operators/shot_props.py")
 

@@ -58,6 +58,17 @@ def test_a_pumped_two_frame_shot_writes_what_run_writes_every_time(shot, tmp_pat
         assert {p.name: p.read_bytes() for p in out.iterdir()} == reference, f"attempt {attempt}"
 
 
+def test_the_runner_holds_one_output_that_plans_claims_and_records_what_it_wrote(shot, tmp_path):
+    """One owner of the plan: the runner's JobOutput (models/outputs.py) names the files, and
+    every file the run writes is recorded there, none elsewhere."""
+    frames, model = shot
+    spec = replace(_spec(frames, model, tmp_path / "out"), shot=ShotOptions())
+    runner = Runner(spec, ImageFileFrames())
+    assert list(runner.output.targets) == runner.refs and runner.outputs == list(runner.output.targets.values())
+    assert runner.run().written == [1, 2]
+    assert runner.output.written == runner.outputs == [tmp_path / "out" / f"d_{n:04d}.png" for n in (1, 2)]
+
+
 def test_results_that_are_not_files_go_to_the_front_end(shot, tmp_path):
     frames, model = shot
     taken = []

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lean_image_ai.models import families, family, products
+from lean_image_ai.models import families, family
+from lean_image_ai.models.outputs import OutputPolicy
 from lean_image_ai.ui.cli import main as cli
 from onnx import TensorProto, helper, numpy_helper
 from onnx_builders import save_model
@@ -149,10 +150,10 @@ def test_the_command_line_and_the_farm_list_it_with_its_options(registered_here)
     assert farm.family is registered_here and farm.invert_amount == 0.0 and farm.workers == 2
     with pytest.raises(SystemExit):  # its option's range is checked like the others'
         parser.parse_args(["invert", "in.png", "--invert-amount", "2"])
-    assert products.default_name("invert", "photo") == "photo_inverted.png"
+    assert OutputPolicy.of("invert").default_name("photo") == "photo_inverted.png"
     assert cli.build_parser().parse_args(["invert", "in.png"]).family.command == "invert"
     assert family.command_of("invert") == "invert"
-    assert products.default_suffix("invert", "float") == ".exr"
+    assert OutputPolicy.of("invert").default_suffix("float") == ".exr"
 
 
 def test_its_record_brings_its_download_to_the_catalog(registered_here, tmp_path):

@@ -116,7 +116,7 @@ def read_image(path: Path, warn=_warn) -> np.ndarray:
 
 def input_kind(path: Path) -> str:
     """What ``path``'s samples are, from its header: "float", "16-bit" or "8-bit" (the output
-    type follows it, models/products.py); "8-bit" when it cannot be told."""
+    type follows it, models/outputs.py); "8-bit" when it cannot be told."""
     row = file_formats.find(path.suffix)
     if row is not None and row.float_samples:
         return "float"

@@ -17,12 +17,13 @@ import sys
 import threading
 from pathlib import Path
 
-from ...models import products
+from ...models import families
 from ...models.batch import frame_lists
 from ...models.batch.sequence import BatchReport
 from ...models.family import Family
 from ...models.job_spec import JobSpec, ShotOptions
 from ...models.model_run import ModelRun
+from ...models.outputs import output_path
 from ...models.store import library
 from ...runtime import settings
 from ...runtime.errors import LeanImageError, user_path
@@ -335,10 +336,10 @@ def plan_memory_plot(args, refs, outputs) -> Path | None:
     file without ``--overwrite``."""
     if not getattr(args, "memory_plot", None):
         return None
-    path = products.output_path(user_path(args.memory_plot))
+    path = output_path(user_path(args.memory_plot))
     where = f"--memory-plot {args.memory_plot}"
-    family_id = args.family.id
-    taken = {Path(r.path).resolve() for r in refs} | {p for out in outputs for p in products.companion_paths(family_id, out)}
+    record = args.family.output
+    taken = {Path(r.path).resolve() for r in refs} | {p for out in outputs for p in record.companion_paths(out)}
     if path in taken:
         raise CommandLineError(f"{where}: that is an input or an output of this job; give the plot its own name.")
     if path.is_dir():
@@ -361,7 +362,7 @@ def written_line(family_id: str, out: Path, result, product) -> str:
         size = f"{product.pixels.shape[1]}x{product.pixels.shape[0]}"
         return f"wrote: {out} {size}, depth range {float(low):.6g}..{float(high):.6g}"
     if product is None:
-        also = [p.name for p in products.companion_paths(family_id, out)[1:] if p.is_file()]
+        also = [p.name for p in families.get(family_id).output.companion_paths(out)[1:] if p.is_file()]
         kind = f" (+ {', '.join(also)})" if also else ""
     else:
         kind = f", {product.bits} {out.suffix.lstrip('.').upper()}"

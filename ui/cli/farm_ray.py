@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from ...models import families, files, products
+from ...models import families, files
 from ...models.batch import frame_lists
 from ...models.batch.frame_io import ImageFileFrames
 from ...models.batch.runner import RunEvents, Runner
@@ -108,7 +108,7 @@ def import_ray():
 class _Frame:
     def __init__(self, ref, out: Path, family_id: str):
         self.ref, self.out = ref, out
-        self.companions = products.companion_paths(family_id, out)
+        self.companions = families.get(family_id).output.companion_paths(out)
         self.before = _signature(out)  # what was there at planning time (an old file, or nothing)
         self.tries = 0
         self.error = ""

@@ -64,7 +64,7 @@ class FrameWorker:
         since = time.time()
         runner = self._runner = Runner(
             part, ImageFileFrames(), model_run=self.job, runtime=self.runtime,
-            events=RunEvents(take=lambda ref, result: self.write(ref, runner.target[ref], result)),
+            events=RunEvents(take=lambda ref, result: self.write(ref, runner.output.targets[ref], result)),
         )
         over, outcome = threading.Event(), {}
 
