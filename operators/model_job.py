@@ -229,7 +229,7 @@ class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
         )
         # side-effect-free checks first: loading a file adds a datablock that an error must remove
         source = None if self.filepath else sources.resolve_source(context, "")
-        family_job = prefs.family_job(context, self, self.family.id)  # a first-time hash is the worker's
+        model_run = prefs.operator_model_run(context, self, self.family.id)  # a first-time hash is the worker's
         if source is None:
             source = sources.resolve_source(context, self.filepath)
         keep = self.keeps_source()
@@ -245,7 +245,7 @@ class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
             info=info,
             rgba=rgba,
             model_rgba=model_rgba,
-            job=family_job,
+            job=model_run,
             output=output,
         )
 

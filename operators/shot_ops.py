@@ -234,12 +234,12 @@ class LEAN_IMAGE_AI_OT_preview_frame(WorkerOperator, bpy.types.Operator):
         refs = [r for r in _frames(self, None) if r.number == number]
         if not refs:
             raise LeanImageError(f"Frame {number} is not in the sequence; choose one of its frames to preview.")
-        family_job = prefs.family_job(context, self, family.id)
+        model_run = prefs.operator_model_run(context, self, family.id)
         shot = shot_props.settings_of(self, family.id)
-        family_job.extra.update(shot.adapter_kwargs())  # a given field of view; a fitted shot focal needs the shot
+        model_run.extra.update(shot.adapter_kwargs())  # a given field of view; a fitted shot focal needs the shot
         pixels = read_frame(refs[0])  # main thread: Blender reads the file
         job.inputs = SimpleNamespace(number=number, shot=shot, family=family)
-        return one_frame_task(job, family_job, refs[0], pixels)
+        return one_frame_task(job, model_run, refs[0], pixels)
 
     def finish(self, context, job: Job):
         if job.state != "finished":

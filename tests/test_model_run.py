@@ -24,6 +24,8 @@ bh.import_package()
 from lean_image_ai.models import families  # noqa: E402
 from lean_image_ai.models.adapters import upscale_plan  # noqa: E402
 from lean_image_ai.models.adapters.upscale_plan import AUTO_WORKING_CPU  # noqa: E402
+from lean_image_ai.models.batch.frame_io import ImageFileFrames  # noqa: E402
+from lean_image_ai.models.batch.runner import Runner  # noqa: E402
 from lean_image_ai.models.model_run import ModelRun  # noqa: E402
 from lean_image_ai.models.store import installer, library  # noqa: E402
 from lean_image_ai.models.store.catalog import Catalog  # noqa: E402
@@ -109,8 +111,9 @@ def test_every_front_end_plans_the_same_tiles_for_the_same_budget(plate, tmp_pat
 
     # a farm worker, given the job the farm's driver builds from its command line
     args = cli.build_parser().parse_args(["farm", "upscale", str(source), str(tmp_path / "farm") + "/", *common, "--ram-budget", str(budget_mb)])
-    worker = type("Worker", (RecordingWorker,), {"tiles": []})(cli_job.family_job(args.family, args).for_worker(), 1)
-    (tmp_path / "farm").mkdir()
+    driver = Runner(cli_job.job_spec(args.family, args, farm=True), ImageFileFrames())  # as ui/cli/farm_ray.py plans
+    worker = type("Worker", (RecordingWorker,), {"tiles": []})(driver.model_run.for_worker(), 1)
+    (tmp_path / "farm").mkdir(exist_ok=True)
     items = list(worker.process([(1, str(source), str(tmp_path / "farm" / "plate.png"))]))
     assert items[0] == {"frame": 1} and "end" in items[-1], items
 
@@ -230,11 +233,9 @@ def _listing(folder: Path) -> dict:
 
 
 def test_resolving_the_command_lines_model_writes_nothing(tmp_path, runtime_kept, monkeypatch):
-    """Choosing a model is a read: the command line's job (cli_job.family_job) neither hashes nor
-    writes a hash record or a lock in the models folder; a file installed without a catalog
-    checksum and changed since is still caught, by the job's first run."""
-    from lean_image_ai.ui.cli import main as cli
-
+    """Choosing a model is a read: the command line's job (its runner, as ui/cli/main.py makes it)
+    neither hashes nor writes a hash record or a lock in the models folder; a file installed
+    without a catalog checksum and changed since is still caught, by the job's first run."""
     model = sr_model(tmp_path / "source.onnx", scale=2, mid_channels=4)
     data = model.read_bytes()
     checked = CatalogEntry(
@@ -251,13 +252,16 @@ def test_resolving_the_command_lines_model_writes_nothing(tmp_path, runtime_kept
         (folder / entry.filename).write_bytes(data)
     installer.verify_installed(unchecked, folder)  # as an install leaves it: no record without a checksum yet
     monkeypatch.setattr(library, "catalog", lambda _folder: Catalog(builtin=[checked, unchecked]))
+    source = tmp_path / "in.png"
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(source)
     before = _listing(folder)
     for entry in (checked, unchecked):
         args = cli.build_parser().parse_args(
-            ["upscale", "in.png", "--model", entry.id, "--models-dir", str(folder), "--device", "cpu"]
+            ["upscale", str(source), str(tmp_path / f"{entry.id}.png"), "--model", entry.id,
+             "--models-dir", str(folder), "--device", "cpu"]
         )
-        job = cli_job.family_job(families.get("upscale"), args)
-        assert job.model.entry.id == entry.id
+        runner = Runner(cli_job.job_spec(args.family, args), ImageFileFrames())
+        assert runner.model_run.model.entry.id == entry.id
     assert _listing(folder) == before
 
     installer._write_sidecar(unchecked, folder / unchecked.filename, installer.sidecar_path(unchecked, folder),

@@ -96,3 +96,25 @@ def test_reading_image_files_needs_no_front_end():
     found = json.loads(done.stdout)
     assert found["wanted"] == ["check_format", "input_kind", "read", "write_image", "writer"]
     assert found["lacking"] == [] and found["front_ends"] == [] and not found["pillow"]  # Pillow only on a read
+
+
+def test_the_pumped_objects_declare_one_interface():
+    """The runner, its batches and the worker's calls are pumped by a host the same way
+    (models/batch/sequence.py Pumped and PumpedBatch): each has every member the host uses."""
+    import inspect
+
+    from lean_image_ai.models.batch import sequence, shot_batch
+    from lean_image_ai.models.worker import remote_batch, remote_call
+
+    def members(protocol) -> set:
+        return {n for klass in protocol.__mro__ if klass.__name__ in ("Pumped", "PumpedBatch")
+                for n in vars(klass) if not n.startswith("_")}
+
+    def has(cls, name) -> bool:
+        return hasattr(cls, name) or f"self.{name} =" in inspect.getsource(cls)
+
+    batches = (sequence.BatchRun, remote_batch.RemoteBatchRun, shot_batch.TwoPassBatch, Runner)
+    assert members(sequence.PumpedBatch) == {"pump", "cancel", "report", "needs_model"}
+    for cls in batches:
+        assert [n for n in members(sequence.PumpedBatch) if not has(cls, n)] == [], cls.__name__
+    assert [n for n in members(sequence.Pumped) if not has(remote_call.RemoteCall, n)] == []

@@ -37,7 +37,7 @@ from ..store import library
 from . import frame_lists
 from .frame_io import FrameIO
 from .frame_lists import FrameRef
-from .sequence import BatchReport, BatchRun
+from .sequence import BatchReport, BatchRun, PumpedBatch
 from .shot_batch import ShotSettings, TwoPassBatch
 
 DEMO_NAME = "demo"
@@ -83,7 +83,7 @@ class Runner:
         # the one owner of what this job writes: its names, checks, plan, claims and writes
         self.output = JobOutput.of(spec.family_id, io.writer)
         self.refs = self._plan()
-        self._batch = None
+        self._batch: PumpedBatch | None = None  # this pass's (a BatchRun, a RemoteBatchRun, a TwoPassBatch)
         self.shot_line = ""  # the shot's values once its first pass is over
 
     @property

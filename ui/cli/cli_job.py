@@ -22,7 +22,6 @@ from ...models.batch import frame_lists
 from ...models.batch.sequence import BatchReport
 from ...models.family import Family
 from ...models.job_spec import JobSpec, ShotOptions
-from ...models.model_run import ModelRun
 from ...models.outputs import output_path
 from ...models.store import library
 from ...runtime import settings
@@ -238,18 +237,6 @@ def _auto_arg(option):
 
     parse.__name__ = option.label.lower()
     return parse
-
-
-def family_job(family: Family, args) -> ModelRun:
-    """The job the command line (and the farm's workers) run: models/model_run.py, as every front-end."""
-    return ModelRun.resolve(
-        family.id,
-        library.models_dir(args.models_dir or ""),
-        model=args.model or "",
-        values=option_values(family, args),
-        device=args.device,
-        budgets=budgets(args),
-    )
 
 
 def budgets(args) -> settings.MemoryBudgets:
