@@ -1,4 +1,4 @@
-"""Model management operators: install (download), remove, register your own ONNX, free sessions.
+"""Model management operators: install (download), remove, register your own ONNX.
 
 Installing runs on the job engine's download lane (operators/jobs.py): beside a model job, with
 progress in the preferences' model list, Esc or the list's Cancel stops it and keeps the ``.part``
