@@ -60,8 +60,8 @@ def with_family_options(family: Family):
     def decorate(cls):
         cls.family = family
         cls.bl_idname = operator_idname(family)
-        for name, value in (("bl_label", family.action), ("job_title", family.action),
-                            ("bl_description", family.produces.capitalize())):
+        described = family.produces[:1].upper() + family.produces[1:]  # "a matte" -> "A matte", BEN2 kept
+        for name, value in (("bl_label", family.action), ("job_title", family.action), ("bl_description", described)):
             if name not in cls.__dict__:
                 setattr(cls, name, value)
         return with_properties(family_properties(family))(cls)
