@@ -187,25 +187,25 @@ class _Recorder:
 
 
 def child_product(args) -> dict:
-    from lean_image_ai.models import products
+    from lean_image_ai.models.batch import image_files
     from lean_image_ai.models.model_run import ModelRun
+    from lean_image_ai.models.outputs import JobOutput
     from lean_image_ai.runtime import Runtime
     from lean_image_ai.runtime.core import RuntimeSettings
     from lean_image_ai.runtime.errors import InvalidModelOutputError
     from lean_image_ai.runtime.measure.memory import peak_rss_bytes, process_rss_bytes
-    from lean_image_ai.ui.cli import cli_images
 
     work = Path(args.work)
     recorder = _Recorder(work)
     recorder.install()
     source = work / "input.png"
-    cli_images._pillow().fromarray(_image(args.height, args.width)).save(source)
+    image_files._pillow().fromarray(_image(args.height, args.width)).save(source)
     runtime = Runtime(settings=RuntimeSettings(intra_op_threads=args.threads))
     job = ModelRun.resolve(args.family, work / "models", model_path=args.model, device="cpu")
     if args.family == "moge2":  # seeded weights give no camera the solver accepts: a shot's focal
         job.extra["focal_width"] = MOGE2_FOCAL_WIDTH  # instead, so the whole post-process runs
     started = time.perf_counter()
-    image = cli_images.read_image(source)
+    image = image_files.read_image(source)
     decoded, cpu = time.perf_counter(), time.process_time()
     rss_before, refused = process_rss_bytes(), ""
     try:
@@ -220,7 +220,7 @@ def child_product(args) -> dict:
     if result is not None:
         target = work / f"result{job.family.output.suffix}"
         encode = time.perf_counter()
-        products.write_result(args.family, target, result, job.values, cli_images.write_image)
+        JobOutput.of(args.family).write(target, result, job.values, image_files.write_image)
         encode = time.perf_counter() - encode
     (ram,) = runtime.last_job_memory["figures"]
     plans = runtime.events.recent("tile_plan")

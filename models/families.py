@@ -1,10 +1,11 @@
 """The model families the add-on knows, in the order menus list them (see models/family.py).
 
 Adding a family: write its adapter module with a ``FAMILY`` record (its options, its outputs, its
-operator and command names, how it recognises its model) and add it to :data:`ALL` and
-:data:`IDENTIFY_ORDER` (and its downloadable models to models/store/builtin_models.py). A family
-from outside the add-on (a plug-in, a test) is added with :func:`register` before the command
-line's parser or Blender's classes are built: both read :data:`ALL` once, when they are made.
+operator, button and command names, how and when it recognises its model, what it can download)
+and add it to :data:`ALL`; the command line, the farm, the worker, the N-panel, its Blender
+operator (for an image result) and the catalog follow from the record. A family from outside the
+add-on (a plug-in, a test) is added with :func:`register` before the command line's parser or
+Blender's classes are built: both read :data:`ALL` once, when they are made.
 """
 
 from __future__ import annotations
@@ -14,16 +15,17 @@ from .adapters import ben2, da3, moge2, upscale
 from .family import Family
 
 ALL: tuple[Family, ...] = (ben2.FAMILY, da3.FAMILY, moge2.FAMILY, upscale.FAMILY)
+BUILT_IN: frozenset[str] = frozenset(f.id for f in ALL)  # every model worker knows these without being told
 IDS: tuple[str, ...] = tuple(f.id for f in ALL)
 _BY_ID = {f.id: f for f in ALL}
 # the order the family check asks them (models/family.py IDENTIFY_ORDER says why an order)
-_family.IDENTIFY_ORDER[:] = [moge2.FAMILY, da3.FAMILY, upscale.FAMILY, ben2.FAMILY]
+_family.IDENTIFY_ORDER[:] = sorted(ALL, key=lambda f: f.identify_rank)
 
 
 def register(family: Family, *, identify_first: bool = False) -> None:
     """Add ``family`` after the families above (see the module doc for when). The family check
-    asks it after them, so a family that recognises too much cannot take their models; with
-    ``identify_first`` it is asked before them."""
+    asks it where its ``identify_rank`` puts it (after the built-ins by default, so a family that
+    recognises too much cannot take their models); with ``identify_first`` it is asked first."""
     global ALL, IDS
     if family.id in _BY_ID:
         raise ValueError(f"a model family {family.id!r} is already registered")
@@ -33,7 +35,9 @@ def register(family: Family, *, identify_first: bool = False) -> None:
     ALL = (*ALL, family)
     IDS = (*IDS, family.id)
     _BY_ID[family.id] = family
-    _family.IDENTIFY_ORDER.insert(0 if identify_first else len(_family.IDENTIFY_ORDER), family)
+    order = _family.IDENTIFY_ORDER
+    after = sum(1 for f in order if f.identify_rank <= family.identify_rank)
+    order.insert(0 if identify_first else after, family)
 
 
 def get(family_id: str) -> Family:

@@ -111,15 +111,12 @@ class Output:
         return [path] + [path.with_name(template.format(stem=path.stem)) for template in self.companions]
 
 
-# family id -> its command. The built-in ones are known before their modules are imported, so a
-# message can name a family the process has not loaded (a refusal says "use depth" from BEN2's job);
-# every Family declared adds its own, and one that contradicts this table fails at import.
-COMMANDS: dict[str, str] = {"ben2": "remove-background", "da3": "depth", "moge2": "geometry", "upscale": "upscale"}
-
-
 def command_of(family_id: str) -> str:
-    """What a user types (and reads in messages) for a family: its command, never its id."""
-    return COMMANDS.get(family_id, family_id)
+    """What a user types (and reads in messages) for a family: its command, never its id. Every
+    registered family is in :data:`IDENTIFY_ORDER` (models/__init__.py loads the registry with the
+    package), so a message can name any family whichever module runs the job."""
+    found = next((f for f in IDENTIFY_ORDER if f.id == family_id and f.command), None)
+    return found.command if found is not None else family_id
 
 
 @dataclass(frozen=True)
@@ -131,7 +128,8 @@ class Family:
     settings: tuple[Setting, ...]
     user_defaults: Mapping[str, Any]  # settings of a model the user registers by path
     options: tuple[Option, ...] = ()
-    action: str = ""  # button and operator label
+    action: str = ""  # the operator's label; with ``operator`` and an image output, the operator is
+    # made from this record (operators/image_ops.py) unless the add-on writes one by hand
     icon: str = "NONE"  # Blender icon name of the button
     operator: str = ""  # the operator's name after "lean_image_ai."
     command: str = ""  # the command line's name for it
@@ -139,7 +137,7 @@ class Family:
     # check_session(handle): raises ModelContractError when a loaded model's inputs and outputs
     # do not fit the family (the same check a job makes; the installer asks it of a download)
     check_session: Callable[[Any], Any] | None = None
-    output: Output | None = None  # what a result becomes as files (models/products.py applies it)
+    output: Output | None = None  # what a result becomes as files (models/outputs.py applies it)
     # the shot options a sequence of it takes (models/batch/shot_batch.py): "depth" (one depth range,
     # aligned depth: results with ``.depth``), "camera" (one camera fitted for the shot)
     shot: frozenset[str] = frozenset()
@@ -148,14 +146,19 @@ class Family:
     # None: it recognises no file, so every file given to it is refused
     identify: Callable[[Any], Any] | None = None
     looks: str = ""  # what a refusal calls its model ("a depth model")
+    # where the family check asks it: lower first (IDENTIFY_ORDER says why an order matters); a
+    # family from outside the add-on is asked after the built-ins unless it says otherwise
+    identify_rank: int = 100
+    heading: str = ""  # the N-panel box's title: what the task is ("": ``title``)
+    button: str = ""  # the N-panel button's text, "{}" the image it works on ("": "<action>: {}")
+    # the exports it can download, beside the built-in table's (models/store/builtin_models.py): each
+    # the fields of a catalog entry (models/store/catalog_entry.py) but its family, which is this one
+    downloads: tuple[Mapping[str, Any], ...] = ()
     _by_name: Mapping[str, Setting] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "_by_name", {s.name: s for s in self.settings})
         self.check_settings(self.user_defaults, f"the {self.title} defaults")
-        if self.command:
-            if COMMANDS.setdefault(self.id, self.command) != self.command:
-                raise ValueError(f"family {self.id!r}: command {self.command!r}, but COMMANDS says {COMMANDS[self.id]!r}")
 
     def check_settings(self, values: Mapping[str, Any], where: str) -> dict[str, Any]:
         """``values`` checked against :attr:`settings`: an unknown or ill-typed key is an error
@@ -186,11 +189,18 @@ class Family:
     def model_looks(self) -> str:
         return self.looks or f"a {self.title} model"
 
+    @property
+    def panel_heading(self) -> str:
+        return self.heading or self.title
 
-# The order the family check asks the families in: the more particular model first (a MoGe-2 export
-# also has a one-channel mask, which alone would look like a matte), so on equal confidence the
-# earlier family's answer wins. Filled by models/families.py, which imports the adapters; it lives
-# here because the frame loop the adapters run checks every job's file against it.
+    def button_text(self, target: str) -> str:
+        return (self.button or f"{self.action}: {{}}").format(target)
+
+
+# The order the family check asks the families in (by ``identify_rank``): the more particular model
+# first (a MoGe-2 export also has a one-channel mask, which alone would look like a matte), so on
+# equal confidence the earlier family's answer wins. Filled by models/families.py, which imports the
+# adapters; it lives here because the frame loop the adapters run checks every job's file against it.
 IDENTIFY_ORDER: list[Family] = []
 
 

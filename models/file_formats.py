@@ -8,7 +8,7 @@ message is made from this table, so the command line and Blender never contradic
 
 Read by: models/outputs.py (the families' format checks and their messages),
 models/result_images.py (the bits a file keeps), models/batch/frame_lists.py (which files of a folder
-are frames), ui/cli/cli_images.py (the command line's check, writer and input kinds; its writer row gives
+are frames), models/batch/image_files.py (the command line's check, writer and input kinds; its writer row gives
 models/batch/runner.py the float files), operators/sources.py and operators/batch_ops.py (Blender's output checks, its
 ``file_format``, the kind of a read frame), operators/image_io.py (the EXR names),
 operators/results.py (the format a file is saved as; float files also in image_ops.py,

@@ -206,7 +206,7 @@ class JobSpec:
         :class:`JobSpecError` naming the field. A farm worker, the Blender worker and any service
         receive jobs as data, so the job is safe to receive, not only what the front-ends check."""
         if not isinstance(self.family_id, str) or not self.family_id:
-            raise _refuse("family_id", "a model family's id (such as 'ben2')", self.family_id)
+            raise _refuse("family_id", "a registered model family's id", self.family_id)
         for name in ("model", "model_path", "models_dir", "device"):
             setattr(self, name, _text(name, getattr(self, name)))
         for name in ("source", "output"):
@@ -247,7 +247,7 @@ class JobSpec:
         if unknown:
             raise JobSpecError(f"a job with fields this version does not know: {', '.join(sorted(unknown))}")
         if "family_id" not in data:
-            raise JobSpecError("job field family_id: missing; give the model family's id (such as 'ben2').")
+            raise JobSpecError("job field family_id: missing; give a registered model family's id.")
         if "shot" in data:
             data["shot"] = ShotOptions.from_data(data["shot"])
         return cls(**data)

@@ -34,7 +34,7 @@ def family_job(
     the models ``folder`` a front-end found (library.models_dir), else the default one."""
     # the first-time hash of an installed file, if any, is the first run's (never the caller's thread)
     folder = folder if folder is not None else library.models_dir()
-    job = ModelRun.resolve(family_id, folder, model=model, device=device, budgets=budgets, verify=False)
+    job = ModelRun.resolve(family_id, folder, model=model, device=device, budgets=budgets)
     image = card_image(*size)
     options = job.options(runtime=runtime, cancel=cancel)
     return lambda: job.infer([image], options)

@@ -48,14 +48,14 @@ class ModelRun:
         values: dict | None = None,
         device: str = "auto",
         budgets: MemoryBudgets | None = None,
-        verify: bool = True,
     ) -> ModelRun:
         """The job of ``family_id`` with ``model`` (an id or a file: one rule) or ``model_path``,
-        else the installed or embedded default, from the models ``folder``. ``verify=False`` leaves
-        the first-time hash of an installed file to :meth:`infer` (Blender's main thread). The
-        default model is picked for ``device`` (off CUDA fp32 before fp16: library.prefer_for_device)."""
+        else the installed or embedded default, from the models ``folder``: a read, with the
+        first-time hash of an installed file left to :meth:`infer` (never Blender's main thread, never
+        a write while choosing). The default model is picked for ``device`` (off CUDA fp32 before
+        fp16: library.prefer_for_device)."""
         family = families.get(family_id)
-        choice = library.resolve(family.id, Path(folder), model, model_path, verify=verify, device=device)
+        choice = library.resolve(family.id, Path(folder), model, model_path, device=device)
         known = {o.name: o.default for o in family.options}
         return cls(family.id, choice, {**known, **(values or {})}, device, budgets or MemoryBudgets())
 

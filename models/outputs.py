@@ -1,13 +1,38 @@
 """One job's output as one object: its names, its checks, its frame claims, the atomic write and
-what it wrote (bpy-free).
+what it wrote (bpy-free); and the policy it applies, which a panel or an operator asks without a job.
 
-A :class:`JobOutput` is made once per job from the family's :class:`~.family.Output` record (what
-its product is: its tag, default formats, companion files, an image or a writer of its own) and a
-front-end's :class:`~.file_formats.Writer` (which format rows it writes, where it keeps float).
-Nothing here asks which family it is: a family differs only by its record, so adding a family's
-output is its record in its own module, and adding a format is a row of models/file_formats.py.
-models/products.py keeps its family-id entry points as thin calls onto this object; the policy
-(default formats and names, what a file keeps) is told in its module doc.
+A :class:`JobOutput` is made once per job (the runner, models/batch/runner.py, holds one) from the
+family's :class:`~.family.Output` record (what its product is: its tag, default formats, companion
+files, an image or a writer of its own) and a front-end's :class:`~.file_formats.Writer` (which
+format rows it writes, where it keeps float). Its stateless part, :class:`OutputPolicy`, is what
+the panels and operators ask before or without a job (a file's check, a result's image). Nothing
+here asks which family it is: a family differs only by its record, so adding a family's output is
+its record in its own module, and adding a format is a row of models/file_formats.py.
+
+The policy, the same for Blender and the command line, single images and sequences; what a
+family's result becomes (its tag, default format, the formats it accepts, companion files, an
+image or a writer of its own) is the family's :class:`~.family.Output` record in its own module,
+what a format keeps is models/file_formats.py. Two kinds of image result:
+
+- :class:`~.result_images.ColourImage` (a cut-out, an upscale): written like its source (alpha kept where the
+  format has it);
+- :class:`~.result_images.ValueImage` (depth): float where the file keeps float (EXR, a one-channel TIFF from the
+  command line), else normalised to 0..1 with the range it was mapped from returned with the image
+  so the writer can record it (report, and the file's metadata where the format has it).
+
+Output type, when the user named no file format (:meth:`OutputPolicy.default_suffix`): it follows the input. A
+float input (EXR, HDR, float TIFF) gives a float EXR (with alpha for a cut-out; the TIFF writers
+here and in Blender keep float in one grey channel only, so EXR is the float file that holds
+colour and alpha everywhere); an 8- or 16-bit input gives PNG. Bits follow the input frame by
+frame (models/result_images.py): 16-bit and float sources give 16-bit PNG/TIFF where the writer can,
+and a note says where bits were dropped.
+
+Where results go when no OUTPUT is given: one image gives ``<stem>_<kind>.<ext>`` beside it; a
+folder or a pattern gives the folder ``<input folder>_<kind>`` beside the input folder
+(:meth:`OutputPolicy.default_folder`), each frame named ``<name>_<kind>_<number>.<ext>`` with its own number, so
+results never land among the inputs and a re-run finds them where it left them. Listing the
+inputs leaves out any file this command would write (:meth:`OutputPolicy.written_by`), so an OUTPUT that is the
+input folder still never feeds earlier results back in as frames.
 
 The front-end encodes the images (Blender with its own writers, the command line with Pillow and
 OpenEXR), each of them through models/files.py's atomic writer; a family's ``write`` writes its
@@ -54,23 +79,20 @@ def _writable_folder(path: Path) -> set[Path]:
     return to_make
 
 
-class JobOutput:
-    """What one job writes: plan it (:meth:`plan`), claim its frames (:attr:`claims`), write each
-    result (:meth:`write`); :attr:`written` lists every file written so far, companions too."""
+class OutputPolicy:
+    """What a family's result becomes as files for one front-end's writer, with no job behind it:
+    default names and formats, the checks of a file, the image a result is written as. What a
+    panel or an operator asks before (or without) a job; :class:`JobOutput` is one job's."""
 
     def __init__(self, record: Output, title: str = "", writer: file_formats.Writer = file_formats.COMMAND_LINE):
         self.record = record
         self.title = title
         self.writer = writer
-        self.written: list[Path] = []
-        self.targets: dict = {}  # frame ref -> its output file, once planned
-        self.skip: set = set()  # the planned frames whose output is kept (skip-existing)
-        self._claims: frame_claims.FrameClaims | None = None
-        self._lock = threading.Lock()  # a worker thread and the caller's may both write
 
     @classmethod
-    def of(cls, family_id: str, writer: file_formats.Writer = file_formats.COMMAND_LINE) -> JobOutput:
-        """The output of a job of the family registered as ``family_id``."""
+    def of(cls, family_id: str, writer: file_formats.Writer = file_formats.COMMAND_LINE):
+        """The policy (or, called on :class:`JobOutput`, one job's output) of the family registered
+        as ``family_id``."""
         from . import families  # the families' modules are imported by families.py, after this one
 
         family = families.get(family_id)
@@ -81,7 +103,7 @@ class JobOutput:
     # ---- names ----------------------------------------------------------------------------------
 
     def default_suffix(self, input_kind: str = "8-bit") -> str:
-        """The output format when the user named none: it follows the input (models/products.py)."""
+        """The output format when the user named none: it follows the input (models/outputs.py)."""
         return self.record.default_suffix(input_kind)
 
     def describe(self, suffix: str, input_kind: str, float_suffixes=None) -> str:
@@ -141,7 +163,7 @@ class JobOutput:
 
         return written
 
-    # ---- checks and the plan --------------------------------------------------------------------
+    # ---- checks and images ----------------------------------------------------------------------
 
     def check(self, path: Path) -> None:
         """Refuse, before any model runs, a file that could not hold the family's result."""
@@ -154,6 +176,36 @@ class JobOutput:
                 f"Cannot write {record.what} to '{path.name}': {suffix} has no alpha channel, and "
                 f"{record.what} needs it. Use {self.writer.advice(alpha=True)}."
             )
+
+    def image(self, result, suffix: str, float_suffixes=None) -> ImageProduct:
+        """The image a result is written as, for a file with ``suffix``."""
+        if self.record.image is None:
+            raise ValueError(f"{self.title or self.record.what} results are not one image")
+        floats = self.writer.float_suffixes if float_suffixes is None else float_suffixes
+        return self.record.image.product(result, suffix, floats)
+
+    def preview(self, result, float_suffixes=None) -> ImageProduct:
+        """The image shown for a result: the family's preview of a result that is not one image,
+        else the image a PNG of it would hold."""
+        if self.record.preview is not None:
+            return self.record.preview(result)
+        return self.image(result, ".png", float_suffixes)
+
+
+class JobOutput(OutputPolicy):
+    """What one job writes, with its family's policy: plan it (:meth:`plan`), claim its frames
+    (:attr:`claims`), write each result (:meth:`write`); :attr:`targets` and :attr:`skip` are the
+    plan, :attr:`written` every file written so far, companions too. The runner holds one."""
+
+    def __init__(self, record: Output, title: str = "", writer: file_formats.Writer = file_formats.COMMAND_LINE):
+        super().__init__(record, title, writer)
+        self.written: list[Path] = []
+        self.targets: dict = {}  # frame ref -> its output file, once planned
+        self.skip: set = set()  # the planned frames whose output is kept (skip-existing)
+        self._claims: frame_claims.FrameClaims | None = None
+        self._lock = threading.Lock()  # a worker thread and the caller's may both write
+
+    # ---- the plan -------------------------------------------------------------------------------
 
     def plan_files(
         self, inputs: list[Path], outputs: list[Path], *, overwrite: bool, skip_existing: bool,
@@ -221,6 +273,16 @@ class JobOutput:
         self.skip = {refs[i] for i in skipped}
         return refs, outputs, self.skip
 
+    def adopt(self, refs: list, outputs: list[Path]) -> None:
+        """A plan made elsewhere, checked there (a farm chunk: its driver planned the whole shot)."""
+        self.targets = dict(zip(refs, outputs, strict=True))
+        self.skip = set()
+
+    def keep_only(self, refs: list) -> None:
+        """Only ``refs`` of the plan are this job's (a preview's one frame: its output is written anyway)."""
+        self.targets = {ref: self.targets[ref] for ref in refs}
+        self.skip = set()
+
     def tidy(self, *, temps_older_than: float | None = None) -> tuple[list[Path], list[Path]]:
         """What a killed earlier run left at the planned outputs, removed and returned for the
         report: (its temporary files, given ``temps_older_than``, a time before this run began;
@@ -246,20 +308,6 @@ class JobOutput:
         return self.claims.batch_hooks(self.targets) if skip_existing else {}
 
     # ---- the write ------------------------------------------------------------------------------
-
-    def image(self, result, suffix: str, float_suffixes=None) -> ImageProduct:
-        """The image a result is written as, for a file with ``suffix``."""
-        if self.record.image is None:
-            raise ValueError(f"{self.title or self.record.what} results are not one image")
-        floats = self.writer.float_suffixes if float_suffixes is None else float_suffixes
-        return self.record.image.product(result, suffix, floats)
-
-    def preview(self, result, float_suffixes=None) -> ImageProduct:
-        """The image shown for a result: the family's preview of a result that is not one image,
-        else the image a PNG of it would hold."""
-        if self.record.preview is not None:
-            return self.record.preview(result)
-        return self.image(result, ".png", float_suffixes)
 
     def write(
         self, path: Path, result, values: dict, write_image: Callable[[Path, ImageProduct], list[str]],

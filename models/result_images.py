@@ -111,7 +111,7 @@ class ProductKind:
     image: ColourImage | ValueImage | None = None  # None: not one image (the family writes its files)
 
 
-# float inputs give EXR: the float file that holds colour and alpha for every writer (models/products.py)
+# float inputs give EXR: the float file that holds colour and alpha for every writer (models/outputs.py)
 MASK = ProductKind("mask", ".png", ".exr", needs_alpha=True, image=ColourImage("rgba"))  # a cut-out: the matte as alpha
 DEPTH = ProductKind("depth", ".exr", image=ValueImage("depth"))
 IMAGE = ProductKind("image", ".png", ".exr", image=ColourImage("image"))

@@ -14,7 +14,10 @@ _MODULES = ("jobs", "image_ops", "geometry_ops", "batch_ops", "shot_ops", "model
 
 
 def _classes():
-    return registration.classes_of(__name__, _MODULES)
+    from .image_ops import made_from_records
+
+    written = registration.classes_of(__name__, _MODULES)
+    return written + made_from_records(written)
 
 
 def cancel_running_jobs():
@@ -26,8 +29,9 @@ def cancel_running_jobs():
 
 
 def check_family_operators(classes=None) -> None:
-    """A family that names an operator must have its class, or its N-panel button would fail when
-    pressed. Checked before anything is registered."""
+    """A family that names an operator must have its class (written here, or made from its record
+    when its result is one image), or its N-panel button would fail when pressed. Checked before
+    anything is registered."""
     from ..models import families
     from .options import operator_idname
 
@@ -39,8 +43,9 @@ def check_family_operators(classes=None) -> None:
     ]
     if missing:
         raise RuntimeError(
-            f"Model families name operators that do not exist: {', '.join(missing)}. Give each an operator "
-            "class (operators/), or leave its 'operator' empty (it then runs through Process Sequence)."
+            f"Model families name operators that do not exist: {', '.join(missing)}. A result that is not "
+            "one image needs an operator class (operators/); else leave 'operator' empty (it then runs "
+            "through Process Sequence)."
         )
 
 

@@ -10,25 +10,18 @@ in the .blend: the results are files.
 
 # No ``from __future__ import annotations``: Blender reads property annotations as objects.
 import os
-from pathlib import Path
 
 import bpy
-import numpy as np
 from bpy.props import BoolProperty, EnumProperty, StringProperty
 
-from ..models import families, file_formats, image_meta
+from ..models import families
 from ..models.batch import frame_lists
 from ..models.batch.runner import RunEvents, Runner
 from ..models.job_spec import JobSpec
 from ..runtime.errors import LeanImageError
-from . import image_io, options, prefs, results, shot_props, sources
+from . import options, prefs, shot_props, sources
 from .jobs import BatchOperator, BatchTask, Job
-from .model_job import worker_batches
-
-
-def _blender_can_write(path: Path) -> None:
-    if not file_formats.BLENDER_WRITER.writes(path.suffix):
-        raise LeanImageError(f"Cannot save '{path.name}': Blender writes {file_formats.BLENDER_WRITER.advice()} here.")
+from .model_job import BlenderFrames, worker_batches
 
 
 def sequence_source(image):
@@ -39,72 +32,6 @@ def sequence_source(image):
     if image.source == "SEQUENCE" and numbered is not None:
         return numbered[0]
     return path
-
-
-def _kind(image) -> str:
-    """"float", "16-bit" or "8-bit": Blender keeps 16-bit PNG/TIFF in float buffers too, so the
-    file format tells float files apart."""
-    if image.file_format in file_formats.BLENDER_FLOAT_FILES:
-        return "float"
-    return "16-bit" if image.is_float else "8-bit"
-
-
-def _as_kind(rgba, kind: str):
-    """Model values as the source's sample type, so results are written with the source's bits
-    (models/products.py): 8-bit frames come back exactly as stored."""
-    if kind == "float":
-        return rgba
-    top = 255.0 if kind == "8-bit" else 65535.0
-    return (np.clip(rgba, 0.0, 1.0) * top + 0.5).astype(np.uint8 if kind == "8-bit" else np.uint16)
-
-
-def input_kind(ref: frame_lists.FrameRef) -> str:
-    """Main thread: the kind of the first frame's samples (the output type follows it)."""
-    if not ref.path.is_file():
-        return "8-bit"
-    before = set(bpy.data.images)
-    image = image_io.load_image_file(str(ref.path), check_existing=False)
-    try:
-        return _kind(image)
-    finally:
-        if image not in before:
-            bpy.data.images.remove(image)
-
-
-def read_frame(ref: frame_lists.FrameRef, warn=None):
-    """Main thread: the frame's pixels as models take them, in the source's sample type, turned
-    upright as its EXIF orientation says (as the command line reads it: Blender itself does not);
-    the datablock is removed again. A multi-page TIFF gives its first page and a warning."""
-    before = set(bpy.data.images)
-    image = image_io.load_image_file(str(ref.path), check_existing=False)
-    try:
-        rgba, info = image_io.read_image(image)
-        pixels = _as_kind(image_io.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied), _kind(image))
-    finally:
-        if image not in before:
-            bpy.data.images.remove(image)
-    if warn is not None and ref.path.suffix.lower() in (".tif", ".tiff") and (pages := image_meta.tiff_pages(ref.path)) > 1:
-        warn(f"{ref.path.name} has {pages} pages; the first (the main image by TIFF convention) was used.")
-    return image_meta.upright(pixels, image_meta.exif_orientation(ref.path))
-
-
-class BlenderFrames:
-    """Blender's frame IO for models/batch/runner.py: frames read and results saved by Blender,
-    on the main thread."""
-
-    writer = file_formats.BLENDER_WRITER
-
-    def read(self, ref, warn=None):
-        return read_frame(ref, warn)
-
-    def write_image(self, path: Path, product) -> list[str]:
-        return results.save_product(path, product)
-
-    def check_format(self, path: Path) -> None:
-        _blender_can_write(path)
-
-    def input_kind(self, ref) -> str:
-        return input_kind(ref)
 
 
 def job_spec(context, owner, family_id: str, **fields) -> JobSpec:
@@ -213,7 +140,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
         ).with_frames(frames)
         # a first-time hash runs on the worker; Skip Existing claims frames as the command line does
         runner = Runner(spec, BlenderFrames(), events=RunEvents(progress=job.report), cancel=job.cancel_event,
-                        verify=False, batch_factory=worker_batches(job.name))
+                        batch_factory=worker_batches(job.name))
         output_type = runner.output_type()
         if output_type:
             job.name = f"{job.name}, {output_type}"

@@ -16,7 +16,7 @@ from ..models.adapters.moge2_mesh import MeshArrays, mesh_arrays, normal_map
 from ..runtime.errors import InvalidModelOutputError
 from . import image_io, results
 from .model_job import ModelJobOperator
-from .options import operator_idname, with_family_options
+from .options import with_family_options
 
 
 @dataclass
@@ -31,13 +31,10 @@ class Reconstruction:
 class LEAN_IMAGE_AI_OT_reconstruct_geometry(ModelJobOperator, bpy.types.Operator):
     """Reconstruct the scene of a photo as a 3D mesh with MoGe-2"""
 
-    bl_idname = operator_idname(moge2.FAMILY)
-    bl_label = moge2.FAMILY.action
     bl_description = (
         "Turn the image into a textured 3D mesh with MoGe-2 (metric scale), with its normal map "
         "and a camera matching the photo's field of view"
     )
-    job_title = moge2.FAMILY.action
     saves_family_result = False  # ``output_path`` is the normal map; the mesh stays in the .blend
 
     def keeps_source(self):

@@ -1,7 +1,9 @@
-"""Image operators: remove background (BEN2), estimate depth (DA3), upscale (bpy).
+"""Image operators: remove background (BEN2), estimate depth (DA3), upscale (bpy), and the
+operator of any other family whose result is one image, made from its record.
 
 Each is a `ModelJobOperator` (operators/model_job.py) that adds only what its result needs:
-`apply` creates the result image (main thread).
+`apply` creates the result image (main thread). A family that names an ``operator`` and has an
+image output but no class here gets :class:`FamilyImageOperator` (:func:`made_from_records`).
 """
 
 # No ``from __future__ import annotations``: Blender reads property annotations as objects.
@@ -10,8 +12,9 @@ import math
 import bpy
 import numpy as np
 
-from ..models import file_formats, products
+from ..models import families, file_formats
 from ..models.adapters import ben2, da3, upscale
+from ..models.outputs import OutputPolicy
 from ..runtime.errors import InvalidImageError
 from . import image_io, results
 from .model_job import ModelJobOperator
@@ -28,13 +31,10 @@ PLANE_RELIEF = 0.25
 class LEAN_IMAGE_AI_OT_remove_background(ModelJobOperator, bpy.types.Operator):
     """Cut the subject out of an image with BEN2 (the background becomes transparent)"""
 
-    bl_idname = operator_idname(ben2.FAMILY)
-    bl_label = ben2.FAMILY.action
     bl_description = (
         "Cut the subject out of the image with BEN2: a new '<image>_cutout' image whose alpha is "
         "the subject's matte (or the source image itself with Replace)"
     )
-    job_title = ben2.FAMILY.action
 
     def keeps_source(self):
         return self.replace
@@ -79,13 +79,10 @@ class LEAN_IMAGE_AI_OT_remove_background(ModelJobOperator, bpy.types.Operator):
 class LEAN_IMAGE_AI_OT_estimate_depth(ModelJobOperator, bpy.types.Operator):
     """Estimate a depth map with Depth Anything 3"""
 
-    bl_idname = operator_idname(da3.FAMILY)
-    bl_label = da3.FAMILY.action
     bl_description = (
         "Estimate depth with Depth Anything 3: a float 'Non-Color' image '<image>_depth' (depth in "
         "every colour channel), optionally a displaced plane that shows it in 3D"
     )
-    job_title = da3.FAMILY.action
 
     def apply(self, context, inputs, result):
         depth = np.asarray(result.depth, np.float32)
@@ -111,14 +108,16 @@ class LEAN_IMAGE_AI_OT_estimate_depth(ModelJobOperator, bpy.types.Operator):
 
 
 def _save_depth(image, depth, output) -> str:
-    """Depth keeps its values in EXR; another format gets it normalised to 0..1, and the note
-    says from which range (models/products.py's policy)."""
+    return _save_values(da3.FAMILY, image, da3.DepthResult(depth), output)
+
+
+def _save_values(family, image, result, output) -> str:
+    """An image of values keeps them in EXR; another format gets them normalised to 0..1, and the
+    note says from which range (models/outputs.py's policy)."""
     if not output or output[0].suffix.lower() in file_formats.BLENDER_WRITER.float_suffixes:
         return results.save_output(image, output)
     path = output[0]
-    product = products.image_product(
-        da3.FAMILY.id, da3.DepthResult(depth), path.suffix, file_formats.BLENDER_WRITER.float_suffixes
-    )
+    product = OutputPolicy.of(family.id, file_formats.BLENDER_WRITER).image(result, path.suffix)
     notes = results.save_product(path, product)
     results.keep(image)  # the file holds the depth normalised: the image keeps the values, packed
     return f"; saved {path} ({' '.join(notes)})"
@@ -171,13 +170,11 @@ def make_depth_plane(context, created, name, depth_image, depth):
 class LEAN_IMAGE_AI_OT_upscale(ModelJobOperator, bpy.types.Operator):
     """Upscale an image with a super-resolution model"""
 
-    bl_idname = operator_idname(upscale.FAMILY)
     bl_label = "Upscale Image"
     bl_description = (
         "Upscale the image with a super-resolution model (Real-ESRGAN or your own; the built-in "
         "bicubic x2 when none is installed): a new '<image>_x<scale>' image"
     )
-    job_title = upscale.FAMILY.action
 
     def apply(self, context, inputs, result):
         info = inputs.info
@@ -191,6 +188,51 @@ class LEAN_IMAGE_AI_OT_upscale(ModelJobOperator, bpy.types.Operator):
         results.show(context, inputs.source, image)
         width, height = image.size
         return f"Upscaled x{result.scale} to '{image.name}' ({width}x{height}){note}"
+
+
+class FamilyImageOperator(ModelJobOperator):
+    """The operator of a family whose result is one image, when the add-on writes none by hand:
+    a new image ``<image>_<tag>`` (the family's output tag), saved where Save Result To says."""
+
+    def apply(self, context, inputs, result):
+        family = self.family
+        # the whole values: a float file's product never clips or normalises
+        product = family.output.image.product(result, ".exr", file_formats.BLENDER_WRITER.float_suffixes)
+        name = f"{inputs.stem}_{family.output.tag}"
+        with results.created_data() as created:
+            if product.is_data:
+                values = np.asarray(product.pixels, np.float32)
+                rgba = np.ones((*values.shape[:2], 4), np.float32)
+                rgba[..., :3] = values.reshape(*values.shape[:2], -1)[..., :3]
+                image = image_io.array_to_new_image(name, rgba, float_buffer=True, colorspace="Non-Color")
+                image = created.add(bpy.data.images, image)
+                note = _save_values(family, image, result, inputs.output)
+            else:
+                straight = image_io.from_model_rgb(image_io.to_rgba(product.pixels), inputs.info.is_linear)
+                image = created.add(bpy.data.images, results.new_image_like(name, straight, inputs.info))
+                note = results.save_output(image, inputs.output)
+        results.show(context, inputs.source, image)
+        width, height = image.size
+        return f"{family.action}: '{image.name}' ({width}x{height}){note}"
+
+
+_MADE: dict = {}  # family id -> its class: register and unregister must see the same class
+
+
+def made_from_records(written) -> tuple:
+    """A class for every registered family that names an operator, has an image output and has
+    no class among ``written`` (the add-on's own operators)."""
+    have = {getattr(cls, "bl_idname", "") for cls in written}
+    made = []
+    for family in families.ALL:
+        image = family.output.image if family.output is not None else None
+        if not family.operator or image is None or operator_idname(family) in have:
+            continue
+        if getattr(_MADE.get(family.id), "family", None) is not family:
+            name = f"LEAN_IMAGE_AI_OT_{family.operator}"
+            _MADE[family.id] = with_family_options(family)(type(name, (FamilyImageOperator, bpy.types.Operator), {}))
+        made.append(_MADE[family.id])
+    return tuple(made)
 
 
 classes = (

@@ -1,7 +1,8 @@
-"""What every model operator shares (bpy): its properties, the gather of its inputs on the main
-thread, the adapter call in the model worker process (a one-frame models/worker/remote_batch.py
-batch whose read hands over the gathered pixels), and the end of the job (apply, or undo what was
-gathered).
+"""What every model job in Blender shares (bpy): Blender's frame IO for the runner (frames read and
+results saved by Blender), the model worker's batches, and the model operators' base: its
+properties, the gather of its inputs on the main thread, the adapter call in the model worker
+process (a one-frame models/worker/remote_batch.py batch whose read hands over the gathered
+pixels), and the end of the job (apply, or undo what was gathered).
 
 A model operator is ``@with_family_options(FAMILY)`` on a :class:`ModelJobOperator` subclass that
 writes ``apply``; the family record (models/family.py) gives it its options and its adapter.
@@ -13,10 +14,11 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+import bpy
 import numpy as np
 from bpy.props import BoolProperty, StringProperty
 
-from ..models import file_formats
+from ..models import file_formats, image_meta
 from ..models.batch.frame_lists import FrameRef
 from ..models.batch.runner import RunEvents, Runner
 from ..models.family import Family
@@ -26,7 +28,7 @@ from ..models.worker import client as worker_client
 from ..models.worker import engine_python
 from ..models.worker.remote_batch import RemoteBatchRun
 from ..runtime.errors import LeanImageError
-from . import gpu_ops, image_io, prefs, sources
+from . import gpu_ops, image_io, prefs, results, sources
 from .jobs import BatchTask, Job, WorkerOperator
 from .options import path_options
 
@@ -77,17 +79,80 @@ def worker_batches(name: str):
     return make
 
 
-class GatheredFrame:
-    """The runner's frame IO for one image Blender has already read (the Image Editor's image, a
-    texture node's, a frame of a sequence): its read hands over those pixels; nothing is written."""
+def _blender_can_write(path: Path) -> None:
+    if not file_formats.BLENDER_WRITER.writes(path.suffix):
+        raise LeanImageError(f"Cannot save '{path.name}': Blender writes {file_formats.BLENDER_WRITER.advice()} here.")
+
+
+def _kind(image) -> str:
+    """"float", "16-bit" or "8-bit": Blender keeps 16-bit PNG/TIFF in float buffers too, so the
+    file format tells float files apart."""
+    if image.file_format in file_formats.BLENDER_FLOAT_FILES:
+        return "float"
+    return "16-bit" if image.is_float else "8-bit"
+
+
+def _as_kind(rgba, kind: str):
+    """Model values as the source's sample type, so results are written with the source's bits
+    (models/outputs.py): 8-bit frames come back exactly as stored."""
+    if kind == "float":
+        return rgba
+    top = 255.0 if kind == "8-bit" else 65535.0
+    return (np.clip(rgba, 0.0, 1.0) * top + 0.5).astype(np.uint8 if kind == "8-bit" else np.uint16)
+
+
+def input_kind(ref: FrameRef) -> str:
+    """Main thread: the kind of the first frame's samples (the output type follows it)."""
+    if not ref.path.is_file():
+        return "8-bit"
+    before = set(bpy.data.images)
+    image = image_io.load_image_file(str(ref.path), check_existing=False)
+    try:
+        return _kind(image)
+    finally:
+        if image not in before:
+            bpy.data.images.remove(image)
+
+
+def read_frame(ref: FrameRef, warn=None):
+    """Main thread: the frame's pixels as models take them, in the source's sample type, turned
+    upright as its EXIF orientation says (as the command line reads it: Blender itself does not);
+    the datablock is removed again. A multi-page TIFF gives its first page and a warning."""
+    before = set(bpy.data.images)
+    image = image_io.load_image_file(str(ref.path), check_existing=False)
+    try:
+        rgba, info = image_io.read_image(image)
+        pixels = _as_kind(image_io.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied), _kind(image))
+    finally:
+        if image not in before:
+            bpy.data.images.remove(image)
+    if warn is not None and ref.path.suffix.lower() in (".tif", ".tiff") and (pages := image_meta.tiff_pages(ref.path)) > 1:
+        warn(f"{ref.path.name} has {pages} pages; the first (the main image by TIFF convention) was used.")
+    return image_meta.upright(pixels, image_meta.exif_orientation(ref.path))
+
+
+class BlenderFrames:
+    """Blender's frame IO for models/batch/runner.py (models/batch/frame_io.py's FrameIO): frames
+    read and results saved by Blender, on the main thread. Given the ``gathered`` pixels of an
+    image Blender has already read (the Image Editor's image, a texture node's, a frame read for
+    Preview Frame), its one frame is those pixels."""
 
     writer = file_formats.BLENDER_WRITER
 
-    def __init__(self, pixels):
-        self.pixels = pixels
+    def __init__(self, gathered=None):
+        self.gathered = gathered
 
     def read(self, ref, warn=None):
-        return self.pixels
+        return self.gathered if self.gathered is not None else read_frame(ref, warn)
+
+    def write_image(self, path: Path, product) -> list[str]:
+        return results.save_product(path, product)
+
+    def check_format(self, path: Path) -> None:
+        _blender_can_write(path)
+
+    def input_kind(self, ref) -> str:
+        return input_kind(ref)
 
 
 def one_frame_task(job: Job, model_run: ModelRun, ref: FrameRef, pixels, shape=lambda result: result) -> BatchTask:
@@ -102,7 +167,7 @@ def one_frame_task(job: Job, model_run: ModelRun, ref: FrameRef, pixels, shape=l
     )
     results = []
     events = RunEvents(progress=job.report, take=lambda ref, result: results.append(result))
-    runner = Runner(spec, GatheredFrame(pixels), events=events, cancel=job.cancel_event, model_run=model_run,
+    runner = Runner(spec, BlenderFrames(pixels), events=events, cancel=job.cancel_event, model_run=model_run,
                     batch_factory=worker_batches(job.name))
 
     def result():
@@ -171,7 +236,7 @@ class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
         )
         # side-effect-free checks first: loading a file adds a datablock that an error must remove
         source = None if self.filepath else sources.resolve_source(context, "")
-        family_job = prefs.family_job(context, self, self.family.id)  # a first-time hash is the worker's
+        model_run = prefs.operator_model_run(context, self, self.family.id)  # a first-time hash is the worker's
         if source is None:
             source = sources.resolve_source(context, self.filepath)
         keep = self.keeps_source()
@@ -187,7 +252,7 @@ class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
             info=info,
             rgba=rgba,
             model_rgba=model_rgba,
-            job=family_job,
+            job=model_run,
             output=output,
         )
 

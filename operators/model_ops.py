@@ -1,4 +1,4 @@
-"""Model management operators: install (download), remove, register your own ONNX, free sessions.
+"""Model management operators: install (download), remove, register your own ONNX.
 
 Installing runs on the job engine's download lane (operators/jobs.py): beside a model job, with
 progress in the preferences' model list, Esc or the list's Cancel stops it and keeps the ``.part``
@@ -18,7 +18,6 @@ from bpy.props import EnumProperty, StringProperty
 
 from ..models import families
 from ..models.store import library, user_models
-from ..runtime import get_runtime
 from ..runtime.child_process import ChildTask
 from ..runtime.errors import LeanImageError, user_path
 from . import prefs
@@ -225,25 +224,6 @@ class LEAN_IMAGE_AI_OT_register_user_model(WorkerOperator, bpy.types.Operator):
         return {"FINISHED"}
 
 
-class LEAN_IMAGE_AI_OT_clear_sessions(bpy.types.Operator):
-    """Drop every loaded model session: frees model weights and inference memory (CPU and GPU)"""
-
-    bl_idname = "lean_image_ai.clear_sessions"
-    bl_label = "Free Loaded Models"
-    bl_options = {"INTERNAL"}
-
-    def execute(self, context):
-        running = manager.running()
-        if running is not None:
-            self.report({"ERROR"}, f"'{running.name}' is using the loaded models; wait or cancel it first.")
-            return {"CANCELLED"}
-        runtime = get_runtime()
-        count = len(runtime.cached_sessions())
-        runtime.clear("user request")
-        self.report({"INFO"}, f"Dropped {count} cached model session{'s' if count != 1 else ''}.")
-        return {"FINISHED"}
-
-
 def pre_unregister():
     """Stop a running download before its operator class goes away."""
     downloads.cancel_all()
@@ -254,5 +234,4 @@ classes = (
     LEAN_IMAGE_AI_OT_cancel_download,
     LEAN_IMAGE_AI_OT_remove_model,
     LEAN_IMAGE_AI_OT_register_user_model,
-    LEAN_IMAGE_AI_OT_clear_sessions,
 )

@@ -54,10 +54,16 @@ def with_properties(properties: dict):
 
 
 def with_family_options(family: Family):
-    """Class decorator: the family's options become the operator's properties."""
+    """Class decorator: the family's operator from its record. Its options become the operator's
+    properties; its name, label and job title are the record's unless the class gives its own."""
 
     def decorate(cls):
         cls.family = family
+        cls.bl_idname = operator_idname(family)
+        described = family.produces[:1].upper() + family.produces[1:]  # "a matte" -> "A matte", BEN2 kept
+        for name, value in (("bl_label", family.action), ("job_title", family.action), ("bl_description", described)):
+            if name not in cls.__dict__:
+                setattr(cls, name, value)
         return with_properties(family_properties(family))(cls)
 
     return decorate

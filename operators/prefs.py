@@ -129,8 +129,8 @@ def configure_runtime(context) -> tuple[str, MemoryBudgets]:
     return device_string(prefs), budgets(prefs)
 
 
-def family_job(context, owner, family_id: str) -> ModelRun:
-    """The family job (models/model_run.py) of an operator: its Model (a catalog id, never a path: files
+def operator_model_run(context, owner, family_id: str) -> ModelRun:
+    """The model run (models/model_run.py) of an operator's properties: its Model (a catalog id, never a path: files
     go in Model File) or Model File, its option values, and the preferences' device and budgets,
     applied to the runtime. Main thread: a model file never hashed is hashed by the job's first
     run, on the worker."""
@@ -146,7 +146,6 @@ def family_job(context, owner, family_id: str) -> ModelRun:
         values={o.name: getattr(owner, o.name) for o in family.options},
         device=device,
         budgets=job_budgets,
-        verify=False,
     )
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import bpy
 import numpy as np
 
-from ..models import file_formats, products, result_images
+from ..models import file_formats, result_images
 from . import image_io, sources
 
 
@@ -197,7 +197,7 @@ def link_object(context, obj) -> None:
         view_layer.objects.active = obj
 
 
-def save_product(path: Path, product: products.ImageProduct) -> list[str]:
+def save_product(path: Path, product: result_images.ImageProduct) -> list[str]:
     """Main thread: an image product saved through a temporary datablock, all or nothing. A
     16-bit product goes through a float buffer: Blender writes PNG and TIFF from one with 16 bits.
     Returns what the file does not keep of it, for the report (as the command line's write_image)."""

@@ -19,15 +19,17 @@ import bpy
 import numpy as np
 from bpy.props import EnumProperty, IntProperty, StringProperty
 
-from ..models import families, file_formats, products
+from ..models import families, file_formats
 from ..models.adapters import moge2
 from ..models.adapters.moge2_mesh import mesh_arrays
 from ..models.batch import frame_lists
 from ..models.batch.runner import RunEvents, Runner
+from ..models.outputs import OutputPolicy
+from ..models.result_images import ImageProduct
 from ..runtime.errors import LeanImageError
 from . import batch_ops, geometry_ops, image_io, options, prefs, results, shot_props, sources
 from .jobs import BatchOperator, BatchTask, Job, WorkerOperator
-from .model_job import one_frame_task, worker_batches
+from .model_job import BlenderFrames, one_frame_task, read_frame, worker_batches
 
 PREVIEW_IMAGE = "Lean Image AI Preview"
 
@@ -99,8 +101,8 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
         frames = frame_lists.parse_frames(self.frames) if self.frames.strip() else None
         spec = batch_ops.job_spec(context, self, moge2.FAMILY.id, source=str(_source(self)), writes_files=False)
         events = RunEvents(progress=job.report)  # each result becomes a mesh (add_frame, below), never a file
-        runner = Runner(spec.with_frames(frames), batch_ops.BlenderFrames(), events=events, cancel=job.cancel_event,
-                        verify=False, batch_factory=worker_batches(self.job_title))
+        runner = Runner(spec.with_frames(frames), BlenderFrames(), events=events, cancel=job.cancel_event,
+                        batch_factory=worker_batches(self.job_title))
         refs, values = runner.refs, runner.model_run.values
         numbers = [r.number for r in refs]
         following = dict(zip(numbers, numbers[1:] + [None], strict=True))
@@ -185,20 +187,20 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
         return {"CANCELLED"}
 
 
-def preview_product(family_id: str, result, shot) -> products.ImageProduct:
+def preview_product(family_id: str, result, shot) -> ImageProduct:
     """What the preview shows: the image the sequence would write for this frame (depth with
     the shot settings; a shot range needs the whole shot, so auto-shot shows this frame's own
     robust range), or what the family's output shows of a result that is not one image (MoGe-2: its
     normal map)."""
-    output = products.output_of(family_id)
-    if output.preview is not None:
-        return output.preview(result)
+    output = OutputPolicy.of(family_id, file_formats.BLENDER_WRITER)
+    if output.record.preview is not None:
+        return output.record.preview(result)
     if shot.depth is not None:
         if shot.depth.needs_first_pass:
             shot.record(None, result)
             shot.finish_first_pass()
         return shot.depth_product(result.depth, ".png", file_formats.BLENDER_WRITER.float_suffixes)[0]
-    return products.image_product(family_id, result, ".png", file_formats.BLENDER_WRITER.float_suffixes)
+    return output.image(result, ".png")
 
 
 def show_in_image_editor(context, image) -> bool:
@@ -232,12 +234,12 @@ class LEAN_IMAGE_AI_OT_preview_frame(WorkerOperator, bpy.types.Operator):
         refs = [r for r in _frames(self, None) if r.number == number]
         if not refs:
             raise LeanImageError(f"Frame {number} is not in the sequence; choose one of its frames to preview.")
-        family_job = prefs.family_job(context, self, family.id)
+        model_run = prefs.operator_model_run(context, self, family.id)
         shot = shot_props.settings_of(self, family.id)
-        family_job.extra.update(shot.adapter_kwargs())  # a given field of view; a fitted shot focal needs the shot
-        pixels = batch_ops.read_frame(refs[0])  # main thread: Blender reads the file
+        model_run.extra.update(shot.adapter_kwargs())  # a given field of view; a fitted shot focal needs the shot
+        pixels = read_frame(refs[0])  # main thread: Blender reads the file
         job.inputs = SimpleNamespace(number=number, shot=shot, family=family)
-        return one_frame_task(job, family_job, refs[0], pixels)
+        return one_frame_task(job, model_run, refs[0], pixels)
 
     def finish(self, context, job: Job):
         if job.state != "finished":

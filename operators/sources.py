@@ -13,7 +13,8 @@ from pathlib import Path
 
 import bpy
 
-from ..models import file_formats, products
+from ..models import file_formats
+from ..models.outputs import OutputPolicy
 from ..runtime.errors import InvalidImageError, LeanImageError, user_path
 from . import image_io
 
@@ -136,7 +137,7 @@ def remove_image_later(image) -> Callable[[], None]:
 
 def output_target(output_path: str, *, family_id: str, source_file: str = "", overwrite: bool = False):
     """(absolute path, Blender file format) for ``output_path``, or None; every check that can
-    fail is made here, before any model runs (models/products.py's policy for the family)."""
+    fail is made here, before any model runs (models/outputs.py's policy for the family)."""
     if not output_path:
         return None
     path = absolute_path(output_path)
@@ -150,7 +151,7 @@ def output_target(output_path: str, *, family_id: str, source_file: str = "", ov
             f"Use {file_formats.BLENDER_WRITER.advice()}."
         )
     if family_id:  # the family's own format rules (none for an image that is not its result)
-        products.check_output(family_id, path, file_formats.BLENDER_WRITER)
+        OutputPolicy.of(family_id, file_formats.BLENDER_WRITER).check(path)
     if not path.parent.is_dir():
         raise LeanImageError(f"Cannot save to '{path}': the folder '{path.parent}' does not exist.")
     if not os.access(path.parent, os.W_OK):

@@ -63,9 +63,8 @@ def listing(layout: RecordingLayout, package: str = PACKAGE) -> list[str]:
 
 def boxes(layout: RecordingLayout, package: str = PACKAGE) -> dict[str, list]:
     """The calls of each task's box, by family id (a box starts at its title)."""
-    panels = importlib.import_module(f"{package}.ui.panels")
     families = importlib.import_module(f"{package}.models.families")
-    titles = {panels.HEADINGS[f.id]: f.id for f in families.ALL}
+    titles = {f.panel_heading: f.id for f in families.ALL}
     out, current = {}, None
     for call in layout.log:
         if call.kind == "label" and call.text in titles:

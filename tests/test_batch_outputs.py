@@ -18,8 +18,8 @@ bh.import_package()
 
 from builders_families import da3_like_model  # noqa: E402
 from lean_image_ai.models.adapters import upscale  # noqa: E402
-from lean_image_ai.operators import batch_ops, jobs  # noqa: E402
-from lean_image_ai.ui.cli import cli_images  # noqa: E402
+from lean_image_ai.models.batch import image_files  # noqa: E402
+from lean_image_ai.operators import batch_ops, jobs, model_job  # noqa: E402
 
 BICUBIC = str(upscale.DEFAULT_MODEL_PATH)  # the embedded x2: a flat image stays flat
 
@@ -73,9 +73,9 @@ def test_sixteen_bit_frames_give_sixteen_bit_pngs(tmp_path):
     folder.mkdir()
     flat = np.full((10, 12, 3), 40000, np.uint16)  # 8 bits would give 156 * 257 = 40092
     for n in (1, 2):
-        (folder / f"d_{n:04d}.png").write_bytes(cli_images.png16_bytes(flat))
+        (folder / f"d_{n:04d}.png").write_bytes(image_files.png16_bytes(flat))
     assert bpy.ops.lean_image_ai.process_sequence(family="upscale", source=str(folder), model_path=BICUBIC) == {"FINISHED"}
-    result = cli_images.read_image(tmp_path / "deep_upscaled" / "d_upscaled_0001.png")
+    result = image_files.read_image(tmp_path / "deep_upscaled" / "d_upscaled_0001.png")
     assert result.dtype == np.uint16 and result.shape[:2] == (20, 24)
     assert np.abs(result[..., :3].astype(int) - 40000).max() <= 8  # through Blender's linear float buffer
 
@@ -149,7 +149,7 @@ def test_frames_are_turned_upright_and_a_multi_page_tiff_warns(tmp_path):
     from lean_image_ai.models.batch.frame_lists import FrameRef
 
     warnings = []  # what the operator's report gets for that frame
-    first = batch_ops.read_frame(FrameRef(1, pages / "t_0001.tif"), warnings.append)
+    first = model_job.read_frame(FrameRef(1, pages / "t_0001.tif"), warnings.append)
     assert warnings == ["t_0001.tif has 2 pages; the first (the main image by TIFF convention) was used."]
     assert first.dtype == np.uint8 and tuple(first[0, 0, :3]) == (255, 0, 0)
 
@@ -170,7 +170,7 @@ def test_a_sixteen_bit_tiff_from_blender_reads_with_all_its_bits_on_the_command_
         image.save(filepath=str(tmp_path / "deep.tif"), save_copy=True)
     finally:
         bpy.data.images.remove(image)
-    read = cli_images.read_image(tmp_path / "deep.tif")
+    read = image_files.read_image(tmp_path / "deep.tif")
     assert read.dtype == np.uint16 and read.shape == (4, 6, 4)
-    assert cli_images.input_kind(tmp_path / "deep.tif") == "16-bit"
+    assert image_files.input_kind(tmp_path / "deep.tif") == "16-bit"
     np.testing.assert_allclose(read / 65535.0, straight, atol=3 / 65535)  # 8 bits would be 1/255 off

@@ -44,7 +44,7 @@ OTHER_CASES = (
 # Model jobs and the memory of the models: in a process of their own, after a register.
 MODEL_CASES = (
     "upscale", "remove_background", "estimate_depth", "reconstruct_geometry", "process_sequence",
-    "reconstruct_shot", "release_memory", "unload_all", "leak_check", "show_memory_plot", "clear_sessions",
+    "reconstruct_shot", "release_memory", "unload_all", "leak_check", "show_memory_plot",
 )  # fmt: skip
 
 

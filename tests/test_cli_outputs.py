@@ -10,7 +10,7 @@ import zlib
 import numpy as np
 import OpenEXR
 import pytest
-from lean_image_ai.ui.cli import cli_images
+from lean_image_ai.models.batch import image_files
 from PIL import Image
 from test_cli import cli, model_args, summary
 
@@ -105,7 +105,7 @@ def test_float_exr_input_gives_float_exr_output_by_default(tmp_path, family_mode
 
 def _png16_with_every_filter(array):
     """A 16-bit PNG whose rows use PNG's five filters in turn (as libpng's adaptive filtering
-    does), written here independently of cli_images' own writer."""
+    does), written here independently of image_files' own writer."""
     height, width, channels = array.shape
     rows = [np.frombuffer(array[y].astype(">u2").tobytes(), np.uint8).astype(int) for y in range(height)]
     bpp = 2 * channels
@@ -140,12 +140,12 @@ def _png16_with_every_filter(array):
 def test_sixteen_bit_colour_png_is_read_with_all_its_bits(tmp_path, channels):
     values = np.random.default_rng(3).integers(0, 65536, (9, 11, channels)).astype(np.uint16)
     (tmp_path / "deep.png").write_bytes(_png16_with_every_filter(values))
-    read = cli_images.read_image(tmp_path / "deep.png")
+    read = image_files.read_image(tmp_path / "deep.png")
     assert read.dtype == np.uint16 and np.array_equal(read, values)
-    assert cli_images.input_kind(tmp_path / "deep.png") == "16-bit"
+    assert image_files.input_kind(tmp_path / "deep.png") == "16-bit"
     # and the writer's own 16-bit PNG reads back the same
-    (tmp_path / "again.png").write_bytes(cli_images.png16_bytes(values))
-    assert np.array_equal(cli_images.read_image(tmp_path / "again.png"), values)
+    (tmp_path / "again.png").write_bytes(image_files.png16_bytes(values))
+    assert np.array_equal(image_files.read_image(tmp_path / "again.png"), values)
 
 
 def test_sixteen_bit_png_input_gives_sixteen_bit_png_output(tmp_path):
@@ -154,7 +154,7 @@ def test_sixteen_bit_png_input_gives_sixteen_bit_png_output(tmp_path):
     done = cli("upscale", str(tmp_path / "deep.png"), "--device", "cpu", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert summary(done)["output_type"] == "16-bit PNG (follows the 16-bit input)"
-    result = cli_images.read_image(tmp_path / "deep_upscaled.png")
+    result = image_files.read_image(tmp_path / "deep_upscaled.png")
     assert result.dtype == np.uint16 and result.shape == (20, 28, 3)
     assert np.abs(result.astype(int) - 12345).max() <= 1
     # a format that cannot hold 16 bits says so
@@ -169,7 +169,7 @@ def test_exif_orientation_is_applied_on_read(tmp_path):
     exif = image.getexif()
     exif[0x0112] = 6  # "rotate 90 clockwise to display", as a phone's portrait photo
     image.save(tmp_path / "phone.png", exif=exif.tobytes())
-    upright = cli_images.read_image(tmp_path / "phone.png")
+    upright = image_files.read_image(tmp_path / "phone.png")
     assert upright.shape == (40, 20, 3) and upright[:, -5:].min() == 255 and upright[:, :-5].max() == 0
     done = cli("upscale", str(tmp_path / "phone.png"), "--device", "cpu", cwd=tmp_path)
     assert done.returncode == 0, done.stderr

@@ -252,7 +252,6 @@ def test_a_registered_family_is_asked_after_the_built_ins_unless_it_asks_first(s
     monkeypatch.setattr(families, "IDS", families.IDS)
     monkeypatch.setattr(families, "_BY_ID", dict(families._BY_ID))
     monkeypatch.setattr(family, "IDENTIFY_ORDER", list(family.IDENTIFY_ORDER))
-    monkeypatch.setattr(family, "COMMANDS", dict(family.COMMANDS))
     greedy = dataclasses.replace(families.get("upscale"), id="greedy", command="greedy", options=(),
                                  identify=lambda model: Match(1.0, "it takes anything"))
     families.register(greedy)

@@ -10,9 +10,10 @@ import re
 from pathlib import Path
 
 import pytest
-from lean_image_ai.models import file_formats, products
+from lean_image_ai.models import file_formats
+from lean_image_ai.models.batch import image_files
+from lean_image_ai.models.outputs import OutputPolicy
 from lean_image_ai.runtime.errors import LeanImageError
-from lean_image_ai.ui.cli import cli_images
 
 WRITERS = (file_formats.COMMAND_LINE, file_formats.BLENDER_WRITER)
 
@@ -24,23 +25,23 @@ def suggested(message: str) -> list[str]:
 @pytest.mark.parametrize("writer", WRITERS, ids=lambda w: w.name)
 def test_a_cut_out_to_a_file_without_alpha_suggests_only_what_that_front_end_writes_with_alpha(writer):
     with pytest.raises(LeanImageError) as refused:
-        products.check_output("ben2", Path("matte.jpg"), writer)
+        OutputPolicy.of("ben2", writer).check(Path("matte.jpg"))
     names = suggested(str(refused.value))
     assert names
     if writer is file_formats.BLENDER_WRITER:
         assert names == [".png", ".exr", ".tif"]  # not .webp: Blender's output check refuses it
     for suffix in names:
         assert writer.writes(suffix) and file_formats.find(suffix).alpha, suffix
-        products.check_output("ben2", Path(f"matte{suffix}"), writer)  # accepted: no error
+        OutputPolicy.of("ben2", writer).check(Path(f"matte{suffix}"))  # accepted: no error
 
 
 def test_every_format_the_command_line_suggests_it_can_write(tmp_path):
-    with pytest.raises(cli_images.CommandLineError) as refused:
-        cli_images.check_writable_format(tmp_path / "out.xyz")
+    with pytest.raises(image_files.ImageFileError) as refused:
+        image_files.check_writable_format(tmp_path / "out.xyz")
     names = suggested(str(refused.value))
     assert names == [row.suffixes[0] for row in file_formats.FORMATS if row.image and row.writers & {"Pillow", "OpenEXR"}]
     for suffix in names:
-        cli_images.check_writable_format(tmp_path / f"out{suffix}")  # no error: Pillow or OpenEXR writes it
+        image_files.check_writable_format(tmp_path / f"out{suffix}")  # no error: Pillow or OpenEXR writes it
 
 
 def test_blender_writes_exactly_the_rows_that_name_it():
@@ -56,8 +57,8 @@ def test_blender_writes_exactly_the_rows_that_name_it():
 
 def test_a_geometry_result_takes_only_its_mesh_format_and_names_its_companions():
     with pytest.raises(LeanImageError, match=r"Cannot write geometry to 'scene.png': give a \.ply mesh file"):
-        products.check_output("moge2", Path("scene.png"))
-    assert [p.name for p in products.companion_paths("moge2", Path("/out/scene.ply"))] == [
+        OutputPolicy.of("moge2").check(Path("scene.png"))
+    assert [p.name for p in OutputPolicy.of("moge2").companion_paths(Path("/out/scene.ply"))] == [
         "scene.ply",
         "scene.json",
         "scene_normal.exr",

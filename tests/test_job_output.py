@@ -17,17 +17,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lean_image_ai.models import file_formats, files, products
+from lean_image_ai.models import file_formats, files, outputs
 from lean_image_ai.models.adapters import shot_depth
-from lean_image_ai.models.batch import frame_claims
+from lean_image_ai.models.batch import frame_claims, image_files
 from lean_image_ai.models.batch.frame_lists import FrameRef, resolve_input
 from lean_image_ai.models.batch.shot_batch import ShotSettings
 from lean_image_ai.models.outputs import JobOutput
 from lean_image_ai.runtime.errors import LeanImageError
-from lean_image_ai.ui.cli import cli_images
 from PIL import Image
 
-PACKAGE = Path(products.__file__).resolve().parents[1]
+PACKAGE = Path(outputs.__file__).resolve().parents[1]
 
 
 @dataclass
@@ -49,7 +48,7 @@ def plates(folder: Path, count: int) -> list[FrameRef]:
 
 def plan(output: JobOutput, refs, target, **flags):
     settings = {"overwrite": False, "skip_existing": False, **flags}
-    return output.plan(refs, target, in_sequence=True, shard=None, check_format=cli_images.check_writable_format,
+    return output.plan(refs, target, in_sequence=True, shard=None, check_format=image_files.check_writable_format,
                        suffix=output.default_suffix(), **settings)
 
 
@@ -61,7 +60,7 @@ def test_one_output_plans_names_writes_and_records_what_it_wrote(tmp_path):
     assert outputs[0].parent == tmp_path / "plates_depth" and outputs[0].parent.is_dir() and not skip
     assert output.targets == dict(zip(frames, outputs, strict=True))
     for ref in frames[:2]:
-        notes, product = output.write(output.targets[ref], depth_of(ref.number), {}, cli_images.write_image)
+        notes, product = output.write(output.targets[ref], depth_of(ref.number), {}, image_files.write_image)
         assert product.bits == "float" and notes == []
     assert output.written == outputs[:2]
     assert not files.leftover_temps(outputs[0])  # all or nothing: no temporary file stays
@@ -111,7 +110,7 @@ def test_a_result_of_several_files_records_each_companion_it_wrote(tmp_path):
     record = replace(JobOutput.of("moge2").record, write=write_mesh)
     output = JobOutput(record, "mesh")
     target = tmp_path / "m.ply"
-    notes, product = output.write(target, Mesh(np.ones((3, 3), np.float32)), {}, cli_images.write_image)
+    notes, product = output.write(target, Mesh(np.ones((3, 3), np.float32)), {}, image_files.write_image)
     assert (notes, product) == (["meshed"], None)
     assert output.written == [target, tmp_path / "m.json"]  # no normal map: the writer made none
     assert json.loads((tmp_path / "m.json").read_text()) == {"vertices": 3}
@@ -149,15 +148,15 @@ def test_the_shots_depth_is_written_through_the_job_output(tmp_path):
     low, high = settings.finish_first_pass().split(": ")[1].split(" over")[0].split("..")
     output = JobOutput.of("da3")
     direct = tmp_path / "direct.png"
-    notes, product = output.write(direct, results[0], {}, cli_images.write_image, image=settings.output_image)
+    notes, product = output.write(direct, results[0], {}, image_files.write_image, image=settings.output_image)
     assert output.written == [direct] and product.value_range == pytest.approx((float(low), float(high)), rel=1e-5)
     with Image.open(direct) as image:
         assert image.text["lean_image_ai:depth_range_mode"] == shot_depth.AUTO_SHOT
 
     settings.depth.start_pass()  # the writing pass again, from the first frame
     through_runner = tmp_path / "runner.png"  # what models/batch/runner.py's write_file calls
-    runner_notes, _ = products.write_result(
-        "da3", through_runner, results[0], {}, cli_images.write_image, image=settings.output_image
+    runner_notes, _ = JobOutput.of("da3").write(
+        through_runner, results[0], {}, image_files.write_image, image=settings.output_image
     )
     assert through_runner.read_bytes() == direct.read_bytes()
     assert runner_notes == [note.replace("direct.png", "runner.png") for note in notes]
@@ -177,21 +176,21 @@ def test_format_rows_hold_their_writers_abilities_and_data_writers(tmp_path):
 def test_where_an_8_bit_file_keeps_text_is_its_rows_metadata_column(tmp_path, monkeypatch):
     """The command line's writer asks the row, not the format's name: a JPEG row without a
     comment column writes no value range."""
-    product = products.image_product("da3", depth_of(3), ".jpg")
-    cli_images.write_image(tmp_path / "kept.jpg", product)
+    product = outputs.OutputPolicy.of("da3").image(depth_of(3), ".jpg")
+    image_files.write_image(tmp_path / "kept.jpg", product)
     with Image.open(tmp_path / "kept.jpg") as image:
         assert image.info["comment"].startswith(b"lean_image_ai:value_range")
 
     jpeg = file_formats.find(".jpg")
     table = {**file_formats._BY_SUFFIX, ".jpg": replace(jpeg, metadata="")}
     monkeypatch.setattr(file_formats, "_BY_SUFFIX", table)
-    cli_images.write_image(tmp_path / "plain.jpg", product)
+    image_files.write_image(tmp_path / "plain.jpg", product)
     with Image.open(tmp_path / "plain.jpg") as image:
         assert "comment" not in image.info
 
 
-OUTPUT_MODULES = ("models/outputs.py", "models/products.py", "models/result_images.py", "models/file_formats.py",
-                  "models/batch/shot_batch.py", "ui/cli/cli_images.py", "ui/cli/cli_shot.py", "operators/results.py",
+OUTPUT_MODULES = ("models/outputs.py", "models/result_images.py", "models/file_formats.py",
+                  "models/batch/shot_batch.py", "models/batch/image_files.py", "models/batch/frame_io.py", "ui/cli/cli_shot.py", "operators/results.py",
                   "operators/shot_props.py")
 
 

@@ -351,25 +351,3 @@ def test_register_rejects_missing_and_non_onnx_files(models_dir, tmp_path):
         bpy.ops.lean_image_ai.register_user_model(family="ben2", filepath="")
     assert not (models_dir / "user_models.json").exists()
     assert library.catalog(models_dir).user_entries() == []
-
-
-# -- clear sessions ---------------------------------------------------------------------------------
-
-
-def test_clear_sessions_drops_every_session(registered, tmp_path):
-    runtime = get_runtime()
-    runtime.clear("test setup")
-    handles = [runtime.session(tiny_onnx(tmp_path / f"m{i}.onnx"), "cpu") for i in range(2)]
-    saved = jobs.manager.current
-    jobs.manager.current = jobs.Job("Depth")  # a running job keeps its sessions
-    try:
-        with pytest.raises(RuntimeError, match="'Depth' is using the loaded models"):
-            bpy.ops.lean_image_ai.clear_sessions()
-        assert len(runtime.cached_sessions()) == 2
-    finally:
-        jobs.manager.current = saved
-    seen = len(runtime.events.recent("session_evict"))
-    assert bpy.ops.lean_image_ai.clear_sessions() == {"FINISHED"}
-    assert runtime.cached_sessions() == [] and all(h.evicted for h in handles)
-    evictions = runtime.events.recent("session_evict")[seen:]
-    assert [e["reason"] for e in evictions] == ["user request", "user request"]

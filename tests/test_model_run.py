@@ -24,6 +24,8 @@ bh.import_package()
 from lean_image_ai.models import families  # noqa: E402
 from lean_image_ai.models.adapters import upscale_plan  # noqa: E402
 from lean_image_ai.models.adapters.upscale_plan import AUTO_WORKING_CPU  # noqa: E402
+from lean_image_ai.models.batch.frame_io import ImageFileFrames  # noqa: E402
+from lean_image_ai.models.batch.runner import Runner  # noqa: E402
 from lean_image_ai.models.model_run import ModelRun  # noqa: E402
 from lean_image_ai.models.store import installer, library  # noqa: E402
 from lean_image_ai.models.store.catalog import Catalog  # noqa: E402
@@ -109,8 +111,9 @@ def test_every_front_end_plans_the_same_tiles_for_the_same_budget(plate, tmp_pat
 
     # a farm worker, given the job the farm's driver builds from its command line
     args = cli.build_parser().parse_args(["farm", "upscale", str(source), str(tmp_path / "farm") + "/", *common, "--ram-budget", str(budget_mb)])
-    worker = type("Worker", (RecordingWorker,), {"tiles": []})(cli_job.family_job(args.family, args).for_worker(), 1)
-    (tmp_path / "farm").mkdir()
+    driver = Runner(cli_job.job_spec(args.family, args, farm=True), ImageFileFrames())  # as ui/cli/farm_ray.py plans
+    worker = type("Worker", (RecordingWorker,), {"tiles": []})(driver.model_run.for_worker(), 1)
+    (tmp_path / "farm").mkdir(exist_ok=True)
     items = list(worker.process([(1, str(source), str(tmp_path / "farm" / "plate.png"))]))
     assert items[0] == {"frame": 1} and "end" in items[-1], items
 
@@ -194,8 +197,8 @@ def test_a_model_text_is_a_catalog_id_else_a_file(tmp_path, monkeypatch):
 
 
 def test_the_first_time_hash_runs_with_the_job_not_where_it_is_set_up(tmp_path, runtime_kept, monkeypatch):
-    """Blender's operators resolve with verify=False on the main thread: a file whose sha256 was
-    never checked is taken on its size there, and hashed by the job's first run (the worker)."""
+    """Every front-end resolves its model with a read (Blender on its main thread): a file whose
+    sha256 was never checked is taken on its size there, and hashed by the job's first run."""
     model = sr_model(tmp_path / "source.onnx", scale=2, mid_channels=4)
     data = model.read_bytes()
     entry = CatalogEntry(
@@ -210,7 +213,7 @@ def test_the_first_time_hash_runs_with_the_job_not_where_it_is_set_up(tmp_path, 
     real_hash = installer.sha256_file
     monkeypatch.setattr(installer, "sha256_file", lambda *a, **k: hashed.append(a[0]) or real_hash(*a, **k))
 
-    job = ModelRun.resolve("upscale", folder, model=entry.id, device="cpu", verify=False)
+    job = ModelRun.resolve("upscale", folder, model=entry.id, device="cpu")
     assert hashed == [] and library.status(entry, folder) == library.UNVERIFIED
     image = np.zeros((8, 8, 3), np.uint8)
     result = job.infer(image)
@@ -220,9 +223,53 @@ def test_the_first_time_hash_runs_with_the_job_not_where_it_is_set_up(tmp_path, 
     assert len(hashed) == 1  # once
 
     (folder / entry.filename).write_bytes(data[:-4] + b"\0\0\0\0")  # same size, other bytes
-    corrupt = ModelRun.resolve("upscale", folder, model=entry.id, device="cpu", verify=False)
+    corrupt = ModelRun.resolve("upscale", folder, model=entry.id, device="cpu")
     with pytest.raises(ModelFileError):
         corrupt.infer(image)
+
+
+def _listing(folder: Path) -> dict:
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()}
+
+
+def test_resolving_the_command_lines_model_writes_nothing(tmp_path, runtime_kept, monkeypatch):
+    """Choosing a model is a read: the command line's job (its runner, as ui/cli/main.py makes it)
+    neither hashes nor writes a hash record or a lock in the models folder; a file installed
+    without a catalog checksum and changed since is still caught, by the job's first run."""
+    model = sr_model(tmp_path / "source.onnx", scale=2, mid_channels=4)
+    data = model.read_bytes()
+    checked = CatalogEntry(
+        id="test-sr", family="upscale", variant="x2", title="Test SR", filename="test_sr.onnx", url=None,
+        size_bytes=len(data), sha256=installer.sha256_file(model), license="test", source="this test",
+    )
+    unchecked = CatalogEntry(
+        id="test-sr-own", family="upscale", variant="own", title="Test SR own", filename="own.onnx", url=None,
+        size_bytes=None, sha256=None, license="test", source="this test",
+    )
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for entry in (checked, unchecked):
+        (folder / entry.filename).write_bytes(data)
+    installer.verify_installed(unchecked, folder)  # as an install leaves it: no record without a checksum yet
+    monkeypatch.setattr(library, "catalog", lambda _folder: Catalog(builtin=[checked, unchecked]))
+    source = tmp_path / "in.png"
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(source)
+    before = _listing(folder)
+    for entry in (checked, unchecked):
+        args = cli.build_parser().parse_args(
+            ["upscale", str(source), str(tmp_path / f"{entry.id}.png"), "--model", entry.id,
+             "--models-dir", str(folder), "--device", "cpu"]
+        )
+        runner = Runner(cli_job.job_spec(args.family, args), ImageFileFrames())
+        assert runner.model_run.model.entry.id == entry.id
+    assert _listing(folder) == before
+
+    installer._write_sidecar(unchecked, folder / unchecked.filename, installer.sidecar_path(unchecked, folder),
+                             installer.sha256_file(model))  # what an install records of a file without a checksum
+    (folder / unchecked.filename).write_bytes(data[:-4] + b"\0\0\0\0")  # changed since: same size, other bytes
+    changed = ModelRun.resolve("upscale", folder, model=unchecked.id, device="cpu")
+    with pytest.raises(ModelFileError, match="changed since it was installed"):
+        changed.infer(np.zeros((8, 8, 3), np.uint8))
 
 
 def test_every_family_job_fills_in_the_defaults_of_options_a_front_end_lacks(tmp_path):
@@ -251,5 +298,5 @@ def test_the_jobs_device_picks_the_default_model(tmp_path, monkeypatch):
         entries.append(entry)
     monkeypatch.setattr(library, "catalog", lambda _folder: Catalog(builtin=entries))
     for device, expected in (("cpu", "sr-full"), ("auto", "sr-full"), ("cuda:0", "sr-half")):
-        job = ModelRun.resolve("upscale", folder, device=device, verify=False)
+        job = ModelRun.resolve("upscale", folder, device=device)
         assert job.model.entry.id == expected, device

@@ -94,7 +94,7 @@ def test_one_title_per_box_never_repeated_by_a_label_or_the_button(installed, ph
     layout = draw()
     labels = [c.text for c in layout.calls("label")]
     for family_id, calls in boxes(layout).items():
-        title = panels.HEADINGS[family_id]
+        title = families.get(family_id).panel_heading
         assert labels.count(title) == 1
         said = [c.text for c in calls if c.kind == "label"]
         assert main_button(calls).text not in said and families.get(family_id).action not in said

@@ -4,6 +4,8 @@ command line and the farm call it; results that are not files go to the front-en
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 import threading
 from dataclasses import replace
@@ -14,9 +16,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from builders_shot import drifting_depth_model, write_shot  # noqa: E402
 from lean_image_ai.models.batch import job_checks  # noqa: E402
+from lean_image_ai.models.batch.frame_io import ImageFileFrames  # noqa: E402
 from lean_image_ai.models.batch.runner import RunEvents, Runner  # noqa: E402
 from lean_image_ai.models.job_spec import JobSpec, JobSpecError, ShotOptions  # noqa: E402
-from lean_image_ai.ui.cli.cli_images import CommandLineFrames  # noqa: E402
 
 REPEATS = 20
 
@@ -44,24 +46,35 @@ def _pumped(runner: Runner):
 def test_a_pumped_two_frame_shot_writes_what_run_writes_every_time(shot, tmp_path):
     frames, model = shot
     lines = []
-    run = Runner(_spec(frames, model, tmp_path / "run"), CommandLineFrames(), events=RunEvents(line=lines.append))
+    run = Runner(_spec(frames, model, tmp_path / "run"), ImageFileFrames(), events=RunEvents(line=lines.append))
     assert run.run().written == [1, 2]
     assert lines[0].startswith("first pass:") and lines[1].startswith("shot depth range:")
     reference = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
     for attempt in range(REPEATS):
         out = tmp_path / f"pumped{attempt}"
-        runner = Runner(_spec(frames, model, out), CommandLineFrames())
+        runner = Runner(_spec(frames, model, out), ImageFileFrames())
         report = _pumped(runner)
         assert (report.written, report.failed) == ([1, 2], []), f"attempt {attempt}: {report.summary()}"
         assert runner.shot_line == lines[1]
         assert {p.name: p.read_bytes() for p in out.iterdir()} == reference, f"attempt {attempt}"
 
 
+def test_the_runner_holds_one_output_that_plans_claims_and_records_what_it_wrote(shot, tmp_path):
+    """One owner of the plan: the runner's JobOutput (models/outputs.py) names the files, and
+    every file the run writes is recorded there, none elsewhere."""
+    frames, model = shot
+    spec = replace(_spec(frames, model, tmp_path / "out"), shot=ShotOptions())
+    runner = Runner(spec, ImageFileFrames())
+    assert list(runner.output.targets) == runner.refs and runner.outputs == list(runner.output.targets.values())
+    assert runner.run().written == [1, 2]
+    assert runner.output.written == runner.outputs == [tmp_path / "out" / f"d_{n:04d}.png" for n in (1, 2)]
+
+
 def test_results_that_are_not_files_go_to_the_front_end(shot, tmp_path):
     frames, model = shot
     taken = []
     spec = replace(_spec(frames, model, tmp_path / "never"), output=None, writes_files=False)
-    runner = Runner(spec, CommandLineFrames(), events=RunEvents(take=lambda ref, result: taken.append(ref.number)))
+    runner = Runner(spec, ImageFileFrames(), events=RunEvents(take=lambda ref, result: taken.append(ref.number)))
     report = runner.run()
     assert taken == [1, 2] and report.written == [1, 2]
     assert not (tmp_path / "never").exists() and runner.outputs == []
@@ -77,7 +90,7 @@ def _chunk(frames: Path, model: Path, outputs: list, numbers=(1, 2)) -> JobSpec:
 
 def _refused(spec, *, named: str) -> str:
     with pytest.raises(ValueError) as caught:
-        Runner(spec, CommandLineFrames()).run()
+        Runner(spec, ImageFileFrames()).run()
     assert isinstance(caught.value, JobSpecError), caught.value
     message = str(caught.value)
     assert named in message and "\n" not in message, message
@@ -120,4 +133,43 @@ def test_each_bad_field_is_one_value_error_naming_it(shot, tmp_path):
         with pytest.raises(JobSpecError, match=named.split(":")[0]):  # building it so is refused as well
             replace(good, **changes) if named.startswith(("output_list", "frame")) else job_checks.checked(spec)
     assert not list(tmp_path.iterdir())
-    assert Runner(good, CommandLineFrames()).run().written == [1, 2]  # the good chunk runs
+    assert Runner(good, ImageFileFrames()).run().written == [1, 2]  # the good chunk runs
+def test_reading_image_files_needs_no_front_end():
+    """The file frames are the core's (models/batch/frame_io.py): a front-end of its own reads and
+    writes image files without importing the command line or Blender's code, and they have every
+    member of the one frame-IO interface."""
+    code = (
+        "import json, sys\n"
+        "from lean_image_ai.models.batch.frame_io import FrameIO, ImageFileFrames\n"
+        "wanted = sorted({*FrameIO.__annotations__, *(n for n in vars(FrameIO) if not n.startswith('_'))})\n"
+        "front_ends = sorted(m for m in sys.modules if m.startswith(('lean_image_ai.ui', 'lean_image_ai.operators')))\n"
+        "print(json.dumps({'wanted': wanted, 'lacking': [n for n in wanted if not hasattr(ImageFileFrames, n)],\n"
+        "                  'front_ends': front_ends, 'pillow': 'PIL' in sys.modules}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found["wanted"] == ["check_format", "input_kind", "read", "write_image", "writer"]
+    assert found["lacking"] == [] and found["front_ends"] == [] and not found["pillow"]  # Pillow only on a read
+
+
+def test_the_pumped_objects_declare_one_interface():
+    """The runner, its batches and the worker's calls are pumped by a host the same way
+    (models/batch/sequence.py Pumped and PumpedBatch): each has every member the host uses."""
+    import inspect
+
+    from lean_image_ai.models.batch import sequence, shot_batch
+    from lean_image_ai.models.worker import remote_batch, remote_call
+
+    def members(protocol) -> set:
+        return {n for klass in protocol.__mro__ if klass.__name__ in ("Pumped", "PumpedBatch")
+                for n in vars(klass) if not n.startswith("_")}
+
+    def has(cls, name) -> bool:
+        return hasattr(cls, name) or f"self.{name} =" in inspect.getsource(cls)
+
+    batches = (sequence.BatchRun, remote_batch.RemoteBatchRun, shot_batch.TwoPassBatch, Runner)
+    assert members(sequence.PumpedBatch) == {"pump", "cancel", "report", "needs_model"}
+    for cls in batches:
+        assert [n for n in members(sequence.PumpedBatch) if not has(cls, n)] == [], cls.__name__
+    assert [n for n in members(sequence.Pumped) if not has(remote_call.RemoteCall, n)] == []

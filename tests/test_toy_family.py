@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lean_image_ai.models import families, family, products
+from lean_image_ai.models import families, family
+from lean_image_ai.models.outputs import OutputPolicy
 from lean_image_ai.ui.cli import main as cli
 from onnx import TensorProto, helper, numpy_helper
 from onnx_builders import save_model
@@ -87,6 +88,9 @@ FAMILY = Family(
     icon="IMAGE_RGB",
     command="invert",
     output=Output(tag="inverted", what="an inverted image", suffix=".png", float_suffix=".exr", image=ColourImage("image")),
+    downloads=({"id": "invert-own", "variant": "own", "title": "Colour inversion (bring your own ONNX)",
+                "filename": "invert.onnx", "url": None, "size_bytes": None, "sha256": None,
+                "license": "MIT", "source": "tests/test_toy_family.py"},),
 )
 '''
 
@@ -146,8 +150,18 @@ def test_the_command_line_and_the_farm_list_it_with_its_options(registered_here)
     assert farm.family is registered_here and farm.invert_amount == 0.0 and farm.workers == 2
     with pytest.raises(SystemExit):  # its option's range is checked like the others'
         parser.parse_args(["invert", "in.png", "--invert-amount", "2"])
-    assert products.default_name("invert", "photo") == "photo_inverted.png"
-    assert products.default_suffix("invert", "float") == ".exr"
+    assert OutputPolicy.of("invert").default_name("photo") == "photo_inverted.png"
+    assert cli.build_parser().parse_args(["invert", "in.png"]).family.command == "invert"
+    assert family.command_of("invert") == "invert"
+    assert OutputPolicy.of("invert").default_suffix("float") == ".exr"
+
+
+def test_its_record_brings_its_download_to_the_catalog(registered_here, tmp_path):
+    from lean_image_ai.models.store import library
+
+    entry = library.catalog(tmp_path / "models").get("invert-own")
+    assert entry.family == "invert" and entry.title == "Colour inversion (bring your own ONNX)"
+    assert [e.id for e in library.catalog(tmp_path / "models").entries("invert")] == ["invert-own"]
 
 
 def test_it_is_recognised_by_its_own_identify_and_its_model_by_no_other_family(registered_here, toy, tmp_path, fresh_runtime):
@@ -253,7 +267,59 @@ def test_blender_shows_it_and_process_sequence_writes_its_files(toy, tmp_path):
         assert_inverted(frames / f"plate_{n:04d}.png", out / f"plate_inverted_{n:04d}.png")
 
 
-def test_a_family_naming_an_operator_it_lacks_is_refused_at_registration(toy, tmp_path):
+BUTTON_CHECK = """
+import bpy
+import lean_image_ai
+from lean_image_ai.ui import panels
+sys.path.insert(0, {tests!r})
+from recording_layout import RecordingLayout
+
+lean_image_ai.register()
+try:
+    layout = RecordingLayout()
+    panels._draw_actions(layout, bpy.context)
+    report = {{"buttons": [c.text for c in layout.operators("lean_image_ai.invert_colours")]}}
+    rna = bpy.ops.lean_image_ai.invert_colours.get_rna_type()
+    report["label"] = rna.name
+    report["amount"] = "invert_amount" in rna.properties
+    report["run"] = sorted(bpy.ops.lean_image_ai.invert_colours(
+        filepath={source!r}, output_path={out!r}, model_path={model!r}, invert_amount=1.0))
+    report["images"] = sorted(i.name for i in bpy.data.images)
+finally:
+    lean_image_ai.unregister()
+print(json.dumps(report))
+"""
+
+
+def test_its_blender_button_is_made_from_its_record_and_writes_its_image(toy, tmp_path):
+    """The record names an operator and has an image output: the add-on makes the operator (no
+    class written for it), the N-panel draws its button, and pressing it makes the image."""
+    pytest.importorskip("bpy")
+    sys.path.insert(0, str(TESTS))
+    import blender_helpers as bh
+
+    folder, model, frames = toy
+    out = tmp_path / "button_out.png"
+    register = REGISTER.format(folder=str(folder)).replace(
+        "families.register(toy_invert.FAMILY)",
+        "import dataclasses\nfamilies.register(dataclasses.replace(toy_invert.FAMILY, operator='invert_colours'))",
+    )
+    code = "import json\n" + register + BUTTON_CHECK.format(
+        tests=str(TESTS), source=str(frames / "plate_0001.png"), out=str(out), model=str(model)
+    )
+    env = bh.isolated_blender_env(tmp_path / "blender", pythonpath=[bh.package_search_dir(tmp_path / "pkg")])
+    done = bh.run_python(code, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["buttons"] == ["Invert Colours: …"]  # no image open: the button says so, disabled
+    assert report["label"] == "Invert Colours" and report["amount"]
+    assert report["run"] == ["FINISHED"]
+    assert "plate_0001_inverted" in report["images"]  # the output's tag names the new image
+    assert_inverted(frames / "plate_0001.png", out)
+
+
+def test_a_family_naming_an_operator_its_result_cannot_make_is_refused_at_registration(toy, tmp_path):
+    """A result that is not one image (a writer of its own) gets no operator from its record."""
     pytest.importorskip("bpy")
     sys.path.insert(0, str(TESTS))
     import blender_helpers as bh
@@ -261,7 +327,9 @@ def test_a_family_naming_an_operator_it_lacks_is_refused_at_registration(toy, tm
     folder, _, _ = toy
     code = REGISTER.format(folder=str(folder)).replace(
         "families.register(toy_invert.FAMILY)",
-        "import dataclasses\nfamilies.register(dataclasses.replace(toy_invert.FAMILY, operator='invert_colours'))",
+        "import dataclasses\nfrom lean_image_ai.models.family import Output\n"
+        "files = Output(tag='inverted', what='a point list', suffix='.ply', formats=('.ply',), write=lambda *a: [])\n"
+        "families.register(dataclasses.replace(toy_invert.FAMILY, operator='invert_colours', output=files))",
     ) + textwrap.dedent("""
         import bpy
         import lean_image_ai

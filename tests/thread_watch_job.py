@@ -160,10 +160,6 @@ def show_memory_plot():
     _ok(OPS.show_memory_plot())
 
 
-def clear_sessions():
-    _ok(OPS.clear_sessions())
-
-
 def unregister():
     lean_image_ai.unregister()
 

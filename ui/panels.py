@@ -24,15 +24,6 @@ from .panel_memory import cached_memory_snapshot, invalidate_memory_snapshot  # 
 CATEGORY = "Lean Image AI"
 ADDON_MODULE = __package__.rpartition(".")[0]  # "lean_image_ai", or "bl_ext.<repo>.lean_image_ai"
 
-# Each box's title (what the task is) and its button (what it does, to which image): the two
-# never say the same words. A family added from outside gets its title and "<action>: <image>".
-HEADINGS = {"ben2": "Background Removal", "da3": "Depth", "moge2": "3D Geometry", "upscale": "Super-Resolution"}
-BUTTONS = {
-    "ben2": "Remove Background from {}",
-    "da3": "Estimate Depth of {}",
-    "moge2": "Reconstruct {} in 3D",
-    "upscale": "Upscale {}",
-}
 NO_IMAGE = {
     "IMAGE_EDITOR": "Open an image in this editor first",
     "VIEW_3D": "Select an object whose active Image Texture node has an image",
@@ -96,7 +87,7 @@ def _draw_actions(layout, context) -> None:
 
 def _draw_family(box, s, context, family) -> None:
     """One task: its title, its model menu, the options its button uses now, the button."""
-    box.label(text=HEADINGS.get(family.id, family.title), icon=family.icon)
+    box.label(text=family.panel_heading, icon=family.icon)
     installed = scene_settings.compute_model_items(family.id, context)[0][0] != scene_settings.NONE_ID
     if installed:
         box.prop(s, f"{family.id}_model", text="Model")
@@ -115,7 +106,7 @@ def _draw_family(box, s, context, family) -> None:
     common = dict(model_id=model_id, model_path=model_path, **values, **shot)
     col = box.column(align=True)
     col.enabled = reason is None
-    text = BUTTONS.get(family.id, family.action + ": {}").format(target or "…")
+    text = family.button_text(target or "…")
     _draw_buttons(col, s, context, family, text, common)
     if reason:
         _why_not(box, reason)

@@ -193,6 +193,7 @@ FAMILY = Family(
     run=run,
     identify=identify,
     looks="a background-removal (matte) model",
+    identify_rank=40,
     settings=(
         Setting("mean", rgb_triple_or_none),
         Setting("std", rgb_triple_or_none),
@@ -211,6 +212,8 @@ FAMILY = Family(
         ),
     ),
     action="Remove Background",
+    heading="Background Removal",
+    button="Remove Background from {}",
     icon="IMAGE_RGB_ALPHA",
     operator="remove_background",
     command="remove-background",

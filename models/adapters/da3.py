@@ -209,6 +209,7 @@ FAMILY = Family(
     run=run,
     identify=identify,
     looks="a depth model",
+    identify_rank=20,
     settings=(
         Setting("process_res", positive_int),
         Setting("patch_multiple", positive_int, keyword="multiple"),
@@ -229,6 +230,8 @@ FAMILY = Family(
         ),
     ),
     action="Estimate Depth",
+    heading="Depth",
+    button="Estimate Depth of {}",
     icon="IMAGE_ZDEPTH",
     operator="estimate_depth",
     command="depth",

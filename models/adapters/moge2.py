@@ -354,6 +354,7 @@ FAMILY = Family(
     run=run,
     identify=identify,
     looks="a MoGe-2 geometry model",
+    identify_rank=10,  # its export also has a one-channel mask, which alone looks like a matte
     settings=(
         Setting("num_tokens_range", int_range),
         Setting("resolution_levels", positive_int),
@@ -397,6 +398,8 @@ FAMILY = Family(
         ),
     ),
     action="Reconstruct Geometry",
+    heading="3D Geometry",
+    button="Reconstruct {} in 3D",
     icon="MESH_GRID",
     operator="reconstruct_geometry",
     command="geometry",

@@ -386,6 +386,7 @@ FAMILY = Family(
     run=run,
     identify=identify,
     looks="a super-resolution model",
+    identify_rank=30,
     settings=(
         Setting("tile_overlap", non_negative_int, keyword="model_overlap"),
         Setting("alpha_mode", one_of(*ALPHA_MODES)),
@@ -417,6 +418,8 @@ FAMILY = Family(
         ),
     ),
     action="Upscale",
+    heading="Super-Resolution",
+    button="Upscale {}",
     icon="FULLSCREEN_ENTER",
     operator="upscale",
     command="upscale",

@@ -10,9 +10,10 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from .. import families, products
+from .. import families
 from ..family import Family
 from ..job_spec import JobSpec, JobSpecError, ShotOptions
+from ..outputs import OutputPolicy
 
 
 def checked(spec: JobSpec) -> JobSpec:
@@ -60,7 +61,7 @@ def check_chunk(family_id: str, frame_list, output_list) -> None:
     inputs = {_key(path): number for number, path in frame_list}
     written: dict[str, tuple[int, int]] = {}  # file -> (index in the chunk, frame number)
     for index, ((number, _), output) in enumerate(zip(frame_list, output_list, strict=True)):
-        for path in products.companion_paths(family_id, Path(output)):
+        for path in OutputPolicy.of(family_id).companion_paths(Path(output)):
             key = _key(path)
             if key in inputs:
                 raise JobSpecError(

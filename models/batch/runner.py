@@ -30,13 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...runtime.errors import LeanImageError, OperationCancelled, user_path
-from .. import files, products
 from ..job_spec import JobSpec
 from ..model_run import ModelRun
+from ..outputs import JobOutput
 from ..store import library
-from . import frame_claims, frame_lists, job_checks
+from . import frame_lists, job_checks
+from .frame_io import FrameIO
 from .frame_lists import FrameRef
-from .sequence import BatchReport, BatchRun
+from .sequence import BatchReport, BatchRun, PumpedBatch
 from .shot_batch import ShotSettings, TwoPassBatch
 
 DEMO_NAME = "demo"
@@ -64,9 +65,8 @@ class RunEvents:
 
 
 class Runner:
-    def __init__(self, spec: JobSpec, io, *, events: RunEvents | None = None, batch_factory=BatchRun,
-                 cancel: threading.Event | None = None, model_run: ModelRun | None = None, runtime=None,
-                 verify: bool = True):
+    def __init__(self, spec: JobSpec, io: FrameIO, *, events: RunEvents | None = None, batch_factory=BatchRun,
+                 cancel: threading.Event | None = None, model_run: ModelRun | None = None, runtime=None):
         spec = job_checks.checked(spec)  # a job received as data is trusted in nothing, before anything runs
         self.spec, self.io = spec, io
         self.events = events or RunEvents()
@@ -75,57 +75,69 @@ class Runner:
         # the model run (the model resolved once): a farm worker is given the driver's (named by its absolute path)
         self.model_run = model_run or ModelRun.resolve(
             spec.family_id, library.models_dir(spec.models_dir), model=spec.model, model_path=spec.model_path,
-            values=spec.values, device=spec.device, budgets=spec.budgets, verify=verify,
+            values=spec.values, device=spec.device, budgets=spec.budgets,
         )
         shot = spec.shot  # a bad shot option fails before any folder is made
         self.shot = ShotSettings(spec.family_id, depth_range=shot.depth_range, align_depth=shot.align_depth,
                                  camera=shot.camera, fov=shot.fov, shard=spec.shard,
                                  skip_existing=spec.skip_existing, farm=spec.farm)
-        self.refs, self.outputs, self.skip = self._plan()
-        self.target = dict(zip(self.refs, self.outputs, strict=True)) if spec.writes_files else {}
-        self._claims = frame_claims.FrameClaims()
-        self._batch = None
+        # the one owner of what this job writes: its names, checks, plan, claims and writes
+        self.output = JobOutput.of(spec.family_id, io.writer)
+        self.refs = self._plan()
+        self._batch: PumpedBatch | None = None  # this pass's (a BatchRun, a RemoteBatchRun, a TwoPassBatch)
         self.shot_line = ""  # the shot's values once its first pass is over
 
     @property
     def family_id(self) -> str:
         return self.spec.family_id
 
+    @property
+    def outputs(self) -> list[Path]:
+        """The planned output file of each of :attr:`refs`, in their order (none: results not files)."""
+        return list(self.output.targets.values())
+
+    @property
+    def skip(self) -> set:
+        return self.output.skip
+
     # -- the plan: frames and outputs, every check before the model runs --------------------------
-    def _plan(self) -> tuple[list[FrameRef], list[Path], set]:
+    def _plan(self) -> list[FrameRef]:
+        """This job's frames; their outputs are planned in :attr:`output` (the job's JobOutput)."""
         spec = self.spec
         self._started = time.time()  # nothing of this run is written yet: older temporary files are not its own
         if spec.frame_list is not None and spec.output_list is not None:  # a farm chunk: planned by its driver
             refs = [FrameRef(int(n), Path(p)) for n, p in spec.frame_list]
-            return refs, [Path(p) for p in spec.output_list], set()
+            self.output.adopt(refs, [Path(p) for p in spec.output_list])
+            return refs
         refs = self._input_refs()
         if not spec.writes_files:
-            return refs, [], set()
+            return refs
         kind = self._first_kind(refs) if spec.source is not None else "8-bit"
         output = spec.output
         if spec.source is None:
-            output = output or str(Path.cwd() / products.default_name(spec.family_id, DEMO_NAME))
-        refs, outputs, skip = products.plan_batch(
-            spec.family_id, refs, output, in_sequence=self._in_sequence(refs), shard=spec.shard,
-            overwrite=spec.overwrite, skip_existing=spec.skip_existing, check_format=self.io.check_format,
-            inputs_are_files=spec.source is not None, suffix=products.default_suffix(spec.family_id, kind),
-            writer=self.io.writer,
+            output = output or str(Path.cwd() / self.output.default_name(DEMO_NAME))
+        refs, _outputs, _skip = self.output.plan(
+            refs, output, in_sequence=self._in_sequence(refs), shard=spec.shard, overwrite=spec.overwrite,
+            skip_existing=spec.skip_existing, check_format=self.io.check_format,
+            inputs_are_files=spec.source is not None, suffix=self.output.default_suffix(kind),
         )
-        self._remove_killed_temps(outputs)
-        # a killed Skip Existing run's frame claims, whatever this run's mode (a claim held now stays)
-        for claim in frame_claims.remove_stale(outputs):
+        # a killed earlier run's temporary files of these outputs (with Skip Existing: those no live
+        # process writes) and its frame claims, whatever this run's mode (a claim held now stays)
+        for claim in self._remove_killed_temps():
             self.events.notice(f"removed a frame claim left by an interrupted run: {claim}")
-        return self._preview(refs, outputs) if spec.shot.preview is not None else (refs, outputs, skip)
+        return self._preview(refs) if spec.shot.preview is not None else refs
 
-    def _remove_killed_temps(self, outputs) -> None:
-        """With Skip Existing, the temporary files of these outputs that no live process writes
-        (models/files.py): at the start, a killed earlier run's; at the end, also one a run killed
-        while this one ran left, or one too young to judge at the start where only age tells."""
-        if not self.spec.skip_existing:
-            return
-        companions = [p for out in outputs for p in products.companion_paths(self.spec.family_id, out)]
-        for temp in files.remove_stale_temps(companions, older_than=self._started - STALE_TEMP_S):
+    def _remove_killed_temps(self) -> list[Path]:
+        """With Skip Existing, the temporary files of the planned outputs that no live process
+        writes (models/files.py): at the start, a killed earlier run's; at the end, also one a run
+        killed while this one ran left, or one too young to judge at the start where only age
+        tells. Returns the stale frame claims removed with them."""
+        started = getattr(self, "_started", time.time())
+        temps, claims = self.output.tidy(
+            temps_older_than=started - STALE_TEMP_S if self.spec.skip_existing else None)
+        for temp in temps:
             self.events.notice(f"removed a temporary file left by an interrupted run: {temp}")
+        return claims
 
     def _in_sequence(self, refs) -> bool:
         spec = self.spec
@@ -143,10 +155,10 @@ class Runner:
         if spec.source is None:  # the command line's generated demo image
             return [FrameRef(1, Path.cwd() / DEMO_PATH)]
         # what this job writes is never read back as a frame (an output in the input folder)
-        exclude = products.written_by(spec.family_id, spec.output) if spec.writes_files else None
+        exclude = self.output.written_by(spec.output) if spec.writes_files else None
         return frame_lists.resolve_input(spec.source, spec.frame_range, exclude)
 
-    def _preview(self, refs, outputs):
+    def _preview(self, refs):
         """Only the frame asked for (its output is written anyway)."""
         number = self.spec.shot.preview
         chosen = [r for r in refs if r.number == number]
@@ -154,19 +166,19 @@ class Runner:
             numbers = [r.number for r in refs]
             shown = f"{numbers[0]}-{numbers[-1]}" if numbers else "none"
             raise LeanImageError(f"--preview {number}: there is no such frame (frames {shown}); give one of them.")
-        index = refs.index(chosen[0])
-        return chosen, [outputs[index]], set()
+        self.output.keep_only(chosen)
+        return chosen
 
     def _first_kind(self, refs) -> str:
         """The output type follows the first frame that exists (a sequence is one format)."""
         return next((self.io.input_kind(r) for r in refs if r.path.is_file()), "8-bit")
 
     def output_type(self) -> str:
-        """What the job writes, for the report (models/products.py's policy)."""
+        """What the job writes, for the report (models/outputs.py's policy)."""
         if not self.outputs:
             return ""
         kind = self._first_kind(self.refs) if self.spec.source is not None else "8-bit"
-        return products.describe_output(self.family_id, self.outputs[0].suffix, kind, self.io.writer.float_suffixes)
+        return self.output.describe(self.outputs[0].suffix, kind)
 
     # -- the passes ------------------------------------------------------------------------------
     def _write(self, ref: FrameRef, result) -> list[str]:
@@ -176,10 +188,9 @@ class Runner:
 
     def write_file(self, ref: FrameRef, result) -> list[str]:
         """One frame's result as its files (all or nothing); returns the notes for the report."""
-        out = self.target[ref]
-        notes, product = products.write_result(  # a shot's depth: its one range and alignment
-            self.family_id, out, result, self.model_run.values, self.io.write_image, self.io.writer.float_suffixes,
-            image=self.shot.output_image,
+        out = self.output.targets[ref]
+        notes, product = self.output.write(  # a shot's depth: its one range and alignment
+            out, result, self.model_run.values, self.io.write_image, image=self.shot.output_image,
         )
         if self.events.written is not None:
             return self.events.written(ref, out, result, product, notes)
@@ -201,7 +212,7 @@ class Runner:
             self.refs, pass_run.infer, read, write, options=options,
             skip=(lambda ref: False) if first else self.skip.__contains__,
             stop_on_error=self.spec.stop_on_error,
-            **(self._claims.batch_hooks(self.target) if claims else {}),
+            **self.output.claim_hooks(claims),
         )
         return batch
 
@@ -241,9 +252,9 @@ class Runner:
 
     def close(self) -> None:
         """A finished, cancelled or failed run's claimed frames are free for another task."""
-        self._claims.release_all()
+        self.output.claims.release_all()
         if self.spec.writes_files:
-            self._remove_killed_temps(self.outputs)
+            self._remove_killed_temps()
 
     def run(self) -> BatchReport:
         """The whole job on this thread's watch (the command line, a farm worker): frames read on a

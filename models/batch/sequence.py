@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ...runtime.errors import LeanImageError, OperationCancelled
 from ...runtime.oom import out_of_memory_error
@@ -139,6 +140,31 @@ class BatchReport:
             "cancelled": self.cancelled,
             "seconds": round(self.seconds, 3),
         }
+
+
+class Pumped(Protocol):
+    """Work a host drives in slices from its own loop, with no thread of its own there (Blender's
+    timer, operators/jobs.py): this batch run, models/worker/remote_batch.py's RemoteBatchRun and
+    RemoteCall, a shot's TwoPassBatch (models/batch/shot_batch.py) and the runner that makes them
+    (models/batch/runner.py)."""
+
+    def pump(self, budget: float = 0.05) -> bool:
+        """Do about ``budget`` seconds of the host's side (read frames, write results); True once over."""
+
+    def cancel(self) -> None:
+        """Stop soon: no new frame is started, what was written stays."""
+
+
+class PumpedBatch(Pumped, Protocol):
+    """A pumped batch of frames, as the runner and the host see it."""
+
+    @property
+    def report(self) -> BatchReport:
+        """Written, skipped and failed frames so far."""
+
+    @property
+    def needs_model(self) -> bool:
+        """False when every frame is skipped: no model is loaded at all."""
 
 
 class BatchRun:

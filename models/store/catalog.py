@@ -98,13 +98,21 @@ def _upgrade_format_1(item: Mapping[str, Any]) -> dict[str, Any]:
     return item
 
 
-class Catalog:
-    """Built-in entries plus the user's registered models. Safe to share between threads."""
+def downloadable() -> tuple[CatalogEntry, ...]:
+    """The built-in table's entries, then those of every registered family's own record (a family
+    from outside the add-on brings its downloads in its ``Family.downloads``)."""
+    own = (CatalogEntry.from_dict({**fields, "family": family.id}) for family in families.ALL for fields in family.downloads)
+    return BUILTIN_ENTRIES + tuple(own)
 
-    def __init__(self, builtin: Iterable[CatalogEntry] = BUILTIN_ENTRIES, user: Iterable[CatalogEntry] = ()):
+
+class Catalog:
+    """Built-in entries (:func:`downloadable`) plus the user's registered models. Safe to share
+    between threads."""
+
+    def __init__(self, builtin: Iterable[CatalogEntry] | None = None, user: Iterable[CatalogEntry] = ()):
         self._lock = threading.RLock()
         self._builtin: dict[str, CatalogEntry] = {}
-        for entry in builtin:
+        for entry in downloadable() if builtin is None else builtin:
             if entry.id in self._builtin:
                 raise ValueError(f"duplicate built-in catalog id {entry.id!r}")
             self._builtin[entry.id] = entry

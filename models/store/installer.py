@@ -236,6 +236,22 @@ def _sidecar_vouches(entry: CatalogEntry, st: os.stat_result, sidecar: Path) -> 
     return recorded is not None and unchanged(recorded, st) and recorded.get("sha256") == entry.sha256
 
 
+def hash_due(entry: CatalogEntry, models_dir: str | os.PathLike) -> bool:
+    """Whether :func:`verify_installed` would hash the file (no hashing, no writing here): it
+    changed since its sha256 was last recorded, or it never was against the catalog's."""
+    try:
+        st = model_path(entry, models_dir).stat()
+    except OSError:
+        return False
+    sidecar = sidecar_path(entry, models_dir)
+    if entry.sha256 is not None:
+        return not _sidecar_vouches(entry, st, sidecar)
+    recorded = _read_sidecar(sidecar)
+    if recorded is None or not recorded.get("sha256"):
+        return False
+    return recorded.get("size") != st.st_size or recorded.get("mtime_ns") != st.st_mtime_ns
+
+
 def is_verified(entry: CatalogEntry, models_dir: str | os.PathLike) -> bool:
     """The file was hashed and matched since it last changed (no hashing here)."""
     try:

@@ -179,7 +179,8 @@ class ModelChoice:
     entry: CatalogEntry | None
     settings: dict[str, Any] = field(default_factory=dict)
     note: str = ""  # how the installed file is vouched for, when the catalog has no checksum
-    # the models folder of an entry whose sha256 is still to be checked (``resolve(verify=False)``)
+    # the models folder of an entry whose sha256 is still to be checked: resolving only reads, the
+    # job's first run hashes (and records the hash beside the file) through :meth:`verify`
     unverified_in: str = ""
 
     def describe(self) -> str:
@@ -207,15 +208,13 @@ def names_a_file(model: str, known: Catalog) -> bool:
     return os.sep in model or "/" in model or model.lower().endswith(".onnx") or os.path.lexists(model)
 
 
-def resolve(
-    family: str, folder: Path, model_id: str = "", model_path: str = "", *, verify: bool = True, device: str = "auto"
-) -> ModelChoice:
+def resolve(family: str, folder: Path, model_id: str = "", model_path: str = "", *, device: str = "auto") -> ModelChoice:
     """``model_path``, else ``model_id`` (a catalog id, or a file by :func:`names_a_file`), else
     the family default: the first installed entry of the family (the user's registered models
     included; off CUDA an fp32 export before an fp16 one, see `prefer_for_device`), else the
     family's embedded fallback model. Raises ModelFileError saying what to install, and where.
-    ``verify=False``: a file not hashed since it last changed is taken on its size alone and
-    hashed later by :meth:`ModelChoice.verify` (a job's worker)."""
+    A read: nothing is written. A file not hashed since it last changed is taken on its size
+    alone and hashed by :meth:`ModelChoice.verify` when the job first runs it (a worker)."""
     record = families.get(family)
     known = catalog(folder)
     error = catalog_error(folder)
@@ -229,8 +228,8 @@ def resolve(
     if model_path:
         return _by_path(record, known, folder, model_path)
     if model_id:
-        return _by_id(record, known, folder, model_id, verify)
-    return _default(record, known, folder, verify, device)
+        return _by_id(record, known, folder, model_id)
+    return _default(record, known, folder, device)
 
 
 def _by_path(record, known: Catalog, folder: Path, model_path: str) -> ModelChoice:
@@ -248,7 +247,7 @@ def _by_path(record, known: Catalog, folder: Path, model_path: str) -> ModelChoi
     return ModelChoice(str(path), path.name, None, dict(record.user_defaults))
 
 
-def _by_id(record, known: Catalog, folder: Path, model_id: str, verify: bool) -> ModelChoice:
+def _by_id(record, known: Catalog, folder: Path, model_id: str) -> ModelChoice:
     try:
         entry = known.get(model_id)
     except KeyError:
@@ -262,17 +261,17 @@ def _by_id(record, known: Catalog, folder: Path, model_id: str, verify: bool) ->
             f"'{entry.title}' is a {other} model, not a {record.title} model. "
             f"Pick a {record.title} model."
         )
-    if not _installed(entry, folder, verify):
+    if not _installed(entry, folder):
         raise ModelFileError(_not_installed(entry, folder))
-    return _choice(str(installer.model_path(entry, folder)), entry, folder, verify)
+    return _choice(str(installer.model_path(entry, folder)), entry, folder)
 
 
-def _default(record, known: Catalog, folder: Path, verify: bool, device: str) -> ModelChoice:
+def _default(record, known: Catalog, folder: Path, device: str) -> ModelChoice:
     """The family's first installed entry, else its embedded fallback; else what to install."""
     entries = known.entries(record.id)
     for entry in prefer_for_device(entries, device):
-        if _installed(entry, folder, verify):
-            return _choice(str(installer.model_path(entry, folder)), entry, folder, verify)
+        if _installed(entry, folder):
+            return _choice(str(installer.model_path(entry, folder)), entry, folder)
     if record.fallback_model is not None:
         return ModelChoice(str(record.fallback_model), record.fallback_model.name, None, {})
     suggestion = next((e for e in entries if e.downloadable), entries[0] if entries else None)
@@ -296,10 +295,8 @@ def prefer_for_device(entries, device: str = "auto") -> list[CatalogEntry]:
     return sorted(entries, key=lambda entry: entry.weight_dtype == "float16")
 
 
-def _installed(entry: CatalogEntry, folder: Path, verify: bool) -> bool:
-    if verify:
-        return installer.is_installed(entry, folder)  # hashes a file not verified yet, once
-    return status(entry, folder) in USABLE  # a stat: the hash is the worker's (ModelChoice.verify)
+def _installed(entry: CatalogEntry, folder: Path) -> bool:
+    return status(entry, folder) in USABLE  # a stat: the hash is the job's (ModelChoice.verify)
 
 
 def _check_named_folder(folder: Path) -> None:
@@ -313,9 +310,9 @@ def _check_named_folder(folder: Path) -> None:
     )
 
 
-def _choice(path: str, entry: CatalogEntry, folder: Path, verify: bool = True) -> ModelChoice:
+def _choice(path: str, entry: CatalogEntry, folder: Path) -> ModelChoice:
     settings = json.loads(json.dumps(dict(entry.settings)))
-    unverified = "" if verify or status(entry, folder) != UNVERIFIED else str(folder)
+    unverified = str(folder) if not entry.is_user and installer.hash_due(entry, folder) else ""
     return ModelChoice(path, entry.title, entry, settings, installer.trust_note(entry, folder) or "", unverified)
 
 

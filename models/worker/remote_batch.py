@@ -24,14 +24,13 @@ import time
 from collections.abc import Callable
 
 from ...runtime.errors import LeanImageError
-from ..adapters import ben2, da3, moge2, upscale
+from .. import families
 from ..base import RunOptions
 from ..batch.frame_lists import FrameRef
 from ..batch.sequence import BatchReport, BatchRun
 from ..model_run import ModelRun
 from . import client as worker_client
 
-BUILT_IN = frozenset(m.FAMILY.id for m in (ben2, da3, moge2, upscale))  # every worker knows these
 CANCEL_GRACE_S = 0.5  # a cancel the worker has not confirmed by then ends the process (the 1 s goal)
 # "1": the model runs in this process on BatchRun's threads, as before the worker (debugging, and
 # tests that look inside the runtime of the process that runs the model)
@@ -139,7 +138,7 @@ class RemoteBatchRun:
             "job": self._job.for_worker(),
             # a plug-in's family (families.register in the host) is registered there too; its
             # adapter must be importable from the host's sys.path, which the worker has
-            "family": None if family.id in BUILT_IN else family,
+            "family": None if family.id in families.BUILT_IN else family,
             "refs": list(self._todo),
             "depth": self._depth,
             "stop_on_error": self._stop_on_error,

@@ -16,19 +16,23 @@ import sys
 import threading
 from pathlib import Path
 
-from ...models import products
+from ...models import families
 from ...models.batch import frame_lists
 from ...models.batch.sequence import BatchReport
 from ...models.family import Family, number_problem
 from ...models.job_spec import JobSpec, ShotOptions
-from ...models.model_run import ModelRun
+from ...models.outputs import output_path
 from ...models.store import library
 from ...runtime import settings
 from ...runtime.errors import LeanImageError, user_path
 from ...runtime.measure.memory_report import mb
 from ...runtime.providers import device_help
 from ...runtime.settings import FALSE_WORDS, TRUE_WORDS
-from .cli_images import CommandLineError
+
+
+class CommandLineError(LeanImageError):
+    """A command line the user can fix: a bad path, a flag out of range, a farm that cannot be reached."""
+
 
 DEMO_NAME = "demo"
 # a temporary file untouched this long before the run is a killed writer's: a live one (another
@@ -227,18 +231,6 @@ def _auto_arg(option):
     return parse
 
 
-def family_job(family: Family, args) -> ModelRun:
-    """The job the command line (and the farm's workers) run: models/model_run.py, as every front-end."""
-    return ModelRun.resolve(
-        family.id,
-        library.models_dir(args.models_dir or ""),
-        model=args.model or "",
-        values=option_values(family, args),
-        device=args.device,
-        budgets=budgets(args),
-    )
-
-
 def budgets(args) -> settings.MemoryBudgets:
     """``--ram-budget``/``--vram-budget`` (MiB), else their environment variables, else no limit."""
     from_environment = settings.budgets_from_environment()
@@ -323,10 +315,10 @@ def plan_memory_plot(args, refs, outputs) -> Path | None:
     file without ``--overwrite``."""
     if not getattr(args, "memory_plot", None):
         return None
-    path = products.output_path(user_path(args.memory_plot))
+    path = output_path(user_path(args.memory_plot))
     where = f"--memory-plot {args.memory_plot}"
-    family_id = args.family.id
-    taken = {Path(r.path).resolve() for r in refs} | {p for out in outputs for p in products.companion_paths(family_id, out)}
+    record = args.family.output
+    taken = {Path(r.path).resolve() for r in refs} | {p for out in outputs for p in record.companion_paths(out)}
     if path in taken:
         raise CommandLineError(f"{where}: that is an input or an output of this job; give the plot its own name.")
     if path.is_dir():
@@ -349,7 +341,7 @@ def written_line(family_id: str, out: Path, result, product) -> str:
         size = f"{product.pixels.shape[1]}x{product.pixels.shape[0]}"
         return f"wrote: {out} {size}, depth range {float(low):.6g}..{float(high):.6g}"
     if product is None:
-        also = [p.name for p in products.companion_paths(family_id, out)[1:] if p.is_file()]
+        also = [p.name for p in families.get(family_id).output.companion_paths(out)[1:] if p.is_file()]
         kind = f" (+ {', '.join(also)})" if also else ""
     else:
         kind = f", {product.bits} {out.suffix.lstrip('.').upper()}"

@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 from ...runtime.errors import first_line
-from .cli_images import CommandLineError
+from .cli_job import CommandLineError
 
 CONNECT_TIMEOUT_S = 60.0  # a cluster that answers connects in seconds, also on a loaded 2-core machine
 # the child connects, says so, and leaves: Ray's warnings stay in its captured stderr

@@ -28,17 +28,17 @@ import sys
 import time
 from pathlib import Path
 
-from ...models import families, files, products
+from ...models import families, files
 from ...models.batch import frame_lists
+from ...models.batch.frame_io import ImageFileFrames
 from ...models.batch.runner import RunEvents, Runner
 from ...models.batch.sequence import BatchReport
 from ...models.family import Family
 from ...runtime import memory_snapshot, parse_device
 from ...runtime.errors import LeanImageError, printable
 from ...runtime.measure.memory import peak_rss_bytes, reset_peak_rss
-from . import cli_images, cli_job, cli_shot, farm_connect
-from .cli_images import CommandLineError
-from .cli_job import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK
+from . import cli_job, cli_shot, farm_connect
+from .cli_job import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CommandLineError
 from .farm_worker import FrameWorker
 
 INSTALL_HINT = "pip install 'lean_image_ai[farm]'"
@@ -109,7 +109,7 @@ def import_ray():
 class _Frame:
     def __init__(self, ref, out: Path, family_id: str):
         self.ref, self.out = ref, out
-        self.companions = products.companion_paths(family_id, out)
+        self.companions = families.get(family_id).output.companion_paths(out)
         self.before = _signature(out)  # what was there at planning time (an old file, or nothing)
         self.tries = 0
         self.error = ""
@@ -358,7 +358,7 @@ def run(args, *, on_event=None, worker_class=FrameWorker) -> int:
     if getattr(args, "preview", None) is not None:
         raise CommandLineError(f"--preview {args.preview} is one frame: run it without the farm ({family.command} ... --preview N).")
     spec = cli_job.job_spec(family, args, farm=True)  # a shot value that needs the whole shot first is refused
-    plan = Runner(spec, cli_images.CommandLineFrames(), events=RunEvents(notice=_notice))  # the frames; nothing runs here
+    plan = Runner(spec, ImageFileFrames(), events=RunEvents(notice=_notice))  # the frames; nothing runs here
     job = plan.model_run.for_worker()
     todo = [_Frame(ref, out, family.id) for ref, out in zip(plan.refs, plan.outputs, strict=True) if ref not in plan.skip]
     before = memory_snapshot(None)

@@ -4,7 +4,7 @@ A worker keeps the process-wide runtime, and so its cached session, across every
 given: the model loads once per worker process, not once per chunk or frame. Each chunk is one run of
 models/batch/runner.py (one BatchRun), so one runtime operation that releases its
 memory after the chunk's last model run, with the frames read and written exactly as the command
-line does (ui/cli/cli_images.py, the runner's writer, models/files.py's atomic writer) on storage every
+line does (models/batch/image_files.py, the runner's writer, models/files.py's atomic writer) on storage every
 worker and the driver share.
 
 :meth:`FrameWorker.process` is a generator: Ray streams each item to the driver as it is
@@ -21,6 +21,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from ...models.batch.frame_io import ImageFileFrames
 from ...models.batch.frame_lists import FrameRef
 from ...models.batch.runner import RunEvents, Runner
 from ...models.job_spec import JobSpec
@@ -28,7 +29,6 @@ from ...models.model_run import ModelRun
 from ...runtime import get_runtime
 from ...runtime.errors import LeanImageError
 from ...runtime.measure.memory import peak_rss_bytes, reset_peak_rss
-from . import cli_images
 
 
 class FrameWorker:
@@ -63,8 +63,8 @@ class FrameWorker:
                        output_list=[str(out) for _, _, out in chunk], shard=None, stop_on_error=False)
         since = time.time()
         runner = self._runner = Runner(
-            part, cli_images.CommandLineFrames(), model_run=self.job, runtime=self.runtime,
-            events=RunEvents(take=lambda ref, result: self.write(ref, runner.target[ref], result)),
+            part, ImageFileFrames(), model_run=self.job, runtime=self.runtime,
+            events=RunEvents(take=lambda ref, result: self.write(ref, runner.output.targets[ref], result)),
         )
         over, outcome = threading.Event(), {}
 

@@ -17,7 +17,7 @@ Exit codes: 0 all frames written (or skipped), 2 an error or a failed frame (one
 says why, whatever the input, option or environment variable: never a traceback), 130 interrupted
 by Ctrl+C, 143 by SIGTERM (a render farm's cancel). Either signal stops the job after the current
 model run: the frames already written are kept, none is half-written; a second one stops at once.
-Image files are read and written with Pillow and OpenEXR (ui/cli/cli_images.py), which Blender does not
+Image files are read and written with Pillow and OpenEXR (models/batch/image_files.py), which Blender does not
 ship: inside Blender use the add-on's operators.
 """
 
@@ -36,6 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from ...models import families, files
+from ...models.batch import image_files
+from ...models.batch.frame_io import ImageFileFrames
 from ...models.batch.runner import RunEvents, Runner
 from ...models.family import Family
 from ...runtime import format_snapshot, get_runtime, memory_snapshot, parse_device, settings
@@ -46,7 +48,7 @@ from ...runtime.measure.leak_check import MAX_RUNS, MIN_RUNS, RUNS_REASON
 from ...runtime.measure.memory import peak_rss_bytes, reset_peak_rss
 from ...runtime.oom import out_of_memory_error
 from ...runtime.providers import device_help, measured_gpu
-from . import cli_doctor, cli_flamenco, cli_gpu, cli_images, cli_job, cli_models, cli_shot, farm_ray
+from . import cli_doctor, cli_flamenco, cli_gpu, cli_job, cli_models, cli_shot, farm_ray
 
 EXIT_OK = cli_job.EXIT_OK
 EXIT_ERROR = cli_job.EXIT_ERROR
@@ -152,7 +154,7 @@ def _run(args) -> int:
         progress=_Progress(), line=lambda text: print(text, flush=True), written=written,
         notice=lambda text: print(printable(text), file=sys.stderr),
     )
-    io = cli_images.CommandLineFrames(demo_image if demo else None)
+    io = ImageFileFrames(demo_image if demo else None)
     runner = Runner(spec, io, events=events, cancel=interrupt.event, runtime=get_runtime())
     refs = runner.refs
     plot = cli_job.plan_memory_plot(args, refs, runner.outputs)
@@ -312,7 +314,7 @@ def check_environment() -> None:
     """Every LEAN_IMAGE_AI_* variable the command line reads, parsed before anything runs (the
     process-wide runtime is made once; these checks run on every call)."""
     settings.settings_from_environment()
-    cli_images.pixel_limit()
+    image_files.pixel_limit()
     folder = os.environ.get(event_file.LOG_DIR_ENV, "").strip()
     if folder and event_file.log_folder().exists() and not event_file.log_folder().is_dir():
         raise settings.SettingError(f"{event_file.LOG_DIR_ENV}={folder!r} is not a folder: name a folder for the event log.")

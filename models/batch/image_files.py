@@ -1,8 +1,10 @@
-"""Image files for the command line: Pillow for 8/16-bit formats, OpenEXR for float EXR.
+"""Image files outside Blender (the command line, the farm, any front-end without Blender's
+image IO): Pillow for 8/16-bit formats, OpenEXR for float EXR.
 
 Neither ships with Blender; inside Blender the operators read and write images with Blender
 itself. Both are imported only when a file is read or written, and their absence is a readable
-error. Every file is written all or nothing (models/files.py).
+error. Every file is written all or nothing (models/files.py). The runner's frame IO over these
+files is models/batch/frame_io.py's ImageFileFrames.
 """
 
 from __future__ import annotations
@@ -16,21 +18,22 @@ from pathlib import Path
 
 import numpy as np
 
-from ...models import file_formats, files, image_meta
-from ...models.result_images import ImageProduct, range_notes
 from ...runtime.errors import LeanImageError, printable
 from ...runtime.settings import quoted
+from .. import file_formats, files, image_meta
+from ..result_images import ImageProduct, range_notes
 
 
-class CommandLineError(LeanImageError):
-    """Bad file paths, missing Pillow, unsupported formats: things the user can fix."""
+class ImageFileError(LeanImageError):
+    """An image file that cannot be read or written here (missing, damaged, too many pixels, a
+    format or library this Python lacks): things the user can fix."""
 
 
 def _pillow():
     try:
         from PIL import Image
     except ImportError:
-        raise CommandLineError(
+        raise ImageFileError(
             "Reading and writing image files needs Pillow, which is not installed in this Python. "
             "Install it (`pip install Pillow`), or run the job from Blender with the add-on's "
             "operator (Blender reads and writes images itself)."
@@ -42,7 +45,7 @@ def _openexr():
     try:
         import OpenEXR
     except ImportError:
-        raise CommandLineError(
+        raise ImageFileError(
             "EXR files need the OpenEXR package, which is not installed in this Python. Install it "
             "(`pip install OpenEXR`), or write .tif (float) instead."
         ) from None
@@ -59,7 +62,7 @@ def check_writable_format(path: Path) -> None:
         if Image.registered_extensions().get(path.suffix.lower()) in Image.SAVE:
             return
     if not library or library == file_formats.PILLOW:  # none here, or a Pillow built without it
-        raise CommandLineError(
+        raise ImageFileError(
             f"Cannot write {path.name}: unknown or unsupported image file extension "
             f"{path.suffix or '(none)'}. Use {file_formats.COMMAND_LINE.advice()}."
         )
@@ -98,13 +101,13 @@ def read_image(path: Path, warn=_warn) -> np.ndarray:
                 warn(f"{path.name}: Pillow reads its {image.mode} samples as 8 bits; the result has 8-bit precision.")
             array = np.asarray(image)
     except FileNotFoundError:
-        raise CommandLineError(f"Input image not found: {path}.") from None
+        raise ImageFileError(f"Input image not found: {path}.") from None
     except Image.DecompressionBombError as exc:
         raise _too_many_pixels(path, exc, Image.MAX_IMAGE_PIXELS) from None
     except IsADirectoryError:
-        raise CommandLineError(f"Input path {path} is a folder; give an image file.") from None
+        raise ImageFileError(f"Input path {path} is a folder; give an image file.") from None
     except OSError as exc:  # Pillow's UnidentifiedImageError is an OSError too
-        raise CommandLineError(f"Cannot read {path} as an image: {exc}.") from None
+        raise ImageFileError(f"Cannot read {path} as an image: {exc}.") from None
     if array.dtype.kind in "iu" and array.dtype != np.uint8:
         # 16-bit PNG/TIFF greys come back as int32 ("I") or uint16 ("I;16")
         array = np.clip(array, 0, 65535).astype(np.uint16)
@@ -113,7 +116,7 @@ def read_image(path: Path, warn=_warn) -> np.ndarray:
 
 def input_kind(path: Path) -> str:
     """What ``path``'s samples are, from its header: "float", "16-bit" or "8-bit" (the output
-    type follows it, models/products.py); "8-bit" when it cannot be told."""
+    type follows it, models/outputs.py); "8-bit" when it cannot be told."""
     row = file_formats.find(path.suffix)
     if row is not None and row.float_samples:
         return "float"
@@ -133,7 +136,7 @@ def _check_frames(path: Path, source, warn) -> None:
     if frames <= 1:
         return
     if source.format in ANIMATION_FORMATS:
-        raise CommandLineError(
+        raise ImageFileError(
             f"{path} is an animation of {frames} frames ({source.format}); this reads one still image. "
             "Extract its frames first (e.g. `ffmpeg -i INPUT frame_%04d.png`) and give their folder."
         )
@@ -217,7 +220,7 @@ def pixel_limit() -> int | None:
     except ValueError:
         limit = -1
     if limit < 0:  # a negative limit must not quietly turn the guard off
-        raise CommandLineError(
+        raise ImageFileError(
             f"{PIXEL_LIMIT_VARIABLE}={quoted(value)}: give the largest pixel count to accept as a whole "
             "number (for example 400000000), or 0 for no limit."
         )
@@ -242,12 +245,12 @@ def _check_exr_pixels(path: Path) -> None:
         raise _too_many_pixels(path, f"Image size ({pixels} pixels) exceeds limit of {refused} pixels", limit)
 
 
-def _too_many_pixels(path: Path, exc: Exception | str, limit: int | None) -> CommandLineError:
+def _too_many_pixels(path: Path, exc: Exception | str, limit: int | None) -> ImageFileError:
     # Pillow's text: "Image size (N pixels) exceeds limit of M pixels, could be decompression bomb..."
     numbers = [int(n) for n in re.findall(r"\d+", str(exc))]
     pixels = numbers[0] if numbers else None
     refused = numbers[1] if len(numbers) > 1 else (2 * limit if limit else None)
-    return CommandLineError(
+    return ImageFileError(
         f"{path} declares {f'{pixels:,}' if pixels else 'more'} pixels, over the "
         f"{f'{refused:,}' if refused else ''}-pixel limit that guards against decompression bombs "
         "(small files that expand to exhaust memory); nothing was read or written. If the image "
@@ -268,9 +271,9 @@ def _read_exr(path: Path) -> np.ndarray:
             first = next(iter(channels.values()))
             return np.asarray(first.pixels, np.float32)
     except FileNotFoundError:
-        raise CommandLineError(f"Input image not found: {path}.") from None
+        raise ImageFileError(f"Input image not found: {path}.") from None
     except (OSError, RuntimeError, ValueError, StopIteration) as exc:  # ValueError: a damaged header
-        raise CommandLineError(f"Cannot read {path} as an EXR image: {exc}.") from None
+        raise ImageFileError(f"Cannot read {path} as an EXR image: {exc}.") from None
 
 
 def write_image(path: Path, product: ImageProduct) -> list[str]:
@@ -283,7 +286,7 @@ def write_image(path: Path, product: ImageProduct) -> list[str]:
             return []
         return _write_pillow(path, pixels, product)
     except OSError as exc:
-        raise CommandLineError(f"Could not write {path}: {exc.strerror or exc}.") from None
+        raise ImageFileError(f"Could not write {path}: {exc.strerror or exc}.") from None
 
 
 def _write_exr(path: Path, pixels: np.ndarray, product: ImageProduct) -> None:
@@ -384,29 +387,3 @@ def png16_bytes(array: np.ndarray, texts: dict[str, str] | None = None) -> bytes
     notes = b"".join(chunk(b"tEXt", key.encode("latin-1") + b"\0" + text.encode("latin-1", "replace"))
                      for key, text in (texts or {}).items())
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + notes + chunk(b"IDAT", data) + chunk(b"IEND", b"")
-
-
-class CommandLineFrames:
-    """The command line's frame IO for models/batch/runner.py: image files through Pillow and
-    OpenEXR, or the generated demo image when there is no input."""
-
-    writer = file_formats.COMMAND_LINE
-
-    def __init__(self, demo=None):
-        self._demo = demo  # demo(): the generated image
-        self.say_size = False  # one frame: its size is said once read
-
-    def read(self, ref, warn=None) -> np.ndarray:
-        image = self._demo() if self._demo is not None else read_image(ref.path)
-        if self.say_size:
-            print(f"input: {image.shape[1]}x{image.shape[0]} ({image.dtype})")
-        return image
-
-    def write_image(self, path: Path, product: ImageProduct) -> list[str]:
-        return write_image(path, product)
-
-    def check_format(self, path: Path) -> None:
-        check_writable_format(path)
-
-    def input_kind(self, ref) -> str:
-        return input_kind(ref.path)
