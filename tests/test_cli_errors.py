@@ -79,6 +79,10 @@ NOT_READ_BY_THE_CLI = {
     "LEAN_IMAGE_AI_IN_PROCESS",
     "LEAN_IMAGE_AI_TEST_CHILD_CATALOG",
     "LEAN_IMAGE_AI_WORKER_FAULTS",
+    # the interpreter the model worker runs under (Blender and headless scripts start the worker;
+    # the command line runs its jobs in its own process): a bad value is refused in one line by
+    # tests/test_engine_python.py
+    "LEAN_IMAGE_AI_WORKER_PYTHON",
 }
 
 
