@@ -38,6 +38,7 @@ import bpy
 
 from ..runtime.errors import LeanImageError, OperationCancelled
 from ..runtime.log import event_file
+from ..runtime.measure.heap import trim_process_heap
 
 TIMER_INTERVAL = 0.1
 JOIN_TIMEOUT = 30.0
@@ -87,11 +88,31 @@ class Job:
             except Exception:  # a datablock the user already removed: nothing left to undo
                 traceback.print_exc()
 
+    def release(self) -> None:
+        """Let go of what the job worked with once it is over: its task (which refers back to the
+        job: a cycle only the collector would break, holding every array the task touched), what
+        ``prepare`` read and a result that holds arrays. The lane keeps the job for the panel: its
+        name, state, texts and figures."""
+        self.task = self.inputs = self.teardown = None
+        self.on_discard = []
+        if _holds_arrays(self.result):
+            self.result = None
+
     def mark_cancelled(self) -> None:
         """A job ended from outside before it was applied counts as cancelled, whatever its
         worker got to (a worker that did not stop in time included)."""
         if self.state in ("running", "finished"):
             self.state, self.error_text = "cancelled", f"{self.name} was cancelled; nothing was changed."
+
+
+def _holds_arrays(result) -> bool:
+    """Whether ``result`` is or directly holds a buffer of pixels (a numpy array, say)."""
+    values = result if isinstance(result, list | tuple) else [result]
+    for value in values:
+        fields = getattr(value, "__dict__", None) or {}
+        if hasattr(value, "__array_interface__") or any(hasattr(v, "__array_interface__") for v in fields.values()):
+            return True
+    return False
 
 
 class JobBusyError(LeanImageError):
@@ -140,6 +161,8 @@ class JobManager:
                 listener(job)
             except Exception:  # a listener (e.g. the idle timer) must never break a job's end
                 traceback.print_exc()
+        job.release()
+        trim_process_heap()  # the job's frames were freed just now; glibc would keep their pages
         _settle_event_log()
 
     def cancel_all(self, *, join_timeout: float = JOIN_TIMEOUT) -> None:

@@ -84,6 +84,7 @@ class Runner:
         self.target = dict(zip(self.refs, self.outputs, strict=True)) if spec.writes_files else {}
         self._claims = frame_claims.FrameClaims()
         self._batch = None
+        self._final_report: BatchReport | None = None  # the report once the run is over (close())
         self.shot_line = ""  # the shot's values once its first pass is over
 
     @property
@@ -184,10 +185,10 @@ class Runner:
         fields = {"runtime": self._runtime} if self._runtime is not None else {}
         options = pass_run.options(progress=self.events.progress, cancel=self.cancel_event, **fields)
         claims = self.spec.skip_existing and self.spec.source is not None and self.spec.writes_files and not first
-        batch = None
+        report = []  # the pass's report once the pass exists; the pass itself would be a cycle
 
         def read(ref):
-            return self.io.read(ref, None if first else batch.report.warnings.append)
+            return self.io.read(ref, None if first else report[0].warnings.append)
 
         batch = self._factory(
             self.refs, pass_run.infer, read, write, options=options,
@@ -195,9 +196,12 @@ class Runner:
             stop_on_error=self.spec.stop_on_error,
             **(self._claims.batch_hooks(self.target) if claims else {}),
         )
+        report.append(batch.report)
         return batch
 
     def _pumped(self):
+        if self._final_report is not None:
+            raise RuntimeError("this run is over; a Runner runs once")
         if self._batch is None:
             if self.shot.needs_first_pass:
                 self._batch = TwoPassBatch(self.shot, self._make_pass, self._write, self.cancel_event,
@@ -208,6 +212,8 @@ class Runner:
 
     @property
     def report(self) -> BatchReport:
+        if self._final_report is not None:
+            return self._final_report
         return self._batch.report if self._batch is not None else BatchReport(total=len(self.refs))
 
     @property
@@ -220,10 +226,12 @@ class Runner:
 
     def pump(self, budget: float = 0.05) -> bool:
         """Read and write frames for about ``budget`` seconds (Blender's main thread); True once over."""
+        if self._final_report is not None:
+            return True
         over = self._pumped().pump(budget)
         self.shot_line = getattr(self._batch, "shot_line", "") or self.shot_line
         if over:
-            self.close()
+            self._let_go()
         return over
 
     def cancel(self) -> None:
@@ -235,6 +243,14 @@ class Runner:
         """A finished, cancelled or failed run's claimed frames are free for another task."""
         self._claims.release_all()
 
+    def _let_go(self) -> None:
+        """The run is over: its pass is let go, keeping its report. The pass refers back to this
+        runner (its write), a cycle that would hold every frame the pass read until Python's
+        collector ran (Blender's memory, issue #37)."""
+        self.close()
+        if self._batch is not None:
+            self._final_report, self._batch = self._batch.report, None
+
     def run(self) -> BatchReport:
         """The whole job on this thread's watch (the command line, a farm worker): frames read on a
         reader thread, the model on a worker, results written here, all three at once."""
@@ -243,7 +259,7 @@ class Runner:
             self._batch = self._make_pass(self._write, kwargs, False)
             return self._batch.run()
         finally:
-            self.close()
+            self._let_go()
 
     def _first_pass(self) -> dict:
         self.events.line(f"first pass: {self.shot.first_pass_keeps} only (no file is written)")
