@@ -28,7 +28,7 @@ as it was.
 
 from __future__ import annotations
 
-import threading  # Event and Lock only: flags and a lane's lock, never a thread
+import threading  # Event only: a job's cancel flag, which the batch it runs checks; never a thread
 import time
 import traceback
 from collections.abc import Callable
@@ -57,7 +57,6 @@ class Job:
     error: BaseException | None = None
     error_text: str = ""
     task: object = None  # what pumps the job (BatchTask, InlineTask, or prepare's own)
-    thread: threading.Thread | None = None  # only a caller that runs a task on a thread of its own sets it
     started: float = field(default_factory=time.monotonic)
     # Held by the job (not the operator) so that cancel_all() can tidy up without the operator:
     teardown: Callable[[], None] | None = None  # removes the modal timer, progress bar, status
@@ -120,42 +119,37 @@ class JobBusyError(LeanImageError):
 
 
 def _settle_event_log() -> None:
-    """The job's events written before Blender gets control back: the writer thread is parked
-    then, not running Python while a script's ``bpy.ops`` call returns (see the memory sampler
-    in runtime/measure/timeline.py for why that crashes Blender's Python 3.11 builds)."""
+    """The job's events written before Blender gets control back (here: Blender's event log has
+    no writer thread, runtime/log/event_file.py)."""
     log = event_file.current()
     if log is not None:
         log.flush(timeout=EVENT_LOG_SETTLE_S)
 
 
 class JobManager:
-    """One lane of jobs: the running one (``current``) and the outcome of the latest (``last``)."""
+    """One lane of jobs: the running one (``current``) and the outcome of the latest (``last``).
+    Main thread only (Blender's), like everything of the job engine: no lock."""
 
     def __init__(self, busy_hint: str):
-        self._lock = threading.Lock()
         self._busy_hint = busy_hint
         self.current: Job | None = None
         self.last: Job | None = None
         self.on_end: list[Callable[[Job], object]] = []  # called on the main thread after a job ends
 
     def begin(self, name: str, key: str = "") -> Job:
-        with self._lock:
-            if self.current is not None and not self.current.done:
-                raise JobBusyError(
-                    f"'{self.current.name}' is still running ({self.current.stage}). {self._busy_hint}"
-                )
-            self.current = Job(name, key)
-            return self.current
+        if self.current is not None and not self.current.done:
+            raise JobBusyError(f"'{self.current.name}' is still running ({self.current.stage}). {self._busy_hint}")
+        self.current = Job(name, key)
+        return self.current
 
     def running(self) -> Job | None:
         job = self.current
         return job if job is not None and not job.done else None
 
     def end(self, job: Job) -> None:
-        with self._lock:
-            if self.current is job:
-                self.current = None
-            self.last = job
+        if self.current is job:
+            self.current = None
+        self.last = job
         for listener in list(self.on_end):
             try:
                 listener(job)
@@ -181,8 +175,6 @@ downloads = JobManager("Wait for it to finish or cancel it in the add-on prefere
 
 def stop(job: Job, join_timeout: float = JOIN_TIMEOUT) -> None:
     job.cancel()
-    if job.thread is not None and job.thread is not threading.current_thread():
-        job.thread.join(join_timeout)
     _pump_until_over(job, join_timeout)  # a batch's cancel ends or kills its worker within a second
     if job.teardown is not None:
         job.teardown()

@@ -24,6 +24,7 @@ GO = bh.import_submodule("operators.gpu_ops")
 R = bh.import_submodule("operators.prefs")
 P = bh.import_submodule("ui.preferences")
 jobs = bh.import_submodule("operators.jobs")
+from lean_image_ai.runtime.cuda import gpu_install as GI  # noqa: E402
 from lean_image_ai.runtime.cuda import gpu_libraries as G  # noqa: E402
 from lean_image_ai.runtime.cuda import gpu_loading as L  # noqa: E402
 
@@ -138,10 +139,10 @@ def test_progress_bar_and_cancel_while_pip_runs(setup):
             job.cancel_event.wait(10)  # hold pip's output here until the test has clicked Cancel
 
     def work(job):
-        return G.install(setup["folder"], setup["req"], progress=progress, cancel=job.cancel_event.is_set)
+        return GI.install(setup["folder"], setup["req"], progress=progress, cancel=job.cancel_event.is_set)
 
-    job.thread = threading.Thread(target=jobs.run_job, args=(job, work))
-    job.thread.start()
+    thread = threading.Thread(target=jobs.run_job, args=(job, work))
+    thread.start()
     try:
         assert started.wait(60)
         box = _box()
@@ -155,7 +156,7 @@ def test_progress_bar_and_cancel_while_pip_runs(setup):
             bpy.ops.lean_image_ai.remove_gpu_runtime()
         assert bpy.ops.lean_image_ai.cancel_download() == {"FINISHED"}
     finally:
-        job.thread.join(30)
+        thread.join(30)
         jobs.downloads.end(job)
     assert job.state == "cancelled"
     assert list(setup["folder"].parent.iterdir()) == []

@@ -27,7 +27,7 @@ from ..operators.prefs import (
     models_folder,
     release_rule_lines,
 )
-from ..runtime.cuda import gpu_libraries, gpu_loading
+from ..runtime.cuda import gpu_libraries  # never gpu_loading: only the model worker loads the libraries
 from ..runtime.providers import AUTO_ENUM_NUMBER, DEVICE_BY_KIND, DEVICES, UNLOAD, describe_providers
 from ..runtime.settings import MAX_BUDGET_MB, MAX_RELEASE_DELAY_S
 from . import runtime_probe
@@ -243,9 +243,6 @@ def _draw_gpu_runtime(layout, context) -> None:
 def _draw_gpu_installed(box, folder, version: str, requirements) -> None:
     box.label(text=f"Installed: {version}", icon="CHECKMARK")
     wrapped_labels(box, f"Folder: {folder}")
-    activation = gpu_loading.active()
-    if activation is not None and activation.folder == str(folder):
-        wrapped_labels(box, activation.summary(), icon="NONE" if activation.ok else "ERROR", alert=not activation.ok)
     if not gpu_libraries.is_current(folder, requirements):
         box.label(text="This add-on version pins other library versions: Install updates them.", icon="INFO")
 

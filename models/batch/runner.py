@@ -36,7 +36,7 @@ from ..model_run import ModelRun
 from ..store import library
 from . import frame_claims, frame_lists
 from .frame_lists import FrameRef
-from .sequence import BatchReport, BatchRun
+from .report import BatchReport
 from .shot_batch import ShotSettings, TwoPassBatch
 
 DEMO_NAME = "demo"
@@ -64,12 +64,14 @@ class RunEvents:
 
 
 class Runner:
-    def __init__(self, spec: JobSpec, io, *, events: RunEvents | None = None, batch_factory=BatchRun,
+    def __init__(self, spec: JobSpec, io, *, events: RunEvents | None = None, batch_factory=None,
                  cancel: threading.Event | None = None, model_run: ModelRun | None = None, runtime=None,
                  verify: bool = True):
         self.spec, self.io = spec, io
         self.events = events or RunEvents()
         self.cancel_event = cancel if cancel is not None else threading.Event()
+        if batch_factory is None:  # the batch on threads of this process (command line, farm); never Blender's
+            from .sequence import BatchRun as batch_factory
         self._factory, self._runtime = batch_factory, runtime
         # the model run (the model resolved once): a farm worker is given the driver's (named by its absolute path)
         self.model_run = model_run or ModelRun.resolve(
