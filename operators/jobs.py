@@ -96,6 +96,11 @@ class Job:
         self.on_discard = []
         if _holds_arrays(self.result):
             self.result = None
+        error, seen = self.error, set()
+        while error is not None and id(error) not in seen:  # a traceback's frames hold their locals
+            seen.add(id(error))
+            error.__traceback__ = None
+            error = error.__cause__ or error.__context__
 
     def mark_cancelled(self) -> None:
         """A job ended from outside before it was applied counts as cancelled, whatever its

@@ -74,3 +74,45 @@ def test_blender_rss_grows_by_no_more_than_the_kept_results(measured):
         f"Blender's RSS grew {growth / 2**20:.1f} MiB with 3 results kept whose pixels weigh "
         f"{kept['result_pixel_bytes'] / 2**20:.1f} MiB"
     )
+
+
+class _FailingBatch:
+    """A batch whose model fails while a frame is in hand: the error's traceback holds that frame."""
+
+    report = None
+
+    def __init__(self):
+        self.frames = []  # weak references to the frames it had in hand
+
+    def pump(self, budget):
+        import weakref
+
+        import numpy as np
+
+        frame = np.ones((64, 64, 4), np.float32)
+        self.frames.append(weakref.ref(frame))
+        raise ValueError("the model failed")
+
+    def cancel(self):
+        pass
+
+
+def test_a_failed_jobs_error_holds_none_of_its_arrays():
+    """The lane keeps a failed job for the panel (its text); the exception's traceback, whose
+    frames hold their locals (the frame being worked on), goes when the job ends."""
+    import gc
+
+    jobs = bh.import_submodule("operators.jobs")
+    lane = jobs.JobManager("busy")
+    job = lane.begin("Upscale")
+    batch = _FailingBatch()
+    gc.collect()
+    gc.disable()
+    try:
+        job.task = jobs.BatchTask(job, batch)
+        assert job.task.pump(0.05) and job.state == "failed"
+        lane.end(job)
+        assert lane.last is job and isinstance(job.error, ValueError) and job.error_text == "Unexpected error: ValueError: the model failed"
+        assert batch.frames and batch.frames[0]() is None, "the failed job's error still holds the frame it failed on"
+    finally:
+        gc.enable()
