@@ -94,14 +94,15 @@ def _through_operators(side: int, jobs: int) -> dict:
         "kept": _mib(kept["rss_after"] - kept["rss_before"]),
         "kept_pixels": _mib(kept["result_pixel_bytes"]),
         "longest": max(modal["start_modal_s"], modal["longest_timer_call_s"]),
+        "longest_pump": modal["longest_pump_call_s"],
     }
     print(f"through bpy.ops, Upscale {side}x{side} -> {kept['result_size'][0]}x{kept['result_size'][1]}: Blender's RSS "
           f"{_mib(removed['rss_before'])} -> {_mib(removed['rss_after'])} MiB over {jobs} jobs, each result removed; "
           f"{_mib(kept['rss_before'])} -> {_mib(kept['rss_after'])} MiB with {jobs} kept (their pixels: "
           f"{figures['kept_pixels']} MiB)")
     print(f"main thread, one modal Upscale job: invoke (start_modal) {modal['start_modal_s']:.3f} s, "
-          f"{modal['timer_calls']} timer calls, longest {modal['longest_timer_call_s']:.3f} s "
-          f"(the last, which makes the result image: {modal['last_timer_call_s']:.3f} s)")
+          f"{modal['timer_calls']} timer calls, longest {modal['longest_timer_call_s']:.3f} s; the last, which makes "
+          f"the result image: {modal['last_timer_call_s']:.3f} s; the longest before it: {modal['longest_pump_call_s']:.3f} s")
     return figures
 
 
@@ -233,6 +234,7 @@ def main(argv=None) -> int:
         "blender_rss_growth_mib_results_kept": operators["kept"],
         "blender_results_kept_pixels_mib": operators["kept_pixels"],
         "longest_main_thread_call_s": round(operators["longest"], 3),
+        "longest_pump_call_s": round(operators["longest_pump"], 3),
     }))
     client.kill()
     return 0
