@@ -15,7 +15,11 @@ growth over them, the first job's extra time (the worker's start), a cancel in t
 long tile (Esc to the end of the job), kill -9 of the worker mid-job (the next job must work),
 Free memory now's figure, and last warm full-size jobs through the worker against the same job
 run in this process by the batch runner (models/batch/sequence.py's BatchRun), in alternating pairs.
-Ends with one JSON line with the keys of issue #30 item 8.
+Before all that, in a bpy process of its own, the path artists use (issue #37 item 9): the Upscale
+button through ``bpy.ops`` (1024x1024 -> 2048x2048, built-in bicubic x2): Blender's RSS growth over
+three jobs with each result removed and with the results kept (next to their pixels), and the
+longest single call of the add-on on Blender's main thread while a modal job runs.
+Ends with one JSON line with the keys of issue #30 item 8 and issue #37 item 9.
 """
 
 from __future__ import annotations
@@ -62,6 +66,46 @@ def _mib(value) -> float:
     return round((value or 0) / 2**20, 1)
 
 
+def _through_operators(side: int, jobs: int) -> dict:
+    """Blender's side as artists use it (issue #37 items 5 and 9): tests/host_memory_job.py in a
+    fresh bpy process, the Upscale button through ``bpy.ops`` (built-in bicubic x2, side -> 2 side),
+    ``jobs`` jobs with each result removed, then ``jobs`` kept, then one driven as the UI drives it
+    (start_modal, then one TIMER event at a time: each a call of the add-on on Blender's main thread)."""
+    import subprocess
+    import tempfile
+
+    import blender_helpers as bh
+
+    root = Path(tempfile.mkdtemp(prefix="bench_worker_ops_"))
+    (root / "models").mkdir()  # empty: the built-in bicubic x2
+    env = bh.isolated_blender_env(root / "blender", pythonpath=[bh.package_search_dir(root / "pkg")])
+    env.update(LEAN_IMAGE_AI_MODELS_DIR=str(root / "models"), LEAN_IMAGE_AI_LOG_DIR=str(root / "logs"))
+    config = {"side": side, "jobs": jobs, "folder": str(root), "out": str(root / "out.json"),
+              "phases": ["removed", "kept", "modal"]}
+    (root / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "host_memory_job.py"), str(root / "config.json")],
+                          env=env, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise SystemExit(f"the bpy process of the operator jobs failed: {done.stderr[-2000:]}")
+    out = json.loads((root / "out.json").read_text(encoding="utf-8"))
+    removed, kept, modal = out["removed"], out["kept"], out["modal"]
+    figures = {
+        "removed": _mib(removed["rss_after"] - removed["rss_before"]),
+        "kept": _mib(kept["rss_after"] - kept["rss_before"]),
+        "kept_pixels": _mib(kept["result_pixel_bytes"]),
+        "longest": max(modal["start_modal_s"], modal["longest_timer_call_s"]),
+        "longest_pump": modal["longest_pump_call_s"],
+    }
+    print(f"through bpy.ops, Upscale {side}x{side} -> {kept['result_size'][0]}x{kept['result_size'][1]}: Blender's RSS "
+          f"{_mib(removed['rss_before'])} -> {_mib(removed['rss_after'])} MiB over {jobs} jobs, each result removed; "
+          f"{_mib(kept['rss_before'])} -> {_mib(kept['rss_after'])} MiB with {jobs} kept (their pixels: "
+          f"{figures['kept_pixels']} MiB)")
+    print(f"main thread, one modal Upscale job: invoke (start_modal) {modal['start_modal_s']:.3f} s, "
+          f"{modal['timer_calls']} timer calls, longest {modal['longest_timer_call_s']:.3f} s; the last, which makes "
+          f"the result image: {modal['last_timer_call_s']:.3f} s; the longest before it: {modal['longest_pump_call_s']:.3f} s")
+    return figures
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--width", type=int, default=1920)
@@ -69,7 +113,9 @@ def main(argv=None) -> int:
     parser.add_argument("--small", type=int, default=256, help="side of the three small jobs")
     parser.add_argument("--model", default="")
     parser.add_argument("--pairs", type=int, default=4, help="worker/in-process pairs of the full-size job")
+    parser.add_argument("--ops-side", type=int, default=1024, help="side of the Upscale jobs through bpy.ops")
     args = parser.parse_args(argv)
+    operators = _through_operators(args.ops_side, 3)  # first: a process of its own, this one still bare
 
     import tempfile
 
@@ -184,6 +230,11 @@ def main(argv=None) -> int:
         "cancel_seconds": round(cancel_seconds, 2),
         "survived_kill9": survived,
         "free_now_returned_mib": _mib(freed.get("rss_bytes")),
+        "blender_rss_growth_mib_results_removed": operators["removed"],
+        "blender_rss_growth_mib_results_kept": operators["kept"],
+        "blender_results_kept_pixels_mib": operators["kept_pixels"],
+        "longest_main_thread_call_s": round(operators["longest"], 3),
+        "longest_pump_call_s": round(operators["longest_pump"], 3),
     }))
     client.kill()
     return 0

@@ -28,7 +28,7 @@ as it was.
 
 from __future__ import annotations
 
-import threading  # Event and Lock only: flags and a lane's lock, never a thread
+import threading  # Event only: a job's cancel flag, which the batch it runs checks; never a thread
 import time
 import traceback
 from collections.abc import Callable
@@ -38,6 +38,7 @@ import bpy
 
 from ..runtime.errors import LeanImageError, OperationCancelled
 from ..runtime.log import event_file
+from ..runtime.measure.heap import trim_process_heap
 
 TIMER_INTERVAL = 0.1
 JOIN_TIMEOUT = 30.0
@@ -56,7 +57,6 @@ class Job:
     error: BaseException | None = None
     error_text: str = ""
     task: object = None  # what pumps the job (BatchTask, InlineTask, or prepare's own)
-    thread: threading.Thread | None = None  # only a caller that runs a task on a thread of its own sets it
     started: float = field(default_factory=time.monotonic)
     # Held by the job (not the operator) so that cancel_all() can tidy up without the operator:
     teardown: Callable[[], None] | None = None  # removes the modal timer, progress bar, status
@@ -87,6 +87,21 @@ class Job:
             except Exception:  # a datablock the user already removed: nothing left to undo
                 traceback.print_exc()
 
+    def release(self) -> None:
+        """Let go of what the job worked with once it is over: its task (which refers back to the
+        job: a cycle only the collector would break, holding every array the task touched), what
+        ``prepare`` read and a result that holds arrays. The lane keeps the job for the panel: its
+        name, state, texts and figures."""
+        self.task = self.inputs = self.teardown = None
+        self.on_discard = []
+        if _holds_arrays(self.result):
+            self.result = None
+        error, seen = self.error, set()
+        while error is not None and id(error) not in seen:  # a traceback's frames hold their locals
+            seen.add(id(error))
+            error.__traceback__ = None
+            error = error.__cause__ or error.__context__
+
     def mark_cancelled(self) -> None:
         """A job ended from outside before it was applied counts as cancelled, whatever its
         worker got to (a worker that did not stop in time included)."""
@@ -94,52 +109,59 @@ class Job:
             self.state, self.error_text = "cancelled", f"{self.name} was cancelled; nothing was changed."
 
 
+def _holds_arrays(result) -> bool:
+    """Whether ``result`` is or directly holds a buffer of pixels (a numpy array, say)."""
+    values = result if isinstance(result, list | tuple) else [result]
+    for value in values:
+        fields = getattr(value, "__dict__", None) or {}
+        if hasattr(value, "__array_interface__") or any(hasattr(v, "__array_interface__") for v in fields.values()):
+            return True
+    return False
+
+
 class JobBusyError(LeanImageError):
     pass
 
 
 def _settle_event_log() -> None:
-    """The job's events written before Blender gets control back: the writer thread is parked
-    then, not running Python while a script's ``bpy.ops`` call returns (see the memory sampler
-    in runtime/measure/timeline.py for why that crashes Blender's Python 3.11 builds)."""
+    """The job's events written before Blender gets control back (here: Blender's event log has
+    no writer thread, runtime/log/event_file.py)."""
     log = event_file.current()
     if log is not None:
         log.flush(timeout=EVENT_LOG_SETTLE_S)
 
 
 class JobManager:
-    """One lane of jobs: the running one (``current``) and the outcome of the latest (``last``)."""
+    """One lane of jobs: the running one (``current``) and the outcome of the latest (``last``).
+    Main thread only (Blender's), like everything of the job engine: no lock."""
 
     def __init__(self, busy_hint: str):
-        self._lock = threading.Lock()
         self._busy_hint = busy_hint
         self.current: Job | None = None
         self.last: Job | None = None
         self.on_end: list[Callable[[Job], object]] = []  # called on the main thread after a job ends
 
     def begin(self, name: str, key: str = "") -> Job:
-        with self._lock:
-            if self.current is not None and not self.current.done:
-                raise JobBusyError(
-                    f"'{self.current.name}' is still running ({self.current.stage}). {self._busy_hint}"
-                )
-            self.current = Job(name, key)
-            return self.current
+        if self.current is not None and not self.current.done:
+            raise JobBusyError(f"'{self.current.name}' is still running ({self.current.stage}). {self._busy_hint}")
+        self.current = Job(name, key)
+        return self.current
 
     def running(self) -> Job | None:
         job = self.current
         return job if job is not None and not job.done else None
 
     def end(self, job: Job) -> None:
-        with self._lock:
-            if self.current is job:
-                self.current = None
-            self.last = job
+        if self.current is job:
+            self.current = None
+        self.last = job
         for listener in list(self.on_end):
             try:
                 listener(job)
             except Exception:  # a listener (e.g. the idle timer) must never break a job's end
                 traceback.print_exc()
+        job.release()
+        trim_process_heap()  # the job's frames were freed just now; glibc would keep their pages
         _settle_event_log()
 
     def cancel_all(self, *, join_timeout: float = JOIN_TIMEOUT) -> None:
@@ -158,8 +180,6 @@ downloads = JobManager("Wait for it to finish or cancel it in the add-on prefere
 
 def stop(job: Job, join_timeout: float = JOIN_TIMEOUT) -> None:
     job.cancel()
-    if job.thread is not None and job.thread is not threading.current_thread():
-        job.thread.join(join_timeout)
     _pump_until_over(job, join_timeout)  # a batch's cancel ends or kills its worker within a second
     if job.teardown is not None:
         job.teardown()

@@ -252,7 +252,7 @@ def post_register():
     if _after_job not in manager.on_end:
         manager.on_end.append(_after_job)
     # written from this timer, not a writer thread (Blender does not support Python threads)
-    event_file.start(get_runtime(), prefs.log_folder(), writer_thread=False)  # the folder is made by the first write
+    event_file.start(get_runtime(), prefs.log_folder())  # the folder is made by the first write
     if not bpy.app.timers.is_registered(_drain_event_log):
         bpy.app.timers.register(_drain_event_log, first_interval=EVENT_LOG_DRAIN_S, persistent=True)
 

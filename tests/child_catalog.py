@@ -17,10 +17,32 @@ from pathlib import Path
 ENV = "LEAN_IMAGE_AI_TEST_CHILD_CATALOG"
 
 SITE = '''
-import contextlib, json, os
+import contextlib, importlib.util, json, os, sys
 _path = os.environ.get("LEAN_IMAGE_AI_TEST_CHILD_CATALOG")
+_WATCH = "lean_image_ai.models.store.http_watch"
+
+
+class _AllowLoopback:
+    """http to 127.0.0.1 once the download's watch loads (only where a download runs: importing it
+    here would load it into Blender's process, which never downloads)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != _WATCH:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            module.PLAIN_HTTP_HOSTS = module.LOOPBACK_HOSTS  # the whole child process: the test's server
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
 if _path:
-    from lean_image_ai.models.store import http_watch, library
+    from lean_image_ai.models.store import library
     from lean_image_ai.models.store.catalog import CatalogEntry
     _real_catalog, _real_fetch = library.catalog, library.fetch
 
@@ -39,7 +61,10 @@ if _path:
         return _real_fetch(*args, **kwargs)
 
     library.catalog, library.fetch = catalog, fetch
-    http_watch.PLAIN_HTTP_HOSTS = http_watch.LOOPBACK_HOSTS  # the whole child process: the test's server
+    if _WATCH in sys.modules:
+        sys.modules[_WATCH].PLAIN_HTTP_HOSTS = sys.modules[_WATCH].LOOPBACK_HOSTS
+    else:
+        sys.meta_path.insert(0, _AllowLoopback())
 '''
 
 

@@ -7,12 +7,13 @@ JSON line, the outcome; exit 2 when the install raised GpuRuntimeError.
 import json
 import sys
 
-from lean_image_ai.runtime.cuda import gpu_libraries
+from lean_image_ai.runtime.cuda import gpu_install
+from lean_image_ai.runtime.errors import GpuRuntimeError
 
 folder, requirements, python, wheels = sys.argv[1:5]
 try:
-    done = gpu_libraries.install(folder, requirements, python=python, index_args=("--no-index", "--find-links", wheels))
+    done = gpu_install.install(folder, requirements, python=python, index_args=("--no-index", "--find-links", wheels))
     print(json.dumps({"ok": True, "path": str(done)}), flush=True)
-except gpu_libraries.GpuRuntimeError as exc:
+except GpuRuntimeError as exc:
     print(json.dumps({"ok": False, "error": str(exc)}), flush=True)
     sys.exit(2)

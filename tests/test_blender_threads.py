@@ -13,6 +13,7 @@ models/worker/).
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -152,3 +153,89 @@ def test_no_thread_and_no_onnxruntime_in_blender(records, case):
 @pytest.mark.parametrize("case", MODEL_CASES)
 def test_model_operators_start_no_thread_in_blender(records, case):
     _check(records["model"], case)
+
+
+
+def _thread_or_runtime_uses(path: str) -> list[str]:
+    """What in the module's code could start a thread or load onnxruntime: an import of threading,
+    concurrent.futures or onnxruntime (anywhere, a function's body included), ``threading.Thread``
+    or ``threading.Timer``, ``importlib.import_module("onnxruntime")``. Comments and docstrings
+    do not count."""
+    found = []
+    for node in ast.walk(ast.parse(Path(path).read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""] if node.level == 0 else []
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "threading":
+            names = [f"threading.{node.attr}"] if node.attr in ("Thread", "Timer") else []
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module":
+            names = [arg.value for arg in node.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
+        else:
+            continue
+        found += [name for name in names if name.split(".")[0] in ("threading", "concurrent", "onnxruntime")]
+    return sorted(set(found))
+
+
+# Loaded in Blender's process and importing threading for a lock or an event only (no thread is
+# made there), each with what it guards. Every other module Blender loads imports none of
+# threading, concurrent.futures and onnxruntime (docs/building.md, "Which modules run where").
+LOCK_OR_EVENT_ONLY = {
+    "operators.jobs": "a job's cancel flag (threading.Event), which the batch checks",
+    "models.batch.runner": "the cancel flag it hands to its batch",
+    "models.batch.shot_batch": "the cancel flag and the second pass's ready flag",
+    "models.worker.remote_batch": "the cancel flag (the worker client's, issue #37 items 1-4)",
+    "models.worker.remote_call": "the cancel flag of a call in the worker (the leak check)",
+    "models.files": "a lock around the process umask",
+    "models.outputs": "a lock: a writer thread of the command line and the caller's may both write",
+    "models.store.catalog": "a lock around the catalog's cache",
+}
+# The shared runtime (runtime/core.py) still loads in Blender's process: the host keeps its
+# settings, its event log and the timelines the worker sends in a Runtime object. Taking it out
+# (runtime/ for the worker and the command line only) is what issue #37 item 6 leaves: until
+# then these modules load with it, and their threads and onnxruntime stay unused there (no thread
+# starts and onnxruntime is never imported: test_no_thread_and_no_onnxruntime_in_blender).
+WITH_THE_RUNTIME = {
+    "runtime.core": ["threading"],
+    "runtime.cuda.gpu_index": ["threading"],
+    "runtime.load_errors": ["onnxruntime"],
+    "runtime.log.events": ["threading"],
+    "runtime.log.native_log": ["threading"],
+    "runtime.measure.memory": ["threading"],
+    "runtime.measure.timeline": ["threading", "threading.Thread"],
+    "runtime.release.cpu_arena": ["threading"],
+    "runtime.release.deferred_release": ["threading", "threading.Timer"],
+    "runtime.release.scratch": ["threading"],
+    "runtime.session": ["onnxruntime"],
+}
+
+
+@pytest.fixture(scope="module")
+def loaded_uses(records) -> dict:
+    """Per run, what every module of the add-on loaded after its last case uses (see above)."""
+    out = {}
+    for run in ("other", "model"):
+        cases = [case for case in records[run] if not case.startswith("_")]
+        modules = records[run][cases[-1]]["modules"]
+        uses = {name.removeprefix("lean_image_ai."): _thread_or_runtime_uses(path) for name, path in modules.items() if path}
+        out[run] = {name: found for name, found in uses.items() if found}
+    assert "operators.image_ops" in {n.removeprefix("lean_image_ai.") for n in records["model"][cases[-1]]["modules"]}
+    return out
+
+
+@pytest.mark.parametrize("run", ["other", "model"])
+def test_blender_loads_no_module_that_makes_threads_or_imports_onnxruntime(loaded_uses, run):
+    """Issue #37 item 6: after every operator ran once, the add-on's modules in Blender's process
+    import no threading but for a lock or an event (listed), and none of concurrent.futures and
+    onnxruntime, apart from the shared runtime's (listed, with why). Before: 25 such modules,
+    the batch's threads, the tile paste's pool, the download watch, pip's reader among them."""
+    lock_only = {name for name, found in loaded_uses[run].items() if found == ["threading"] and name in LOCK_OR_EVENT_ONLY}
+    runtime = {name for name, found in loaded_uses[run].items() if WITH_THE_RUNTIME.get(name) == found}
+    rest = {name: found for name, found in loaded_uses[run].items() if name not in lock_only | runtime}
+    assert rest == {}, f"loaded in Blender's process: {json.dumps(rest, indent=1)}"
+
+
+def test_the_lists_of_allowed_modules_hold_only_what_blender_loads(loaded_uses):
+    """A module taken out of Blender's process leaves the lists above, so they never hide one."""
+    seen = set(loaded_uses["other"]) | set(loaded_uses["model"])
+    assert sorted(set(LOCK_OR_EVENT_ONLY) - seen) == [] and sorted(set(WITH_THE_RUNTIME) - seen) == []

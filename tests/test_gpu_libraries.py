@@ -14,6 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_wheels import build_wheel, sha256_file, write_requirements  # noqa: E402
+from lean_image_ai.runtime.cuda import gpu_install as GI  # noqa: E402
 from lean_image_ai.runtime.cuda import gpu_libraries as G  # noqa: E402
 from lean_image_ai.runtime.cuda import gpu_loading as L  # noqa: E402
 from lean_image_ai.runtime.errors import OperationCancelled  # noqa: E402
@@ -58,7 +59,7 @@ def test_install_puts_libraries_in_place_and_remove_deletes(tmp_path, wheels):
     req = write_requirements(tmp_path / "req.txt", wheels)
     target = tmp_path / "user" / "gpu_runtime"
     steps = []
-    result = G.install(target, req, index_args=_index(wheels), progress=lambda f, s: steps.append((f, s)))
+    result = GI.install(target, req, index_args=_index(wheels), progress=lambda f, s: steps.append((f, s)))
     assert result == target.resolve()
     assert (target / "nvidia/fake/lib/libfake.so.1").read_bytes() == b"\x7fELF not really" * 64
     assert (target / "nvidia/fakednn/lib/libfakednn.so.9").is_file()
@@ -69,7 +70,7 @@ def test_install_puts_libraries_in_place_and_remove_deletes(tmp_path, wheels):
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
     assert any(s.startswith("downloading nvidia-fake-dnn") for _, s in steps)
     # a reinstall replaces the folder as a whole
-    G.install(target, req, index_args=_index(wheels))
+    GI.install(target, req, index_args=_index(wheels))
     assert sorted(p.name for p in target.parent.iterdir()) == ["gpu_runtime"]
     assert G.remove(target) is True
     assert not target.exists() and G.installed_version(target) is None
@@ -83,7 +84,7 @@ def test_installed_version_names_cuda_and_cudnn(tmp_path):
         build_wheel(folder, "nvidia-cudnn-cu13", "9.28.1.4", {"nvidia/cudnn/lib/libcudnn.so.9": b"y"}),
     ]
     req = write_requirements(tmp_path / "req.txt", wheels)
-    G.install(tmp_path / "gpu", req, index_args=_index(wheels))
+    GI.install(tmp_path / "gpu", req, index_args=_index(wheels))
     assert G.installed_version(tmp_path / "gpu") == "CUDA 13.5.37, cuDNN 9.28.1.4"
 
 
@@ -91,16 +92,16 @@ def test_wrong_hash_is_refused_and_nothing_installed(tmp_path, wheels):
     req = write_requirements(tmp_path / "req.txt", wheels, digests={"nvidia-fake-dnn": "ab" * 32})
     target = tmp_path / "user" / "gpu_runtime"
     with pytest.raises(G.GpuRuntimeError, match="checksum"):
-        G.install(target, req, index_args=_index(wheels))
+        GI.install(target, req, index_args=_index(wheels))
     assert list(target.parent.iterdir()) == []  # not even the first, correct wheel
 
 
 def test_an_existing_install_survives_a_failed_update(tmp_path, wheels):
     target = tmp_path / "gpu_runtime"
-    G.install(target, write_requirements(tmp_path / "good.txt", wheels), index_args=_index(wheels))
+    GI.install(target, write_requirements(tmp_path / "good.txt", wheels), index_args=_index(wheels))
     bad = write_requirements(tmp_path / "bad.txt", wheels, digests={"nvidia-fake-lib": "cd" * 32})
     with pytest.raises(G.GpuRuntimeError):
-        G.install(target, bad, index_args=_index(wheels))
+        GI.install(target, bad, index_args=_index(wheels))
     assert G.installed_packages(target) == {"nvidia-fake-lib": "1.0", "nvidia-fake-dnn": "2.3"}
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("gpu_runtime")) == ["gpu_runtime"]
 
@@ -114,7 +115,7 @@ def test_cancel_while_pip_runs_leaves_nothing(tmp_path, wheels):
         return any(stage.startswith("downloading") for stage in seen)
 
     with pytest.raises(OperationCancelled):
-        G.install(target, req, index_args=_index(wheels), progress=lambda f, s: seen.append(s), cancel=cancel)
+        GI.install(target, req, index_args=_index(wheels), progress=lambda f, s: seen.append(s), cancel=cancel)
     assert list(target.parent.iterdir()) == []
     assert G.installed_version(target) is None
 
@@ -123,7 +124,7 @@ def test_pip_failure_names_what_pip_said(tmp_path, wheels):
     req = tmp_path / "req.txt"
     req.write_text(f"nvidia-not-there==1.0 --hash=sha256:{'0' * 64}  # size: 10\n")
     with pytest.raises(G.GpuRuntimeError, match="nothing was installed") as info:
-        G.install(tmp_path / "gpu", req, index_args=_index(wheels))
+        GI.install(tmp_path / "gpu", req, index_args=_index(wheels))
     assert "nvidia-not-there" in str(info.value)
     assert not (tmp_path / "gpu").exists() and not (tmp_path / "gpu.staging").exists()
 
@@ -155,7 +156,7 @@ def test_install_refuses_to_replace_a_folder_the_add_on_did_not_make(tmp_path, w
     shared = tmp_path / "home"
     kept = _user_folder(shared)
     with pytest.raises(G.GpuRuntimeError, match="not made by this add-on") as info:
-        G.install(shared, write_requirements(tmp_path / "req.txt", wheels), index_args=_index(wheels))
+        GI.install(shared, write_requirements(tmp_path / "req.txt", wheels), index_args=_index(wheels))
     assert str(shared) in str(info.value)
     _still_there(shared, kept)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "index", "req.txt"]  # pip never ran
@@ -168,7 +169,7 @@ def test_a_user_folder_named_like_a_leftover_is_never_deleted(tmp_path, wheels, 
     kept = _user_folder(lookalike)
     req = write_requirements(tmp_path / "req.txt", wheels)
     with pytest.raises(G.GpuRuntimeError, match=str(lookalike)):
-        G.install(target, req, index_args=_index(wheels))
+        GI.install(target, req, index_args=_index(wheels))
     with pytest.raises(G.GpuRuntimeError, match=str(lookalike)):
         G.remove(target)
     _still_there(lookalike, kept)
@@ -179,12 +180,12 @@ def test_a_file_or_a_link_at_the_folder_is_refused(tmp_path, wheels):
     afile = tmp_path / "libs"
     afile.write_bytes(b"not a folder")
     with pytest.raises(G.GpuRuntimeError, match="is a file"):
-        G.install(afile, req, index_args=_index(wheels))
+        GI.install(afile, req, index_args=_index(wheels))
     with pytest.raises(G.GpuRuntimeError, match="is a file"):
         G.remove(afile)
     assert afile.read_bytes() == b"not a folder"
     real = tmp_path / "real"
-    G.install(real, req, index_args=_index(wheels))
+    GI.install(real, req, index_args=_index(wheels))
     (tmp_path / "real.staging").symlink_to(tmp_path / "index")  # someone else's link beside ours
     with pytest.raises(G.GpuRuntimeError, match="symbolic link"):
         G.remove(real)
@@ -195,7 +196,7 @@ def test_an_empty_folder_made_for_the_libraries_is_used_and_kept(tmp_path, wheel
     target = tmp_path / "gpu_runtime"
     target.mkdir()
     assert G.remove(target) is False and target.is_dir()  # nothing of ours in it
-    G.install(target, write_requirements(tmp_path / "req.txt", wheels), index_args=_index(wheels))
+    GI.install(target, write_requirements(tmp_path / "req.txt", wheels), index_args=_index(wheels))
     assert G.installed_packages(target)
     assert G.remove(target) is True and not target.exists()
 
@@ -206,7 +207,7 @@ def test_a_staging_folder_left_by_a_killed_install_is_cleared(tmp_path, wheels):
     (staging / "site").mkdir(parents=True)
     (staging / G.STAGING_MARKER).write_text("x")
     (staging / "site" / "half.so").write_bytes(b"half")
-    G.install(target, write_requirements(tmp_path / "req.txt", wheels), index_args=_index(wheels))
+    GI.install(target, write_requirements(tmp_path / "req.txt", wheels), index_args=_index(wheels))
     assert not staging.exists() and G.installed_packages(target)
 
 
@@ -300,14 +301,14 @@ def test_a_killed_install_holds_the_folder_while_its_pip_lives_and_frees_it_afte
         first.wait()
     (orphan,) = [int(p.name.split("-")[1]) for p in gate.glob("pip-*")]
     with pytest.raises(G.GpuRuntimeError, match=f"Another install of the GPU libraries into {target.resolve()}"):
-        G.install(target, req, index_args=_index(wheels))
+        GI.install(target, req, index_args=_index(wheels))
     assert (tmp_path / "gpu_runtime.staging" / G.STAGING_MARKER).is_file()
     (gate / "open").touch()
     for _ in range(3000):  # the orphan is not our child: watch its pid
         if not Path(f"/proc/{orphan}").exists() or Path(f"/proc/{orphan}/stat").read_text().split()[2] == "Z":
             break
         time.sleep(0.02)
-    G.install(target, req, index_args=_index(wheels))
+    GI.install(target, req, index_args=_index(wheels))
     assert G.is_current(target, req)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("gpu_runtime")) == ["gpu_runtime"]
 

@@ -154,7 +154,7 @@ def test_modal_job_reports_progress_and_finishes(monkeypatch, model, source):
         assert started == {"RUNNING_MODAL"}
         assert wm.handlers == [op] and len(wm.live_timers) == 1
         job = jobs.manager.current
-        assert job is not None and job.thread is None and isinstance(job.task, jobs.BatchTask)  # no thread
+        assert job is not None and isinstance(job.task, jobs.BatchTask)  # no thread
         assert op.modal(ctx, Event("MOUSEMOVE")) == {"PASS_THROUGH"}  # other events are not ours
         gate.wait(op, ctx)
         return pump(op, ctx, timeout=120)
@@ -235,12 +235,14 @@ def test_blender_cancelling_the_modal_operator(monkeypatch, model, source):
         assert op.start_modal(ctx) == {"RUNNING_MODAL"}
         gate.wait(op, ctx)
         job = jobs.manager.current
+        job_task = job.task
         op.cancel(ctx)
-        return job
+        return job, job_task
 
-    job = drive(script, filepath=str(source), model_path=str(model), tile_size=TILE)
+    job, task = drive(script, filepath=str(source), model_path=str(model), tile_size=TILE)
 
-    assert job.task.batch.report.cancelled and job.state == "cancelled"
+    assert task.batch.report.cancelled and job.state == "cancelled"
+    assert job.task is None, "an ended job lets go of its task (issue #37: it held the job's arrays)"
     assert jobs.manager.current is None and ctx.window_manager.live_timers == []
     assert len(bpy.data.images) == 0
 
@@ -262,9 +264,10 @@ def test_unregister_while_a_job_runs_stops_it_and_the_worker(monkeypatch, model,
     bpy.utils.unregister_class(LEANTEST_OT_drive_upscale)
     registered_before = {cls for cls in operators._classes() if cls.is_registered}
     listeners_before = list(jobs.manager.on_end)  # register() adds memory_ops' after-job hook
+    task = job.task  # the job lets go of it when it ends
     try:
         operators.unregister()
-        assert job.task.batch.report.cancelled and not client.running  # the add-on's model process ended too
+        assert task.batch.report.cancelled and not client.running  # the add-on's model process ended too
         assert jobs.manager.current is None and job.state == "cancelled"
         assert ctx.window_manager.live_timers == [] and ("progress_end",) in ctx.window_manager.calls
         assert not image_ops.LEAN_IMAGE_AI_OT_upscale.is_registered

@@ -158,7 +158,7 @@ def test_the_pumped_objects_declare_one_interface():
     (models/batch/sequence.py Pumped and PumpedBatch): each has every member the host uses."""
     import inspect
 
-    from lean_image_ai.models.batch import sequence, shot_batch
+    from lean_image_ai.models.batch import report, sequence, shot_batch
     from lean_image_ai.models.worker import remote_batch, remote_call
 
     def members(protocol) -> set:
@@ -169,7 +169,7 @@ def test_the_pumped_objects_declare_one_interface():
         return hasattr(cls, name) or f"self.{name} =" in inspect.getsource(cls)
 
     batches = (sequence.BatchRun, remote_batch.RemoteBatchRun, shot_batch.TwoPassBatch, Runner)
-    assert members(sequence.PumpedBatch) == {"pump", "cancel", "report", "needs_model"}
+    assert members(report.PumpedBatch) == {"pump", "cancel", "report", "needs_model"}
     for cls in batches:
-        assert [n for n in members(sequence.PumpedBatch) if not has(cls, n)] == [], cls.__name__
-    assert [n for n in members(sequence.Pumped) if not has(remote_call.RemoteCall, n)] == []
+        assert [n for n in members(report.PumpedBatch) if not has(cls, n)] == [], cls.__name__
+    assert [n for n in members(report.Pumped) if not has(remote_call.RemoteCall, n)] == []

@@ -365,7 +365,7 @@ def test_a_large_tile_is_pasted_in_bands_on_threads_like_one_pass(monkeypatch):
     from lean_image_ai.models.tiles import paste
 
     monkeypatch.setattr(paste, "_paste_workers", lambda: 3)  # whatever this machine's core count
-    rows = 3 * tiling.PASTE_BAND_ROWS + 40  # three bands, the last one uneven
+    rows = 3 * paste.PASTE_BAND_ROWS + 40  # three bands, the last one uneven
     planes = np.random.default_rng(4).random((1, 3, rows, 24), dtype=np.float32) * 1.5 - 0.25
 
     def run_tile(window, last):

@@ -164,6 +164,16 @@ def unregister():
     lean_image_ai.unregister()
 
 
+def _package_modules() -> dict[str, str]:
+    """The add-on's modules loaded so far in this process, each with its source file."""
+    prefix = lean_image_ai.__name__
+    return {
+        name: getattr(module, "__file__", None) or ""
+        for name, module in sorted(sys.modules.items())
+        if module is not None and (name == prefix or name.startswith(prefix + "."))
+    }
+
+
 def main() -> None:
     records = []
     for name in CONFIG["cases"]:
@@ -177,6 +187,7 @@ def main() -> None:
             "case": name,
             "threads": STARTED[mark:],
             "onnxruntime": "onnxruntime" in sys.modules,
+            "modules": _package_modules(),
             "error": error,
         })  # fmt: skip
         Path(CONFIG["out"]).write_text(json.dumps(records, indent=1), encoding="utf-8")

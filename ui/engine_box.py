@@ -11,7 +11,7 @@ import sys
 from ..models.worker import engine_python
 from ..operators import gpu_ops
 from ..operators.prefs import gpu_requirements, gpu_runtime_folder, gpu_runtime_size_text
-from ..runtime.cuda import gpu_libraries, gpu_loading
+from ..runtime.cuda import gpu_libraries  # never gpu_loading: only the model worker loads the libraries
 from . import runtime_probe
 from .layout_text import draw_safely, wrapped_labels
 
@@ -56,9 +56,6 @@ def _draw_command(box) -> None:
 def _draw_gpu_installed(box, folder, version: str, requirements) -> None:
     box.label(text=f"Installed: {version}", icon="CHECKMARK")
     wrapped_labels(box, f"Folder: {folder}")
-    activation = gpu_loading.active()
-    if activation is not None and activation.folder == str(folder):
-        wrapped_labels(box, activation.summary(), icon="NONE" if activation.ok else "ERROR", alert=not activation.ok)
     if not gpu_libraries.is_current(folder, requirements):
         wrapped_labels(box, "This add-on version pins other library versions; to update them, run:", icon="INFO")
         _draw_command(box)

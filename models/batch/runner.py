@@ -37,7 +37,7 @@ from ..store import library
 from . import frame_lists, job_checks
 from .frame_io import FrameIO
 from .frame_lists import FrameRef
-from .sequence import BatchReport, BatchRun, PumpedBatch
+from .report import BatchReport, PumpedBatch
 from .shot_batch import ShotSettings, TwoPassBatch
 
 DEMO_NAME = "demo"
@@ -65,12 +65,14 @@ class RunEvents:
 
 
 class Runner:
-    def __init__(self, spec: JobSpec, io: FrameIO, *, events: RunEvents | None = None, batch_factory=BatchRun,
+    def __init__(self, spec: JobSpec, io: FrameIO, *, events: RunEvents | None = None, batch_factory=None,
                  cancel: threading.Event | None = None, model_run: ModelRun | None = None, runtime=None):
         spec = job_checks.checked(spec)  # a job received as data is trusted in nothing, before anything runs
         self.spec, self.io = spec, io
         self.events = events or RunEvents()
         self.cancel_event = cancel if cancel is not None else threading.Event()
+        if batch_factory is None:  # the batch on threads of this process (command line, farm); never Blender's
+            from .sequence import BatchRun as batch_factory
         self._factory, self._runtime = batch_factory, runtime
         # the model run (the model resolved once): a farm worker is given the driver's (named by its absolute path)
         self.model_run = model_run or ModelRun.resolve(
@@ -85,6 +87,7 @@ class Runner:
         self.output = JobOutput.of(spec.family_id, io.writer)
         self.refs = self._plan()
         self._batch: PumpedBatch | None = None  # this pass's (a BatchRun, a RemoteBatchRun, a TwoPassBatch)
+        self._final_report: BatchReport | None = None  # the report once the run is over (close())
         self.shot_line = ""  # the shot's values once its first pass is over
 
     @property
@@ -203,10 +206,10 @@ class Runner:
         fields = {"runtime": self._runtime} if self._runtime is not None else {}
         options = pass_run.options(progress=self.events.progress, cancel=self.cancel_event, **fields)
         claims = self.spec.skip_existing and self.spec.source is not None and self.spec.writes_files and not first
-        batch = None
+        report = []  # the pass's report once the pass exists; the pass itself would be a cycle
 
         def read(ref):
-            return self.io.read(ref, None if first else batch.report.warnings.append)
+            return self.io.read(ref, None if first else report[0].warnings.append)
 
         batch = self._factory(
             self.refs, pass_run.infer, read, write, options=options,
@@ -214,9 +217,12 @@ class Runner:
             stop_on_error=self.spec.stop_on_error,
             **self.output.claim_hooks(claims),
         )
+        report.append(batch.report)
         return batch
 
     def _pumped(self):
+        if self._final_report is not None:
+            raise RuntimeError("this run is over; a Runner runs once")
         if self._batch is None:
             if self.shot.needs_first_pass:
                 self._batch = TwoPassBatch(self.shot, self._make_pass, self._write, self.cancel_event,
@@ -227,6 +233,8 @@ class Runner:
 
     @property
     def report(self) -> BatchReport:
+        if self._final_report is not None:
+            return self._final_report
         return self._batch.report if self._batch is not None else BatchReport(total=len(self.refs))
 
     @property
@@ -239,10 +247,12 @@ class Runner:
 
     def pump(self, budget: float = 0.05) -> bool:
         """Read and write frames for about ``budget`` seconds (Blender's main thread); True once over."""
+        if self._final_report is not None:
+            return True
         over = self._pumped().pump(budget)
         self.shot_line = getattr(self._batch, "shot_line", "") or self.shot_line
         if over:
-            self.close()
+            self._let_go()
         return over
 
     def cancel(self) -> None:
@@ -256,6 +266,14 @@ class Runner:
         if self.spec.writes_files:
             self._remove_killed_temps()
 
+    def _let_go(self) -> None:
+        """The run is over: its pass is let go, keeping its report. The pass refers back to this
+        runner (its write), a cycle that would hold every frame the pass read until Python's
+        collector ran (Blender's memory, issue #37)."""
+        self.close()
+        if self._batch is not None:
+            self._final_report, self._batch = self._batch.report, None
+
     def run(self) -> BatchReport:
         """The whole job on this thread's watch (the command line, a farm worker): frames read on a
         reader thread, the model on a worker, results written here, all three at once."""
@@ -264,7 +282,7 @@ class Runner:
             self._batch = self._make_pass(self._write, kwargs, False)
             return self._batch.run()
         finally:
-            self.close()
+            self._let_go()
 
     def _first_pass(self) -> dict:
         self.events.line(f"first pass: {self.shot.first_pass_keeps} only (no file is written)")

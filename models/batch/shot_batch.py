@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ...runtime.errors import LeanImageError, OperationCancelled
 from .. import families
 from ..adapters import shot_camera, shot_depth
-from .sequence import BatchRun
+
+if TYPE_CHECKING:  # a pass is a BatchRun or a RemoteBatchRun: Blender's process never loads BatchRun's threads
+    from .sequence import BatchRun
 
 
 class ShotSettings:

@@ -35,6 +35,7 @@ from .http_watch import (
     refusal,
     size_ceiling,
 )
+from .part_files import discard_part, record_path
 
 ProgressCallback = Callable[[int, "int | None"], None]
 CancelCallback = Callable[[], bool]
@@ -103,17 +104,6 @@ def looks_like_text_not_model(head: bytes) -> bool:
         or start.startswith(b"version https://git-lfs")
         or start.startswith(b'{"error"')
     )
-
-
-def record_path(part: Path) -> Path:
-    """Where the validator of the server's file, seen when ``part`` was started, is kept."""
-    return part.with_name(part.name + ".json")
-
-
-def discard_part(part: Path) -> bool:
-    """Delete a partial download and its validator record; True if the .part was there."""
-    files.remove_if_present(record_path(part))
-    return files.remove_if_present(part)
 
 
 def _validator(headers) -> dict:

@@ -20,6 +20,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...runtime.errors import (
     LeanImageError,
@@ -32,17 +33,12 @@ from ...runtime.errors import (
 from .. import families, files
 from . import model_check
 from .catalog_entry import CatalogEntry
-from .download import (
-    CancelCallback,
-    ProgressCallback,
-    discard_part,
-    download_to_part,
-    install_error,
-    looks_like_text_not_model,
-    manual_hint,
-)
 from .file_key import file_key, unchanged
-from .http_watch import TransferLimits, size_floor
+from .part_files import discard_part
+from .transfer_limits import TransferLimits, size_floor
+
+if TYPE_CHECKING:  # download.py and its watch thread load only where a download runs (a child process)
+    from .download import CancelCallback, ProgressCallback
 from .install_lock import edit_lock, install_lock
 
 DEFAULT_CHUNK_SIZE = 1 << 20  # 1 MiB
@@ -358,6 +354,8 @@ def install(
 
 
 def _download_and_install(entry, models_dir, dest, progress, cancel, timeout, chunk_size, limits) -> Path:
+    from .download import download_to_part
+
     part = part_path(entry, models_dir)
     download_to_part(entry, dest, part, progress, cancel, timeout, chunk_size, limits)
     digest = _verify_part(entry, dest, part, cancel)
@@ -382,6 +380,8 @@ def _download_and_install(entry, models_dir, dest, progress, cancel, timeout, ch
 
 
 def _verify_part(entry: CatalogEntry, dest: Path, part: Path, cancel: CancelCallback | None) -> str:
+    from .download import install_error, looks_like_text_not_model, manual_hint
+
     """Check the finished .part against the catalog; delete it on mismatch. Returns its sha256."""
     size = part.stat().st_size
     if entry.size_bytes is not None and size != entry.size_bytes:
@@ -420,6 +420,8 @@ def _verify_part(entry: CatalogEntry, dest: Path, part: Path, cancel: CancelCall
 
 
 def _check_loads(entry: CatalogEntry, dest: Path, part: Path, size: int) -> None:
+    from .download import install_error
+
     """Nothing vouches for these bytes but what they are: they must load in onnxruntime and fit
     the family's contract, or they are deleted and never installed."""
     try:

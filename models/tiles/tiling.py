@@ -34,7 +34,6 @@ import numpy as np
 
 from ...runtime.errors import InferenceOutOfMemoryError, MemoryBudgetError, ModelContractError
 from ...runtime.oom import not_shrinking_with_tiles
-from .paste import PASTE_BAND_ROWS, blend, paste  # noqa: F401  (PASTE_BAND_ROWS: re-exported)
 from .tile_memory import (  # noqa: F401  (re-exported: the tiler's public names)
     BUDGET_FRACTION,
     DEFAULT_FEATURE_CHANNELS,
@@ -372,6 +371,9 @@ class _Tiler:
         out_hw, channels = (result.shape[2:], result.shape[1]) if nchw else (result.shape[:2], result.shape[2])
         self.scale = _check_scale(out_hw, tile, self.scale, self.run.label)
         self._make_room(channels)
+        # paste.py's threads belong to the process that runs the model, never Blender's
+        from .paste import blend, paste
+
         if self.feather:
             finite = blend(self.output, result, tile, self.scale, self.feather, nchw, self.run.clip)
         else:

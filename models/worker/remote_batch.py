@@ -27,7 +27,7 @@ from ...runtime.errors import LeanImageError
 from .. import families
 from ..base import RunOptions
 from ..batch.frame_lists import FrameRef
-from ..batch.sequence import BatchReport, BatchRun
+from ..batch.report import BatchReport
 from ..model_run import ModelRun
 from . import client as worker_client
 
@@ -74,6 +74,7 @@ class RemoteBatchRun:
         self.spawned = False  # this batch started the worker (its first job pays the start)
         self._local: BatchRun | None = None
         if os.environ.get(IN_PROCESS_ENV) == "1":
+            from ..batch.sequence import BatchRun  # its threads: only where the model runs here
             self._local = BatchRun(refs, job.infer, read, write, options=options, skip=skip,
                                    stop_on_error=stop_on_error, depth=depth, claim=claim, release=release)
             self.report = self._local.report

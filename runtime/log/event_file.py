@@ -1,8 +1,9 @@
 """The runtime's events, appended to a JSON-lines log on disk (one event a line, rotated).
 
-The listener on the event log only queues the event, so inference never waits for a disk; one
-long-lived writer thread appends the lines, or, in a host that must start no Python thread
-(Blender), the host's own timer calls :meth:`EventFile.drain` (``writer_thread=False``). A write that fails (a folder that cannot be made, a
+The listener on the event log only queues the event, so inference never waits for a disk; the
+host's own timer writes the lines (:meth:`EventFile.drain`: Blender, which must start no Python
+thread), or, where threads are fine (the command line, the worker), one long-lived writer thread
+does (runtime/log/event_writer.py, loaded only there). A write that fails (a folder that cannot be made, a
 full or read-only disk) is counted and said once, never raised: a log must not break a job.
 Rotation keeps at most ``files`` files of about ``max_bytes`` each: ``events.jsonl`` (newest),
 ``events.jsonl.1``, ... (older). Several processes may log to one folder (a farm's workers, the
@@ -20,7 +21,6 @@ import json
 import logging
 import os
 import queue
-import threading
 import time
 from pathlib import Path
 
@@ -55,8 +55,7 @@ def log_folder(host_default: Path | None = None) -> Path:
 class EventFile:
     """Writes the events of an :class:`~.events.EventLog` to ``folder/events.jsonl``."""
 
-    def __init__(self, folder, *, max_bytes: int = MAX_BYTES, files: int = FILES, on_error=None,
-                 writer_thread: bool = True):
+    def __init__(self, folder, *, max_bytes: int = MAX_BYTES, files: int = FILES, on_error=None):
         self.folder = Path(folder)
         self.path = self.folder / LOG_NAME
         self.max_bytes = max(1, int(max_bytes))
@@ -70,10 +69,6 @@ class EventFile:
         self.on_error = on_error
         self._queue: queue.Queue = queue.Queue(QUEUE_LIMIT)
         self._unsubscribe = None
-        self._thread = None
-        if writer_thread:
-            self._thread = threading.Thread(target=self._loop, name="lean-image-ai-event-log", daemon=True)
-            self._thread.start()
 
     def attach(self, events) -> EventFile:
         self._unsubscribe = events.subscribe(self._enqueue)
@@ -86,7 +81,7 @@ class EventFile:
             self.dropped += 1
 
     def drain(self) -> None:
-        """Without a writer thread: write what is queued, here and now (the host's timer)."""
+        """Write what is queued, here and now (the host's timer)."""
         while True:
             try:
                 item = self._queue.get_nowait()
@@ -96,36 +91,16 @@ class EventFile:
                 self._append(item)
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Wait until what was queued so far is on disk (or failed); False on timeout."""
-        if self._thread is None:
-            self.drain()
-            return True
-        done = threading.Event()
-        try:
-            self._queue.put(done, timeout=timeout)
-        except queue.Full:
-            return False
-        return done.wait(timeout)
+        """What was queued so far on disk (or failed); False on timeout (a writer thread's)."""
+        self.drain()
+        return True
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop listening, write what is queued, end the writer."""
+        """Stop listening, write what is queued."""
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
         self.flush(timeout)
-        if self._thread is not None:
-            self._enqueue(None)
-            self._thread.join(timeout)
-
-    def _loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            if isinstance(item, threading.Event):
-                item.set()
-                continue
-            self._append(item)
 
     def _append(self, item: dict) -> None:
         try:
@@ -211,20 +186,19 @@ def _locked(path: Path):
         os.close(fd)
 
 
-_current: EventFile | None = None
-_lock = threading.Lock()
+_current: EventFile | None = None  # started, replaced and stopped on the front-end's main thread
 
 
-def start(runtime, folder, *, on_error=None, writer_thread: bool = True) -> EventFile:
+def start(runtime, folder, *, on_error=None, kind: type[EventFile] = EventFile) -> EventFile:
     """Log ``runtime``'s events to ``folder`` from now on (replacing the log already started);
-    ``on_error(path, text)`` is told once when the log cannot be written. Without a writer thread
-    the host calls :func:`drain` from its own timer."""
+    ``on_error(path, text)`` is told once when the log cannot be written. ``kind``: this module's
+    EventFile, whose lines the host writes from its own timer (:func:`drain`), or
+    runtime/log/event_writer.py's, which has a writer thread."""
     global _current
-    with _lock:
-        if _current is not None:
-            _current.close()
-        _current = EventFile(folder, on_error=on_error, writer_thread=writer_thread).attach(runtime.events)
-        return _current
+    if _current is not None:
+        _current.close()
+    _current = kind(folder, on_error=on_error).attach(runtime.events)
+    return _current
 
 
 def current() -> EventFile | None:
@@ -240,7 +214,6 @@ def drain() -> None:
 
 def stop() -> None:
     global _current
-    with _lock:
-        if _current is not None:
-            _current.close()
-        _current = None
+    if _current is not None:
+        _current.close()
+    _current = None

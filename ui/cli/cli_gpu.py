@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ...models.store import library
 from ...runtime.child_process import emit
-from ...runtime.cuda import gpu_libraries
+from ...runtime.cuda import gpu_install, gpu_libraries
 from ...runtime.errors import LeanImageError, printable, user_path
 from .cli_job import EXIT_OK
 
@@ -66,7 +66,7 @@ def _install(args) -> int:
         else:
             print(printable(f"  [{int(fraction * 100):3d}%] {stage}"), flush=True)
 
-    folder = gpu_libraries.install(target, requirements, progress=progress, cancel=cancel.is_set)
+    folder = gpu_install.install(target, requirements, progress=progress, cancel=cancel.is_set)
     version = gpu_libraries.installed_version(folder)
     print(printable(f"installed {version} in {folder}"), file=sys.stderr if args.json_progress else sys.stdout)
     if args.json_progress:

@@ -42,7 +42,7 @@ from ...models.batch.runner import RunEvents, Runner
 from ...models.family import Family
 from ...runtime import format_snapshot, get_runtime, memory_snapshot, parse_device, settings
 from ...runtime.errors import LeanImageError, OperationCancelled, first_line, printable
-from ...runtime.log import event_file
+from ...runtime.log import event_file, event_writer
 from ...runtime.measure import memory_plot
 from ...runtime.measure.leak_check import MAX_RUNS, MIN_RUNS, RUNS_REASON
 from ...runtime.measure.memory import peak_rss_bytes, reset_peak_rss
@@ -360,7 +360,8 @@ def _handled(args, interrupts) -> int:
     """The command, with every way it can fail as one line and an exit code."""
     try:
         check_environment()
-        event_file.start(get_runtime(), event_file.log_folder(), on_error=_log_unwritable)  # every decision, also on disk
+        event_file.start(get_runtime(), event_file.log_folder(), on_error=_log_unwritable,  # every decision, also on disk
+                         kind=event_writer.ThreadedEventFile)
         return int(args.handler(args))
     except cli_job.Stopped:
         print(f"Stopped by {interrupts.name}; the frames already written are kept, none is half-written.", file=sys.stderr)

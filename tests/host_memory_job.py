@@ -1,0 +1,167 @@
+"""Blender's own memory through the Upscale button (issue #37 item 5), in a bpy process of its own.
+
+    python host_memory_job.py CONFIG.json   writes CONFIG's "out" (one JSON object)
+
+CONFIG: "side" (the source's side; the built-in bicubic x2 makes it twice that), "jobs" (per
+phase), "folder" (a scratch folder), "out", and "phases": any of
+  removed   RSS before and after ``jobs`` Upscale jobs, each result image removed after its job
+  kept      the same with every result kept: growth next to the results' own pixel bytes
+  refs      with Python's cycle collector off: weak references to the job's task and every
+            array it held (source pixels, model input, the result) are dead once the job is over
+            and its result image removed, i.e. no reference cycle holds them
+  modal     the job driven as Blender's UI drives it (start_modal, then a TIMER event at a time):
+            the longest single call of the add-on on the main thread while the job runs
+Every phase runs after one warm-up job (the worker's start, first imports), whose result is removed.
+The models folder is empty, so Upscale uses the built-in bicubic x2 (no model file needed). Used by
+tests/test_host_memory.py and bench/worker.py.
+"""
+
+import gc
+import json
+import sys
+import time
+import weakref
+from pathlib import Path
+
+import bpy
+import numpy as np
+import psutil
+
+CONFIG = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import lean_image_ai  # noqa: E402
+from lean_image_ai.operators import jobs, memory_ops  # noqa: E402
+
+FOLDER = Path(CONFIG["folder"])
+
+
+def rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def source_file(side: int) -> str:
+    """A smooth 8-bit photo-like PNG (a packed result of noise would weigh twice its pixels)."""
+    path = FOLDER / f"source_{side}.png"
+    if not path.is_file():
+        y, x = np.mgrid[0:side, 0:side].astype(np.float32) / side
+        pixels = np.stack([x, y, (x + y) / 2, np.ones_like(x)], axis=-1)
+        image = bpy.data.images.new("source", side, side, alpha=True)
+        image.pixels.foreach_set(pixels.ravel())
+        image.filepath_raw, image.file_format = str(path), "PNG"
+        image.save()
+        bpy.data.images.remove(image)
+    return str(path)
+
+
+def upscale(path: str) -> list:
+    """One Upscale job through bpy.ops; returns the result image it made (the memory picture of
+    operators/memory_ops.py is made once, by the warm-up, and drawn again after every job)."""
+    before = set(bpy.data.images)
+    assert bpy.ops.lean_image_ai.upscale(filepath=path) == {"FINISHED"}
+    made = [image for image in bpy.data.images if image not in before and image.name != memory_ops.PLOT_IMAGE]
+    assert [image.name.startswith(Path(path).stem) for image in made] == [True], [image.name for image in made]
+    return made
+
+
+def pixel_bytes(image) -> int:
+    width, height = image.size
+    return width * height * image.channels * (4 if image.is_float else 1)
+
+
+def remove(images) -> None:
+    for image in images:
+        bpy.data.images.remove(image)
+
+
+def phase_removed(path: str) -> dict:
+    before = rss()
+    for _ in range(CONFIG["jobs"]):
+        remove(upscale(path))
+    after = rss()
+    return {"rss_before": before, "rss_after": after}
+
+
+def phase_kept(path: str) -> dict:
+    before = rss()
+    made = [image for _ in range(CONFIG["jobs"]) for image in upscale(path)]
+    after = rss()
+    result = {"rss_before": before, "rss_after": after, "results": len(made),
+              "result_pixel_bytes": sum(pixel_bytes(image) for image in made),
+              "one_result_pixel_bytes": pixel_bytes(made[0]), "result_size": list(made[0].size)}
+    remove(made)
+    return result
+
+
+def phase_refs(path: str) -> dict:
+    """See module doc. Blender frees a removed image at once; Python keeps what a cycle holds."""
+    refs = {}
+
+    def watch(job) -> None:
+        inputs, result = job.inputs, job.result
+        for name, value in (("task", job.task), ("source_pixels", getattr(inputs, "rgba", None)),
+                            ("model_input", getattr(inputs, "model_rgba", None)),
+                            ("result", getattr(result, "image", None))):
+            if value is not None:
+                refs[name] = weakref.ref(value)
+
+    jobs.manager.on_end.append(watch)
+    gc.collect()
+    gc.disable()
+    try:
+        remove(upscale(path))
+        alive = sorted(name for name, ref in refs.items() if ref() is not None)
+    finally:
+        gc.enable()
+        jobs.manager.on_end.remove(watch)
+    return {"watched": sorted(refs), "alive": alive}
+
+
+def phase_modal(path: str) -> dict:
+    """See module doc: the stand-ins of tests/modal_standins.py for the window manager."""
+    import modal_standins as ms
+    from lean_image_ai.operators.image_ops import LEAN_IMAGE_AI_OT_upscale
+
+    driver = ms.driver_class(LEAN_IMAGE_AI_OT_upscale, "lean_image_ai_test.drive_upscale", "LEANTEST_OT_drive_upscale")
+    bpy.utils.register_class(driver)
+    calls = []
+
+    def script(op):
+        ctx = ms.StandInContext()
+        before = set(bpy.data.images)
+        started = time.perf_counter()
+        state = op.start_modal(ctx)
+        start_s = time.perf_counter() - started
+        while state == {"RUNNING_MODAL"}:
+            started = time.perf_counter()
+            state = op.modal(ctx, ms.TIMER)
+            calls.append(time.perf_counter() - started)
+            time.sleep(jobs.TIMER_INTERVAL)  # what Blender waits between two timer events
+        remove([image for image in bpy.data.images if image not in before])
+        return state, start_s
+
+    try:
+        state, start_s = ms.drive(bpy.ops.lean_image_ai_test.drive_upscale, script, filepath=path)
+    finally:
+        bpy.utils.unregister_class(driver)
+    return {"state": sorted(state), "start_modal_s": start_s, "timer_calls": len(calls),
+            "longest_timer_call_s": max(calls), "last_timer_call_s": calls[-1],
+            "longest_pump_call_s": max(calls[:-1], default=0.0)}  # every call but the last, which applies
+
+
+def main() -> None:
+    bpy.ops.wm.read_factory_settings(use_empty=True)
+    lean_image_ai.register()
+    try:
+        path = source_file(CONFIG["side"])
+        remove(upscale(path))  # warm-up: the worker's start and the first imports are not the job's
+        out = {}
+        for phase in CONFIG["phases"]:
+            out[phase] = globals()[f"phase_{phase}"](path)
+            Path(CONFIG["out"]).write_text(json.dumps(out), encoding="utf-8")
+    finally:
+        jobs.manager.cancel_all()
+        lean_image_ai.unregister()
+
+
+main()
