@@ -103,7 +103,7 @@ def test_idle_unload_and_free_now_end_the_process(client, small_model):
     assert not client.check_idle(3600.0)  # not idle long enough: kept warm
     assert client.check_idle(1.0, now=time.monotonic() + 2.0)
     assert not client.running and not _alive(pid)
-    assert client.state() == "Worker: not running"
+    assert client.state() == "Worker: not running (nothing kept)"
 
     Batch(client, small_model, image(40)).run.run()
     pid = client.pid
@@ -155,11 +155,8 @@ def test_a_worker_that_dies_mid_job_is_one_line_and_the_next_job_respawns(client
     with pytest.raises(LeanImageError) as raised:
         batch.pump_until(lambda: False)
 
-    number = signal.SIGKILL if fault == "kill -9" else signal.SIGSEGV
-    assert str(raised.value) == (
-        f"the model process ended unexpectedly (signal {int(number)}) while running Upscale on photo.png; "
-        "nothing was written; run it again"
-    )
+    how = "was killed (out of memory?)" if fault == "kill -9" else f"crashed (signal {int(signal.SIGSEGV)})"
+    assert str(raised.value) == f"Frame 1: the model process {how} while running Upscale on photo.png. Nothing was written. Run it again."
     assert batch.written == [] and [r.number for r in batch.released] == [1]  # no result, no frame claim left
     assert not client.running and client.folder is None  # its exchange files went with it
     again = Batch(client, small_model, image(40))
