@@ -254,7 +254,10 @@ def _record(name: str) -> type:
     module, _, qualname = name.partition(":")
     if not module or module.startswith(".") or "." in qualname:
         raise ProtocolError(f"not a record of this package: {name!r}")
-    cls = getattr(importlib.import_module(f"{PACKAGE}.{module}"), qualname, None)
+    try:
+        cls = getattr(importlib.import_module(f"{PACKAGE}.{module}"), qualname, None)
+    except ImportError:
+        cls = None
     if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
         raise ProtocolError(f"not a record of this package: {name!r}")
     return cls
