@@ -385,7 +385,7 @@ class WorkerClient:
 
 def receive_failure(exc: BaseException) -> str:
     """A receive failure as the one line a job ends with (the worker is restarted for the next)."""
-    if isinstance(exc, MemoryError):
+    if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == 12):  # ENOMEM
         cause = "this process ran out of memory for the result"
     elif isinstance(exc, FileNotFoundError):
         cause = "its array file or exchange folder was removed"
