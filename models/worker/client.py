@@ -54,9 +54,9 @@ class WorkerEnded(LeanImageError):
     """The worker process is gone while it had work; the text says how, in a sentence.
     ``cancelled``: the client ended it because a cancel was not answered in time."""
 
-    def __init__(self, text: str, *, cancelled: bool = False):
+    def __init__(self, text: str, *, cancelled: bool = False, connected: bool = True):
         super().__init__(text)
-        self.cancelled = cancelled
+        self.cancelled, self.connected = cancelled, connected  # not connected: no frame reached it
 
 
 def ended_how(returncode: int | None) -> str:
@@ -88,6 +88,7 @@ class WorkerClient:
         self._started_at = self._heard_at = 0.0
         self._cancel_at: float | None = None
         self._cancel_grace = CANCEL_GRACE_S
+        self._outbox: list[p.Message] = []  # sent before the worker's hello: sent after it
         _clients.add(self)
 
     # -- the process ---------------------------------------------------------------------------
@@ -164,12 +165,17 @@ class WorkerClient:
         if self.exchange is not None:
             self.exchange.remove()
         self.launch, self.exchange, self.job_name, self._cancel_at = None, None, "", None
+        self._outbox = []
         self.idle_since = time.monotonic()
 
     # -- messages --------------------------------------------------------------------------------
     def send(self, message: p.Message) -> None:
-        if self.conn is None:
-            raise OSError("the model process is not connected yet")
+        """Send now, or once the worker said hello (it is still starting: nothing waits for it)."""
+        if self.launch is None:
+            raise OSError("the model process is not running")
+        if self.peer is None:
+            self._outbox.append(message)
+            return
         try:
             wire.send(self.conn, message, self.exchange)
         except wire.ExchangeError as exc:
@@ -230,6 +236,9 @@ class WorkerClient:
             self.kill()
             raise LeanImageError("Something else connected in place of the model process; run it again.")
         self.peer = message
+        waiting, self._outbox = self._outbox, []
+        for queued in waiting:
+            self.send(queued)
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
@@ -258,7 +267,7 @@ class WorkerClient:
         connected = self.peer is not None
         self._tidy()
         if not connected:
-            return WorkerEnded(f"the model process {ended_how(returncode)} before it connected")
+            return WorkerEnded(f"the model process {ended_how(returncode)} before it connected", connected=False)
         return WorkerEnded(f"the model process {ended_how(returncode)}", cancelled=cancelled)
 
     def _adopt(self, status: dict) -> None:
@@ -305,7 +314,7 @@ class WorkerClient:
             return f"Worker: running {self.job_name}"
         try:
             self.messages()
-            if self.peer is not None:
+            if self.peer is not None:  # a worker still starting has nothing to tell yet
                 self.send(p.Ask("state"))
         except (LeanImageError, OSError):
             return "Worker: not running (nothing kept)"
@@ -338,9 +347,6 @@ class WorkerClient:
     def _await(self, message: p.Message, kind: type) -> p.Message | None:
         deadline = time.monotonic() + FREE_WAIT_S
         try:
-            while self.peer is None and time.monotonic() < deadline:  # a worker still starting
-                self.messages()
-                time.sleep(0.01)
             self.messages()
             self.send(message)
             while time.monotonic() < deadline:

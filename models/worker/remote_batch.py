@@ -266,13 +266,13 @@ class RemoteBatchRun:
 
     def _ended_text(self, exc: worker_client.WorkerEnded) -> str:
         """The report after the worker ended, in sentences: which frame, how, what is kept, what never ran."""
-        where = next(iter(self._sent.values()), None)
+        where = next(iter(self._sent.values()), None) if exc.connected else None
         text = str(exc)
         head = f"Frame {where.number}: t{text[1:]}" if where is not None else f"T{text[1:]}"
         head += f" while running {self.name}"
         on = f" on {where.path.name}" if where is not None and getattr(where, "path", None) else ""
         kept = len(self.report.written)
-        never = len(self._todo) + max(0, len(self._sent) - 1)
+        never = len(self._todo) + len(self._sent) - (where is not None)
         parts = [f"{head}{on}.",
                  f"{_frames(kept)} written before it {'is' if kept == 1 else 'are'} kept." if kept else "Nothing was written.",
                  f"{_frames(never)} never ran." if never else "",
