@@ -30,7 +30,7 @@ from . import protocol
 
 PREFIX = "lean_image_ai_worker_"
 LARGE = 1 << 20
-ROOM_MARGIN = 1 << 20  # left free in a folder after an array (the OS and other files need some too)
+ROOM_MARGIN = 64 << 10  # left free in a folder after an array (the OS and other files need some too)
 _serial = itertools.count()
 
 
