@@ -17,6 +17,9 @@ def main(argv=None) -> int:
     parser.add_argument("--spill", default="", help="the folder on disk for arrays the first has no room for")
     parser.add_argument("--gpu-runtime", default="", help="the add-on's installed CUDA/cuDNN libraries")
     args = parser.parse_args(argv)
+    import faulthandler
+
+    faulthandler.enable()  # a native crash leaves its Python stack in stderr: the client logs it
     if args.gpu_runtime:  # before anything imports onnxruntime, as `doctor --gpu-runtime` does
         from ...runtime.cuda import gpu_loading
 

@@ -54,9 +54,10 @@ class WorkerEnded(LeanImageError):
     """The worker process is gone while it had work; the text says how, in a sentence.
     ``cancelled``: the client ended it because a cancel was not answered in time."""
 
-    def __init__(self, text: str, *, cancelled: bool = False, connected: bool = True):
+    def __init__(self, text: str, *, cancelled: bool = False, connected: bool = True, last_words: str = ""):
         super().__init__(text)
         self.cancelled, self.connected = cancelled, connected  # not connected: no frame reached it
+        self.last_words = last_words  # the last line of its stderr (its whole end is in the event log)
 
 
 def ended_how(returncode: int | None) -> str:
@@ -265,10 +266,15 @@ class WorkerClient:
                 self.kill()
         cancelled = self._cancel_at is not None
         connected = self.peer is not None
+        words = launch.last_words(self.exchange) if self.exchange is not None else ""
+        if words and not cancelled:
+            self._note("worker_traceback", text=f"the model process {ended_how(returncode)}", traceback=words)
         self._tidy()
+        last = _last_line(words) if not cancelled else ""
         if not connected:
-            return WorkerEnded(f"the model process {ended_how(returncode)} before it connected", connected=False)
-        return WorkerEnded(f"the model process {ended_how(returncode)}", cancelled=cancelled)
+            return WorkerEnded(f"the model process {ended_how(returncode)} before it connected", connected=False,
+                               last_words=last)
+        return WorkerEnded(f"the model process {ended_how(returncode)}", cancelled=cancelled, last_words=last)
 
     def _adopt(self, status: dict) -> None:
         self.status = status
@@ -387,6 +393,19 @@ class WorkerClient:
     def inject_fault(self, how: str) -> None:
         """Tests only: a fault in the worker (honoured where serve.FAULTS_ENV is set)."""
         self.send(p.Fault(how))
+
+
+def _last_line(text: str) -> str:
+    """The line of a stderr's end that says what happened (not a traceback's frame lines)."""
+    lines = text.splitlines()
+    fatal = [line for line in lines if line.startswith("Fatal Python error:")]  # faulthandler's headline
+    if fatal:
+        return fatal[-1].strip()
+    for line in reversed(lines):  # an exception's last line: not indented, not a heading of a stack
+        if line.strip() and not line[0].isspace() and not line.startswith(
+                ("Traceback", "Current thread", "Thread ", "Extension modules", "<")):
+            return line.strip()
+    return ""
 
 
 def receive_failure(exc: BaseException) -> str:

@@ -69,18 +69,35 @@ def environment(python: str, folder: Path, root: Path, extra: dict) -> dict:
     return {**env, **extra}
 
 
+STDERR = "worker_stderr.txt"  # in the exchange's disk folder: a crash's last words, for the event log
+
+
 def start(python: str, exchange, gpu_runtime: str, root: Path, extra_env: dict, *, listen: bool) -> Launch:
     folder = exchange.folders["m"]
     args, env = argv(python, exchange, gpu_runtime), environment(python, folder, root, extra_env)
-    return _start_listening(args, env, folder) if listen else _start_paired(args, env, folder)
+    with open(exchange.folders["d"] / STDERR, "wb") as stderr:
+        if listen:
+            return _start_listening(args, env, folder, stderr)
+        return _start_paired(args, env, folder, stderr)
 
 
-def _start_paired(args: list[str], env: dict, folder: Path) -> Launch:
+def last_words(exchange, limit: int = 8000) -> str:
+    """The end of what the worker wrote to its stderr (a traceback, a fatal error)."""
+    try:
+        with open(exchange.folders["d"] / STDERR, "rb") as err:
+            err.seek(0, os.SEEK_END)
+            err.seek(max(0, err.tell() - limit))
+            return err.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
+def _start_paired(args: list[str], env: dict, folder: Path, stderr) -> Launch:
     ours, theirs = socket.socketpair()
     try:
         process = subprocess.Popen(
             [*args, "--fd", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
-            stdin=subprocess.DEVNULL, env=env, cwd=str(folder),
+            stdin=subprocess.DEVNULL, stderr=stderr, env=env, cwd=str(folder),
         )
     except BaseException:
         ours.close()
@@ -96,7 +113,7 @@ def listener_family() -> int:
     return socket.AF_INET if os.name == "nt" else socket.AF_UNIX
 
 
-def _start_listening(args: list[str], env: dict, folder: Path) -> Launch:
+def _start_listening(args: list[str], env: dict, folder: Path, stderr) -> Launch:
     family = listener_family()
     listener = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -111,7 +128,7 @@ def _start_listening(args: list[str], env: dict, folder: Path) -> Launch:
         listener.setblocking(False)
         key = secrets.token_hex(32)
         process = subprocess.Popen(
-            [*args, "--address", address], stdin=subprocess.PIPE, env=env, cwd=str(folder),
+            [*args, "--address", address], stdin=subprocess.PIPE, stderr=stderr, env=env, cwd=str(folder),
             creationflags=CREATE_NO_WINDOW,
         )
         try:

@@ -314,4 +314,5 @@ def error_of(failed: Failed) -> Exception:
                 return cls(failed.text)
             except TypeError:
                 break
-    return LeanImageError(failed.text)
+    # a bug rather than a refusal: where to find the rest
+    return LeanImageError(f"{failed.text} (the model process's traceback is in events.jsonl)")

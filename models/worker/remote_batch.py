@@ -276,6 +276,7 @@ class RemoteBatchRun:
         parts = [f"{head}{on}.",
                  f"{_frames(kept)} written before it {'is' if kept == 1 else 'are'} kept." if kept else "Nothing was written.",
                  f"{_frames(never)} never ran." if never else "",
+                 f"Its last words: {exc.last_words} (the whole of them is in events.jsonl)." if exc.last_words else "",
                  "Run it again."]
         return " ".join(part for part in parts if part)
 
