@@ -137,6 +137,11 @@ class WorkerClient:
         self._started_at = self._heard_at = time.monotonic()
         return True
 
+    def _argv(self) -> list[str]:
+        """The worker's command line (before a start, with stand-ins for its exchange folders)."""
+        exchange = self.exchange or wire.Exchange(Path("<memory>"), Path("<disk>"))
+        return launch.argv(self.python or sys.executable, exchange, self.gpu_runtime)
+
     def kill(self) -> None:
         """End the worker now, whatever it is doing."""
         process = self.process
