@@ -89,7 +89,7 @@ class WorkerClient:
         self._started_at = self._heard_at = 0.0
         self._cancel_at: float | None = None
         self._cancel_grace = CANCEL_GRACE_S
-        self._outbox: list[p.Message] = []  # sent before the worker's hello: sent after it
+        self._outbox: list[p.Message] = []  # sent before a dialling worker's hello: sent after it
         _clients.add(self)
 
     # -- the process ---------------------------------------------------------------------------
@@ -176,10 +176,11 @@ class WorkerClient:
 
     # -- messages --------------------------------------------------------------------------------
     def send(self, message: p.Message) -> None:
-        """Send now, or once the worker said hello (it is still starting: nothing waits for it)."""
+        """Send now; where the worker dials in (Windows), once it proved itself in its hello
+        (nothing waits for it: the outbox goes when the hello comes)."""
         if self.launch is None:
             raise OSError("the model process is not running")
-        if self.peer is None:
+        if self.conn is None or (self.peer is None and self.launch.key):
             self._outbox.append(message)
             return
         try:

@@ -76,6 +76,7 @@ class RemoteBatchRun:
         self._started = time.monotonic()
         self.spawned = False  # this batch started the worker (its first job pays the start)
         self.longest_pump_s = 0.0  # the longest time one pump kept its caller (Blender's main thread)
+        self.longest_pump_cpu_s = 0.0
         self._local: BatchRun | None = None
         if os.environ.get(IN_PROCESS_ENV) == "1":
             self._local = BatchRun(refs, job.infer, read, write, options=options, skip=skip,
@@ -106,11 +107,13 @@ class RemoteBatchRun:
     def pump(self, budget: float = 0.05, *, read: bool = True) -> bool:
         """Send frames, write the results the worker has sent, for about ``budget`` seconds;
         True once the batch is over (then :attr:`report` is final)."""
-        began = time.monotonic()
+        began, cpu = time.monotonic(), time.thread_time()
         try:
             return self._pump(budget, read)
         finally:
             self.longest_pump_s = max(self.longest_pump_s, time.monotonic() - began)
+            # the part this thread computed: the rest was sleeping or waiting for a CPU (a loaded machine)
+            self.longest_pump_cpu_s = max(self.longest_pump_cpu_s, time.thread_time() - cpu)
 
     def _pump(self, budget: float, read: bool) -> bool:
         if self._local is not None:
@@ -131,7 +134,7 @@ class RemoteBatchRun:
                 if time.monotonic() >= deadline:
                     return False
                 if not progressed:
-                    time.sleep(0.002)
+                    time.sleep(min(0.002, max(0.0, deadline - time.monotonic())))
         except worker_client.WorkerEnded as exc:
             return self._ended(exc)
         except LeanImageError as exc:  # the client reset the worker (a receive failure, a folder gone...)

@@ -133,13 +133,15 @@ class Exchange:
         import numpy as np
 
         path = self.folders[entry["where"]] / entry["file"]
+        dtype = np.dtype(entry["dtype"])
+        expected = dtype.itemsize * int(np.prod(entry["shape"], dtype=np.int64))
         try:
-            size = path.stat().st_size
-            chunk = _buffer(size)
             with open(path, "rb") as source:
-                if source.readinto(memoryview(chunk)) != size:
+                size = os.fstat(source.fileno()).st_size
+                if size != expected:
                     raise ExchangeError(f"a frame's file {path.name} was cut short")
-            return np.frombuffer(chunk, dtype=np.dtype(entry["dtype"])).reshape(entry["shape"])
+                chunk = _buffer(source, size)
+            return np.frombuffer(chunk, dtype=dtype).reshape(entry["shape"])
         finally:
             self.discard([entry])
 
@@ -180,13 +182,18 @@ def receive(conn, exchange: Exchange) -> protocol.Message:
     return protocol.decode(document, arrays)
 
 
-def _buffer(size: int):
-    """Writable memory for one received array. A large one is an anonymous mapping, unmapped when
-    the array goes: malloc would keep a freed block of a frame's size in the heap (glibc raises its
-    mmap threshold after such a free), and Blender's RSS would grow by one frame for good."""
-    if size >= LARGE:
-        return mmap.mmap(-1, size)
-    return bytearray(size)
+def _buffer(source, size: int):
+    """Writable memory holding one received array's bytes. A large one is a private mapping of
+    its file (POSIX: the file is unlinked at once, its pages go when the array does): no copy, so
+    receiving a 64 MiB frame costs Blender's main thread no time, and no heap that malloc would
+    keep (glibc raises its mmap threshold after a large free: Blender's RSS would grow by one
+    frame for good). Windows cannot delete a mapped file: there, an anonymous mapping and a copy."""
+    if size >= LARGE and os.name == "posix":
+        return mmap.mmap(source.fileno(), size, access=mmap.ACCESS_COPY)
+    chunk = mmap.mmap(-1, size) if size >= LARGE else bytearray(size)
+    if source.readinto(memoryview(chunk)) != size:
+        raise ExchangeError("a frame's file was cut short while it was read")
+    return chunk
 
 
 def _free(folder: Path) -> int:
