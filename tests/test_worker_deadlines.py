@@ -166,3 +166,53 @@ def test_a_result_the_host_has_no_memory_for_is_one_line_and_the_next_job_works(
     assert lines[0]["first"] == ("A result from the model process could not be received (this process ran out of "
                                  "memory for the result); the model process was restarted, run it again.")
     assert lines[0]["running"] is False and lines[1]["next"] == [[64, 64, 4]]
+
+
+EMFILE_SCRIPT = """
+import json, os, resource, sys
+from pathlib import Path
+import numpy as np
+from lean_image_ai.models.batch.frame_lists import FrameRef
+from lean_image_ai.models.model_run import ModelRun
+from lean_image_ai.models.worker.client import WorkerClient
+from lean_image_ai.models.worker.remote_batch import RemoteBatchRun
+
+model = Path(sys.argv[1])
+client = WorkerClient()
+
+def batch():
+    job = ModelRun.resolve("upscale", model.parent, model_path=str(model), device="cpu")
+    out = []
+    run = RemoteBatchRun(job, [FrameRef(1, Path("a.png"))], lambda ref: np.zeros((16, 16, 4), np.float32),
+                         lambda ref, r: out.append(r.image.shape), options=job.options(), client=client)
+    return run, out
+
+batch()[0].run()  # warm
+run, out = batch()
+run.pump(0)  # the job and its frame are sent: what is left is receiving the result
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+lowest_free = os.open(os.devnull, os.O_RDONLY)
+os.close(lowest_free)
+resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))  # no new file can be opened
+try:
+    run.run()
+    print(json.dumps({"first": "no error"}))
+except Exception as exc:
+    print(json.dumps({"first": str(exc), "running": client.running}))
+finally:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+run, out = batch()
+run.run()
+print(json.dumps({"next": out}))
+client.kill()
+"""
+
+
+def test_a_result_the_host_has_no_file_descriptor_for_is_one_line_and_the_next_job_works(small_model, tmp_path):
+    done = subprocess.run([sys.executable, "-c", EMFILE_SCRIPT, str(small_model)], capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path)
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert done.returncode == 0 and len(lines) == 2, done.stderr[-3000:]
+    assert lines[0]["first"] == ("A result from the model process could not be received (this process has too many "
+                                 "open files); the model process was restarted, run it again.")
+    assert lines[0]["running"] is False and lines[1]["next"] == [[64, 64, 4]]
