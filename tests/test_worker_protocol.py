@@ -90,9 +90,18 @@ def test_the_job_crosses_as_plain_values(small_model):
     assert again.adapter_kwargs() == job.adapter_kwargs() and again.budgets == job.budgets
 
 
+@dataclasses.dataclass
+class Unregistered:
+    value: int
+
+
 def test_nothing_outside_the_package_is_built_or_sent(exchange):
     with pytest.raises(TypeError, match="cannot cross"):
         p.encode(p.Answer(object()))
+    with pytest.raises(TypeError, match="cannot cross"):  # a record of no registered family's module
+        p.encode(p.Answer(Unregistered(1)))
+    with pytest.raises(p.ProtocolError):
+        p.decode({"kind": "answer", "fields": {"value": {"$record": f"@{__name__}:Unregistered", "fields": {}}}}, [])
     forged = {"kind": "answer", "fields": {"value": {"$record": "os:system", "fields": {}}}}
     with pytest.raises(p.ProtocolError):
         p.decode(forged, [])

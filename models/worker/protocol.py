@@ -220,8 +220,8 @@ def _plain_object(value, arrays: list):
         return value.item()  # a numpy scalar: its Python value
     if isinstance(value, Path):
         return {"$path": str(value)}
-    if dataclasses.is_dataclass(value) and kind.startswith(PACKAGE + "."):
-        return {"$record": _relative(type(value)),
+    if dataclasses.is_dataclass(value) and (kind.startswith(PACKAGE + ".") or kind in _plugin_modules()):
+        return {"$record": _record_name(type(value)),
                 "fields": {f.name: _plain(getattr(value, f.name), arrays) for f in dataclasses.fields(value) if f.init}}
     raise TypeError(f"{kind}.{type(value).__qualname__} cannot cross to the other process")
 
@@ -244,18 +244,36 @@ def _value(value, arrays: list):
     raise ProtocolError(f"an unknown value in a message: {sorted(value)}")
 
 
-def _relative(cls: type) -> str:
-    return f"{cls.__module__[len(PACKAGE) + 1:]}:{cls.__qualname__}"
+def _plugin_modules() -> set[str]:
+    """The modules of the plug-in families registered on this side (families.register): their
+    result records cross too, named by module (both sides import the module by that name)."""
+    from .. import families
+
+    return {getattr(f.run, "__module__", "") for f in families.ALL} - {""}
+
+
+def _record_name(cls: type) -> str:
+    if cls.__module__.startswith(PACKAGE + "."):
+        return f"{cls.__module__[len(PACKAGE) + 1:]}:{cls.__qualname__}"
+    return f"@{cls.__module__}:{cls.__qualname__}"  # a plug-in family's own module
 
 
 def _record(name: str) -> type:
-    """A result record of this package (a dataclass), by its module inside the package: nothing
-    outside the package is ever imported or built from a message."""
+    """A result record (a dataclass) of this package, by its module inside the package, or of a
+    plug-in family registered here: nothing else is ever imported or built from a message."""
     module, _, qualname = name.partition(":")
-    if not module or module.startswith(".") or "." in qualname:
+    if module.startswith("@"):
+        module = module[1:]
+        if module not in _plugin_modules():
+            raise ProtocolError(f"not a record of this package or of a registered family: {name!r}")
+    elif module and not module.startswith("."):
+        module = f"{PACKAGE}.{module}"
+    else:
+        raise ProtocolError(f"not a record of this package: {name!r}")
+    if "." in qualname:
         raise ProtocolError(f"not a record of this package: {name!r}")
     try:
-        cls = getattr(importlib.import_module(f"{PACKAGE}.{module}"), qualname, None)
+        cls = getattr(importlib.import_module(module), qualname, None)
     except ImportError:
         cls = None
     if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
