@@ -141,3 +141,15 @@ def test_the_memory_panel_says_nothing_is_kept_once_the_worker_ended(client, sma
     panel_memory._draw_last_job_summary(after, None)
     assert any(label.startswith("RAM") or "kept" in label for label in before.labels[1:])
     assert after.labels[1:] == ["The model process has ended: nothing is kept now."]
+
+
+def test_a_job_whose_every_frame_fails_in_the_worker_ends_and_reports_each(client, small_model):
+    """The client sends a frame when one in flight is answered: the worker tells failures at once
+    (before, with frames 1 and 2 both failing, each side waited on the other until Esc)."""
+    job = ModelRun.resolve("upscale", small_model.parent, model_path=str(small_model), device="cpu")
+    bad = np.zeros((8, 8, 7), np.float32)  # no image: the adapter refuses each frame
+    run = RemoteBatchRun(job, [FrameRef(n, Path(f"p{n}.png")) for n in (1, 2, 3, 4)], lambda ref: bad,
+                         lambda ref, result: None, options=job.options(), client=client)
+    pump_until_over(run, limit=60.0)
+    assert [number for number, _ in run.report.failed] == [1, 2, 3, 4] and run.report.written == []
+    assert all("(8, 8, 7)" in text for _, text in run.report.failed), run.report.failed

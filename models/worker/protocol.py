@@ -15,7 +15,7 @@ Who sends what (``docs/architecture.md`` draws it):
 
 - client -> worker: Job, Frame, Skip, Cancel, Ask (state, release, unload), LeakCheck, Free, Fault, Quit
 - worker -> client: Hello, Heartbeat (about every second while it has work), Status, Event, Progress,
-  Result, Done, Failed, Answer, Freed
+  Result, Failures, Done, Failed, Answer, Freed
 """
 
 from __future__ import annotations
@@ -142,7 +142,15 @@ class Result(Message):
     KIND: ClassVar[str] = "result"
     number: int
     result: Any
-    failures: list = field(default_factory=list)  # [(frame number, one line)] since the last message
+
+
+@dataclass(frozen=True)
+class Failures(Message):
+    """Frames that failed in the worker, ``[(frame number, one line)]``, told before its next
+    result and while it waits for a frame (every frame in flight may have failed)."""
+
+    KIND: ClassVar[str] = "failures"
+    failures: list
 
 
 @dataclass(frozen=True)
@@ -177,7 +185,7 @@ class Freed(Message):
 
 KINDS: dict[str, type[Message]] = {
     m.KIND: m for m in (Hello, Heartbeat, Job, Frame, Skip, Cancel, Ask, LeakCheck, Free, Fault, Quit,
-                        Status, Event, Progress, Result, Done, Failed, Answer, Freed)
+                        Status, Event, Progress, Result, Failures, Done, Failed, Answer, Freed)
 }
 
 

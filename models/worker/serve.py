@@ -63,6 +63,7 @@ class Worker:
     def __init__(self, conn, exchange: wire.Exchange, *, key: str = ""):
         self.conn, self.exchange, self.key = conn, exchange, key
         self._send_lock = threading.Lock()
+        self._failures_lock = threading.Lock()
         self._arrived: dict[int, object] = {}
         self._frames = threading.Condition()
         self._cancel = threading.Event()
@@ -259,15 +260,20 @@ class Worker:
             self.send(p.Answer(dataclasses.asdict(result)))
 
     def _new_failures(self) -> list:
-        failed_frames = self._run.report.failed if self._run is not None else []
-        new, self._failed_sent = failed_frames[self._failed_sent:], len(failed_frames)
-        return [list(f) for f in new]
+        with self._failures_lock:  # the writer and the claiming thread both ask
+            failed_frames = self._run.report.failed if self._run is not None else []
+            new = failed_frames[self._failed_sent:]  # another thread may append meanwhile: count what was taken
+            self._failed_sent += len(new)
+            return [list(f) for f in new]
 
     def _claim(self, ref) -> bool:
         with self._frames:
             while ref.number not in self._arrived:
                 if self._cancel.is_set():
                     return False
+                # frames that failed here are told now: the client sends the next frame only when
+                # one it sent is answered (every frame failing would otherwise wait on both sides)
+                self._tell_failures()
                 self._frames.wait(0.05)
             if self._arrived[ref.number] is SKIPPED:
                 del self._arrived[ref.number]
@@ -279,7 +285,13 @@ class Worker:
             return self._arrived.pop(ref.number)
 
     def _write(self, ref, result) -> None:
-        self.send(p.Result(ref.number, result, self._new_failures()))
+        self._tell_failures()  # first, and on their own: a result that cannot be sent loses none of them
+        self.send(p.Result(ref.number, result))
+
+    def _tell_failures(self) -> None:
+        failures = self._new_failures()
+        if failures:
+            self.send(p.Failures(failures))
 
     def _progress(self, fraction: float, stage: str) -> None:
         now = time.monotonic()
