@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ...runtime.errors import LeanImageError
 from ...runtime.paths import ADDON_ROOT
-from . import launch, wire
+from . import launch, outcome, wire
 from . import protocol as p
 
 FREE_WAIT_S = 2.0  # Free memory now waits this long for the worker's own figures, then ends it anyway
@@ -58,17 +58,6 @@ class WorkerEnded(LeanImageError):
         super().__init__(text)
         self.cancelled, self.connected = cancelled, connected  # not connected: no frame reached it
         self.last_words = last_words  # the last line of its stderr (its whole end is in the event log)
-
-
-def ended_how(returncode: int | None) -> str:
-    """How a process ended, as the end of a sentence that starts with "the model process"."""
-    if returncode is None:
-        return "stopped answering and was ended"
-    if returncode == -9:
-        return "was killed (out of memory?)"
-    if returncode < 0:
-        return f"crashed (signal {-returncode})"
-    return f"exited with code {returncode}"
 
 
 class WorkerClient:
@@ -210,7 +199,7 @@ class WorkerClient:
             pass
         except (OSError, MemoryError, p.ProtocolError) as exc:
             self.kill()
-            raise LeanImageError(receive_failure(exc)) from None
+            raise LeanImageError(outcome.receive_failure(exc)) from None
         if found:
             return found  # what it said before it ended comes first
         self._check_deadlines()
@@ -273,14 +262,14 @@ class WorkerClient:
         cancelled = self._cancel_at is not None
         connected = self.peer is not None
         words = launch.last_words(self.exchange) if self.exchange is not None else ""
+        how = f"the model process {outcome.ended_how(returncode)}"
         if words and not cancelled:
-            self._note("worker_traceback", text=f"the model process {ended_how(returncode)}", traceback=words)
+            self._note("worker_traceback", text=how, traceback=words)
         self._tidy()
-        last = _last_line(words) if not cancelled else ""
+        last = outcome.last_line(words) if not cancelled else ""
         if not connected:
-            return WorkerEnded(f"the model process {ended_how(returncode)} before it connected", connected=False,
-                               last_words=last)
-        return WorkerEnded(f"the model process {ended_how(returncode)}", cancelled=cancelled, last_words=last)
+            return WorkerEnded(f"{how} before it connected", connected=False, last_words=last)
+        return WorkerEnded(how, cancelled=cancelled, last_words=last)
 
     def _adopt(self, status: dict) -> None:
         self.status = status
@@ -399,34 +388,6 @@ class WorkerClient:
     def inject_fault(self, how: str) -> None:
         """Tests only: a fault in the worker (honoured where serve.FAULTS_ENV is set)."""
         self.send(p.Fault(how))
-
-
-def _last_line(text: str) -> str:
-    """The line of a stderr's end that says what happened (not a traceback's frame lines)."""
-    lines = text.splitlines()
-    fatal = [line for line in lines if line.startswith("Fatal Python error:")]  # faulthandler's headline
-    if fatal:
-        return fatal[-1].strip()
-    for line in reversed(lines):  # an exception's last line: not indented, not a heading of a stack
-        if line.strip() and not line[0].isspace() and not line.startswith(
-                ("Traceback", "Current thread", "Thread ", "Extension modules", "<")):
-            return line.strip()
-    return ""
-
-
-def receive_failure(exc: BaseException) -> str:
-    """A receive failure as the one line a job ends with (the worker is restarted for the next)."""
-    if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == 12):  # ENOMEM
-        cause = "this process ran out of memory for the result"
-    elif isinstance(exc, FileNotFoundError):
-        cause = "its array file or exchange folder was removed"
-    elif isinstance(exc, OSError) and exc.errno == 24:
-        cause = "this process has too many open files"
-    elif isinstance(exc, p.ProtocolError):
-        cause = str(exc)
-    else:
-        cause = f"{type(exc).__name__}: {exc}"
-    return f"A result from the model process could not be received ({cause}); the model process was restarted, run it again."
 
 
 def _replay(event: dict) -> None:
