@@ -19,7 +19,6 @@ import statistics
 import time
 
 import numpy as np
-
 from lean_image_ai.models.worker import wire
 
 
