@@ -106,15 +106,14 @@ class LEAN_IMAGE_AI_OT_leak_check(WorkerOperator, bpy.types.Operator):
     )
 
     def prepare(self, context, job: Job):
-        from ..models.worker.remote_call import RemoteCall
+        from ..models.worker.remote_call import leak_check_call
         from .model_job import model_worker
 
         device, budgets = prefs.configure_runtime(context)
-        spec = {"family": self.family, "device": device, "folder": prefs.models_folder(context),
-                "budgets": budgets, "runs": self.runs}
         # in the model worker: the leak check measures the process whose runtime runs the model
-        call = RemoteCall("leak", spec, options=RunOptions(progress=job.report, cancel=job.cancel_event),
-                          name=job.name, client=model_worker())
+        call = leak_check_call(self.family, device=device, folder=prefs.models_folder(context), budgets=budgets,
+                               runs=self.runs, options=RunOptions(progress=job.report, cancel=job.cancel_event),
+                               name=job.name, client=model_worker())
         return BatchTask(job, call, lambda: call.result)
 
     def finish(self, context, job: Job):
@@ -217,9 +216,10 @@ def idle_tick():
     import time
 
     waits = [limit - (time.time() - h.last_used) for h in handles]
-    if worker.running:
-        waits.append(limit - (time.monotonic() - worker.idle_since))
-    return max(1.0, min(IDLE_CHECK_MAX_S, min(waits)))
+    worker_wait = worker.idle_wait(limit)  # the client decides when its worker ends
+    if worker_wait is not None:
+        waits.append(worker_wait)
+    return max(1.0, min(IDLE_CHECK_MAX_S, min(waits, default=IDLE_CHECK_MAX_S)))
 
 
 def arm_idle_unload() -> bool:

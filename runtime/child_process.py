@@ -44,10 +44,11 @@ def command(*args: str) -> list[str]:
     return [sys.executable, "-m", PACKAGE, *args]
 
 
-def host_environment(folder: Path, root: Path = ADDON_ROOT) -> dict:
-    """The environment of a child of the host's Python that imports this package and the host's
-    wheels; ``folder`` may get a link to the package."""
-    paths = [str(_search_dir(Path(root), folder)), *(p for p in sys.path if p)]
+def host_environment(folder: Path, root: Path = ADDON_ROOT, *, host_paths: bool = True) -> dict:
+    """The environment of a child that imports this package and, with ``host_paths``, the host's
+    wheels (False: another interpreter, whose own numpy and onnxruntime must win over the host's
+    compiled ones); ``folder`` may get a link to the package."""
+    paths = [str(_search_dir(Path(root), folder)), *(p for p in sys.path if p and host_paths)]
     return dict(os.environ, PYTHONPATH=os.pathsep.join(paths), PYTHONIOENCODING="utf-8")
 
 

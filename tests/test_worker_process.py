@@ -103,7 +103,7 @@ def test_idle_unload_and_free_now_end_the_process(client, small_model):
     assert not client.check_idle(3600.0)  # not idle long enough: kept warm
     assert client.check_idle(1.0, now=time.monotonic() + 2.0)
     assert not client.running and not _alive(pid)
-    assert client.state() == "Worker: not running"
+    assert client.state() == "Worker: not running (nothing kept)"
 
     Batch(client, small_model, image(40)).run.run()
     pid = client.pid
@@ -145,6 +145,7 @@ def test_cancel_in_the_middle_of_one_long_tile_ends_the_job_well_before_the_tile
 
 @pytest.mark.parametrize("fault", ["kill -9", "segfault"])
 def test_a_worker_that_dies_mid_job_is_one_line_and_the_next_job_respawns(client, slow_model, small_model, fault):
+    mark = time.time()
     batch = Batch(client, slow_model, image(SLOW))
     batch.pump_until(lambda: batch.stages)
     pid = client.pid
@@ -155,11 +156,14 @@ def test_a_worker_that_dies_mid_job_is_one_line_and_the_next_job_respawns(client
     with pytest.raises(LeanImageError) as raised:
         batch.pump_until(lambda: False)
 
-    number = signal.SIGKILL if fault == "kill -9" else signal.SIGSEGV
-    assert str(raised.value) == (
-        f"the model process ended unexpectedly (signal {int(number)}) while running Upscale on photo.png; "
-        "nothing was written; run it again"
-    )
+    how = "was killed (out of memory?)" if fault == "kill -9" else f"crashed (signal {int(signal.SIGSEGV)})"
+    # a native crash's last words (faulthandler's) reach the report and, whole, the event log
+    words = "Its last words: Fatal Python error: Segmentation fault (the whole of them is in events.jsonl). "
+    assert str(raised.value) == (f"Frame 1: the model process {how} while running Upscale on photo.png. "
+                                 f"Nothing was written. {words if fault == 'segfault' else ''}Run it again.")
+    logged = [e for e in get_runtime().events.recent("worker_traceback") if e["time"] >= mark]
+    assert (fault == "segfault") == bool(logged)
+    assert not logged or ("Segmentation fault" in logged[-1]["traceback"] and "serve.py" in logged[-1]["traceback"])
     assert batch.written == [] and [r.number for r in batch.released] == [1]  # no result, no frame claim left
     assert not client.running and client.folder is None  # its exchange files went with it
     again = Batch(client, small_model, image(40))

@@ -112,6 +112,9 @@ def _draw_last_job_summary(layout, context) -> None:
         col.label(text="Last job: none yet")
         return
     col.label(text=short(f"Last job: {job.get('operation', '?')} ({job.get('outcome', '?')})"))
+    if job.get("worker_ended"):  # Free Memory Now or the idle end: what it kept went with the process
+        col.label(text="The model process has ended: nothing is kept now.", icon="INFO")
+        return
     for figure in job.get("figures") or ():
         name = SHORT_FIGURE.get(figure.get("figure"), figure.get("figure", "?"))
         col.label(

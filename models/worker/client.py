@@ -1,64 +1,100 @@
-"""The model worker's client (bpy-free): starts the worker process, talks to it without ever
-blocking, and ends it (idle, Free memory now, a cancel it did not answer, the host going away).
+"""The model worker's client (bpy-free): the one owner of the worker's life.
 
-The worker runs under models/worker/engine_python.py's choice: by default the host's own Python
-(``sys.executable``: Blender's bundled Python in Blender)
-with the host's ``sys.path`` (runtime/child_process.py's ``host_environment``), running
-``python -m lean_image_ai.models.worker``. The connection is a ``multiprocessing.connection``
-Connection over a socket pair inherited by the child: no ``multiprocessing.Queue`` or ``Pool``
-(each starts threads in the parent) and no thread here at all; every read is ``poll(0)`` first.
-Arrays cross through files (models/worker/wire.py).
+It alone decides when the worker starts (a job needs it and none runs, or its exchange folder was
+removed), is reused (the next job), is told to cancel and then killed (:meth:`cancel`: no answer
+within :data:`CANCEL_GRACE_S`), ends when idle (:meth:`check_idle`), on Free Memory Now
+(:meth:`free_now`), when it crashed, when it speaks another protocol version, when it stopped
+answering (no heartbeat for :func:`heartbeat_deadline`), when it did not connect in time
+(:func:`connect_deadline`), and when a message could not be received. The remote runners
+(remote_batch.py, remote_call.py) and the operators ask it; none of them ends the process.
+
+Nothing here starts a thread or waits without a deadline: every read is ``poll(0)`` first, and
+each ``process.wait`` has a timeout. The worker is ``python -m lean_image_ai.models.worker``
+(models/worker/launch.py) under the interpreter models/worker/engine_python.py chooses (the
+``python`` given: the Worker Python preference; else ``LEAN_IMAGE_AI_WORKER_PYTHON``; else the
+host's own); the
+messages are models/worker/protocol.py's, arrays cross through models/worker/wire.py's exchange.
 
 One client is shared by the process (:func:`shared`): the worker stays up between jobs, so a
-model's session loaded by one job serves the next (models/worker/serve.py runs them on that
-process's shared runtime).
+model's session loaded by one job serves the next.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import subprocess
 import time
+import weakref
 from pathlib import Path
 
-from ...runtime import child_process
 from ...runtime.errors import LeanImageError
 from ...runtime.paths import ADDON_ROOT
-from . import engine_python, wire
+from . import engine_python, launch, outcome, wire
+from . import protocol as p
 
-MODULE = f"{child_process.PACKAGE}.models.worker"
 FREE_WAIT_S = 2.0  # Free memory now waits this long for the worker's own figures, then ends it anyway
 QUIT_WAIT_S = 1.0
+KILL_WAIT_S = 5.0  # a killed process is reaped within this; past it, it is left to the OS
+CANCEL_GRACE_S = 0.5  # a cancel the worker has not confirmed by then ends the process (the 1 s goal)
+HEARTBEAT_DEADLINE_S = 15.0  # no word from a worker with work for this long: it is hung, and killed
+CONNECT_DEADLINE_S = 60.0  # from start to its hello (a cold start imports numpy and onnxruntime)
+HEARTBEAT_ENV = "LEAN_IMAGE_AI_WORKER_HEARTBEAT_S"  # tests shorten the deadlines
+CONNECT_ENV = "LEAN_IMAGE_AI_WORKER_CONNECT_S"
+
+
+def heartbeat_deadline() -> float:
+    return min(HEARTBEAT_DEADLINE_S, float(os.environ.get(HEARTBEAT_ENV) or HEARTBEAT_DEADLINE_S))
+
+
+def connect_deadline() -> float:
+    return min(CONNECT_DEADLINE_S, float(os.environ.get(CONNECT_ENV) or CONNECT_DEADLINE_S))
 
 
 class WorkerEnded(LeanImageError):
-    """The worker process ended while it had work (a crash, a kill, the OOM killer)."""
+    """The worker process is gone while it had work; the text says how, in a sentence.
+    ``cancelled``: the client ended it because a cancel was not answered in time."""
 
-
-def ended_how(returncode: int | None) -> str:
-    if returncode is None:
-        return "without a word"
-    if returncode < 0:
-        return f"signal {-returncode}"
-    return f"exit code {returncode}"
+    def __init__(self, text: str, *, cancelled: bool = False, connected: bool = True, last_words: str = ""):
+        super().__init__(text)
+        self.cancelled, self.connected = cancelled, connected  # not connected: no frame reached it
+        self.last_words = last_words  # the last line of its stderr (its whole end is in the event log)
 
 
 class WorkerClient:
     def __init__(self, *, gpu_runtime: str | os.PathLike = "", root: Path = ADDON_ROOT, env: dict | None = None,
-                 python: str = ""):
+                 python: str | os.PathLike = "", listen: bool | None = None):
         self.gpu_runtime = str(gpu_runtime or "")
-        self.python = python  # the Worker Python preference (models/worker/engine_python.py); "": env, else ours
         self.root = Path(root)
         self.env = dict(env or {})  # added to the worker's environment (tests: the fault switch)
-        self.process: subprocess.Popen | None = None
-        self.conn = None
-        self.folder: Path | None = None
+        self.python = str(python or "")  # the Worker Python preference ("": the variable, else the host's own)
+        self.listen = os.name == "nt" if listen is None else listen  # the Windows way to connect (launch.py)
+        self.launch: launch.Launch | None = None
+        self.exchange: wire.Exchange | None = None
         self.status: dict = {}  # the worker's latest own account (models, memory, job)
+        self.peer: p.Hello | None = None  # the worker's hello, once it came
         self.job_name = ""  # the job running there now, as the client named it
         self.idle_since = time.monotonic()
         self.spawns = 0
+        self._started_at = self._heard_at = 0.0
+        self._cancel_at: float | None = None
+        self._cancel_grace = CANCEL_GRACE_S
+        self._outbox: list[p.Message] = []  # sent before a dialling worker's hello: sent after it
+        _clients.add(self)
 
     # -- the process ---------------------------------------------------------------------------
+    @property
+    def process(self) -> subprocess.Popen | None:
+        return self.launch.process if self.launch is not None else None
+
+    @property
+    def conn(self):
+        return self.launch.conn if self.launch is not None else None
+
+    @property
+    def folder(self) -> Path | None:
+        return self.exchange.folders["m"] if self.exchange is not None else None
+
     @property
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -67,110 +103,178 @@ class WorkerClient:
     def pid(self) -> int | None:
         return self.process.pid if self.running else None
 
+    def interpreter(self) -> str:
+        """The Python the worker runs under (models/worker/engine_python.py's choice)."""
+        return engine_python.worker_python(self.python)
+
     def ensure(self) -> bool:
         """Start the worker unless it runs; True when it was started now."""
+        if self.running and self.exchange is not None and not self.exchange.usable():
+            self._note("worker_restart", reason="its exchange folder was removed")
+            self.kill()
         if self.running:
             return False
         self._tidy()
-        self.folder = wire.exchange_folder()
+        if self.spawns == 0:
+            wire.remove_stale()  # folders of hosts that were killed before they could remove them
+        self.exchange = wire.Exchange.create(in_memory=not self.listen)
         try:
-            self.process, self.conn = self._spawn(self.folder)
+            self.launch = launch.start(self.interpreter(), self.exchange, self.gpu_runtime, self.root,
+                                       self.env, listen=self.listen)
+        except OSError as exc:
+            self._tidy()
+            raise LeanImageError(f"Could not start the model process ({self.interpreter()}): {exc}.") from exc
         except BaseException:
             self._tidy()
             raise
-        self.status, self.job_name, self.spawns = {}, "", self.spawns + 1
+        self.status, self.peer, self.job_name, self.spawns = {}, None, "", self.spawns + 1
+        self._started_at = self._heard_at = time.monotonic()
         return True
 
     def _argv(self) -> list[str]:
-        argv = [engine_python.worker_python(self.python), "-m", MODULE, "--exchange", str(self.folder)]
-        return argv + (["--gpu-runtime", self.gpu_runtime] if self.gpu_runtime else [])
-
-    def _spawn(self, folder: Path):
-        env = {**child_process.host_environment(folder, self.root), **self.env}
-        if os.name == "posix":
-            import socket
-            from multiprocessing.connection import Connection
-
-            ours, theirs = socket.socketpair()
-            try:
-                process = subprocess.Popen(
-                    [*self._argv(), "--fd", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
-                    stdin=subprocess.DEVNULL, env=env, cwd=str(folder),
-                )
-            except BaseException:
-                ours.close()
-                raise
-            finally:
-                theirs.close()
-            return process, Connection(ours.detach())
-        return self._spawn_windows(env, folder)
-
-    def _spawn_windows(self, env: dict, folder: Path):
-        # Unverified here (no Windows machine): a named pipe the child connects to with a key that
-        # travels on its stdin. accept() waits for the child's connect, about as long as its start.
-        from multiprocessing.connection import Listener
-
-        authkey = os.urandom(32)
-        with Listener(family="AF_PIPE", authkey=authkey) as listener:
-            process = subprocess.Popen(
-                [*self._argv(), "--address", listener.address], stdin=subprocess.PIPE, env=env, cwd=str(folder)
-            )
-            process.stdin.write(authkey.hex().encode() + b"\n")
-            process.stdin.close()
-            return process, listener.accept()
+        """The worker's command line (before a start, with stand-ins for its exchange folders)."""
+        exchange = self.exchange or wire.Exchange(Path("<memory>"), Path("<disk>"))
+        return launch.argv(self.interpreter(), exchange, self.gpu_runtime)
 
     def kill(self) -> None:
         """End the worker now, whatever it is doing."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        process = self.process
+        if process is not None and process.poll() is None:
+            process.kill()
+            try:
+                process.wait(KILL_WAIT_S)
+            except subprocess.TimeoutExpired:  # stuck in the kernel (a driver call): the OS reaps it
+                pass
         self._tidy()
 
     def stop(self) -> None:
         """End the worker politely (the host unregisters or quits), else kill it."""
-        if self.running:
+        if self.running and self.peer is not None:
             try:
-                self.send("quit")
+                self.send(p.Quit())
                 self.process.wait(QUIT_WAIT_S)
             except (OSError, ValueError, subprocess.TimeoutExpired):
                 pass
         self.kill()
 
     def _tidy(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-        if self.folder is not None:
-            wire.remove_folder(self.folder)
-        self.conn, self.folder, self.job_name = None, None, ""
+        if self.launch is not None:
+            if self.launch.conn is not None:
+                self.launch.conn.close()
+            self.launch.close_listener()
+        if self.exchange is not None:
+            self.exchange.remove()
+        self.launch, self.exchange, self.job_name, self._cancel_at = None, None, "", None
+        self._outbox = []
         self.idle_since = time.monotonic()
 
     # -- messages --------------------------------------------------------------------------------
-    def send(self, *message) -> None:
-        wire.send(self.conn, message, self.folder)
-
-    def messages(self) -> list:
-        """Every message that is there now (never waits). Raises :class:`WorkerEnded` once the
-        process has gone and everything it sent before is read."""
-        found = []
+    def send(self, message: p.Message) -> None:
+        """Send now; where the worker dials in (Windows), once it proved itself in its hello
+        (nothing waits for it: the outbox goes when the hello comes)."""
+        if self.launch is None:
+            raise OSError("the model process is not running")
+        if self.conn is None or (self.peer is None and self.launch.key):
+            self._outbox.append(message)
+            return
         try:
-            while self.conn is not None and self.conn.poll(0):
-                message = wire.receive(self.conn, self.folder)
-                if message[0] == "status":
-                    self._adopt(message[1])
-                elif message[0] == "event":
-                    _replay(message[1])
-                else:
+            wire.send(self.conn, message, self.exchange)
+        except wire.ExchangeError as exc:
+            self.kill()  # the next job starts a fresh worker with fresh folders
+            raise LeanImageError(str(exc)) from None
+        except (OSError, ValueError):  # the connection is gone: say how the process ended
+            self.messages()
+            raise self._ended() from None
+
+    def messages(self) -> list[p.Message]:
+        """Every message that is there now (never waits). Raises :class:`WorkerEnded` (gone,
+        hung, ended for a cancel) or a LeanImageError (a message it could not receive, another
+        protocol version, no connection in time) in one line; the worker is reset then."""
+        found: list[p.Message] = []
+        if self.launch is None:
+            return found
+        try:
+            conn = self.launch.poll_connect()
+            while conn is not None and conn.poll(0):
+                message = wire.receive(conn, self.exchange)
+                self._heard_at = time.monotonic()
+                if self._own(message):
                     found.append(message)
-        except (EOFError, OSError):
+        except (EOFError, ConnectionError):
             pass
-        else:
-            if self.running:
-                return found
+        except (OSError, MemoryError, p.ProtocolError) as exc:
+            self.kill()
+            raise LeanImageError(outcome.receive_failure(exc)) from None
         if found:
             return found  # what it said before it ended comes first
-        returncode = self.process.wait() if self.process is not None else None
+        self._check_deadlines()
+        return found
+
+    def _own(self, message: p.Message) -> bool:
+        """Handle what is the client's own business; False when the message was that."""
+        if self.peer is None:
+            self._greet(message)
+            return False
+        if isinstance(message, p.Status):
+            self._adopt(message.fields)
+        elif isinstance(message, p.Event):
+            _replay(message.event)
+        elif isinstance(message, p.Failed) and message.traceback:
+            self._note("worker_traceback", text=message.text, traceback=message.traceback)
+            return True
+        else:
+            return not isinstance(message, p.Heartbeat)
+        return False
+
+    def _greet(self, message: p.Message) -> None:
+        version = getattr(message, "version", None)
+        if not isinstance(message, p.Hello) or version != p.VERSION:
+            self.kill()
+            raise LeanImageError(
+                f"The model process speaks protocol version {version}, this add-on version {p.VERSION}: "
+                "its interpreter runs another copy of Lean Image AI; point it at this add-on's.")
+        if self.launch is not None and self.launch.key and message.key != self.launch.key:
+            self.kill()
+            raise LeanImageError("Something else connected in place of the model process; run it again.")
+        self.peer = message
+        waiting, self._outbox = self._outbox, []
+        for queued in waiting:
+            self.send(queued)
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        if not self.running or (self.conn is None and self.launch.listener is None):
+            raise self._ended()
+        if self._cancel_at is not None and now - self._cancel_at > self._cancel_grace:
+            self.kill()  # one long native call does not look at the cancel: the process ends
+            raise WorkerEnded("the model process was ended for the cancel", cancelled=True)
+        if self.peer is None and now - self._started_at > connect_deadline():
+            self.kill()
+            raise LeanImageError(f"The model process did not connect within {connect_deadline():.0f} s; "
+                                 "it was ended. Run it again (a slow disk or antivirus may delay its start).")
+        if self.job_name and self.peer is not None and now - self._heard_at > heartbeat_deadline():
+            self.kill()
+            raise WorkerEnded(f"the model process stopped answering for {heartbeat_deadline():.0f} s "
+                              "(hung?) and was ended")
+
+    def _ended(self) -> WorkerEnded:
+        returncode = None
+        if self.process is not None:
+            try:
+                returncode = self.process.wait(QUIT_WAIT_S)
+            except subprocess.TimeoutExpired:  # its connection closed but it lives on: end it
+                self.kill()
+        cancelled = self._cancel_at is not None
+        connected = self.peer is not None
+        words = launch.last_words(self.exchange) if self.exchange is not None else ""
+        how = f"the model process {outcome.ended_how(returncode)}"
+        if words and not cancelled:
+            self._note("worker_traceback", text=how, traceback=words)
         self._tidy()
-        raise WorkerEnded(f"the model process ended unexpectedly ({ended_how(returncode)})")
+        last = outcome.last_line(words) if not cancelled else ""
+        if not connected:
+            return WorkerEnded(f"{how} before it connected", connected=False, last_words=last)
+        return WorkerEnded(how, cancelled=cancelled, last_words=last)
 
     def _adopt(self, status: dict) -> None:
         self.status = status
@@ -180,28 +284,46 @@ class WorkerClient:
             runtime = get_runtime()
             runtime.last_timeline, runtime.last_job_memory = status.pop("timeline"), status.pop("job_memory")
 
+    def _note(self, event: str, **fields) -> None:
+        from ...runtime import get_runtime
+
+        get_runtime().events.emit(event, **fields)
+
+    # -- jobs ------------------------------------------------------------------------------------
     def begin(self, name: str) -> bool:
         """Before a job: the worker is up; True when it was started for this job."""
         started = self.ensure()
-        self.job_name = name
+        self.job_name, self._cancel_at, self._heard_at = name, None, time.monotonic()
         return started
 
     def end(self) -> None:
-        self.job_name = ""
+        self.job_name, self._cancel_at = "", None
         self.idle_since = time.monotonic()
+        for notice in self.exchange.notices if self.exchange is not None else ():
+            self._note("exchange_spill", text=notice)
+        if self.exchange is not None:
+            self.exchange.notices.clear()
+
+    def cancel(self, grace: float = CANCEL_GRACE_S) -> None:
+        """Tell the job to stop; the worker is killed if it has not finished ``grace`` s later."""
+        if self._cancel_at is not None or not self.running:
+            return
+        self._cancel_at, self._cancel_grace = time.monotonic(), grace
+        self.send(p.Cancel())
 
     # -- memory -------------------------------------------------------------------------------
     def state(self) -> str:
         """One line for the panel: not running / ready, model X, N MiB / running job Y."""
         if not self.running:
-            return "Worker: not running"
+            return "Worker: not running (nothing kept)"
         if self.job_name:
             return f"Worker: running {self.job_name}"
         try:
             self.messages()
-            self.send("state")
+            if self.peer is not None:  # a worker still starting has nothing to tell yet
+                self.send(p.Ask("state"))
         except (LeanImageError, OSError):
-            return "Worker: not running"
+            return "Worker: not running (nothing kept)"
         models = ", ".join(self.status.get("models", ())) or "no model loaded"
         rss = self.status.get("rss_bytes")
         size = f", {rss / 2**20:.0f} MiB" if rss else ""
@@ -212,35 +334,31 @@ class WorkerClient:
         sees it), measured by the worker itself, or by this side where the worker cannot answer."""
         if not self.running:
             self._tidy()
+            self._forget_job_memory()
             return {"rss_bytes": 0, "vram_bytes": None, "was_running": False}
-        figures = None
-        try:
-            self.send("free")
-            deadline = time.monotonic() + FREE_WAIT_S
-            while figures is None and time.monotonic() < deadline:
-                if self.conn.poll(0.02):  # a bounded wait on a button press, not a job
-                    message = wire.receive(self.conn, self.folder)
-                    figures = message[1] if message[0] == "freed" else None
-        except (EOFError, OSError):
-            pass
-        if figures is None:
-            figures = {"rss_bytes": _rss_of(self.process.pid), "vram_bytes": None}
+        figures = self._await(p.Free(), p.Freed)
+        figures = figures.figures if figures is not None else {"rss_bytes": _rss_of(self.process.pid), "vram_bytes": None}
         self.kill()
+        self._forget_job_memory()
         return {**figures, "was_running": True}
 
-    def ask(self, kind: str) -> dict | None:
+    def ask(self, what: str) -> dict | None:
         """Release now / Unload all in an idle worker: its answer (what was freed), or None when
         it does not run or gives none within :data:`FREE_WAIT_S` (a bounded wait on a button)."""
         if not self.running or self.job_name:
             return None
+        answer = self._await(p.Ask(what), p.Answer)
+        return answer.value if answer is not None else None
+
+    def _await(self, message: p.Message, kind: type) -> p.Message | None:
+        deadline = time.monotonic() + FREE_WAIT_S
         try:
             self.messages()
-            self.send(kind)
-            deadline = time.monotonic() + FREE_WAIT_S
+            self.send(message)
             while time.monotonic() < deadline:
-                for message in self.messages():
-                    if message[0] == "answer":
-                        return message[1]
+                for found in self.messages():
+                    if isinstance(found, kind):
+                        return found
                 time.sleep(0.01)
         except (LeanImageError, OSError):
             pass
@@ -248,15 +366,33 @@ class WorkerClient:
 
     def check_idle(self, idle_seconds: float, *, now: float | None = None) -> bool:
         """The host's timer: end a worker idle for ``idle_seconds`` (0: never); True when it did."""
-        now = time.monotonic() if now is None else now
-        if idle_seconds <= 0 or not self.running or self.job_name or now - self.idle_since < idle_seconds:
+        wait = self.idle_wait(idle_seconds, now=now)
+        if wait is None or wait > 0:
             return False
         self.stop()
+        self._forget_job_memory()
         return True
 
+    def idle_wait(self, idle_seconds: float, *, now: float | None = None) -> float | None:
+        """Seconds until :meth:`check_idle` ends the worker (None: it will not: none runs, it has
+        a job, or idle ending is off)."""
+        if idle_seconds <= 0 or not self.running or self.job_name:
+            return None
+        now = time.monotonic() if now is None else now
+        return idle_seconds - (now - self.idle_since)
+
+    @staticmethod
+    def _forget_job_memory() -> None:
+        """The worker is gone, and with it what the Memory panel said it kept."""
+        from ...runtime import get_runtime
+
+        runtime = get_runtime()
+        if runtime.last_job_memory is not None:
+            runtime.last_job_memory = {**runtime.last_job_memory, "worker_ended": True}
+
     def inject_fault(self, how: str) -> None:
-        """Tests only: a native fault in the worker (honoured where serve.FAULTS_ENV is set)."""
-        self.send("fault", how)
+        """Tests only: a fault in the worker (honoured where serve.FAULTS_ENV is set)."""
+        self.send(p.Fault(how))
 
 
 def _replay(event: dict) -> None:
@@ -277,16 +413,17 @@ def _rss_of(pid: int) -> int | None:
 
 
 _shared: WorkerClient | None = None
+_clients: weakref.WeakSet = weakref.WeakSet()
 
 
 def shared(**settings) -> WorkerClient:
-    """The process's one client; ``settings`` (gpu_runtime, env) apply to its next start."""
+    """The process's one client; ``settings`` (gpu_runtime, env, python) apply to its next start."""
     global _shared
     if _shared is None:
         _shared = WorkerClient(**settings)
     else:
         for name, value in settings.items():
-            setattr(_shared, name, str(value or "") if name == "gpu_runtime" else value)
+            setattr(_shared, name, str(value or "") if name in ("gpu_runtime", "python") else value)
     return _shared
 
 
@@ -295,3 +432,11 @@ def stop_shared() -> None:
         _shared.stop()
 
 
+@atexit.register
+def _at_exit() -> None:
+    """A headless script that ends without stop_shared(): no worker and no exchange folder stay."""
+    for client in list(_clients):
+        try:
+            client.stop()
+        except Exception:  # noqa: BLE001 - the interpreter is going; the next start removes what is left
+            pass

@@ -8,11 +8,13 @@ writes with its own image IO on its main thread); only ``job.infer`` runs in the
 batch as one runtime operation there (models/worker/serve.py). Nothing here starts a thread or
 waits on the worker: each pump reads what the worker has said so far.
 
-Cancel: the worker is told; a worker that has not confirmed within :data:`CANCEL_GRACE_S` (one
-long tile, a native call that never looks at the cancel) is killed, and the next job starts a
-fresh one. A worker that ends on its own while it has work (a crash, kill -9, the OOM killer)
-ends the batch with one line; a frame is only ever written whole, here, so nothing is half-written,
-and every frame claim held for a frame in the worker is released.
+Cancel: the client (models/worker/client.py, the one owner of the worker's life) tells the worker
+and kills it if it has not confirmed within its grace time (one long tile, a native call that never
+looks at the cancel); the next job starts a fresh one. A worker that ends on its own while it has
+work (a crash, kill -9, the OOM killer), stops answering, or sends what cannot be received ends the
+batch with one line in sentences; a frame is only ever written whole, here, so nothing is
+half-written, and every frame claim held for a frame in the worker is released. The longest pump
+is kept (:attr:`longest_pump_s`): Blender's main thread must never spend more than 0.1 s in one.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from ..batch.frame_lists import FrameRef
 from ..batch.report import BatchReport
 from ..model_run import ModelRun
 from . import client as worker_client
+from . import protocol as p
 
-CANCEL_GRACE_S = 0.5  # a cancel the worker has not confirmed by then ends the process (the 1 s goal)
 # "1": the model runs in this process on BatchRun's threads, as before the worker (debugging, and
 # tests that look inside the runtime of the process that runs the model)
 IN_PROCESS_ENV = "LEAN_IMAGE_AI_IN_PROCESS"
@@ -72,6 +74,8 @@ class RemoteBatchRun:
         self._error: BaseException | None = None
         self._started = time.monotonic()
         self.spawned = False  # this batch started the worker (its first job pays the start)
+        self.longest_pump_s = 0.0  # the longest time one pump kept its caller (Blender's main thread)
+        self.longest_pump_cpu_s = 0.0
         self._local: BatchRun | None = None
         if os.environ.get(IN_PROCESS_ENV) == "1":
             from ..batch.sequence import BatchRun  # its threads: only where the model runs here
@@ -103,6 +107,15 @@ class RemoteBatchRun:
     def pump(self, budget: float = 0.05, *, read: bool = True) -> bool:
         """Send frames, write the results the worker has sent, for about ``budget`` seconds;
         True once the batch is over (then :attr:`report` is final)."""
+        began, cpu = time.monotonic(), time.thread_time()
+        try:
+            return self._pump(budget, read)
+        finally:
+            self.longest_pump_s = max(self.longest_pump_s, time.monotonic() - began)
+            # the part this thread computed: the rest was sleeping or waiting for a CPU (a loaded machine)
+            self.longest_pump_cpu_s = max(self.longest_pump_cpu_s, time.thread_time() - cpu)
+
+    def _pump(self, budget: float, read: bool) -> bool:
         if self._local is not None:
             return self._pump_local(budget, read)
         if self._phase == "over":
@@ -121,9 +134,12 @@ class RemoteBatchRun:
                 if time.monotonic() >= deadline:
                     return False
                 if not progressed:
-                    time.sleep(0.002)
+                    time.sleep(min(0.002, max(0.0, deadline - time.monotonic())))
         except worker_client.WorkerEnded as exc:
             return self._ended(exc)
+        except LeanImageError as exc:  # the client reset the worker (a receive failure, a folder gone...)
+            self._error = exc
+            return self._finish()
 
     def _pump_local(self, budget: float, read: bool) -> bool:
         if self._phase == "new":
@@ -135,34 +151,26 @@ class RemoteBatchRun:
     def _start(self) -> None:
         self.spawned = self.client.begin(self.name)
         family = self._job.family
-        self._send("job", {
-            "job": self._job.for_worker(),
+        self._send(p.Job(
+            run=p.run_values(self._job),
+            refs=[(ref.number, str(ref.path)) for ref in self._todo],
+            name=self.name,
+            depth=self._depth,
+            stop_on_error=self._stop_on_error,
+            settings=p.settings_values(self._options.get_runtime().settings),
             # a plug-in's family (families.register in the host) is registered there too; its
-            # adapter must be importable from the host's sys.path, which the worker has
-            "family": None if family.id in families.BUILT_IN else family,
-            "refs": list(self._todo),
-            "depth": self._depth,
-            "stop_on_error": self._stop_on_error,
-            "name": self.name,
-            "settings": self._options.get_runtime().settings,
-        })
+            # module must be importable there (the host's sys.path, under the host's Python)
+            family_module="" if family.id in families.BUILT_IN else p.family_module(family),
+        ))
         self._phase = "running"
 
-    def _send(self, *message) -> None:
-        try:
-            self.client.send(*message)
-        except (OSError, ValueError):  # the worker is gone: say how it ended
-            self.client.messages()
-            raise worker_client.WorkerEnded("the model process ended unexpectedly") from None
+    def _send(self, message: p.Message) -> None:
+        self.client.send(message)
 
     def _step(self, read: bool) -> bool:
         if self._cancel.is_set() and self._phase == "running":
-            self._phase, self._cancel_sent_at = "cancelling", time.monotonic()
-            self._send("cancel")
-        if self._phase == "cancelling" and time.monotonic() - self._cancel_sent_at > CANCEL_GRACE_S:
-            self.client.kill()  # one long native call does not look at the cancel: the process ends
-            self.report.cancelled, self._phase = not self._stopped, "over"
-            return True
+            self._phase = "cancelling"
+            self.client.cancel()
         messages = self.client.messages()
         for message in messages:
             self._handle(message)
@@ -178,32 +186,31 @@ class RemoteBatchRun:
             pixels = self._read(ref) if claimed else None
         except Exception as exc:  # noqa: BLE001 - any unreadable frame is reported, never raised
             self._frame_failed(ref, exc)
-            self._send("skip", ref.number)
+            self._send(p.Skip(ref.number))
             if self._stop_on_error:
                 for rest in self._todo:
-                    self._send("skip", rest.number)
+                    self._send(p.Skip(rest.number))
                 self._todo.clear()
             return
         if not claimed:
             self.report.skipped.append(ref.number)
-            self._send("skip", ref.number)
+            self._send(p.Skip(ref.number))
             return
         self._sent[ref.number] = ref
-        self._send("frame", ref.number, pixels)
+        self._send(p.Frame(ref.number, pixels))
 
-    def _handle(self, message) -> None:
-        kind = message[0]
-        if kind == "progress":
-            self._options.report(message[1], message[2])
+    def _handle(self, message: p.Message) -> None:
+        if isinstance(message, p.Progress):
+            self._options.report(message.fraction, message.stage)
             return
-        self._failures(message[-1])
-        if kind == "result":
-            self._result(self._sent.pop(message[1]), message[2])
-        elif kind == "done":
-            self.report.cancelled = (message[1]["cancelled"] or self._cancel.is_set()) and not self._stopped
+        self._failures(getattr(message, "failures", ()))
+        if isinstance(message, p.Result):
+            self._result(self._sent.pop(message.number), message.result)
+        elif isinstance(message, p.Done):
+            self.report.cancelled = (message.cancelled or self._cancel.is_set()) and not self._stopped
             self._phase = "over"
-        elif kind == "error":
-            self._error, self._phase = message[1], "over"
+        elif isinstance(message, p.Failed):
+            self._error, self._phase = p.error_of(message), "over"
 
     def _failures(self, failures) -> None:
         for number, text in failures:
@@ -224,7 +231,7 @@ class RemoteBatchRun:
         except Exception as exc:  # noqa: BLE001 - reported per frame
             self._frame_failed(ref, exc)
             if self._stop_on_error:
-                self._send("cancel")
+                self.client.cancel()
                 self._todo.clear()
             return
         self._release(ref)
@@ -254,14 +261,28 @@ class RemoteBatchRun:
         return True
 
     def _ended(self, exc: worker_client.WorkerEnded) -> bool:
-        if self._phase == "cancelling":  # ended while cancelling: the cancel is what happened
+        if self._phase == "cancelling" or exc.cancelled:  # ended while cancelling: the cancel is what happened
             self.report.cancelled = not self._stopped
             return self._finish()
-        where = next(iter(self._sent.values()), None)
-        on = f" on {where.path.name}" if where is not None and getattr(where, "path", None) else ""
-        written = (
-            f"it was not written (the {len(self.report.written)} frame(s) written before it are kept)"
-            if self.report.written else "nothing was written"
-        )
-        self._error = worker_client.WorkerEnded(f"{exc} while running {self.name}{on}; {written}; run it again")
+        self._error = worker_client.WorkerEnded(self._ended_text(exc))
         return self._finish()
+
+    def _ended_text(self, exc: worker_client.WorkerEnded) -> str:
+        """The report after the worker ended, in sentences: which frame, how, what is kept, what never ran."""
+        where = next(iter(self._sent.values()), None) if exc.connected else None
+        text = str(exc)
+        head = f"Frame {where.number}: t{text[1:]}" if where is not None else f"T{text[1:]}"
+        head += f" while running {self.name}"
+        on = f" on {where.path.name}" if where is not None and getattr(where, "path", None) else ""
+        kept = len(self.report.written)
+        never = len(self._todo) + len(self._sent) - (where is not None)
+        parts = [f"{head}{on}.",
+                 f"{_frames(kept)} written before it {'is' if kept == 1 else 'are'} kept." if kept else "Nothing was written.",
+                 f"{_frames(never)} never ran." if never else "",
+                 f"Its last words: {exc.last_words} (the whole of them is in events.jsonl)." if exc.last_words else "",
+                 "Run it again."]
+        return " ".join(part for part in parts if part)
+
+
+def _frames(count: int) -> str:
+    return f"{count} frame{'s' if count != 1 else ''}"

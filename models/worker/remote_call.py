@@ -1,6 +1,8 @@
 """One call other than a batch run in the model worker (bpy-free), pumped like a RemoteBatchRun:
 the leak check (runtime/measure/leak_check.py), which measures the process whose runtime runs
-the model, so it runs there. ``pump(budget) -> bool``, ``result``, ``cancel()``, ``report``."""
+the model, so it runs there. ``pump(budget) -> bool``, ``result``, ``cancel()``, ``report``.
+The client (models/worker/client.py) decides about the process: a cancel not answered within
+its grace time ends it."""
 
 from __future__ import annotations
 
@@ -10,18 +12,22 @@ from types import SimpleNamespace
 
 from ..base import RunOptions
 from . import client as worker_client
-from .remote_batch import CANCEL_GRACE_S
+from . import protocol as p
+
+CANCEL_GRACE_S = worker_client.CANCEL_GRACE_S + 1.0  # one leak-check run is longer than a tile's answer
 
 
 class RemoteCall:
-    def __init__(self, kind: str, spec: dict, *, options: RunOptions, name: str,
-                 client: worker_client.WorkerClient | None = None):
-        self._kind, self._spec, self._options, self.name = kind, spec, options, name
+    def __init__(self, message: p.Message, *, options: RunOptions, name: str,
+                 client: worker_client.WorkerClient | None = None, result=lambda value: value):
+        self._message, self._options, self.name = message, options, name
         self._cancel = options.cancel if isinstance(options.cancel, threading.Event) else threading.Event()
         self._client = client
+        self._shape = result  # the answer's plain values as the caller's object
         self.report = SimpleNamespace(cancelled=False)
         self.result = None
-        self._phase, self._cancel_sent_at = "new", 0.0
+        self.longest_pump_s = 0.0
+        self._phase = "new"
 
     @property
     def client(self) -> worker_client.WorkerClient:
@@ -33,13 +39,20 @@ class RemoteCall:
         self._cancel.set()
 
     def pump(self, budget: float = 0.05) -> bool:
+        began = time.monotonic()
+        try:
+            return self._pump(budget)
+        finally:
+            self.longest_pump_s = max(self.longest_pump_s, time.monotonic() - began)
+
+    def _pump(self, budget: float) -> bool:
         if self._phase == "over":
             return True
         deadline = time.monotonic() + budget
         try:
             if self._phase == "new":
                 self.client.begin(self.name)
-                self.client.send(self._kind, {**self._spec, "settings": self._options.get_runtime().settings})
+                self.client.send(self._message)
                 self._phase = "running"
             while self._phase != "over":
                 if self._step():
@@ -50,29 +63,39 @@ class RemoteCall:
         except worker_client.WorkerEnded as exc:
             self._phase = "over"
             self.client.end()
-            if self._cancel_sent_at:
+            if exc.cancelled or self._cancel.is_set():
                 self.report.cancelled = True
                 return True
-            raise worker_client.WorkerEnded(f"{exc} while running {self.name}; run it again") from None
+            raise worker_client.WorkerEnded(f"{str(exc)[:1].upper()}{str(exc)[1:]} while running {self.name}; "
+                                            "run it again.") from None
+        except BaseException:
+            self._phase = "over"
+            self.client.end()
+            raise
         self.client.end()
         return True
 
     def _step(self) -> bool:
-        if self._cancel.is_set() and not self._cancel_sent_at:
-            self._cancel_sent_at = time.monotonic()
-            self.client.send("cancel")
-        if self._cancel_sent_at and time.monotonic() - self._cancel_sent_at > CANCEL_GRACE_S + 1.0:
-            self.client.kill()  # a run that never looks at the cancel: the process ends
-            self.report.cancelled, self._phase = True, "over"
-            return True
+        if self._cancel.is_set():
+            self.client.cancel(CANCEL_GRACE_S)
         messages = self.client.messages()
         for message in messages:
-            if message[0] == "progress":
-                self._options.report(message[1], message[2])
-            elif message[0] == "answer":
-                self.result, self._phase = message[1], "over"
-            elif message[0] == "error":
+            if isinstance(message, p.Progress):
+                self._options.report(message.fraction, message.stage)
+            elif isinstance(message, p.Answer):
+                self.result, self._phase = self._shape(message.value), "over"
+            elif isinstance(message, p.Failed):
                 self._phase = "over"
-                self.client.end()
-                raise message[1]
+                raise p.error_of(message)
         return bool(messages)
+
+
+def leak_check_call(family: str, *, device: str, folder, budgets, runs: int, options: RunOptions, name: str,
+                    client: worker_client.WorkerClient | None = None) -> RemoteCall:
+    """The leak check of ``family`` in the worker; its ``result`` a runtime/measure/leak_check.py LeakResult."""
+    from ...runtime.measure.leak_check import LeakResult
+
+    message = p.LeakCheck(family, device, str(folder), runs,
+                          {"ram_bytes": budgets.ram_bytes, "vram_bytes": budgets.vram_bytes},
+                          p.settings_values(options.get_runtime().settings))
+    return RemoteCall(message, options=options, name=name, client=client, result=lambda value: LeakResult(**value))

@@ -1,124 +1,246 @@
-"""What crosses the worker's connection (bpy-free): small messages pickled through the pipe,
-every array's bytes beside it in a file of the exchange folder, never inside the pickle.
+"""How a models/worker/protocol.py message crosses the connection (bpy-free): its JSON as one frame,
+each array's bytes in a file of the exchange, named in that frame as ``(dtype, shape, where, file)``.
 
-Pickle protocol 5 hands each contiguous array's buffer out of band; each buffer is written to a
-file of its own in the exchange folder (on Linux a folder of /dev/shm, so the bytes stay in
-memory), and the message names the files. The receiver reads each file once into memory it owns
-and deletes it. Files rather than ``multiprocessing.shared_memory``: a segment attached in another
-process is registered with that process's resource tracker, which unlinks it a second time (with
-warnings) on Python 3.11 and needs ``track=False`` (3.13 only) to avoid; a file has one owner, the
-receiver, and the client removes the whole folder when a worker ends, however it ended.
+The exchange is two folders of one worker: one in memory where the OS offers one (/dev/shm on
+Linux) and one on disk. An array goes to the memory folder when its free space holds it, else to
+the disk folder (a 4K float frame is 133 MB; /dev/shm is 64 MB in Docker and on many render
+nodes): the room is checked before writing, a file's name is recorded before its first byte, and
+a write that fails for any reason removes the file, so nothing half-written stays to fill the
+folder. The receiver reads each file once into memory it owns and deletes it. Files rather than
+``multiprocessing.shared_memory``: a segment attached in another process is registered with that
+process's resource tracker, which unlinks it a second time on Python 3.11; a file has one owner.
 
-Classes are named by module, and the two sides may know this package under different names
-(Blender imports an extension as ``bl_ext.<repository>.lean_image_ai``, the worker as
-``lean_image_ai``): the receiver reads this package's classes under its own name.
+A folder's name carries its owner's pid (the host's): a host that was killed leaves its folders
+behind, and the next start removes those whose owner is gone (:func:`remove_stale`).
 """
 
 from __future__ import annotations
 
-import copyreg
-import io
+import errno
 import itertools
+import json
 import mmap
 import os
-import pickle
 import shutil
 import sys
 import tempfile
 from pathlib import Path
-from types import MappingProxyType
 
-_serial = itertools.count()
+from . import protocol
+
+PREFIX = "lean_image_ai_worker_"
 LARGE = 1 << 20
-# a catalog entry's read-only tables (MappingProxyType) cross as what they show
-def _proxy(mapping: dict) -> MappingProxyType:
-    return MappingProxyType(mapping)
+ROOM_MARGIN = 64 << 10  # left free in a folder after an array (the OS and other files need some too)
+_serial = itertools.count()
 
 
-copyreg.pickle(MappingProxyType, lambda proxy: (_proxy, (dict(proxy),)))
-_PACKAGE = __name__.rsplit(".models.worker.wire", 1)[0]  # this package's name on this side
-_TOP = "lean_image_ai"
+class ExchangeError(OSError):
+    """An array could not be written or read; its text is the one line the job ends with."""
 
 
-class _Unpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str):
-        parts = module.split(".")
-        if _TOP in parts:  # the other side's name for this package: ours
-            module = ".".join([_PACKAGE, *parts[parts.index(_TOP) + 1:]])
-        return super().find_class(module, name)
+def memory_base() -> str | None:
+    """Where in-memory folders go: /dev/shm on Linux (None elsewhere: the temporary folder)."""
+    if sys.platform.startswith("linux") and os.access("/dev/shm", os.W_OK):
+        return "/dev/shm"
+    return None
 
 
-def send(conn, message, folder: Path) -> None:
-    """``message`` (a tuple) through ``conn``, its arrays through files of ``folder``."""
-    data, names = pack(message, folder)
-    try:
-        conn.send_bytes(pickle.dumps((names, data)))
-    except BaseException:
-        discard(names, folder)
-        raise
+class Exchange:
+    """One worker's two folders; both sides build one from the same two paths."""
 
+    def __init__(self, memory: Path, disk: Path):
+        self.folders = {"m": Path(memory), "d": Path(disk)}
+        self.spilled = 0  # arrays that went to disk for want of room in memory
+        self.notices: list[str] = []  # what the owner says once in its event log
 
-def receive(conn, folder: Path):
-    """The next message (blocks: call after ``conn.poll()`` said there is one)."""
-    names, data = pickle.loads(conn.recv_bytes())
-    return unpack((data, names), folder)
-
-
-def exchange_folder() -> Path:
-    """A new private folder for one worker's array files: in memory where the OS offers one."""
-    base = "/dev/shm" if sys.platform.startswith("linux") and os.access("/dev/shm", os.W_OK) else None
-    return Path(tempfile.mkdtemp(prefix="lean_image_ai_worker_", dir=base))
-
-
-def remove_folder(folder: Path) -> None:
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-def pack(value, folder: Path) -> tuple[bytes, list[str]]:
-    """(the pickle, the names of its buffers' files in ``folder``)."""
-    buffers: list[pickle.PickleBuffer] = []
-    data = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
-    names = []
-    try:
-        for buffer in buffers:
-            name = f"{os.getpid()}-{next(_serial)}.bin"
-            with open(folder / name, "wb") as out:
-                out.write(buffer.raw())
-            names.append(name)
-    except BaseException:
-        discard(names, folder)
-        raise
-    return data, names
-
-
-def unpack(packed: tuple[bytes, list[str]], folder: Path):
-    """The value :func:`pack` packed; its files are read and deleted."""
-    data, names = packed
-    buffers = []
-    try:
-        for name in names:
-            path = folder / name
-            chunk = _buffer(path.stat().st_size)
-            with open(path, "rb") as source:
-                source.readinto(memoryview(chunk))
-            buffers.append(chunk)
-    finally:
-        discard(names, folder)
-    return _Unpickler(io.BytesIO(data), buffers=buffers).load()
-
-
-def _buffer(size: int):
-    """Writable memory for one received array. A large one is an anonymous mapping, unmapped when
-    the array goes: malloc would keep a freed block of a frame's size in the heap (glibc raises its
-    mmap threshold after such a free), and Blender's RSS would grow by one frame for good."""
-    if size >= LARGE:
-        return mmap.mmap(-1, size)
-    return bytearray(size)
-
-
-def discard(names: list[str], folder: Path) -> None:
-    for name in names:
+    @classmethod
+    def create(cls, *, in_memory: bool = True) -> Exchange:
+        owner = f"{PREFIX}{os.getpid()}_"
+        memory = Path(tempfile.mkdtemp(prefix=owner, dir=memory_base() if in_memory else None))
         try:
-            os.unlink(folder / name)
+            disk = Path(tempfile.mkdtemp(prefix=owner)) if memory_base() and in_memory else memory
+        except BaseException:
+            shutil.rmtree(memory, ignore_errors=True)
+            raise
+        return cls(memory, disk)
+
+    def usable(self) -> bool:
+        return all(folder.is_dir() for folder in self.folders.values())
+
+    def remove(self) -> None:
+        for folder in set(self.folders.values()):
+            shutil.rmtree(folder, ignore_errors=True)
+
+    # -- arrays --------------------------------------------------------------------------------
+    def write(self, array, written: list[dict]) -> None:
+        """Write ``array``'s bytes; its entry is appended to ``written`` before the first byte."""
+        import numpy as np
+
+        array = np.ascontiguousarray(array)
+        if array.dtype.hasobject:
+            raise TypeError("an array of Python objects cannot cross to the other process")
+        places = self._places(array.nbytes)
+        for where in places:
+            entry = {"dtype": array.dtype.str, "shape": list(array.shape), "where": where,
+                     "file": f"{os.getpid()}-{next(_serial)}.bin"}
+            written.append(entry)  # named before its first byte: a failed write never leaves it behind
+            try:
+                with open(self.folders[where] / entry["file"], "wb") as out:
+                    out.write(memoryview(array).cast("B"))
+                return
+            except OSError as exc:
+                self.discard([entry])
+                written.remove(entry)
+                if exc.errno != errno.ENOSPC or where == places[-1]:
+                    raise self._failed_write(exc, array.nbytes) from None
+                self._spill_notice(array.nbytes)  # the room went between the check and the write
+        raise self._no_room(array.nbytes)
+
+    def _places(self, size: int) -> list[str]:
+        """Where ``size`` bytes may go, in order: memory when it has the room, then disk."""
+        memory, disk = self.folders["m"], self.folders["d"]
+        for folder in {memory, disk}:
+            if not folder.is_dir():
+                raise self._failed_write(OSError(errno.ENOENT, "gone"), size)
+        if _free(memory) >= size + ROOM_MARGIN:
+            return ["m"] if disk == memory else ["m", "d"]
+        if disk == memory:
+            return []
+        self._spill_notice(size)
+        return ["d"] if _free(disk) >= size + ROOM_MARGIN else []
+
+    def _spill_notice(self, size: int) -> None:
+        self.spilled += 1
+        if self.spilled == 1:
+            self.notices.append(f"The in-memory exchange folder {self.folders['m']} has no room for a {_mib(size)} "
+                                f"frame; such frames cross through {self.folders['d']} on disk (slower).")
+
+    def _no_room(self, size: int) -> ExchangeError:
+        rooms = ", ".join(f"{folder} has {_mib(_free(folder))} free" for folder in set(self.folders.values()))
+        return ExchangeError(f"No room for a {_mib(size)} frame to cross to the model process ({rooms}); "
+                             "free some disk space and run it again.")
+
+    def _failed_write(self, exc: OSError, size: int) -> ExchangeError:
+        if exc.errno == errno.ENOSPC:
+            return self._no_room(size)
+        if exc.errno == errno.ENOENT:
+            return ExchangeError(f"The exchange folder {self.folders['m']} was removed (a cleaner of temporary "
+                                 "files?); the model process is restarted for the next job, run it again.")
+        return ExchangeError(f"A frame could not cross to the model process ({exc.strerror or exc}); run it again.")
+
+    def read(self, entry: dict):
+        """The array of ``entry``; its file is deleted whatever happens."""
+        import numpy as np
+
+        path = self.folders[entry["where"]] / entry["file"]
+        dtype = np.dtype(entry["dtype"])
+        expected = dtype.itemsize * int(np.prod(entry["shape"], dtype=np.int64))
+        try:
+            with open(path, "rb") as source:
+                size = os.fstat(source.fileno()).st_size
+                if size != expected:
+                    raise ExchangeError(f"a frame's file {path.name} was cut short")
+                chunk = _buffer(source, size)
+            return np.frombuffer(chunk, dtype=dtype).reshape(entry["shape"])
+        finally:
+            self.discard([entry])
+
+    def discard(self, entries: list[dict]) -> None:
+        for entry in entries:
+            try:
+                os.unlink(self.folders[entry["where"]] / entry["file"])
+            except (OSError, KeyError):
+                pass
+
+
+def send(conn, message: protocol.Message, exchange: Exchange) -> None:
+    """``message`` through ``conn``, its arrays through files of ``exchange``."""
+    document, arrays = protocol.encode(message)
+    written: list[dict] = []
+    try:
+        for array in arrays:
+            exchange.write(array, written)
+        conn.send_bytes(json.dumps({**document, "arrays": written}).encode())
+    except BaseException:
+        exchange.discard(written)
+        raise
+
+
+def receive(conn, exchange: Exchange) -> protocol.Message:
+    """The next message (blocks: call after ``conn.poll()`` said there is one). Every array file
+    it names is deleted, read or not."""
+    data = conn.recv_bytes()
+    try:
+        document = json.loads(data)
+        entries = list(document.pop("arrays", []))
+    except (ValueError, AttributeError) as exc:
+        raise protocol.ProtocolError(f"an unreadable message from the other process ({exc})") from None
+    try:
+        arrays = [exchange.read(entry) for entry in entries]
+    finally:
+        exchange.discard(entries)
+    return protocol.decode(document, arrays)
+
+
+def _buffer(source, size: int):
+    """Writable memory holding one received array's bytes. A large one is a private mapping of
+    its file (POSIX: the file is unlinked at once, its pages go when the array does): no copy, so
+    receiving a 64 MiB frame costs Blender's main thread no time, and no heap that malloc would
+    keep (glibc raises its mmap threshold after a large free: Blender's RSS would grow by one
+    frame for good). Windows cannot delete a mapped file: there, an anonymous mapping and a copy."""
+    if size >= LARGE and os.name == "posix":
+        return mmap.mmap(source.fileno(), size, access=mmap.ACCESS_COPY)
+    chunk = mmap.mmap(-1, size) if size >= LARGE else bytearray(size)
+    if source.readinto(memoryview(chunk)) != size:
+        raise ExchangeError("a frame's file was cut short while it was read")
+    return chunk
+
+
+def _free(folder: Path) -> int:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return 0
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.0f} MiB" if size >= 2**20 else f"{size / 1024:.0f} KiB"
+
+
+# ---- folders a killed host left ----------------------------------------------------------------
+def owner_of(folder: Path) -> int | None:
+    head = folder.name[len(PREFIX):].split("_", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def remove_stale() -> list[Path]:
+    """Remove exchange folders whose owner process is gone; the ones removed."""
+    removed = []
+    for base in {memory_base() or tempfile.gettempdir(), tempfile.gettempdir()}:
+        try:
+            candidates = list(Path(base).glob(PREFIX + "*"))
         except OSError:
-            pass
+            continue
+        for folder in candidates:
+            owner = owner_of(folder)
+            if owner is not None and owner != os.getpid() and not _alive(owner):
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if os.name == "posix":
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return True  # someone else's process: alive
+        return True
+    try:  # os.kill on Windows would end the process: ask psutil where it is, else keep the folder
+        import psutil
+
+        return psutil.pid_exists(pid)
+    except ImportError:
+        return True
