@@ -42,7 +42,7 @@ from .upscale_plan import (
     split_warning,
 )
 from .upscale_runs import ModelRuns, identify, scale_hint, static_scale
-from .upscale_stages import FramePlan, compute_of, staged_for, staged_frame
+from .upscale_stages import FramePlan, compute_of, honour_tile, staged_for, staged_frame
 
 DEFAULT_MODEL_PATH = Path(__file__).parents[1] / "assets" / "bicubic_x2.onnx"
 OPERATION_NAME = "upscale"
@@ -112,19 +112,11 @@ def run(
         raise ValueError(f"alpha_mode must be one of {ALPHA_MODES}, got {alpha_mode!r}")
     tile_size = _checked_tile_size(tile_size)
     if overlap is not None and int(overlap) < AUTO_OVERLAP:
-        raise ValueError(
-            f"overlap must be >= 0 ({AUTO_OVERLAP}: the model's receptive radius), got {overlap}"
-        )
+        raise ValueError(f"overlap must be >= 0 ({AUTO_OVERLAP}: the model's receptive radius), got {overlap}")
     options = options or RunOptions()
     options.report(0.0, "loading model")
     job = _Upscale(
-        tile_size,
-        overlap,
-        model_overlap,
-        alpha_mode,
-        memory_budget_bytes,
-        size_multiple,
-        available_memory_bytes,
+        tile_size, overlap, model_overlap, alpha_mode, memory_budget_bytes, size_multiple, available_memory_bytes
     )
     return run_frames(
         OPERATION_NAME, images, model_path, options, check=check_session, start=job.start, body=job.frame
@@ -160,9 +152,7 @@ class _Upscale:
     """One upscale job: its plan, made once the session is open (`start`), then each frame's
     steps (`frame`). The tile size it settles on carries over from frame to frame."""
 
-    def __init__(
-        self, tile_size, overlap, model_overlap, alpha_mode, memory_budget_bytes, size_multiple, available
-    ):
+    def __init__(self, tile_size, overlap, model_overlap, alpha_mode, memory_budget_bytes, size_multiple, available):
         self.tile_size, self.requested_overlap, self.model_overlap = tile_size, overlap, model_overlap
         self.alpha_mode, self.memory_budget = alpha_mode, memory_budget_bytes
         self.size_multiple, self.available_memory = size_multiple, available
@@ -190,9 +180,7 @@ class _Upscale:
 
     def _plan(self, reach) -> None:
         handle = self.loop.handle
-        self.planned = plan_overlap(
-            handle.model_name, self.field, self.requested_overlap, self.size_multiple, reach
-        )
+        self.planned = plan_overlap(handle.model_name, self.field, self.requested_overlap, self.size_multiple, reach)
         self.tile, tile_warnings = choose_tile(handle.model_name, self.fixed, self.tile_size, self.planned)
         self.plan_warnings = list(self.planned.warnings) + tile_warnings
 
@@ -244,6 +232,8 @@ class _Upscale:
         fed = self._model_input(frame)
         if self.planned.needs_reach and len(tiles.tiles(*shape[:2], tiles.tile_size)) > 1:
             tiles = self._settle_reach(frame, fed, shape)
+        tiles, raised = honour_tile(self, tiles, shape)
+        fed.warnings += [raised] if raised else []
         tiled = self._run_tiles(frame, fed, tiles, available, prefix)
         frame.op.check_cancelled()
         self.scale = tiled.scale  # known from here on, for the next frames too
@@ -251,14 +241,8 @@ class _Upscale:
             # the size that fitted, kept for the next frames: no use retrying the bigger one
             self.tile, self.auto_sized = tiled.tile_size, False
             fed.warnings.append(split_warning(tiled, exact=self.planned.exact))
-        shown = FramePlan(
-            tiled.window_ran,
-            tiles.overlap,
-            tiled.tiles_run,
-            compute_of(
-                tiles.tiles(*shape[:2], tiled.tile_size if tiled.splits else tiles.tile_size), *shape[:2]
-            ),
-        )
+        ran = tiles.tiles(*shape[:2], tiled.tile_size if tiled.splits else tiles.tile_size)
+        shown = FramePlan(tiled.window_ran, tiles.overlap, tiled.tiles_run, compute_of(ran, *shape[:2]))
         return self._result(_with_alpha(tiled.image, fed), tiled, fed, shown)
 
     def _staged_frame(self, frame, shape, prefix: str) -> UpscaleResult:
@@ -287,12 +271,7 @@ class _Upscale:
         if self.tile is AUTO or self.auto_sized:
             self.auto_sized = True
             self.tile = auto_tile_for_frame(
-                self.runs,
-                self.loop.runtime,
-                self.planned.overlap,
-                self.planned.feather,
-                self.memory_budget,
-                shape[:2],
+                self.runs, self.loop.runtime, self.planned.overlap, self.planned.feather, self.memory_budget, shape[:2]
             )
         return frame_tiles(
             self.tile,
@@ -310,9 +289,7 @@ class _Upscale:
         warnings = list(self.plan_warnings) + list(prepared.warnings)
         rgb, alpha = prepared.rgb, prepared.alpha
         high = 1.0
-        if (
-            self.hdr and prepared.kind == "float"
-        ):  # an HDR frame keeps its range, not the resampling's ringing
+        if self.hdr and prepared.kind == "float":  # an HDR frame keeps its range, not the resampling's ringing
             high = max(1.0, float(rgb.max()))
         clipped = _clip_for_model(rgb, high, self.loop.handle.model_name)
         if clipped:
@@ -336,9 +313,7 @@ class _Upscale:
             grey = np.broadcast_to(window[None, None, :, :, 3], (1, 3, height, width))
             matte = runs.infer(np.ascontiguousarray(grey, dtype), last=last, slot="alpha")
             # 1x4xHxW: pasted transposed by the tiler, like the colour alone (one copy, not four)
-            return np.concatenate(
-                [colour, matte.mean(axis=1, keepdims=True, dtype=np.float32)], axis=1, dtype=np.float32
-            )
+            return np.concatenate([colour, matte.mean(axis=1, keepdims=True, dtype=np.float32)], axis=1, dtype=np.float32)
 
         source, fed.source = fed.source, None  # the input goes as soon as the tiler is done with it
         return run_tiled(

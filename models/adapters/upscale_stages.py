@@ -9,7 +9,7 @@ the stage's share of one whole-image run's multiply-adds.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -22,6 +22,8 @@ from .upscale_plan import (
     AUTO_OVERLAP,
     AUTO_WINDOW_STEP,
     MAX_EXACT_RADIUS,
+    auto_tile_for_frame,
+    frame_tiles,
     reach_overlap,
     working_target,
 )
@@ -216,3 +218,55 @@ def _body_warning(job, body: TilePlan) -> str:
         f"(how far a one-pixel change reaches: {reached}) and are blended; {job.planned.bound}. Its head "
         "ran exactly. A larger memory budget runs the body whole, and the result exact."
     )
+
+
+EXPLICIT_COST_LIMIT = 2.0  # an explicit tile may cost up to this many times its auto plan's compute
+TILE_STEP = 16
+
+
+def honour_tile(job, tiles: TilePlan, shape) -> tuple[TilePlan, str | None]:
+    """A deep net's explicit tile, raised when it would cost more than EXPLICIT_COST_LIMIT times the
+    automatic plan's compute (a habitual 192 px tile on its 72 px overlap keeps a 48 px core: 12x the
+    work); (the plan to run, the one line that says to what and why, or None)."""
+    radius = job.planned.radius
+    if tiles.fixed or not isinstance(tiles.tile_size, int) or radius is None or radius <= MAX_EXACT_RADIUS:
+        return tiles, None  # a net tiled exactly pays its own radius: what the artist asked to test
+    height, width = shape[:2]
+    cost = compute_of(tiles.tiles(height, width, tiles.tile_size), height, width)
+    auto = auto_compute(job, shape)
+    if cost <= EXPLICIT_COST_LIMIT * auto:
+        return tiles, None
+    largest = max(height, width) + 2 * tiles.overlap
+    raised, raised_cost = tiles.tile_size, cost
+    while raised < largest and raised_cost > EXPLICIT_COST_LIMIT * auto:
+        raised = min(largest, raised + TILE_STEP)
+        raised_cost = compute_of(tiles.tiles(height, width, raised), height, width)
+    core = tiles.tile_size - 2 * tiles.overlap
+    warning = (
+        f"Tile size {tiles.tile_size} would cost {cost:.1f}x one whole-image run ({tiles.overlap} px of overlap "
+        f"around a {core} px core); raised to {raised} ({raised_cost:.2f}x), as a tile may cost at most "
+        f"{EXPLICIT_COST_LIMIT:g}x the automatic plan ({auto:.2f}x)."
+    )
+    return replace(tiles, tile_size=raised), warning
+
+
+def auto_compute(job, shape) -> float:
+    """The compute of the plan Tile Size auto would run on this frame."""
+    height, width = shape[:2]
+    planned = job.planned
+    target = working_target(job.loop.op, job.loop.handle, job.memory_budget)
+    stages = None
+    if planned.radius is not None and planned.radius > MAX_EXACT_RADIUS and job.fixed is None:
+        try:
+            stages = stages_for(job.loop.handle.model_path, cache_dir() / "tiling")
+        except OSError:
+            stages = None
+    if stages is not None:
+        return StagedUpscale(job, stages, planned.radius).plan(height, width, target)[2].compute
+    tile = auto_tile_for_frame(
+        job.runs, job.loop.runtime, planned.overlap, planned.feather, job.memory_budget, shape[:2]
+    )
+    auto = frame_tiles(
+        tile, planned, auto_sized=True, fixed=False, multiple=job.size_multiple, frame_hw=shape[:2]
+    )
+    return compute_of(auto.tiles(height, width, auto.tile_size), height, width)

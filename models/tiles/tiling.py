@@ -134,10 +134,7 @@ def plan_tiles(
     tiles = []
     need_h, need_w = (tile_h, tile_w) if fixed else (None, None)
     if uniform and not fixed:
-        need_h, need_w = (
-            _round_up(min(tile_h, int(height)), multiple),
-            _round_up(min(tile_w, int(width)), multiple),
-        )
+        need_h, need_w = _round_up(min(tile_h, int(height)), multiple), _round_up(min(tile_w, int(width)), multiple)
     for y0, y1 in zip(rows[:-1], rows[1:], strict=True):
         wy0, wy1 = _window(y0, y1, int(height), overlap, need_h, multiple)
         for x0, x1 in zip(cols[:-1], cols[1:], strict=True):
@@ -221,9 +218,7 @@ class TilePlan:
 
     def __post_init__(self):
         if self.feather and self.feather > self.overlap:
-            raise ValueError(
-                f"a {self.feather} px feather needs an overlap of at least that, got {self.overlap}"
-            )
+            raise ValueError(f"a {self.feather} px feather needs an overlap of at least that, got {self.overlap}")
 
     @property
     def floor(self) -> int:
@@ -379,9 +374,7 @@ class _Tiler:
         if result.ndim == 2:
             result = result[:, :, None]
         nchw = result.ndim == 4
-        out_hw, channels = (
-            (result.shape[2:], result.shape[1]) if nchw else (result.shape[:2], result.shape[2])
-        )
+        out_hw, channels = (result.shape[2:], result.shape[1]) if nchw else (result.shape[:2], result.shape[2])
         self.scale = _check_scale(out_hw, tile, self.scale, self.run.label)
         self._make_room(channels)
         if self.feather:
