@@ -13,9 +13,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ...runtime.measure.budget import budget_for
 from ..store.models_folder import cache_dir
 from ..tiles.reach import PROBE_REACH
 from ..tiles.stages import stages_for
+from ..tiles.tile_memory import BUDGET_FRACTION, total_system_memory_bytes
 from ..tiles.tiling import TiledRun, TilePlan, plan_tiles, run_tiled
 from .upscale_plan import (
     AUTO,
@@ -103,11 +105,14 @@ class StagedUpscale:
     def body_overlap(self) -> tuple[int, int]:
         return reach_overlap(self.radius, self.reach)
 
-    def plan(self, height: int, width: int, target: float) -> tuple[TilePlan, TilePlan, FramePlan]:
-        """(body plan, head plan, what the frame's plan is) for a frame under `target` bytes per window."""
+    def plan(self, height: int, width: int, target: float, body_target: float | None = None):
+        """(body plan, head plan, what the frame's plan is) for a frame: the head's windows under
+        `target` bytes each (its overlap is a few pixels: larger windows would buy nothing), the
+        body's under `body_target` (default: `target`)."""
         stages = self.stages
         overlap, feather = self.body_overlap()
-        window = body_window(height, width, overlap, target / stages.body_bytes_per_pixel)
+        body_room = target if body_target is None else body_target
+        window = body_window(height, width, overlap, body_room / stages.body_bytes_per_pixel)
         if window is None:
             body = TilePlan(None, 0, keeps_pixels=False)
         else:
@@ -117,7 +122,7 @@ class StagedUpscale:
         head_window = tuple(
             head_side if head_side < side else side + 2 * stages.head_radius for side in (height, width)
         )
-        head = TilePlan(head_window, stages.head_radius, uniform=True)
+        head = TilePlan(head_window, stages.head_radius)  # balanced cuts: windows within a pixel of each other
         body_tiles = body.tiles(height, width, body.tile_size)
         head_tiles = head.tiles(height, width, head.tile_size)
         share = stages.body_share
@@ -165,6 +170,18 @@ def staged_exact(body_plan: TilePlan) -> bool:
     return body_plan.tile_size is None
 
 
+def body_target(op, handle, budget: int | None) -> int:
+    """The working memory the body's window may take: BUDGET_FRACTION of the memory the job may use
+    (the caller's budget, else the job's RAM budget, else the machine's physical RAM: never what
+    other processes leave free, so the plan is the same whatever else runs); on a GPU, or where the
+    OS does not say, the fixed per-device target (upscale_plan.working_target)."""
+    if handle.gpu_device_id is not None:
+        return working_target(op, handle, budget)
+    room = budget if budget is not None else budget_for(op.budgets, None)
+    room = room if room else total_system_memory_bytes()
+    return int(BUDGET_FRACTION * room) if room else working_target(op, handle, budget)
+
+
 def staged_for(job, handle) -> StagedUpscale | None:
     """The job's staged runs, when its plan is a deep net's default (Overlap and Tile Size auto,
     a dynamic input) and the graph cuts into a body and a head; else None (tiled as one net)."""
@@ -185,13 +202,14 @@ def staged_frame(job, frame, fed, shape, prefix: str):
     warnings about the seams)."""
     staged, height, width = job.staged, shape[0], shape[1]
     target = working_target(job.loop.op, job.loop.handle, job.memory_budget)
-    body, head, shown = staged.plan(height, width, target)
+    room = body_target(job.loop.op, job.loop.handle, job.memory_budget)
+    body, head, shown = staged.plan(height, width, target, room)
     notes = []
     if body.tile_size is not None and staged.reach is None:
         frame.report(0.0, "measuring how far the model reaches")
         reach, notes = job.measure_reach()
         staged.reach = math.inf if reach is None else reach
-        body, head, shown = staged.plan(height, width, target)
+        body, head, shown = staged.plan(height, width, target, room)
     source = fed.source
 
     def through(image, last):
@@ -262,7 +280,8 @@ def auto_compute(job, shape) -> float:
         except OSError:
             stages = None
     if stages is not None:
-        return StagedUpscale(job, stages, planned.radius).plan(height, width, target)[2].compute
+        room = body_target(job.loop.op, job.loop.handle, job.memory_budget)
+        return StagedUpscale(job, stages, planned.radius).plan(height, width, target, room)[2].compute
     tile = auto_tile_for_frame(
         job.runs, job.loop.runtime, planned.overlap, planned.feather, job.memory_budget, shape[:2]
     )
