@@ -14,7 +14,7 @@ falls on all alike), each variant in a fresh subprocess on the same threads:
 - product: `upscale.run` with the default plan (for x4plus: staged, models/tiles/stages.py),
 - ort: one bare onnxruntime whole-image run (the reference every seam is measured against),
 - official: Real-ESRGAN's own tiler (inference_realesrgan.py's `tile_process`: tiles of
-  --official-tile px from the top-left, 10 px of pad each side clipped to the image, the pad
+  --official-tile px (default 128) from the top-left, 10 px of pad each side clipped to the image, the pad
   cropped away) on a bare onnxruntime session,
 - ncnn: ncnn's CPU runtime (the `ncnn` wheel) on the original .param/.bin, one whole-image run
   (fp32 throughout, as the ONNX graph computes).
@@ -154,8 +154,11 @@ def _spawn(variant: str, name: str, size, args, out: Path) -> dict:
 
 
 def seams(out: np.ndarray, reference: np.ndarray) -> dict:
-    levels = np.abs(out.astype(np.float64) - reference) * 255.0
-    eight = np.abs(np.round(np.clip(out, 0, 1) * 255).astype(int) - np.round(np.clip(reference, 0, 1) * 255).astype(int))
+    """Against the whole-image run, both clipped to [0, 1] (the product clips what it writes; a bare
+    run leaves ringing past the range, which is no seam)."""
+    out, reference = np.clip(out, 0.0, 1.0).astype(np.float64), np.clip(reference, 0.0, 1.0).astype(np.float64)
+    levels = np.abs(out - reference) * 255.0
+    eight = np.abs(np.round(out * 255).astype(int) - np.round(reference * 255).astype(int))
     return {"max": int(eight.max()), "p99_9": float(np.percentile(levels, 99.9)), "float_max": float(levels.max())}
 
 
@@ -191,7 +194,10 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--size", help="HxW for every model (default: per model, small)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--official-tile", type=int, default=400, help="the official tiler's tile (default 400)")
+    parser.add_argument(
+        "--official-tile", type=int, default=128,
+        help="the official tiler's tile (its --tile; default 128: the default sizes are cut in 2-6 tiles)",
+    )  # fmt: skip
     parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--child-size", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)

@@ -17,6 +17,7 @@ from lean_image_ai.models.adapters.upscale_plan import MAX_EXACT_RADIUS
 from lean_image_ai.models.base import RunOptions
 from lean_image_ai.models.tiles import reach, reach_cache
 from lean_image_ai.models.tiles.receptive import graph_receptive_field
+from lean_image_ai.models.tiles.stages import stages_for
 from lean_image_ai.runtime import Runtime
 from lean_image_ai.runtime.errors import InferenceOutOfMemoryError
 from onnx import TensorProto, helper, numpy_helper
@@ -103,9 +104,12 @@ def test_a_deep_nets_default_plan_is_staged_and_exact(runtime, deep, models_fold
 def test_a_small_budget_cuts_the_body_into_few_windows_and_says_so(runtime, deep, models_folder):
     image = picture(120, 160)
     whole = _run(runtime, image, deep, tile_size=None)
-    staged = _run(runtime, image, deep, memory_budget_bytes=2 * 120 * 100 * 60)  # ~12k px of body per window
+    rate = stages_for(deep, models_folder / ".cache" / "tiling").body_bytes_per_pixel
+    budget = int(2 * 17_000 * rate)  # half of it per window: 17k px of body, the image is 19.2k
+    staged = _run(runtime, image, deep, memory_budget_bytes=budget)
     assert staged.plan["staged"] and not staged.exact and staged.plan["windows"] > 2
-    assert staged.plan["compute"] < 2.5  # a tiny image under a tiny budget: the overlap is most of it
+    assert staged.plan["window"] == [120, 160 // 2 + staged.overlap]  # two full-height strips: one seam
+    assert staged.plan["compute"] < 2.0
     assert any(w.startswith("Not exact:") and "body" in w for w in staged.warnings)
     assert np.abs(staged.image - whole.image).max() * 255 < 2  # near-identity convs: the seams stay small
 
