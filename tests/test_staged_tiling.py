@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -26,7 +27,7 @@ from onnx_builders import save_model
 DEPTH = 70  # 3x3 convs in the body: a radius of 72 px with the first conv and the head
 
 
-def deep_sr_model(path, seed=0, depth=DEPTH):
+def deep_sr_model(path, seed=0, depth=DEPTH, channels=4):
     """conv 3->4, `depth` near-identity 3x3 convs with LeakyReLU, a skip, nearest x2, conv 4->3:
     RRDBNet's shape in miniature (its body at 1x, its head after the upsampling)."""
     rng = np.random.default_rng(seed)
@@ -39,16 +40,16 @@ def deep_sr_model(path, seed=0, depth=DEPTH):
         inits.append(numpy_helper.from_array(w, name))
         return name
 
-    nodes.append(helper.make_node("Conv", ["input", weight("w0", 4, 3, False)], ["f0"], pads=[1, 1, 1, 1]))
+    nodes.append(helper.make_node("Conv", ["input", weight("w0", channels, 3, False)], ["f0"], pads=[1, 1, 1, 1]))
     x = "f0"
     for i in range(depth):
-        nodes.append(helper.make_node("Conv", [x, weight(f"w{i + 1}", 4, 4, True)], [f"c{i}"], pads=[1, 1, 1, 1]))
+        nodes.append(helper.make_node("Conv", [x, weight(f"w{i + 1}", channels, channels, True)], [f"c{i}"], pads=[1, 1, 1, 1]))
         nodes.append(helper.make_node("LeakyRelu", [f"c{i}"], [f"r{i}"], alpha=0.2))
         x = f"r{i}"
     nodes.append(helper.make_node("Add", ["f0", x], ["joined"]))
     inits.append(numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"))
     nodes.append(helper.make_node("Resize", ["joined", "", "scales"], ["up"], mode="nearest"))
-    nodes.append(helper.make_node("Conv", ["up", weight("wl", 3, 4, False)], ["output"], pads=[1, 1, 1, 1]))
+    nodes.append(helper.make_node("Conv", ["up", weight("wl", 3, channels, False)], ["output"], pads=[1, 1, 1, 1]))
     graph = helper.make_graph(
         nodes, "deep", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, "H", "W"])],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 3, "OH", "OW"])], inits,
@@ -206,17 +207,21 @@ def test_memory_other_processes_hold_never_changes_the_pixels(runtime, deep, mod
     (an explicit overlap below the radius: smaller windows would move its seams)."""
     from lean_image_ai.runtime.measure import budget
 
+    wide = deep_sr_model(deep.parent / "wide.onnx", channels=32)  # its windows grow the arena measurably
     image = picture(120, 160)
     jobs = [{}, {"tile_size": 112, "overlap": 24}]
-    before = [_run(runtime, image, deep, **job) for job in jobs]
-    monkeypatch.setattr(budget, "available_system_memory_bytes", lambda: 1 << 20)
+    before = [_run(runtime, image, wide, **job) for job in jobs]
+    since = time.time()
+    monkeypatch.setattr(budget, "available_system_memory_bytes", lambda: 4096)  # below any window's need
     for job, first in zip(jobs, before, strict=True):
         try:
-            again = _run(runtime, image, deep, **job)
+            again = _run(runtime, image, wide, **job)
         except InferenceOutOfMemoryError as exc:
             assert len(str(exc).strip().splitlines()) == 1, str(exc)
             continue
         np.testing.assert_array_equal(again.image, first.image)
+    # never a smaller window that moves the seams first (the old degrade split, then gave up)
+    assert not [e for e in runtime.events.recent() if e["event"] == "tile_split" and e["time"] >= since]
 
 
 def test_plan_only_prints_the_plan_and_runs_nothing(tmp_path, deep):
