@@ -33,6 +33,7 @@ from ..tiles.tiling import TiledRun, TilePlan, refuse_oversized_result, run_tile
 from .upscale_plan import (
     AUTO,
     AUTO_OVERLAP,
+    MAX_EXACT_RADIUS,
     auto_tile_for_frame,
     choose_tile,
     frame_tiles,
@@ -172,7 +173,8 @@ class _Upscale:
         runs.scale = self.scale or scale_hint(handle)  # what outputs are bound with from the first run
         runs.hinted = self.scale is None and runs.scale is not None
         self.field = receptive_field(handle.model_path, self.model_overlap, self._probe)
-        known, reach = cached_reach(handle.model_path)
+        deep = self.field.radius is not None and MAX_EXACT_RADIUS < self.field.radius < math.inf
+        known, reach = cached_reach(handle.model_path) if deep else (False, None)  # hashes the file: deep nets only
         self._plan(math.inf if known and reach is None else reach)
         self.staged = staged_for(self, handle)  # a deep net's default: body and head apart
         if self.tile is AUTO and self.memory_budget is None:  # the job's RAM or VRAM budget, by where it runs
