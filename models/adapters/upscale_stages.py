@@ -155,6 +155,7 @@ class StagedUpscale:
             feed = np.ascontiguousarray(window.transpose(2, 0, 1)[None], dtype)
             return job.loop.op.run(body, {in_name: feed}, last=False, output_names=[stages.cut])[stages.cut]
 
+        frame.report(0.0, "the model's body (its 1x part)")
         features = run_tiled(image, TiledRun(run_body, body_plan, last=False, scale=1, label=label,
                                              events=job.loop.runtime.events)).image  # fmt: skip
         head = self._session(stages.head)
