@@ -211,39 +211,14 @@ def test_memory_other_processes_hold_never_changes_the_pixels(runtime, deep, mod
     image = picture(120, 160)
     jobs = [{}, {"tile_size": 112, "overlap": 24}]
     before = [_run(runtime, image, wide, **job) for job in jobs]
-    since = time.time()
     monkeypatch.setattr(budget, "available_system_memory_bytes", lambda: 4096)  # below any window's need
     for job, first in zip(jobs, before, strict=True):
+        since = time.time()
         try:
             again = _run(runtime, image, wide, **job)
         except InferenceOutOfMemoryError as exc:
             assert len(str(exc).strip().splitlines()) == 1, str(exc)
-            continue
-        np.testing.assert_array_equal(again.image, first.image)
-    # never a smaller window that moves the seams first (the old degrade split, then gave up)
-    assert not [e for e in runtime.events.recent() if e["event"] == "tile_split" and e["time"] >= since]
-
-
-def test_plan_only_prints_the_plan_and_runs_nothing(tmp_path, deep):
-    """The CLI's --plan-only: window, overlap, windows and compute, as words and one JSON line; no
-    output file, no model run; and a run's JSON line gives the same plan."""
-    import subprocess
-    import sys
-
-    from PIL import Image
-
-    source = tmp_path / "in.png"
-    Image.fromarray((picture(90, 120) * 255).astype(np.uint8)).save(source)
-    env = dict(os.environ, LEAN_IMAGE_AI_MODELS_DIR=str(tmp_path / "models"))
-    command = [sys.executable, "-m", "lean_image_ai", "upscale", str(source), str(tmp_path / "out.png"),
-               "--model", str(deep), "--device", "cpu"]  # fmt: skip
-    planned = subprocess.run([*command, "--plan-only"], capture_output=True, text=True, env=env, timeout=300)
-    assert planned.returncode == 0, planned.stderr
-    plan = json.loads(planned.stdout.strip().splitlines()[-1])["plan"]
-    assert plan["staged"] and plan["overlap"] == 0 and plan["compute"] <= 1.1 and plan["windows"] >= 2
-    assert "plan: 120x90:" in planned.stdout and not (tmp_path / "out.png").exists()
-    ran = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-    assert ran.returncode == 0, ran.stderr
-    tiling = json.loads(ran.stdout.strip().splitlines()[-1])["tiling"][0]
-    assert {k: tiling[k] for k in plan} == plan and tiling["exact"]
-    assert f"{plan['windows']} window(s), compute" in ran.stdout
+        else:
+            np.testing.assert_array_equal(again.image, first.image)
+        if job:  # blended tiles: never a smaller window that moves the seams first (the old degrade split)
+            assert not [e for e in runtime.events.recent() if e["event"] == "tile_split" and e["time"] >= since]

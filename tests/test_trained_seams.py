@@ -127,19 +127,20 @@ def test_x4plus_by_default_is_staged_exact_and_about_one_run_of_compute(runtime)
 
 @pytest.mark.parametrize(
     ("size", "budget", "window"),
-    [((96, 224), 100_000_000, [96, 200]), ((224, 224), 216_000_000, [200, 200])],
+    [((96, 224), 108_000_000, [96, 216]), ((224, 224), 243_000_000, [216, 216])],
     ids=["one seam", "a 2x2 grid"],
 )
 def test_x4plus_body_windows_hold_the_bound(runtime, size, budget, window):
     """A budget too small for the whole body: its windows overlap the reach measured on the fixed
-    probe at 2 levels, blended; within SEAM_LEVELS (8-bit) and 1.0 level (float) of one run."""
+    probe, blended; within SEAM_LEVELS (8-bit) and 1.0 level (float) of one run."""
     model = trained_model(X4PLUS)
     image = natural_image(*size, seed=5)
     whole = _run(runtime, image, model, tile_size=None)
     tiled = _run(runtime, image, model, memory_budget_bytes=budget)
     assert tiled.plan["staged"] and tiled.plan["window"] == window and not tiled.exact
     found = json.loads(reach_cache.record_path(reach_cache.content_hash(model)).read_text())["reach"]
-    assert 32 <= found <= 64 and tiled.overlap == 88  # read at 2 levels: 50-55 px on photos (DESIGN §8)
+    assert found is None or 64 < found  # 0.25 levels on the fixed probe: past 2 levels' 50-56 px
+    assert tiled.overlap == 104  # the reach rounded up to 16 px (or the probe's 96 px), plus the blend
     eight = np.abs(_eight_bit(tiled.image) - _eight_bit(whole.image))
     floats = _levels(tiled.image, whole.image)
     print(f"x4plus body {window}: max {eight.max()} levels, float max {floats.max():.3f}")

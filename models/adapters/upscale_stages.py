@@ -24,14 +24,12 @@ from .upscale_plan import (
     AUTO_OVERLAP,
     AUTO_WINDOW_STEP,
     MAX_EXACT_RADIUS,
-    REACH_STEP,
     auto_tile_for_frame,
     frame_tiles,
     reach_overlap,
     working_target,
 )
 
-BODY_MARGIN = REACH_STEP  # context past the reach's plan, for the float bound (StagedUpscale.body_overlap)
 MAX_PIECES = 16  # per axis, when the body must be cut: more means a target far below a sane one
 
 
@@ -105,14 +103,8 @@ class StagedUpscale:
         return loop.op.session(path, loop.options.device)
 
     def body_overlap(self) -> tuple[int, int]:
-        """(overlap, feather) of the body's windows: the reach's plan (upscale_plan.reach_overlap)
-        and BODY_MARGIN more. A reach read at 2 levels is where a cut context still moves a pixel
-        by about 2 levels: on trained x4plus (one seam, 96x224) the body's windows at overlap 72 left
-        a float max of 1.8 levels in the blend band, at 88 0.12 (8-bit max 1)."""
-        overlap, feather = reach_overlap(self.radius, self.reach)
-        if self.reach is None:
-            return overlap, feather
-        return min(self.radius, overlap + BODY_MARGIN), feather
+        """(overlap, feather) of the body's windows: the reach's plan (upscale_plan.reach_overlap)."""
+        return reach_overlap(self.radius, self.reach)
 
     def plan(self, height: int, width: int, target: float, body_target: float | None = None):
         """(body plan, head plan, what the frame's plan is) for a frame: the head's windows under

@@ -4,12 +4,13 @@ The graph's receptive radius says how far an output pixel *can* see; for a deep 
 more than it *does* see in practice (RRDBNet x4plus: 349 px from the graph, while a trained file's
 output moves by less than a tenth of a level past ~64 px). A flat grey probe reads far less than a
 trained file reaches on an image, and the job's own image made the figure depend on whichever image
-came first (56 px on a photo, 84 px on a generated one at 0.25 levels), so the probe is one fixed
-natural-looking image (models/tiles/probe_image.py): one pixel at its centre is changed by half the
-range and the farthest output pixel (in input pixels, Chebyshev distance) that moved by more than
-REACH_LEVELS 8-bit levels is the reach. At 2 levels a photo and a generated image both read 50-55 px
-on trained x4plus, and tiles whose overlap covers that reach plus a feather band stay within 2
-levels of one whole-image run on one seam and on a 2x2 grid (tests/test_trained_seams.py).
+came first (56 px on a photo, 84 px on a generated one), so the probe is one fixed natural-looking
+image (models/tiles/probe_image.py): one pixel at its centre is changed by half the range and the
+farthest output pixel (in input pixels, Chebyshev distance) that moved by more than REACH_LEVELS
+8-bit levels is the reach. 2 levels read the same on a photo and a generated image, but its
+overlap (72 px) left seams of 8.8 levels on trained x4plus (96x448, 400 px tiles); at 0.25 levels
+the probe reads farther, and the overlap that covers it holds the bound on one seam and on a 2x2
+grid (tests/test_trained_seams.py).
 
 The figure is kept per file content in the models folder's cache folder (models/tiles/reach_cache.py),
 so a model is probed once, wherever its file lies.
@@ -22,9 +23,9 @@ import numpy as np
 from . import reach_cache
 from .probe_image import natural_image
 
-REACH_LEVELS = 2.0
-"""An output change (8-bit levels) below which a pixel counts as unmoved: the threshold at which the
-reach is the same on a photo and on a generated image, and whose overlap holds the seam bound."""
+REACH_LEVELS = 0.25
+"""An output change (8-bit levels) below which a pixel counts as unmoved: the threshold whose overlap
+holds the seam bound (2 levels did not: see the module's docstring)."""
 PROBE_REACH = 96  # the probe's half side: a reach at or past it is reported as None
 PROBE_SEED = 7
 PROBE_ID = f"natural_image({2 * PROBE_REACH + 1}, seed {PROBE_SEED})"
