@@ -46,7 +46,11 @@ def test_demo_output_default_name_in_the_current_folder(tmp_path):
         assert written.size == (1024, 768)
     # the window that ran: 512 columns in 9 balanced tiles of 56-57 px + 2 x 2 px overlap
     assert "tile 61 px, overlap 2 px, seams exact" in done.stdout
-    assert summary(done)["tiling"] == [{"tile": 61, "overlap": 2, "seams": "exact", "exact": True}]
+    (tiling,) = summary(done)["tiling"]
+    assert {k: tiling[k] for k in ("tile", "overlap", "seams", "exact")} == {"tile": 61, "overlap": 2, "seams": "exact",
+                                                                          "exact": True}
+    # the plan (issue 38): 9 x 7 windows, each paying its 2 px of overlap inside the image
+    assert (tiling["windows"], tiling["overlap"], tiling["staged"]) == (63, 2, False) and 1 < tiling["compute"] < 1.2
 
 
 def test_rgba_file_in_rgba_file_out(tmp_path):

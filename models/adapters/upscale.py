@@ -33,6 +33,7 @@ from ..tiles.tiling import TiledRun, TilePlan, refuse_oversized_result, run_tile
 from .upscale_plan import (
     AUTO,
     AUTO_OVERLAP,
+    MAX_EXACT_RADIUS,
     auto_tile_for_frame,
     choose_tile,
     frame_tiles,
@@ -42,6 +43,7 @@ from .upscale_plan import (
     split_warning,
 )
 from .upscale_runs import ModelRuns, identify, scale_hint, static_scale
+from .upscale_stages import FramePlan, compute_of, honour_tile, staged_for, staged_frame
 
 DEFAULT_MODEL_PATH = Path(__file__).parents[1] / "assets" / "bicubic_x2.onnx"
 OPERATION_NAME = "upscale"
@@ -62,6 +64,7 @@ class UpscaleResult:
     input_kind: str = "8-bit"  # the source's samples: "8-bit", "16-bit" or "float"
     clipped: str | None = None  # what of the source was clipped for the model, in words (None: nothing)
     bound: str = "not exact"  # how far from one whole-image run, when not exact (upscale_plan.OverlapPlan)
+    plan: dict | None = None  # window, overlap, windows, compute (upscale_stages.FramePlan.as_dict)
 
     @property
     def seams(self) -> str:
@@ -170,8 +173,10 @@ class _Upscale:
         runs.scale = self.scale or scale_hint(handle)  # what outputs are bound with from the first run
         runs.hinted = self.scale is None and runs.scale is not None
         self.field = receptive_field(handle.model_path, self.model_overlap, self._probe)
-        known, reach = cached_reach(handle.model_path)
+        deep = self.field.radius is not None and MAX_EXACT_RADIUS < self.field.radius < math.inf
+        known, reach = cached_reach(handle.model_path) if deep else (False, None)  # hashes the file: deep nets only
         self._plan(math.inf if known and reach is None else reach)
+        self.staged = staged_for(self, handle)  # a deep net's default: body and head apart
         if self.tile is AUTO and self.memory_budget is None:  # the job's RAM or VRAM budget, by where it runs
             self.memory_budget = budget_for(loop.op.budgets, handle.gpu_device_id)
 
@@ -181,34 +186,36 @@ class _Upscale:
         self.tile, tile_warnings = choose_tile(handle.model_name, self.fixed, self.tile_size, self.planned)
         self.plan_warnings = list(self.planned.warnings) + tile_warnings
 
+    def measure_reach(self) -> tuple[int | None, list[str]]:
+        """How far this model file reaches (models/tiles/reach.py: cached per content, else measured
+        on the fixed probe), the plan made again with it; (reach, notes to pass on)."""
+        reach, notes = reach_for(self.runs.handle.model_path, self._infer_whole)
+        self._plan(math.inf if reach is None else reach)
+        return reach, notes
+
+    def not_finite(self, result) -> None:
+        check_finite(result, self.runs.handle.model_name, self.runs.handle.outputs[0].name)
+
     def _settle_reach(self, frame, fed, shape) -> TilePlan:
-        """A deep net's overlap from how far it really reaches: measured once per model file on a
-        crop of this frame (models/tiles/reach.py), before the first frame that has seams."""
-        runs, old = self.runs, self.plan_warnings
-
-        def infer(window):
-            output = runs.infer(to_nchw(window, self.dtype), last=False, slot="probe")
-            return from_nchw(check_finite(output, runs.handle.model_name, runs.handle.outputs[0].name))
-
+        """A deep net's overlap from how far it really reaches, before the first frame that has seams."""
+        old = self.plan_warnings
         frame.report(0.0, "measuring how far the model reaches")
         try:
-            reach = reach_for(runs.handle.model_path, infer, fed.source[:, :, :3])
+            _reach, notes = self.measure_reach()
         except InferenceOutOfMemoryError:
             self.planned.needs_reach = False  # no room for the probe: the bounded default stays, said so
             return self._tiles(shape)
-        self._plan(math.inf if reach is None else reach)
-        fed.warnings = list(self.plan_warnings) + [w for w in fed.warnings if w not in old]
+        fed.warnings = list(self.plan_warnings) + notes + [w for w in fed.warnings if w not in old]
         return self._tiles(shape)
 
     def _probe(self) -> int | None:
         """The receptive radius, measured by an impulse probe (upscale_plan.impulse_probe)."""
-        runs = self.runs
+        return impulse_probe(self._infer_whole, scale=self.scale, fixed=self.fixed)
 
-        def infer(window):
-            output = runs.infer(to_nchw(window, self.dtype), last=False, slot="probe")
-            return from_nchw(check_finite(output, runs.handle.model_name, runs.handle.outputs[0].name))
-
-        return impulse_probe(infer, scale=self.scale, fixed=self.fixed)
+    def _infer_whole(self, window: np.ndarray) -> np.ndarray:
+        """One probe run of the whole model on an HxWxC window."""
+        output = self.runs.infer(to_nchw(window, self.dtype), last=False, slot="probe")
+        return from_nchw(check_finite(output, self.runs.handle.model_name, self.runs.handle.outputs[0].name))
 
     # ---- per frame -------------------------------------------------------------------------------
 
@@ -221,10 +228,14 @@ class _Upscale:
         shape = np.shape(frame.image)
         check_shape(shape, frame.label)  # before the tile plan reads it as HxW
         self._refuse_oversized(shape, available)
+        if self.staged is not None:
+            return self._staged_frame(frame, shape, prefix)
         tiles = self._tiles(shape)
         fed = self._model_input(frame)
         if self.planned.needs_reach and len(tiles.tiles(*shape[:2], tiles.tile_size)) > 1:
             tiles = self._settle_reach(frame, fed, shape)
+        tiles, raised = honour_tile(self, tiles, shape)
+        fed.warnings += [raised] if raised else []
         tiled = self._run_tiles(frame, fed, tiles, available, prefix)
         frame.op.check_cancelled()
         self.scale = tiled.scale  # known from here on, for the next frames too
@@ -232,7 +243,21 @@ class _Upscale:
             # the size that fitted, kept for the next frames: no use retrying the bigger one
             self.tile, self.auto_sized = tiled.tile_size, False
             fed.warnings.append(split_warning(tiled, exact=self.planned.exact))
-        return self._result(_with_alpha(tiled.image, fed), tiled, fed)
+        ran = tiles.tiles(*shape[:2], tiled.tile_size if tiled.splits else tiles.tile_size)
+        shown = FramePlan(tiled.window_ran, tiles.overlap, tiled.tiles_run, compute_of(ran, *shape[:2]))
+        return self._result(_with_alpha(tiled.image, fed), tiled, fed, shown)
+
+    def _staged_frame(self, frame, shape, prefix: str) -> UpscaleResult:
+        fed = self._model_input(frame)
+        fed.warnings = [w for w in fed.warnings if w not in self.planned.warnings]  # the stages say their own
+        tiled, exact, shown, feather, warnings = staged_frame(self, frame, fed, shape, prefix)
+        frame.op.check_cancelled()
+        self.scale = tiled.scale
+        fed.warnings = warnings + fed.warnings
+        result = self._result(_with_alpha(tiled.image, fed), tiled, fed, shown)
+        result.exact, result.feather, result.overlap = exact, feather, shown.overlap
+        result.tile_size_used = max(shown.window)
+        return result
 
     def _refuse_oversized(self, shape, available) -> None:
         """Before even the float32 copy of the input (that alone can be gigabytes): a frame whose
@@ -292,9 +317,6 @@ class _Upscale:
             # 1x4xHxW: pasted transposed by the tiler, like the colour alone (one copy, not four)
             return np.concatenate([colour, matte.mean(axis=1, keepdims=True, dtype=np.float32)], axis=1, dtype=np.float32)
 
-        def not_finite(result):
-            check_finite(result, runs.handle.model_name, runs.handle.outputs[0].name)
-
         source, fed.source = fed.source, None  # the input goes as soon as the tiler is done with it
         return run_tiled(
             source,
@@ -308,12 +330,12 @@ class _Upscale:
                 on_split=runs.reacquire,
                 progress=lambda fraction, done, total: frame.report(fraction, f"{prefix}tile {done}/{total}"),
                 clip=(0.0, fed.high),
-                not_finite=not_finite,
+                not_finite=self.not_finite,
                 available_memory=available,
             ),
         )
 
-    def _result(self, image: np.ndarray, tiled, fed: _ModelInput) -> UpscaleResult:
+    def _result(self, image: np.ndarray, tiled, fed: _ModelInput, shown: FramePlan) -> UpscaleResult:
         planned, warnings = self.planned, fed.warnings
         exact = planned.exact or (tiled.tiles_run == 1 and not tiled.splits)
         if exact and not planned.exact:  # one window: no seam, so the plan's "not exact" is moot
@@ -330,6 +352,7 @@ class _Upscale:
             input_kind=fed.kind,
             clipped=fed.clipped,
             bound=planned.bound,
+            plan=shown.as_dict(),
         )
 
 

@@ -231,7 +231,13 @@ def frame_tiles(tile, planned: OverlapPlan, *, auto_sized: bool, fixed: bool, mu
     window = tile
     if uniform:
         window = tuple(tile if tile < side else side + 2 * planned.overlap for side in frame_hw)
-    return TilePlan(window, planned.overlap, fixed=fixed, multiple=multiple, feather=planned.feather, uniform=uniform)
+    # smaller windows keep the pixels only when the overlap covers a proven radius: else memory short at
+    # run time stops the job (models/tiles/tiling.py), whatever other processes hold
+    keeps = planned.proven and planned.radius is not None and planned.overlap >= planned.radius
+    return TilePlan(
+        window, planned.overlap, fixed=fixed, multiple=multiple, feather=planned.feather, uniform=uniform,
+        keeps_pixels=keeps,
+    )  # fmt: skip
 
 
 def impulse_probe(infer, *, scale: int | None, channels: int = 3, fixed=None) -> int | None:

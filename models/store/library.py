@@ -22,39 +22,16 @@ from typing import Any
 
 from ...runtime import get_runtime, load_errors, parse_device
 from ...runtime.errors import LeanImageError, ModelFileError, user_path
-from ...runtime.paths import user_data_root
 from ...runtime.providers import DEVICE_BY_KIND
 from .. import families
-from . import install_lock, installer, migrate
+from . import install_lock, installer, migrate, models_folder
 from .catalog import Catalog, CatalogEntry
 from .migrate import MIGRATED_NOTE  # noqa: F401 - the note's name, for the front-ends
+from .models_folder import MODELS_DIR_ENV, models_dir, shared_models_dir  # noqa: F401 (re-exported)
 
-MODELS_DIR_ENV = "LEAN_IMAGE_AI_MODELS_DIR"
 USER_MODELS_FILE = "user_models.json"
 PREFERENCES_HINT = "Preferences > Add-ons > Lean Image AI"
-
-
-# Folders someone named (a preference, --models-dir, the environment): one that is missing is an
-# error when a model is looked up there, not an empty folder to fall back from.
-_named: dict[str, str] = {}
-
-
-def models_dir(choice: str | os.PathLike = "") -> Path:
-    """The models folder (see module doc); nothing is created."""
-    if choice:
-        folder = user_path(choice)
-        _named[str(folder)] = "the chosen models folder"
-        return folder
-    if os.environ.get(MODELS_DIR_ENV):
-        folder = user_path(os.environ[MODELS_DIR_ENV])
-        _named[str(folder)] = MODELS_DIR_ENV
-        return folder
-    return shared_models_dir()
-
-
-def shared_models_dir() -> Path:
-    """``<the per-user data folder>/models`` (runtime/paths.py): Blender's and the CLI's default."""
-    return user_data_root() / "models"
+_named = models_folder.named  # one record of named folders (models_folder.py)
 
 
 def migrate_models(old: Path, new: Path) -> list[str]:

@@ -1,76 +1,48 @@
-"""How far a model really reaches: a one-pixel probe on an image crop, cached beside the model file.
+"""How far a model really reaches: a one-pixel probe on a fixed natural image, kept per model content.
 
 The graph's receptive radius says how far an output pixel *can* see; for a deep net it is far
 more than it *does* see in practice (RRDBNet x4plus: 349 px from the graph, while a trained file's
-output moves by less than a tenth of a level past ~64 px). A seeded export's probe on a flat
-grey window reads far less than the trained file on an image, so the probe runs on the job's own
-image: one pixel of a crop is changed by half the range and the farthest output pixel (in input
-pixels, Chebyshev distance) that moved by more than REACH_LEVELS 8-bit levels is the reach.
-Tiles whose overlap covers it and which are feathered differ from one whole-image run by about
-a level at most (bench/seams.py measures it).
+output moves by less than a tenth of a level past ~64 px). A flat grey probe reads far less than a
+trained file reaches on an image, and the job's own image made the figure depend on whichever image
+came first (56 px on a photo, 84 px on a generated one), so the probe is one fixed natural-looking
+image (models/tiles/probe_image.py): one pixel at its centre is changed by half the range and the
+farthest output pixel (in input pixels, Chebyshev distance) that moved by more than REACH_LEVELS
+8-bit levels is the reach. 2 levels read the same on a photo and a generated image, but its
+overlap (72 px) left seams of 8.8 levels on trained x4plus (96x448, 400 px tiles); at 0.25 levels
+the probe reads farther, and the overlap that covers it holds the bound on one seam and on a 2x2
+grid (tests/test_trained_seams.py).
 
-The figure is kept in `<model file>.reach.json` (beside the installer's `.verified.json`), valid
-while the file's size and mtime match, so a model file is probed once. A folder that cannot be
-written keeps it for this process only.
+The figure is kept per file content in the models folder's cache folder (models/tiles/reach_cache.py),
+so a model is probed once, wherever its file lies.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 
-from ..files import write_text
+from . import reach_cache
+from .probe_image import natural_image
 
 REACH_LEVELS = 0.25
-"""An output change (8-bit levels) below which a pixel counts as unmoved. The overlap that covers
-this reach keeps tiles within ~1 level of one whole-image run on trained x4plus (bench/seams.py)."""
-PROBE_REACH = 128  # the crop's half side: a reach at or past it is reported as None
-REACH_SUFFIX = ".reach.json"
-_remembered: dict[tuple[str, int, int], int | None] = {}
+"""An output change (8-bit levels) below which a pixel counts as unmoved: the threshold whose overlap
+holds the seam bound (2 levels did not: see the module's docstring)."""
+PROBE_REACH = 96  # the probe's half side: a reach at or past it is reported as None
+PROBE_SEED = 7
+PROBE_ID = f"natural_image({2 * PROBE_REACH + 1}, seed {PROBE_SEED})"
+RULES = {"threshold_levels": REACH_LEVELS, "probe": PROBE_ID}
 
 
-def _key(model_path) -> tuple[str, int, int]:
-    path = Path(model_path).resolve()
-    st = path.stat()
-    return str(path), st.st_size, st.st_mtime_ns
+def probe_image() -> np.ndarray:
+    side = 2 * PROBE_REACH + 1
+    return natural_image(side, side, seed=PROBE_SEED)
 
 
-def sidecar(model_path) -> Path:
-    path = Path(model_path)
-    return path.with_name(path.name + REACH_SUFFIX)
-
-
-def cached_reach(model_path) -> tuple[bool, int | None]:
-    """(known, reach): what a probe of this very file (size, mtime) measured; reach None: past
-    PROBE_REACH."""
-    key = _key(model_path)
-    if key in _remembered:
-        return True, _remembered[key]
-    try:
-        record = json.loads(sidecar(model_path).read_text())
-    except (OSError, ValueError):
-        return False, None
-    if not isinstance(record, dict) or [record.get("size"), record.get("mtime_ns")] != list(key[1:]):
-        return False, None
-    if record.get("threshold_levels") != REACH_LEVELS or record.get("probe_reach") != PROBE_REACH:
-        return False, None  # measured by other rules
-    reach = record.get("reach")
-    return True, (int(reach) if isinstance(reach, int) else None)
-
-
-def remember_reach(model_path, reach: int | None) -> None:
-    key = _key(model_path)
-    _remembered[key] = reach
-    record = {
-        "size": key[1], "mtime_ns": key[2], "reach": reach, "threshold_levels": REACH_LEVELS,
-        "probe_reach": PROBE_REACH, "how": "one-pixel probe on a crop of the first image tiled",
-    }  # fmt: skip
-    try:
-        write_text(sidecar(model_path), json.dumps(record, indent=1) + "\n")
-    except OSError:
-        pass  # a read-only folder: this process keeps the figure (_remembered)
+def valid_reach(value) -> bool:
+    """A stored reach a probe can have read: pixels in [1, PROBE_REACH), or None (past the probe).
+    0 is no deep net's reach (a seam plan on it would promise what it cannot hold)."""
+    if value is None:
+        return True
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value < PROBE_REACH
 
 
 def probe_crop(image: np.ndarray, half: int = PROBE_REACH) -> np.ndarray:
@@ -110,15 +82,21 @@ def measure_reach(infer, crop: np.ndarray, *, threshold_levels: float = REACH_LE
     return None if reach >= min(cy, cx, side_h - 1 - cy, side_w - 1 - cx) else reach
 
 
-def reach_for(model_path, infer, image: np.ndarray) -> int | None:
-    """The cached reach of this model file, else measured now on `image`'s centre and kept."""
-    known, reach = cached_reach(model_path)
+def reach_for(model_path, infer) -> tuple[int | None, list[str]]:
+    """(the reach of this model file's content, notes to pass on): the cached figure when one that
+    holds up is there, else measured now on the fixed probe and kept."""
+    digest = reach_cache.content_hash(model_path)
+    known, reach, note = reach_cache.cached(digest, RULES, valid_reach)
     if not known:
-        reach = measure_reach(infer, probe_crop(image))
-        remember_reach(model_path, reach)
-    return reach
+        reach = measure_reach(infer, probe_image())
+        reach_cache.remember(digest, reach, RULES)
+    return reach, [note] if note else []
 
 
-def forget_in_process(model_path) -> None:
-    """Drop what this process remembers of a file: the sidecar alone answers next (tests)."""
-    _remembered.pop(_key(model_path), None)
+def cached_reach(model_path) -> tuple[bool, int | None]:
+    """(known, reach) without measuring: what a probe of this content measured (reach None: past
+    PROBE_REACH). A bad record reads as unknown (reach_for says so when it measures again)."""
+    known, reach, _note = reach_cache.cached(
+        reach_cache.content_hash(model_path), RULES, valid_reach, say=False
+    )
+    return known, reach

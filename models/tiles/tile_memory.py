@@ -4,6 +4,7 @@ allows, and the refusal of a result too big to hold at all."""
 from __future__ import annotations
 
 import math
+import os
 
 from ...runtime.errors import InvalidImageError
 from ...runtime.measure.memory import available_system_memory_bytes
@@ -99,3 +100,13 @@ def auto_tile_size(
     side = int(math.sqrt(usable / max(1, int(bytes_per_pixel))))
     side -= side % max(1, int(multiple))
     return int(min(max(side, tile_floor(overlap, min_tile)), max_tile))
+
+
+def total_system_memory_bytes() -> int | None:
+    """The machine's physical RAM (a constant of the machine, never what other processes leave
+    free: a plan sized from it is the same whatever else runs); None where the OS does not say."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+

@@ -201,7 +201,9 @@ class TilePlan:
     `tile_size`, capped at the image (grown into it at its borders: see `plan_tiles`), so the model
     sees one input shape: ORT plans and keeps memory per input shape (its memory pattern, arena
     chunks), and the clipped edge windows' other shapes each grew the arena by a window's working
-    memory again.
+    memory again. `keeps_pixels`: a smaller window gives the same pixels (the overlap covers a
+    proven radius); False: memory short at run time stops the job with one line, never a split,
+    so the same job gives the same pixels whatever else holds memory on the machine.
     """
 
     tile_size: int | tuple[int, int] | None
@@ -211,6 +213,7 @@ class TilePlan:
     min_tile: int = 32
     feather: int = 0
     uniform: bool = False
+    keeps_pixels: bool = True
 
     def __post_init__(self):
         if self.feather and self.feather > self.overlap:
@@ -333,6 +336,8 @@ class _Tiler:
         except InferenceOutOfMemoryError as exc:
             if self.plan.fixed:
                 raise
+            if not self.plan.keeps_pixels:
+                raise pixels_would_change(exc, self.current) from None
             if self.plan.split(self.current) is None:  # the smallest tile did not fit either
                 raise not_shrinking_with_tiles(exc, max(self.current)) from None
             # Split and re-acquire only after this block: while it runs, the error's traceback holds
@@ -403,6 +408,17 @@ class _Tiler:
         if self.run.progress is not None:
             fraction = self.done_area / (self.height * self.width)
             self.run.progress(fraction, self.tiles_run, self.tiles_run + len(self.pending))
+
+
+def pixels_would_change(exc: InferenceOutOfMemoryError, window: tuple[int, int]) -> InferenceOutOfMemoryError:
+    """The one line for a plan whose windows cannot shrink without changing the result."""
+    return type(exc)(
+        f"Not run: {exc.model}'s {window[1]}x{window[0]} px windows did not fit in the {exc.resource} free "
+        "now, and smaller windows would change its pixels (its overlap does not cover its receptive "
+        "radius), so the job stops rather than give another result. Close programs using memory, or run "
+        "it again when the machine is less busy.",
+        model=exc.model, device=exc.device, resource=exc.resource, detail=exc.detail,
+    )  # fmt: skip
 
 
 def whole_scale(in_hw, out_hw, label: str) -> int:

@@ -351,6 +351,8 @@ def written_line(family_id: str, out: Path, result, product) -> str:
     tile = ""
     if hasattr(result, "tile_size_used"):  # the largest window that ran, and its overlap
         tile = f", tile {result.tile_size_used} px, overlap {result.overlap} px, seams {result.seams}"
+        if getattr(result, "plan", None):
+            tile += f", {result.plan['windows']} window(s), compute {result.plan['compute']:.2f}x one run"
     return f"wrote: {out}{size}{tile}{kind}"
 
 

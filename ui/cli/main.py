@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ...models import families, files
+from ...models.adapters.upscale_preview import preview_plan
 from ...models.batch import image_files
 from ...models.batch.frame_io import ImageFileFrames
 from ...models.batch.runner import RunEvents, Runner
@@ -130,6 +131,12 @@ def _add_family(subparsers, family: Family) -> None:
     parser.add_argument(
         "--memory-plot", metavar="FILE.png", help="write a PNG of memory during the job (runs, release) to FILE.png"
     )
+    if family.id == "upscale":
+        parser.add_argument(
+            "--plan-only", action="store_true",
+            help="print the tile plan (window, overlap, number of windows, compute against one whole-image "
+            "run) for the first frame, and run nothing",
+        )  # fmt: skip
     parser.set_defaults(handler=_run, family=family)
 
 
@@ -143,7 +150,7 @@ def _run(args) -> int:
     def written(ref, out, result, product, notes):
         if hasattr(result, "seams"):
             tilings.append({"tile": result.tile_size_used, "overlap": result.overlap, "seams": result.seams,
-                            "exact": result.exact})
+                            "exact": result.exact, **(result.plan or {})})
         for note in notes:
             print(printable(f"warning: {note}"))
         print(printable(cli_job.written_line(family.id, out, result, product)), flush=True)
@@ -166,6 +173,8 @@ def _run(args) -> int:
     else:
         print(printable(f"input: {len(refs)} frame(s){shard}" + (f" from {refs[0].path}" if refs else "")))
     print(printable(f"model: {runner.model_run.model.describe()}"))
+    if getattr(args, "plan_only", False):
+        return _print_plan(runner, refs, demo)
     output_type = runner.output_type()  # reads the first frame's header: once
     print(f"output: {output_type}")
 
@@ -191,6 +200,20 @@ def _run(args) -> int:
     )
     print(json.dumps(summary))
     return _ending(report, refs[0].path.name if single else None, plot_error, interrupt)
+
+
+def _print_plan(runner, refs, demo: bool) -> int:
+    """``--plan-only``: the first frame's tile plan, as words and one JSON line; nothing runs."""
+    if demo:
+        height, width = DEMO_SIZE
+    else:
+        height, width = image_files.read_image(refs[0].path).shape[:2]
+    run = runner.model_run
+    plan = preview_plan(run.model.path, height, width, values=run.values, ram_budget=run.budgets.ram_bytes)
+    words = plan if isinstance(plan, str) else plan.words()
+    print(f"plan: {width}x{height}: {words}")
+    print(json.dumps({"plan": plan if isinstance(plan, str) else plan.as_dict(), "size": [height, width]}))
+    return 0
 
 
 def _ending(report, single_name: str | None, plot_error: str | None, interrupt) -> int:
