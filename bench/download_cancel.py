@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from lean_image_ai.models.store import installer  # noqa: E402
-from lean_image_ai.models.store.http_watch import TransferLimits  # noqa: E402
+from lean_image_ai.models.store.transfer.http_watch import TransferLimits  # noqa: E402
 from model_server import loopback_entry, loopback_http, onnx_payload, serving  # noqa: E402
 
 DRIP = 0.5

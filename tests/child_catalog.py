@@ -19,7 +19,7 @@ ENV = "LEAN_IMAGE_AI_TEST_CHILD_CATALOG"
 SITE = '''
 import contextlib, importlib.util, json, os, sys
 _path = os.environ.get("LEAN_IMAGE_AI_TEST_CHILD_CATALOG")
-_WATCH = "lean_image_ai.models.store.http_watch"
+_WATCH = "lean_image_ai.models.store.transfer.http_watch"
 
 
 class _AllowLoopback:

@@ -12,8 +12,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from lean_image_ai.models.store import http_watch
 from lean_image_ai.models.store.catalog import CatalogEntry
+from lean_image_ai.models.store.transfer import http_watch
 
 CHUNK = 16 * 1024
 

@@ -10,9 +10,10 @@ import threading
 import time
 
 import pytest
-from lean_image_ai.models.store import http_watch, installer
+from lean_image_ai.models.store import installer
 from lean_image_ai.models.store.catalog_entry import CatalogEntry
-from lean_image_ai.models.store.http_watch import TransferLimits
+from lean_image_ai.models.store.transfer import http_watch
+from lean_image_ai.models.store.transfer.http_watch import TransferLimits
 from lean_image_ai.runtime.errors import ModelInstallError, OperationCancelled
 from model_server import loopback_entry, loopback_http, onnx_payload
 

@@ -10,7 +10,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .. import families
-from .transfer_limits import is_loopback_http
+from .transfer.transfer_limits import is_loopback_http
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 WEIGHT_DTYPES = (None, "float32", "float16")

@@ -34,11 +34,11 @@ from .. import families, files
 from . import model_check
 from .catalog_entry import CatalogEntry
 from .file_key import file_key, unchanged
-from .part_files import discard_part
-from .transfer_limits import TransferLimits, size_floor
+from .transfer.part_files import discard_part
+from .transfer.transfer_limits import TransferLimits, size_floor
 
 if TYPE_CHECKING:  # download.py and its watch thread load only where a download runs (a child process)
-    from .download import CancelCallback, ProgressCallback
+    from .transfer.download import CancelCallback, ProgressCallback
 from .install_lock import edit_lock, install_lock
 
 DEFAULT_CHUNK_SIZE = 1 << 20  # 1 MiB
@@ -303,7 +303,7 @@ def install(
     counts resumed bytes too). ``cancel()`` is polled ten times a second (also from another
     thread, which then closes the connection); when it returns True, :class:`OperationCancelled`
     is raised within a second and the ``.part`` file is kept for a later resume. ``limits``: when
-    a stalled or endless transfer is given up (models/store/http_watch.py). Only https is fetched.
+    a stalled or endless transfer is given up (models/store/transfer/http_watch.py). Only https is fetched.
     Without a catalog size, the transfer is bounded by a ceiling over the entry's approximate
     size; without a catalog sha256, the file is installed only once it loads in onnxruntime and
     fits its family, and its size and sha256 are recorded as the reference (trust on first use).
@@ -354,7 +354,7 @@ def install(
 
 
 def _download_and_install(entry, models_dir, dest, progress, cancel, timeout, chunk_size, limits) -> Path:
-    from .download import download_to_part
+    from .transfer.download import download_to_part
 
     part = part_path(entry, models_dir)
     download_to_part(entry, dest, part, progress, cancel, timeout, chunk_size, limits)
@@ -380,7 +380,7 @@ def _download_and_install(entry, models_dir, dest, progress, cancel, timeout, ch
 
 
 def _verify_part(entry: CatalogEntry, dest: Path, part: Path, cancel: CancelCallback | None) -> str:
-    from .download import install_error, looks_like_text_not_model, manual_hint
+    from .transfer.download import install_error, looks_like_text_not_model, manual_hint
 
     """Check the finished .part against the catalog; delete it on mismatch. Returns its sha256."""
     size = part.stat().st_size
@@ -420,7 +420,7 @@ def _verify_part(entry: CatalogEntry, dest: Path, part: Path, cancel: CancelCall
 
 
 def _check_loads(entry: CatalogEntry, dest: Path, part: Path, size: int) -> None:
-    from .download import install_error
+    from .transfer.download import install_error
 
     """Nothing vouches for these bytes but what they are: they must load in onnxruntime and fit
     the family's contract, or they are deleted and never installed."""

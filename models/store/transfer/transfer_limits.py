@@ -1,6 +1,6 @@
 """How large a model download may grow and which hosts are loopback (bpy-free, stdlib only).
 
-Apart from models/store/http_watch.py (the watch thread that enforces them) so that Blender's
+Apart from models/store/transfer/http_watch.py (the watch thread that enforces them) so that Blender's
 process, which reads the catalog and checks installed files but downloads only in a process of
 its own, never loads a module that makes threads.
 """

@@ -1,12 +1,12 @@
 """A partial download on disk: the ``.part`` file and the record of the server's validator beside
-it (bpy-free). Apart from models/store/download.py (the transfer, with its watch thread) because
+it (bpy-free). Apart from models/store/transfer/download.py (the transfer, with its watch thread) because
 Blender's process removes models, and with them their partial downloads, but never downloads."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .. import files
+from ... import files
 
 
 def record_path(part: Path) -> Path:

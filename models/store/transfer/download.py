@@ -21,9 +21,9 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from ...runtime.errors import ModelInstallError, OperationCancelled
-from .. import files
-from .catalog_entry import CatalogEntry
+from ....runtime.errors import ModelInstallError, OperationCancelled
+from ... import files
+from ..catalog_entry import CatalogEntry
 from .http_watch import (
     CANCELLED,
     SIZE_FACTOR,

@@ -1,0 +1,1 @@
+"""Fetching a model file from a server (bpy-free): the download with its watch thread, its bounds and its partial files; loaded where a download runs (a child process, the command line), never in Blender's process except the bounds and partial-file helpers."""
