@@ -50,7 +50,15 @@ def command(*args: str, python: str | None = None) -> list[str]:
 
 
 def is_host_python(python: str | None) -> bool:
-    return not python or os.path.realpath(python) == os.path.realpath(sys.executable)
+    """Whether ``python`` is this interpreter. A venv's ``bin/python`` links to its base Python's
+    binary, which is also the host's when the host is a venv of the same base (a stock bpy venv and
+    a studio's engine venv): so the folder counts, not only the file it resolves to."""
+    if not python:
+        return True
+    same_file = os.path.realpath(python) == os.path.realpath(sys.executable)
+    same_folder = os.path.realpath(os.path.dirname(os.path.abspath(python))) == os.path.realpath(
+        os.path.dirname(os.path.abspath(sys.executable)))
+    return same_file and same_folder
 
 
 def host_environment(folder: Path, root: Path = ADDON_ROOT, *, host_paths: bool = True) -> dict:

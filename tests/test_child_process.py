@@ -143,3 +143,23 @@ def test_the_doctors_stop_has_a_deadline_for_a_child_that_outlives_its_kill(tmp_
     finally:
         real_kill()
         run.process.wait(10)
+
+
+def test_a_venv_of_the_hosts_own_base_python_is_another_interpreter(tmp_path, monkeypatch):
+    """Its bin/python resolves to the host's binary, yet its packages are its own: it gets only
+    the add-on's folder, not the host's sys.path (which would shadow its numpy and onnxruntime)."""
+    import subprocess
+
+    from lean_image_ai.runtime import child_process
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True, timeout=120)
+    other = str(tmp_path / "venv" / "bin" / "python")
+    assert child_process.is_host_python(sys.executable) and child_process.is_host_python(None)
+    assert not child_process.is_host_python(other)
+    monkeypatch.setenv("PYTHONHOME", "/blender/python")  # a host's: it would load the host's standard library
+    env = child_process.environment(other, tmp_path)
+    root = Path(child_process.ADDON_ROOT)
+    assert env["PYTHONPATH"] == str(root.parent if root.name == child_process.PACKAGE else tmp_path)
+    assert "PYTHONHOME" not in env
+    (tmp_path / "host").mkdir()
+    assert child_process.environment(sys.executable, tmp_path / "host")["PYTHONHOME"] == "/blender/python"
