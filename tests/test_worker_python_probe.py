@@ -58,3 +58,30 @@ def test_the_device_list_and_the_doctor_are_the_worker_pythons(tmp_path):
     assert got["ok"] and "Python: 3.13." in report, report
     assert "engine-py313" in report and "onnxruntime-ep-webgpu: cannot run: " in report, report
     assert got["onnxruntime_here"] is False  # Blender's process imported none for it
+
+
+def test_another_worker_python_asks_the_device_list_again(monkeypatch):
+    """The preference changed (or the variable): the menu's answer was the old Python's."""
+    engine_box = bh.import_submodule("ui.engine_box")
+    runtime_probe = bh.import_submodule("ui.runtime_probe")
+    from recording_layout import RecordingLayout
+
+    # the preferences' own properties exist only on the registered add-on: drawn by name here
+    monkeypatch.setattr(RecordingLayout, "prop", lambda self, data, prop, **kw: self._record("prop", name=prop))
+    monkeypatch.delenv("LEAN_IMAGE_AI_WORKER_PYTHON", raising=False)
+
+    class Prefs:
+        worker_python = ""
+
+    try:
+        engine_box.draw_worker_python(RecordingLayout(), Prefs())
+        runtime_probe._state["answer"] = {"onnxruntime_error": None, "installed": ["CPUExecutionProvider"],
+                                          "runnable": ["CPUExecutionProvider"]}  # fmt: skip
+        engine_box.draw_worker_python(RecordingLayout(), Prefs())  # the same Python: kept
+        assert runtime_probe._state["answer"] is not None
+        Prefs.worker_python = sys.executable + "-elsewhere"
+        engine_box.draw_worker_python(RecordingLayout(), Prefs())
+        assert runtime_probe._state["answer"] is None
+    finally:
+        runtime_probe.forget()
+        engine_box._seen.clear()
