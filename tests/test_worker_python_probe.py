@@ -85,3 +85,22 @@ def test_another_worker_python_asks_the_device_list_again(monkeypatch):
     finally:
         runtime_probe.forget()
         engine_box._seen.clear()
+
+
+def test_a_changed_worker_python_restarts_an_idle_worker(monkeypatch):
+    """The preference is read at each job: an idle worker under the old Python is ended, so the
+    next job runs under the new one (not only after Blender restarts)."""
+    from lean_image_ai.models.worker import client as worker_client
+
+    python = engine_venv("3.13")
+    monkeypatch.delenv("LEAN_IMAGE_AI_WORKER_PYTHON", raising=False)
+    client = worker_client.WorkerClient()
+    try:
+        assert client.ensure() is True
+        first = client.process
+        assert client.ensure() is False  # the same Python: the warm worker is kept
+        client.python = python
+        assert client.ensure() is True
+        assert client.process.args[0] == python and first.poll() is not None
+    finally:
+        client.stop()
