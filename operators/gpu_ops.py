@@ -148,13 +148,14 @@ class LEAN_IMAGE_AI_OT_run_doctor(bpy.types.Operator):
             self.report({"WARNING"}, "The doctor is already running; its report comes here when it ends.")
             return {"CANCELLED"}
         folder = prefs.gpu_runtime_folder()
+        preference = getattr(prefs.get_prefs(context), "worker_python", "")
+        choice = engine_python.choose(preference)
+        python = None if choice.source == "host" else choice.path  # the report is about the worker's onnxruntime
+        engine = folder if python is None and gpu_libraries.installed_version(folder) else None
         try:
-            doctor["run"] = doctor_process.start(
-                folder if gpu_libraries.installed_version(folder) else None,
-                worker_python=getattr(prefs.get_prefs(context), "worker_python", ""),
-            )
+            doctor["run"] = doctor_process.start(engine, worker_python=preference, python=python)
         except OSError as exc:
-            self.report({"ERROR"}, f"Could not start {sys.executable} for the doctor: {exc}")
+            self.report({"ERROR"}, f"Could not start {python or sys.executable} for the doctor: {exc}")
             return {"CANCELLED"}
         if not bpy.app.timers.is_registered(poll_doctor):
             bpy.app.timers.register(poll_doctor, first_interval=0.25)

@@ -125,6 +125,34 @@ def run_doctor(out: dict) -> None:
     out["doctor_report"] = run.text if run is not None else None
 
 
+def read_pixels(path: Path) -> np.ndarray:
+    image = bpy.data.images.load(str(path))
+    pixels = np.empty(len(image.pixels), np.float32)
+    image.pixels.foreach_get(pixels)
+    size = tuple(image.size)
+    bpy.data.images.remove(image)
+    return pixels.reshape(size[1], size[0], 4)
+
+
+def engine_path(out: dict, engine_python: str, source: str, model: str, work: Path) -> Path:
+    """The engine path (issue 40): the Worker Python preference names a second Python (3.13,
+    numpy 2, its own onnxruntime); the worker restarts under it and the Upscale gives the pixels of
+    Blender's own Python. The preference is cleared after, so the rest runs out of the zip."""
+    client = importlib.import_module(MODULE + ".models.worker.client")
+    prefs = bpy.context.preferences.addons[MODULE].preferences
+    prefs.worker_python = engine_python
+    client.stop_shared()  # the preference applies to the worker's next start
+    output = work / "upscaled_engine.png"
+    try:
+        call(out, "engine_upscale", bpy.ops.lean_image_ai.upscale, filepath=source, output_path=str(output), model_path=model)
+        status = client.shared().status
+        out["engine_worker"] = {key: status.get(key) for key in ("python", "numpy", "onnxruntime_file")}
+    finally:
+        prefs.worker_python = ""
+        client.stop_shared()
+    return output
+
+
 def issue32_checks(out: dict, checks: dict, models: dict) -> None:
     """Results saved, undone and redone (the test reopens the .blend), the shot operators' all or
     nothing, the panel per mode: the dev tests' checks, run here in the installed extension."""
@@ -175,7 +203,10 @@ def main(zip_path: str, work: Path, models: dict, tests: Path, checks: dict) -> 
 
     output = work / "upscaled.png"
     source = str(work / "source.png")
+    engine_output = engine_path(out, checks["engine_python"], source, models["bicubic"], work)
     call(out, "upscale", ops.upscale, filepath=source, output_path=str(output), model_path=models["bicubic"])
+    if engine_output.is_file() and output.is_file():
+        out["engine_max_abs_diff"] = float(np.abs(read_pixels(engine_output) - read_pixels(output)).max())
     call(out, "remove_background", ops.remove_background, filepath=source, model_path=models["ben2"])
     call(out, "estimate_depth", ops.estimate_depth, filepath=source, model_path=models["da3"])
     before_objects = len(bpy.data.objects)

@@ -103,3 +103,63 @@ def test_a_child_that_ignores_the_cancel_is_killed_after_the_grace_time(served, 
     assert task.process.returncode == -9
     with pytest.raises(OperationCancelled, match="stopped"):
         task.result()
+
+
+def _silent_python(tmp_path) -> str:
+    """An interpreter that starts and then says nothing (a child hung on a wedged driver)."""
+    script = tmp_path / "silent_python"
+    script.write_text("#!/bin/sh\nexec sleep 600\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_wait_stops_a_child_that_says_nothing_in_one_line(tmp_path):
+    task = ChildTask(["doctor", "--providers"], python=_silent_python(tmp_path))
+    started = time.monotonic()
+    with pytest.raises(LeanImageError) as raised:
+        task.wait(poll_s=0.05, silent_s=0.5)
+    assert time.monotonic() - started < 30
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith("`doctor --providers` said nothing for 0 s and was stopped")
+    assert message.endswith("-m lean_image_ai doctor --providers")
+    assert task.process.returncode == -9 and task.done
+
+
+def test_the_doctors_stop_has_a_deadline_for_a_child_that_outlives_its_kill(tmp_path, monkeypatch):
+    """A process in an uninterruptible sleep outlives SIGKILL; that cannot be made here, so the
+    real child's kill() is swallowed and stop() must still return within its deadline."""
+    from lean_image_ai.runtime.log import doctor_process
+
+    monkeypatch.setattr(doctor_process, "KILL_WAIT_S", 0.3)
+    run = doctor_process.start(python=_silent_python(tmp_path))
+    real_kill, kills = run.process.kill, []
+    run.process.kill = lambda: kills.append(run.process.pid)
+    started = time.monotonic()
+    try:
+        doctor_process.stop(run)
+        assert time.monotonic() - started < 10 and kills == [run.process.pid]
+        assert run.text == f"The doctor was stopped. It did not end when killed (process {run.process.pid}, left running)."
+        assert not run.folder.exists()
+    finally:
+        real_kill()
+        run.process.wait(10)
+
+
+def test_a_venv_of_the_hosts_own_base_python_is_another_interpreter(tmp_path, monkeypatch):
+    """Its bin/python resolves to the host's binary, yet its packages are its own: it gets only
+    the add-on's folder, not the host's sys.path (which would shadow its numpy and onnxruntime)."""
+    import subprocess
+
+    from lean_image_ai.runtime import child_process
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True, timeout=120)
+    other = str(tmp_path / "venv" / "bin" / "python")
+    assert child_process.is_host_python(sys.executable) and child_process.is_host_python(None)
+    assert not child_process.is_host_python(other)
+    monkeypatch.setenv("PYTHONHOME", "/blender/python")  # a host's: it would load the host's standard library
+    env = child_process.environment(other, tmp_path)
+    root = Path(child_process.ADDON_ROOT)
+    assert env["PYTHONPATH"] == str(root.parent if root.name == child_process.PACKAGE else tmp_path)
+    assert "PYTHONHOME" not in env
+    (tmp_path / "host").mkdir()
+    assert child_process.environment(sys.executable, tmp_path / "host")["PYTHONHOME"] == "/blender/python"

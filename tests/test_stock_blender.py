@@ -46,6 +46,7 @@ import results_checks as rc  # noqa: E402
 import shot_checks  # noqa: E402
 from builders_families import ben2_like_model, da3_like_model  # noqa: E402
 from builders_moge2 import moge2_like_model  # noqa: E402
+from engine_pythons import engine_venv  # noqa: E402
 from onnx_builders import sr_model  # noqa: E402
 
 CACHE = Path(os.environ.get("LEAN_IMAGE_AI_CACHE", Path.home() / ".cache" / "lean_image_ai"))
@@ -164,6 +165,7 @@ def stock_run(request, zips, standins, tmp_path_factory, timings) -> dict:
         "results_config": str(results_config),
         "shot": str(shot_checks.red_shot(root / "shot", count=3, damaged=2)),
         "shot_out": str(root / "shot_out"),
+        "engine_python": engine_venv("3.13"),  # issue 40: a second Python as the worker's engine
     }))  # fmt: skip
     env = {**bh.isolated_blender_env(root), "PYTHONFAULTHANDLER": "1"}  # a crash says where, in CI too
     started = time.perf_counter()
@@ -244,6 +246,20 @@ def test_upscale_runs_in_stock_blender_with_the_bundled_onnxruntime(stock_run):
     assert 0.0 <= low <= high <= 1.0
     # Each 2x2 block of a bicubic x2 averages back to its source pixel, to 8-bit rounding and ringing.
     assert stock_run["pooled_max_abs_diff"] < 0.05
+
+
+def test_a_second_python_as_the_engine_gives_the_pixels_of_blenders_own(stock_run):
+    """Issue 40's engine path: the Worker Python preference names a Python 3.13 venv with numpy 2
+    and its own onnxruntime (tests/engine_pythons.py); the worker runs there, importing the add-on
+    from the installed extension, and the Upscale's pixels are those of Blender's own Python."""
+    assert stock_run["engine_upscale"] == ["FINISHED"], stock_run["engine_upscale"]
+    worker = stock_run["engine_worker"]
+    assert worker["python"].startswith("3.13.") and worker["numpy"].startswith("2."), worker
+    assert "engine-py313" in worker["onnxruntime_file"], worker
+    assert stock_run["engine_max_abs_diff"] == 0.0
+    # then, the preference cleared, the host's Upscale ran on the zip's onnxruntime again
+    site = Path(stock_run["extensions_dir"]).resolve() / ".local"
+    assert Path(stock_run["onnxruntime_file"]).resolve().is_relative_to(site), stock_run["onnxruntime_file"]
 
 
 def test_uninstall_leaves_nothing_behind(stock_run):

@@ -15,7 +15,7 @@ from ..runtime.cuda import gpu_libraries  # never gpu_loading: only the model wo
 from . import runtime_probe
 from .layout_text import draw_safely, wrapped_labels
 
-_seen: dict = {}  # "engine": the version the last draw saw (the device list was asked with it)
+_seen: dict = {}  # "engine", "worker_python": what the last draw saw (the device list was asked with it)
 
 
 def draw_gpu_runtime(layout, context) -> None:
@@ -71,6 +71,9 @@ def _draw_worker_python(layout, prefs) -> None:
     row.prop(prefs, "worker_python")
     row.operator("lean_image_ai.check_worker_python", text="Check", icon="VIEWZOOM")
     choice = engine_python.choose(prefs.worker_python)
+    if "worker_python" in _seen and _seen["worker_python"] != choice.path:
+        runtime_probe.forget()  # another interpreter: the device list is its onnxruntime's
+    _seen["worker_python"] = choice.path
     if choice.source == "host":
         box.label(text="Models run in Blender's own Python, with the runtime this zip brings.")
         return

@@ -1,5 +1,7 @@
 """What onnxruntime offers here, asked once a session of a child process (bpy): whether it
-imports, its providers, and which of them can run (runtime's ``runnable_providers``).
+imports, its providers, and which of them can run (runtime's ``runnable_providers``). The child
+runs under the worker's Python (the Worker Python preference, else LEAN_IMAGE_AI_WORKER_PYTHON,
+else Blender's own: models/worker/engine_python.py), so the menu offers what the worker can run.
 
 Blender's process never imports onnxruntime (its native libraries, and a GPU provider's, would
 stay loaded for the whole session): the device menu, the preferences' "Can run on" line and the
@@ -55,7 +57,8 @@ def _start() -> None:
     if _state["task"] is not None:
         return
     try:
-        _state["task"] = ChildTask(["doctor", "--providers", *_engine_args()])
+        python, engine_args = _worker_engine()
+        _state["task"] = ChildTask(["doctor", "--providers", *engine_args], python=python)
     except LeanImageError as exc:
         _settle({"onnxruntime_error": str(exc), "installed": [], "runnable": []})
         return
@@ -63,6 +66,17 @@ def _start() -> None:
         _poll(wait=True)
     elif not bpy.app.timers.is_registered(_poll):
         bpy.app.timers.register(_poll, first_interval=POLL_S)
+
+
+def _worker_engine() -> tuple[str | None, list[str]]:
+    """(the worker's interpreter, None for Blender's own; the child's engine arguments)."""
+    from ..models.worker import engine_python
+    from ..operators.prefs import get_prefs
+
+    choice = engine_python.choose(getattr(get_prefs(), "worker_python", ""))
+    if choice.source != "host":  # its own onnxruntime: the installed engine is built for Blender's Python
+        return choice.path, []
+    return None, _engine_args()
 
 
 def _engine_args() -> list[str]:
@@ -83,13 +97,10 @@ def _poll(wait: bool = False):
     task = _state["task"]
     if task is None:
         return None
-    if wait:
-        while not task.pump(POLL_S):
-            pass
-    elif not task.pump(0.0):
+    if not wait and not task.pump(0.0):
         return POLL_S
     try:
-        known = task.result()
+        known = task.wait(POLL_S) if wait else task.result()  # wait: with its deadline for a silent child
     except LeanImageError as exc:
         known = {"onnxruntime_error": f"The runtime check could not run: {exc}", "installed": [], "runnable": []}
     _settle(known)

@@ -77,6 +77,7 @@ class WorkerClient:
         self.idle_since = time.monotonic()
         self.spawns = 0
         self._started_at = self._heard_at = 0.0
+        self._started_with: tuple[str, str] = ("", "")  # (interpreter, gpu_runtime) of the running worker
         self._cancel_at: float | None = None
         self._cancel_grace = CANCEL_GRACE_S
         self._outbox: list[p.Message] = []  # sent before a dialling worker's hello: sent after it
@@ -112,6 +113,10 @@ class WorkerClient:
         if self.running and self.exchange is not None and not self.exchange.usable():
             self._note("worker_restart", reason="its exchange folder was removed")
             self.kill()
+        if self.running and not self.job_name and self._started_with != (self.interpreter(), self.gpu_runtime):
+            # the Worker Python preference (or the GPU engine) changed since: the next job is the new one's
+            self._note("worker_restart", reason="its Python or GPU engine was changed")
+            self.stop()
         if self.running:
             return False
         self._tidy()
@@ -129,6 +134,7 @@ class WorkerClient:
             raise
         self.status, self.peer, self.job_name, self.spawns = {}, None, "", self.spawns + 1
         self._started_at = self._heard_at = time.monotonic()
+        self._started_with = (self.interpreter(), self.gpu_runtime)
         return True
 
     def _argv(self) -> list[str]:

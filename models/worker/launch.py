@@ -23,7 +23,6 @@ import secrets
 import select
 import socket
 import subprocess
-import sys
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -64,9 +63,7 @@ def argv(python: str, exchange, gpu_runtime: str) -> list[str]:
 
 
 def environment(python: str, folder: Path, root: Path, extra: dict) -> dict:
-    own_python = os.path.realpath(python) == os.path.realpath(sys.executable)
-    env = child_process.host_environment(folder, root, host_paths=own_python)
-    return {**env, **extra}
+    return {**child_process.environment(python, folder, root), **extra}
 
 
 STDERR = "worker_stderr.txt"  # in the exchange's disk folder: a crash's last words, for the event log

@@ -3,10 +3,10 @@ onnxruntime itself for it nor wait (Blender's preferences): :func:`start` return
 host calls :func:`poll` from its own timer until the report is there. No thread: the child writes
 into files that are read once it has ended.
 
-The child is started by runtime/child_process.py's :func:`spawn`: the host's own Python
-(``sys.executable``) with the host's ``sys.path``, so it imports the onnxruntime the host would (an
-extension's wheels live in Blender's extension site-packages) and reports what the command line
-reports.
+The child is started by runtime/child_process.py's :func:`spawn` under the worker's Python
+(``python``, the caller's choice): the host's own (``sys.executable``, with the host's ``sys.path``:
+an extension's wheels live in Blender's extension site-packages) or another interpreter with its own
+onnxruntime, so the report is about the onnxruntime the worker's sessions get.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from ..child_process import host_environment, new_folder, spawn
 from ..paths import ADDON_ROOT
 
 TIME_LIMIT_S = 180.0  # a CUDA probe that hangs (a wedged driver) must not leave the button busy
+KILL_WAIT_S = 5.0  # after SIGKILL; a process in an uninterruptible sleep is left behind, never waited on
 
 
 @dataclass
@@ -38,8 +39,9 @@ class DoctorRun:
         return self.text is None
 
 
-def command(gpu_runtime: str | os.PathLike | None = None, worker_python: str = "") -> list[str]:
-    return child_command(*_args(gpu_runtime, worker_python))
+def command(gpu_runtime: str | os.PathLike | None = None, worker_python: str = "",
+            python: str | None = None) -> list[str]:  # fmt: skip
+    return child_command(*_args(gpu_runtime, worker_python), python=python)
 
 
 def _args(gpu_runtime, worker_python: str = "") -> list[str]:
@@ -47,10 +49,12 @@ def _args(gpu_runtime, worker_python: str = "") -> list[str]:
     return args + (["--worker-python", worker_python] if worker_python else [])
 
 
-def start(gpu_runtime: str | os.PathLike | None = None, *, root: Path = ADDON_ROOT, worker_python: str = "") -> DoctorRun:
+def start(gpu_runtime: str | os.PathLike | None = None, *, root: Path = ADDON_ROOT, worker_python: str = "",
+          python: str | None = None) -> DoctorRun:  # fmt: skip
+    """The doctor run by ``python`` (the worker's interpreter; the host's own when None)."""
     folder = new_folder("doctor")
     try:
-        process = spawn(_args(gpu_runtime, worker_python), folder, root=Path(root))
+        process = spawn(_args(gpu_runtime, worker_python), folder, root=Path(root), python=python)
     except Exception:
         shutil.rmtree(folder, ignore_errors=True)
         raise
@@ -83,7 +87,10 @@ __all__ = ["DoctorRun", "command", "host_environment", "poll", "start", "stop"]
 def stop(run: DoctorRun, text: str = "The doctor was stopped.") -> None:
     if run.process.poll() is None:
         run.process.kill()
-        run.process.wait()
+        try:
+            run.process.wait(KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            text += f" It did not end when killed (process {run.process.pid}, left running)."
     if run.running:
         run.text = text
     shutil.rmtree(run.folder, ignore_errors=True)

@@ -6,6 +6,7 @@ imports onnxruntime)."""
 from __future__ import annotations
 
 import json
+import sys
 
 from ...runtime.child_process import emit
 from .cli_job import EXIT_ERROR, EXIT_OK
@@ -20,7 +21,10 @@ def _providers() -> int:
     problem = diagnostics.onnxruntime_import_error()
     installed = [] if problem else installed_providers()
     runnable = [] if problem else runnable_providers(installed)
-    emit(result={"onnxruntime_error": problem, "installed": installed, "runnable": runnable})
+    # which interpreter and onnxruntime answered: the worker's, which may not be the host's
+    version = "" if problem else getattr(sys.modules["onnxruntime"], "__version__", "?")
+    emit(result={"onnxruntime_error": problem, "installed": installed, "runnable": runnable,
+                 "python": sys.executable, "onnxruntime": version})  # fmt: skip
     return EXIT_OK
 
 
