@@ -209,8 +209,9 @@ def torch_bilinear(array: np.ndarray, size: tuple[int, int], *, antialias: bool)
 def _pil_fixed_taps(gathered, weights):
     scaled = weights * (1 << PIL_PRECISION_BITS)
     # Pillow rounds each coefficient half away from zero, then sums in integers
-    coefficients = np.where(scaled < 0, np.trunc(scaled - 0.5), np.trunc(scaled + 0.5)).astype(np.int64)
-    return gathered.astype(np.int64) * coefficients
+    coefficients = np.where(scaled < 0, np.trunc(scaled - 0.5), np.trunc(scaled + 0.5)).astype(np.int32)
+    # Pillow's own accumulator is a 32-bit int: 255 x the coefficients' sum (~1.1 x 2**22) fits
+    return gathered.astype(np.int32) * coefficients
 
 
 def _pil_pass_uint8(image: np.ndarray, axis: int, band) -> np.ndarray:
