@@ -117,3 +117,20 @@ def test_bad_sizes_and_kinds_are_refused():
         resampling.cv2_resize(picture(), (5, 5), "lanczos")
     with pytest.raises(ValueError, match="INTER_AREA enlarging"):
         resampling.cv2_resize(picture(), (200, 5), "area")
+
+
+def test_bilinear_preimage_shrinks_back_to_the_image_through_f_interpolate():
+    # MoGe-2's export shrinks what it is fed to its token grid (bilinear, no antialias); the
+    # adapter feeds an image whose shrink is exactly the antialiased picture MoGe's encoder reads
+    torch = pytest.importorskip("torch")
+    image = picture(70, 98, seed=5).astype(np.float32) / 255.0
+    fed = resampling.bilinear_preimage(image, (80, 112))
+    assert fed.shape == (80, 112, 3) and fed.dtype == np.float32
+    shrunk = (
+        torch.nn.functional.interpolate(
+            torch.from_numpy(fed).permute(2, 0, 1)[None], (70, 98), mode="bilinear", align_corners=False
+        )[0]
+        .permute(1, 2, 0)
+        .numpy()
+    )
+    np.testing.assert_allclose(shrunk, image, atol=1e-4)

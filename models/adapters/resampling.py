@@ -235,3 +235,30 @@ def pil_lanczos(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     if rows is not None:
         result = _pil_pass_uint8(result, 0, rows)
     return np.ascontiguousarray(result)
+
+
+def _bilinear_matrix(in_size: int, out_size: int) -> np.ndarray:
+    indices, weights = centred_band(in_size, out_size, "linear")
+    matrix = np.zeros((out_size, in_size))
+    np.add.at(matrix, (np.repeat(np.arange(out_size), indices.shape[1]), indices.ravel()), weights.ravel())
+    return matrix
+
+
+@lru_cache(maxsize=16)
+def _right_inverse(in_size: int, out_size: int) -> np.ndarray:
+    """in_size x out_size R with A @ R = I for A the bilinear shrink in -> out (no antialias): A has
+    full row rank when shrinking by less than 2 (each output reads its own pair of inputs)."""
+    matrix = _bilinear_matrix(in_size, out_size)
+    inverse = matrix.T @ np.linalg.inv(matrix @ matrix.T)
+    inverse.setflags(write=False)
+    return inverse
+
+
+def bilinear_preimage(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """An HxWxC float32 image at `size` (larger than `image`, by less than 2x a side) whose
+    `torch_bilinear(..., image's size, antialias=False)` is `image`, to float noise: the least-norm
+    solution, separable. Its values may leave [0, 1]; only its shrink is meant to be read."""
+    image = np.asarray(image, np.float64)
+    rows = _right_inverse(int(size[0]), image.shape[0])
+    columns = _right_inverse(int(size[1]), image.shape[1])
+    return np.einsum("ij,jkc,lk->ilc", rows, image, columns, optimize=True).astype(np.float32)
