@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from lean_image_ai.models.adapters import da3, moge2
 from lean_image_ai.models.imaging import resize
-from test_real_models import _missing, da3_small, moge2_vits, opts  # noqa: F401 (the fixtures)
+from test_real_models import _missing, ben2_base, da3_small, moge2_vits, opts  # noqa: F401 (the fixtures)
 
 pytestmark = pytest.mark.real_models
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
@@ -173,3 +173,31 @@ def test_moge2_mask_and_normals_are_upstreams_with_a_given_camera(
     assert iou >= 0.98
     # 1.6 and 3.1 degrees measured: the export's normals come normalised (docs/models.md)
     assert angles.mean() <= 4.0
+
+
+@pytest.mark.parametrize("name,size", PHOTOS)
+def test_ben2_matte_is_upstreams(ben2_base, fresh_runtime, name, size):  # noqa: F811
+    from lean_image_ai.models.adapters import ben2
+    from PIL import Image
+
+    model = _ben2_net()
+    import ben2_model  # tools/ is on the path once _builds() ran
+
+    picture = _photo(name, size)
+    mask, _ = ben2_model.inference(model, Image.fromarray(picture))
+    theirs = np.asarray(mask).astype(np.float32) / 255.0
+    ours = ben2.run(picture, ben2_base, options=opts(fresh_runtime)).matte
+    difference = np.abs(ours - theirs)
+    print(f"BEN2 {name}: matte {difference.max():.2%} max, {difference.mean():.3%} mean")
+    assert difference.mean() <= 0.01  # upstream truncates to uint8: half a level on average
+    # ours truncated as upstream's is the same bytes but for the exports' float noise
+    assert np.abs(np.floor(ours * 255.0) - np.asarray(mask)).max() <= 1
+
+
+_BEN2 = {}
+
+
+def _ben2_net():
+    if "net" not in _BEN2:
+        _BEN2["net"] = _builds()._ben2_base().eval()
+    return _BEN2["net"]
