@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from builders_families import ben2_like_model, photo
 from lean_image_ai.models.adapters import ben2
+from lean_image_ai.models.adapters.resampling import pil_lanczos, torch_bilinear
 from lean_image_ai.models.imaging import resize
 from lean_image_ai.runtime import (
     InvalidImageError,
@@ -13,6 +14,7 @@ from lean_image_ai.runtime import (
     ModelContractError,
     OperationCancelled,
 )
+from PIL import Image
 from recording import cpu_options as opts
 
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406])
@@ -43,13 +45,27 @@ def models(tmp_path_factory):
     }
 
 
-def reference_matte(rgb, model_hw, *, mean=IMAGENET_MEAN, std=IMAGENET_STD, kernel="lanczos3", scale=SCALE):
-    """What the adapter must compute for a ben2_like_model (sigmoid of the scaled channel mean)."""
-    rgb = np.clip(np.asarray(rgb, np.float32), 0, 1)
-    resized = np.clip(resize(rgb, model_hw, kernel=kernel), 0, 1).astype(np.float64)
+def reference_matte(image, model_hw, *, mean=IMAGENET_MEAN, std=IMAGENET_STD, kernel=None, scale=SCALE):
+    """What the adapter must compute for a ben2_like_model (sigmoid of the scaled channel mean),
+    through BEN2's own steps: Pillow's LANCZOS on the 8-bit picture, the model, the raw matte
+    bilinear (no antialias) to the source size, min-max last. `kernel`: the pipeline before issue
+    42 (one float resize in, min-max, a cubic resize out), for contrast."""
+    if kernel is not None:
+        rgb = np.clip(np.asarray(image, np.float32) / 255.0, 0, 1)
+        resized = np.clip(resize(rgb, model_hw, kernel=kernel), 0, 1).astype(np.float64)
+    elif image.dtype == np.uint8:
+        pil = Image.fromarray(image).resize((model_hw[1], model_hw[0]), Image.LANCZOS)
+        resized = np.asarray(pil).astype(np.float64) / 255.0
+    else:
+        resized = np.clip(pil_lanczos(np.clip(image.astype(np.float32), 0, 1), model_hw), 0, 1).astype(
+            np.float64
+        )
     raw = 1.0 / (1.0 + np.exp(-scale * ((resized - mean) / std).mean(axis=2)))
-    matte = (raw - raw.min()) / (raw.max() - raw.min())
-    return np.clip(resize(matte.astype(np.float32), rgb.shape[:2], kernel="cubic"), 0, 1)
+    if kernel is not None:
+        matte = (raw - raw.min()) / (raw.max() - raw.min())
+        return np.clip(resize(matte.astype(np.float32), image.shape[:2], kernel="cubic"), 0, 1)
+    raw = torch_bilinear(raw.astype(np.float32), image.shape[:2], antialias=False).astype(np.float64)
+    return (raw - raw.min()) / (raw.max() - raw.min())
 
 
 # ---- numerics ----------------------------------------------------------------------------------
@@ -62,10 +78,10 @@ def test_matte_matches_reference_at_odd_source_size(models, runtime):
     assert result.matte.shape == (37, 53) and result.matte.dtype == np.float32
     assert result.rgba.shape == (37, 53, 4) and result.rgba.dtype == np.float32
     assert 0.0 <= result.matte.min() and result.matte.max() <= 1.0
-    expected = reference_matte(image / 255.0, (64, 64))
+    expected = reference_matte(image, (64, 64))
     np.testing.assert_allclose(result.matte, expected, atol=TOL)
-    # the comparison is sensitive enough to catch the wrong input kernel
-    wrong_kernel = reference_matte(image / 255.0, (64, 64), kernel="cubic")
+    # the comparison is sensitive enough to catch the float lanczos in and cubic out it replaced
+    wrong_kernel = reference_matte(image, (64, 64), kernel="lanczos3")
     assert np.abs(wrong_kernel - result.matte).max() > 100 * TOL
     assert result.warnings == []
 
@@ -73,7 +89,7 @@ def test_matte_matches_reference_at_odd_source_size(models, runtime):
 def test_plain_255_normalisation_is_mean_0_std_1(models, runtime):
     image = photo(40, 30, seed=3)
     plain = ben2.run(image, models["fixed"], options=opts(runtime), mean=(0, 0, 0), std=(1, 1, 1))
-    expected = reference_matte(image / 255.0, (64, 64), mean=np.zeros(3), std=np.ones(3))
+    expected = reference_matte(image, (64, 64), mean=np.zeros(3), std=np.ones(3))
     np.testing.assert_allclose(plain.matte, expected, atol=TOL)
     imagenet = ben2.run(image, models["fixed"], options=opts(runtime))
     assert np.abs(imagenet.matte - plain.matte).max() > 100 * TOL
@@ -84,13 +100,13 @@ def test_plain_255_normalisation_is_mean_0_std_1(models, runtime):
 def test_matte_output_is_found_when_it_is_not_the_first_output(models, runtime):
     image = photo(20, 24, seed=1)
     result = ben2.run(image, models["decoy_first"], options=opts(runtime))
-    np.testing.assert_allclose(result.matte, reference_matte(image / 255.0, (64, 64)), atol=TOL)
+    np.testing.assert_allclose(result.matte, reference_matte(image, (64, 64)), atol=TOL)
 
 
 def test_rank3_matte_output_is_accepted(models, runtime):
     image = photo(20, 24, seed=1)
     result = ben2.run(image, models["rank3_output"], options=opts(runtime))
-    np.testing.assert_allclose(result.matte, reference_matte(image / 255.0, (64, 64)), atol=TOL)
+    np.testing.assert_allclose(result.matte, reference_matte(image, (64, 64)), atol=TOL)
 
 
 def test_fp16_model_gets_float16_feeds_and_works(models, runtime, factory):
@@ -99,7 +115,7 @@ def test_fp16_model_gets_float16_feeds_and_works(models, runtime, factory):
     (feed,) = factory.fed
     assert feed == {"input": ((1, 3, 1024, 1024), np.dtype(np.float16))}
     assert result.matte.shape == (37, 53) and result.matte.dtype == np.float32
-    expected = reference_matte(image / 255.0, (1024, 1024))
+    expected = reference_matte(image, (1024, 1024))
     np.testing.assert_allclose(result.matte, expected, atol=TOL_FP16)
 
 
@@ -117,7 +133,7 @@ def test_dynamic_model_uses_input_size_or_1024(models, runtime, factory, input_s
     result = ben2.run(image, models["dynamic"], options=opts(runtime), input_size=input_size)
     assert factory.fed[0]["input"][0] == (1, 3, *fed)
     assert result.matte.shape == (30, 20)
-    np.testing.assert_allclose(result.matte, reference_matte(image / 255.0, fed), atol=TOL)
+    np.testing.assert_allclose(result.matte, reference_matte(image, fed), atol=TOL)
 
 
 # ---- image formats -----------------------------------------------------------------------------
@@ -130,7 +146,9 @@ def test_alpha_is_matte_times_source_alpha_exactly(models, runtime):
     np.testing.assert_array_equal(result.rgba[:, :, 3], result.matte * source_alpha)
     np.testing.assert_array_equal(result.rgba[:, :, :3], image[:, :, :3].astype(np.float32) / 255.0)
     # the matte itself ignores the source alpha (the model sees RGB only)
-    np.testing.assert_allclose(result.matte, reference_matte(image[:, :, :3] / 255.0, (64, 64)), atol=TOL)
+    np.testing.assert_allclose(
+        result.matte, reference_matte(np.ascontiguousarray(image[:, :, :3]), (64, 64)), atol=TOL
+    )
 
 
 @pytest.mark.parametrize(
@@ -208,7 +226,7 @@ def test_frames_are_one_operation_and_only_the_final_run_releases(models, runtim
     results = ben2.run(frames, models["fixed"], options=opts(runtime))
     assert isinstance(results, list) and len(results) == 3
     for frame, result in zip(frames, results, strict=True):
-        np.testing.assert_allclose(result.matte, reference_matte(frame / 255.0, (64, 64)), atol=TOL)
+        np.testing.assert_allclose(result.matte, reference_matte(frame, (64, 64)), atol=TOL)
     (session,) = factory.sessions
     assert session.shrink_entries[:2] == ["", ""]
     assert session.shrink_entries[2] != ""

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from builders_families import SKY_WEIGHTS, da3_like_model, photo
 from lean_image_ai.models.adapters import da3
+from lean_image_ai.models.adapters.resampling import cv2_resize
 from lean_image_ai.models.imaging import resize
 from lean_image_ai.runtime import (
     InvalidImageError,
@@ -45,13 +46,32 @@ def models(tmp_path_factory):
     }
 
 
-def normalised_input(rgb, model_hw, kernel="cubic"):
-    rgb = np.clip(np.asarray(rgb, np.float32), 0, 1)
-    resized = np.clip(resize(rgb, model_hw, kernel=kernel), 0, 1).astype(np.float64)
+def upstream_resize(image, model_hw, process_res=504):
+    """DA3's InputProcessor by hand: the long side to 504, then each side to the model's, cv2's
+    cubic where a side grows and area where none does, on uint8 for an 8-bit picture."""
+    h, w = image.shape[:2]
+    if max(h, w) != process_res:
+        scale = process_res / max(h, w)
+        step = (max(1, round(h * scale)), max(1, round(w * scale)))
+        image = cv2_resize(image, step, "cubic" if scale > 1 else "area")
+    if image.shape[:2] != tuple(model_hw):
+        grows = model_hw[0] > image.shape[0] or model_hw[1] > image.shape[1]
+        image = cv2_resize(image, model_hw, "cubic" if grows else "area")
+    return image.astype(np.float64) / 255.0 if image.dtype == np.uint8 else image.astype(np.float64)
+
+
+def normalised_input(image, model_hw, kernel=None):
+    """`kernel`: the pipeline before issue 42 (one antialiased resize on float), for contrast."""
+    if kernel is None:
+        image = image if image.dtype == np.uint8 else np.clip(np.asarray(image, np.float32), 0, 1)
+        resized = upstream_resize(image, model_hw)
+    else:
+        rgb = np.clip(np.asarray(image, np.float32) / 255.0, 0, 1)
+        resized = np.clip(resize(rgb, model_hw, kernel=kernel), 0, 1).astype(np.float64)
     return (resized - IMAGENET_MEAN) / IMAGENET_STD
 
 
-def reference_depth(rgb, model_hw, kernel="cubic"):
+def reference_depth(rgb, model_hw, kernel=None):
     depth = DEPTH_SCALE * normalised_input(rgb, model_hw, kernel).mean(axis=2) + DEPTH_OFFSET
     return resize(depth.astype(np.float32), np.shape(rgb)[:2], kernel="linear")
 
@@ -76,10 +96,9 @@ def test_fixed_shape_model_gets_exactly_its_size(models, runtime, factory):
     assert factory.fed == [{"pixel_values": ((1, 3, 280, 504), np.dtype(np.float32))}]
     assert result.model_size == (280, 504)
     assert result.depth.shape == (37, 53) and result.depth.dtype == np.float32
-    np.testing.assert_allclose(result.depth, reference_depth(image / 255.0, (280, 504)), atol=TOL)
-    assert (
-        np.abs(reference_depth(image / 255.0, (280, 504), kernel="linear") - result.depth).max() > 100 * TOL
-    )
+    np.testing.assert_allclose(result.depth, reference_depth(image, (280, 504)), atol=TOL)
+    # the one-step antialiased cubic on float this replaced differs measurably
+    assert np.abs(reference_depth(image, (280, 504), kernel="cubic") - result.depth).max() > 100 * TOL
     # 53:37 stretched to 504:280 is a 23% aspect change: the user is told
     assert any("stretched" in w for w in result.warnings)
 
@@ -100,7 +119,7 @@ def test_dynamic_model_long_side_504_in_multiples_of_14(models, runtime, factory
     assert factory.fed[0]["pixel_values"][0] == (1, 3, *fed)
     assert result.model_size == fed and fed[0] % 14 == 0 and fed[1] % 14 == 0 and max(fed) == 504
     assert result.depth.shape == source
-    np.testing.assert_allclose(result.depth, reference_depth(image / 255.0, fed), atol=TOL)
+    np.testing.assert_allclose(result.depth, reference_depth(image, fed), atol=TOL)
 
 
 def test_process_res_and_multiple_are_honoured(models, runtime, factory):
@@ -117,48 +136,48 @@ def test_sky_logits_become_a_probability(models, runtime):
     sky = result.extras["sky"]
     assert sky.shape == (37, 53) and sky.dtype == np.float32
     assert 0.0 <= sky.min() and sky.max() <= 1.0
-    np.testing.assert_allclose(sky, reference_sky(image / 255.0, (280, 504), "sigmoid"), atol=TOL)
+    np.testing.assert_allclose(sky, reference_sky(image, (280, 504), "sigmoid"), atol=TOL)
 
 
 def test_relu_sky_scores_stay_raw_unless_sigmoid_is_forced(models, runtime):
     image = photo(37, 53, seed=3)
     raw = da3.run(image, models["relu_sky"], options=opts(runtime)).extras["sky"]
-    expected = reference_sky(image / 255.0, (28, 42), "relu")
+    expected = reference_sky(image, (28, 42), "relu")
     assert expected.max() > 1.0  # raw scores above 1 prove no sigmoid was applied
     np.testing.assert_allclose(raw, expected, atol=TOL)
     forced = da3.run(image, models["relu_sky"], options=opts(runtime), sky_activation="sigmoid")
-    expected = reference_sky(image / 255.0, (28, 42), "relu+sigmoid")
+    expected = reference_sky(image, (28, 42), "relu+sigmoid")
     np.testing.assert_allclose(forced.extras["sky"], expected, atol=TOL)
 
 
 def test_sky_activation_none_keeps_logits(models, runtime):
     image = photo(37, 53, seed=4)
     result = da3.run(image, models["small"], options=opts(runtime), sky_activation="none")
-    np.testing.assert_allclose(result.extras["sky"], reference_sky(image / 255.0, (28, 42), None), atol=TOL)
+    np.testing.assert_allclose(result.extras["sky"], reference_sky(image, (28, 42), None), atol=TOL)
     assert result.extras["sky"].min() < 0
 
 
 def test_depth_is_found_by_name_not_position(models, runtime):
     image = photo(20, 30, seed=5)
     result = da3.run(image, models["sky_first"], options=opts(runtime))
-    np.testing.assert_allclose(result.depth, reference_depth(image / 255.0, (28, 42)), atol=TOL)
+    np.testing.assert_allclose(result.depth, reference_depth(image, (28, 42)), atol=TOL)
     assert set(result.extras) == {"sky"}
 
 
 def test_first_output_is_depth_when_none_is_named_depth(models, runtime):
     image = photo(20, 30, seed=5)
     result = da3.run(image, models["unnamed"], options=opts(runtime))
-    np.testing.assert_allclose(result.depth, reference_depth(image / 255.0, (28, 42)), atol=TOL)
+    np.testing.assert_allclose(result.depth, reference_depth(image, (28, 42)), atol=TOL)
     # a name containing "sky" is enough for the logits -> probability rule
     np.testing.assert_allclose(
-        result.extras["sky_logits"], reference_sky(image / 255.0, (28, 42), "sigmoid"), atol=TOL
+        result.extras["sky_logits"], reference_sky(image, (28, 42), "sigmoid"), atol=TOL
     )
 
 
 def test_rank3_depth_without_sky(models, runtime):
     image = photo(20, 30, seed=6)
     result = da3.run(image, models["depth_rank3"], options=opts(runtime))
-    np.testing.assert_allclose(result.depth, reference_depth(image / 255.0, (28, 42)), atol=TOL)
+    np.testing.assert_allclose(result.depth, reference_depth(image, (28, 42)), atol=TOL)
     assert result.extras == {}
 
 
@@ -173,7 +192,7 @@ def test_fp16_model_gets_float16_feeds(models, runtime, factory):
     result = da3.run(image, models["fp16"], options=opts(runtime))
     assert factory.fed[0]["pixel_values"] == ((1, 3, 350, 504), np.dtype(np.float16))
     assert result.depth.dtype == np.float32 and result.extras["sky"].dtype == np.float32
-    np.testing.assert_allclose(result.depth, reference_depth(image / 255.0, (350, 504)), atol=TOL_FP16)
+    np.testing.assert_allclose(result.depth, reference_depth(image, (350, 504)), atol=TOL_FP16)
 
 
 # ---- image formats -----------------------------------------------------------------------------
@@ -247,7 +266,7 @@ def test_frames_are_one_operation_and_only_the_final_run_releases(models, runtim
     results = da3.run(frames, models["small"], options=opts(runtime))
     assert len(results) == 3
     for frame, result in zip(frames, results, strict=True):
-        np.testing.assert_allclose(result.depth, reference_depth(frame / 255.0, (28, 42)), atol=TOL)
+        np.testing.assert_allclose(result.depth, reference_depth(frame, (28, 42)), atol=TOL)
     (session,) = factory.sessions
     assert session.shrink_entries[:2] == ["", ""] and session.shrink_entries[2] != ""
     da3.run(frames[:2], models["small"], options=opts(runtime))
@@ -317,3 +336,24 @@ def test_model_size_follows_upstreams_two_step_rule(source, expected):
     from lean_image_ai.models.imaging import fit_multiple
 
     assert fit_multiple(source[0], source[1], 504, 14) == expected
+
+
+def test_letterbox_keeps_the_aspect_in_a_fixed_input_and_crops_the_depth_back(models, runtime, factory):
+    image = photo(37, 53, seed=3)
+    result = da3.run(image, models["fixed"], options=opts(runtime), fixed_fit="letterbox")
+    assert factory.fed == [{"pixel_values": ((1, 3, 280, 504), np.dtype(np.float32))}]
+    # 53:37 into 504:280: 280 rows by round(53 * 280 / 37) = 401 columns, centred (51 left, 52 right)
+    np.testing.assert_allclose(result.depth, reference_depth(image, (280, 401)), atol=TOL)
+    assert result.model_size == (280, 504)
+    assert any("401x280" in w and "aspect kept" in w and "letterbox" in w for w in result.warnings)
+    stretched = da3.run(image, models["fixed"], options=opts(runtime))  # the default, closer to upstream
+    np.testing.assert_allclose(stretched.depth, reference_depth(image, (280, 504)), atol=TOL)
+    # a per-pixel model shows the two only through resampling: small, but 10 tolerances apart
+    assert np.abs(stretched.depth - result.depth).max() > 10 * TOL
+    assert any("stretched" in w and "fixed_fit='stretch'" in w for w in stretched.warnings)
+
+
+def test_a_fit_other_than_letterbox_or_stretch_is_refused(models, runtime, factory):
+    with pytest.raises(ValueError, match="fixed_fit must be one of"):
+        da3.run(photo(37, 53), models["fixed"], options=opts(runtime), fixed_fit="crop")
+    assert factory.fed == []

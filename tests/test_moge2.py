@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from builders_moge2 import PLANE, expected_depth, moge2_like_model
 from lean_image_ai.models.adapters import moge2, moge2_solver
+from lean_image_ai.models.adapters.resampling import torch_bilinear
 from lean_image_ai.runtime.errors import (
     InvalidModelOutputError,
     ModelContractError,
@@ -53,10 +54,12 @@ def red_image(height, width, valid=None):
 
 
 def expected_intrinsics(model_size, source_size, focal=FOCAL):
-    model_h, model_w = model_size
+    """MoGe's infer(): fx, fy from the focal and the SOURCE's aspect (square pixels), whatever the
+    grid the model ran at (its aspect differs by the rounding to whole patches)."""
     height, width = source_size
-    half_diagonal = math.hypot(model_h, model_w) / 2
-    fx_norm, fy_norm = focal * half_diagonal / model_w, focal * half_diagonal / model_h
+    aspect = width / height
+    fx_norm = focal / 2 * math.sqrt(1 + aspect**2) / aspect
+    fy_norm = focal / 2 * math.sqrt(1 + aspect**2)
     return fx_norm * width, fy_norm * height, 2 * math.atan(0.5 / fx_norm), 2 * math.atan(0.5 / fy_norm)
 
 
@@ -237,9 +240,12 @@ def test_recovers_intrinsics_fov_and_depth_at_source_size(models, recorded, size
         result.intrinsics, [[fx, 0, width / 2], [0, fy, height / 2], [0, 0, 1]], rtol=1e-5, atol=1e-4
     )
     assert result.fov_x == pytest.approx(fov_x, rel=1e-5) and result.fov_y == pytest.approx(fov_y, rel=1e-5)
-    # both fovs describe one camera: tan(fov/2) ratio is the source aspect up to the size rounding
+    # both fovs describe one camera of square pixels: the tan(fov/2) ratio is the source's aspect
     ratio = math.tan(result.fov_x / 2) / math.tan(result.fov_y / 2)
-    assert abs(ratio / (width / height) - 1) < 0.05
+    assert (
+        ratio == pytest.approx(width / height, rel=1e-9)
+        and result.intrinsics[0, 0] == result.intrinsics[1, 1]
+    )
 
     expected = expected_depth(model_h, model_w, height, width, focal=FOCAL) * SCALE
     np.testing.assert_allclose(result.depth, expected, rtol=5e-4)  # linear resize of a smooth 1/plane
@@ -313,10 +319,15 @@ def test_num_tokens_fed_as_int64_scalar(models, recorded, level, tokens):
     assert fed.dtype == np.int64 and fed.shape == () and int(fed) == tokens
     assert 1200 <= int(fed) <= 3600
     image = factory.sessions[0].feeds[0]["image"]
-    assert image.dtype == np.float32 and image.shape == (1, 3, *result.model_size)
-    assert image.min() >= 0.0 and image.max() <= 1.0
     rows, cols = result.model_size[0] // 14, result.model_size[1] // 14
     assert abs(rows * cols / tokens - 1) < 0.05
+    # fed at the heads' size (16 px a token), so the graph's output resize is the identity, and
+    # made so that the graph's own shrink (bilinear, no antialias) gives MoGe's encoder input:
+    # the picture bilinear with antialias at the grid's size
+    assert image.dtype == np.float32 and image.shape == (1, 3, 16 * rows, 16 * cols)
+    shrunk = torch_bilinear(image[0].transpose(1, 2, 0), result.model_size, antialias=False)
+    encoder = torch_bilinear(red_image(90, 120), result.model_size, antialias=True)
+    np.testing.assert_allclose(shrunk, encoder, atol=1e-4)
     assert result.num_tokens == tokens
 
 

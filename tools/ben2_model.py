@@ -15,8 +15,11 @@ classes the network needs are copied here with only these changes:
   evenly (all of them at 1024², asserted) the two are the same average (`pool_to`);
 - `np.ceil` is `math.ceil`; the second, identical `PositionEmbeddingSine` is dropped;
 - BEN_Base.forward loses its `@torch.inference_mode` and `@torch.autocast("cuda", float16)`
-  decorators (the export runs fp32 under `torch.no_grad`); `inference`, `segment_video`, the
-  image loaders and the checkpoint loader are left out (they need PIL, cv2, torchvision).
+  decorators (the export runs fp32 under `torch.no_grad`); `segment_video`, the video writers
+  and the checkpoint loader are left out (they need cv2, ffmpeg, torchvision);
+- `inference` (its non-refining branch, on the CPU), `rgb_loader_refiner` and `postprocess_image`
+  are kept at the end as functions, for the tests that compare the add-on with them; Pillow is
+  imported inside them, and torchvision's ToTensor + Normalize are written as their torch ops.
 
 MIT License
 
@@ -556,3 +559,57 @@ class BEN_Base(nn.Module):
             final_output = self.output(self.upsample2(final_output))
             outputs.append(final_output.sigmoid())
         return torch.cat(outputs, dim=0)
+
+
+# ---- BEN2.py's single-image inference (its non-refining branch, on the CPU: img_transform32) ----
+# Kept for tests/test_upstream_pipelines.py, which compares the add-on's matte with this. Pillow is
+# imported here only (the export needs none); torchvision's ToTensor + Normalize are the two torch
+# operations they stand for (torchvision does not load beside the CPU torch wheel here).
+
+
+def rgb_loader_refiner(original_image):
+    from PIL import Image
+
+    h, w = original_image.size
+    image = original_image
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    image = image.resize((1024, 1024), resample=Image.LANCZOS)
+    return image.convert("RGB"), h, w, original_image
+
+
+def img_transform32(image):
+    import numpy as np
+
+    tensor = (
+        torch.from_numpy(np.array(image, copy=True)).permute(2, 0, 1).contiguous().to(torch.float32).div(255)
+    )
+    mean = torch.tensor([0.485, 0.456, 0.406])[:, None, None]
+    std = torch.tensor([0.229, 0.224, 0.225])[:, None, None]
+    return tensor.sub(mean).div(std)
+
+
+def postprocess_image(result, im_size):
+    import numpy as np
+
+    result = torch.squeeze(F.interpolate(result, size=im_size, mode="bilinear"), 0)
+    ma = torch.max(result)
+    mi = torch.min(result)
+    result = (result - mi) / (ma - mi)
+    im_array = (result * 255).permute(1, 2, 0).cpu().data.numpy().astype(np.uint8)
+    return np.squeeze(im_array)
+
+
+def inference(model, image):
+    """BEN_Base.inference(image, refine_foreground=False): (mask, image with the mask as alpha)."""
+    from PIL import Image
+
+    image, h, w, original_image = rgb_loader_refiner(image)
+    img_tensor = img_transform32(image).unsqueeze(0).to(next(model.parameters()).device)
+    with torch.no_grad():
+        res = model.forward(img_tensor)
+    alpha = postprocess_image(res, im_size=[w, h])
+    pred_pil = Image.fromarray(alpha)  # transforms.ToPILImage() of an HxW uint8 array: mode "L"
+    mask = pred_pil.resize(original_image.size)
+    original_image.putalpha(mask)
+    return mask, original_image

@@ -1,10 +1,11 @@
 """BEN2 background removal: image in -> matte (and RGBA cut-out) out, at the source resolution.
 
 Export contract: one NCHW RGB input (1x3x1024x1024 in the public exports, float32
-or float16), resized with Lanczos and normalised with per-export constants (the catalog passes
-`mean`/`std`; mean 0 and std 1 mean plain /255); one 1-channel matte output (Nx1xHxW or NxHxW).
-The raw output is min-max normalised, resized back to the source size and multiplied into the
-source alpha.
+or float16), resized as BEN2's `inference` does (Pillow's LANCZOS, on uint8 for an 8-bit picture)
+and normalised with per-export constants (the catalog passes `mean`/`std`; mean 0 and std 1 mean
+plain /255); one 1-channel matte output (Nx1xHxW or NxHxW). As upstream's `postprocess_image`, the
+raw output is resized to the source size (bilinear, no antialias), then min-max normalised; the
+matte stays float (upstream truncates it to uint8) and is multiplied into the source alpha.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from ..imaging import (
     IMAGENET_STD,
     normalization_constants,
     normalize,
-    resize_clipped,
     to_nchw,
 )
 from ..result_images import MASK
+from .resampling import pil_lanczos, torch_bilinear
 
 MODEL_NAME = "BEN2"
 DEFAULT_INPUT_SIZE = 1024
@@ -71,23 +72,28 @@ def _cut_out(frame: Frame, *, mean, std, input_size) -> MatteResult:
     model_hw = _model_size(handle.inputs[0], input_size)
     frame.report(0.0, "preprocessing")
     prepared = frame.prepare()
-    # trained on 8-bit photos: HDR values would push the normalised input off-distribution
-    rgb = np.clip(prepared.rgb, 0.0, 1.0)
-    resized = resize_clipped(rgb, model_hw, kernel="lanczos3")
-    tensor = to_nchw(normalize(resized, mean, std), handle.inputs[0].dtype)
+    tensor = to_nchw(normalize(_model_input(prepared, model_hw), mean, std), handle.inputs[0].dtype)
     frame.report(0.2, frame.counter)
     outputs = frame.run({handle.inputs[0].name: tensor}, output_names=[matte_output.name])
     frame.report(0.8, "postprocessing")
     raw = _as_map(outputs[matte_output.name], handle.model_name, matte_output.name)
-    matte, warning = _normalise_matte(raw, handle.model_name)
-    if warning:  # a flat 0 or 1: resampling would only add float noise to it
-        matte = np.full(prepared.size, matte.flat[0], np.float32)
-    else:
-        matte = resize_clipped(matte, prepared.size, kernel="cubic")
+    # upstream's postprocess_image: bilinear to the source size (no antialias), then min-max
+    matte, warning = _normalise_matte(torch_bilinear(raw, prepared.size, antialias=False), handle.model_name)
     alpha = matte if prepared.alpha is None else matte * prepared.alpha
     rgba = np.concatenate([prepared.rgb, alpha[:, :, None]], axis=2).astype(np.float32, copy=False)
     warnings = list(prepared.warnings) + ([warning] if warning else [])
     return MatteResult(matte.astype(np.float32, copy=False), rgba, warnings, prepared.kind)
+
+
+def _model_input(prepared, model_hw) -> np.ndarray:
+    """HxWx3 float32 in [0, 1] at the model's size: upstream's Pillow LANCZOS resize, on uint8 (to
+    the level) where the source is 8-bit."""
+    if prepared.kind == "8-bit":
+        picture = np.rint(prepared.rgb * np.float32(255.0)).astype(np.uint8)  # the source's own values
+        return pil_lanczos(picture, model_hw).astype(np.float32) / np.float32(255.0)
+    # trained on 8-bit photos: HDR values would push the normalised input off-distribution
+    rgb = np.clip(prepared.rgb, 0.0, 1.0)
+    return np.clip(pil_lanczos(rgb, model_hw), 0.0, 1.0)
 
 
 def _validate(handle: SessionHandle) -> TensorInfo:

@@ -1,8 +1,13 @@
 """Depth Anything 3: image in -> depth map (plus the model's other maps) out, at source resolution.
 
-Export contract: one NCHW RGB input, RGB/255 then ImageNet mean/std. A fixed input
-size in the model (the community export is 1x3x280x504) is used as is; otherwise DA3's own rule:
-long side to `process_res`, each side rounded to a multiple of the patch size (14). Outputs:
+Export contract: one NCHW RGB input, RGB/255 then ImageNet mean/std, resized as DA3's own
+InputProcessor does (`resize_like_upstream`: OpenCV's area when shrinking, cubic when enlarging, the
+long side to `process_res` then each side to a multiple of the patch size, on uint8 for an 8-bit
+picture). A fixed input size in the model (the community export is 1x3x280x504) is used as is; a
+picture of another aspect is stretched to it (`fixed_fit="stretch"`, the default: on DA3-SMALL it
+stays closer to upstream's run at the picture's own aspect than a letterbox does, see
+docs/models.md) or letterboxed (`fixed_fit="letterbox"`), and the result's warning says which.
+Outputs:
 `depth` (1x1xHxW, 1xHxW or HxW; the first output when none is called "depth") and any other
 single-channel maps, e.g. `sky`, returned in `DepthResult.extras`.
 
@@ -35,15 +40,17 @@ from ..imaging import (
     normalization_constants,
     normalize,
     resize,
-    resize_clipped,
     to_nchw,
 )
 from ..result_images import DEPTH
+from .resampling import cv2_resize
 
 MODEL_NAME = "Depth Anything 3"
 SKY_ACTIVATIONS = ("auto", "sigmoid", "none")
-# a fixed-size model stretches the picture; past this aspect mismatch the user should know
+# past this aspect mismatch a fixed-size model gets the picture letterboxed (or stretched, by
+# choice) and the user is told; below it the stretch is of the size of upstream's own rounding
 ASPECT_WARNING = 0.10
+FIXED_FITS = ("letterbox", "stretch")
 
 
 @dataclass
@@ -64,38 +71,39 @@ def run(
     mean: Sequence[float] | None = IMAGENET_MEAN,
     std: Sequence[float] | None = IMAGENET_STD,
     sky_activation: str = "auto",
+    fixed_fit: str = "stretch",
 ) -> DepthResult | list[DepthResult]:
     """Estimate depth for one image or a list of frames (one runtime operation)."""
     if int(process_res) <= 0 or int(multiple) <= 0:
         raise ValueError(f"process_res and multiple must be positive, got {process_res} and {multiple}")
     if sky_activation not in SKY_ACTIVATIONS:
         raise ValueError(f"sky_activation must be one of {SKY_ACTIVATIONS}, got {sky_activation!r}")
+    if fixed_fit not in FIXED_FITS:
+        raise ValueError(f"fixed_fit must be one of {FIXED_FITS}, got {fixed_fit!r}")
     mean, std = normalization_constants(mean, std)
     body = partial(
-        _depth, process_res=int(process_res), multiple=int(multiple), mean=mean, std=std, sky_activation=sky_activation
+        _depth,
+        process_res=int(process_res),
+        multiple=int(multiple),
+        mean=mean,
+        std=std,
+        sky_activation=sky_activation,
+        fixed_fit=fixed_fit,
     )
     return run_frames("da3", images, model_path, options, check=check_session, body=body)
 
 
-def _depth(frame: Frame, *, process_res, multiple, mean, std, sky_activation) -> DepthResult:
+def _depth(frame: Frame, *, process_res, multiple, mean, std, sky_activation, fixed_fit) -> DepthResult:
     handle, depth_name = frame.handle, frame.contract
     image_input = handle.inputs[0]
-    fixed = any(isinstance(d, int) and d > 0 for d in image_input.shape[2:4])
     frame.report(0.0, "preprocessing")
     prepared = frame.prepare()
     warnings = list(prepared.warnings)
-    model_hw = _model_size(image_input, prepared.size, process_res, multiple)
-    if fixed and _aspect_mismatch(prepared.size, model_hw) > ASPECT_WARNING:
-        warnings.append(
-            f"{handle.model_name} takes a fixed {model_hw[1]}x{model_hw[0]} input, so the "
-            f"{prepared.size[1]}x{prepared.size[0]} image was stretched to it; depth near the "
-            "edges may be less accurate. A model with a dynamic input size avoids this."
-        )
-    # trained on 8-bit photos: HDR values would push the normalised input off-distribution
-    rgb = np.clip(prepared.rgb, 0.0, 1.0, out=prepared.rgb)  # our own copy, read nowhere else
-    # antialiased cubic: DA3's own pipeline upsamples with cubic and shrinks with area
-    resized = resize_clipped(rgb, model_hw, kernel="cubic")
-    tensor = to_nchw(normalize(resized, mean, std), image_input.dtype)
+    placement = _placement(image_input, prepared.size, process_res, multiple, fixed_fit)
+    if placement.warning:
+        warnings.append(placement.warning.format(model=handle.model_name))
+    rgb = _model_input(prepared, placement, process_res)
+    tensor = to_nchw(normalize(rgb, mean, std), image_input.dtype)
     frame.report(0.2, frame.counter)
     outputs = frame.run({image_input.name: tensor})
     frame.report(0.8, "postprocessing")
@@ -115,15 +123,100 @@ def _depth(frame: Frame, *, process_res, multiple, mean, std, sky_activation) ->
         check_finite(extra, handle.model_name, name)
         if _wants_sigmoid(name, extra, sky_activation):
             extra = _sigmoid(extra)
-        extras[name] = resize(extra, prepared.size, kernel="linear")
+        extras[name] = resize(placement.crop(extra), prepared.size, kernel="linear")
     # linear has no negative lobes: no overshoot, so depth stays within the model's range
-    depth = resize(depth, prepared.size, kernel="linear")
-    return DepthResult(depth, extras, tuple(model_hw), warnings)
+    depth = resize(placement.crop(depth), prepared.size, kernel="linear")
+    return DepthResult(depth, extras, tuple(placement.model_hw), warnings)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the picture goes in the model's input: the whole input (`content` = `model_hw`,
+    stretched when a fixed size has another aspect) or a centred window of the source's aspect
+    (letterbox: the rest is padded and the outputs are cropped back to the window)."""
+
+    model_hw: tuple[int, int]
+    content: tuple[int, int]
+    offset: tuple[int, int] = (0, 0)
+    warning: str = ""
+
+    def crop(self, plane: np.ndarray) -> np.ndarray:
+        if plane.shape[:2] != tuple(self.model_hw) or self.content == self.model_hw:
+            return plane  # an output at another size than the input carries no window to crop
+        (top, left), (h, w) = self.offset, self.content
+        return plane[top : top + h, left : left + w]
+
+
+def _placement(info: TensorInfo, source_hw, process_res: int, multiple: int, fixed_fit: str) -> Placement:
+    model_hw = _model_size(info, source_hw, process_res, multiple)
+    fixed = any(isinstance(d, int) and d > 0 for d in info.shape[2:4])
+    if not fixed or _aspect_mismatch(source_hw, model_hw) <= ASPECT_WARNING:
+        # a dynamic model's multiple-of-14 rounding (or a fixed size of nearly the same aspect)
+        # stretches the picture a little, exactly as upstream's own rounding does
+        return Placement(model_hw, model_hw)
+    size = f"{source_hw[1]}x{source_hw[0]}"
+    fixed_size = f"{model_hw[1]}x{model_hw[0]}"
+    if fixed_fit == "stretch":
+        return Placement(
+            model_hw,
+            model_hw,
+            warning=f"{{model}} takes a fixed {fixed_size} input, so the {size} image was stretched to it "
+            "(fixed_fit='stretch'); depth near the edges may be less accurate. A model with a dynamic "
+            "input size avoids this.",
+        )
+    scale = min(model_hw[0] / source_hw[0], model_hw[1] / source_hw[1])
+    content = tuple(min(m, max(1, round(s * scale))) for s, m in zip(source_hw, model_hw, strict=True))
+    offset = tuple((m - c) // 2 for m, c in zip(model_hw, content, strict=True))
+    return Placement(
+        model_hw,
+        content,
+        offset,
+        warning=f"{{model}} takes a fixed {fixed_size} input: the {size} image was fitted into it at "
+        f"{content[1]}x{content[0]} with its aspect kept, the rest padded, and the depth cropped back "
+        "(fixed_fit='letterbox'); a model with a dynamic input size sees more detail.",
+    )
+
+
+def _model_input(prepared, placement: Placement, process_res: int) -> np.ndarray:
+    """HxWx3 float32 in [0, 1] at the model's size: DA3's own resize of the picture into the
+    placement's window (uint8 where the source is 8-bit, as upstream's cv2 works on 8-bit
+    photos), the padding at the ImageNet mean (0 once normalised)."""
+    if prepared.kind == "8-bit":
+        picture = np.rint(prepared.rgb * np.float32(255.0)).astype(np.uint8)  # the source's own values
+    else:
+        # trained on 8-bit photos: HDR values would push the normalised input off-distribution
+        picture = np.clip(prepared.rgb, 0.0, 1.0, out=prepared.rgb)  # our own copy, read nowhere else
+    resized = resize_like_upstream(picture, placement.content, process_res)
+    if resized.dtype == np.uint8:
+        resized = resized.astype(np.float32) / np.float32(255.0)
+    if placement.content == placement.model_hw:
+        return resized
+    canvas = np.empty((*placement.model_hw, 3), np.float32)
+    canvas[:] = np.asarray(IMAGENET_MEAN, np.float32)
+    (top, left), (h, w) = placement.offset, placement.content
+    canvas[top : top + h, left : left + w] = resized
+    return canvas
+
+
+def resize_like_upstream(image: np.ndarray, size: tuple[int, int], process_res: int) -> np.ndarray:
+    """DA3's InputProcessor (`upper_bound_resize`): the long side to `process_res` (cubic when
+    enlarging, area when shrinking), then to `size` (cubic when a side grows, area otherwise)."""
+    height, width = image.shape[:2]
+    if max(height, width) != process_res:
+        scale = process_res / float(max(height, width))
+        step = (max(1, int(round(height * scale))), max(1, int(round(width * scale))))
+        image = cv2_resize(image, step, "cubic" if scale > 1.0 else "area")
+    if image.shape[:2] != tuple(size):
+        grows = size[0] > image.shape[0] or size[1] > image.shape[1]
+        image = cv2_resize(image, size, "cubic" if grows else "area")
+    return image
 
 
 def check_session(handle: SessionHandle) -> str:
     """The family's contract (ModelContractError when the model does not fit); the depth output's name."""
-    check_contract(handle, MODEL_NAME, inputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}], outputs=[{}])
+    check_contract(
+        handle, MODEL_NAME, inputs=[{"rank": 4, "channels": 3, "types": FLOAT_TYPES}], outputs=[{}]
+    )
     return _validate(handle)
 
 
@@ -198,7 +291,9 @@ def identify(model) -> Match:
         return Match(SURE, "an output named 'depth'")
     plane = model.plane()
     if plane is not None and plane.finite and plane.low > 0.0 and plane.high > 1.0:
-        return Match(LIKELY, f"one channel ('{plane.name}') at the input size, unbounded and positive ({plane.span})")
+        return Match(
+            LIKELY, f"one channel ('{plane.name}') at the input size, unbounded and positive ({plane.span})"
+        )
     return NO
 
 
@@ -216,6 +311,7 @@ FAMILY = Family(
         Setting("mean", rgb_triple_or_none),
         Setting("std", rgb_triple_or_none),
         Setting("sky_activation", one_of(*SKY_ACTIVATIONS)),
+        Setting("fixed_fit", one_of(*FIXED_FITS)),
     ),
     user_defaults={"process_res": 504, "patch_multiple": 14, "mean": IMAGENET_MEAN, "std": IMAGENET_STD},
     options=(

@@ -36,17 +36,20 @@ from ..base import RunOptions, check_finite, fixed_hw, squeeze_batch
 from ..family import Family, Option, Output, Setting, int_range, positive_int, unit_interval
 from ..frame_loop import Frame, run_frames
 from ..identify import NO, SURE, Match
-from ..imaging import resize, resize_clipped, to_nchw
+from ..imaging import to_nchw
 from ..result_images import MESH, ImageProduct
 from . import shot_camera
 from .moge2_contract import bind_contract
 from .moge2_mesh import normal_map, write_geometry
+from .moge2_outputs import mask_to_source, normal_to_source, points_to_source
 from .moge2_solver import DegenerateGeometryError, recover_focal_shift, shift_for_focal
+from .resampling import bilinear_preimage, torch_bilinear
 
 PATCH_SIZE = 14
 NUM_TOKENS_RANGE = (1200, 3600)
 RESOLUTION_LEVELS = 10
 MASK_THRESHOLD = 0.5
+HEAD_PIXELS_PER_TOKEN = 16
 
 
 @dataclass
@@ -142,7 +145,9 @@ def run(
     return run_frames("moge2", images, model_path, options, check=bind_contract, body=body)
 
 
-def _geometry(frame: Frame, *, tokens, patch_size, mask_threshold, force_projection, focal_width) -> GeometryResult:
+def _geometry(
+    frame: Frame, *, tokens, patch_size, mask_threshold, force_projection, focal_width
+) -> GeometryResult:
     handle, binding = frame.handle, frame.contract
     frame.report(0.0, "preprocessing")
     prepared = frame.prepare()
@@ -158,7 +163,10 @@ def _geometry(frame: Frame, *, tokens, patch_size, mask_threshold, force_project
             )
     else:
         model_h, model_w = model_input_size(source_h, source_w, tokens, patch_size)
-    rgb = resize_clipped(prepared.rgb, (model_h, model_w), "lanczos3")
+    # MoGe's encoder: bilinear with antialias on the [0, 1] picture (ImageNet constants inside)
+    rgb = torch_bilinear(np.clip(prepared.rgb, 0.0, 1.0), (model_h, model_w), antialias=True)
+    if fixed is None:
+        rgb = _at_head_size(rgb, model_h // patch_size, model_w // patch_size)
     token_shape = (1,) * len(binding.tokens.shape)
     feeds = {
         binding.image.name: to_nchw(rgb, binding.image.dtype),
@@ -180,7 +188,19 @@ def _geometry(frame: Frame, *, tokens, patch_size, mask_threshold, force_project
         focal_width=focal_width,
     )
     result.num_tokens = tokens
+    result.model_size = (model_h, model_w)
     return result
+
+
+def _at_head_size(encoder_image: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """What to feed so the export computes what MoGe's forward() computes: the export shrinks its
+    input to the token grid (bilinear, no antialias, ONNX mode) and resizes the heads' maps to the
+    input's size before its exp/sigmoid. Fed at the heads' own size (16 px a token: the neck's four
+    2x upsamplings of the grid), its output resize is the identity, and the one resize to the
+    source is ours (moge2_outputs.py), where MoGe does it; fed `bilinear_preimage` of the encoder's
+    image, its shrink lands on exactly that image. Fed the encoder's size instead, the heads'
+    maps were resampled twice: mask IoU 0.60 against MoGe's on the seeded ViT-S at 4:3."""
+    return bilinear_preimage(encoder_image, (HEAD_PIXELS_PER_TOKEN * rows, HEAD_PIXELS_PER_TOKEN * cols))
 
 
 def _squeeze_batch(array, shape_tail: int, name: str, model_name: str) -> np.ndarray:
@@ -206,11 +226,11 @@ def _normal(outputs, binding, model_name: str, points_shape) -> np.ndarray | Non
     return normal
 
 
-def _valid(outputs, binding, model_name: str, model_hw, mask_threshold, warnings: list) -> np.ndarray:
-    """The pixels the model's mask keeps (all of them, said so, when it has none)."""
+def _mask_probability(outputs, binding, model_name: str, model_hw, warnings: list) -> np.ndarray | None:
+    """The model's mask (a probability per pixel), or None (every pixel valid, said so) without one."""
     if binding.mask is None:
         warnings.append(f"{model_name} has no mask output: every pixel is treated as valid.")
-        return np.ones(model_hw, bool)
+        return None
     mask_prob = _squeeze_batch(outputs[binding.mask.name], 2, binding.mask.name, model_name)
     check_finite(mask_prob, model_name, binding.mask.name)
     if mask_prob.shape != model_hw:
@@ -218,7 +238,7 @@ def _valid(outputs, binding, model_name: str, model_hw, mask_threshold, warnings
             f"{model_name} returned '{binding.mask.name}' {list(mask_prob.shape)} but points "
             f"{list(model_hw)}; they must match."
         )
-    return mask_prob > mask_threshold
+    return mask_prob
 
 
 def _metric_scale(outputs, binding, model_name: str, warnings: list) -> float:
@@ -236,7 +256,16 @@ def _metric_scale(outputs, binding, model_name: str, warnings: list) -> float:
 
 
 def _postprocess(
-    outputs, binding, model_name, label, source_size, *, mask_threshold, force_projection, warnings, focal_width=None
+    outputs,
+    binding,
+    model_name,
+    label,
+    source_size,
+    *,
+    mask_threshold,
+    force_projection,
+    warnings,
+    focal_width=None,
 ) -> GeometryResult:
     points = _squeeze_batch(outputs[binding.points.name], 3, binding.points.name, model_name)
     model_h, model_w = points.shape[:2]
@@ -245,7 +274,8 @@ def _postprocess(
             f"{model_name} returned '{binding.points.name}' with shape {list(points.shape)}; expected HxWx3."
         )
     normal = _normal(outputs, binding, model_name, points.shape)
-    valid = _valid(outputs, binding, model_name, (model_h, model_w), mask_threshold, warnings)
+    mask_prob = _mask_probability(outputs, binding, model_name, (model_h, model_w), warnings)
+    valid = np.ones((model_h, model_w), bool) if mask_prob is None else mask_prob > mask_threshold
     metric_scale = _metric_scale(outputs, binding, model_name, warnings)
 
     no_geometry = (
@@ -260,55 +290,39 @@ def _postprocess(
         check_finite(points[valid], model_name, binding.points.name)
     if not finite.all():
         points = np.where(finite[:, :, None], points, np.float32(0.0))
-    try:
-        if focal_width is None:
-            focal, shift = recover_focal_shift(points, valid)
-        else:
-            focal = shot_camera.moge_focal(focal_width, model_h, model_w)
-            shift = shift_for_focal(points, valid, focal)
-    except DegenerateGeometryError as exc:
-        raise InvalidModelOutputError(
-            f"{model_name} gave no usable geometry for {label}: {exc} (mask threshold "
-            f"{mask_threshold}); nothing was written."
-        ) from None
-    if not (math.isfinite(focal) and focal > 0 and math.isfinite(shift)):
-        raise InvalidModelOutputError(
-            f"{model_name} produced a point map for {label} that no pinhole camera explains "
-            f"(recovered focal {focal:.4g}); nothing was written."
-        )
-    depth_model = points[:, :, 2] + np.float32(shift)
-    valid &= depth_model > 0
-    if not valid.any():
+    height, width = source_size
+    # the solver reads the grid's uv (the export's net was fed that grid's aspect); MoGe's
+    # intrinsics follow the source's aspect (the grid's differs by up to half a patch a side)
+    aspect = width / height
+    focal, shift = _camera(points, valid, aspect, focal_width, model_name, label, mask_threshold)
+    if not (valid & (points[:, :, 2] + np.float32(shift) > 0)).any():
         raise InvalidModelOutputError(no_geometry)
 
-    half_diagonal = math.hypot(model_h, model_w) / 2.0
-    fx_norm = focal * half_diagonal / model_w  # fraction of the image width
-    fy_norm = focal * half_diagonal / model_h
+    # MoGe's infer(): fx = focal / 2 * sqrt(1 + a^2) / a of the width, fy = focal / 2 * sqrt(1 + a^2)
+    fx_norm = focal / 2.0 * math.sqrt(1.0 + aspect * aspect) / aspect
+    fy_norm = focal / 2.0 * math.sqrt(1.0 + aspect * aspect)
     fov_x = 2.0 * math.atan(0.5 / fx_norm)
     fov_y = 2.0 * math.atan(0.5 / fy_norm)
-    height, width = source_size
-    # the model image is the whole source stretched to (model_h, model_w): normalised intrinsics
-    # carry over, so pixels of the source are fx_norm * width (fx != fy only by the size rounding)
     fx, fy = fx_norm * width, fy_norm * height
     cx, cy = width / 2.0, height / 2.0
     intrinsics = np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]], np.float32)
 
-    depth = resize(depth_model, (height, width), "linear") * np.float32(metric_scale)
-    mask = resize(valid.astype(np.float32), (height, width), "nearest") > 0.5
-    mask &= np.isfinite(depth) & (depth > 0)
+    # the heads' maps at the source size, resampled where MoGe resamples them (moge2_outputs.py)
+    points_source = points_to_source(points, (height, width))
+    depth = points_source[:, :, 2] + np.float32(shift)
+    mask = np.isfinite(depth) & (depth > 0)
+    if mask_prob is not None:
+        mask &= mask_to_source(mask_prob, (height, width)) > mask_threshold
+    depth *= np.float32(metric_scale)
     if force_projection:
         x = ((np.arange(width, dtype=np.float32) + 0.5 - cx) / fx)[None, :]
         y = ((np.arange(height, dtype=np.float32) + 0.5 - cy) / fy)[:, None]
         points_out = np.stack(np.broadcast_arrays(x * depth, y * depth, depth), axis=-1)  # float32 already
     else:
-        shifted = points.copy()
-        shifted[:, :, 2] = depth_model
-        points_out = resize(shifted, (height, width), "linear") * np.float32(metric_scale)
+        points_source[:, :, 2] += np.float32(shift)
+        points_out = points_source * np.float32(metric_scale)
     if normal is not None:
-        normal = resize(normal, (height, width), "linear")
-        length = np.linalg.norm(normal, axis=2, keepdims=True)
-        # interpolation shortens the vectors between pixels; zero ones (no data) stay zero
-        normal = np.where(length > 1e-12, normal / np.maximum(length, 1e-12), 0.0).astype(np.float32)
+        normal = normal_to_source(normal, (height, width))
     return GeometryResult(
         points=np.ascontiguousarray(points_out, np.float32),
         depth=np.ascontiguousarray(depth, np.float32),
@@ -323,6 +337,27 @@ def _postprocess(
         focal=float(focal),
         shift=float(shift),
     )
+
+
+def _camera(points, valid, aspect, focal_width, model_name, label, mask_threshold) -> tuple[float, float]:
+    """(focal, shift): fitted (the robust solver, moge2_solver.py), or the shift for a given focal."""
+    try:
+        if focal_width is None:
+            focal, shift = recover_focal_shift(points, valid)
+        else:
+            focal = shot_camera.moge_focal(focal_width, 1.0, aspect)  # depends on the aspect only
+            shift = shift_for_focal(points, valid, focal)
+    except DegenerateGeometryError as exc:
+        raise InvalidModelOutputError(
+            f"{model_name} gave no usable geometry for {label}: {exc} (mask threshold "
+            f"{mask_threshold}); nothing was written."
+        ) from None
+    if not (math.isfinite(focal) and focal > 0 and math.isfinite(shift)):
+        raise InvalidModelOutputError(
+            f"{model_name} produced a point map for {label} that no pinhole camera explains "
+            f"(recovered focal {focal:.4g}); nothing was written."
+        )
+    return focal, shift
 
 
 def _write_files(path, result, values: dict, write_image) -> list[str]:
