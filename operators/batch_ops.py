@@ -20,7 +20,7 @@ from ..models.batch.runner import RunEvents, Runner
 from ..models.job_spec import JobSpec
 from ..runtime.errors import LeanImageError
 from . import options, prefs, shot_props, sources
-from .jobs import BatchOperator, BatchTask, Job
+from .jobs import BatchOperator, BlenderJob, PumpedTask
 from .model_job import BlenderFrames, worker_batches
 
 
@@ -125,7 +125,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
         "every frame once; with Skip Existing a retried task does only what is missing). Empty: every frame",
     )
 
-    def prepare(self, context, job: Job):
+    def prepare(self, context, job: BlenderJob):
         prefs.checked_model_id(self.model_id)  # before the plan makes an output folder
         family = families.get(self.family)
         job.name = f"{family.action} (sequence)"
@@ -146,7 +146,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
             job.name = f"{job.name}, {output_type}"
         job.inputs = runner
         job.key = str(runner.outputs[0].parent) if runner.outputs else f"(shard {self.shard}: no frames)"
-        return BatchTask(job, runner)
+        return PumpedTask(job, runner)
 
     def _source(self) -> str:
         """The frames: an Image datablock's files (a SEQUENCE image by its numbering), or Frames From."""
@@ -159,7 +159,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
             return str(sources.absolute_path(self.source))
         raise LeanImageError("Give the frames: an image sequence (image_name), or a folder or pattern (source).")
 
-    def finish(self, context, job: Job):
+    def finish(self, context, job: BlenderJob):
         job.inputs.close()  # a cancelled or failed batch's frames are free for another task
         report = job.inputs.report
         if job.state == "failed" and job.error_text and not report.written:

@@ -1,11 +1,11 @@
 """The one job engine: no thread at all; Blender's main thread pumps each job from a timer.
 
-Model jobs and model downloads both run through it. An operator built on :class:`WorkerOperator`
+Model jobs and model downloads both run through it. An operator built on :class:`ModalJobOperator`
 splits its work in three:
 
   prepare(context, job)  main thread: read Blender data; returns the job's task: an object with
                          ``pump(budget) -> bool`` (True once over) and ``cancel()`` that leaves its
-                         outcome in ``job`` (:class:`BatchTask`: a batch whose model runs in the
+                         outcome in ``job`` (:class:`PumpedTask`: a batch whose model runs in the
                          worker process, models/worker/), or a plain callable ``work(job)``, run
                          inline at the first pump (:class:`InlineTask`: quick work only)
   pump                   main thread, from the modal timer (or a loop in background mode): the
@@ -46,7 +46,9 @@ EVENT_LOG_SETTLE_S = 2.0
 
 
 @dataclass
-class Job:
+class BlenderJob:
+    """One job on Blender's side: its progress, cancel flag, task and outcome, kept by its lane."""
+
     name: str
     key: str = ""  # what the job works on (a catalog id for a download)
     cancel_event: threading.Event = field(default_factory=threading.Event)
@@ -56,7 +58,7 @@ class Job:
     result: object = None
     error: BaseException | None = None
     error_text: str = ""
-    task: object = None  # what pumps the job (BatchTask, InlineTask, or prepare's own)
+    task: object = None  # what pumps the job (PumpedTask, InlineTask, or prepare's own)
     started: float = field(default_factory=time.monotonic)
     # Held by the job (not the operator) so that cancel_all() can tidy up without the operator:
     teardown: Callable[[], None] | None = None  # removes the modal timer, progress bar, status
@@ -131,27 +133,27 @@ def _settle_event_log() -> None:
         log.flush(timeout=EVENT_LOG_SETTLE_S)
 
 
-class JobManager:
-    """One lane of jobs: the running one (``current``) and the outcome of the latest (``last``).
+class JobLane:
+    """One lane of jobs, one at a time: the running one (``current``) and the outcome of the latest (``last``).
     Main thread only (Blender's), like everything of the job engine: no lock."""
 
     def __init__(self, busy_hint: str):
         self._busy_hint = busy_hint
-        self.current: Job | None = None
-        self.last: Job | None = None
-        self.on_end: list[Callable[[Job], object]] = []  # called on the main thread after a job ends
+        self.current: BlenderJob | None = None
+        self.last: BlenderJob | None = None
+        self.on_end: list[Callable[[BlenderJob], object]] = []  # called on the main thread after a job ends
 
-    def begin(self, name: str, key: str = "") -> Job:
+    def begin(self, name: str, key: str = "") -> BlenderJob:
         if self.current is not None and not self.current.done:
             raise JobBusyError(f"'{self.current.name}' is still running ({self.current.stage}). {self._busy_hint}")
-        self.current = Job(name, key)
+        self.current = BlenderJob(name, key)
         return self.current
 
-    def running(self) -> Job | None:
+    def running(self) -> BlenderJob | None:
         job = self.current
         return job if job is not None and not job.done else None
 
-    def end(self, job: Job) -> None:
+    def end(self, job: BlenderJob) -> None:
         if self.current is job:
             self.current = None
         self.last = job
@@ -174,11 +176,11 @@ class JobManager:
         self.end(job)
 
 
-manager = JobManager("Wait for it to finish or cancel it (Esc, or Cancel in the Lean Image AI panel).")
-downloads = JobManager("Wait for it to finish or cancel it in the add-on preferences.")
+manager = JobLane("Wait for it to finish or cancel it (Esc, or Cancel in the Lean Image AI panel).")
+downloads = JobLane("Wait for it to finish or cancel it in the add-on preferences.")
 
 
-def stop(job: Job, join_timeout: float = JOIN_TIMEOUT) -> None:
+def stop(job: BlenderJob, join_timeout: float = JOIN_TIMEOUT) -> None:
     job.cancel()
     _pump_until_over(job, join_timeout)  # a batch's cancel ends or kills its worker within a second
     if job.teardown is not None:
@@ -187,7 +189,7 @@ def stop(job: Job, join_timeout: float = JOIN_TIMEOUT) -> None:
     job.mark_cancelled()
 
 
-def run_job(job: Job, work: Callable[[Job], object]) -> None:
+def run_job(job: BlenderJob, work: Callable[[BlenderJob], object]) -> None:
     """A plain task's body: runs ``work(job)`` and records the outcome in ``job``."""
     try:
         result = work(job)
@@ -202,7 +204,7 @@ def run_job(job: Job, work: Callable[[Job], object]) -> None:
             job.state = "finished"
 
 
-def _record_failure(job: Job, exc: BaseException) -> None:
+def _record_failure(job: BlenderJob, exc: BaseException) -> None:
     if isinstance(exc, OperationCancelled):
         job.error, job.error_text, job.state = exc, str(exc), "cancelled"
     elif isinstance(exc, LeanImageError):
@@ -216,7 +218,7 @@ class InlineTask:
     """A plain callable ``work(job)`` as a task: it runs whole at the first pump, on the caller's
     thread (quick work; anything long belongs in a process)."""
 
-    def __init__(self, job: Job, work: Callable[[Job], object]):
+    def __init__(self, job: BlenderJob, work: Callable[[BlenderJob], object]):
         self.job, self.work = job, work
 
     def pump(self, budget: float) -> bool:
@@ -233,12 +235,12 @@ class InlineTask:
         pass
 
 
-class BatchTask:
+class PumpedTask:
     """A batch (models/worker/remote_batch.py's RemoteBatchRun, or a shot's TwoPassBatch of them)
     pumped here: frames read and written on this thread, the model in the worker process.
     ``result()`` gives the job's result once the batch is over."""
 
-    def __init__(self, job: Job, batch, result: Callable[[], object] = lambda: None):
+    def __init__(self, job: BlenderJob, batch, result: Callable[[], object] = lambda: None):
         self.job, self.batch, self.result = job, batch, result
 
     def pump(self, budget: float) -> bool:
@@ -263,12 +265,12 @@ class BatchTask:
         self.batch.cancel()
 
 
-def as_task(job: Job, prepared) -> object:
+def as_task(job: BlenderJob, prepared) -> object:
     """``prepare``'s answer as a task (see module doc)."""
     return prepared if hasattr(prepared, "pump") else InlineTask(job, prepared)
 
 
-def _pump_until_over(job: Job, limit: float) -> None:
+def _pump_until_over(job: BlenderJob, limit: float) -> None:
     deadline = time.monotonic() + limit
     while job.task is not None and time.monotonic() < deadline:
         try:
@@ -298,25 +300,25 @@ class _ModalTeardown:
             pass
 
 
-class WorkerOperator:
-    """Mixin for bpy.types.Operator subclasses that run one job (see module doc)."""
+class ModalJobOperator:
+    """Base (a mixin) of Blender's operators that run one job from a modal timer (see module doc)."""
 
-    lane: JobManager = manager
+    lane: JobLane = manager
     job_title = "Lean Image AI"
     redraw_areas = frozenset({"IMAGE_EDITOR", "VIEW_3D"})
 
-    _job: Job | None = None
+    _job: BlenderJob | None = None
 
-    def prepare(self, context, job: Job):
+    def prepare(self, context, job: BlenderJob):
         raise NotImplementedError
 
-    def finish(self, context, job: Job) -> set:
+    def finish(self, context, job: BlenderJob) -> set:
         raise NotImplementedError
 
     def job_key(self) -> str:
         return ""
 
-    def pump(self, context, job: Job, budget: float) -> bool:
+    def pump(self, context, job: BlenderJob, budget: float) -> bool:
         """The task's share of work on the main thread; True once the job is over."""
         return job.done or job.task.pump(budget)
 
@@ -409,7 +411,7 @@ class WorkerOperator:
         self.lane.end(job)
 
     # -- shared ----------------------------------------------------------------------------------
-    def _begin(self, context) -> Job | None:
+    def _begin(self, context) -> BlenderJob | None:
         """Claim the lane and prepare the job (its ``task`` set), or None after reporting why not."""
         try:
             job = self.lane.begin(self.job_title, self.job_key())
@@ -465,5 +467,5 @@ class LEAN_IMAGE_AI_OT_cancel_job(bpy.types.Operator):
 classes = (LEAN_IMAGE_AI_OT_cancel_job,)
 
 
-class BatchOperator(WorkerOperator):
-    """A WorkerOperator whose task is a :class:`BatchTask` (kept as a name the sequence operators share)."""
+class BatchOperator(ModalJobOperator):
+    """A ModalJobOperator whose task is a :class:`PumpedTask` (kept as a name the sequence operators share)."""

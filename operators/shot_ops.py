@@ -28,7 +28,7 @@ from ..models.outputs import OutputPolicy
 from ..models.result_images import ImageProduct
 from ..runtime.errors import LeanImageError
 from . import batch_ops, geometry_ops, image_io, options, prefs, results, shot_props, sources
-from .jobs import BatchOperator, BatchTask, Job, WorkerOperator
+from .jobs import BatchOperator, BlenderJob, ModalJobOperator, PumpedTask
 from .model_job import BlenderFrames, one_frame_task, read_frame, worker_batches
 
 PREVIEW_IMAGE = "Lean Image AI Preview"
@@ -97,7 +97,7 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
 
     frames: StringProperty(name="Frames", description="A-B or A-B:STEP. Empty: every frame")
 
-    def prepare(self, context, job: Job):
+    def prepare(self, context, job: BlenderJob):
         frames = frame_lists.parse_frames(self.frames) if self.frames.strip() else None
         spec = batch_ops.job_spec(context, self, moge2.FAMILY.id, source=str(_source(self)), writes_files=False)
         events = RunEvents(progress=job.report)  # each result becomes a mesh (add_frame, below), never a file
@@ -136,10 +136,10 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
         job.inputs = runner
         runner.made = made
         job.key = str(refs[0].path.parent) if refs else ""
-        return BatchTask(job, runner)
+        return PumpedTask(job, runner)
 
 
-    def finish(self, context, job: Job):
+    def finish(self, context, job: BlenderJob):
         report, made = job.inputs.report, job.inputs.made
         for warning in dict.fromkeys(report.warnings):
             self.report({"WARNING"}, prefs.with_gpu_runtime_hint(warning))
@@ -166,7 +166,7 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
                     f"({np.degrees(made.fov_x):.2f} deg){'; ' + line if line else ''}; {report.summary()}")
         return {"FINISHED"}
 
-    def _nothing_added(self, job: Job, report, cancelled: bool) -> set:
+    def _nothing_added(self, job: BlenderJob, report, cancelled: bool) -> set:
         """The outcome of a shot that left the scene as it was: a WARNING when cancelled, else an
         ERROR that numbers every failed frame (each also in a WARNING with its error)."""
         if cancelled:
@@ -216,7 +216,7 @@ def show_in_image_editor(context, image) -> bool:
 @options.with_properties(
     {**{k: v for f in families.ALL for k, v in options.family_properties(f).items()}, **_source_properties(), **shot_props.shot_properties()}
 )
-class LEAN_IMAGE_AI_OT_preview_frame(WorkerOperator, bpy.types.Operator):
+class LEAN_IMAGE_AI_OT_preview_frame(ModalJobOperator, bpy.types.Operator):
     """Run the sequence settings on one frame and show the result, writing no file"""
 
     bl_idname = "lean_image_ai.preview_frame"
@@ -228,7 +228,7 @@ class LEAN_IMAGE_AI_OT_preview_frame(WorkerOperator, bpy.types.Operator):
     family: EnumProperty(name="Model Kind", items=[(f.id, f.action, f.produces) for f in families.ALL])
     frame: IntProperty(name="Frame", description="The frame to preview; 0: the scene's current frame", default=0)
 
-    def prepare(self, context, job: Job):
+    def prepare(self, context, job: BlenderJob):
         family = families.get(self.family)
         number = self.frame or context.scene.frame_current
         refs = [r for r in _frames(self, None) if r.number == number]
@@ -241,7 +241,7 @@ class LEAN_IMAGE_AI_OT_preview_frame(WorkerOperator, bpy.types.Operator):
         job.inputs = SimpleNamespace(number=number, shot=shot, family=family)
         return one_frame_task(job, model_run, refs[0], pixels)
 
-    def finish(self, context, job: Job):
+    def finish(self, context, job: BlenderJob):
         if job.state != "finished":
             self.report({"ERROR"} if job.state == "failed" else {"WARNING"}, job.error_text)
             return {"CANCELLED"}

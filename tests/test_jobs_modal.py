@@ -15,7 +15,7 @@ Blender is calling into it. So these tests drive the modal protocol themselves:
   `progress_*` and `status_text_set` (everything else comes from the real `bpy.context`).
 - The model worker process runs the real upscale adapter on the real onnxruntime; the modal
   timer pumps the job (no thread in this process). "Mid-job" is the first tile's progress report
-  come back from the worker (`Job.report` is recorded by a gate) while tiles are still to come: the
+  come back from the worker (`BlenderJob.report` is recorded by a gate) while tiles are still to come: the
   model is slow enough per tile (a wide compact net) that the job is still running when the test
   acts. Nothing holds the worker: Esc reaches it as a message.
 """
@@ -68,7 +68,7 @@ class Gate:
             job.progress, job.stage = fraction, stage
             gate.reports.append((fraction, stage))
 
-        monkeypatch.setattr(jobs.Job, "report", report)
+        monkeypatch.setattr(jobs.BlenderJob, "report", report)
         return self
 
     def wait(self, op, ctx, timeout=60.0) -> None:
@@ -154,7 +154,7 @@ def test_modal_job_reports_progress_and_finishes(monkeypatch, model, source):
         assert started == {"RUNNING_MODAL"}
         assert wm.handlers == [op] and len(wm.live_timers) == 1
         job = jobs.manager.current
-        assert job is not None and isinstance(job.task, jobs.BatchTask)  # no thread
+        assert job is not None and isinstance(job.task, jobs.PumpedTask)  # no thread
         assert op.modal(ctx, Event("MOUSEMOVE")) == {"PASS_THROUGH"}  # other events are not ours
         gate.wait(op, ctx)
         return pump(op, ctx, timeout=120)
