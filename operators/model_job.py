@@ -18,7 +18,7 @@ import bpy
 import numpy as np
 from bpy.props import BoolProperty, StringProperty
 
-from ..models import file_formats, image_meta
+from ..models import colour, file_formats, image_meta
 from ..models.batch.frame_lists import FrameRef
 from ..models.batch.runner import RunEvents, Runner
 from ..models.family import Family
@@ -122,7 +122,7 @@ def read_frame(ref: FrameRef, warn=None):
     image = image_io.load_image_file(str(ref.path), check_existing=False)
     try:
         rgba, info = image_io.read_image(image)
-        pixels = _as_kind(image_io.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied), _kind(image))
+        pixels = _as_kind(colour.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied), _kind(image))
     finally:
         if image not in before:
             bpy.data.images.remove(image)
@@ -243,7 +243,7 @@ class ModelJobOperator(ModelOperatorProperties, ModalJobOperator):
         if source.loaded:
             job.on_discard.append(sources.remove_image_later(source.image))
         rgba, info = image_io.read_image(source.image)
-        model_rgba = image_io.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied)
+        model_rgba = colour.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied)
         if source.loaded and not keep:
             job.discard()
         return JobInputs(
