@@ -19,8 +19,9 @@ from ..models.batch import frame_lists
 from ..models.batch.runner import RunEvents, Runner
 from ..models.job_spec import JobSpec
 from ..runtime.errors import LeanImageError
-from . import options, prefs, shot_props, sources
-from .jobs import BatchOperator, BlenderJob, PumpedTask
+from . import options, prefs, sources
+from .job_operator import BatchOperator
+from .jobs import BlenderJob, PumpedTask
 from .model_job import BlenderFrames, worker_batches
 
 
@@ -45,7 +46,7 @@ def job_spec(context, owner, family_id: str, **fields) -> JobSpec:
     return JobSpec(
         family.id, model=model_id, model_path=str(sources.absolute_path(model_path)) if model_path else "",
         models_dir=str(prefs.models_folder(context)), values={o.name: getattr(owner, o.name) for o in family.options},
-        device=device, ram_budget=budgets.ram_bytes, vram_budget=budgets.vram_bytes, shot=shot_props.options_of(owner),
+        device=device, ram_budget=budgets.ram_bytes, vram_budget=budgets.vram_bytes, shot=options.shot_options_of(owner),
         **fields,
     )
 
@@ -81,7 +82,7 @@ def _batch_properties() -> dict:
     fields = {}
     for family in families.ALL:
         fields.update(options.family_properties(family))
-    return {**fields, **shot_props.shot_properties()}
+    return {**fields, **options.shot_properties()}
 
 
 @options.with_properties(_batch_properties())

@@ -24,7 +24,8 @@ from ..runtime.measure import memory_plot
 from ..runtime.measure.leak_check import MIN_RUNS, RUNS_REASON
 from ..runtime.measure.memory_report import format_freed
 from . import prefs, results
-from .jobs import BlenderJob, ModalJobOperator, PumpedTask, manager
+from .job_operator import ModalJobOperator
+from .jobs import BlenderJob, PumpedTask, manager
 
 IDLE_CHECK_MAX_S = 60.0  # the timer wakes at most once a minute, at least when the next session turns idle
 

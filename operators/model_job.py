@@ -29,7 +29,8 @@ from ..models.worker import engine_python
 from ..models.worker.remote_batch import RemoteBatchRun
 from ..runtime.errors import LeanImageError
 from . import gpu_ops, image_io, prefs, results, sources
-from .jobs import BlenderJob, ModalJobOperator, PumpedTask
+from .job_operator import ModalJobOperator
+from .jobs import BlenderJob, PumpedTask
 from .options import path_options
 
 

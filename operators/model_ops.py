@@ -21,7 +21,8 @@ from ..models.store import library, user_models
 from ..runtime.child_process import ChildTask
 from ..runtime.errors import LeanImageError, user_path
 from . import prefs
-from .jobs import BlenderJob, ModalJobOperator, downloads, manager, run_job
+from .job_operator import ModalJobOperator
+from .jobs import BlenderJob, downloads, manager, run_job
 from .options import path_options
 
 

@@ -27,8 +27,9 @@ from ..models.batch.runner import RunEvents, Runner
 from ..models.outputs import OutputPolicy
 from ..models.result_images import ImageProduct
 from ..runtime.errors import LeanImageError
-from . import batch_ops, geometry_ops, image_io, options, prefs, results, shot_props, sources
-from .jobs import BatchOperator, BlenderJob, ModalJobOperator, PumpedTask
+from . import batch_ops, geometry_ops, image_io, options, prefs, results, sources
+from .job_operator import BatchOperator, ModalJobOperator
+from .jobs import BlenderJob, PumpedTask
 from .model_job import BlenderFrames, one_frame_task, read_frame, worker_batches
 
 PREVIEW_IMAGE = "Lean Image AI Preview"
@@ -82,7 +83,7 @@ def _frame_texture(path, created):
     return created.add(bpy.data.images, sources.store_relative(texture))
 
 
-@options.with_properties({**options.family_properties(moge2.FAMILY), **_source_properties(), **shot_props.shot_properties()})
+@options.with_properties({**options.family_properties(moge2.FAMILY), **_source_properties(), **options.shot_properties()})
 class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
     """Reconstruct every frame of a shot with MoGe-2 under one camera"""
 
@@ -214,7 +215,7 @@ def show_in_image_editor(context, image) -> bool:
 
 
 @options.with_properties(
-    {**{k: v for f in families.ALL for k, v in options.family_properties(f).items()}, **_source_properties(), **shot_props.shot_properties()}
+    {**{k: v for f in families.ALL for k, v in options.family_properties(f).items()}, **_source_properties(), **options.shot_properties()}
 )
 class LEAN_IMAGE_AI_OT_preview_frame(ModalJobOperator, bpy.types.Operator):
     """Run the sequence settings on one frame and show the result, writing no file"""
@@ -235,7 +236,7 @@ class LEAN_IMAGE_AI_OT_preview_frame(ModalJobOperator, bpy.types.Operator):
         if not refs:
             raise LeanImageError(f"Frame {number} is not in the sequence; choose one of its frames to preview.")
         model_run = prefs.operator_model_run(context, self, family.id)
-        shot = shot_props.settings_of(self, family.id)
+        shot = options.shot_settings_of(self, family.id)
         model_run.extra.update(shot.adapter_kwargs())  # a given field of view; a fitted shot focal needs the shot
         pixels = read_frame(refs[0])  # main thread: Blender reads the file
         job.inputs = SimpleNamespace(number=number, shot=shot, family=family)

@@ -40,7 +40,7 @@ from builders_upscale import compact_model  # noqa: E402
 from lean_image_ai import operators  # noqa: E402
 from lean_image_ai.models.store import library  # noqa: E402
 from lean_image_ai.models.worker import client as worker_client  # noqa: E402
-from lean_image_ai.operators import geometry_ops, image_io, image_ops, jobs  # noqa: E402
+from lean_image_ai.operators import geometry_ops, image_io, image_ops, job_operator, jobs  # noqa: E402
 from lean_image_ai.runtime import get_runtime  # noqa: E402
 from modal_standins import ESC, TIMER, Event, StandInContext, driver_class, pump  # noqa: E402
 
@@ -164,7 +164,7 @@ def test_modal_job_reports_progress_and_finishes(monkeypatch, model, source):
     assert result == {"FINISHED"}
     assert any(0 < p < 100 for p in wm.progress)  # updates sent while the worker was mid-job
     assert wm.progress == sorted(wm.progress)
-    assert wm.calls[0] == ("event_timer_add", jobs.TIMER_INTERVAL) and ("progress_begin", 0, 100) in wm.calls
+    assert wm.calls[0] == ("event_timer_add", job_operator.TIMER_INTERVAL) and ("progress_begin", 0, 100) in wm.calls
     assert wm.live_timers == [] and wm.calls[-1] == ("progress_end",)
     assert ctx.workspace.status[-1] is None and "Esc to cancel" in ctx.workspace.status[0]
     assert len([s for _, s in gate.reports if "tile" in s]) > 1
