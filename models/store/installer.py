@@ -176,7 +176,8 @@ def is_verified(entry: CatalogEntry, models_dir: str | os.PathLike) -> bool:
         st = model_path(entry, models_dir).stat()
     except OSError:
         return False
-    return record_vouches(entry, st, sidecar_path(entry, models_dir))
+    sidecar = sidecar_path(entry, models_dir)
+    return record_vouches(entry, st, sidecar)
 
 
 def is_installed(entry: CatalogEntry, models_dir: str | os.PathLike) -> bool:
