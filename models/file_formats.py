@@ -12,7 +12,7 @@ are frames), models/batch/image_files.py (the command line's check, writer and i
 models/batch/runner.py the float files), operators/sources.py and operators/batch_ops.py (Blender's output checks, its
 ``file_format``, the kind of a read frame), operators/image_io.py (the EXR names),
 operators/results.py (the format a file is saved as; float files also in image_ops.py,
-shot_ops.py, shot_props.py), models/adapters/moge2_mesh.py (its mesh and camera files through
+shot_ops.py, options.py), models/adapters/moge2_mesh.py (its mesh and camera files through
 their rows' writers). Adding a format is one row here (and its writer, for a data file).
 """
 

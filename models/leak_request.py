@@ -18,7 +18,7 @@ def card_image(height: int = 96, width: int = 128) -> np.ndarray:
     return (np.clip(image, 0, 1) * 255).astype(np.uint8)
 
 
-def family_job(
+def repeatable_run(
     family_id: str,
     *,
     device: str = "auto",
@@ -29,8 +29,8 @@ def family_job(
     size=(96, 128),
     cancel=None,
 ) -> Callable[[], object]:
-    """A callable that runs the family's job (models/model_run.py) once on the same image with the same
-    model (an installed one, ``model`` as an id or a file, or the family's embedded fallback), from
+    """A callable that runs the family's model (models/model_run.py's ModelRun) once on the same image
+    with the same model (an installed one, ``model`` as an id or a file, or the family's embedded fallback), from
     the models ``folder`` a front-end found (library.models_dir), else the default one."""
     # the first-time hash of an installed file, if any, is the first run's (never the caller's thread)
     folder = folder if folder is not None else library.models_dir()

@@ -6,7 +6,7 @@ Helpers without classes: ``image_io`` (pixels), ``sources`` (input image, output
 from the family records), ``model_job`` (the model operators' base), ``jobs`` (the job engine).
 """
 
-from ..ui import registration
+from .. import registration
 
 # Submodules with a module-level `classes` tuple; registered in this order, unregistered in reverse.
 # The CUDA/cuDNN libraries are loaded by the model worker process (models/worker/__main__.py), never here.

@@ -19,8 +19,9 @@ from ..models.batch import frame_lists
 from ..models.batch.runner import RunEvents, Runner
 from ..models.job_spec import JobSpec
 from ..runtime.errors import LeanImageError
-from . import options, prefs, shot_props, sources
-from .jobs import BatchOperator, BatchTask, Job
+from . import options, prefs, sources
+from .job_operator import BatchOperator
+from .jobs import BlenderJob, PumpedTask
 from .model_job import BlenderFrames, worker_batches
 
 
@@ -45,7 +46,7 @@ def job_spec(context, owner, family_id: str, **fields) -> JobSpec:
     return JobSpec(
         family.id, model=model_id, model_path=str(sources.absolute_path(model_path)) if model_path else "",
         models_dir=str(prefs.models_folder(context)), values={o.name: getattr(owner, o.name) for o in family.options},
-        device=device, ram_budget=budgets.ram_bytes, vram_budget=budgets.vram_bytes, shot=shot_props.options_of(owner),
+        device=device, ram_budget=budgets.ram_bytes, vram_budget=budgets.vram_bytes, shot=options.shot_options_of(owner),
         **fields,
     )
 
@@ -81,7 +82,7 @@ def _batch_properties() -> dict:
     fields = {}
     for family in families.ALL:
         fields.update(options.family_properties(family))
-    return {**fields, **shot_props.shot_properties()}
+    return {**fields, **options.shot_properties()}
 
 
 @options.with_properties(_batch_properties())
@@ -125,7 +126,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
         "every frame once; with Skip Existing a retried task does only what is missing). Empty: every frame",
     )
 
-    def prepare(self, context, job: Job):
+    def prepare(self, context, job: BlenderJob):
         prefs.checked_model_id(self.model_id)  # before the plan makes an output folder
         family = families.get(self.family)
         job.name = f"{family.action} (sequence)"
@@ -146,7 +147,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
             job.name = f"{job.name}, {output_type}"
         job.inputs = runner
         job.key = str(runner.outputs[0].parent) if runner.outputs else f"(shard {self.shard}: no frames)"
-        return BatchTask(job, runner)
+        return PumpedTask(job, runner)
 
     def _source(self) -> str:
         """The frames: an Image datablock's files (a SEQUENCE image by its numbering), or Frames From."""
@@ -159,7 +160,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
             return str(sources.absolute_path(self.source))
         raise LeanImageError("Give the frames: an image sequence (image_name), or a folder or pattern (source).")
 
-    def finish(self, context, job: Job):
+    def finish(self, context, job: BlenderJob):
         job.inputs.close()  # a cancelled or failed batch's frames are free for another task
         report = job.inputs.report
         if job.state == "failed" and job.error_text and not report.written:

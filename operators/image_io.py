@@ -12,7 +12,7 @@ Conventions (verified on bpy 5.0.1):
   Float buffers hold **premultiplied** alpha (unless the image is "Channel Packed"), even for a
   new generated image whose ``alpha_mode`` reads "STRAIGHT": Blender un-premultiplies them when
   saving a PNG and writes them as-is to EXR. ``ImageInfo.premultiplied`` says which case applies;
-  pass it to :func:`to_model_rgb` / :func:`from_model_rgb`.
+  pass it to models/colour.py's ``to_model_rgb`` / ``from_model_rgb``.
 - "Linear" means Blender's working space, Linear Rec.709 by default. Blender 5.0 lets a blend
   file pick another one (``bpy.data.colorspace.working_space``, e.g. ACEScg); the sRGB transfer
   functions here then get the primaries wrong (colours shift slightly, values stay in range).
@@ -43,18 +43,12 @@ __all__ = [
     "ImageInfo",
     "ImageSaveError",
     "array_to_new_image",
-    "from_model_rgb",
-    "premultiply",
     "image_info",
     "image_to_array",
-    "linear_to_srgb",
     "load_image_file",
     "read_image",
     "save_image_atomically",
-    "srgb_to_linear",
-    "to_model_rgb",
     "to_rgba",
-    "unpremultiply",
     "write_array_to_image",
 ]
 
@@ -180,7 +174,7 @@ def image_to_array(image) -> np.ndarray:
 
     Values are as Blender holds them (see module doc): sRGB-encoded for byte images, linear for
     float images. Use :func:`image_info` / :func:`read_image` for the colour space and
-    :func:`to_model_rgb` before feeding a model.
+    models/colour.py's ``to_model_rgb`` before feeding a model.
     """
     width, height = _checked_size(image)
     pixels = image.pixels
@@ -203,73 +197,6 @@ def read_image(image) -> tuple[np.ndarray, ImageInfo]:
     """``(image_to_array(image), image_info(image))``."""
     info = image_info(image)
     return image_to_array(image), info
-
-
-# --- colour transfer functions ----------------------------------------------------------------
-
-
-def linear_to_srgb(values: np.ndarray) -> np.ndarray:
-    """Standard sRGB OETF (IEC 61966-2-1), piecewise; float32. Values > 1 follow the curve."""
-    x = np.asarray(values, dtype=np.float32)
-    high = 1.055 * np.power(np.maximum(x, 0.0031308), 1.0 / 2.4, dtype=np.float32) - 0.055
-    return np.where(x <= 0.0031308, x * 12.92, high).astype(np.float32, copy=False)
-
-
-def srgb_to_linear(values: np.ndarray) -> np.ndarray:
-    """Standard sRGB EOTF (inverse of :func:`linear_to_srgb`); float32."""
-    v = np.asarray(values, dtype=np.float32)
-    high = np.power((np.maximum(v, 0.04045) + 0.055) / 1.055, 2.4, dtype=np.float32)
-    return np.where(v <= 0.04045, v / 12.92, high).astype(np.float32, copy=False)
-
-
-def _convert_rgb(array: np.ndarray, fn) -> np.ndarray:
-    arr = np.asarray(array, dtype=np.float32)
-    if arr.ndim == 3 and arr.shape[-1] in (2, 4):  # keep alpha as is
-        out = arr.copy()
-        colour = slice(0, arr.shape[-1] - 1)
-        out[..., colour] = fn(arr[..., colour])
-        return out
-    return fn(arr)
-
-
-def unpremultiply(array: np.ndarray) -> np.ndarray:
-    """RGBA (or grey+alpha) with colour divided by alpha where alpha > 0; a new float32 array."""
-    out = np.array(array, dtype=np.float32, copy=True)
-    alpha = out[..., -1:]
-    np.divide(out[..., :-1], alpha, out=out[..., :-1], where=alpha > 0)
-    return out
-
-
-def premultiply(array: np.ndarray) -> np.ndarray:
-    """RGBA (or grey+alpha) with colour multiplied by alpha; a new float32 array."""
-    out = np.array(array, dtype=np.float32, copy=True)
-    out[..., :-1] *= out[..., -1:]
-    return out
-
-
-def to_model_rgb(array: np.ndarray, is_linear: bool, *, premultiplied: bool = False) -> np.ndarray:
-    """Values for a model (straight alpha, sRGB-encoded colour); alpha itself is untouched.
-
-    ``premultiplied`` colour is divided by alpha first; linear colour then gets the sRGB OETF.
-    Use ``info.is_linear`` / ``info.premultiplied`` from :func:`image_info`. Returns the input
-    (as float32) when there is nothing to do.
-    """
-    arr = np.asarray(array, dtype=np.float32)
-    if premultiplied:
-        arr = unpremultiply(arr)
-    if not is_linear:
-        return arr
-    return _convert_rgb(arr, linear_to_srgb)
-
-
-def from_model_rgb(array: np.ndarray, is_linear: bool, *, premultiplied: bool = False) -> np.ndarray:
-    """Inverse of :func:`to_model_rgb`: sRGB, straight model output -> the target image's encoding."""
-    arr = np.asarray(array, dtype=np.float32)
-    if is_linear:
-        arr = _convert_rgb(arr, srgb_to_linear)
-    if premultiplied:
-        arr = premultiply(arr)
-    return arr
 
 
 # --- writing ------------------------------------------------------------------------------------

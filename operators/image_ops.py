@@ -12,7 +12,7 @@ import math
 import bpy
 import numpy as np
 
-from ..models import families, file_formats
+from ..models import colour, families, file_formats
 from ..models.adapters import ben2, da3, upscale
 from ..models.outputs import OutputPolicy
 from ..runtime.errors import InvalidImageError
@@ -51,13 +51,13 @@ class LEAN_IMAGE_AI_OT_remove_background(ModelJobOperator, bpy.types.Operator):
     def apply(self, context, inputs, result):
         info = inputs.info
         source_rgba = inputs.rgba
-        straight = image_io.unpremultiply(source_rgba) if info.premultiplied else source_rgba.copy()
+        straight = colour.unpremultiply(source_rgba) if info.premultiplied else source_rgba.copy()
         # the model saw NaN/Inf replaced (see its warning); the cut-out must not keep them either
         np.nan_to_num(straight, copy=False, nan=0.0, posinf=1.0, neginf=0.0)
         straight[..., 3] = result.rgba[..., 3]
         if inputs.options["replace"]:
             image = inputs.source
-            out = image_io.premultiply(straight) if info.premultiplied else straight
+            out = colour.premultiply(straight) if info.premultiplied else straight
             image_io.write_array_to_image(image, out)
             try:
                 note = results.save_output(image, inputs.output, in_place=True)
@@ -179,7 +179,7 @@ class LEAN_IMAGE_AI_OT_upscale(ModelJobOperator, bpy.types.Operator):
     def apply(self, context, inputs, result):
         info = inputs.info
         model_rgba = image_io.to_rgba(result.image)  # 3 channels when the source had no alpha
-        straight = image_io.from_model_rgb(model_rgba, info.is_linear)
+        straight = colour.from_model_rgb(model_rgba, info.is_linear)
         with results.created_data() as created:
             image = created.add(
                 bpy.data.images, results.new_image_like(f"{inputs.stem}_x{result.scale}", straight, info)
@@ -208,7 +208,7 @@ class FamilyImageOperator(ModelJobOperator):
                 image = created.add(bpy.data.images, image)
                 note = _save_values(family, image, result, inputs.output)
             else:
-                straight = image_io.from_model_rgb(image_io.to_rgba(product.pixels), inputs.info.is_linear)
+                straight = colour.from_model_rgb(image_io.to_rgba(product.pixels), inputs.info.is_linear)
                 image = created.add(bpy.data.images, results.new_image_like(name, straight, inputs.info))
                 note = results.save_output(image, inputs.output)
         results.show(context, inputs.source, image)

@@ -1,11 +1,11 @@
 """The one job engine: no thread at all; Blender's main thread pumps each job from a timer.
 
-Model jobs and model downloads both run through it. An operator built on :class:`WorkerOperator`
+Model jobs and model downloads both run through it. An operator built on operators/job_operator.py's ``ModalJobOperator``
 splits its work in three:
 
   prepare(context, job)  main thread: read Blender data; returns the job's task: an object with
                          ``pump(budget) -> bool`` (True once over) and ``cancel()`` that leaves its
-                         outcome in ``job`` (:class:`BatchTask`: a batch whose model runs in the
+                         outcome in ``job`` (:class:`PumpedTask`: a batch whose model runs in the
                          worker process, models/worker/), or a plain callable ``work(job)``, run
                          inline at the first pump (:class:`InlineTask`: quick work only)
   pump                   main thread, from the modal timer (or a loop in background mode): the
@@ -40,13 +40,14 @@ from ..runtime.errors import LeanImageError, OperationCancelled
 from ..runtime.log import event_file
 from ..runtime.measure.heap import trim_process_heap
 
-TIMER_INTERVAL = 0.1
 JOIN_TIMEOUT = 30.0
 EVENT_LOG_SETTLE_S = 2.0
 
 
 @dataclass
-class Job:
+class BlenderJob:
+    """One job on Blender's side: its progress, cancel flag, task and outcome, kept by its lane."""
+
     name: str
     key: str = ""  # what the job works on (a catalog id for a download)
     cancel_event: threading.Event = field(default_factory=threading.Event)
@@ -56,7 +57,7 @@ class Job:
     result: object = None
     error: BaseException | None = None
     error_text: str = ""
-    task: object = None  # what pumps the job (BatchTask, InlineTask, or prepare's own)
+    task: object = None  # what pumps the job (PumpedTask, InlineTask, or prepare's own)
     started: float = field(default_factory=time.monotonic)
     # Held by the job (not the operator) so that cancel_all() can tidy up without the operator:
     teardown: Callable[[], None] | None = None  # removes the modal timer, progress bar, status
@@ -131,27 +132,27 @@ def _settle_event_log() -> None:
         log.flush(timeout=EVENT_LOG_SETTLE_S)
 
 
-class JobManager:
-    """One lane of jobs: the running one (``current``) and the outcome of the latest (``last``).
+class JobLane:
+    """One lane of jobs, one at a time: the running one (``current``) and the outcome of the latest (``last``).
     Main thread only (Blender's), like everything of the job engine: no lock."""
 
     def __init__(self, busy_hint: str):
         self._busy_hint = busy_hint
-        self.current: Job | None = None
-        self.last: Job | None = None
-        self.on_end: list[Callable[[Job], object]] = []  # called on the main thread after a job ends
+        self.current: BlenderJob | None = None
+        self.last: BlenderJob | None = None
+        self.on_end: list[Callable[[BlenderJob], object]] = []  # called on the main thread after a job ends
 
-    def begin(self, name: str, key: str = "") -> Job:
+    def begin(self, name: str, key: str = "") -> BlenderJob:
         if self.current is not None and not self.current.done:
             raise JobBusyError(f"'{self.current.name}' is still running ({self.current.stage}). {self._busy_hint}")
-        self.current = Job(name, key)
+        self.current = BlenderJob(name, key)
         return self.current
 
-    def running(self) -> Job | None:
+    def running(self) -> BlenderJob | None:
         job = self.current
         return job if job is not None and not job.done else None
 
-    def end(self, job: Job) -> None:
+    def end(self, job: BlenderJob) -> None:
         if self.current is job:
             self.current = None
         self.last = job
@@ -174,11 +175,11 @@ class JobManager:
         self.end(job)
 
 
-manager = JobManager("Wait for it to finish or cancel it (Esc, or Cancel in the Lean Image AI panel).")
-downloads = JobManager("Wait for it to finish or cancel it in the add-on preferences.")
+manager = JobLane("Wait for it to finish or cancel it (Esc, or Cancel in the Lean Image AI panel).")
+downloads = JobLane("Wait for it to finish or cancel it in the add-on preferences.")
 
 
-def stop(job: Job, join_timeout: float = JOIN_TIMEOUT) -> None:
+def stop(job: BlenderJob, join_timeout: float = JOIN_TIMEOUT) -> None:
     job.cancel()
     _pump_until_over(job, join_timeout)  # a batch's cancel ends or kills its worker within a second
     if job.teardown is not None:
@@ -187,12 +188,12 @@ def stop(job: Job, join_timeout: float = JOIN_TIMEOUT) -> None:
     job.mark_cancelled()
 
 
-def run_job(job: Job, work: Callable[[Job], object]) -> None:
+def run_job(job: BlenderJob, work: Callable[[BlenderJob], object]) -> None:
     """A plain task's body: runs ``work(job)`` and records the outcome in ``job``."""
     try:
         result = work(job)
     except Exception as exc:  # noqa: BLE001 - recorded as the job's outcome
-        _record_failure(job, exc)
+        record_failure(job, exc)
     else:
         # result before state: the main thread reads the result once it sees the state change
         job.result = result
@@ -202,7 +203,7 @@ def run_job(job: Job, work: Callable[[Job], object]) -> None:
             job.state = "finished"
 
 
-def _record_failure(job: Job, exc: BaseException) -> None:
+def record_failure(job: BlenderJob, exc: BaseException) -> None:
     if isinstance(exc, OperationCancelled):
         job.error, job.error_text, job.state = exc, str(exc), "cancelled"
     elif isinstance(exc, LeanImageError):
@@ -216,7 +217,7 @@ class InlineTask:
     """A plain callable ``work(job)`` as a task: it runs whole at the first pump, on the caller's
     thread (quick work; anything long belongs in a process)."""
 
-    def __init__(self, job: Job, work: Callable[[Job], object]):
+    def __init__(self, job: BlenderJob, work: Callable[[BlenderJob], object]):
         self.job, self.work = job, work
 
     def pump(self, budget: float) -> bool:
@@ -233,12 +234,12 @@ class InlineTask:
         pass
 
 
-class BatchTask:
+class PumpedTask:
     """A batch (models/worker/remote_batch.py's RemoteBatchRun, or a shot's TwoPassBatch of them)
     pumped here: frames read and written on this thread, the model in the worker process.
     ``result()`` gives the job's result once the batch is over."""
 
-    def __init__(self, job: Job, batch, result: Callable[[], object] = lambda: None):
+    def __init__(self, job: BlenderJob, batch, result: Callable[[], object] = lambda: None):
         self.job, self.batch, self.result = job, batch, result
 
     def pump(self, budget: float) -> bool:
@@ -250,7 +251,7 @@ class BatchTask:
                 return False
             result = self.result()
         except BaseException as exc:  # noqa: BLE001 - the outcome is the job's, reported by finish()
-            _record_failure(job, exc)
+            record_failure(job, exc)
             return True
         job.result = result
         if job.cancel_event.is_set() or getattr(self.batch.report, "cancelled", False):
@@ -263,12 +264,12 @@ class BatchTask:
         self.batch.cancel()
 
 
-def as_task(job: Job, prepared) -> object:
+def as_task(job: BlenderJob, prepared) -> object:
     """``prepare``'s answer as a task (see module doc)."""
     return prepared if hasattr(prepared, "pump") else InlineTask(job, prepared)
 
 
-def _pump_until_over(job: Job, limit: float) -> None:
+def _pump_until_over(job: BlenderJob, limit: float) -> None:
     deadline = time.monotonic() + limit
     while job.task is not None and time.monotonic() < deadline:
         try:
@@ -277,171 +278,6 @@ def _pump_until_over(job: Job, limit: float) -> None:
         except Exception:  # ending anyway: the job is being stopped
             traceback.print_exc()
             return
-
-
-class _ModalTeardown:
-    """Removes a modal job's timer, progress bar and status text; safe to call twice."""
-
-    def __init__(self, window_manager, timer, workspace):
-        self.window_manager, self.timer, self.workspace = window_manager, timer, workspace
-
-    def __call__(self) -> None:
-        timer, self.timer = self.timer, None
-        if timer is None:
-            return
-        try:
-            self.window_manager.event_timer_remove(timer)
-            self.window_manager.progress_end()
-            if self.workspace is not None:
-                self.workspace.status_text_set(None)
-        except ReferenceError:  # the window manager went away (file load): its timers with it
-            pass
-
-
-class WorkerOperator:
-    """Mixin for bpy.types.Operator subclasses that run one job (see module doc)."""
-
-    lane: JobManager = manager
-    job_title = "Lean Image AI"
-    redraw_areas = frozenset({"IMAGE_EDITOR", "VIEW_3D"})
-
-    _job: Job | None = None
-
-    def prepare(self, context, job: Job):
-        raise NotImplementedError
-
-    def finish(self, context, job: Job) -> set:
-        raise NotImplementedError
-
-    def job_key(self) -> str:
-        return ""
-
-    def pump(self, context, job: Job, budget: float) -> bool:
-        """The task's share of work on the main thread; True once the job is over."""
-        return job.done or job.task.pump(budget)
-
-    # -- synchronous path (background mode, scripts, and `execute` calls) ----------------------
-    def execute(self, context):
-        job = self._begin(context)
-        if job is None:
-            return {"CANCELLED"}
-        try:
-            try:
-                while not self.pump(context, job, 0.5):
-                    pass
-            except BaseException:
-                job.cancel()
-                raise
-            return self.finish(context, job)
-        finally:
-            job.discard()  # finish() empties it when it applied the job
-            self.lane.end(job)
-
-    # -- modal path (interactive Blender) --------------------------------------------------------
-    def invoke(self, context, event):
-        if bpy.app.background:
-            return self.execute(context)
-        return self.start_modal(context)
-
-    def start_modal(self, context):
-        """Start the job under a modal timer; what ``invoke`` does when Blender has a UI."""
-        job = self._begin(context)
-        if job is None:
-            return {"CANCELLED"}
-        wm = context.window_manager
-        try:
-            timer = wm.event_timer_add(TIMER_INTERVAL, window=context.window)
-            job.teardown = _ModalTeardown(wm, timer, getattr(context, "workspace", None))
-            wm.progress_begin(0, 100)
-            handler_added = wm.modal_handler_add(self)
-        except Exception as exc:  # no window to attach to, say: nothing may stay behind
-            traceback.print_exc()
-            handler_added, problem = False, f"{type(exc).__name__}: {exc}"
-        else:
-            problem = "no modal handler"
-        if not handler_added:
-            if job.teardown is not None:
-                job.teardown()
-            job.discard()
-            job.state, job.error_text = "failed", f"Blender could not start the job ({problem})."
-            self.lane.end(job)
-            self.report({"ERROR"}, job.error_text)
-            return {"CANCELLED"}
-        self._job = job
-        return {"RUNNING_MODAL"}
-
-    def modal(self, context, event):
-        job = self._job
-        if job is None:  # defensive: a handler without a job has nothing to wait for
-            return {"CANCELLED"}
-        if event.type == "ESC" and event.value == "PRESS":
-            job.cancel()
-            return {"RUNNING_MODAL"}  # Esc is ours while the job runs: no other tool gets it
-        if event.type != "TIMER":
-            return {"PASS_THROUGH"}
-        try:
-            over = self.pump(context, job, 0.05)
-        except Exception as exc:  # noqa: BLE001 - a task that broke ends its job, never the modal loop
-            _record_failure(job, exc)
-            over = True
-        if not over:
-            context.window_manager.progress_update(int(job.progress * 100))
-            _set_status(context, f"{job.name}: {job.stage} ({job.progress:.0%}) - Esc to cancel")
-            self._redraw(context)
-            return {"RUNNING_MODAL"}
-        if job.teardown is not None:
-            job.teardown()
-        self._redraw(context)
-        try:
-            if self.lane.current is not job and job.state == "cancelled":
-                return {"CANCELLED"}  # cancel_all() already ended it and discarded its data
-            return self.finish(context, job)
-        finally:
-            job.discard()
-            self.lane.end(job)
-
-    def cancel(self, context):
-        """Blender calls this when the modal operator is stopped from outside (e.g. file load)."""
-        job = self._job
-        if job is None:
-            return
-        stop(job)
-        self.lane.end(job)
-
-    # -- shared ----------------------------------------------------------------------------------
-    def _begin(self, context) -> Job | None:
-        """Claim the lane and prepare the job (its ``task`` set), or None after reporting why not."""
-        try:
-            job = self.lane.begin(self.job_title, self.job_key())
-        except JobBusyError as exc:
-            self.report({"ERROR"}, str(exc))
-            return None
-        try:
-            job.task = as_task(job, self.prepare(context, job))
-            return job
-        except LeanImageError as exc:
-            job.state, job.error_text = "failed", str(exc)
-        except Exception as exc:  # a bug: traceback to the console, a line to the user
-            traceback.print_exc()
-            job.state, job.error_text = "failed", f"Unexpected error: {type(exc).__name__}: {exc}"
-        job.discard()
-        self.lane.end(job)
-        self.report({"ERROR"}, job.error_text)
-        return None
-
-    def _redraw(self, context):
-        wm = getattr(context, "window_manager", None)
-        screens = [w.screen for w in getattr(wm, "windows", ())] or [getattr(context, "screen", None)]
-        for screen in screens:
-            for area in getattr(screen, "areas", ()):
-                if area.type in self.redraw_areas:
-                    area.tag_redraw()
-
-
-def _set_status(context, text):
-    workspace = getattr(context, "workspace", None)
-    if workspace is not None:
-        workspace.status_text_set(text)
 
 
 class LEAN_IMAGE_AI_OT_cancel_job(bpy.types.Operator):
@@ -463,7 +299,3 @@ class LEAN_IMAGE_AI_OT_cancel_job(bpy.types.Operator):
 
 
 classes = (LEAN_IMAGE_AI_OT_cancel_job,)
-
-
-class BatchOperator(WorkerOperator):
-    """A WorkerOperator whose task is a :class:`BatchTask` (kept as a name the sequence operators share)."""

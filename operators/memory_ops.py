@@ -24,7 +24,8 @@ from ..runtime.measure import memory_plot
 from ..runtime.measure.leak_check import MIN_RUNS, RUNS_REASON
 from ..runtime.measure.memory_report import format_freed
 from . import prefs, results
-from .jobs import BatchTask, Job, WorkerOperator, manager
+from .job_operator import ModalJobOperator
+from .jobs import BlenderJob, PumpedTask, manager
 
 IDLE_CHECK_MAX_S = 60.0  # the timer wakes at most once a minute, at least when the next session turns idle
 
@@ -89,7 +90,7 @@ def freed_text(freed: dict) -> str:
     return f"Free memory now: the model process ended; {' and '.join(parts)} came back."
 
 
-class LEAN_IMAGE_AI_OT_leak_check(WorkerOperator, bpy.types.Operator):
+class LEAN_IMAGE_AI_OT_leak_check(ModalJobOperator, bpy.types.Operator):
     """Run the same small job of a model family N times and say whether memory is stable or growing"""
 
     bl_idname = "lean_image_ai.leak_check"
@@ -105,7 +106,7 @@ class LEAN_IMAGE_AI_OT_leak_check(WorkerOperator, bpy.types.Operator):
         default="upscale",
     )
 
-    def prepare(self, context, job: Job):
+    def prepare(self, context, job: BlenderJob):
         from ..models.worker.remote_call import leak_check_call
         from .model_job import model_worker
 
@@ -114,9 +115,9 @@ class LEAN_IMAGE_AI_OT_leak_check(WorkerOperator, bpy.types.Operator):
         call = leak_check_call(self.family, device=device, folder=prefs.models_folder(context), budgets=budgets,
                                runs=self.runs, options=RunOptions(progress=job.report, cancel=job.cancel_event),
                                name=job.name, client=model_worker())
-        return BatchTask(job, call, lambda: call.result)
+        return PumpedTask(job, call, lambda: call.result)
 
-    def finish(self, context, job: Job):
+    def finish(self, context, job: BlenderJob):
         if job.state != "finished":
             self.report({"WARNING"} if job.state == "cancelled" else {"ERROR"}, job.error_text)
             return {"CANCELLED"}

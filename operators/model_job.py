@@ -18,7 +18,7 @@ import bpy
 import numpy as np
 from bpy.props import BoolProperty, StringProperty
 
-from ..models import file_formats, image_meta
+from ..models import colour, file_formats, image_meta
 from ..models.batch.frame_lists import FrameRef
 from ..models.batch.runner import RunEvents, Runner
 from ..models.family import Family
@@ -29,7 +29,8 @@ from ..models.worker import engine_python
 from ..models.worker.remote_batch import RemoteBatchRun
 from ..runtime.errors import LeanImageError
 from . import gpu_ops, image_io, prefs, results, sources
-from .jobs import BatchTask, Job, WorkerOperator
+from .job_operator import ModalJobOperator
+from .jobs import BlenderJob, PumpedTask
 from .options import path_options
 
 
@@ -122,7 +123,7 @@ def read_frame(ref: FrameRef, warn=None):
     image = image_io.load_image_file(str(ref.path), check_existing=False)
     try:
         rgba, info = image_io.read_image(image)
-        pixels = _as_kind(image_io.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied), _kind(image))
+        pixels = _as_kind(colour.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied), _kind(image))
     finally:
         if image not in before:
             bpy.data.images.remove(image)
@@ -155,7 +156,7 @@ class BlenderFrames:
         return input_kind(ref)
 
 
-def one_frame_task(job: Job, model_run: ModelRun, ref: FrameRef, pixels, shape=lambda result: result) -> BatchTask:
+def one_frame_task(job: BlenderJob, model_run: ModelRun, ref: FrameRef, pixels, shape=lambda result: result) -> PumpedTask:
     """The task of one gathered image: a one-frame job (models/job_spec.py) the runner runs with
     its model in the worker process; the job's result is ``shape(result)``, a failure in the
     model the job's error."""
@@ -175,7 +176,7 @@ def one_frame_task(job: Job, model_run: ModelRun, ref: FrameRef, pixels, shape=l
             raise LeanImageError(runner.report.failed[0][1])
         return shape(results[0]) if results else None
 
-    return BatchTask(job, runner, result)
+    return PumpedTask(job, runner, result)
 
 
 class ModelOperatorProperties:
@@ -214,7 +215,7 @@ class ModelOperatorProperties:
     )
 
 
-class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
+class ModelJobOperator(ModelOperatorProperties, ModalJobOperator):
     bl_options = {"REGISTER", "UNDO"}
     family: Family  # set by operators.options.with_family_options
     saves_family_result = True  # False: ``output_path`` holds another image (e.g. geometry's normal map)
@@ -226,7 +227,7 @@ class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
         """Whether a source loaded from ``filepath`` stays (the result refers to it)."""
         return False
 
-    def gather(self, context, job: Job) -> JobInputs:
+    def gather(self, context, job: BlenderJob) -> JobInputs:
         """Read the source, the model and the preferences (see module doc). A source loaded from
         ``filepath`` is removed again at once unless :meth:`keeps_source` (then when the job fails)."""
         output = sources.output_target(
@@ -243,7 +244,7 @@ class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
         if source.loaded:
             job.on_discard.append(sources.remove_image_later(source.image))
         rgba, info = image_io.read_image(source.image)
-        model_rgba = image_io.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied)
+        model_rgba = colour.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied)
         if source.loaded and not keep:
             job.discard()
         return JobInputs(
@@ -256,7 +257,7 @@ class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
             output=output,
         )
 
-    def prepare(self, context, job: Job):
+    def prepare(self, context, job: BlenderJob):
         inputs = job.inputs = self.gather(context, job)
         shape = self.shape  # bound here: the result is shaped after the operator's call has returned
         ref = FrameRef(0, Path(inputs.info.name))  # the image's name: what a message about it says
@@ -271,7 +272,7 @@ class ModelJobOperator(ModelOperatorProperties, WorkerOperator):
         On failure it must remove what it created before raising (results.created_data)."""
         raise NotImplementedError
 
-    def finish(self, context, job: Job):
+    def finish(self, context, job: BlenderJob):
         inputs = job.inputs
         if job.state in ("cancelled", "failed"):
             job.discard()

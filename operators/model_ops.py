@@ -21,11 +21,12 @@ from ..models.store import library, user_models
 from ..runtime.child_process import ChildTask
 from ..runtime.errors import LeanImageError, user_path
 from . import prefs
-from .jobs import Job, WorkerOperator, downloads, manager, run_job
+from .job_operator import ModalJobOperator
+from .jobs import BlenderJob, downloads, manager, run_job
 from .options import path_options
 
 
-def child_job_task(job: Job, args: list[str], cancel_text: str) -> ChildTask:
+def child_job_task(job: BlenderJob, args: list[str], cancel_text: str) -> ChildTask:
     """``python -m lean_image_ai *args --json-progress`` as the job's task: its progress is the
     job's, the job's cancel stops it, and its outcome is left in the job when it ends."""
     return ChildTask([*args, "--json-progress"], report=job.report, cancelled=job.cancel_event.is_set,
@@ -45,7 +46,7 @@ def _lookup(context, model_id: str):
         raise LeanImageError(f"No model with id {model_id!r} in the catalog. Known ids: {ids}.") from None
 
 
-class LEAN_IMAGE_AI_OT_install_model(WorkerOperator, bpy.types.Operator):
+class LEAN_IMAGE_AI_OT_install_model(ModalJobOperator, bpy.types.Operator):
     """Download a catalog model into the models folder (resumes a partial download)"""
 
     bl_idname = "lean_image_ai.install_model"
@@ -61,7 +62,7 @@ class LEAN_IMAGE_AI_OT_install_model(WorkerOperator, bpy.types.Operator):
     def job_key(self) -> str:
         return self.model_id
 
-    def prepare(self, context, job: Job):
+    def prepare(self, context, job: BlenderJob):
         folder, _known, entry = _lookup(context, self.model_id)
         job.name, job.inputs = f"Install {entry.title}", entry
         if entry.is_user:
@@ -89,7 +90,7 @@ class LEAN_IMAGE_AI_OT_install_model(WorkerOperator, bpy.types.Operator):
             f"{job.name} was cancelled; what arrived is kept in {part} and Install resumes it.",
         )
 
-    def finish(self, context, job: Job):
+    def finish(self, context, job: BlenderJob):
         if job.state == "finished":
             path, entry = Path(job.result["path"]), job.inputs
             self.report({"INFO"}, f"Installed {entry.title} ({library.format_bytes(path.stat().st_size)}) at {path}")
@@ -167,7 +168,7 @@ class LEAN_IMAGE_AI_OT_remove_model(bpy.types.Operator):
 FAMILY_ITEMS = tuple((f.id, f.title, f"A {f.title} model") for f in families.ALL)
 
 
-class LEAN_IMAGE_AI_OT_register_user_model(WorkerOperator, bpy.types.Operator):
+class LEAN_IMAGE_AI_OT_register_user_model(ModalJobOperator, bpy.types.Operator):
     """Use your own ONNX file (e.g. another 4x upscaler) for one of the add-on's jobs; it is first
     checked to fit that job"""
 
@@ -188,7 +189,7 @@ class LEAN_IMAGE_AI_OT_register_user_model(WorkerOperator, bpy.types.Operator):
 
     def invoke(self, context, event):
         if self.filepath or bpy.app.background:
-            return WorkerOperator.invoke(self, context, event)
+            return ModalJobOperator.invoke(self, context, event)
         context.window_manager.fileselect_add(self)
         return {"RUNNING_MODAL"}
 
@@ -196,12 +197,12 @@ class LEAN_IMAGE_AI_OT_register_user_model(WorkerOperator, bpy.types.Operator):
         # after the file browser Blender calls execute: check the file under the modal timer
         if not bpy.app.background and context.window is not None:
             return self.start_modal(context)
-        return WorkerOperator.execute(self, context)
+        return ModalJobOperator.execute(self, context)
 
     def job_key(self) -> str:
         return f"register:{self.filepath}"
 
-    def prepare(self, context, job: Job):
+    def prepare(self, context, job: BlenderJob):
         if not self.filepath:
             raise LeanImageError("Choose the .onnx file to register.")
         path = user_path(bpy.path.abspath(self.filepath))
@@ -215,7 +216,7 @@ class LEAN_IMAGE_AI_OT_register_user_model(WorkerOperator, bpy.types.Operator):
             f"{job.name} was cancelled; nothing was registered.",
         )
 
-    def finish(self, context, job: Job):
+    def finish(self, context, job: BlenderJob):
         if job.state != "finished":
             level = "WARNING" if job.state == "cancelled" else "ERROR"
             self.report({level}, job.error_text or f"{job.name} did not finish.")

@@ -10,7 +10,7 @@ from pathlib import Path
 import bpy
 import numpy as np
 
-from ..models import file_formats, result_images
+from ..models import colour, file_formats, result_images
 from . import image_io, sources
 
 
@@ -26,7 +26,7 @@ def new_image_like(name: str, straight: np.ndarray, info: image_io.ImageInfo):
         colorspace = None  # Blender's scene-linear default: float pixels are linear
     else:
         colorspace = info.colorspace
-    array = image_io.premultiply(image_io.to_rgba(straight)) if info.is_float else straight
+    array = colour.premultiply(image_io.to_rgba(straight)) if info.is_float else straight
     return image_io.array_to_new_image(name, array, float_buffer=info.is_float, colorspace=colorspace)
 
 
@@ -208,7 +208,7 @@ def save_product(path: Path, product: result_images.ImageProduct) -> list[str]:
     else:  # model output: sRGB-encoded, straight alpha
         colorspace = None
         if is_float:
-            pixels = image_io.from_model_rgb(image_io.to_rgba(pixels), True, premultiplied=True)
+            pixels = colour.from_model_rgb(image_io.to_rgba(pixels), True, premultiplied=True)
     image = image_io.array_to_new_image(path.stem, pixels, float_buffer=is_float, colorspace=colorspace)
     try:
         image_io.save_image_atomically(image, path, file_formats.find(path.suffix).blender_format)

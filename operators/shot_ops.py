@@ -27,8 +27,9 @@ from ..models.batch.runner import RunEvents, Runner
 from ..models.outputs import OutputPolicy
 from ..models.result_images import ImageProduct
 from ..runtime.errors import LeanImageError
-from . import batch_ops, geometry_ops, image_io, options, prefs, results, shot_props, sources
-from .jobs import BatchOperator, BatchTask, Job, WorkerOperator
+from . import batch_ops, geometry_ops, image_io, options, prefs, results, sources
+from .job_operator import BatchOperator, ModalJobOperator
+from .jobs import BlenderJob, PumpedTask
 from .model_job import BlenderFrames, one_frame_task, read_frame, worker_batches
 
 PREVIEW_IMAGE = "Lean Image AI Preview"
@@ -82,7 +83,7 @@ def _frame_texture(path, created):
     return created.add(bpy.data.images, sources.store_relative(texture))
 
 
-@options.with_properties({**options.family_properties(moge2.FAMILY), **_source_properties(), **shot_props.shot_properties()})
+@options.with_properties({**options.family_properties(moge2.FAMILY), **_source_properties(), **options.shot_properties()})
 class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
     """Reconstruct every frame of a shot with MoGe-2 under one camera"""
 
@@ -97,7 +98,7 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
 
     frames: StringProperty(name="Frames", description="A-B or A-B:STEP. Empty: every frame")
 
-    def prepare(self, context, job: Job):
+    def prepare(self, context, job: BlenderJob):
         frames = frame_lists.parse_frames(self.frames) if self.frames.strip() else None
         spec = batch_ops.job_spec(context, self, moge2.FAMILY.id, source=str(_source(self)), writes_files=False)
         events = RunEvents(progress=job.report)  # each result becomes a mesh (add_frame, below), never a file
@@ -136,10 +137,10 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
         job.inputs = runner
         runner.made = made
         job.key = str(refs[0].path.parent) if refs else ""
-        return BatchTask(job, runner)
+        return PumpedTask(job, runner)
 
 
-    def finish(self, context, job: Job):
+    def finish(self, context, job: BlenderJob):
         report, made = job.inputs.report, job.inputs.made
         for warning in dict.fromkeys(report.warnings):
             self.report({"WARNING"}, prefs.with_gpu_runtime_hint(warning))
@@ -166,7 +167,7 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
                     f"({np.degrees(made.fov_x):.2f} deg){'; ' + line if line else ''}; {report.summary()}")
         return {"FINISHED"}
 
-    def _nothing_added(self, job: Job, report, cancelled: bool) -> set:
+    def _nothing_added(self, job: BlenderJob, report, cancelled: bool) -> set:
         """The outcome of a shot that left the scene as it was: a WARNING when cancelled, else an
         ERROR that numbers every failed frame (each also in a WARNING with its error)."""
         if cancelled:
@@ -214,9 +215,9 @@ def show_in_image_editor(context, image) -> bool:
 
 
 @options.with_properties(
-    {**{k: v for f in families.ALL for k, v in options.family_properties(f).items()}, **_source_properties(), **shot_props.shot_properties()}
+    {**{k: v for f in families.ALL for k, v in options.family_properties(f).items()}, **_source_properties(), **options.shot_properties()}
 )
-class LEAN_IMAGE_AI_OT_preview_frame(WorkerOperator, bpy.types.Operator):
+class LEAN_IMAGE_AI_OT_preview_frame(ModalJobOperator, bpy.types.Operator):
     """Run the sequence settings on one frame and show the result, writing no file"""
 
     bl_idname = "lean_image_ai.preview_frame"
@@ -228,20 +229,20 @@ class LEAN_IMAGE_AI_OT_preview_frame(WorkerOperator, bpy.types.Operator):
     family: EnumProperty(name="Model Kind", items=[(f.id, f.action, f.produces) for f in families.ALL])
     frame: IntProperty(name="Frame", description="The frame to preview; 0: the scene's current frame", default=0)
 
-    def prepare(self, context, job: Job):
+    def prepare(self, context, job: BlenderJob):
         family = families.get(self.family)
         number = self.frame or context.scene.frame_current
         refs = [r for r in _frames(self, None) if r.number == number]
         if not refs:
             raise LeanImageError(f"Frame {number} is not in the sequence; choose one of its frames to preview.")
         model_run = prefs.operator_model_run(context, self, family.id)
-        shot = shot_props.settings_of(self, family.id)
+        shot = options.shot_settings_of(self, family.id)
         model_run.extra.update(shot.adapter_kwargs())  # a given field of view; a fitted shot focal needs the shot
         pixels = read_frame(refs[0])  # main thread: Blender reads the file
         job.inputs = SimpleNamespace(number=number, shot=shot, family=family)
         return one_frame_task(job, model_run, refs[0], pixels)
 
-    def finish(self, context, job: Job):
+    def finish(self, context, job: BlenderJob):
         if job.state != "finished":
             self.report({"ERROR"} if job.state == "failed" else {"WARNING"}, job.error_text)
             return {"CANCELLED"}

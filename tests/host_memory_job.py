@@ -31,7 +31,7 @@ CONFIG = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import lean_image_ai  # noqa: E402
-from lean_image_ai.operators import jobs, memory_ops  # noqa: E402
+from lean_image_ai.operators import job_operator, jobs, memory_ops  # noqa: E402
 
 FOLDER = Path(CONFIG["folder"])
 
@@ -136,7 +136,7 @@ def phase_modal(path: str) -> dict:
             started = time.perf_counter()
             state = op.modal(ctx, ms.TIMER)
             calls.append(time.perf_counter() - started)
-            time.sleep(jobs.TIMER_INTERVAL)  # what Blender waits between two timer events
+            time.sleep(job_operator.TIMER_INTERVAL)  # what Blender waits between two timer events
         remove([image for image in bpy.data.images if image not in before])
         return state, start_s
 

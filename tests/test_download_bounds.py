@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from lean_image_ai.models.store import installer
+from lean_image_ai.models.store import installer, verified_record
 from lean_image_ai.models.store.catalog_entry import CatalogEntry
 from lean_image_ai.models.store.transfer import http_watch
 from lean_image_ai.models.store.transfer.http_watch import TransferLimits
@@ -166,7 +166,7 @@ def test_a_first_install_without_checksum_is_recorded_as_trust_on_first_use(serv
     installer.install(entry, tmp_path)
     record = json.loads(installer.sidecar_path(entry, tmp_path).read_text())
     digest = hashlib.sha256(model).hexdigest()
-    assert record["trust"] == installer.FIRST_USE and record["first_sha256"] == digest
+    assert record["trust"] == verified_record.FIRST_USE and record["first_sha256"] == digest
     assert record["size"] == SIZE
     note = installer.trust_note(entry, tmp_path)
     assert note.startswith("trust on first use") and digest[:16] in note and str(SIZE) in note

@@ -4,7 +4,7 @@ Real bpy 5.0.1 in a process of its own (tests/host_memory_job.py): 1024x1024 -> 
 built-in bicubic x2, three jobs per phase after a warm-up job, through ``bpy.ops``. Every figure is
 compared with another of the same run (one result's pixel bytes), never with bytes measured on
 this machine: with each result removed Blender's RSS comes back to where it was (it grew by
-~250 MiB over three jobs before: reference cycles Job <-> task and Runner <-> pass held every
+~250 MiB over three jobs before: reference cycles BlenderJob <-> task and Runner <-> pass held every
 array until Python's collector ran); with the results kept it grows by no more than their pixels
 plus one result's worth.
 """
@@ -103,13 +103,13 @@ def test_a_failed_jobs_error_holds_none_of_its_arrays():
     import gc
 
     jobs = bh.import_submodule("operators.jobs")
-    lane = jobs.JobManager("busy")
+    lane = jobs.JobLane("busy")
     job = lane.begin("Upscale")
     batch = _FailingBatch()
     gc.collect()
     gc.disable()
     try:
-        job.task = jobs.BatchTask(job, batch)
+        job.task = jobs.PumpedTask(job, batch)
         assert job.task.pump(0.05) and job.state == "failed"
         lane.end(job)
         assert lane.last is job and isinstance(job.error, ValueError) and job.error_text == "Unexpected error: ValueError: the model failed"

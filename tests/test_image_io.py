@@ -15,7 +15,7 @@ import blender_helpers as bh  # noqa: E402
 
 bpy = pytest.importorskip("bpy")
 io = bh.import_submodule("operators.image_io")
-from lean_image_ai.models import files  # noqa: E402
+from lean_image_ai.models import colour, files  # noqa: E402
 from lean_image_ai.runtime.errors import InvalidImageError  # noqa: E402
 
 W, H = 37, 23  # odd sizes: catch row/column mix-ups
@@ -224,36 +224,36 @@ KNOWN = [  # linear, sRGB (IEC 61966-2-1)
 def test_srgb_transfer_functions_known_values():
     lin = np.array([k[0] for k in KNOWN], np.float32)
     srgb = np.array([k[1] for k in KNOWN], np.float32)
-    assert np.allclose(io.linear_to_srgb(lin), srgb, atol=2e-5)
-    assert np.allclose(io.srgb_to_linear(srgb), lin, atol=2e-5)
+    assert np.allclose(colour.linear_to_srgb(lin), srgb, atol=2e-5)
+    assert np.allclose(colour.srgb_to_linear(srgb), lin, atol=2e-5)
     x = np.linspace(0, 1, 1001, dtype=np.float32)
-    assert np.abs(io.srgb_to_linear(io.linear_to_srgb(x)) - x).max() < 1e-5
-    assert io.linear_to_srgb(x).dtype == np.float32
-    assert np.all(np.diff(io.linear_to_srgb(x)) > 0)
+    assert np.abs(colour.srgb_to_linear(colour.linear_to_srgb(x)) - x).max() < 1e-5
+    assert colour.linear_to_srgb(x).dtype == np.float32
+    assert np.all(np.diff(colour.linear_to_srgb(x)) > 0)
 
 
 def test_to_model_rgb_converts_colour_only_for_linear_sources():
     arr = np.full((2, 3, 4), 0.5, np.float32)
     arr[..., 3] = 0.25
-    out = io.to_model_rgb(arr, is_linear=True)
+    out = colour.to_model_rgb(arr, is_linear=True)
     assert np.allclose(out[..., :3], 0.73535698, atol=2e-5)
     assert np.all(out[..., 3] == 0.25)  # alpha untouched
     assert np.all(arr[..., :3] == 0.5)  # input not modified
-    assert np.array_equal(io.to_model_rgb(arr, is_linear=False), arr)
-    back = io.from_model_rgb(out, is_linear=True)
+    assert np.array_equal(colour.to_model_rgb(arr, is_linear=False), arr)
+    back = colour.from_model_rgb(out, is_linear=True)
     assert np.allclose(back, arr, atol=1e-5)
-    assert np.array_equal(io.from_model_rgb(out, is_linear=False), out)
+    assert np.array_equal(colour.from_model_rgb(out, is_linear=False), out)
 
 
 def test_premultiplied_sources_are_unpremultiplied_for_models():
     straight = np.array([[[0.8, 0.4, 0.2, 0.5], [0.3, 0.2, 0.1, 0.0]]], np.float32)
-    premul = io.premultiply(straight)
+    premul = colour.premultiply(straight)
     assert np.allclose(premul[0, 0], [0.4, 0.2, 0.1, 0.5]) and np.all(premul[0, 1] == 0)
-    back = io.unpremultiply(premul)
+    back = colour.unpremultiply(premul)
     assert np.allclose(back[0, 0], straight[0, 0]) and np.all(back[0, 1] == 0)  # alpha 0: no NaN
-    linear_premul = io.from_model_rgb(straight, is_linear=True, premultiplied=True)
-    assert np.allclose(linear_premul[0, 0, :3], io.srgb_to_linear(straight[0, 0, :3]) * 0.5)
-    model = io.to_model_rgb(linear_premul, is_linear=True, premultiplied=True)
+    linear_premul = colour.from_model_rgb(straight, is_linear=True, premultiplied=True)
+    assert np.allclose(linear_premul[0, 0, :3], colour.srgb_to_linear(straight[0, 0, :3]) * 0.5)
+    model = colour.to_model_rgb(linear_premul, is_linear=True, premultiplied=True)
     assert np.allclose(model[0, 0], straight[0, 0], atol=1e-5)
 
 
@@ -274,9 +274,9 @@ def test_srgb_decode_matches_blenders_own_colour_management(tmp_path):
     image = io.load_image_file(path)
     arr, info = io.read_image(image)
     assert info.is_float and info.is_linear
-    expected = io.srgb_to_linear(values.astype(np.float32) / 65535)
+    expected = colour.srgb_to_linear(values.astype(np.float32) / 65535)
     assert np.abs(arr[..., 0] - expected).max() < 2e-4
-    assert np.abs(io.to_model_rgb(arr, info.is_linear)[..., 0] - values / 65535).max() < 2e-4
+    assert np.abs(colour.to_model_rgb(arr, info.is_linear)[..., 0] - values / 65535).max() < 2e-4
 
 
 def test_byte_pixels_are_stored_srgb_values(tmp_path):
@@ -406,9 +406,9 @@ def test_save_exr_from_byte_image_is_linear_premultiplied(tmp_path):
     loaded = io.load_image_file(tmp_path / "b.exr")
     arr, info = io.read_image(loaded)
     assert info.is_linear and info.premultiplied
-    expected = io.premultiply(io.to_rgba(io.from_model_rgb(io.image_to_array(image), is_linear=True)))
+    expected = colour.premultiply(io.to_rgba(colour.from_model_rgb(io.image_to_array(image), is_linear=True)))
     assert np.abs(arr - expected).max() < 2e-3  # half floats
-    straight_srgb = io.to_model_rgb(arr, info.is_linear, premultiplied=info.premultiplied)
+    straight_srgb = colour.to_model_rgb(arr, info.is_linear, premultiplied=info.premultiplied)
     visible = src[..., 3] > 0.1
     assert np.abs(straight_srgb - src)[visible].max() < 1e-2
 

@@ -191,7 +191,7 @@ def test_where_an_8_bit_file_keeps_text_is_its_rows_metadata_column(tmp_path, mo
 
 OUTPUT_MODULES = ("models/outputs.py", "models/result_images.py", "models/file_formats.py",
                   "models/batch/shot_batch.py", "models/batch/image_files.py", "models/batch/frame_io.py", "ui/cli/cli_shot.py", "operators/results.py",
-                  "operators/shot_props.py")
+                  "operators/options.py")
 
 
 @pytest.mark.parametrize("module", OUTPUT_MODULES)

@@ -15,7 +15,7 @@ Blender is calling into it. So these tests drive the modal protocol themselves:
   `progress_*` and `status_text_set` (everything else comes from the real `bpy.context`).
 - The model worker process runs the real upscale adapter on the real onnxruntime; the modal
   timer pumps the job (no thread in this process). "Mid-job" is the first tile's progress report
-  come back from the worker (`Job.report` is recorded by a gate) while tiles are still to come: the
+  come back from the worker (`BlenderJob.report` is recorded by a gate) while tiles are still to come: the
   model is slow enough per tile (a wide compact net) that the job is still running when the test
   acts. Nothing holds the worker: Esc reaches it as a message.
 """
@@ -40,7 +40,7 @@ from builders_upscale import compact_model  # noqa: E402
 from lean_image_ai import operators  # noqa: E402
 from lean_image_ai.models.store import library  # noqa: E402
 from lean_image_ai.models.worker import client as worker_client  # noqa: E402
-from lean_image_ai.operators import geometry_ops, image_io, image_ops, jobs  # noqa: E402
+from lean_image_ai.operators import geometry_ops, image_io, image_ops, job_operator, jobs  # noqa: E402
 from lean_image_ai.runtime import get_runtime  # noqa: E402
 from modal_standins import ESC, TIMER, Event, StandInContext, driver_class, pump  # noqa: E402
 
@@ -68,7 +68,7 @@ class Gate:
             job.progress, job.stage = fraction, stage
             gate.reports.append((fraction, stage))
 
-        monkeypatch.setattr(jobs.Job, "report", report)
+        monkeypatch.setattr(jobs.BlenderJob, "report", report)
         return self
 
     def wait(self, op, ctx, timeout=60.0) -> None:
@@ -154,7 +154,7 @@ def test_modal_job_reports_progress_and_finishes(monkeypatch, model, source):
         assert started == {"RUNNING_MODAL"}
         assert wm.handlers == [op] and len(wm.live_timers) == 1
         job = jobs.manager.current
-        assert job is not None and isinstance(job.task, jobs.BatchTask)  # no thread
+        assert job is not None and isinstance(job.task, jobs.PumpedTask)  # no thread
         assert op.modal(ctx, Event("MOUSEMOVE")) == {"PASS_THROUGH"}  # other events are not ours
         gate.wait(op, ctx)
         return pump(op, ctx, timeout=120)
@@ -164,7 +164,7 @@ def test_modal_job_reports_progress_and_finishes(monkeypatch, model, source):
     assert result == {"FINISHED"}
     assert any(0 < p < 100 for p in wm.progress)  # updates sent while the worker was mid-job
     assert wm.progress == sorted(wm.progress)
-    assert wm.calls[0] == ("event_timer_add", jobs.TIMER_INTERVAL) and ("progress_begin", 0, 100) in wm.calls
+    assert wm.calls[0] == ("event_timer_add", job_operator.TIMER_INTERVAL) and ("progress_begin", 0, 100) in wm.calls
     assert wm.live_timers == [] and wm.calls[-1] == ("progress_end",)
     assert ctx.workspace.status[-1] is None and "Esc to cancel" in ctx.workspace.status[0]
     assert len([s for _, s in gate.reports if "tile" in s]) > 1

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lean_image_ai.models.leak_request import family_job
+from lean_image_ai.models.leak_request import repeatable_run
 from lean_image_ai.runtime import Runtime, mark_last
 from lean_image_ai.runtime.measure.leak_check import analyse, leak_check
 from lean_image_ai.runtime.measure.memory_report import format_freed, format_job_memory, job_figures
@@ -115,18 +115,18 @@ def test_a_run_refreshes_last_used(conv):
 
 
 def test_leak_check_says_stable_for_the_real_runtime_over_30_runs():
-    result = leak_check(family_job("upscale", device="cpu", runtime=Runtime()), runs=30)
+    result = leak_check(repeatable_run("upscale", device="cpu", runtime=Runtime()), runs=30)
     assert result.verdict == "stable", (result.summary(), result.samples)
 
 
 LEAKING_JOB = """
 import json
-from lean_image_ai.models.leak_request import family_job
+from lean_image_ai.models.leak_request import repeatable_run
 from lean_image_ai.runtime import Runtime
 from lean_image_ai.runtime.measure.leak_check import leak_check
 
 kept = []
-real = family_job("upscale", device="cpu", runtime=Runtime(), size=(192, 256))
+real = repeatable_run("upscale", device="cpu", runtime=Runtime(), size=(192, 256))
 
 def leaking():  # the stand-in: the same request, but every run's result stays referenced
     kept.append(real())

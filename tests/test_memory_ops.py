@@ -62,7 +62,7 @@ def test_release_now_keeps_the_session_and_unload_all_drops_it(runtime, tmp_path
 def test_both_refuse_while_a_job_runs(runtime, tmp_path):
     runtime.session(ob.conv_model(tmp_path / "conv.onnx", mid_channels=4), "cpu")
     saved = jobs.manager.current
-    jobs.manager.current = jobs.Job("Depth")
+    jobs.manager.current = jobs.BlenderJob("Depth")
     try:
         for op in (bpy.ops.lean_image_ai.release_memory, bpy.ops.lean_image_ai.unload_all):
             with pytest.raises(RuntimeError, match="'Depth' is using the loaded models"):
@@ -125,7 +125,7 @@ def test_leak_check_modal_on_the_worker_with_progress(leak_driver):
     def script(op):
         assert op.start_modal(ctx) == {"RUNNING_MODAL"}
         job = jobs.manager.current
-        assert job.name == "Leak Check" and isinstance(job.task, jobs.BatchTask)  # in the worker
+        assert job.name == "Leak Check" and isinstance(job.task, jobs.PumpedTask)  # in the worker
         return job, pump(op, ctx, timeout=120)
 
     job, result = drive(leak_driver, script, runs=8)

@@ -286,7 +286,7 @@ def test_model_list_shows_every_entry_with_its_actions(models_dir, catalog, tmp_
     assert "Register your own ONNX model" in register.text
 
     # a failed download's message stays under its entry
-    failed = jobs.Job("Install Downloadable one", "dl", state="failed", error_text="HTTP 404 Not Found at b.onnx")
+    failed = jobs.BlenderJob("Install Downloadable one", "dl", state="failed", error_text="HTTP 404 Not Found at b.onnx")
     M.downloads.end(failed)
     layout = RecordingLayout()
     P.draw_model_catalog(layout, bpy.context)

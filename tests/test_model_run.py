@@ -27,7 +27,7 @@ from lean_image_ai.models.adapters.upscale_plan import AUTO_WORKING_CPU  # noqa:
 from lean_image_ai.models.batch.frame_io import ImageFileFrames  # noqa: E402
 from lean_image_ai.models.batch.runner import Runner  # noqa: E402
 from lean_image_ai.models.model_run import ModelRun  # noqa: E402
-from lean_image_ai.models.store import installer, library  # noqa: E402
+from lean_image_ai.models.store import installer, library, verified_record  # noqa: E402
 from lean_image_ai.models.store.catalog import Catalog  # noqa: E402
 from lean_image_ai.models.store.catalog_entry import CatalogEntry  # noqa: E402
 from lean_image_ai.models.tiles.tile_memory import BUDGET_FRACTION, estimate_bytes_per_pixel  # noqa: E402
@@ -264,7 +264,7 @@ def test_resolving_the_command_lines_model_writes_nothing(tmp_path, runtime_kept
         assert runner.model_run.model.entry.id == entry.id
     assert _listing(folder) == before
 
-    installer._write_sidecar(unchecked, folder / unchecked.filename, installer.sidecar_path(unchecked, folder),
+    verified_record.write_record(unchecked, folder / unchecked.filename, installer.sidecar_path(unchecked, folder),
                              installer.sha256_file(model))  # what an install records of a file without a checksum
     (folder / unchecked.filename).write_bytes(data[:-4] + b"\0\0\0\0")  # changed since: same size, other bytes
     changed = ModelRun.resolve("upscale", folder, model=unchecked.id, device="cpu")

@@ -290,7 +290,7 @@ def test_model_menus_offer_installed_entries_only(settings, models_dir, tmp_path
 def test_running_job_shows_progress_and_cancel_and_disables_actions(
     settings, models_dir, clean_jobs, runtime, photo
 ):
-    job = jobs.Job("Upscale")
+    job = jobs.BlenderJob("Upscale")
     job.report(0.25, "tile 3/12")
     clean_jobs.current = job
     layout = draw(panels.LEAN_IMAGE_AI_PT_image_editor)

@@ -3,7 +3,7 @@
 Imported only from the add-on's ``register()``/``unregister()``, never on package import.
 """
 
-from . import registration
+from .. import registration
 
 # Submodules with a module-level `classes` tuple; registered in this order, unregistered in reverse.
 _MODULES = ("preferences", "settings", "panels")

@@ -10,7 +10,7 @@ from bpy.props import BoolProperty, EnumProperty, FloatProperty, StringProperty
 
 from ..models import families
 from ..models.adapters import shot_depth
-from ..operators import options, shot_props
+from ..operators import options
 from . import prop_callbacks
 from .model_menu import EMBEDDED_ID, NONE_ID, compute_model_items
 
@@ -58,7 +58,7 @@ def _settings_annotations() -> dict:
         ),
         skip_existing=BoolProperty(name="Skip Existing", description="Keep existing outputs, do only the rest"),
     )
-    fields.update(shot_props.shot_properties())  # depth range, alignment, camera of a shot
+    fields.update(options.shot_properties())  # depth range, alignment, camera of a shot
     fields.update(_depth_range_fields())
     return fields
 
@@ -102,7 +102,7 @@ def depth_range_text(settings) -> str:
 
 def shot_values(settings) -> dict:
     """The shot options as the sequence operators take them."""
-    values = {name: getattr(settings, name) for name in shot_props.NAMES}
+    values = {name: getattr(settings, name) for name in options.SHOT_NAMES}
     values["depth_range"] = depth_range_text(settings)
     return values
 

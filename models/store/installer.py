@@ -5,7 +5,7 @@ goes to ``<file>.part`` and is resumed with an HTTP Range request next time; it 
 against the catalog's size and sha256 (where known) and only then renamed into place with
 ``os.replace``. A small ``<file>.verified.json`` sidecar remembers what was verified, so
 :func:`is_installed` does not re-hash a 1 GB file on every run (only when its size, mtime, ctime
-or inode changed: models/store/file_key.py).
+or inode changed: models/store/verified_record.py).
 
 Two installs of the same entry into the same folder at the same time (two Blender processes or
 farm nodes sharing a models folder) take turns on a cross-process lock (models/store/install_lock.py):
@@ -16,37 +16,32 @@ process is installing it.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...runtime.errors import (
-    LeanImageError,
     ModelContractError,
     ModelFileError,
     ModelInstallError,
-    OperationCancelled,
     first_line,
 )
 from .. import families, files
 from . import model_check
 from .catalog_entry import CatalogEntry
-from .file_key import file_key, unchanged
 from .transfer.part_files import discard_part
 from .transfer.transfer_limits import TransferLimits, size_floor
+from .verified_record import FIRST_USE, read_record, record_vouches, sha256_file, unchanged, write_record
 
 if TYPE_CHECKING:  # download.py and its watch thread load only where a download runs (a child process)
     from .transfer.download import CancelCallback, ProgressCallback
-from .install_lock import edit_lock, install_lock
+from .install_lock import install_lock
 
 DEFAULT_CHUNK_SIZE = 1 << 20  # 1 MiB
-HASH_CHUNK_SIZE = 1 << 20
 SIDECAR_SUFFIX = ".verified.json"
 PART_SUFFIX = ".part"
 DEFAULT_LOCK_WAIT = 3600.0  # another process's download of a large model can take that long
-FIRST_USE = "trust on first use"
 USER_RECORDS_DIR = "user-files"  # the verification records of the user's registered files
 
 
@@ -82,73 +77,6 @@ def part_path(entry: CatalogEntry, models_dir: str | os.PathLike) -> Path:
 def sidecar_path(entry: CatalogEntry, models_dir: str | os.PathLike) -> Path:
     base = _record_base(entry, models_dir)
     return base.with_name(base.name + SIDECAR_SUFFIX)
-
-
-# --------------------------------------------------------------------------------------------
-# Hashing and the verification sidecar
-# --------------------------------------------------------------------------------------------
-
-
-def sha256_file(path: str | os.PathLike, cancel: CancelCallback | None = None) -> str:
-    """Hex sha256 of a file, read in chunks (``cancel`` is checked between chunks)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while True:
-            if cancel is not None and cancel():
-                raise OperationCancelled(f"Checking {os.fspath(path)!r} was cancelled.")
-            block = fh.read(HASH_CHUNK_SIZE)
-            if not block:
-                break
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _read_sidecar(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _write_sidecar(
-    entry: CatalogEntry,
-    dest: Path,
-    sidecar: Path,
-    sha256: str,
-    *,
-    first_sha256: str | None = None,
-    hashed: os.stat_result | None = None,
-) -> None:
-    """Record that ``dest`` has ``sha256``. Under the record's lock (verifications in other
-    processes rewrite it too), and only while ``dest`` is still the file that was ``hashed``: one
-    replaced during the hash must not be vouched for with the old file's sha256."""
-    try:
-        sidecar.parent.mkdir(parents=True, exist_ok=True)
-        with edit_lock(sidecar, f"the verified record of {entry.title}"):
-            st = dest.stat()
-            if hashed is not None and file_key(st) != file_key(hashed):
-                return
-            first = first_sha256 or (_read_sidecar(sidecar) or {}).get("first_sha256") or sha256
-            files.write_text(sidecar, json.dumps(_sidecar_payload(entry, dest, st, sha256, first), indent=2, sort_keys=True))
-    except (OSError, LeanImageError):
-        pass  # the sidecar is only a cache: failing to write it costs a re-hash next time
-
-
-def _sidecar_payload(entry: CatalogEntry, dest: Path, st: os.stat_result, sha256: str, first_sha256: str) -> dict:
-    return {
-        "first_sha256": first_sha256,  # no catalog checksum: what any later copy is compared with
-        "entry_id": entry.id,
-        "filename": dest.name,
-        **file_key(st),
-        "sha256": sha256,
-        "expected_sha256": entry.sha256,
-        "expected_size": entry.size_bytes,
-        "url": entry.url,
-        # no catalog checksum: this file is trusted because it loaded and fit the family when it
-        # was first installed, and later copies are held to its sha256
-        "trust": FIRST_USE if entry.sha256 is None else "catalog sha256",
-    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -192,7 +120,7 @@ def verify_installed(
     sidecar = sidecar_path(entry, models_dir)
     if entry.sha256 is None:
         return _verify_against_first_install(entry, dest, st, sidecar, cancel)
-    if _sidecar_vouches(entry, st, sidecar):
+    if record_vouches(entry, st, sidecar):
         return dest
     got = sha256_file(dest, cancel=cancel)
     if got != entry.sha256:
@@ -200,7 +128,7 @@ def verify_installed(
             f"{entry.title}: {str(dest)!r} has sha256 {got}, expected {entry.sha256}. "
             "The file is damaged or a different version; remove it and install again."
         )
-    _write_sidecar(entry, dest, sidecar, got, hashed=st)
+    write_record(entry, dest, sidecar, got, hashed=st)
     return dest
 
 
@@ -209,7 +137,7 @@ def _verify_against_first_install(
 ) -> Path:
     """No catalog checksum: a file that changed since it was installed must still have the sha256
     recorded then (a file dropped in by hand, with no record, is taken as it is)."""
-    recorded = _read_sidecar(sidecar)
+    recorded = read_record(sidecar)
     if recorded is None or not recorded.get("sha256"):
         return dest
     if unchanged(recorded, st):
@@ -222,14 +150,8 @@ def _verify_against_first_install(
             "model, so the change cannot be checked: remove it and install again, or register "
             "your own file by path if you replaced it on purpose."
         )
-    _write_sidecar(entry, dest, sidecar, got, hashed=st)
+    write_record(entry, dest, sidecar, got, hashed=st)
     return dest
-
-
-def _sidecar_vouches(entry: CatalogEntry, st: os.stat_result, sidecar: Path) -> bool:
-    """The sidecar recorded this very file (models/store/file_key.py) with the catalog's sha256."""
-    recorded = _read_sidecar(sidecar)
-    return recorded is not None and unchanged(recorded, st) and recorded.get("sha256") == entry.sha256
 
 
 def hash_due(entry: CatalogEntry, models_dir: str | os.PathLike) -> bool:
@@ -241,8 +163,8 @@ def hash_due(entry: CatalogEntry, models_dir: str | os.PathLike) -> bool:
         return False
     sidecar = sidecar_path(entry, models_dir)
     if entry.sha256 is not None:
-        return not _sidecar_vouches(entry, st, sidecar)
-    recorded = _read_sidecar(sidecar)
+        return not record_vouches(entry, st, sidecar)
+    recorded = read_record(sidecar)
     if recorded is None or not recorded.get("sha256"):
         return False
     return recorded.get("size") != st.st_size or recorded.get("mtime_ns") != st.st_mtime_ns
@@ -254,7 +176,8 @@ def is_verified(entry: CatalogEntry, models_dir: str | os.PathLike) -> bool:
         st = model_path(entry, models_dir).stat()
     except OSError:
         return False
-    return _sidecar_vouches(entry, st, sidecar_path(entry, models_dir))
+    sidecar = sidecar_path(entry, models_dir)
+    return record_vouches(entry, st, sidecar)
 
 
 def is_installed(entry: CatalogEntry, models_dir: str | os.PathLike) -> bool:
@@ -362,7 +285,7 @@ def _download_and_install(entry, models_dir, dest, progress, cancel, timeout, ch
 
     # Drop any stale sidecar before the file changes underneath it (keeping what the first
     # install got, so a server that later serves another file shows up in the record).
-    first_sha256 = (_read_sidecar(sidecar_path(entry, models_dir)) or {}).get("first_sha256")
+    first_sha256 = (read_record(sidecar_path(entry, models_dir)) or {}).get("first_sha256")
     files.remove_if_present(sidecar_path(entry, models_dir))
     try:
         files.replace_into(part, dest)
@@ -372,7 +295,7 @@ def _download_and_install(entry, models_dir, dest, progress, cancel, timeout, ch
             f"failed: {exc}. If Blender is using the old file, restart it and install again."
         ) from exc
     discard_part(part)  # only its validator record is left
-    _write_sidecar(entry, dest, sidecar_path(entry, models_dir), digest, first_sha256=first_sha256)
+    write_record(entry, dest, sidecar_path(entry, models_dir), digest, first_sha256=first_sha256)
     size = dest.stat().st_size
     if progress is not None:
         progress(size, size)
@@ -443,7 +366,7 @@ def trust_note(entry: CatalogEntry, models_dir: str | os.PathLike) -> str | None
     install ("trust on first use, sha256 ..., N bytes"); None otherwise."""
     if entry.sha256 is not None or entry.is_user:
         return None
-    recorded = _read_sidecar(sidecar_path(entry, models_dir))
+    recorded = read_record(sidecar_path(entry, models_dir))
     if not recorded or not recorded.get("first_sha256"):
         return None
     return f"{FIRST_USE}: sha256 {recorded['first_sha256'][:16]}..., {recorded.get('size')} bytes, recorded at install"

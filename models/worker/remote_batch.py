@@ -40,6 +40,9 @@ IN_PROCESS_ENV = "LEAN_IMAGE_AI_IN_PROCESS"
 
 
 class RemoteBatchRun:
+    """A batch whose model runs in the worker process, pumped by the host (a PumpedBatch,
+    models/batch/report.py): frames are read and written on the host's thread, inferred there."""
+
     def __init__(
         self,
         job: ModelRun,

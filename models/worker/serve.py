@@ -236,7 +236,7 @@ class Worker:
         from ...runtime.errors import OperationCancelled
         from ...runtime.measure.leak_check import leak_check
         from ...runtime.settings import MemoryBudgets
-        from ..leak_request import family_job
+        from ..leak_request import repeatable_run
 
         cancel, runs = self._cancel, message.runs
 
@@ -249,7 +249,7 @@ class Worker:
             get_runtime().configure(**message.settings)
             if cancel.is_set():
                 raise OperationCancelled("The leak check was cancelled; nothing was changed.")
-            request = family_job(message.family, device=message.device, folder=Path(message.folder),
+            request = repeatable_run(message.family, device=message.device, folder=Path(message.folder),
                                  budgets=MemoryBudgets(**message.budgets), cancel=cancel)
             result = leak_check(request, runs=runs, after_run=after_run)
         except BaseException as exc:  # noqa: BLE001 - the client raises it

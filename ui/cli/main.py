@@ -244,14 +244,14 @@ def _write_memory_plot(path: Path, timeline: dict | None) -> str | None:
 
 def _leak_check(args) -> int:
     """Same request N times; memory after each; the last line is `stable` or `growing`."""
-    from ...models.leak_request import family_job
+    from ...models.leak_request import repeatable_run
     from ...models.store import library
     from ...runtime.measure.leak_check import leak_check
     from ...runtime.measure.memory_report import mb
 
     family = families.get(args.family_id)
     parse_device(args.device)
-    job = family_job(
+    job = repeatable_run(
         family.id,
         device=args.device,
         model=args.model or "",

@@ -1,5 +1,9 @@
 """Registering the Blender classes of a sub-package (operators/, ui/): one mechanism for both.
 
+It sits at the package root, beside the add-on's entry (``__init__.py``'s register/unregister),
+so that operators/ and ui/ both use it without operators/ importing from ui/ (ui -> operators is
+the flow). It imports nothing of the package, and bpy only when called.
+
 Each submodule named in the sub-package's `_MODULES` has a `classes` tuple; they are registered
 in order and unregistered in reverse. Optional module functions `post_register()` and
 `pre_unregister()` handle what is not a class (e.g. a PointerProperty on bpy.types.Scene).

@@ -1,0 +1,184 @@
+"""Blender's modal job operators (bpy): the base every operator that runs a job shares
+(:class:`ModalJobOperator`), which starts the job on its lane, pumps its task from a modal timer
+(a loop in background mode) and shows its progress. The job, its lanes and its tasks are
+operators/jobs.py's (see its module doc for prepare / pump / finish)."""
+
+from __future__ import annotations
+
+import traceback
+
+import bpy
+
+from ..runtime.errors import LeanImageError
+from .jobs import BlenderJob, JobBusyError, JobLane, as_task, manager, record_failure, stop
+
+TIMER_INTERVAL = 0.1
+
+
+class _ModalTeardown:
+    """Removes a modal job's timer, progress bar and status text; safe to call twice."""
+
+    def __init__(self, window_manager, timer, workspace):
+        self.window_manager, self.timer, self.workspace = window_manager, timer, workspace
+
+    def __call__(self) -> None:
+        timer, self.timer = self.timer, None
+        if timer is None:
+            return
+        try:
+            self.window_manager.event_timer_remove(timer)
+            self.window_manager.progress_end()
+            if self.workspace is not None:
+                self.workspace.status_text_set(None)
+        except ReferenceError:  # the window manager went away (file load): its timers with it
+            pass
+
+
+class ModalJobOperator:
+    """Base (a mixin) of Blender's operators that run one job from a modal timer (see module doc)."""
+
+    lane: JobLane = manager
+    job_title = "Lean Image AI"
+    redraw_areas = frozenset({"IMAGE_EDITOR", "VIEW_3D"})
+
+    _job: BlenderJob | None = None
+
+    def prepare(self, context, job: BlenderJob):
+        raise NotImplementedError
+
+    def finish(self, context, job: BlenderJob) -> set:
+        raise NotImplementedError
+
+    def job_key(self) -> str:
+        return ""
+
+    def pump(self, context, job: BlenderJob, budget: float) -> bool:
+        """The task's share of work on the main thread; True once the job is over."""
+        return job.done or job.task.pump(budget)
+
+    # -- synchronous path (background mode, scripts, and `execute` calls) ----------------------
+    def execute(self, context):
+        job = self._begin(context)
+        if job is None:
+            return {"CANCELLED"}
+        try:
+            try:
+                while not self.pump(context, job, 0.5):
+                    pass
+            except BaseException:
+                job.cancel()
+                raise
+            return self.finish(context, job)
+        finally:
+            job.discard()  # finish() empties it when it applied the job
+            self.lane.end(job)
+
+    # -- modal path (interactive Blender) --------------------------------------------------------
+    def invoke(self, context, event):
+        if bpy.app.background:
+            return self.execute(context)
+        return self.start_modal(context)
+
+    def start_modal(self, context):
+        """Start the job under a modal timer; what ``invoke`` does when Blender has a UI."""
+        job = self._begin(context)
+        if job is None:
+            return {"CANCELLED"}
+        wm = context.window_manager
+        try:
+            timer = wm.event_timer_add(TIMER_INTERVAL, window=context.window)
+            job.teardown = _ModalTeardown(wm, timer, getattr(context, "workspace", None))
+            wm.progress_begin(0, 100)
+            handler_added = wm.modal_handler_add(self)
+        except Exception as exc:  # no window to attach to, say: nothing may stay behind
+            traceback.print_exc()
+            handler_added, problem = False, f"{type(exc).__name__}: {exc}"
+        else:
+            problem = "no modal handler"
+        if not handler_added:
+            if job.teardown is not None:
+                job.teardown()
+            job.discard()
+            job.state, job.error_text = "failed", f"Blender could not start the job ({problem})."
+            self.lane.end(job)
+            self.report({"ERROR"}, job.error_text)
+            return {"CANCELLED"}
+        self._job = job
+        return {"RUNNING_MODAL"}
+
+    def modal(self, context, event):
+        job = self._job
+        if job is None:  # defensive: a handler without a job has nothing to wait for
+            return {"CANCELLED"}
+        if event.type == "ESC" and event.value == "PRESS":
+            job.cancel()
+            return {"RUNNING_MODAL"}  # Esc is ours while the job runs: no other tool gets it
+        if event.type != "TIMER":
+            return {"PASS_THROUGH"}
+        try:
+            over = self.pump(context, job, 0.05)
+        except Exception as exc:  # noqa: BLE001 - a task that broke ends its job, never the modal loop
+            record_failure(job, exc)
+            over = True
+        if not over:
+            context.window_manager.progress_update(int(job.progress * 100))
+            _set_status(context, f"{job.name}: {job.stage} ({job.progress:.0%}) - Esc to cancel")
+            self._redraw(context)
+            return {"RUNNING_MODAL"}
+        if job.teardown is not None:
+            job.teardown()
+        self._redraw(context)
+        try:
+            if self.lane.current is not job and job.state == "cancelled":
+                return {"CANCELLED"}  # cancel_all() already ended it and discarded its data
+            return self.finish(context, job)
+        finally:
+            job.discard()
+            self.lane.end(job)
+
+    def cancel(self, context):
+        """Blender calls this when the modal operator is stopped from outside (e.g. file load)."""
+        job = self._job
+        if job is None:
+            return
+        stop(job)
+        self.lane.end(job)
+
+    # -- shared ----------------------------------------------------------------------------------
+    def _begin(self, context) -> BlenderJob | None:
+        """Claim the lane and prepare the job (its ``task`` set), or None after reporting why not."""
+        try:
+            job = self.lane.begin(self.job_title, self.job_key())
+        except JobBusyError as exc:
+            self.report({"ERROR"}, str(exc))
+            return None
+        try:
+            job.task = as_task(job, self.prepare(context, job))
+            return job
+        except LeanImageError as exc:
+            job.state, job.error_text = "failed", str(exc)
+        except Exception as exc:  # a bug: traceback to the console, a line to the user
+            traceback.print_exc()
+            job.state, job.error_text = "failed", f"Unexpected error: {type(exc).__name__}: {exc}"
+        job.discard()
+        self.lane.end(job)
+        self.report({"ERROR"}, job.error_text)
+        return None
+
+    def _redraw(self, context):
+        wm = getattr(context, "window_manager", None)
+        screens = [w.screen for w in getattr(wm, "windows", ())] or [getattr(context, "screen", None)]
+        for screen in screens:
+            for area in getattr(screen, "areas", ()):
+                if area.type in self.redraw_areas:
+                    area.tag_redraw()
+
+
+def _set_status(context, text):
+    workspace = getattr(context, "workspace", None)
+    if workspace is not None:
+        workspace.status_text_set(text)
+
+
+class BatchOperator(ModalJobOperator):
+    """A ModalJobOperator whose task is a :class:`PumpedTask` (kept as a name the sequence operators share)."""
