@@ -68,7 +68,8 @@ class LEAN_IMAGE_AI_OT_remove_background(ModelJobOperator, bpy.types.Operator):
             results.remember_replaced(image)
             return f"Removed the background of '{image.name}' in place{note}"
         with results.created_data() as created:
-            image = created.add(bpy.data.images, results.new_image_like(f"{inputs.stem}_cutout", straight, info))
+            image = results.new_image_like(f"{inputs.stem}_cutout", straight, info, packed=not inputs.output)
+            image = created.add(bpy.data.images, image)
             note = results.save_output(image, inputs.output)
         results.show(context, inputs.source, image)
         kept = float((result.matte > 0.5).mean())
@@ -182,7 +183,8 @@ class LEAN_IMAGE_AI_OT_upscale(ModelJobOperator, bpy.types.Operator):
         straight = image_io.from_model_rgb(model_rgba, info.is_linear)
         with results.created_data() as created:
             image = created.add(
-                bpy.data.images, results.new_image_like(f"{inputs.stem}_x{result.scale}", straight, info)
+                bpy.data.images,
+                results.new_image_like(f"{inputs.stem}_x{result.scale}", straight, info, packed=not inputs.output),
             )
             note = results.save_output(image, inputs.output)
         results.show(context, inputs.source, image)
@@ -209,7 +211,8 @@ class FamilyImageOperator(ModelJobOperator):
                 note = _save_values(family, image, result, inputs.output)
             else:
                 straight = image_io.from_model_rgb(image_io.to_rgba(product.pixels), inputs.info.is_linear)
-                image = created.add(bpy.data.images, results.new_image_like(name, straight, inputs.info))
+                image = results.new_image_like(name, straight, inputs.info, packed=not inputs.output)
+                image = created.add(bpy.data.images, image)
                 note = results.save_output(image, inputs.output)
         results.show(context, inputs.source, image)
         width, height = image.size

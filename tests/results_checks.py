@@ -83,6 +83,17 @@ def check_packed(session: dict, name: str) -> None:
     assert session["read"]["images"][name]["packed"], session["read"]["images"][name]
 
 
+def check_packed_as_stored_png(session: dict, name: str) -> None:
+    """A byte result is packed from the add-on's stored PNG (issue #37 item 10): Blender's pack()
+    would have compressed the whole image on the main thread. Packed at once (redo keeps its
+    pixels) and after save and reopen."""
+    made = session["made"]["images"][name]
+    width, height = made["size"]
+    assert made["packed"] and made["packed_head"][:4] == list(b"\x89PNG"), made
+    assert made["packed_size"] > width * height * 4, made  # deflate level 0: no compression ran
+    assert session["read"]["images"][name]["packed"], session["read"]["images"][name]
+
+
 def check_saved_result_reads_its_file(session: dict) -> None:
     image = session["read"]["images"]["photo_cutout.001"]
     assert image["source"] == "FILE" and image["filepath"] == "//cutout.png" and not image["packed"], image
