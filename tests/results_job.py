@@ -41,7 +41,7 @@ def describe(image) -> dict:
         "users": image.users,
         "size": list(image.size),
         "packed_size": image.packed_file.size if image.packed_file else 0,
-        "packed_head": list(image.packed_file.data[:8]) if image.packed_file else [],
+        "packed_head": list(image.packed_file.data[:64]) if image.packed_file else [],
     }
 
 
