@@ -188,8 +188,16 @@ class LEAN_IMAGE_AI_OT_upscale(ModelJobOperator, bpy.types.Operator):
             )
             note = results.save_output(image, inputs.output)
         results.show(context, inputs.source, image)
-        width, height = image.size
+        height, width = straight.shape[:2]  # image.size would decode a packed PNG result here
         return f"Upscaled x{result.scale} to '{image.name}' ({width}x{height}){note}"
+
+
+def _size(image, pixels) -> tuple[int, int]:
+    """Width and height of a result; a packed PNG result's from its pixels, as ``image.size``
+    would decode it on Blender's main thread (the editor does that when it first shows it)."""
+    if image.packed_file is not None and image.source == "FILE":
+        return pixels.shape[1], pixels.shape[0]
+    return tuple(image.size)
 
 
 class FamilyImageOperator(ModelJobOperator):
@@ -215,7 +223,7 @@ class FamilyImageOperator(ModelJobOperator):
                 image = created.add(bpy.data.images, image)
                 note = results.save_output(image, inputs.output)
         results.show(context, inputs.source, image)
-        width, height = image.size
+        width, height = _size(image, product.pixels)
         return f"{family.action}: '{image.name}' ({width}x{height}){note}"
 
 
