@@ -34,6 +34,11 @@ def new_image_like(name: str, straight: np.ndarray, info: image_io.ImageInfo, *,
     return image_io.array_to_new_image(name, array, float_buffer=info.is_float, colorspace=colorspace)
 
 
+# Images _new_packed_image made, not yet kept (session_uid: an image the add-on draws again, as
+# the memory plot, is packed again by keep).
+_made_packed: set[int] = set()
+
+
 def _new_packed_image(name: str, straight_rgba: np.ndarray, colorspace: str | None):
     """A byte image read from a PNG packed into the .blend, made from our own stored PNG: neither
     ``pixels.foreach_set`` (a flipped float copy) nor Blender's pack() (which compresses the whole
@@ -52,6 +57,7 @@ def _new_packed_image(name: str, straight_rgba: np.ndarray, colorspace: str | No
     except Exception:
         bpy.data.images.remove(image)
         raise
+    _made_packed.add(image.session_uid)
     return image
 
 
@@ -88,8 +94,9 @@ def keep(image, path: Path | None = None, *, result: bool = True) -> None:
     if result:
         image.use_fake_user = True
     if path is None:
-        if image.packed_file is not None and image.source == "FILE":
-            return  # made packed (_new_packed_image)
+        if image.session_uid in _made_packed:  # by _new_packed_image, with these very pixels
+            _made_packed.discard(image.session_uid)
+            return
         # said before packing, as versions differ in what they pick: floats as full-float EXR
         image.file_format = "OPEN_EXR" if image.is_float else "PNG"
         image.use_half_precision = False
