@@ -6,9 +6,8 @@ from __future__ import annotations
 import io
 
 import numpy as np
-from PIL import Image
-
 from lean_image_ai.models.result_images import stored_png
+from PIL import Image
 
 
 def test_the_png_holds_the_pixels_rounded_and_clipped_as_blender_does():
