@@ -1,6 +1,6 @@
 """The model worker process against the same job run in Blender's process (issue #30 item 8).
 
-    python bench/worker.py [--width 1920 --height 1080] [--small 256] [--model FILE]
+    python bench/worker.py [--width 1920 --height 1080] [--small 256] [--model FILE] [--ops-only]
 
 This process plays Blender's: it imports bpy (the bpy 5.0.1 wheel of the dev venv) and the add-on,
 and drives jobs as the operators do (models/worker/remote_batch.py's RemoteBatchRun, pumped from
@@ -114,8 +114,15 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="")
     parser.add_argument("--pairs", type=int, default=4, help="worker/in-process pairs of the full-size job")
     parser.add_argument("--ops-side", type=int, default=1024, help="side of the Upscale jobs through bpy.ops")
+    parser.add_argument("--ops-only", action="store_true", help="only the jobs through bpy.ops (issue 37 items 5, 9)")
     args = parser.parse_args(argv)
     operators = _through_operators(args.ops_side, 3)  # first: a process of its own, this one still bare
+    if args.ops_only:
+        print(json.dumps({"longest_main_thread_call_s": round(operators["longest"], 3),
+                          "longest_pump_call_s": round(operators["longest_pump"], 3),
+                          "blender_rss_growth_mib_results_removed": operators["removed"],
+                          "blender_rss_growth_mib_results_kept": operators["kept"]}))
+        return 0
 
     import tempfile
 

@@ -68,7 +68,8 @@ class LEAN_IMAGE_AI_OT_remove_background(ModelJobOperator, bpy.types.Operator):
             results.remember_replaced(image)
             return f"Removed the background of '{image.name}' in place{note}"
         with results.created_data() as created:
-            image = created.add(bpy.data.images, results.new_image_like(f"{inputs.stem}_cutout", straight, info))
+            image = results.new_image_like(f"{inputs.stem}_cutout", straight, info, packed=not inputs.output)
+            image = created.add(bpy.data.images, image)
             note = results.save_output(image, inputs.output)
         results.show(context, inputs.source, image)
         kept = float((result.matte > 0.5).mean())
@@ -182,12 +183,21 @@ class LEAN_IMAGE_AI_OT_upscale(ModelJobOperator, bpy.types.Operator):
         straight = colour.from_model_rgb(model_rgba, info.is_linear)
         with results.created_data() as created:
             image = created.add(
-                bpy.data.images, results.new_image_like(f"{inputs.stem}_x{result.scale}", straight, info)
+                bpy.data.images,
+                results.new_image_like(f"{inputs.stem}_x{result.scale}", straight, info, packed=not inputs.output),
             )
             note = results.save_output(image, inputs.output)
         results.show(context, inputs.source, image)
-        width, height = image.size
+        height, width = straight.shape[:2]  # image.size would decode a packed PNG result here
         return f"Upscaled x{result.scale} to '{image.name}' ({width}x{height}){note}"
+
+
+def _size(image, pixels) -> tuple[int, int]:
+    """Width and height of a result; a packed PNG result's from its pixels, as ``image.size``
+    would decode it on Blender's main thread (the editor does that when it first shows it)."""
+    if image.packed_file is not None and image.source == "FILE":
+        return pixels.shape[1], pixels.shape[0]
+    return tuple(image.size)
 
 
 class FamilyImageOperator(ModelJobOperator):
@@ -209,10 +219,11 @@ class FamilyImageOperator(ModelJobOperator):
                 note = _save_values(family, image, result, inputs.output)
             else:
                 straight = colour.from_model_rgb(image_io.to_rgba(product.pixels), inputs.info.is_linear)
-                image = created.add(bpy.data.images, results.new_image_like(name, straight, inputs.info))
+                image = results.new_image_like(name, straight, inputs.info, packed=not inputs.output)
+                image = created.add(bpy.data.images, image)
                 note = results.save_output(image, inputs.output)
         results.show(context, inputs.source, image)
-        width, height = image.size
+        width, height = _size(image, product.pixels)
         return f"{family.action}: '{image.name}' ({width}x{height}){note}"
 
 

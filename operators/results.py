@@ -14,11 +14,13 @@ from ..models import colour, file_formats, result_images
 from . import image_io, sources
 
 
-def new_image_like(name: str, straight: np.ndarray, info: image_io.ImageInfo):
+def new_image_like(name: str, straight: np.ndarray, info: image_io.ImageInfo, *, packed: bool = False):
     """A new image with the source's kind: float or byte, same colour space handling.
 
     ``straight`` holds colour in the source's encoding (linear for float, sRGB for byte) with
-    straight alpha; float buffers get premultiplied here, as Blender keeps them.
+    straight alpha; float buffers get premultiplied here, as Blender keeps them. ``packed``: a
+    result the .blend keeps packed (no output file); a byte one is made packed at once
+    (:func:`_new_packed_image`).
     """
     if info.is_data:
         colorspace = "Non-Color"
@@ -26,8 +28,37 @@ def new_image_like(name: str, straight: np.ndarray, info: image_io.ImageInfo):
         colorspace = None  # Blender's scene-linear default: float pixels are linear
     else:
         colorspace = info.colorspace
+    if packed and not info.is_float:
+        return _new_packed_image(name, image_io.to_rgba(straight), colorspace)
     array = colour.premultiply(image_io.to_rgba(straight)) if info.is_float else straight
     return image_io.array_to_new_image(name, array, float_buffer=info.is_float, colorspace=colorspace)
+
+
+# Images _new_packed_image made, not yet kept (session_uid: an image the add-on draws again, as
+# the memory plot, is packed again by keep).
+_made_packed: set[int] = set()
+
+
+def _new_packed_image(name: str, straight_rgba: np.ndarray, colorspace: str | None):
+    """A byte image read from a PNG packed into the .blend, made from our own stored PNG: neither
+    ``pixels.foreach_set`` (a flipped float copy) nor Blender's pack() (which compresses the whole
+    image) runs, and Blender decodes the PNG when the image is first shown. Issue #37 item 10:
+    Blender's main thread spent about a second there for a 2048x2048 result. Packed at once,
+    undo's memfile and redo keep its pixels (a pack deferred to the save would lose them on redo)."""
+    height, width = straight_rgba.shape[:2]
+    data = result_images.stored_png(straight_rgba)
+    image = bpy.data.images.new(name, width=width, height=height, alpha=True)
+    try:
+        image.pack(data=data, data_len=len(data))
+        image.filepath_raw = f"{image.name}.png"
+        image.source = "FILE"
+        if colorspace is not None and image.colorspace_settings.name != colorspace:
+            image.colorspace_settings.name = colorspace
+    except Exception:
+        bpy.data.images.remove(image)
+        raise
+    _made_packed.add(image.session_uid)
+    return image
 
 
 def save_output(image, output: tuple[Path, str] | None, *, in_place: bool = False) -> str:
@@ -63,6 +94,9 @@ def keep(image, path: Path | None = None, *, result: bool = True) -> None:
     if result:
         image.use_fake_user = True
     if path is None:
+        if image.session_uid in _made_packed:  # by _new_packed_image, with these very pixels
+            _made_packed.discard(image.session_uid)
+            return
         # said before packing, as versions differ in what they pick: floats as full-float EXR
         image.file_format = "OPEN_EXR" if image.is_float else "PNG"
         image.use_half_precision = False

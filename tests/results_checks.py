@@ -83,6 +83,17 @@ def check_packed(session: dict, name: str) -> None:
     assert session["read"]["images"][name]["packed"], session["read"]["images"][name]
 
 
+def check_packed_from_own_png(session: dict, name: str) -> None:
+    """A byte result is packed from the add-on's own PNG (issue #37 item 10), not by Blender's
+    pack() on the main thread: deflate level 1 (zlib header 78 01; Blender's PNG writer uses
+    another level). Packed at once (redo keeps its pixels) and after save and reopen."""
+    made = session["made"]["images"][name]
+    assert made["packed"] and made["packed_head"][:4] == list(b"\x89PNG"), made
+    idat = made["packed_head"][33 + 8:33 + 10]  # after the signature, IHDR, IDAT's length and tag
+    assert idat == [0x78, 0x01], made
+    assert session["read"]["images"][name]["packed"], session["read"]["images"][name]
+
+
 def check_saved_result_reads_its_file(session: dict) -> None:
     image = session["read"]["images"]["photo_cutout.001"]
     assert image["source"] == "FILE" and image["filepath"] == "//cutout.png" and not image["packed"], image

@@ -40,6 +40,8 @@ def describe(image) -> dict:
         "packed": image.packed_file is not None,
         "users": image.users,
         "size": list(image.size),
+        "packed_size": image.packed_file.size if image.packed_file else 0,
+        "packed_head": list(image.packed_file.data[:64]) if image.packed_file else [],
     }
 
 

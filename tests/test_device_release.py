@@ -130,9 +130,14 @@ def test_the_table_has_one_row_per_device_with_its_release_rule():
         ("directml", DML, "DirectML", True, None, UNLOAD),
         ("coreml", COREML, "CoreML", False, None, UNLOAD),
         ("cpu", CPU, "CPU", False, "cpu", SHRINK),
+        # the engine's plugin execution providers (runtime/plugin_eps/): they give nothing back while
+        # a session lives, so their rule is unload; auto never picks them (the user names them)
+        ("webgpu", "WebGpuExecutionProvider", "WebGPU", False, None, UNLOAD),
+        ("openvino", "OpenVINOExecutionProvider", "OpenVINO", False, None, UNLOAD),
+        ("rtx", "NvTensorRTRTXExecutionProvider", "TensorRT-RTX", False, None, UNLOAD),
     ]
     assert [d.kind for d in sorted(DEVICES, key=lambda d: 99 if d.auto_rank is None else d.auto_rank)] == [
-        "cuda", "directml", "coreml", "cpu",
+        "cuda", "directml", "coreml", "cpu", "webgpu", "openvino", "rtx",
     ]  # fmt: skip
     assert release_rule([CPU], cpu_arena=False) == KEEP  # no shared arena: as before
     assert release_rule([DML, CPU], cpu_arena=False, keep_loaded=True) == KEEP

@@ -59,6 +59,11 @@ def test_results_without_an_output_path_are_packed(session, name):
     rc.check_packed(session, name)
 
 
+@pytest.mark.parametrize("name", ("photo_cutout", "photo_x2"))
+def test_a_byte_result_is_packed_from_the_addons_png_not_by_blenders_pack(session, name):
+    rc.check_packed_from_own_png(session, name)
+
+
 def test_a_saved_result_reads_the_file_it_wrote_relative_to_the_blend(session):
     rc.check_saved_result_reads_its_file(session)
 

@@ -65,7 +65,7 @@ def pump_until_over(run, limit=120.0):
 
 
 def test_a_python_error_in_the_worker_reaches_events_jsonl_with_its_traceback(client, slow_model, tmp_path):
-    log = event_file.start(get_runtime(), tmp_path, writer_thread=False)
+    log = event_file.start(get_runtime(), tmp_path)
     try:
         run, written, stages = batch(client, slow_model, SLOW)
         while not stages:
