@@ -245,6 +245,8 @@ class ModelJobOperator(ModelOperatorProperties, ModalJobOperator):
             job.on_discard.append(sources.remove_image_later(source.image))
         rgba, info = image_io.read_image(source.image)
         model_rgba = colour.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied)
+        if not info.is_float:  # a byte image's stored values, as uint8: the family resizes them as upstream does
+            model_rgba = _as_kind(model_rgba, "8-bit")
         if source.loaded and not keep:
             job.discard()
         return JobInputs(

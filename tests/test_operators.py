@@ -558,7 +558,10 @@ def test_catalog_constants_reach_the_model_input(tmp_path, clean_blender, record
         )
         mean, std = np.zeros(3), np.ones(3)  # the export normalises inside the graph
         tokens = pre["num_tokens_range"][1]
-        expected_shape = (1, 3, *moge2.model_input_size(H, W, tokens, pre["patch_size"]))
+        model_h, model_w = moge2.model_input_size(H, W, tokens, pre["patch_size"])
+        # fed at the heads' own size, 16 px a token (moge2._at_head_size: MoGe's one output resize)
+        head = moge2.HEAD_PIXELS_PER_TOKEN
+        expected_shape = (1, 3, head * (model_h // pre["patch_size"]), head * (model_w // pre["patch_size"]))
 
     assert result == {"FINISHED"}
     assert len(recorded.runs) == 1 and recorded.shrink_entries == ["cpu:0"]
@@ -566,6 +569,10 @@ def test_catalog_constants_reach_the_model_input(tmp_path, clean_blender, record
     image = next(v for v in feeds.values() if v.ndim == 4)
     assert image.shape == expected_shape and image.dtype == np.float32
     want = (rgb - mean) / std
+    if entry.family == "moge2":  # fed the least-norm preimage: what the export's own shrink reads is the picture
+        from lean_image_ai.models.adapters.resampling import torch_bilinear
+
+        image = torch_bilinear(image[0].transpose(1, 2, 0), (model_h, model_w), antialias=False).transpose(2, 0, 1)[None]
     for channel in range(3):
         np.testing.assert_allclose(image[0, channel], want[channel], atol=2e-5, err_msg=f"channel {channel}")
     if entry.family == "moge2":
