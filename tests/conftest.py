@@ -75,3 +75,34 @@ def runtime(factory):
 def recorded(runtime, factory):
     """(runtime, factory): a private runtime and what its sessions received, as one pair."""
     return runtime, factory
+
+
+# ---- the worker-boundary tests' (test_worker_process, test_worker_reports, test_worker_deadlines) ----
+
+
+@pytest.fixture
+def client():
+    """A model worker client of the test's own, its worker taking the tests' fault switch
+    (models/worker/serve.py), killed after the test."""
+    from lean_image_ai.models.worker import client as worker_client
+    from lean_image_ai.models.worker import serve
+
+    made = worker_client.WorkerClient(env={serve.FAULTS_ENV: "1"})
+    yield made
+    made.kill()
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    """A small compact upscale net (tests/builders_upscale.py)."""
+    from builders_upscale import compact_model
+
+    return compact_model(tmp_path_factory.mktemp("worker") / "small.onnx", num_conv=4, feat=8)
+
+
+@pytest.fixture(scope="module")
+def slow_model(tmp_path_factory):
+    """A wide compact upscale net: one tile of it is long enough that a cancel or a fault lands inside."""
+    from builders_upscale import compact_model
+
+    return compact_model(tmp_path_factory.mktemp("worker") / "slow.onnx", num_conv=16, feat=64)

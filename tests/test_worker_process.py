@@ -12,41 +12,15 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from builders_upscale import compact_model  # noqa: E402
 from lean_image_ai.models.batch.frame_lists import FrameRef  # noqa: E402
 from lean_image_ai.models.model_run import ModelRun  # noqa: E402
-from lean_image_ai.models.worker import client as worker_client  # noqa: E402
-from lean_image_ai.models.worker import serve  # noqa: E402
 from lean_image_ai.models.worker.remote_batch import RemoteBatchRun  # noqa: E402
 from lean_image_ai.runtime import get_runtime  # noqa: E402
 from lean_image_ai.runtime.errors import LeanImageError  # noqa: E402
-
-SLOW = 192  # one tile of a wide compact net: long enough that a cancel lands inside it
-
-
-@pytest.fixture
-def client():
-    made = worker_client.WorkerClient(env={serve.FAULTS_ENV: "1"})
-    yield made
-    made.kill()
-
-
-@pytest.fixture(scope="module")
-def small_model(tmp_path_factory):
-    return compact_model(tmp_path_factory.mktemp("worker") / "small.onnx", num_conv=4, feat=8)
-
-
-@pytest.fixture(scope="module")
-def slow_model(tmp_path_factory):
-    return compact_model(tmp_path_factory.mktemp("worker") / "slow.onnx", num_conv=16, feat=64)
-
-
-def image(size: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).random((size, size, 4), dtype=np.float32)
+from worker_fixtures import SLOW, image  # noqa: E402
 
 
 class Batch:

@@ -16,34 +16,13 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from builders_upscale import compact_model  # noqa: E402
 from lean_image_ai.models.batch.frame_lists import FrameRef  # noqa: E402
 from lean_image_ai.models.model_run import ModelRun  # noqa: E402
-from lean_image_ai.models.worker import client as worker_client  # noqa: E402
-from lean_image_ai.models.worker import serve  # noqa: E402
 from lean_image_ai.models.worker.remote_batch import RemoteBatchRun  # noqa: E402
 from lean_image_ai.runtime import get_runtime  # noqa: E402
 from lean_image_ai.runtime.errors import LeanImageError  # noqa: E402
 from lean_image_ai.runtime.log import event_file  # noqa: E402
-
-SLOW = 192
-
-
-@pytest.fixture
-def client():
-    made = worker_client.WorkerClient(env={serve.FAULTS_ENV: "1"})
-    yield made
-    made.kill()
-
-
-@pytest.fixture(scope="module")
-def small_model(tmp_path_factory):
-    return compact_model(tmp_path_factory.mktemp("reports") / "small.onnx", num_conv=4, feat=8)
-
-
-@pytest.fixture(scope="module")
-def slow_model(tmp_path_factory):
-    return compact_model(tmp_path_factory.mktemp("reports") / "slow.onnx", num_conv=16, feat=64)
+from worker_fixtures import SLOW  # noqa: E402
 
 
 def batch(client, model, size, frames=1):
