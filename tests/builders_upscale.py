@@ -109,8 +109,10 @@ def global_context_model(path, *, scale=2, seed=0) -> Path:
 
 def heavy_sr_model(path, *, weights_mib=64, scale=2, mid_channels=32, seed=0) -> Path:
     """sr_model plus `weights_mib` of weights that cost no compute: one element of them is
-    gathered at an index computed from the input (so no constant folding can drop them) and
-    added times zero. Loading it holds its weights like a real net of that size."""
+    gathered at an index computed from a RandomUniform draw (onnxruntime folds no random op, so
+    the weights cannot be dropped) and added times zero. Loading it holds its weights like a real
+    net of that size; its receptive radius stays the two convs' (the draw does not read the
+    image), so a tiler may split it without changing its pixels."""
     rng = np.random.default_rng(seed)
     out_channels = 3 * scale * scale
     big = numpy_helper.from_array(rng.standard_normal(weights_mib << 18).astype(np.float32), "big")
@@ -124,8 +126,8 @@ def heavy_sr_model(path, *, weights_mib=64, scale=2, mid_channels=32, seed=0) ->
         helper.make_node("Relu", ["h"], ["h2"]),
         helper.make_node("Conv", ["h2", "w2"], ["s"], pads=[1, 1, 1, 1]),
         helper.make_node("DepthToSpace", ["s"], ["shuffled"], blocksize=scale, mode="CRD"),
-        # index = int(min(input) * 0): depends on the input, always 0
-        helper.make_node("ReduceMin", ["input"], ["low"], keepdims=0),
+        # index = int(random * 0): always 0, never folded into a constant
+        helper.make_node("RandomUniform", [], ["low"], shape=[1], seed=1.0),
         helper.make_node("Mul", ["low", "zero"], ["low0"]),
         helper.make_node("Cast", ["low0"], ["index"], to=TensorProto.INT64),
         helper.make_node("Gather", ["big", "index"], ["picked"]),

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ...models import families, files
+from ...models.adapters import upscale
 from ...models.adapters.upscale_preview import preview_plan
 from ...models.batch import image_files
 from ...models.batch.frame_io import ImageFileFrames
@@ -131,7 +132,7 @@ def _add_family(subparsers, family: Family) -> None:
     parser.add_argument(
         "--memory-plot", metavar="FILE.png", help="write a PNG of memory during the job (runs, release) to FILE.png"
     )
-    if family.id == "upscale":
+    if family.id == upscale.FAMILY.id:  # the tile plan is the upscaler's
         parser.add_argument(
             "--plan-only", action="store_true",
             help="print the tile plan (window, overlap, number of windows, compute against one whole-image "
