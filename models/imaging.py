@@ -247,3 +247,21 @@ def fit_multiple(height: int, width: int, long_side: int, multiple: int) -> tupl
         return up if up - side <= side - down else down
 
     return max(multiple, nearest(height)), max(multiple, nearest(width))
+
+
+def clip_for_model(rgb: np.ndarray, high: float, model: str, *, hdr_hint: str = "") -> str | None:
+    """Clip ``rgb`` (the caller's own copy) in place to [0, high] for a model trained on that range;
+    what was clipped, in words, or None. ``hdr_hint``: what keeps values above 1 instead, said when
+    they were clipped."""
+    low, top = float(rgb.min()), float(rgb.max())  # two reads and no masks for the usual in-range image
+    if low >= 0.0 and top <= high:
+        return None
+    outside = int(((rgb < 0.0) | (rgb > high)).any(axis=2).sum())
+    np.clip(rgb, 0.0, high, out=rgb)
+    if top <= high:
+        kept = "; values above 1 are kept" if high > 1.0 else ""
+        return f"{outside} pixel(s) below 0 (lowest {low:.6g}) were clipped to 0 for {model}{kept}."
+    return (
+        f"{outside} pixel(s) outside [0, 1] (lowest {low:.6g}, highest {top:.6g}) were clipped to [0, 1] for "
+        f"{model}, which takes [0, 1]" + (f"; {hdr_hint}." if hdr_hint else ".")
+    )

@@ -32,14 +32,14 @@ from functools import partial
 import numpy as np
 
 from ...runtime.errors import InvalidModelOutputError
-from ..base import RunOptions, check_finite, fixed_hw, squeeze_batch
+from ..base import RunOptions, check_finite, fixed_hw
 from ..family import Family, Option, Output, Setting, int_range, positive_int, unit_interval
 from ..frame_loop import Frame, run_frames
 from ..identify import NO, SURE, Match
 from ..imaging import to_nchw
 from ..result_images import MESH, ImageProduct
 from . import shot_camera
-from .moge2_contract import bind_contract
+from .moge2_contract import bind_contract, mask_output, metric_scale_output, normal_output, output_array
 from .moge2_mesh import normal_map, write_geometry
 from .moge2_outputs import mask_to_source, normal_to_source, points_to_source
 from .moge2_solver import DegenerateGeometryError, recover_focal_shift, shift_for_focal
@@ -203,58 +203,6 @@ def _at_head_size(encoder_image: np.ndarray, rows: int, cols: int) -> np.ndarray
     return bilinear_preimage(encoder_image, (HEAD_PIXELS_PER_TOKEN * rows, HEAD_PIXELS_PER_TOKEN * cols))
 
 
-def _squeeze_batch(array, shape_tail: int, name: str, model_name: str) -> np.ndarray:
-    array = squeeze_batch(array, shape_tail)
-    if array.ndim != shape_tail:
-        raise InvalidModelOutputError(
-            f"{model_name} returned '{name}' with shape {list(np.shape(array))}; "
-            f"expected a batch of one ({shape_tail} dims after the batch)."
-        )
-    return array.astype(np.float32, copy=False)
-
-
-def _normal(outputs, binding, model_name: str, points_shape) -> np.ndarray | None:
-    if binding.normal is None:
-        return None
-    normal = _squeeze_batch(outputs[binding.normal.name], 3, binding.normal.name, model_name)
-    check_finite(normal, model_name, binding.normal.name)
-    if normal.shape != points_shape:
-        raise InvalidModelOutputError(
-            f"{model_name} returned '{binding.normal.name}' {list(normal.shape)} but points "
-            f"{list(points_shape)}; they must match."
-        )
-    return normal
-
-
-def _mask_probability(outputs, binding, model_name: str, model_hw, warnings: list) -> np.ndarray | None:
-    """The model's mask (a probability per pixel), or None (every pixel valid, said so) without one."""
-    if binding.mask is None:
-        warnings.append(f"{model_name} has no mask output: every pixel is treated as valid.")
-        return None
-    mask_prob = _squeeze_batch(outputs[binding.mask.name], 2, binding.mask.name, model_name)
-    check_finite(mask_prob, model_name, binding.mask.name)
-    if mask_prob.shape != model_hw:
-        raise InvalidModelOutputError(
-            f"{model_name} returned '{binding.mask.name}' {list(mask_prob.shape)} but points "
-            f"{list(model_hw)}; they must match."
-        )
-    return mask_prob
-
-
-def _metric_scale(outputs, binding, model_name: str, warnings: list) -> float:
-    if binding.scale is None:
-        warnings.append(f"{model_name} has no metric scale output: geometry is up to an unknown scale.")
-        return 1.0
-    scale_array = np.asarray(outputs[binding.scale.name], np.float64)
-    check_finite(scale_array, model_name, binding.scale.name)
-    if scale_array.size != 1 or not scale_array.reshape(-1)[0] > 0:
-        raise InvalidModelOutputError(
-            f"{model_name} returned '{binding.scale.name}' = {scale_array.ravel()[:4].tolist()}; "
-            "expected one positive number."
-        )
-    return float(scale_array.reshape(-1)[0])
-
-
 def _postprocess(
     outputs,
     binding,
@@ -267,16 +215,16 @@ def _postprocess(
     warnings,
     focal_width=None,
 ) -> GeometryResult:
-    points = _squeeze_batch(outputs[binding.points.name], 3, binding.points.name, model_name)
+    points = output_array(outputs[binding.points.name], 3, binding.points.name, model_name)
     model_h, model_w = points.shape[:2]
     if points.shape[2] != 3:
         raise InvalidModelOutputError(
             f"{model_name} returned '{binding.points.name}' with shape {list(points.shape)}; expected HxWx3."
         )
-    normal = _normal(outputs, binding, model_name, points.shape)
-    mask_prob = _mask_probability(outputs, binding, model_name, (model_h, model_w), warnings)
+    normal = normal_output(outputs, binding, model_name, points.shape)
+    mask_prob = mask_output(outputs, binding, model_name, (model_h, model_w), warnings)
     valid = np.ones((model_h, model_w), bool) if mask_prob is None else mask_prob > mask_threshold
-    metric_scale = _metric_scale(outputs, binding, model_name, warnings)
+    metric_scale = metric_scale_output(outputs, binding, model_name, warnings)
 
     no_geometry = (
         f"{model_name} found no valid geometry in {label}: its mask rejects every pixel (threshold "

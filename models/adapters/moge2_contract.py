@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...runtime.errors import ModelContractError
-from ..base import FLOAT_TYPES
+import numpy as np
+
+from ...runtime.errors import InvalidModelOutputError, ModelContractError
+from ..base import FLOAT_TYPES, check_finite, squeeze_batch
 
 MODEL_NAME = "MoGe-2"
 INT_TYPES = ("tensor(int64)", "tensor(int32)")
@@ -119,3 +121,58 @@ def bind_contract(handle) -> _Binding:
 
 
 # ---- the adapter -------------------------------------------------------------------------------
+
+
+# ---- the outputs a run returned, held to the contract: one batch, shapes that agree, finite values ----
+
+
+def output_array(array, shape_tail: int, name: str, model_name: str) -> np.ndarray:
+    array = squeeze_batch(array, shape_tail)
+    if array.ndim != shape_tail:
+        raise InvalidModelOutputError(
+            f"{model_name} returned '{name}' with shape {list(np.shape(array))}; "
+            f"expected a batch of one ({shape_tail} dims after the batch)."
+        )
+    return array.astype(np.float32, copy=False)
+
+
+def normal_output(outputs, binding, model_name: str, points_shape) -> np.ndarray | None:
+    if binding.normal is None:
+        return None
+    normal = output_array(outputs[binding.normal.name], 3, binding.normal.name, model_name)
+    check_finite(normal, model_name, binding.normal.name)
+    if normal.shape != points_shape:
+        raise InvalidModelOutputError(
+            f"{model_name} returned '{binding.normal.name}' {list(normal.shape)} but points "
+            f"{list(points_shape)}; they must match."
+        )
+    return normal
+
+
+def mask_output(outputs, binding, model_name: str, model_hw, warnings: list) -> np.ndarray | None:
+    """The model's mask (a probability per pixel), or None (every pixel valid, said so) without one."""
+    if binding.mask is None:
+        warnings.append(f"{model_name} has no mask output: every pixel is treated as valid.")
+        return None
+    mask_prob = output_array(outputs[binding.mask.name], 2, binding.mask.name, model_name)
+    check_finite(mask_prob, model_name, binding.mask.name)
+    if mask_prob.shape != model_hw:
+        raise InvalidModelOutputError(
+            f"{model_name} returned '{binding.mask.name}' {list(mask_prob.shape)} but points "
+            f"{list(model_hw)}; they must match."
+        )
+    return mask_prob
+
+
+def metric_scale_output(outputs, binding, model_name: str, warnings: list) -> float:
+    if binding.scale is None:
+        warnings.append(f"{model_name} has no metric scale output: geometry is up to an unknown scale.")
+        return 1.0
+    scale_array = np.asarray(outputs[binding.scale.name], np.float64)
+    check_finite(scale_array, model_name, binding.scale.name)
+    if scale_array.size != 1 or not scale_array.reshape(-1)[0] > 0:
+        raise InvalidModelOutputError(
+            f"{model_name} returned '{binding.scale.name}' = {scale_array.ravel()[:4].tolist()}; "
+            "expected one positive number."
+        )
+    return float(scale_array.reshape(-1)[0])

@@ -26,7 +26,7 @@ from ...runtime.measure.memory import available_system_memory_bytes
 from ..base import FLOAT_TYPES, RunOptions, check_contract, check_finite, fixed_hw
 from ..family import Family, Option, Output, Setting, non_negative_int, one_of, positive_int
 from ..frame_loop import run_frames
-from ..imaging import check_shape, from_nchw, resize_clipped, to_nchw
+from ..imaging import check_shape, clip_for_model, from_nchw, resize_clipped, to_nchw
 from ..result_images import IMAGE
 from ..tiles.reach import cached_reach, reach_for
 from ..tiles.tiling import TiledRun, TilePlan, refuse_oversized_result, run_tiled
@@ -293,7 +293,7 @@ class _Upscale:
         high = 1.0
         if self.hdr and prepared.kind == "float":  # an HDR frame keeps its range, not the resampling's ringing
             high = max(1.0, float(rgb.max()))
-        clipped = _clip_for_model(rgb, high, self.loop.handle.model_name)
+        clipped = clip_for_model(rgb, high, self.loop.handle.model_name, hdr_hint="the embedded bicubic model keeps HDR values")
         if clipped:
             warnings.append(f"{frame.label}: {clipped}")
         alpha_constant = None
@@ -361,22 +361,6 @@ def keeps_hdr(handle) -> bool:
     (linear, trained on nothing), so an HDR frame goes through it unclipped; a trained model
     learnt [0, 1] and gets its input clipped to that."""
     return Path(handle.model_path).resolve() == DEFAULT_MODEL_PATH.resolve()
-
-
-def _clip_for_model(rgb: np.ndarray, high: float, model: str) -> str | None:
-    """Clip ``rgb`` (our own copy) in place to [0, high]; what was clipped, in words, or None."""
-    low, top = float(rgb.min()), float(rgb.max())  # two reads and no masks for the usual in-range image
-    if low >= 0.0 and top <= high:
-        return None
-    outside = int(((rgb < 0.0) | (rgb > high)).any(axis=2).sum())
-    np.clip(rgb, 0.0, high, out=rgb)
-    if top <= high:
-        kept = "; values above 1 are kept" if high > 1.0 else ""
-        return f"{outside} pixel(s) below 0 (lowest {low:.6g}) were clipped to 0 for {model}{kept}."
-    return (
-        f"{outside} pixel(s) outside [0, 1] (lowest {low:.6g}, highest {top:.6g}) were clipped to [0, 1] for "
-        f"{model}, which takes [0, 1]; the embedded bicubic model keeps HDR values."
-    )
 
 
 def _with_alpha(image: np.ndarray, fed: _ModelInput) -> np.ndarray:
