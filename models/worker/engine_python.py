@@ -14,6 +14,7 @@ would start reader threads on Windows), so Blender's process may call it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...runtime.errors import LeanImageError, printable
+
+KILL_WAIT_S = 5.0  # a killed probe is reaped within this; Blender's process never waits longer
 
 ENV_VAR = "LEAN_IMAGE_AI_WORKER_PYTHON"
 MIN_VERSION = (3, 11)
@@ -133,7 +136,8 @@ def _run_probe(path: str, timeout: float) -> str:
             process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             process.kill()
-            process.wait()
+            with contextlib.suppress(subprocess.TimeoutExpired):  # one that outlives its kill is left to the OS
+                process.wait(timeout=KILL_WAIT_S)
             raise EnginePythonError(
                 f"The worker Python {printable(path)} gave no answer in {timeout:.0f} s (a hung import?): {_fix()}."
             ) from None

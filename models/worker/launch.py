@@ -44,7 +44,7 @@ class Launch:
         if self.conn is None and self.listener is not None:
             readable, _, _ = select.select([self.listener], [], [], 0)
             if readable:
-                accepted, _ = self.listener.accept()
+                accepted, _ = self.listener.accept()  # non-blocking listener (_start_listening): never waits
                 accepted.setblocking(True)
                 self.conn = Connection(accepted.detach())
                 self.close_listener()

@@ -167,8 +167,9 @@ def send(conn, message: protocol.Message, exchange: Exchange) -> None:
 
 
 def receive(conn, exchange: Exchange) -> protocol.Message:
-    """The next message (blocks: call after ``conn.poll()`` said there is one). Every array file
-    it names is deleted, read or not."""
+    """The next message (call after ``conn.poll()`` said there is one). Every array file it names
+    is deleted, read or not. It does not wait on the other side: a message is a small JSON document
+    (arrays travel as files) written by one ``send_bytes``, which a local socket delivers whole."""
     data = conn.recv_bytes()
     try:
         document = json.loads(data)
