@@ -20,7 +20,14 @@ import numpy as np
 import pytest
 from lean_image_ai.models.adapters import da3, moge2
 from lean_image_ai.models.imaging import resize
-from test_real_models import _missing, ben2_base, da3_small, moge2_vits, opts  # noqa: F401 (the fixtures)
+from test_real_models import (  # noqa: F401 (the fixtures)
+    _missing,
+    ben2_base,
+    da3_small,
+    da3_small_dynamic,
+    moge2_vits,
+    opts,
+)
 
 pytestmark = pytest.mark.real_models
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
@@ -110,6 +117,26 @@ def test_da3_depth_is_upstreams_at_16_9(da3_small, da3_upstream, fresh_runtime):
         ours.depth, resize(theirs.astype(np.float32), picture.shape[:2], kernel="linear")
     )
     print(f"DA3 16:9: depth {worst:.2%} max, {mean:.4%} mean of the range")
+    assert mean <= 0.001 and worst <= 0.01
+
+
+@pytest.mark.parametrize("name,size", PHOTOS)
+def test_da3_depth_is_upstreams_on_a_dynamic_export(
+    da3_small_dynamic,  # noqa: F811
+    da3_upstream,
+    fresh_runtime,
+    name,
+    size,
+):
+    picture = _photo(name, size)
+    ours = da3.run(picture, da3_small_dynamic, options=opts(fresh_runtime))
+    theirs = da3_upstream(picture)
+    assert theirs.shape == ours.model_size  # 280x504 at 16:9, 378x504 at 4:3: the picture's aspect
+    assert not ours.warnings
+    worst, mean = _range_diff(
+        ours.depth, resize(theirs.astype(np.float32), picture.shape[:2], kernel="linear")
+    )
+    print(f"DA3 {name} {size[0]}x{size[1]}, dynamic export: depth {worst:.4%} max, {mean:.5%} mean of the range")
     assert mean <= 0.001 and worst <= 0.01
 
 
