@@ -227,15 +227,20 @@ class _MoGe2Export:
         return Wrapped()
 
 
-def _da3_small():
+def _da3_small(position_table: bool = False):
     """DA3-SMALL from the package's own config; one view. Its weights keep their default init
-    (PyTorch's and DINOv2's): depth and confidence come out finite and non-constant."""
+    (PyTorch's and DINOv2's): depth and confidence come out finite and non-constant.
+    `position_table`: DINOv2's own init of the position embedding (trunc-normal 0.02), which DA3's
+    copy of DINOv2 leaves at zeros: a table of zeros hides how an export resamples it to sizes
+    other than its 37x37."""
     import torch
     from depth_anything_3.cfg import create_object, load_config
 
     torch.manual_seed(3)
     config = importlib.resources.files("depth_anything_3") / "configs" / "da3-small.yaml"
     net = create_object(load_config(str(config)))
+    if position_table:
+        torch.nn.init.trunc_normal_(net.backbone.pretrained.pos_embed, std=0.02)
 
     class Wrapped(torch.nn.Module):
         def __init__(self):
@@ -291,7 +296,7 @@ _BUILDERS = {
     "rrdb-x4plus": _rrdb,
     "moge2-vits": lambda: _MoGe2Export.wrap(_moge2_vits()),
     "da3-small": _da3_small,
-    "da3-small-dynamic": _da3_small,  # the same net and weights: only the export differs
+    "da3-small-dynamic": lambda: _da3_small(position_table=True),
     "ben2-base": _ben2_base,
 }
 
@@ -356,12 +361,14 @@ REFERENCES = {
             "da3-small-dynamic", "da3",
             "DA3-SMALL (Depth Anything 3, any-view; Apache-2.0), dynamic height and width (what a user "
             "exporting DA3 gets once its size arithmetic is kept traced)",
-            "depth-anything-3", "the package's default init (PyTorch's, DINOv2's); seed 3 (da3-small's weights)",
+            "depth-anything-3",
+            "the package's default init (PyTorch's, DINOv2's), then DINOv2's trunc-normal 0.02 for the "
+            "position embedding (zeros in DA3's copy); seed 3",
             "configs/da3-small.yaml from the package; one view; outputs depth and depth_conf (no sky); "
             "exported at 280x504 inside tools/da3_dynamic_export.py's DynamicSizes",
             ("image",), ("depth", "depth_conf"),
             {name: {2: "height", 3: "width"} for name in ("image", "depth", "depth_conf")},
-            recipe=1, optional=True, traced_sizes=True,
+            recipe=2, optional=True, traced_sizes=True,
         ),
         Reference(
             "ben2-base", "ben2", "PramaLLC/BEN2 BEN2_Base (Swin-B + MCLM/MCRM decoder), fp32, fixed 1x3x1024x1024",
