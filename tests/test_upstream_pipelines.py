@@ -126,7 +126,7 @@ def test_da3_depth_is_upstreams_at_16_9(da3_small, da3_upstream, fresh_runtime):
     worst, mean = _range_diff(
         ours.depth, resize(theirs.astype(np.float32), picture.shape[:2], kernel="linear")
     )
-    print(f"DA3 16:9: depth {worst:.2%} max, {mean:.4%} mean of the range")
+    print(f"DA3 16:9, fixed 280x504 export: depth {worst:.4%} max, {mean:.5%} mean of the range")
     assert mean <= 0.001 and worst <= 0.01
 
 
