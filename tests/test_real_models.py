@@ -83,6 +83,11 @@ def da3_small() -> Path:
 
 
 @pytest.fixture(scope="session")
+def da3_small_dynamic(da3_small) -> Path:  # the same package needs (da3_small skips without them)
+    return _export(["da3-small-dynamic"])["da3-small-dynamic"]
+
+
+@pytest.fixture(scope="session")
 def ben2_base() -> Path:
     if _missing("torch"):  # torch only: the model file is vendored (tools/ben2_model.py)
         pytest.skip("torch not installed: pip install -e '.[dev,reference]' to export the real models")
@@ -157,6 +162,13 @@ def test_da3_small_runs_through_the_depth_adapter(da3_small, fresh_runtime):
     assert result.model_size == (280, 504)  # the export's fixed input
     assert result.depth.shape == (90, 160) and np.isfinite(result.depth).all()
     assert set(result.extras) == {"depth_conf"}
+
+
+def test_da3_small_dynamic_runs_at_the_pictures_own_aspect(da3_small_dynamic, fresh_runtime):
+    result = da3.run(picture(120, 160, seed=8), da3_small_dynamic, options=opts(fresh_runtime))
+    assert result.model_size == (378, 504)  # DA3's own size rule at 4:3, no fixed size to fit
+    assert result.depth.shape == (120, 160) and np.isfinite(result.depth).all()
+    assert not result.warnings and set(result.extras) == {"depth_conf"}
 
 
 def test_ben2_base_is_a_matte_model_by_its_graph_and_refused_as_any_other(ben2_base, fresh_runtime):

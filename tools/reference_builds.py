@@ -128,6 +128,9 @@ class Reference:
     # code copied into tools/ (no package ships it): the upstream repository and commit, which the
     # manifest records in place of a package version
     vendored_from: str | None = None
+    # DA3 turns traced sizes into Python numbers: exported inside `DynamicSizes` they stay traced
+    # (tools/da3_dynamic_export.py), so the graph takes any height and width
+    traced_sizes: bool = False
 
     def build(self):
         return _BUILDERS[self.name]()
@@ -224,15 +227,20 @@ class _MoGe2Export:
         return Wrapped()
 
 
-def _da3_small():
+def _da3_small(position_table: bool = False):
     """DA3-SMALL from the package's own config; one view. Its weights keep their default init
-    (PyTorch's and DINOv2's): depth and confidence come out finite and non-constant."""
+    (PyTorch's and DINOv2's): depth and confidence come out finite and non-constant.
+    `position_table`: DINOv2's own init of the position embedding (trunc-normal 0.02), which DA3's
+    copy of DINOv2 leaves at zeros: a table of zeros hides how an export resamples it to sizes
+    other than its 37x37."""
     import torch
     from depth_anything_3.cfg import create_object, load_config
 
     torch.manual_seed(3)
     config = importlib.resources.files("depth_anything_3") / "configs" / "da3-small.yaml"
     net = create_object(load_config(str(config)))
+    if position_table:
+        torch.nn.init.trunc_normal_(net.backbone.pretrained.pos_embed, std=0.02)
 
     class Wrapped(torch.nn.Module):
         def __init__(self):
@@ -288,6 +296,7 @@ _BUILDERS = {
     "rrdb-x4plus": _rrdb,
     "moge2-vits": lambda: _MoGe2Export.wrap(_moge2_vits()),
     "da3-small": _da3_small,
+    "da3-small-dynamic": lambda: _da3_small(position_table=True),
     "ben2-base": _ben2_base,
 }
 
@@ -303,6 +312,7 @@ _SAMPLES = {
     "rrdb-x4plus": lambda: (_image(64, 64),),
     "moge2-vits": lambda: (_image(84, 112), __import__("torch").tensor(1200, dtype=__import__("torch").int64)),
     "da3-small": lambda: (_image(280, 504),),  # the community exports' fixed size
+    "da3-small-dynamic": lambda: (_image(280, 504),),
     "ben2-base": lambda: (_image(1024, 1024),),  # the public exports' fixed size
 }
 
@@ -346,6 +356,19 @@ REFERENCES = {
             "depth-anything-3", "the package's default init (PyTorch's, DINOv2's); seed 3",
             "configs/da3-small.yaml from the package; one view; outputs depth and depth_conf (no sky)",
             ("image",), ("depth", "depth_conf"), {}, recipe=1, optional=True,
+        ),
+        Reference(
+            "da3-small-dynamic", "da3",
+            "DA3-SMALL (Depth Anything 3, any-view; Apache-2.0), dynamic height and width (what a user "
+            "exporting DA3 gets once its size arithmetic is kept traced)",
+            "depth-anything-3",
+            "the package's default init (PyTorch's, DINOv2's), then DINOv2's trunc-normal 0.02 for the "
+            "position embedding (zeros in DA3's copy); seed 3",
+            "configs/da3-small.yaml from the package; one view; outputs depth and depth_conf (no sky); "
+            "exported at 280x504 inside tools/da3_dynamic_export.py's DynamicSizes",
+            ("image",), ("depth", "depth_conf"),
+            {name: {2: "height", 3: "width"} for name in ("image", "depth", "depth_conf")},
+            recipe=2, optional=True, traced_sizes=True,
         ),
         Reference(
             "ben2-base", "ben2", "PramaLLC/BEN2 BEN2_Base (Swin-B + MCLM/MCRM decoder), fp32, fixed 1x3x1024x1024",

@@ -24,6 +24,7 @@ is and how its weights are initialised (so the signal survives depth): tools/ref
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -33,6 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling module, also when loaded by path
+from da3_dynamic_export import DynamicSizes  # noqa: E402
 from reference_builds import REFERENCES, CartesianProdAsMeshgrid, Reference  # noqa: E402
 
 OPSET = 17
@@ -91,7 +93,8 @@ def _export(reference: Reference, directory: Path) -> dict:
     target = directory / f"{reference.name}.onnx"
     partial = target.with_suffix(".onnx.part")
     started = time.perf_counter()
-    with torch.no_grad(), CartesianProdAsMeshgrid():
+    sizes = DynamicSizes() if reference.traced_sizes else contextlib.nullcontext()
+    with torch.no_grad(), CartesianProdAsMeshgrid(), sizes:
         # the TorchScript exporter: the one that made the public Real-ESRGAN/MoGe-2 files
         torch.onnx.export(
             model, reference.sample(), str(partial), dynamo=False, opset_version=OPSET,
@@ -170,12 +173,12 @@ def model_path(name: str, directory: Path | None = None) -> Path:
 
 
 def _table(manifest: dict, names) -> str:
-    rows = [f"{'model':<13} {'family':<8} {'params':>11} {'MB':>8} {'export s':>9} opset"]
+    rows = [f"{'model':<17} {'family':<8} {'params':>11} {'MB':>8} {'export s':>9} opset"]
     for name in names:
         e = manifest["models"].get(name)
         if e:
             rows.append(
-                f"{name:<13} {e['family']:<8} {e['params']:>11,} {e['file_bytes'] / 1e6:>8.1f} "
+                f"{name:<17} {e['family']:<8} {e['params']:>11,} {e['file_bytes'] / 1e6:>8.1f} "
                 f"{e['export_seconds']:>9.1f} {e['opset']}"
             )
     return "\n".join(rows)

@@ -4,8 +4,11 @@ Each trained model was trained and evaluated through its own project's resize, s
 resize as that project does, to the same weights, edges and rounding:
 
 * `cv2_resize`: OpenCV's INTER_AREA (box overlap, for shrinking) and INTER_CUBIC (Keys a=-0.75,
-  no antialiasing, edges replicated), used by Depth Anything 3; within one level of OpenCV on
-  uint8 (OpenCV's cubic uses 11-bit coefficients, its area path float sums).
+  no antialiasing, edges replicated), used by Depth Anything 3. Both resample each row first, then
+  the columns, as OpenCV does. Area is OpenCV's to the level on uint8 (its float32 sums in its order). Cubic is
+  float32 too: the opencv-python wheels resize 8-bit cubic with Intel IPP, which it matches but
+  for a rare last level (a few pixels in 500k); OpenCV's own code (IPP off, or a build without
+  it) sums 11-bit fixed-point coefficients and differs from IPP in ~4 % of the pixels by a level.
 * `torch_bilinear`: `F.interpolate(mode="bilinear", align_corners=False)`, with or without
   `antialias` (MoGe-2's input resize, MoGe-2's and BEN2's output resizes).
 * `pil_lanczos`: Pillow's `Image.resize(..., LANCZOS)` (BEN2's input resize), on uint8 with Pillow's
@@ -94,7 +97,7 @@ def area_band(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(
             f"INTER_AREA enlarging ({in_size} -> {out_size}) is OpenCV's bilinear; not needed here"
         )
-    scale = in_size / out_size
+    scale = 1.0 / (out_size / in_size)  # as cv::resize derives it (a last-bit difference shows)
     rows = []
     for out in range(out_size):
         start, end = out * scale, (out + 1) * scale
@@ -143,10 +146,12 @@ def _float_taps(gathered, weights):
     return gathered.astype(np.float32) * weights.astype(np.float32)
 
 
-def _resample_float(image: np.ndarray, size, bands) -> np.ndarray:
-    """Rows, then columns, in float32 (float64 weights rounded once)."""
+def _resample_float(image: np.ndarray, size, bands, *, horizontal_first: bool = False) -> np.ndarray:
+    """The vertical pass (`bands[0]`), then the horizontal one (`horizontal_first`: OpenCV's
+    order, each row first), in float32 (float64 weights rounded once)."""
     result = np.asarray(image, np.float32)
-    for axis, band in ((0, bands[0]), (1, bands[1])):
+    passes = ((1, bands[1]), (0, bands[0])) if horizontal_first else ((0, bands[0]), (1, bands[1]))
+    for axis, band in passes:
         if band is not None:
             result = _along(result, axis, band, _float_taps)
     return np.ascontiguousarray(result, np.float32)
@@ -180,7 +185,7 @@ def cv2_resize(image: np.ndarray, size: tuple[int, int], interpolation: str) -> 
         band_for(in_h, out_h) if in_h != out_h else None,
         band_for(in_w, out_w) if in_w != out_w else None,
     )
-    result = _resample_float(image, (out_h, out_w), bands)
+    result = _resample_float(image, (out_h, out_w), bands, horizontal_first=True)
     if image.dtype != np.uint8:
         return result
     if interpolation == "area" and in_h % out_h == 0 and in_w % out_w == 0:
