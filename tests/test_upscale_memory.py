@@ -10,6 +10,7 @@ from lean_image_ai.models.adapters.upscale import job as upscale_job
 from lean_image_ai.models.adapters.upscale.runs import learned_scale
 from lean_image_ai.models.tiles import tiling
 from lean_image_ai.models.tiles.tile_memory import refuse_oversized_result
+from lean_image_ai.models.tiles.tile_plan import TilePlan
 from lean_image_ai.runtime import Runtime
 from lean_image_ai.runtime.errors import InvalidImageError
 from onnx import TensorProto, helper, numpy_helper
@@ -97,7 +98,7 @@ def test_a_scale_unknown_before_the_first_run_is_refused_before_the_result_is_al
 
     need = _result_bytes(20, 20, 3)
     with pytest.raises(InvalidImageError, match="60x60"):
-        tiling.run_tiled(picture(20, 20), tiling.TiledRun(run_tile, tiling.TilePlan(None), available_memory=need - 1))
+        tiling.run_tiled(picture(20, 20), tiling.TiledRun(run_tile, TilePlan(None), available_memory=need - 1))
     assert len(calls) == 1, "one run taught the scale; nothing was allocated for the result"
     refuse_oversized_result(20, 20, 3, 3, label="m", available=need)  # fits: no error
 

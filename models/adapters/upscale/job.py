@@ -14,7 +14,8 @@ from ....runtime.measure.memory import available_system_memory_bytes
 from ...base import check_finite, fixed_hw
 from ...imaging import check_shape, from_nchw, to_nchw
 from ...tiles.reach import cached_reach, reach_for
-from ...tiles.tiling import TiledRun, TilePlan, refuse_oversized_result, run_tiled
+from ...tiles.tile_plan import TilePlan
+from ...tiles.tiling import TiledRun, refuse_oversized_result, run_tiled
 from .frame_input import ModelInput, keeps_hdr, model_input, with_alpha
 from .plan import (
     AUTO,

@@ -12,7 +12,7 @@ from ...store.models_folder import cache_dir
 from ...tiles.reach import cached_reach
 from ...tiles.stages import stages_for
 from ...tiles.tile_memory import BUDGET_FRACTION, total_system_memory_bytes
-from ...tiles.tiling import plan_tiles
+from ...tiles.tile_plan import plan_tiles
 from .plan import (
     AUTO,
     AUTO_OVERLAP,

@@ -18,7 +18,8 @@ from ...store.models_folder import cache_dir
 from ...tiles.reach import PROBE_REACH
 from ...tiles.stages import stages_for
 from ...tiles.tile_memory import BUDGET_FRACTION, total_system_memory_bytes
-from ...tiles.tiling import TiledRun, TilePlan, plan_tiles, run_tiled
+from ...tiles.tile_plan import TilePlan, plan_tiles
+from ...tiles.tiling import TiledRun, run_tiled
 from .plan import (
     AUTO,
     AUTO_OVERLAP,
