@@ -22,7 +22,7 @@ from .measure.memory import memory_snapshot, trim_process_heap
 from .measure.memory_report import mb
 from .measure.timeline import Timeline
 from .measure.unfinished import unfinished_bytes
-from .oom import out_of_memory_resource
+from .oom import out_of_memory_resource, run_out_of_memory_error
 from .providers import (
     KEEP,
     RELEASE_RULES,
@@ -128,7 +128,7 @@ class Operation:
         del session  # this frame's own reference, before an out-of-memory session is dropped
         if oom is not None:
             self._out_of_memory(handle, *oom)
-            raise self._out_of_memory_error(handle, *oom) from oom[1]
+            raise run_out_of_memory_error(handle, *oom) from oom[1]
         release_now = release_now and bool(handle.shrink)  # no arena after all: runs as before
         self.budget.measured(meter)
         if not bound:
@@ -251,18 +251,6 @@ class Operation:
             device=handle.device_label,
             resource=resource,
             detail=first_line(cause),
-        )
-
-    @staticmethod
-    def _out_of_memory_error(handle: SessionHandle, resource: str, cause: BaseException):
-        return InferenceOutOfMemoryError(
-            f"Out of {resource} while running {handle.model_name} on {handle.device_label}. "
-            "Try a smaller tile size or a lower resolution, or close other programs using the memory"
-            + (", or switch the device to CPU in the add-on preferences." if handle.gpu_device_id is not None else "."),
-            model=handle.model_name,
-            device=handle.device_label,
-            resource=resource,
-            detail=str(cause),
         )
 
     def _emit_release(self, reason, handle, started, *, in_run, at_release=None):
