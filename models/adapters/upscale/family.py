@@ -15,8 +15,8 @@ from ...base import FLOAT_TYPES, RunOptions, check_contract
 from ...family import Family, Option, Output, Setting, non_negative_int, one_of, positive_int
 from ...frame_loop import run_frames
 from ...result_images import IMAGE
-from .frame_input import DEFAULT_MODEL_PATH
-from .job import ALPHA_MODES, UpscaleJob
+from .frame_input import ALPHA_MODES, DEFAULT_MODEL_PATH
+from .job import UpscaleJob
 from .plan import AUTO, AUTO_OVERLAP
 from .result import UpscaleResult
 from .runs import identify

@@ -20,6 +20,7 @@ import numpy as np
 from ...imaging import clip_for_model, resize_clipped
 
 DEFAULT_MODEL_PATH = Path(__file__).parents[2] / "assets" / "bicubic_x2.onnx"
+ALPHA_MODES = ("model", "resize")  # through the model as a grey image, or resized (cubic)
 
 
 @dataclass

@@ -32,8 +32,6 @@ from .result import UpscaleResult, frame_result
 from .runs import ModelRuns, scale_hint, static_scale
 from .stages import FramePlan, compute_of, honour_tile, staged_for, staged_frame
 
-ALPHA_MODES = ("model", "resize")  # frame_input.py: through the model as a grey image, or resized
-
 
 class UpscaleJob:
     """One upscale job: its plan, made once the session is open (`start`), then each frame's
