@@ -100,7 +100,7 @@ class _Recorder:
     def install(self) -> None:
         import numpy as np
         import onnxruntime as ort
-        from lean_image_ai.models.adapters import upscale_runs
+        from lean_image_ai.models.adapters.upscale import runs as upscale_runs
         from lean_image_ai.runtime import core, operation
 
         session_class = ort.InferenceSession

@@ -59,7 +59,7 @@ def seam_figures(tiled: np.ndarray, whole: np.ndarray) -> dict:
 def work(height: int, width: int, window: int, overlap: int, feather: int) -> float:
     """Window pixels the plan runs over the image's pixels (what the overlap costs in compute)."""
     from lean_image_ai.models.tiles.tile_memory import tile_floor
-    from lean_image_ai.models.tiles.tiling import plan_tiles
+    from lean_image_ai.models.tiles.tile_plan import plan_tiles
 
     window = max(window, tile_floor(overlap, feather=feather))
     tiles = plan_tiles(height, width, window, overlap)

@@ -139,7 +139,8 @@ def peaks(model: Path) -> dict:
 
 def plumbing(repeats: int = 3) -> dict:
     from lean_image_ai.models.imaging import from_nchw, prepare_image, to_nchw
-    from lean_image_ai.models.tiles.tiling import TiledRun, TilePlan, run_tiled
+    from lean_image_ai.models.tiles.tile_plan import TilePlan
+    from lean_image_ai.models.tiles.tiling import TiledRun, run_tiled
 
     source = (_image(PLUMBING_SIZE) * 255).astype(np.uint8)
 

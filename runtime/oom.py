@@ -66,6 +66,20 @@ def out_of_memory_error(exc: MemoryError, *, model: str = "", device: str = "CPU
     )
 
 
+def run_out_of_memory_error(handle, resource: str, cause: BaseException) -> InferenceOutOfMemoryError:
+    """A model run that ran out of `resource` (``out_of_memory_resource``) on `handle`'s device
+    (runtime/operation.py has freed what it held), with what the artist can do about it."""
+    return InferenceOutOfMemoryError(
+        f"Out of {resource} while running {handle.model_name} on {handle.device_label}. "
+        "Try a smaller tile size or a lower resolution, or close other programs using the memory"
+        + (", or switch the device to CPU in the add-on preferences." if handle.gpu_device_id is not None else "."),
+        model=handle.model_name,
+        device=handle.device_label,
+        resource=resource,
+        detail=str(cause),
+    )
+
+
 def requested_bytes(text: str) -> int | None:
     """The one allocation ORT's arena could not make, if its message says."""
     match = _REQUESTED.search(text or "")

@@ -16,22 +16,22 @@ from .errors import (
     SessionClosedError,
     first_line,
 )
-from .measure.budget import JobBudget, elements, remember_working
-from .measure.memory import gpu_snapshot, memory_snapshot, trim_process_heap
-from .measure.memory_report import format_job_memory, job_figures, mb
-from .measure.timeline import Timeline, figures
+from .measure.budget import JobBudget
+from .measure.job_memory import JobMemory
+from .measure.memory import memory_snapshot, trim_process_heap
+from .measure.memory_report import mb
+from .measure.timeline import Timeline
 from .measure.unfinished import unfinished_bytes
-from .oom import out_of_memory_resource
+from .oom import out_of_memory_resource, run_out_of_memory_error
 from .providers import (
     KEEP,
     RELEASE_RULES,
     SHRINK_CONFIG_KEY,
     UNLOAD,
-    may_use_measured_gpu,
     parse_device,
     release_rule,
 )
-from .session import LIBRARY_RAM, SessionHandle, onnxruntime_module
+from .session import SessionHandle, onnxruntime_module
 from .session_run import bindable, copy_into, run_bound, without_frames
 from .settings import MemoryBudgets
 
@@ -65,13 +65,8 @@ class Operation:
         self._before: dict[int, dict] = {}  # by id(handle): memory before its first run here
         self._held: dict[tuple, SessionHandle] = {}  # by cache key: the sessions this job uses
         self.timeline = Timeline()
-        self._job_before: dict = {}  # figure -> memory at the job's start (VRAM: before its first CUDA session)
-        self._loaded: list[SessionHandle] = []  # sessions this job created
-        self._used: dict[int, SessionHandle] = {}
-        self._live_output_bytes = 0
-        self._results_held: Callable[[], int] | None = None  # the job's results still alive (bytes)
+        self.job_memory = JobMemory(runtime, self.timeline)  # what the job did to memory, for its report
         self._owes_cpu_release = False  # its CPU release was put off (deferred_release.py)
-        self._working_key = None  # (model, input shapes) of the largest run: what budget.py remembers
         self.budgets = runtime.settings.budgets() if budgets is None else budgets
         # the CUDA arena's cap for the sessions it creates: its VRAM budget, else the runtime's own
         self.gpu_mem_limit = runtime.settings.gpu_mem_limit_bytes if budgets is None else budgets.vram_bytes
@@ -81,10 +76,10 @@ class Operation:
 
     def __enter__(self):
         self._started = time.perf_counter()
-        self._started_at = time.time()
+        self.job_memory.start()
         self.timeline.start()
         self.runtime.deferred.job_started()
-        self._job_before["ram"] = self.timeline.mark("before")["ram"]
+        self.job_memory.mark_before()
         self.runtime.events.emit("operation_start", operation=self.name)
         return self
 
@@ -92,15 +87,12 @@ class Operation:
         """The session for a model; the job keeps it until it ends, even if it is evicted meanwhile.
         ``static_shapes``: its inputs never change shape (see Runtime.session)."""
         request = parse_device(device)
-        if "vram" not in self._job_before and may_use_measured_gpu(request):
-            vram = figures({"gpu": gpu_snapshot(request.index or 0)})["vram"]
-            if vram is not None:
-                self._job_before["vram"] = vram
+        self.job_memory.before_load(request)
         self.budget.before_load(model_path, request, keep=list(self._held.values()))
         created = self.runtime.sessions_created
         handle = self.runtime.session(model_path, request, holder=self, static_shapes=static_shapes)
         if self.runtime.sessions_created != created:
-            self._loaded.append(handle)
+            self.job_memory.loaded.append(handle)
         self._held[handle.key] = handle
         return handle
 
@@ -136,7 +128,7 @@ class Operation:
         del session  # this frame's own reference, before an out-of-memory session is dropped
         if oom is not None:
             self._out_of_memory(handle, *oom)
-            raise self._out_of_memory_error(handle, *oom) from oom[1]
+            raise run_out_of_memory_error(handle, *oom) from oom[1]
         release_now = release_now and bool(handle.shrink)  # no arena after all: runs as before
         self.budget.measured(meter)
         if not bound:
@@ -144,7 +136,7 @@ class Operation:
             # A provider without IOBinding here copies into the caller's arrays instead.
             targets = [(out or {}).get(name) for name in names]
             outputs = [copy_into(t, o, handle.cpu_arena) for t, o in zip(targets, outputs, strict=True)]
-        self._live_output_bytes = sum(int(getattr(o, "nbytes", 0)) for o in outputs)
+        self.job_memory.live_output_bytes = sum(int(getattr(o, "nbytes", 0)) for o in outputs)
         self.timeline.mark(f"run {self.runs}")
         all_bound = bound and all(name in out for name in names)
         self._after_run(handle, last=last, release_now=release_now, defer=defer, all_bound=all_bound)
@@ -185,12 +177,8 @@ class Operation:
     def _count_run(self, handle: SessionHandle, shapes: tuple) -> None:
         self.runs += 1
         self._dirty[id(handle)] = handle
-        self._used[id(handle)] = handle
-        if self._working_key is None or elements(shapes) > elements(self._working_key[1]):
-            self._working_key = (handle.model_name, shapes)
+        self.job_memory.ran(handle, shapes)
         handle.last_used = time.time()
-        if handle.gpu_device_id is not None:
-            self.timeline.gpu_device_id = handle.gpu_device_id
 
     def _invoke(self, handle, session, names, feeds, out, release_now, run_options):
         """(outputs, None), or (None, (resource, error)) when the run ran out of memory; `out`:
@@ -265,18 +253,6 @@ class Operation:
             detail=first_line(cause),
         )
 
-    @staticmethod
-    def _out_of_memory_error(handle: SessionHandle, resource: str, cause: BaseException):
-        return InferenceOutOfMemoryError(
-            f"Out of {resource} while running {handle.model_name} on {handle.device_label}. "
-            "Try a smaller tile size or a lower resolution, or close other programs using the memory"
-            + (", or switch the device to CPU in the add-on preferences." if handle.gpu_device_id is not None else "."),
-            model=handle.model_name,
-            device=handle.device_label,
-            resource=resource,
-            detail=str(cause),
-        )
-
     def _emit_release(self, reason, handle, started, *, in_run, at_release=None):
         after = memory_snapshot(handle.gpu_device_id)
         event = self.runtime.events.emit(
@@ -333,52 +309,25 @@ class Operation:
     def count_results(self, held: Callable[[], int]) -> None:
         """How to tell the bytes of this job's results still alive at its end: the report shows
         them as their own line, apart from what the runtime kept (models/base.py ResultSink)."""
-        self._results_held = held
+        self.job_memory.results_held = held
 
     def _report_memory(self, outcome: str, unfinished: int = 0) -> None:
-        """The job's memory report: a `job_memory` event, `self.memory`, the runtime's last job."""
+        """The job's memory report (measure/job_memory.py): a `job_memory` event, `self.memory`, the
+        runtime's last job and timeline."""
         try:
-            gpu = next((h.gpu_device_id for h in self._used.values() if h.gpu_device_id is not None), None)
-            after = self.timeline.mark("after", memory_snapshot(gpu))
-            self.timeline.stop()
-            rows = []
-            results = self._results_held() if self._results_held is not None else 0
-            for key in ("ram", "vram") if gpu is not None else ("ram",):
-                weights, session_state, count = self.runtime.weights(key, gpu)
-                rows.append(
-                    job_figures(
-                        key,
-                        before=self._job_before.get(key),
-                        loaded=self._loaded_bytes(key),
-                        peak=self.timeline.peak(key),
-                        after=after.get(key),
-                        library=self.runtime.library_floor(key, gpu),
-                        weights=weights, session_state=session_state,
-                        cached_sessions=count,
-                        results=results, unfinished=unfinished,
-                    )
-                )
-            library = LIBRARY_RAM.get("at", 0) >= self._started_at
-            job = {
-                "operation": self.name,
-                "outcome": outcome,
-                "devices": sorted({h.device_label for h in self._used.values()}),
-                "loaded_models": ["the onnxruntime library"] * library + [h.model_name for h in self._loaded],
+            release = {
                 "released": bool(self.release_events or self.unloaded),
                 "release_rules": self._release_notes(),
                 "release_deferred_s": self.runtime.settings.cpu_release_delay if self._owes_cpu_release else 0,
-                "runs": self.runs,
-                "live_output_bytes": self._live_output_bytes,
-                "figures": rows,
-                "budget": list(self.budget.notes),
             }
-            job["lines"] = format_job_memory(job)
-            job["working_key"] = self._working_key
-            remember_working(self.runtime, job)
+            job = self.job_memory.report(
+                self.name, outcome, unfinished=unfinished, runs=self.runs, release=release, budget=self.budget.notes
+            )
             self.memory = job
             self.runtime.last_job_memory = job
             # named, so the picture (memory_plot.py) can say which job on which device, with the report's own peaks
-            self.runtime.last_timeline = {**self.timeline.as_dict(), "operation": self.name, "devices": job["devices"], "outcome": outcome, "peaks": {f["figure"]: f["peak"] for f in rows}}
+            peaks = {f["figure"]: f["peak"] for f in job["figures"]}
+            self.runtime.last_timeline = {**self.timeline.as_dict(), "operation": self.name, "devices": job["devices"], "outcome": outcome, "peaks": peaks}
             self.runtime.events.emit("job_memory", **job)
         except Exception as exc:  # a report must never break the job
             self.timeline.stop()
@@ -402,7 +351,7 @@ class Operation:
     def _release_notes(self) -> list[str]:
         """One line per device the job ran on: the rule that applied to it and what it gave back."""
         notes: dict[str, None] = {}
-        for handle in self._used.values():
+        for handle in self.job_memory.used.values():
             rule = self._rule(handle)
             note = f"{handle.device_label}: {rule} ({RELEASE_RULES[rule]})"
             if rule == UNLOAD and self.unloaded:
@@ -412,14 +361,6 @@ class Operation:
                 note += "; the preference 'Keep models loaded on DirectML/CoreML' is on"
             notes.setdefault(note)
         return list(notes)
-
-    def _loaded_bytes(self, key: str) -> int:
-        """What loading added during this job: its new sessions (and onnxruntime, if it was first
-        imported during the job)."""
-        total = sum(max(0, h.load_growth.get(key) or 0) for h in self._loaded)
-        if key == "ram" and LIBRARY_RAM.get("at", 0) >= self._started_at:
-            total += LIBRARY_RAM.get("bytes", 0)
-        return total
 
     def _release_after_abort(self, reason: str) -> None:
         handles = list(self._dirty.values())

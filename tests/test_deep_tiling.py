@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from lean_image_ai.models.adapters import upscale
-from lean_image_ai.models.adapters.upscale_plan import (
+from lean_image_ai.models.adapters.upscale.plan import (
     AUTO_WINDOW_STEP,
     FEATHER_OVERLAP,
     MAX_EXACT_RADIUS,

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from lean_image_ai.models.tiles.feather import feather_floor, ramp
-from lean_image_ai.models.tiles.tiling import TiledRun, TilePlan, run_tiled
+from lean_image_ai.models.tiles.tile_plan import TilePlan
+from lean_image_ai.models.tiles.tiling import TiledRun, run_tiled
 from lean_image_ai.runtime.errors import InferenceOutOfMemoryError
 
 
@@ -89,7 +90,7 @@ def test_splits_stop_where_owned_spans_keep_their_ramps_apart():
 
 
 def test_uniform_windows_have_one_shape_and_stay_inside_the_image():
-    from lean_image_ai.models.tiles.tiling import plan_tiles
+    from lean_image_ai.models.tiles.tile_plan import plan_tiles
 
     tiles = plan_tiles(1080, 1920, 384, 32, uniform=True)
     assert {t.window_shape for t in tiles} == {(384, 384)}

@@ -22,8 +22,8 @@ bpy = pytest.importorskip("bpy")
 bh.import_package()
 
 from lean_image_ai.models import families  # noqa: E402
-from lean_image_ai.models.adapters import upscale_plan  # noqa: E402
-from lean_image_ai.models.adapters.upscale_plan import AUTO_WORKING_CPU  # noqa: E402
+from lean_image_ai.models.adapters.upscale import plan as upscale_plan  # noqa: E402
+from lean_image_ai.models.adapters.upscale.plan import AUTO_WORKING_CPU  # noqa: E402
 from lean_image_ai.models.batch.frame_io import ImageFileFrames  # noqa: E402
 from lean_image_ai.models.batch.runner import Runner  # noqa: E402
 from lean_image_ai.models.model_run import ModelRun  # noqa: E402
@@ -54,7 +54,7 @@ def runtime_kept():
 @pytest.fixture
 def tile_plans(monkeypatch):
     """Every auto tile size an upscale plans, with the budget it was planned from and the working
-    target per window it says it used (the real upscale_plan.auto_tile, recorded). In this process:
+    target per window it says it used (the real upscale/plan.py auto_tile, recorded). In this process:
     Blender's operators run the model here too (remote_batch.IN_PROCESS_ENV) so that it is seen."""
     from lean_image_ai.models.worker.remote_batch import IN_PROCESS_ENV
 

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 from lean_image_ai.models.adapters import upscale
-from lean_image_ai.models.adapters.upscale_plan import MAX_EXACT_RADIUS
+from lean_image_ai.models.adapters.upscale.plan import MAX_EXACT_RADIUS
 from lean_image_ai.models.base import RunOptions
 from lean_image_ai.models.tiles import reach, reach_cache
 from lean_image_ai.models.tiles.receptive import graph_receptive_field

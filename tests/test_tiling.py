@@ -1,4 +1,4 @@
-"""models/tiles/tiling.py: planning, reflect context, seam-free assembly, last-run marking, split on OOM.
+"""models/tiles/tile_plan.py and tiling.py: planning, reflect context, seam-free assembly, last-run marking, split on OOM.
 
 Tolerance for tiled == untiled: atol 1e-5 on outputs of magnitude ~1. Every output pixel sees the
 same inputs with the same weights in both runs (overlap >= receptive radius); only the float32
@@ -17,15 +17,11 @@ from builders_upscale import resize_model
 from lean_image_ai.models.adapters.upscale import DEFAULT_MODEL_PATH
 from lean_image_ai.models.imaging import from_nchw, to_nchw
 from lean_image_ai.models.tiles import tiling
+from lean_image_ai.models.tiles.tile_plan import Tile, TilePlan, cut_window, plan_tiles, reflect_indices
 from lean_image_ai.models.tiles.tiling import (
-    Tile,
     TiledRun,
-    TilePlan,
     auto_tile_size,
-    cut_window,
     estimate_bytes_per_pixel,
-    plan_tiles,
-    reflect_indices,
     run_tiled,
     tile_floor,
 )

@@ -12,7 +12,7 @@ import shutil
 import numpy as np
 import pytest
 from lean_image_ai.models.adapters import upscale
-from lean_image_ai.models.adapters.upscale_plan import REACH_FEATHER, ROUNDING_LEVELS, SEAM_LEVELS
+from lean_image_ai.models.adapters.upscale.plan import REACH_FEATHER, ROUNDING_LEVELS, SEAM_LEVELS
 from lean_image_ai.models.base import RunOptions
 from lean_image_ai.models.tiles import reach_cache
 from lean_image_ai.models.tiles.receptive import graph_receptive_field

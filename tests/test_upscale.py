@@ -1,4 +1,4 @@
-"""models/adapters/upscale.py and the embedded bicubic model, on real onnxruntime sessions.
+"""models/adapters/upscale/ and the embedded bicubic model, on real onnxruntime sessions.
 
 Tolerances: tiled vs untiled results use atol 1e-5 (float32 summation order only, see
 test_tiling.py). The fp16 model is compared with its fp32 twin at atol 2e-2: fp16 weights and

@@ -1,4 +1,4 @@
-"""models/adapters/upscale.py and models/tiles/tiling.py: results too big for memory are refused before any run;
+"""models/adapters/upscale/ and models/tiles/tiling.py: results too big for memory are refused before any run;
 outputs are written into the job's own buffers from the very first run (real onnxruntime)."""
 
 from __future__ import annotations
@@ -6,9 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from lean_image_ai.models.adapters import upscale
-from lean_image_ai.models.adapters.upscale_runs import learned_scale
+from lean_image_ai.models.adapters.upscale import job as upscale_job
+from lean_image_ai.models.adapters.upscale.runs import learned_scale
 from lean_image_ai.models.tiles import tiling
 from lean_image_ai.models.tiles.tile_memory import refuse_oversized_result
+from lean_image_ai.models.tiles.tile_plan import TilePlan
 from lean_image_ai.runtime import Runtime
 from lean_image_ai.runtime.errors import InvalidImageError
 from onnx import TensorProto, helper, numpy_helper
@@ -79,11 +81,11 @@ def test_the_refusal_reads_the_os_figure_by_default(recorded, models, monkeypatc
     runtime, factory = recorded
     need = _result_bytes(40, 30, 4, channels=4)  # the alpha channel counts too
     # a stand-in for the OS's figure: just short of what this image's RGBA result needs
-    monkeypatch.setattr(upscale, "available_system_memory_bytes", lambda: need - 1)
+    monkeypatch.setattr(upscale_job, "available_system_memory_bytes", lambda: need - 1)
     with pytest.raises(InvalidImageError, match="smaller image"):
         upscale.run(picture(40, 30, channels=4), models["x4"], options=opts(runtime))
     assert factory.runs == []
-    monkeypatch.setattr(upscale, "available_system_memory_bytes", lambda: None)  # unknown: no refusal
+    monkeypatch.setattr(upscale_job, "available_system_memory_bytes", lambda: None)  # unknown: no refusal
     assert upscale.run(picture(40, 30, channels=4), models["x4"], options=opts(runtime)).image.shape == (160, 120, 4)
 
 
@@ -96,7 +98,7 @@ def test_a_scale_unknown_before_the_first_run_is_refused_before_the_result_is_al
 
     need = _result_bytes(20, 20, 3)
     with pytest.raises(InvalidImageError, match="60x60"):
-        tiling.run_tiled(picture(20, 20), tiling.TiledRun(run_tile, tiling.TilePlan(None), available_memory=need - 1))
+        tiling.run_tiled(picture(20, 20), tiling.TiledRun(run_tile, TilePlan(None), available_memory=need - 1))
     assert len(calls) == 1, "one run taught the scale; nothing was allocated for the result"
     refuse_oversized_result(20, 20, 3, 3, label="m", available=need)  # fits: no error
 
@@ -129,7 +131,7 @@ def test_a_scale_that_changes_with_the_input_size_is_learned_again(recorded, mod
 
 
 def test_the_learned_scale_is_the_sessions_and_goes_when_it_is_evicted(recorded, models):
-    """What a session showed is kept by the upscale for that session (upscale_runs.learned_scale,
+    """What a session showed is kept by the upscale for that session (upscale/runs.py learned_scale,
     not on the runtime's handle): the next job on the same cached session binds with it, and a
     session loaded again after an eviction starts without it (a module-wide table keyed by the
     cache key outlived its session and fed the new one a stale scale)."""

@@ -37,7 +37,7 @@ import numpy as np
 
 from ...models import families, files
 from ...models.adapters import upscale
-from ...models.adapters.upscale_preview import preview_plan
+from ...models.adapters.upscale.preview import preview_plan
 from ...models.batch import image_files
 from ...models.batch.frame_io import ImageFileFrames
 from ...models.batch.runner import RunEvents, Runner

@@ -8,12 +8,12 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..store.models_folder import cache_dir
-from ..tiles.reach import cached_reach
-from ..tiles.stages import stages_for
-from ..tiles.tile_memory import BUDGET_FRACTION, total_system_memory_bytes
-from ..tiles.tiling import plan_tiles
-from .upscale_plan import (
+from ...store.models_folder import cache_dir
+from ...tiles.reach import cached_reach
+from ...tiles.stages import stages_for
+from ...tiles.tile_memory import BUDGET_FRACTION, total_system_memory_bytes
+from ...tiles.tile_plan import plan_tiles
+from .plan import (
     AUTO,
     AUTO_OVERLAP,
     AUTO_WORKING_CPU,
@@ -22,7 +22,7 @@ from .upscale_plan import (
     plan_overlap,
     receptive_field,
 )
-from .upscale_stages import FramePlan, StagedUpscale, compute_of
+from .stages import FramePlan, StagedUpscale, compute_of
 
 
 def preview_plan(model_path, height: int, width: int, *, values: dict, ram_budget: int | None = None) -> FramePlan | str:

@@ -9,16 +9,16 @@ import weakref
 
 import numpy as np
 
-from ...runtime.errors import (
+from ....runtime.errors import (
     InferenceError,
     InferenceOutOfMemoryError,
     ModelContractError,
     SessionClosedError,
 )
-from ..base import fixed_hw
-from ..identify import LIKELY, NO, SURE, Match, spatial, whole_multiple
-from ..tiles.receptive import graph_receptive_field
-from ..tiles.tiling import whole_scale
+from ...base import fixed_hw
+from ...identify import LIKELY, NO, SURE, Match, spatial, whole_multiple
+from ...tiles.receptive import graph_receptive_field
+from ...tiles.tiling import whole_scale
 
 # The whole-number output/input size ratio each session's runs showed (the model's scale), so the
 # next job on the same cached session binds even its first run's output into its own buffer. Only

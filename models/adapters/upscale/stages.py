@@ -13,13 +13,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ...runtime.measure.budget import budget_for
-from ..store.models_folder import cache_dir
-from ..tiles.reach import PROBE_REACH
-from ..tiles.stages import stages_for
-from ..tiles.tile_memory import BUDGET_FRACTION, total_system_memory_bytes
-from ..tiles.tiling import TiledRun, TilePlan, plan_tiles, run_tiled
-from .upscale_plan import (
+from ....runtime.measure.budget import budget_for
+from ...store.models_folder import cache_dir
+from ...tiles.reach import PROBE_REACH
+from ...tiles.stages import stages_for
+from ...tiles.tile_memory import BUDGET_FRACTION, total_system_memory_bytes
+from ...tiles.tile_plan import TilePlan, plan_tiles
+from ...tiles.tiling import TiledRun, run_tiled
+from .plan import (
     AUTO,
     AUTO_OVERLAP,
     AUTO_WINDOW_STEP,
@@ -103,7 +104,7 @@ class StagedUpscale:
         return loop.op.session(path, loop.options.device)
 
     def body_overlap(self) -> tuple[int, int]:
-        """(overlap, feather) of the body's windows: the reach's plan (upscale_plan.reach_overlap)."""
+        """(overlap, feather) of the body's windows: the reach's plan (plan.py reach_overlap)."""
         return reach_overlap(self.radius, self.reach)
 
     def plan(self, height: int, width: int, target: float, body_target: float | None = None):
@@ -176,7 +177,7 @@ def body_target(op, handle, budget: int | None) -> int:
     """The working memory the body's window may take: BUDGET_FRACTION of the memory the job may use
     (the caller's budget, else the job's RAM budget, else the machine's physical RAM: never what
     other processes leave free, so the plan is the same whatever else runs); on a GPU, or where the
-    OS does not say, the fixed per-device target (upscale_plan.working_target)."""
+    OS does not say, the fixed per-device target (plan.py working_target)."""
     if handle.gpu_device_id is not None:
         return working_target(op, handle, budget)
     room = budget if budget is not None else budget_for(op.budgets, None)

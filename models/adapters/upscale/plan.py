@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...runtime.measure.budget import budget_for, working_estimate
-from ..imaging import to_nchw
-from ..tiles.reach import PROBE_REACH
-from ..tiles.receptive import GLOBAL, ReceptiveField, graph_receptive_field
-from ..tiles.tile_memory import BUDGET_FRACTION, FALLBACK_TILE, MAX_AUTO_TILE, tile_floor
-from ..tiles.tiling import TilePlan
+from ....runtime.measure.budget import budget_for, working_estimate
+from ...imaging import to_nchw
+from ...tiles.reach import PROBE_REACH
+from ...tiles.receptive import GLOBAL, ReceptiveField, graph_receptive_field
+from ...tiles.tile_memory import BUDGET_FRACTION, FALLBACK_TILE, MAX_AUTO_TILE, tile_floor
+from ...tiles.tile_plan import TilePlan
 
 AUTO = "auto"  # a tile size chosen per frame from the model's measured working memory
 AUTO_OVERLAP = -1  # the artist's "Overlap -1": the model's receptive radius
