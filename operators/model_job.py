@@ -45,6 +45,7 @@ class JobInputs:
     model_rgba: np.ndarray  # straight, sRGB-encoded: what models take
     job: ModelRun  # the model, the option values, the device and the budgets (models/model_run.py)
     output: tuple[Path, str] | None  # (path, Blender file format)
+    encoded: object = None  # the result image's packed file, written by the pump (ModelJobOperator.encode)
 
     @property
     def options(self) -> dict:
@@ -156,10 +157,11 @@ class BlenderFrames:
         return input_kind(ref)
 
 
-def one_frame_task(job: BlenderJob, model_run: ModelRun, ref: FrameRef, pixels, shape=lambda result: result) -> PumpedTask:
+def one_frame_task(job: BlenderJob, model_run: ModelRun, ref: FrameRef, pixels, shape=lambda result: result,
+                   stage=None) -> PumpedTask:
     """The task of one gathered image: a one-frame job (models/job_spec.py) the runner runs with
     its model in the worker process; the job's result is ``shape(result)``, a failure in the
-    model the job's error."""
+    model the job's error; ``stage``: PumpedTask's steps after the model."""
     budgets = model_run.budgets
     spec = JobSpec(
         model_run.family_id, model_path=str(model_run.model.path), values=dict(model_run.values),
@@ -176,7 +178,7 @@ def one_frame_task(job: BlenderJob, model_run: ModelRun, ref: FrameRef, pixels, 
             raise LeanImageError(runner.report.failed[0][1])
         return shape(results[0]) if results else None
 
-    return PumpedTask(job, runner, result)
+    return PumpedTask(job, runner, result, stage)
 
 
 class ModelOperatorProperties:
@@ -261,13 +263,26 @@ class ModelJobOperator(ModelOperatorProperties, ModalJobOperator):
 
     def prepare(self, context, job: BlenderJob):
         inputs = job.inputs = self.gather(context, job)
-        shape = self.shape  # bound here: the result is shaped after the operator's call has returned
+        shape, encode = self.shape, self.encode  # bound here: both run after the operator's call has returned
         ref = FrameRef(0, Path(inputs.info.name))  # the image's name: what a message about it says
-        return one_frame_task(job, inputs.job, ref, inputs.model_rgba, lambda result: shape(inputs, result, job.report))
+
+        def stage(result):
+            inputs.encoded = encode(inputs, result)
+            return inputs.encoded
+
+        return one_frame_task(job, inputs.job, ref, inputs.model_rgba, lambda result: shape(inputs, result, job.report),
+                              stage)
 
     def shape(self, inputs: JobInputs, result, report):
         """The model's result as ``apply`` takes it (numpy only, no bpy); by default as it is."""
         return result
+
+    def encode(self, inputs: JobInputs, result):
+        """The packed file of the result image, as a models/file_bytes/ file the job's pump writes a
+        band at a time before :meth:`apply` (which then makes the image from it: ``inputs.encoded``),
+        so no call of Blender's main thread converts and compresses a whole result; None: ``apply``
+        makes the result whole (a result saved to a file through Blender's writer, one not an image)."""
+        return None
 
     def apply(self, context, inputs: JobInputs, result) -> str:
         """Create Blender data from the result; returns a one-line summary for the report.
