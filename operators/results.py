@@ -52,8 +52,8 @@ def file_like(shape: tuple[int, ...], straight_rows, info: image_io.ImageInfo) -
 
 
 def value_file(values: np.ndarray) -> file_bytes.BandedFile:
-    """A float EXR of one channel of values (depth, say) in every colour channel, alpha 1, written a
-    band at a time by the job's pump."""
+    """A float EXR of values, alpha 1 (one channel, as depth, in every colour channel; three, as a
+    normal map, as they are), written a band at a time by the job's pump."""
     values = np.asarray(values, np.float32)
     height, width = values.shape[:2]
     planes = values.reshape(height, width, -1)
