@@ -66,6 +66,13 @@ def value_file(values: np.ndarray) -> file_bytes.BandedFile:
     return file_bytes.ExrFile(height, width, rows)
 
 
+def float_file(pixels: np.ndarray) -> file_bytes.BandedFile:
+    """A float EXR of ``pixels`` as given (``(H, W)`` or ``(H, W, 1..4)``, as
+    :func:`image_io.array_to_new_image` writes them into a float image), a band at a time."""
+    height, width = np.shape(pixels)[:2]
+    return file_bytes.ExrFile(height, width, lambda start, stop: image_io.to_rgba(pixels[start:stop]))
+
+
 # Images image_from_file made, not yet kept (session_uid: an image the add-on draws again, as
 # the memory plot, is packed again by keep).
 _made_packed: set[int] = set()
