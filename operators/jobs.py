@@ -241,17 +241,21 @@ class PumpedTask:
     the result still needs before ``finish`` applies it, as steps pumped like the batch (an object
     with ``pump(budget) -> bool``, or None: nothing): the packed file of a result image, written a
     band of rows per call so that no call of Blender's main thread does it whole (issue #37 item 3).
-    Nothing of Blender's data is made before ``finish``: a cancel during the steps leaves nothing."""
+    ``before``: steps pumped the same way before the batch's first pump (the model's input converted
+    from Blender's pixels). Nothing of Blender's data is made before ``finish``: a cancel during
+    any of these steps leaves nothing."""
 
     def __init__(self, job: BlenderJob, batch, result: Callable[[], object] = lambda: None,
-                 stage: Callable[[object], object] | None = None):
-        self.job, self.batch, self.result, self.stage = job, batch, result, stage
+                 stage: Callable[[object], object] | None = None, before=None):
+        self.job, self.batch, self.result, self.stage, self.before = job, batch, result, stage, before
         self._steps = self._staged = None
 
     def pump(self, budget: float) -> bool:
         job = self.job
         if job.done:
             return True
+        if self.before is not None:
+            return self._pump_before(budget)
         if self._steps is not None:
             return self._pump_steps(budget)
         try:
@@ -267,6 +271,18 @@ class PumpedTask:
         self._steps, self._staged = steps, result
         job.report(1.0, "making the result image")
         return False  # the steps start at the next call: this one has had the batch's share
+
+    def _pump_before(self, budget: float) -> bool:
+        try:
+            if self._cancelled():  # the batch never started: nothing reached the worker
+                self.before = None
+                return self._conclude(None)
+            if self.before.pump(budget):
+                self.before = None
+        except BaseException as exc:  # noqa: BLE001 - as in pump
+            record_failure(self.job, exc)
+            return True
+        return False  # the batch starts at the next call
 
     def _pump_steps(self, budget: float) -> bool:
         try:

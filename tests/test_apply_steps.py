@@ -5,8 +5,9 @@ The real Upscale operator (bpy 5.0.1, built-in bicubic x2 in the model worker, 1
 TIMER event at a time). Every call of ``zlib``'s deflate on this process is counted per timer call:
 the result's packed file (a PNG for a byte source, a float EXR for a float one) is deflated over
 several calls, none more than ``MAX_PIXELS_PER_CALL`` pixels' worth, and the image appears only in
-the last call, which deflates nothing. Before, one call converted and deflated all 2048 rows (a
-byte result) or Blender's pack() wrote the whole EXR (a float one). Behaviour, not seconds: the
+the last call, which deflates nothing; the model's input is converted over several calls too.
+Before, one call converted and deflated all 2048 rows (a byte result) or Blender's pack() wrote
+the whole EXR (a float one), and the operator's start converted the whole source for the model. Behaviour, not seconds: the
 time of a call depends on the machine (bench/worker.py --ops-only measures it).
 """
 
@@ -66,10 +67,18 @@ def clean(tmp_path, monkeypatch):
 
 
 class Deflate:
-    """Counts the bytes this process hands to zlib's deflate, per timer call (``call``)."""
+    """Counts the bytes this process hands to zlib's deflate, per timer call (``call``; -1: the
+    operator's start), and the pixels it converts for the model (``converted``)."""
 
     def __init__(self, monkeypatch):
-        self.call, self.fed = -1, {}
+        self.call, self.fed, self.converted = -1, {}, {}
+        real_to_model_rgb = colour.to_model_rgb
+
+        def to_model_rgb(array, *args, **kwargs):
+            self.converted[self.call] = self.converted.get(self.call, 0) + int(np.prod(np.shape(array)[:2]))
+            return real_to_model_rgb(array, *args, **kwargs)
+
+        monkeypatch.setattr(colour, "to_model_rgb", to_model_rgb)
         real_compress, real_compressobj, deflate = zlib.compress, zlib.compressobj, self
 
         def compress(data, *args, **kwargs):
@@ -116,11 +125,12 @@ def float_source(folder: Path) -> Path:
     return path
 
 
-def run_modal(path: Path, deflate: Deflate, *, cancel_once_deflating: bool = False) -> dict:
+def run_modal(path: Path, deflate: Deflate, *, cancel_when=None) -> dict:
     """Drive one Upscale job; per timer call, the new images after it. Returns what was seen,
-    with the job's own result pixels (taken as the lane ends the job)."""
+    with the job's own result pixels (taken as the lane ends the job). ``cancel_when()``: Esc
+    once it is true while the job runs."""
     seen = {"images": [], "result": None}
-    cancel = [cancel_once_deflating]
+    cancel = [cancel_when]
 
     def keep_result(job):
         seen["result"] = getattr(job.result, "image", None)
@@ -132,9 +142,9 @@ def run_modal(path: Path, deflate: Deflate, *, cancel_once_deflating: bool = Fal
         deadline = time.monotonic() + 300
         while state == {"RUNNING_MODAL"}:
             assert time.monotonic() < deadline, "the job did not end in time"
-            if cancel[0] and deflate.fed and jobs.manager.current is not None:
+            if cancel[0] is not None and cancel[0]() and jobs.manager.current is not None:
                 op.modal(ctx, ESC)
-                cancel[0] = False
+                cancel[0] = None
                 seen["cancelled_at"] = deflate.call
             deflate.call += 1
             state = op.modal(ctx, TIMER)
@@ -191,11 +201,32 @@ def test_a_large_float_result_is_deflated_over_several_calls_and_reads_back_exac
     np.testing.assert_array_equal(image_io.image_to_array(image), expected)
 
 
+def test_a_float_sources_conversion_for_the_model_is_spread_over_calls(tmp_path, monkeypatch):
+    """The model's input (a float source unpremultiplied and sRGB-encoded) is converted by the
+    pump too: neither the operator's start nor one timer call converts the whole picture."""
+    path = float_source(tmp_path)
+    deflate = Deflate(monkeypatch)
+    assert run_modal(path, deflate)["state"] == {"FINISHED"}
+    assert sum(deflate.converted.values()) == SIDE * SIDE, deflate.converted
+    assert -1 not in deflate.converted, "the operator's start converted the source"
+    assert max(deflate.converted.values()) <= MAX_PIXELS_PER_CALL, deflate.converted
+
+
 def test_cancel_while_the_result_is_being_written_leaves_nothing(tmp_path, monkeypatch):
     path = byte_source(tmp_path)
     deflate = Deflate(monkeypatch)
-    seen = run_modal(path, deflate, cancel_once_deflating=True)
+    seen = run_modal(path, deflate, cancel_when=lambda: deflate.fed)
     assert "cancelled_at" in seen, "the job ended before its result was being written"
     assert seen["state"] == {"CANCELLED"}
+    assert all(images == [] for images in seen["images"]), seen["images"]
+    assert jobs.manager.last.state == "cancelled"
+
+
+def test_cancel_while_the_models_input_is_converted_ends_before_the_model_runs(tmp_path, monkeypatch):
+    path = float_source(tmp_path)
+    deflate = Deflate(monkeypatch)
+    seen = run_modal(path, deflate, cancel_when=lambda: deflate.converted)
+    assert seen["cancelled_at"] == 0 and seen["state"] == {"CANCELLED"}  # after the first band
+    assert seen["result"] is None and not deflate.fed
     assert all(images == [] for images in seen["images"]), seen["images"]
     assert jobs.manager.last.state == "cancelled"

@@ -1,6 +1,7 @@
-"""The stepping every banded file shares: rows written a band at a time, each call of :meth:`pump`
-within its time budget and at most :data:`MAX_PIXELS_PER_CALL` pixels, the file's bytes put
-together in a last call of their own (so the call after it, which makes the image, stays short).
+"""Work on a picture a band of rows at a time, each call of :meth:`BandedSteps.pump` within its time
+budget and at most :data:`MAX_PIXELS_PER_CALL` pixels: a file's rows encoded (its bytes put
+together in a last call of their own, so the call after it, which makes the image, stays short),
+or an array filled (a picture converted for a model).
 
 Blender's main thread runs the add-on between two redraws: a 2048x2048 result converted and
 compressed in one call took 0.13-0.47 s there (docs/benchmarks.md), whatever the pump's budget.
@@ -19,35 +20,30 @@ FIRST_BAND_ROWS = 16
 # measured on the band before, and an image whose later rows deflate slower must not overrun by much.
 MAX_PIXELS_PER_CALL = 1 << 20
 
-Rows = Callable[[int, int], np.ndarray]  # (start, stop) -> float32 (stop - start, width, 4), top row first
+Rows = Callable[[int, int], np.ndarray]  # (start, stop) -> the band of those rows, top row first
 
 
-class BandedFile:
-    """One file of ``height`` x ``width`` pixels whose rows ``rows(start, stop)`` gives on demand.
-
-    Subclasses write a band (:meth:`_write`) and put the file together (:meth:`_close`); a band
-    starts on a multiple of ``row_multiple`` (EXR's 16-line blocks)."""
+class BandedSteps:
+    """Work on ``height`` rows of ``width`` pixels, a band at a time: ``rows(start, stop)`` gives a
+    band, :meth:`_write` takes it, :meth:`_close` ends the work once every row is written.
+    A band starts on a multiple of ``row_multiple`` (EXR's 16-line blocks)."""
 
     row_multiple = 1
-    suffix = ""
 
     def __init__(self, height: int, width: int, rows: Rows):
         self.height, self.width, self._rows = height, width, rows
         self._next = 0
         self._seconds_per_row = 0.0  # measured on the band before
         self.calls: list[int] = []  # pixels written by each call of pump that wrote any
-        self.data: bytes | None = None
-
-    @property
-    def is_float(self) -> bool:
-        return False
+        self.done = False
 
     def pump(self, budget: float) -> bool:
-        """Write the rows that fit ``budget`` seconds; True once :attr:`data` holds the file."""
-        if self.data is not None:
+        """Write the rows that fit ``budget`` seconds; True once done (:meth:`_close` called)."""
+        if self.done:
             return True
         if self._next >= self.height:
-            self.data = self._close()
+            self._close()
+            self.done = True
             return True
         started, written = time.perf_counter(), 0
         allowance = self._rounded(max(self.row_multiple, MAX_PIXELS_PER_CALL // self.width))
@@ -73,14 +69,53 @@ class BandedFile:
     def _rounded(self, rows: int) -> int:
         return max(self.row_multiple, rows // self.row_multiple * self.row_multiple)
 
-    def finish_now(self) -> bytes:
-        """The whole file in one go (a front-end with no main thread to keep free)."""
+    def finish_now(self):
+        """All of it in one go (a front-end with no main thread to keep free)."""
         while not self.pump(1e9):
             pass
-        return self.data
 
     def _write(self, band: np.ndarray, start: int) -> None:
         raise NotImplementedError
 
-    def _close(self) -> bytes:
+    def _close(self) -> None:
         raise NotImplementedError
+
+
+class BandedFile(BandedSteps):
+    """One image file (:attr:`data` once done); subclasses encode a band (:meth:`_write`) and
+    return the whole file from :meth:`_bytes`."""
+
+    suffix = ""
+
+    def __init__(self, height: int, width: int, rows: Rows):
+        super().__init__(height, width, rows)
+        self.data: bytes | None = None
+
+    @property
+    def is_float(self) -> bool:
+        return False
+
+    def finish_now(self) -> bytes:
+        super().finish_now()
+        return self.data
+
+    def _close(self) -> None:
+        self.data = self._bytes()
+
+    def _bytes(self) -> bytes:
+        raise NotImplementedError
+
+
+class BandedArray(BandedSteps):
+    """An array (:attr:`out`, of ``dtype``) filled a band at a time from ``rows``: a picture
+    converted for a model before the job sends it, say."""
+
+    def __init__(self, shape: tuple[int, ...], dtype, rows: Rows):
+        super().__init__(shape[0], shape[1], rows)
+        self.out = np.empty(shape, dtype)
+
+    def _write(self, band: np.ndarray, start: int) -> None:
+        self.out[start : start + len(band)] = band
+
+    def _close(self) -> None:
+        pass

@@ -44,7 +44,7 @@ class ExrFile(BandedFile):
             data = _zip_block(raw)
             self._blocks.append(struct.pack("<ii", start + top, len(data)) + data)
 
-    def _close(self) -> bytes:
+    def _bytes(self) -> bytes:
         header = _header(self.width, self.height)
         offsets, position = [], len(header) + 8 * len(self._blocks)
         for block in self._blocks:

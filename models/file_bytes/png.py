@@ -36,7 +36,7 @@ class PngFile(BandedFile):
         rows[:, 1:] = scaled.reshape(count, -1)  # truncation after +0.5: round half up
         self._idat.append(self._deflate.compress(rows))
 
-    def _close(self) -> bytes:
+    def _bytes(self) -> bytes:
         self._idat.append(self._deflate.flush())
         idat, self._idat = b"".join(self._idat), []
         header = struct.pack(">IIBBBBB", self.width, self.height, 8, 6, 0, 0, 0)  # 8 bits, RGBA, no interlace
