@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 
 from . import file_formats
-from .file_bytes import png
 
 
 @dataclass
@@ -142,10 +141,3 @@ def _above_one(pixels) -> tuple[int, float] | None:
     if not top > 1.0:
         return None
     return int((colour > 1.0).any(axis=-1).sum()), top
-
-
-def stored_png(straight_rgba: np.ndarray) -> bytes:
-    """An 8-bit RGBA PNG of ``straight_rgba`` (float, 0..1, top row first) in one go: what a byte
-    result is packed from (models/file_bytes/png.py; Blender's main thread writes it in bands)."""
-    height, width = straight_rgba.shape[:2]
-    return png.PngFile(height, width, lambda start, stop: straight_rgba[start:stop]).finish_now()

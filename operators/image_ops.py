@@ -76,7 +76,7 @@ class LEAN_IMAGE_AI_OT_remove_background(ModelJobOperator, bpy.types.Operator):
                 image = created.add(bpy.data.images, results.image_from_file(name, inputs.encoded, results.colorspace(info)))
             else:
                 straight = _cutout_rows(info, inputs.rgba, result.rgba)(0, inputs.rgba.shape[0])
-                image = created.add(bpy.data.images, results.new_image_like(name, straight, info, packed=not inputs.output))
+                image = created.add(bpy.data.images, results.new_image_like(name, straight, info))
             note = results.save_output(image, inputs.output)
         results.show(context, inputs.source, image)
         kept = float((result.matte > 0.5).mean())
@@ -230,7 +230,7 @@ def _colour_image(name: str, pixels, inputs):
     if inputs.encoded is not None:
         return results.image_from_file(name, inputs.encoded, results.colorspace(inputs.info))
     straight = _model_rows(pixels, inputs.info)(0, pixels.shape[0])
-    return results.new_image_like(name, straight, inputs.info, packed=not inputs.output)
+    return results.new_image_like(name, straight, inputs.info)
 
 
 def _size(image, pixels) -> tuple[int, int]:

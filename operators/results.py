@@ -23,21 +23,15 @@ def colorspace(info: image_io.ImageInfo) -> str | None:
     return info.colorspace
 
 
-def new_image_like(name: str, straight: np.ndarray, info: image_io.ImageInfo, *, packed: bool = False):
-    """A new image with the source's kind: float or byte, same colour space handling.
+def new_image_like(name: str, straight: np.ndarray, info: image_io.ImageInfo):
+    """A new generated image with the source's kind: float or byte, same colour space handling (a
+    result saved to a file; one packed into the .blend is made by :func:`image_from_file`).
 
     ``straight`` holds colour in the source's encoding (linear for float, sRGB for byte) with
-    straight alpha; float buffers get premultiplied here, as Blender keeps them. ``packed``: a
-    result the .blend keeps packed (no output file); a byte one is made packed at once.
+    straight alpha; float buffers get premultiplied here, as Blender keeps them.
     """
-    space = colorspace(info)
-    if packed and not info.is_float:
-        rgba = image_io.to_rgba(straight)
-        made = file_like(rgba.shape, lambda start, stop: rgba[start:stop], info)
-        made.finish_now()
-        return image_from_file(name, made, space)
     array = colour.premultiply(image_io.to_rgba(straight)) if info.is_float else straight
-    return image_io.array_to_new_image(name, array, float_buffer=info.is_float, colorspace=space)
+    return image_io.array_to_new_image(name, array, float_buffer=info.is_float, colorspace=colorspace(info))
 
 
 def file_like(shape: tuple[int, ...], straight_rows, info: image_io.ImageInfo) -> file_bytes.BandedFile:

@@ -53,12 +53,14 @@ def test_a_smooth_exr_block_is_deflated_and_a_noisy_one_stored(tmp_path):
 def test_the_png_is_written_in_bands_with_blenders_rounding():
     rng = np.random.default_rng(1)
     straight = rng.uniform(-0.2, 1.2, (300, 41, 4)).astype(np.float32)
+    straight[0, 0] = [0.5 / 255, 1.5 / 255 - 1e-4, 254.5 / 255, 1.0]  # x * 255 + 0.5, truncated
     made = PngFile(300, 41, lambda start, stop: straight[start:stop])
     while not made.pump(1e-9):  # the smallest budget: one band a call
         pass
     assert len(made.calls) > 2
     decoded = np.asarray(Image.open(io.BytesIO(made.data)))
     np.testing.assert_array_equal(decoded, np.floor(np.clip(straight * 255.0 + 0.5, 0, 255)).astype(np.uint8))
+    assert list(decoded[0, 0]) == [1, 1, 255, 255]  # top row first, as given
 
 
 @pytest.mark.parametrize("kind", [PngFile, ExrFile])
