@@ -66,11 +66,12 @@ def _mib(value) -> float:
     return round((value or 0) / 2**20, 1)
 
 
-def _through_operators(side: int, jobs: int) -> dict:
+def _through_operators(side: int, jobs: int, *, float_source: bool = False) -> dict:
     """Blender's side as artists use it (issue #37 items 5 and 9): tests/host_memory_job.py in a
     fresh bpy process, the Upscale button through ``bpy.ops`` (built-in bicubic x2, side -> 2 side),
     ``jobs`` jobs with each result removed, then ``jobs`` kept, then one driven as the UI drives it
-    (start_modal, then one TIMER event at a time: each a call of the add-on on Blender's main thread)."""
+    (start_modal, then one TIMER event at a time: each a call of the add-on on Blender's main thread).
+    ``float_source``: the source is a float EXR, so the result is a float image (packed as EXR)."""
     import subprocess
     import tempfile
 
@@ -81,7 +82,7 @@ def _through_operators(side: int, jobs: int) -> dict:
     env = bh.isolated_blender_env(root / "blender", pythonpath=[bh.package_search_dir(root / "pkg")])
     env.update(LEAN_IMAGE_AI_MODELS_DIR=str(root / "models"), LEAN_IMAGE_AI_LOG_DIR=str(root / "logs"))
     config = {"side": side, "jobs": jobs, "folder": str(root), "out": str(root / "out.json"),
-              "phases": ["removed", "kept", "modal"]}
+              "phases": ["removed", "kept", "modal"], "float": float_source}
     (root / "config.json").write_text(json.dumps(config), encoding="utf-8")
     done = subprocess.run([sys.executable, str(ROOT / "tests" / "host_memory_job.py"), str(root / "config.json")],
                           env=env, capture_output=True, text=True, timeout=900)
@@ -115,8 +116,9 @@ def main(argv=None) -> int:
     parser.add_argument("--pairs", type=int, default=4, help="worker/in-process pairs of the full-size job")
     parser.add_argument("--ops-side", type=int, default=1024, help="side of the Upscale jobs through bpy.ops")
     parser.add_argument("--ops-only", action="store_true", help="only the jobs through bpy.ops (issue 37 items 5, 9)")
+    parser.add_argument("--ops-float", action="store_true", help="those jobs on a float EXR source (a float result)")
     args = parser.parse_args(argv)
-    operators = _through_operators(args.ops_side, 3)  # first: a process of its own, this one still bare
+    operators = _through_operators(args.ops_side, 3, float_source=args.ops_float)  # first: a process of its own, this one still bare
     if args.ops_only:
         print(json.dumps({"longest_main_thread_call_s": round(operators["longest"], 3),
                           "longest_pump_call_s": round(operators["longest_pump"], 3),

@@ -8,8 +8,6 @@ image, an image of values); models/outputs.py plans the files and the front-end'
 
 from __future__ import annotations
 
-import struct
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -143,27 +141,3 @@ def _above_one(pixels) -> tuple[int, float] | None:
     if not top > 1.0:
         return None
     return int((colour > 1.0).any(axis=-1).sum()), top
-
-
-def stored_png(straight_rgba: np.ndarray) -> bytes:
-    """An 8-bit RGBA PNG of ``straight_rgba`` (float, 0..1, top row first), deflate level 1.
-
-    Blender packs a result from these bytes as they are: its own pack() compresses the whole image
-    in one call on the main thread (about 0.7 s for 2048x2048); level 1 takes a tenth of that on a
-    smooth image, and the packed copy stays far smaller than the pixels (level 0, stored, would
-    double what a kept result holds in memory). Rounds as Blender does when float pixels go into a
-    byte image (x * 255 + 0.5)."""
-    height, width = straight_rgba.shape[:2]
-    rows = np.empty((height, 1 + 4 * width), np.uint8)
-    rows[:, 0] = 0  # filter "None" on every row
-    scaled = np.multiply(straight_rgba, 255.0, dtype=np.float32)
-    scaled += 0.5
-    np.clip(scaled, 0.0, 255.0, out=scaled)
-    rows[:, 1:] = scaled.reshape(height, -1)  # truncation after +0.5: round half up
-    header = struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0)  # 8 bits, RGBA, no interlace
-    return b"".join((b"\x89PNG\r\n\x1a\n", _chunk(b"IHDR", header),
-                     _chunk(b"IDAT", zlib.compress(rows, 1)), _chunk(b"IEND", b"")))
-
-
-def _chunk(kind: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(data, zlib.crc32(kind)))

@@ -47,6 +47,10 @@ class LEAN_IMAGE_AI_OT_reconstruct_geometry(ModelJobOperator, bpy.types.Operator
         report(1.0, "done")
         return Reconstruction(geometry, mesh, normals, list(geometry.warnings))
 
+    def encode(self, inputs, result):
+        """The normal map (alpha 1) as a packed float EXR, unless it is saved to a file."""
+        return None if result.normal_rgba is None or inputs.output else results.value_file(result.normal_rgba)
+
     def apply(self, context, inputs, result):
         stem = inputs.stem
         geometry, arrays = result.geometry, result.mesh
@@ -64,7 +68,9 @@ class LEAN_IMAGE_AI_OT_reconstruct_geometry(ModelJobOperator, bpy.types.Operator
             )
             obj = created.add(bpy.data.objects, bpy.data.objects.new(f"{stem}_geometry", mesh))
             normal_image = None
-            if result.normal_rgba is not None:
+            if inputs.encoded is not None:
+                normal_image = created.add(bpy.data.images, results.image_from_file(f"{stem}_normal", inputs.encoded, "Non-Color"))
+            elif result.normal_rgba is not None:
                 normal_image = created.add(
                     bpy.data.images,
                     image_io.array_to_new_image(

@@ -48,14 +48,17 @@ class LEAN_IMAGE_AI_OT_remove_background(ModelJobOperator, bpy.types.Operator):
             )
         return inputs
 
+    def encode(self, inputs, result):
+        if inputs.options["replace"] or inputs.output:
+            return None
+        cutout = _cutout_rows(inputs.info, inputs.rgba, result.rgba)
+        return results.file_like(inputs.rgba.shape, cutout, inputs.info)
+
     def apply(self, context, inputs, result):
         info = inputs.info
-        source_rgba = inputs.rgba
-        straight = colour.unpremultiply(source_rgba) if info.premultiplied else source_rgba.copy()
-        # the model saw NaN/Inf replaced (see its warning); the cut-out must not keep them either
-        np.nan_to_num(straight, copy=False, nan=0.0, posinf=1.0, neginf=0.0)
-        straight[..., 3] = result.rgba[..., 3]
         if inputs.options["replace"]:
+            source_rgba = inputs.rgba
+            straight = _cutout_rows(info, source_rgba, result.rgba)(0, source_rgba.shape[0])
             image = inputs.source
             out = colour.premultiply(straight) if info.premultiplied else straight
             image_io.write_array_to_image(image, out)
@@ -67,13 +70,31 @@ class LEAN_IMAGE_AI_OT_remove_background(ModelJobOperator, bpy.types.Operator):
             image.update()
             results.remember_replaced(image)
             return f"Removed the background of '{image.name}' in place{note}"
+        name = f"{inputs.stem}_cutout"
         with results.created_data() as created:
-            image = results.new_image_like(f"{inputs.stem}_cutout", straight, info, packed=not inputs.output)
-            image = created.add(bpy.data.images, image)
+            if inputs.encoded is not None:
+                image = created.add(bpy.data.images, results.image_from_file(name, inputs.encoded, results.colorspace(info)))
+            else:
+                straight = _cutout_rows(info, inputs.rgba, result.rgba)(0, inputs.rgba.shape[0])
+                image = created.add(bpy.data.images, results.new_image_like(name, straight, info))
             note = results.save_output(image, inputs.output)
         results.show(context, inputs.source, image)
         kept = float((result.matte > 0.5).mean())
         return f"Removed the background: '{image.name}' ({kept:.0%} of the pixels kept){note}"
+
+
+def _cutout_rows(info, source_rgba, matte_rgba):
+    """Rows of the cut-out: the source's colour, straight, with the matte as alpha."""
+
+    def rows(start: int, stop: int):
+        band = source_rgba[start:stop]
+        straight = colour.unpremultiply(band) if info.premultiplied else band.copy()
+        # the model saw NaN/Inf replaced (see its warning); the cut-out must not keep them either
+        np.nan_to_num(straight, copy=False, nan=0.0, posinf=1.0, neginf=0.0)
+        straight[..., 3] = matte_rgba[start:stop, ..., 3]
+        return straight
+
+    return rows
 
 
 @with_family_options(da3.FAMILY)
@@ -85,17 +106,14 @@ class LEAN_IMAGE_AI_OT_estimate_depth(ModelJobOperator, bpy.types.Operator):
         "every colour channel), optionally a displaced plane that shows it in 3D"
     )
 
+    def encode(self, inputs, result):
+        return None if inputs.output else results.value_file(result.depth)
+
     def apply(self, context, inputs, result):
         depth = np.asarray(result.depth, np.float32)
-        rgba = np.empty((*depth.shape, 4), np.float32)
-        rgba[..., :3] = depth[..., None]
-        rgba[..., 3] = 1.0
         stem = inputs.stem
         with results.created_data() as created:
-            image = created.add(
-                bpy.data.images,
-                image_io.array_to_new_image(f"{stem}_depth", rgba, float_buffer=True, colorspace="Non-Color"),
-            )
+            image = created.add(bpy.data.images, _values_image(f"{stem}_depth", depth, inputs.encoded))
             note = _save_depth(image, depth, inputs.output)
             plane = None
             if inputs.options["make_plane"]:
@@ -106,6 +124,17 @@ class LEAN_IMAGE_AI_OT_estimate_depth(ModelJobOperator, bpy.types.Operator):
         if plane is not None:
             summary += f", plane '{plane.name}'"
         return summary + note
+
+
+def _values_image(name: str, values, encoded):
+    """A float 'Non-Color' image of ``values`` in every colour channel: from the packed file the
+    pump wrote (``encoded``), else whole (a result saved to a file)."""
+    if encoded is not None:
+        return results.image_from_file(name, encoded, "Non-Color")
+    values = np.asarray(values, np.float32)
+    rgba = np.ones((*values.shape[:2], 4), np.float32)
+    rgba[..., :3] = values.reshape(*values.shape[:2], -1)[..., :3]
+    return image_io.array_to_new_image(name, rgba, float_buffer=True, colorspace="Non-Color")
 
 
 def _save_depth(image, depth, output) -> str:
@@ -177,19 +206,31 @@ class LEAN_IMAGE_AI_OT_upscale(ModelJobOperator, bpy.types.Operator):
         "bicubic x2 when none is installed): a new '<image>_x<scale>' image"
     )
 
+    def encode(self, inputs, result):
+        return None if inputs.output else results.file_like(result.image.shape, _model_rows(result.image, inputs.info), inputs.info)
+
     def apply(self, context, inputs, result):
-        info = inputs.info
-        model_rgba = image_io.to_rgba(result.image)  # 3 channels when the source had no alpha
-        straight = colour.from_model_rgb(model_rgba, info.is_linear)
+        name = f"{inputs.stem}_x{result.scale}"
         with results.created_data() as created:
-            image = created.add(
-                bpy.data.images,
-                results.new_image_like(f"{inputs.stem}_x{result.scale}", straight, info, packed=not inputs.output),
-            )
+            image = created.add(bpy.data.images, _colour_image(name, result.image, inputs))
             note = results.save_output(image, inputs.output)
         results.show(context, inputs.source, image)
-        height, width = straight.shape[:2]  # image.size would decode a packed PNG result here
+        height, width = result.image.shape[:2]  # image.size would decode a packed result here
         return f"Upscaled x{result.scale} to '{image.name}' ({width}x{height}){note}"
+
+
+def _model_rows(pixels, info):
+    """Rows of a model's colour result (sRGB, straight; 3 channels when the source had no alpha)
+    in the source's encoding."""
+    return lambda start, stop: colour.from_model_rgb(image_io.to_rgba(pixels[start:stop]), info.is_linear)
+
+
+def _colour_image(name: str, pixels, inputs):
+    """The image of a model's colour result: from the packed file the pump wrote, else whole."""
+    if inputs.encoded is not None:
+        return results.image_from_file(name, inputs.encoded, results.colorspace(inputs.info))
+    straight = _model_rows(pixels, inputs.info)(0, pixels.shape[0])
+    return results.new_image_like(name, straight, inputs.info)
 
 
 def _size(image, pixels) -> tuple[int, int]:
@@ -204,23 +245,28 @@ class FamilyImageOperator(ModelJobOperator):
     """The operator of a family whose result is one image, when the add-on writes none by hand:
     a new image ``<image>_<tag>`` (the family's output tag), saved where Save Result To says."""
 
+    def _product(self, result):
+        # the whole values: a float file's product never clips or normalises
+        return self.family.output.image.product(result, ".exr", file_formats.BLENDER_WRITER.float_suffixes)
+
+    def encode(self, inputs, result):
+        if inputs.output:
+            return None
+        product = self._product(result)
+        if product.is_data:
+            return results.value_file(product.pixels)
+        return results.file_like(np.shape(product.pixels), _model_rows(product.pixels, inputs.info), inputs.info)
+
     def apply(self, context, inputs, result):
         family = self.family
-        # the whole values: a float file's product never clips or normalises
-        product = family.output.image.product(result, ".exr", file_formats.BLENDER_WRITER.float_suffixes)
+        product = self._product(result)
         name = f"{inputs.stem}_{family.output.tag}"
         with results.created_data() as created:
             if product.is_data:
-                values = np.asarray(product.pixels, np.float32)
-                rgba = np.ones((*values.shape[:2], 4), np.float32)
-                rgba[..., :3] = values.reshape(*values.shape[:2], -1)[..., :3]
-                image = image_io.array_to_new_image(name, rgba, float_buffer=True, colorspace="Non-Color")
-                image = created.add(bpy.data.images, image)
+                image = created.add(bpy.data.images, _values_image(name, product.pixels, inputs.encoded))
                 note = _save_values(family, image, result, inputs.output)
             else:
-                straight = colour.from_model_rgb(image_io.to_rgba(product.pixels), inputs.info.is_linear)
-                image = results.new_image_like(name, straight, inputs.info, packed=not inputs.output)
-                image = created.add(bpy.data.images, image)
+                image = created.add(bpy.data.images, _colour_image(name, product.pixels, inputs))
                 note = results.save_output(image, inputs.output)
         results.show(context, inputs.source, image)
         width, height = _size(image, product.pixels)

@@ -237,24 +237,70 @@ class InlineTask:
 class PumpedTask:
     """A batch (models/worker/remote_batch.py's RemoteBatchRun, or a shot's TwoPassBatch of them)
     pumped here: frames read and written on this thread, the model in the worker process.
-    ``result()`` gives the job's result once the batch is over."""
+    ``result()`` gives the job's result once the batch is over; ``stage(result)``, when given, what
+    the result still needs before ``finish`` applies it, as steps pumped like the batch (an object
+    with ``pump(budget) -> bool``, or None: nothing): the packed file of a result image, written a
+    band of rows per call so that no call of Blender's main thread does it whole (issue #37 item 3).
+    ``before``: steps pumped the same way before the batch's first pump (the model's input converted
+    from Blender's pixels). Nothing of Blender's data is made before ``finish``: a cancel during
+    any of these steps leaves nothing."""
 
-    def __init__(self, job: BlenderJob, batch, result: Callable[[], object] = lambda: None):
-        self.job, self.batch, self.result = job, batch, result
+    def __init__(self, job: BlenderJob, batch, result: Callable[[], object] = lambda: None,
+                 stage: Callable[[object], object] | None = None, before=None):
+        self.job, self.batch, self.result, self.stage, self.before = job, batch, result, stage, before
+        self._steps = self._staged = None
 
     def pump(self, budget: float) -> bool:
         job = self.job
         if job.done:
             return True
+        if self.before is not None:
+            return self._pump_before(budget)
+        if self._steps is not None:
+            return self._pump_steps(budget)
         try:
             if not self.batch.pump(budget):
                 return False
             result = self.result()
+            steps = self.stage(result) if self.stage is not None and not self._cancelled() else None
         except BaseException as exc:  # noqa: BLE001 - the outcome is the job's, reported by finish()
             record_failure(job, exc)
             return True
+        if steps is None:
+            return self._conclude(result)
+        self._steps, self._staged = steps, result
+        job.report(1.0, "making the result image")
+        return False  # the steps start at the next call: this one has had the batch's share
+
+    def _pump_before(self, budget: float) -> bool:
+        try:
+            if self._cancelled():  # the batch never started: nothing reached the worker
+                self.before = None
+                return self._conclude(None)
+            if self.before.pump(budget):
+                self.before = None
+        except BaseException as exc:  # noqa: BLE001 - as in pump
+            record_failure(self.job, exc)
+            return True
+        return False  # the batch starts at the next call
+
+    def _pump_steps(self, budget: float) -> bool:
+        try:
+            if not self._cancelled() and not self._steps.pump(budget):
+                return False
+        except BaseException as exc:  # noqa: BLE001 - as above
+            record_failure(self.job, exc)
+            return True
+        result, self._steps, self._staged = self._staged, None, None
+        return self._conclude(result)
+
+    def _cancelled(self) -> bool:
+        return self.job.cancel_event.is_set() or getattr(self.batch.report, "cancelled", False)
+
+    def _conclude(self, result) -> bool:
+        job = self.job
         job.result = result
-        if job.cancel_event.is_set() or getattr(self.batch.report, "cancelled", False):
+        if self._cancelled():
             job.error_text, job.state = f"{job.name} was cancelled; nothing was changed.", "cancelled"
         else:
             job.state = "finished"

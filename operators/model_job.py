@@ -18,7 +18,7 @@ import bpy
 import numpy as np
 from bpy.props import BoolProperty, StringProperty
 
-from ..models import colour, file_formats, image_meta
+from ..models import colour, file_bytes, file_formats, image_meta
 from ..models.batch.frame_lists import FrameRef
 from ..models.batch.runner import RunEvents, Runner
 from ..models.family import Family
@@ -45,6 +45,8 @@ class JobInputs:
     model_rgba: np.ndarray  # straight, sRGB-encoded: what models take
     job: ModelRun  # the model, the option values, the device and the budgets (models/model_run.py)
     output: tuple[Path, str] | None  # (path, Blender file format)
+    encoded: object = None  # the result image's packed file, written by the pump (ModelJobOperator.encode)
+    model_input: object = None  # the steps that fill ``model_rgba`` (_model_input); None once done
 
     @property
     def options(self) -> dict:
@@ -132,6 +134,19 @@ def read_frame(ref: FrameRef, warn=None):
     return image_meta.upright(pixels, image_meta.exif_orientation(ref.path))
 
 
+def _model_input(rgba: np.ndarray, info: image_io.ImageInfo) -> file_bytes.BandedArray:
+    """The model's input from Blender's pixels (straight, sRGB-encoded; a byte image's stored values
+    as uint8, so the family resizes them on uint8 as upstream does), converted by the job's pump a
+    band at a time before the batch sends it: a float source's conversion took 0.15 s and more on
+    Blender's main thread in one call."""
+
+    def rows(start: int, stop: int) -> np.ndarray:
+        band = colour.to_model_rgb(rgba[start:stop], info.is_linear, premultiplied=info.premultiplied)
+        return band if info.is_float else _as_kind(band, "8-bit")
+
+    return file_bytes.BandedArray(rgba.shape, np.float32 if info.is_float else np.uint8, rows)
+
+
 class BlenderFrames:
     """Blender's frame IO for models/batch/runner.py (models/batch/frame_io.py's FrameIO): frames
     read and results saved by Blender, on the main thread. Given the ``gathered`` pixels of an
@@ -156,10 +171,11 @@ class BlenderFrames:
         return input_kind(ref)
 
 
-def one_frame_task(job: BlenderJob, model_run: ModelRun, ref: FrameRef, pixels, shape=lambda result: result) -> PumpedTask:
+def one_frame_task(job: BlenderJob, model_run: ModelRun, ref: FrameRef, pixels, shape=lambda result: result,
+                   stage=None) -> PumpedTask:
     """The task of one gathered image: a one-frame job (models/job_spec.py) the runner runs with
     its model in the worker process; the job's result is ``shape(result)``, a failure in the
-    model the job's error."""
+    model the job's error; ``stage``: PumpedTask's steps after the model."""
     budgets = model_run.budgets
     spec = JobSpec(
         model_run.family_id, model_path=str(model_run.model.path), values=dict(model_run.values),
@@ -176,7 +192,7 @@ def one_frame_task(job: BlenderJob, model_run: ModelRun, ref: FrameRef, pixels, 
             raise LeanImageError(runner.report.failed[0][1])
         return shape(results[0]) if results else None
 
-    return PumpedTask(job, runner, result)
+    return PumpedTask(job, runner, result, stage)
 
 
 class ModelOperatorProperties:
@@ -244,9 +260,7 @@ class ModelJobOperator(ModelOperatorProperties, ModalJobOperator):
         if source.loaded:
             job.on_discard.append(sources.remove_image_later(source.image))
         rgba, info = image_io.read_image(source.image)
-        model_rgba = colour.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied)
-        if not info.is_float:  # a byte image's stored values, as uint8: the family resizes them as upstream does
-            model_rgba = _as_kind(model_rgba, "8-bit")
+        model_input = _model_input(rgba, info)
         if source.loaded and not keep:
             job.discard()
         return JobInputs(
@@ -254,20 +268,36 @@ class ModelJobOperator(ModelOperatorProperties, ModalJobOperator):
             stem=source.stem,
             info=info,
             rgba=rgba,
-            model_rgba=model_rgba,
+            model_rgba=model_input.out,
             job=model_run,
             output=output,
+            model_input=model_input,
         )
 
     def prepare(self, context, job: BlenderJob):
         inputs = job.inputs = self.gather(context, job)
-        shape = self.shape  # bound here: the result is shaped after the operator's call has returned
+        shape, encode = self.shape, self.encode  # bound here: both run after the operator's call has returned
         ref = FrameRef(0, Path(inputs.info.name))  # the image's name: what a message about it says
-        return one_frame_task(job, inputs.job, ref, inputs.model_rgba, lambda result: shape(inputs, result, job.report))
+
+        def stage(result):
+            inputs.encoded = encode(inputs, result)
+            return inputs.encoded
+
+        task = one_frame_task(job, inputs.job, ref, inputs.model_rgba, lambda result: shape(inputs, result, job.report),
+                              stage)
+        task.before, inputs.model_input = inputs.model_input, None
+        return task
 
     def shape(self, inputs: JobInputs, result, report):
         """The model's result as ``apply`` takes it (numpy only, no bpy); by default as it is."""
         return result
+
+    def encode(self, inputs: JobInputs, result):
+        """The packed file of the result image, as a models/file_bytes/ file the job's pump writes a
+        band at a time before :meth:`apply` (which then makes the image from it: ``inputs.encoded``),
+        so no call of Blender's main thread converts and compresses a whole result; None: ``apply``
+        makes the result whole (a result saved to a file through Blender's writer, one not an image)."""
+        return None
 
     def apply(self, context, inputs: JobInputs, result) -> str:
         """Create Blender data from the result; returns a one-line summary for the report.

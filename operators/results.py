@@ -10,48 +10,85 @@ from pathlib import Path
 import bpy
 import numpy as np
 
-from ..models import colour, file_formats, result_images
+from ..models import colour, file_bytes, file_formats, result_images
 from . import image_io, sources
 
 
-def new_image_like(name: str, straight: np.ndarray, info: image_io.ImageInfo, *, packed: bool = False):
-    """A new image with the source's kind: float or byte, same colour space handling.
+def colorspace(info: image_io.ImageInfo) -> str | None:
+    """The colour space of a result like the source (None: Blender's default for its kind)."""
+    if info.is_data:
+        return "Non-Color"
+    if info.is_float:
+        return None  # Blender's scene-linear default: float pixels are linear
+    return info.colorspace
+
+
+def new_image_like(name: str, straight: np.ndarray, info: image_io.ImageInfo):
+    """A new generated image with the source's kind: float or byte, same colour space handling (a
+    result saved to a file; one packed into the .blend is made by :func:`image_from_file`).
 
     ``straight`` holds colour in the source's encoding (linear for float, sRGB for byte) with
-    straight alpha; float buffers get premultiplied here, as Blender keeps them. ``packed``: a
-    result the .blend keeps packed (no output file); a byte one is made packed at once
-    (:func:`_new_packed_image`).
+    straight alpha; float buffers get premultiplied here, as Blender keeps them.
     """
-    if info.is_data:
-        colorspace = "Non-Color"
-    elif info.is_float:
-        colorspace = None  # Blender's scene-linear default: float pixels are linear
-    else:
-        colorspace = info.colorspace
-    if packed and not info.is_float:
-        return _new_packed_image(name, image_io.to_rgba(straight), colorspace)
     array = colour.premultiply(image_io.to_rgba(straight)) if info.is_float else straight
-    return image_io.array_to_new_image(name, array, float_buffer=info.is_float, colorspace=colorspace)
+    return image_io.array_to_new_image(name, array, float_buffer=info.is_float, colorspace=colorspace(info))
 
 
-# Images _new_packed_image made, not yet kept (session_uid: an image the add-on draws again, as
+def file_like(shape: tuple[int, ...], straight_rows, info: image_io.ImageInfo) -> file_bytes.BandedFile:
+    """The file a packed result like the source is made from, written by the job's pump a band at a
+    time (models/file_bytes/): ``straight_rows(start, stop)`` gives the result's rows as
+    :func:`new_image_like` takes them. A float source's result: a float EXR of premultiplied
+    colour, as Blender keeps float buffers; a byte source's: an 8-bit PNG."""
+    height, width = shape[:2]
+    if info.is_float:
+        return file_bytes.ExrFile(height, width, lambda start, stop: colour.premultiply(straight_rows(start, stop)))
+    return file_bytes.PngFile(height, width, straight_rows)
+
+
+def value_file(values: np.ndarray) -> file_bytes.BandedFile:
+    """A float EXR of values, alpha 1 (one channel, as depth, in every colour channel; three, as a
+    normal map, as they are), written a band at a time by the job's pump."""
+    values = np.asarray(values, np.float32)
+    height, width = values.shape[:2]
+    planes = values.reshape(height, width, -1)
+
+    def rows(start: int, stop: int) -> np.ndarray:
+        rgba = np.ones((stop - start, width, 4), np.float32)
+        rgba[..., :3] = planes[start:stop, :, :3]
+        return rgba
+
+    return file_bytes.ExrFile(height, width, rows)
+
+
+def float_file(pixels: np.ndarray) -> file_bytes.BandedFile:
+    """A float EXR of ``pixels`` as given (``(H, W)`` or ``(H, W, 1..4)``, as
+    :func:`image_io.array_to_new_image` writes them into a float image), a band at a time."""
+    height, width = np.shape(pixels)[:2]
+    return file_bytes.ExrFile(height, width, lambda start, stop: image_io.to_rgba(pixels[start:stop]))
+
+
+# Images image_from_file made, not yet kept (session_uid: an image the add-on draws again, as
 # the memory plot, is packed again by keep).
 _made_packed: set[int] = set()
 
 
-def _new_packed_image(name: str, straight_rgba: np.ndarray, colorspace: str | None):
-    """A byte image read from a PNG packed into the .blend, made from our own stored PNG: neither
-    ``pixels.foreach_set`` (a flipped float copy) nor Blender's pack() (which compresses the whole
-    image) runs, and Blender decodes the PNG when the image is first shown. Issue #37 item 10:
-    Blender's main thread spent about a second there for a 2048x2048 result. Packed at once,
-    undo's memfile and redo keep its pixels (a pack deferred to the save would lose them on redo)."""
-    height, width = straight_rgba.shape[:2]
-    data = result_images.stored_png(straight_rgba)
-    image = bpy.data.images.new(name, width=width, height=height, alpha=True)
+def image_from_file(name: str, made: file_bytes.BandedFile, colorspace: str | None):
+    """An image read from ``made``'s finished file (a PNG or float EXR) packed into the .blend:
+    neither ``pixels.foreach_set`` (a flipped float copy) nor Blender's pack() (which compresses
+    the whole image) runs on the main thread, and Blender decodes the file when the image is first
+    shown. Issue #37 items 3 and 10: Blender's main thread spent about a second there for a
+    2048x2048 result. Packed at once, undo's memfile and redo keep its pixels (a pack deferred to
+    the save would lose them on redo)."""
+    data = made.data
+    # 1x1: a new image gets a generated buffer of its size at once (64 MiB to fill for a float
+    # 2048x2048, 0.07 s), dropped as soon as it reads its file, which gives the size
+    image = bpy.data.images.new(name, width=1, height=1, alpha=True, float_buffer=made.is_float)
     try:
         image.pack(data=data, data_len=len(data))
-        image.filepath_raw = f"{image.name}.png"
+        image.filepath_raw = f"{image.name}{made.suffix}"
         image.source = "FILE"
+        if made.is_float:  # as Blender opens an .exr file: its colour is premultiplied, as written
+            image.alpha_mode = "PREMUL"
         if colorspace is not None and image.colorspace_settings.name != colorspace:
             image.colorspace_settings.name = colorspace
     except Exception:
@@ -94,7 +131,7 @@ def keep(image, path: Path | None = None, *, result: bool = True) -> None:
     if result:
         image.use_fake_user = True
     if path is None:
-        if image.session_uid in _made_packed:  # by _new_packed_image, with these very pixels
+        if image.session_uid in _made_packed:  # by image_from_file, with these very pixels
             _made_packed.discard(image.session_uid)
             return
         # said before packing, as versions differ in what they pick: floats as full-float EXR

@@ -239,21 +239,25 @@ class LEAN_IMAGE_AI_OT_preview_frame(ModalJobOperator, bpy.types.Operator):
         shot = options.shot_settings_of(self, family.id)
         model_run.extra.update(shot.adapter_kwargs())  # a given field of view; a fitted shot focal needs the shot
         pixels = read_frame(refs[0])  # main thread: Blender reads the file
-        job.inputs = SimpleNamespace(number=number, shot=shot, family=family)
-        return one_frame_task(job, model_run, refs[0], pixels)
+        inputs = job.inputs = SimpleNamespace(number=number, shot=shot, family=family, product=None, encoded=None)
+
+        def stage(result):  # the image's file, written by the pump a band at a time (ModelJobOperator.encode)
+            inputs.product = preview_product(family.id, result, shot)
+            inputs.encoded = results.float_file(inputs.product.pixels)
+            return inputs.encoded
+
+        return one_frame_task(job, model_run, refs[0], pixels, stage=stage)
 
     def finish(self, context, job: BlenderJob):
         if job.state != "finished":
             self.report({"ERROR"} if job.state == "failed" else {"WARNING"}, job.error_text)
             return {"CANCELLED"}
         inputs = job.inputs
-        product = preview_product(inputs.family.id, job.result, inputs.shot)
+        product = inputs.product
         old = bpy.data.images.get(PREVIEW_IMAGE)
         if old is not None:
             bpy.data.images.remove(old)
-        image = image_io.array_to_new_image(
-            PREVIEW_IMAGE, product.pixels, float_buffer=True, colorspace="Non-Color" if product.is_data else None
-        )
+        image = results.image_from_file(PREVIEW_IMAGE, inputs.encoded, "Non-Color" if product.is_data else None)
         shown = show_in_image_editor(context, image)
         where = "shown in the Image Editor" if shown else f"in the image '{PREVIEW_IMAGE}' (open an Image Editor to see it)"
         span = f", depth {product.value_range[0]:.4g}..{product.value_range[1]:.4g}" if product.value_range else ""

@@ -3,7 +3,7 @@
     python host_memory_job.py CONFIG.json   writes CONFIG's "out" (one JSON object)
 
 CONFIG: "side" (the source's side; the built-in bicubic x2 makes it twice that), "jobs" (per
-phase), "folder" (a scratch folder), "out", and "phases": any of
+phase), "folder" (a scratch folder), "out", "float" (optional: a float EXR source), and "phases": any of
   removed   RSS before and after ``jobs`` Upscale jobs, each result image removed after its job
   kept      the same with every result kept: growth next to the results' own pixel bytes
   refs      with Python's cycle collector off: weak references to the job's task and every
@@ -41,14 +41,16 @@ def rss() -> int:
 
 
 def source_file(side: int) -> str:
-    """A smooth 8-bit photo-like PNG (a packed result of noise would weigh twice its pixels)."""
-    path = FOLDER / f"source_{side}.png"
+    """A smooth 8-bit photo-like PNG (a packed result of noise would weigh twice its pixels); with
+    CONFIG "float", a float EXR of the same pixels (its result a float image)."""
+    is_float = CONFIG.get("float", False)
+    path = FOLDER / f"source_{side}.{'exr' if is_float else 'png'}"
     if not path.is_file():
         y, x = np.mgrid[0:side, 0:side].astype(np.float32) / side
         pixels = np.stack([x, y, (x + y) / 2, np.ones_like(x)], axis=-1)
-        image = bpy.data.images.new("source", side, side, alpha=True)
+        image = bpy.data.images.new("source", side, side, alpha=True, float_buffer=is_float)
         image.pixels.foreach_set(pixels.ravel())
-        image.filepath_raw, image.file_format = str(path), "PNG"
+        image.filepath_raw, image.file_format = str(path), "OPEN_EXR" if is_float else "PNG"
         image.save()
         bpy.data.images.remove(image)
     return str(path)

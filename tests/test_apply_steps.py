@@ -1,0 +1,232 @@
+"""Issue #37 item 3: no single call of the add-on on Blender's main thread makes a large result whole.
+
+The real Upscale operator (bpy 5.0.1, built-in bicubic x2 in the model worker, 1024x1024 ->
+2048x2048) driven as Blender's UI drives it (tests/modal_standins.py: ``start_modal``, then one
+TIMER event at a time). Every call of ``zlib``'s deflate on this process is counted per timer call:
+the result's packed file (a PNG for a byte source, a float EXR for a float one) is deflated over
+several calls, none more than ``MAX_PIXELS_PER_CALL`` pixels' worth, and the image appears only in
+the last call, which deflates nothing; the model's input is converted over several calls too.
+Before, one call converted and deflated all 2048 rows (a byte result) or Blender's pack() wrote
+the whole EXR (a float one), and the operator's start converted the whole source for the model. Behaviour, not seconds: the
+time of a call depends on the machine (bench/worker.py --ops-only measures it).
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import blender_helpers as bh  # noqa: E402
+
+bpy = pytest.importorskip("bpy")
+bh.import_package()
+
+from lean_image_ai.models import colour  # noqa: E402
+from lean_image_ai.models.file_bytes import MAX_PIXELS_PER_CALL  # noqa: E402
+from lean_image_ai.models.store import library  # noqa: E402
+from lean_image_ai.operators import image_io, image_ops, jobs  # noqa: E402
+from modal_standins import ESC, TIMER, StandInContext, drive, driver_class  # noqa: E402
+from PIL import Image as PILImage  # noqa: E402
+
+SIDE = 1024  # the built-in bicubic x2 makes 2048x2048
+RESULT = 2 * SIDE
+
+LEANTEST_OT_drive_upscale_apply = driver_class(
+    image_ops.LEAN_IMAGE_AI_OT_upscale, "lean_image_ai_test.drive_upscale_apply", "LEANTEST_OT_drive_upscale_apply"
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    mine = [cls for cls in (*jobs.classes, *image_ops.classes) if not cls.is_registered]
+    for cls in mine:
+        bpy.utils.register_class(cls)
+    bpy.utils.register_class(LEANTEST_OT_drive_upscale_apply)
+    yield
+    bpy.utils.unregister_class(LEANTEST_OT_drive_upscale_apply)
+    for cls in reversed(mine):
+        if cls.is_registered:
+            bpy.utils.unregister_class(cls)
+
+
+@pytest.fixture(autouse=True)
+def clean(tmp_path, monkeypatch):
+    (tmp_path / "models").mkdir()  # empty: the built-in bicubic x2
+    monkeypatch.setenv(library.MODELS_DIR_ENV, str(tmp_path / "models"))
+    bh.reset_blender()
+    yield
+    jobs.manager.cancel_all()
+    bh.reset_blender()
+
+
+class Deflate:
+    """Counts the bytes this process hands to zlib's deflate, per timer call (``call``; -1: the
+    operator's start), and the pixels it converts for the model (``converted``)."""
+
+    def __init__(self, monkeypatch):
+        self.call, self.fed, self.converted = -1, {}, {}
+        real_to_model_rgb = colour.to_model_rgb
+
+        def to_model_rgb(array, *args, **kwargs):
+            self.converted[self.call] = self.converted.get(self.call, 0) + int(np.prod(np.shape(array)[:2]))
+            return real_to_model_rgb(array, *args, **kwargs)
+
+        monkeypatch.setattr(colour, "to_model_rgb", to_model_rgb)
+        real_compress, real_compressobj, deflate = zlib.compress, zlib.compressobj, self
+
+        def compress(data, *args, **kwargs):
+            deflate.count(data)
+            return real_compress(data, *args, **kwargs)
+
+        class CountingCompressor:
+            def __init__(self, *args, **kwargs):
+                self._real = real_compressobj(*args, **kwargs)
+
+            def compress(self, data):
+                deflate.count(data)
+                return self._real.compress(data)
+
+            def flush(self, *args):
+                return self._real.flush(*args)
+
+        monkeypatch.setattr(zlib, "compress", compress)
+        monkeypatch.setattr(zlib, "compressobj", CountingCompressor)
+
+    def count(self, data) -> None:
+        self.fed[self.call] = self.fed.get(self.call, 0) + memoryview(data).nbytes
+
+
+def byte_source(folder: Path) -> Path:
+    rng = np.random.default_rng(5)
+    y, x = np.mgrid[0:SIDE, 0:SIDE] / SIDE
+    pixels = np.stack([x, y, (x + y) / 2, 0.5 + x / 2], axis=-1) * 235 + rng.integers(0, 20, (SIDE, SIDE, 4))
+    path = folder / "photo.png"
+    PILImage.fromarray(pixels.astype(np.uint8), "RGBA").save(path)
+    return path
+
+
+def float_source(folder: Path) -> Path:
+    """A float EXR with colour above 1 and alpha below 1 (so premultiplying matters)."""
+    y, x = np.mgrid[0:SIDE, 0:SIDE].astype(np.float32) / SIDE
+    straight = np.stack([3 * x, y, (x + y) / 2, 0.25 + 0.75 * y], axis=-1)
+    image = bpy.data.images.new("plate", SIDE, SIDE, alpha=True, float_buffer=True)
+    image.pixels.foreach_set(np.ascontiguousarray(colour.premultiply(straight)[::-1]).ravel())
+    path = folder / "plate.exr"
+    image.filepath_raw, image.file_format = str(path), "OPEN_EXR"
+    image.save()
+    bpy.data.images.remove(image)
+    return path
+
+
+def run_modal(path: Path, deflate: Deflate, *, cancel_when=None) -> dict:
+    """Drive one Upscale job; per timer call, the new images after it. Returns what was seen,
+    with the job's own result pixels (taken as the lane ends the job). ``cancel_when()``: Esc
+    once it is true while the job runs."""
+    seen = {"images": [], "result": None}
+    cancel = [cancel_when]
+
+    def keep_result(job):
+        seen["result"] = getattr(job.result, "image", None)
+
+    def script(op):
+        ctx = StandInContext()
+        before = set(bpy.data.images)
+        state = op.start_modal(ctx)
+        deadline = time.monotonic() + 300
+        while state == {"RUNNING_MODAL"}:
+            assert time.monotonic() < deadline, "the job did not end in time"
+            if cancel[0] is not None and cancel[0]() and jobs.manager.current is not None:
+                op.modal(ctx, ESC)
+                cancel[0] = None
+                seen["cancelled_at"] = deflate.call
+            deflate.call += 1
+            state = op.modal(ctx, TIMER)
+            seen["images"].append(sorted(image.name for image in bpy.data.images if image not in before))
+            time.sleep(0.005)
+        seen["state"] = state
+        return state
+
+    jobs.manager.on_end.append(keep_result)
+    try:
+        drive(bpy.ops.lean_image_ai_test.drive_upscale_apply, script, filepath=str(path))
+    finally:
+        jobs.manager.on_end.remove(keep_result)
+    return seen
+
+
+def check_spread(seen: dict, deflate: Deflate, bytes_per_call: int, file_bytes: int) -> None:
+    calls = sorted(deflate.fed)
+    assert seen["state"] == {"FINISHED"}
+    assert len(calls) >= 2, f"the result was deflated in one timer call: {deflate.fed}"
+    assert max(deflate.fed.values()) <= bytes_per_call, deflate.fed
+    assert sum(deflate.fed.values()) >= file_bytes  # the whole image went through deflate
+    last = len(seen["images"]) - 1
+    assert last not in deflate.fed, "the call that makes the image also deflates"
+    assert all(images == [] for images in seen["images"][:-1]), "an image existed before the last call"
+    assert len(seen["images"][-1]) == 1
+
+
+def test_a_large_byte_result_is_deflated_over_several_calls_and_made_in_the_last(tmp_path, monkeypatch):
+    path = byte_source(tmp_path)
+    deflate = Deflate(monkeypatch)
+    seen = run_modal(path, deflate)
+    row = 1 + 4 * RESULT  # a PNG row: its filter byte and 8-bit RGBA
+    check_spread(seen, deflate, (MAX_PIXELS_PER_CALL // RESULT) * row, RESULT * row)
+
+    image = bpy.data.images[seen["images"][-1][0]]
+    assert image.packed_file is not None and tuple(image.size) == (RESULT, RESULT)
+    decoded = np.asarray(PILImage.open(io.BytesIO(image.packed_file.data)))
+    expected = np.floor(np.clip(image_io.to_rgba(seen["result"]) * 255.0 + 0.5, 0, 255)).astype(np.uint8)
+    np.testing.assert_array_equal(decoded, expected)  # Blender's rounding of float pixels into a byte image
+
+
+def test_a_large_float_result_is_deflated_over_several_calls_and_reads_back_exactly(tmp_path, monkeypatch):
+    path = float_source(tmp_path)
+    deflate = Deflate(monkeypatch)
+    seen = run_modal(path, deflate)
+    check_spread(seen, deflate, MAX_PIXELS_PER_CALL * 16, RESULT * RESULT * 16)  # 4 float32 samples a pixel
+
+    image = bpy.data.images[seen["images"][-1][0]]
+    assert image.packed_file is not None and image.is_float
+    straight = colour.from_model_rgb(image_io.to_rgba(seen["result"]), True)
+    expected = colour.premultiply(straight)  # as Blender keeps float pixels, and as the old path wrote them
+    assert float(expected[..., 3].min()) < 0.5  # alpha below 1 went through
+    np.testing.assert_array_equal(image_io.image_to_array(image), expected)
+
+
+def test_a_float_sources_conversion_for_the_model_is_spread_over_calls(tmp_path, monkeypatch):
+    """The model's input (a float source unpremultiplied and sRGB-encoded) is converted by the
+    pump too: neither the operator's start nor one timer call converts the whole picture."""
+    path = float_source(tmp_path)
+    deflate = Deflate(monkeypatch)
+    assert run_modal(path, deflate)["state"] == {"FINISHED"}
+    assert sum(deflate.converted.values()) == SIDE * SIDE, deflate.converted
+    assert -1 not in deflate.converted, "the operator's start converted the source"
+    assert max(deflate.converted.values()) <= MAX_PIXELS_PER_CALL, deflate.converted
+
+
+def test_cancel_while_the_result_is_being_written_leaves_nothing(tmp_path, monkeypatch):
+    path = byte_source(tmp_path)
+    deflate = Deflate(monkeypatch)
+    seen = run_modal(path, deflate, cancel_when=lambda: deflate.fed)
+    assert "cancelled_at" in seen, "the job ended before its result was being written"
+    assert seen["state"] == {"CANCELLED"}
+    assert all(images == [] for images in seen["images"]), seen["images"]
+    assert jobs.manager.last.state == "cancelled"
+
+
+def test_cancel_while_the_models_input_is_converted_ends_before_the_model_runs(tmp_path, monkeypatch):
+    path = float_source(tmp_path)
+    deflate = Deflate(monkeypatch)
+    seen = run_modal(path, deflate, cancel_when=lambda: deflate.converted)
+    assert seen["cancelled_at"] == 0 and seen["state"] == {"CANCELLED"}  # after the first band
+    assert seen["result"] is None and not deflate.fed
+    assert all(images == [] for images in seen["images"]), seen["images"]
+    assert jobs.manager.last.state == "cancelled"
