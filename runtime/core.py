@@ -27,8 +27,7 @@ from .errors import (
 )
 from .log import native_log
 from .log.events import EventLog
-from .measure.memory import memory_snapshot, nvidia_gpu_count, trim_process_heap
-from .measure.timeline import figures
+from .measure.memory import figures, memory_snapshot, nvidia_gpu_count, trim_process_heap
 from .oom import out_of_memory_resource
 from .operation import Operation
 from .plugin_eps import registry as plugin_registry

@@ -17,9 +17,9 @@ from .errors import (
     first_line,
 )
 from .measure.budget import JobBudget, elements, remember_working
-from .measure.memory import gpu_snapshot, memory_snapshot, trim_process_heap
+from .measure.memory import figures, gpu_snapshot, memory_snapshot, trim_process_heap
 from .measure.memory_report import format_job_memory, job_figures, mb
-from .measure.timeline import Timeline, figures
+from .measure.timeline import Timeline
 from .measure.unfinished import unfinished_bytes
 from .oom import out_of_memory_resource
 from .providers import (
