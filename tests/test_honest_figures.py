@@ -30,10 +30,10 @@ MIB = 2**20
 DRIVER = """
 import json, sys
 from lean_image_ai.ui.cli.main import main
-from lean_image_ai.models.worker import host_record
+from lean_image_ai.runtime import get_runtime
 from lean_image_ai.runtime.measure import memory_plot
 code = main(sys.argv[1:])
-timeline = host_record.last_timeline
+timeline = get_runtime().last_timeline
 layout = memory_plot.label_layout(timeline)
 print("PICTURE " + json.dumps({"code": code, "title": layout["title"],
       "labels": [text for text, _, _ in layout["labels"]], "legend": memory_plot.legend(timeline)}))
