@@ -222,7 +222,8 @@ def idle_tick():
         return IDLE_CHECK_MAX_S if (_local_sessions(local) or worker.running) and limit > 0 else None
     if local is not None:
         local.unload_idle(limit)
-    worker.check_idle(limit)  # the worker's end is what gives its memory back
+    if worker.check_alive():  # a worker stopped while idle is ended here, not at the next job's deadline
+        worker.check_idle(limit)  # the worker's end is what gives its memory back
     handles = _local_sessions(local)
     if not handles and not worker.running:
         return None  # nothing cached: the next job arms it again

@@ -101,6 +101,38 @@ def test_a_worker_stopped_while_idle_is_replaced_and_the_next_job_runs(client, s
     assert client.spawns == 2
 
 
+def test_the_idle_timer_ends_a_worker_stopped_while_idle_and_keeps_one_that_answers(client, small_model, monkeypatch):
+    """hostrt item 2, the idle timer's side (operators/memory_ops.py idle_tick): it asks an idle
+    worker for its state at one tick and, at a tick past the heartbeat deadline, ends one that
+    never answered (no wait at either tick); the next job then starts a new worker at once."""
+    monkeypatch.setenv(worker_client.HEARTBEAT_ENV, "1")
+    next_job_works(client, small_model)
+    client.status = {}
+    assert client.check_alive() and client.running  # asked; it answers between ticks
+    deadline = time.monotonic() + 30
+    while not client.status and time.monotonic() < deadline:  # its answer is a status
+        client.messages()
+        time.sleep(0.01)
+    time.sleep(1.1)  # the next tick, past the deadline
+    assert client.status and client.check_alive() and client.running, "it answered: kept (and asked again)"
+    pid, mark = client.pid, time.time()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert client.check_alive() and client.running  # a new question; its answer cannot come
+        time.sleep(1.5)
+        began = time.monotonic()
+        assert client.check_alive() is False
+        assert time.monotonic() - began < 6  # a kill and its reap, no wait for an answer
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    assert not client.running
+    (said,) = [e["reason"] for e in host_record.events.recent("worker_restart") if e["time"] >= mark]
+    assert said.startswith("the idle model process did not answer for ") and "\n" not in said
+    next_job_works(client, small_model)
+    assert client.pid != pid
+
+
 def test_an_array_file_removed_before_it_is_read_is_one_line_and_a_reset(client, small_model):
     run, written, _ = batch(client, small_model, image(64))
     run.pump(0.01)  # the job and its frame are sent; the result comes back as a file

@@ -90,6 +90,7 @@ class WorkerClient(MemoryRequests):
         self._outbox: list[p.Message] = []  # sent before a dialling worker's hello: sent after it
         self._unanswered: list[p.Message] | None = None  # sent since the job began, while nothing was heard
         self._replaced = False  # this job's worker was replaced once already
+        self._asked_alive_at: float | None = None  # the idle timer's last question (check_alive)
         _clients.add(self)
 
     # -- the process ---------------------------------------------------------------------------
@@ -180,7 +181,7 @@ class WorkerClient(MemoryRequests):
         if self.exchange is not None:
             self.exchange.remove()
         self.launch, self.exchange, self.job_name, self._cancel_at = None, None, "", None
-        self._outbox, self._unanswered = [], None
+        self._outbox, self._unanswered, self._asked_alive_at = [], None, None
         self.idle_since = time.monotonic()
 
     # -- messages --------------------------------------------------------------------------------

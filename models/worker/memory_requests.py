@@ -1,8 +1,8 @@
 """What the host asks of an idle model worker about its memory (bpy-free), a part of the worker
 client (models/worker/client.py's WorkerClient mixes it in): the panel's one line of its state,
 Release now / Unload all in it, Free Memory Now (its end, with what it held just before), and the
-idle end the host's timer checks. Every answer is waited for at most :data:`FREE_WAIT_S` (a
-bounded wait on a button); nothing here starts a thread.
+idle end and liveness the host's timer checks. Every answer is waited for at most
+:data:`FREE_WAIT_S` (a bounded wait on a button), the timer's never; nothing here starts a thread.
 """
 
 from __future__ import annotations
@@ -80,6 +80,36 @@ class MemoryRequests:
             return False
         self.stop()
         host_record.worker_ended()
+        return True
+
+    def check_alive(self, *, now: float | None = None) -> bool:
+        """The host's timer, at each tick, on an idle worker (no wait): the state it asks for at
+        one tick must have come by a later one; a worker silent for the heartbeat deadline since
+        (stopped or hung while idle) is ended, and the next job starts a new one without first
+        waiting that deadline out. False when it is not running (now)."""
+        from .client import heartbeat_deadline  # the client module holds the deadlines (and mixes this in)
+
+        if not self.running or self.job_name or self.peer is None:
+            return self.running
+        now = time.monotonic() if now is None else now
+        try:
+            self.messages()
+        except (LeanImageError, OSError):
+            return False
+        asked = self._asked_alive_at
+        if asked is not None and self._heard_at < asked:  # nothing heard since it was asked
+            if now - asked <= heartbeat_deadline():
+                return True
+            self._note("worker_restart", reason=f"the idle model process did not answer for {now - asked:.0f} s "
+                                                "(stopped or hung); it was ended, the next job starts a new one")
+            self.kill()
+            host_record.worker_ended()
+            return False
+        try:
+            self.send(p.Ask("state"))
+        except (LeanImageError, OSError):
+            return False
+        self._asked_alive_at = now
         return True
 
     def idle_wait(self, idle_seconds: float, *, now: float | None = None) -> float | None:
