@@ -13,6 +13,7 @@ import time
 from ...runtime.errors import LeanImageError
 from . import host_record
 from . import protocol as p
+from .deadlines import heartbeat_deadline
 
 FREE_WAIT_S = 2.0  # Free memory now waits this long for the worker's own figures, then ends it anyway
 
@@ -87,8 +88,6 @@ class MemoryRequests:
         one tick must have come by a later one; a worker silent for the heartbeat deadline since
         (stopped or hung while idle) is ended, and the next job starts a new one without first
         waiting that deadline out. False when it is not running (now)."""
-        from .client import heartbeat_deadline  # the client module holds the deadlines (and mixes this in)
-
         if not self.running or self.job_name or self.peer is None:
             return self.running
         now = time.monotonic() if now is None else now
