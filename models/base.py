@@ -14,12 +14,15 @@ import contextlib
 import weakref
 from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..runtime import Runtime, SessionHandle, get_runtime
 from ..runtime.errors import InvalidModelOutputError, ModelContractError
 from ..runtime.settings import MemoryBudgets
+
+if TYPE_CHECKING:  # the runtime itself loads where a model runs (the worker), not with these options
+    from ..runtime import Runtime, SessionHandle
 
 ProgressCallback = Callable[[float, str], None]
 
@@ -34,6 +37,8 @@ class RunOptions:
     budgets: MemoryBudgets | None = None  # the job's memory budgets (None: the runtime's settings')
 
     def get_runtime(self) -> Runtime:
+        from ..runtime import get_runtime
+
         return self.runtime or get_runtime()
 
     def report(self, fraction: float, stage: str) -> None:

@@ -13,13 +13,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..runtime import Operation, SessionHandle, mark_last
 from ..runtime.errors import ModelContractError
 from .base import ResultSink, RunOptions, as_frames
 from .family import command_of
 from .imaging import PreparedImage, prepare_image
 from .store import family_check
+
+if TYPE_CHECKING:  # the families import this module in Blender's process too, which loads no runtime
+    from ..runtime import Operation, SessionHandle
 
 
 class FrameLoop:
@@ -145,6 +148,10 @@ def run_frames(
     results = ResultSink(options)
     loop = FrameLoop(family, model_path, options, single=single, count=len(frames))
     loop.frames = frames  # a frame source that knows its files names them (Frame.label)
+    from ..runtime.session import (
+        mark_last,  # the runtime loads where a model runs (the worker), not with the families
+    )
+
     runtime = options.get_runtime()
     # named as the user runs it (remove-background, depth): the report, the picture and the log say it
     operation = runtime.operation(command_of(family), cancel=options.cancel, budgets=options.budgets)

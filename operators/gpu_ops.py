@@ -14,8 +14,8 @@ import sys
 
 import bpy
 
-from ..models.worker import engine_python
-from ..runtime import get_runtime
+from ..models.worker import client as worker_client
+from ..models.worker import engine_python, host_record
 from ..runtime.cuda import engine_command, gpu_libraries
 from ..runtime.log import doctor_process
 from . import prefs
@@ -94,8 +94,9 @@ class LEAN_IMAGE_AI_OT_remove_gpu_runtime(bpy.types.Operator):
             self.report({"ERROR"}, f"'{running.name}' may be running on the GPU; wait or cancel it first.")
             return {"CANCELLED"}
         folder = prefs.gpu_runtime_folder()
-        # CUDA sessions hold the libraries: drop every session before their files go.
-        get_runtime().clear("gpu runtime removed")
+        # the model worker loaded the libraries (Blender's process never does): it ends before their files go
+        worker_client.shared().stop()
+        host_record.worker_ended()
         try:
             removed = gpu_libraries.remove(folder)
         except gpu_libraries.GpuRuntimeError as exc:

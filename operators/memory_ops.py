@@ -6,10 +6,13 @@ drops the sessions. Both report what they freed, in the runtime's wording. The l
 in the model worker like a model job (progress, Esc or Cancel) and says stable or growing
 at the end. After each finished job the image "Lean Image AI Memory" shows its memory timeline
 (runtime/measure/memory_plot.py); a cancelled or failed job changes no Blender data, that image included.
-Idle unload is a Blender timer armed after each job, re-armed only while sessions are cached or
-the model worker runs, never in background mode (there are no timers there and a script decides
-for itself); it ends the worker process (models/worker/client.py), which gives everything back.
-"Free memory now" ends the worker at once and says how much it held just before.
+Idle unload is a Blender timer armed after each job, re-armed only while the model worker runs
+(or, with LEAN_IMAGE_AI_IN_PROCESS, sessions are cached in this process), never in background
+mode (there are no timers there and a script decides for itself); it ends the worker process
+(models/worker/client.py), which gives everything back. "Free memory now" ends the worker at once
+and says how much it held just before. The models, their sessions and the runtime are the
+worker's: this process makes no Runtime; what it shows of the last job is
+models/worker/host_record.py's.
 """
 
 import bpy
@@ -18,7 +21,8 @@ import numpy as np
 from ..models import families
 from ..models.base import RunOptions
 from ..models.worker import client as worker_client
-from ..runtime import get_runtime
+from ..models.worker import host_record
+from ..models.worker.remote_batch import in_process_runtime
 from ..runtime.log import event_file
 from ..runtime.measure import memory_plot
 from ..runtime.measure.leak_check import MIN_RUNS, RUNS_REASON
@@ -47,9 +51,7 @@ class LEAN_IMAGE_AI_OT_release_memory(bpy.types.Operator):
     def execute(self, context):
         if _busy(self):
             return {"CANCELLED"}
-        in_worker = worker_client.shared().ask("release")  # the models are the worker's
-        freed = get_runtime().release_now()  # and whatever a job run in this process left (LEAN_IMAGE_AI_IN_PROCESS)
-        self.report({"INFO"}, format_freed("Release now", in_worker or freed))
+        self.report({"INFO"}, _freed("Release now", "release", lambda runtime: runtime.release_now()))
         return {"FINISHED"}
 
 
@@ -62,10 +64,19 @@ class LEAN_IMAGE_AI_OT_unload_all(bpy.types.Operator):
     def execute(self, context):
         if _busy(self):
             return {"CANCELLED"}
-        in_worker = worker_client.shared().ask("unload")  # the models are the worker's
-        freed = get_runtime().unload()  # and whatever a job run in this process left (LEAN_IMAGE_AI_IN_PROCESS)
-        self.report({"INFO"}, format_freed("Unload all", in_worker or freed))
+        self.report({"INFO"}, _freed("Unload all", "unload", lambda runtime: runtime.unload()))
         return {"FINISHED"}
+
+
+def _freed(action: str, ask: str, in_process) -> str:
+    """What Release now / Unload all freed: in the model worker, where the models are, and in
+    this process's runtime where jobs run here (LEAN_IMAGE_AI_IN_PROCESS)."""
+    in_worker = worker_client.shared().ask(ask)
+    local = in_process_runtime()
+    freed = in_worker or (in_process(local) if local is not None else None)
+    if freed is None:
+        return f"{action}: the model process is not running; no model is loaded."
+    return format_freed(action, freed)
 
 
 class LEAN_IMAGE_AI_OT_free_memory_now(bpy.types.Operator):
@@ -153,7 +164,7 @@ PLOT_IMAGE = "Lean Image AI Memory"
 def update_plot_image():
     """Draw the last job's memory timeline into the image :data:`PLOT_IMAGE` (made on first use);
     None when no job has run yet."""
-    timeline = get_runtime().last_timeline
+    timeline = host_record.last_timeline
     if not timeline:
         return None
     rgba = memory_plot.render(timeline)
@@ -188,7 +199,7 @@ class LEAN_IMAGE_AI_OT_show_memory_plot(bpy.types.Operator):
         if editors:
             editors[0].image = image
         where = "" if editors else " (open an Image Editor and pick it to see it)"
-        legend = "; ".join(memory_plot.legend(get_runtime().last_timeline))
+        legend = "; ".join(memory_plot.legend(host_record.last_timeline))
         self.report({"INFO"}, f"'{PLOT_IMAGE}'{where}: {legend}")
         return {"FINISHED"}
 
@@ -206,12 +217,14 @@ def idle_tick():
         limit = idle_seconds()
     except Exception:
         return None
-    runtime, worker = get_runtime(), worker_client.shared()
+    local, worker = in_process_runtime(), worker_client.shared()
     if limit <= 0 or manager.running() is not None:
-        return IDLE_CHECK_MAX_S if (runtime.cached_sessions() or worker.running) and limit > 0 else None
-    runtime.unload_idle(limit)
-    worker.check_idle(limit)  # the worker's end is what gives its memory back
-    handles = runtime.cached_sessions()
+        return IDLE_CHECK_MAX_S if (_local_sessions(local) or worker.running) and limit > 0 else None
+    if local is not None:
+        local.unload_idle(limit)
+    if worker.check_alive():  # a worker stopped while idle is ended here, not at the next job's deadline
+        worker.check_idle(limit)  # the worker's end is what gives its memory back
+    handles = _local_sessions(local)
     if not handles and not worker.running:
         return None  # nothing cached: the next job arms it again
     import time
@@ -223,11 +236,16 @@ def idle_tick():
     return max(1.0, min(IDLE_CHECK_MAX_S, min(waits, default=IDLE_CHECK_MAX_S)))
 
 
+def _local_sessions(local) -> list:
+    """Sessions cached in this process (only where jobs run here, LEAN_IMAGE_AI_IN_PROCESS)."""
+    return local.cached_sessions() if local is not None else []
+
+
 def arm_idle_unload() -> bool:
     """Start the idle timer after a job (UI only); True when it is (now) registered."""
     if bpy.app.background or idle_seconds() <= 0:
         return False
-    if not get_runtime().cached_sessions() and not worker_client.shared().running:
+    if not _local_sessions(in_process_runtime()) and not worker_client.shared().running:
         return False
     if not bpy.app.timers.is_registered(idle_tick):
         bpy.app.timers.register(idle_tick, first_interval=IDLE_CHECK_MAX_S, persistent=True)
@@ -253,7 +271,7 @@ def post_register():
     if _after_job not in manager.on_end:
         manager.on_end.append(_after_job)
     # written from this timer, not a writer thread (Blender does not support Python threads)
-    event_file.start(get_runtime(), prefs.log_folder())  # the folder is made by the first write
+    event_file.start(host_record.events, prefs.log_folder())  # the folder is made by the first write
     if not bpy.app.timers.is_registered(_drain_event_log):
         bpy.app.timers.register(_drain_event_log, first_interval=EVENT_LOG_DRAIN_S, persistent=True)
 

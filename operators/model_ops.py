@@ -18,6 +18,8 @@ from bpy.props import EnumProperty, StringProperty
 
 from ..models import families
 from ..models.store import library, user_models
+from ..models.worker import client as worker_client
+from ..models.worker.remote_batch import in_process_runtime
 from ..runtime.child_process import ChildTask
 from ..runtime.errors import LeanImageError, user_path
 from . import prefs
@@ -153,8 +155,9 @@ class LEAN_IMAGE_AI_OT_remove_model(bpy.types.Operator):
             )
             return {"CANCELLED"}
         dest = library.installer.model_path(entry, folder)
+        worker_client.shared().ask("unload")  # its session of the file would keep it busy on Windows
         try:
-            removed = library.remove(entry, folder)
+            removed = library.remove(entry, folder, in_process_runtime())
         except OSError as exc:
             self.report({"ERROR"}, f"Could not delete {dest}: {exc}.")
             return {"CANCELLED"}

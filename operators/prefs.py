@@ -4,7 +4,7 @@ The preferences class itself (what the artist edits) is ui/preferences.py; this 
 its values, so operators never import ui/.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import bpy
@@ -12,13 +12,15 @@ import bpy
 from ..models import families
 from ..models.model_run import ModelRun
 from ..models.store import library
-from ..runtime import get_runtime, parse_device
+from ..models.worker import client as worker_client
+from ..models.worker import host_record
+from ..runtime import parse_device
 from ..runtime.cuda import gpu_libraries
 from ..runtime.errors import LeanImageError
 from ..runtime.log import event_file
 from ..runtime.paths import ADDON_ROOT
 from ..runtime.providers import DEVICE_BY_KIND, RELEASE_RULES, auto_device, fallback_device, release_rule
-from ..runtime.settings import MemoryBudgets, budget_bytes
+from ..runtime.settings import MemoryBudgets, RuntimeSettings, budget_bytes
 from . import sources
 
 # "lean_image_ai.operators" -> "lean_image_ai"; installed: "bl_ext.user_default.lean_image_ai".
@@ -113,12 +115,13 @@ def budgets(prefs) -> MemoryBudgets:
 
 
 def configure_runtime(context) -> tuple[str, MemoryBudgets]:
-    """Apply the preferences to the shared runtime; returns (device string, memory budgets).
-    The budgets are not the runtime's: the family job (models/model_run.py) carries them to its own
-    operation, as on the command line, which checks them before each load and run
-    (runtime/measure/budget.py)."""
+    """The preferences' runtime settings, for the model worker's runtime: kept by the worker client
+    and sent with each job (Blender's process has no runtime of its own); returns (device string,
+    memory budgets). The budgets are not the runtime's: the family job (models/model_run.py)
+    carries them to its own operation, as on the command line, which checks them before each load
+    and run (runtime/measure/budget.py)."""
     prefs = get_prefs(context)
-    get_runtime().configure(
+    changes = dict(
         cpu_arena=bool(prefs.release_cpu_memory),
         cudnn_max_workspace=bool(getattr(prefs, "cudnn_max_workspace", False)),
         cpu_release_delay=float(getattr(prefs, "ram_release_delay_s", 0.0)),
@@ -126,6 +129,8 @@ def configure_runtime(context) -> tuple[str, MemoryBudgets]:
         coreml_compute_units=str(getattr(prefs, "coreml_compute_units", "ALL")),
         coreml_cache_dir=str(user_folder("coreml")),
     )
+    replace(RuntimeSettings(), **changes)  # checked here: a value out of range is said before the worker is asked
+    worker_client.shared().settings = changes
     return device_string(prefs), budgets(prefs)
 
 
@@ -179,7 +184,7 @@ def release_rule_lines(prefs, providers_offered: list[str]) -> list[str]:
         keep_loaded=bool(getattr(prefs, "keep_models_loaded_on_dml_coreml", False)),
     )
     lines = [f"Memory on {device.label}: {RELEASE_RULES[rule]}"]
-    last = get_runtime().last_job_memory or {}
+    last = host_record.last_job_memory or {}
     lines += [f"Last job ran on {note}" for note in last.get("release_rules") or ()]
     return lines
 

@@ -12,6 +12,7 @@ import errno
 import os
 import re
 import stat
+import sys
 from pathlib import Path
 
 from .errors import ModelFileError, ProviderUnavailableError, first_line, user_path
@@ -33,12 +34,10 @@ _DEVICE_WORDS = ("CUDA", "cuDNN", "CUDNN", "CUBLAS", "TensorRT", "Dml", "DirectM
 
 
 def onnxruntime_version() -> str:
-    try:
-        import onnxruntime
-
-        return str(onnxruntime.__version__)
-    except Exception:  # noqa: BLE001 - only for a message
-        return "(unknown version)"
+    """The version of the onnxruntime that refused a file: loaded already (it raised), so never
+    imported here (this module's checks of a file also run in Blender's process, which never
+    imports onnxruntime)."""
+    return str(getattr(sys.modules.get("onnxruntime"), "__version__", "(unknown version)"))
 
 
 def symlink_loop(path: Path) -> ModelFileError:

@@ -21,8 +21,8 @@ bh.import_package()
 from builders_families import ben2_like_model, da3_like_model  # noqa: E402
 from builders_moge2 import moge2_like_model  # noqa: E402
 from lean_image_ai.models import families  # noqa: E402
+from lean_image_ai.models.worker import host_record  # noqa: E402
 from lean_image_ai.operators import batch_ops, geometry_ops, image_ops, jobs, results  # noqa: E402
-from lean_image_ai.runtime import get_runtime  # noqa: E402
 from onnx_builders import sr_model  # noqa: E402
 
 FRAMES = 12
@@ -63,7 +63,7 @@ def write_sequence(folder: Path, count: int = FRAMES) -> Path:
 
 def releases(since: float = 0.0) -> int:
     """Release events at or after ``since`` (a count of the whole bounded buffer stalls once full)."""
-    return len([e for e in get_runtime().events.recent("memory_release") if e["time"] >= since])
+    return len([e for e in host_record.events.recent("memory_release") if e["time"] >= since])
 
 
 EXPECTED = {"ben2": "plate_cutout_{:04d}.png", "da3": "plate_depth_{:04d}.exr", "moge2": "plate_geometry_{:04d}.ply", "upscale": "plate_upscaled_{:04d}.png"}

@@ -19,8 +19,8 @@ bpy = pytest.importorskip("bpy")
 bh.import_package()
 
 import modal_standins  # noqa: E402
+from lean_image_ai.models.worker import host_record  # noqa: E402
 from lean_image_ai.operators import batch_ops, jobs, memory_ops, results  # noqa: E402
-from lean_image_ai.runtime import get_runtime  # noqa: E402
 from lean_image_ai.runtime.measure import memory_plot  # noqa: E402
 from modal_standins import ESC, StandInContext, driver_class, pump  # noqa: E402
 from onnx_builders import sr_model  # noqa: E402
@@ -61,7 +61,7 @@ def test_esc_after_frame_one_says_what_was_kept_and_the_picture_follows_the_pane
         PILImage.fromarray((np.random.default_rng(n).random((24, 32, 3)) * 255).astype(np.uint8)).save(frames / f"p_{n:04d}.png")
     args = dict(family="upscale", source=str(frames), model_path=str(model))
     assert bpy.ops.lean_image_ai.process_sequence(**args, output=str(tmp_path / "first") + "/") == {"FINISHED"}
-    previous = get_runtime().last_timeline
+    previous = host_record.last_timeline
     assert np.array_equal(picture_pixels(), memory_plot.render(previous))
 
     ctx = StandInContext()
@@ -90,7 +90,7 @@ def test_esc_after_frame_one_says_what_was_kept_and_the_picture_follows_the_pane
     layout = RecordingLayout()
     panels._draw_job(layout, bpy.context)
     assert any("kept the 1 frame(s)" in text for text in layout.texts()), layout.texts()
-    runtime = get_runtime()
-    assert runtime.last_timeline is not previous and runtime.last_timeline["outcome"] == runtime.last_job_memory["outcome"]
-    assert np.array_equal(picture_pixels(), memory_plot.render(runtime.last_timeline)), "the picture of the job the panel shows"
+    assert host_record.last_timeline is not previous
+    assert host_record.last_timeline["outcome"] == host_record.last_job_memory["outcome"]
+    assert np.array_equal(picture_pixels(), memory_plot.render(host_record.last_timeline)), "the picture of the job the panel shows"
     assert [i.name for i in bpy.data.images] == [memory_ops.PLOT_IMAGE]  # the cancelled job added no image

@@ -44,7 +44,8 @@ def test_a_cpu_release_trims_the_heap_and_release_off_does_not():
     calls = run_fresh(
         """
         import numpy as np
-        from lean_image_ai.runtime import Runtime, operation, core
+        from lean_image_ai.runtime import Runtime, operation
+        from lean_image_ai.runtime.release import on_request
         from lean_image_ai.runtime.measure import memory
         from lean_image_ai.models.adapters import upscale
         from lean_image_ai.models.base import RunOptions
@@ -56,7 +57,7 @@ def test_a_cpu_release_trims_the_heap_and_release_off_does_not():
         def counting():
             counted.append(1)
             return real()
-        core.trim_process_heap = operation.trim_process_heap = counting
+        on_request.trim_process_heap = operation.trim_process_heap = counting
         for release in (True, False):
             counted.clear()
             runtime = Runtime()

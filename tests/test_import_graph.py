@@ -372,7 +372,7 @@ def package_graph() -> Graph:
     # the walk must really have seen the package: its layers and their known dependencies
     for layer in ("runtime.core", "models.base", "operators.model_job", "ui.preferences"):
         assert f"{PACKAGE}.{layer}" in graph.modules, layer
-    assert f"{PACKAGE}.runtime.core" in graph.edges[f"{PACKAGE}.models.base"]
+    assert f"{PACKAGE}.runtime.errors" in graph.edges[f"{PACKAGE}.models.base"]
     return graph
 
 

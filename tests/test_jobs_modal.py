@@ -40,8 +40,8 @@ from builders_upscale import compact_model  # noqa: E402
 from lean_image_ai import operators  # noqa: E402
 from lean_image_ai.models.store import library  # noqa: E402
 from lean_image_ai.models.worker import client as worker_client  # noqa: E402
+from lean_image_ai.models.worker import host_record  # noqa: E402
 from lean_image_ai.operators import geometry_ops, image_io, image_ops, job_operator, jobs  # noqa: E402
-from lean_image_ai.runtime import get_runtime  # noqa: E402
 from modal_standins import ESC, TIMER, Event, StandInContext, driver_class, pump  # noqa: E402
 
 SIZE = 96  # with 48 px tiles (16 px overlap): several tiles, so there is a "between runs"
@@ -137,7 +137,7 @@ def source(tmp_path):
 
 def release_events_since(mark):
     """``mark``: time.time() before the job (a count would stall once the bounded buffer is full)."""
-    return [e for e in get_runtime().events.recent("memory_release") if e["time"] >= mark]
+    return [e for e in host_record.events.recent("memory_release") if e["time"] >= mark]
 
 
 # --- tests --------------------------------------------------------------------------------------

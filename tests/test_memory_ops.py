@@ -1,6 +1,7 @@
 """operators/memory_ops.py with real bpy: Release now keeps the session objects, Unload all drops
 them, both report what they freed; idle unload's timer (off in background mode, re-armed only
-while sessions are cached); the leak check on the job engine (synchronous, and modal driven with
+while sessions are cached), these with jobs run in this process (LEAN_IMAGE_AI_IN_PROCESS: the only
+case where Blender's process has a runtime; the worker's side is tests/test_worker_blender.py); the leak check on the job engine (synchronous, and modal driven with
 the stand-ins of tests/modal_standins.py); the event log and its folder; the memory picture; the
 RAM budget preference."""
 
@@ -21,6 +22,8 @@ bpy = pytest.importorskip("bpy")
 memory_ops = bh.import_submodule("operators.memory_ops")
 prefs = bh.import_submodule("operators.prefs")
 jobs = bh.import_submodule("operators.jobs")
+from lean_image_ai.models.worker import host_record  # noqa: E402
+from lean_image_ai.models.worker.remote_batch import IN_PROCESS_ENV  # noqa: E402
 from lean_image_ai.runtime import get_runtime, mark_last  # noqa: E402
 from lean_image_ai.runtime.log import event_file  # noqa: E402
 from lean_image_ai.runtime.measure import memory_plot  # noqa: E402
@@ -28,7 +31,9 @@ from modal_standins import ESC, StandInContext, drive, driver_class, pump  # noq
 
 
 @pytest.fixture
-def runtime():
+def runtime(monkeypatch):
+    """This process's runtime, where jobs run here (LEAN_IMAGE_AI_IN_PROCESS)."""
+    monkeypatch.setenv(IN_PROCESS_ENV, "1")
     with bh.registered_addon():
         rt = get_runtime()
         rt.clear("test setup")
@@ -156,7 +161,7 @@ def test_leak_check_esc_cancels(leak_driver):
 def test_the_event_log_is_written_and_its_folder_opens(runtime):
     log = event_file.current()
     assert log is not None and log.folder == prefs.log_folder()
-    runtime.events.emit("test_marker", where="blender")
+    host_record.events.emit("test_marker", where="blender")  # the host's log: the worker's events replayed
     assert log.flush()
     assert '"event": "test_marker"' in log.path.read_text().splitlines()[-1]
     assert bpy.ops.lean_image_ai.open_log_folder() == {"FINISHED"}
@@ -187,12 +192,13 @@ def test_the_memory_plot_image_after_a_job(runtime, upscale_input):
     pixels = np.empty(len(image.pixels), np.float32)
     image.pixels.foreach_get(pixels)
     rgba = np.rint(pixels.reshape(memory_plot.HEIGHT, memory_plot.WIDTH, 4) * 255).astype(np.uint8)[::-1]
-    assert np.array_equal(rgba, memory_plot.render(runtime.last_timeline)), "the same picture as --memory-plot"
-    left, top, right, bottom = memory_plot.plot_box(runtime.last_timeline)
+    assert host_record.last_timeline is runtime.last_timeline  # a job run here hands its figures over too
+    assert np.array_equal(rgba, memory_plot.render(host_record.last_timeline)), "the same picture as --memory-plot"
+    left, top, right, bottom = memory_plot.plot_box(host_record.last_timeline)
     plot = rgba[top + 1 : bottom, left + 1 : right]  # the marks; the legend's swatches are below
     run = (plot[:, :, :3] == memory_plot.COLOURS["run"]).all(axis=2).any(axis=0)
     marks = int(np.count_nonzero(run[1:] & ~run[:-1]) + run[0])
-    assert marks == runtime.last_job_memory["runs"] > 1
+    assert marks == host_record.last_job_memory["runs"] > 1
     assert bpy.ops.lean_image_ai.show_memory_plot() == {"FINISHED"}
 
 

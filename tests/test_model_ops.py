@@ -32,6 +32,7 @@ S = bh.import_submodule("ui.settings")
 jobs = bh.import_submodule("operators.jobs")
 from lean_image_ai.models.store import installer, library  # noqa: E402
 from lean_image_ai.models.store.catalog import Catalog, CatalogEntry  # noqa: E402
+from lean_image_ai.models.worker.remote_batch import IN_PROCESS_ENV  # noqa: E402
 from lean_image_ai.runtime import get_runtime  # noqa: E402
 
 CHUNK = 16 * 1024
@@ -92,7 +93,7 @@ def use_entries(catalog_, *entries) -> Catalog:
 # -- install / remove -------------------------------------------------------------------------------
 
 
-def test_install_downloads_verifies_and_remove_deletes(server, models_dir, catalog, tmp_path):
+def test_install_downloads_verifies_and_remove_deletes(server, models_dir, catalog, tmp_path, monkeypatch):
     data = tiny_onnx(tmp_path / "src.onnx").read_bytes()
     server.files["/sr.onnx"] = data
     entry = entry_for(server.url("/sr.onnx"), data)
@@ -108,7 +109,10 @@ def test_install_downloads_verifies_and_remove_deletes(server, models_dir, catal
     # the panel's upscale menu now offers it first
     assert [i[0] for i in S.compute_model_items("upscale")] == ["test-sr", S.EMBEDDED_ID]
 
-    handle = get_runtime().session(dest, "cpu")  # a cached session of the file goes with it
+    # a cached session of the file goes with it (one of this process's: jobs run here, LEAN_IMAGE_AI_IN_PROCESS;
+    # the worker is asked to unload its own)
+    monkeypatch.setenv(IN_PROCESS_ENV, "1")
+    handle = get_runtime().session(dest, "cpu")
     assert bpy.ops.lean_image_ai.remove_model(model_id="test-sr") == {"FINISHED"}
     assert not dest.exists() and not installer.sidecar_path(entry, models_dir).exists()
     assert handle.evicted

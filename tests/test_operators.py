@@ -30,8 +30,9 @@ from lean_image_ai.models.adapters import ben2, da3, moge2, upscale  # noqa: E40
 from lean_image_ai.models.base import RunOptions  # noqa: E402
 from lean_image_ai.models.imaging import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402
 from lean_image_ai.models.store import catalog, library  # noqa: E402
+from lean_image_ai.models.worker import host_record  # noqa: E402
 from lean_image_ai.operators import geometry_ops, image_io, image_ops, jobs  # noqa: E402
-from lean_image_ai.runtime import Runtime, get_runtime  # noqa: E402
+from lean_image_ai.runtime import Runtime  # noqa: E402
 from onnx_builders import sr_model  # noqa: E402
 
 W, H = 48, 32  # not square, not a tile multiple: catches width/height mix-ups
@@ -87,7 +88,7 @@ def counts():
 
 
 def releases_since(mark):
-    return [e for e in get_runtime().events.recent("memory_release") if e["time"] >= mark]
+    return [e for e in host_record.events.recent("memory_release") if e["time"] >= mark]
 
 
 def release_mark():
@@ -368,12 +369,12 @@ def test_unreadable_image_file_is_named(tmp_path, models):
 
 def test_bad_output_suffix_fails_before_any_model_run(tmp_path, models):
     src = write_png(tmp_path / "p.png", source_pixels())
-    runs_before = len(get_runtime().events.recent("operation_start"))
+    runs_before = len(host_record.events.recent("operation_start"))
     with pytest.raises(RuntimeError, match=r"unknown image format '\.gif'.*Use \.png, \.exr, \.jpg or \.tif"):
         bpy.ops.lean_image_ai.upscale(
             filepath=str(src), model_path=str(models["sr"]), output_path=str(tmp_path / "x.gif")
         )
-    assert len(get_runtime().events.recent("operation_start")) == runs_before
+    assert len(host_record.events.recent("operation_start")) == runs_before
     assert counts() == (0, 0, 0, 0)
     with pytest.raises(RuntimeError, match=r"the folder '.*missing' does not exist"):
         bpy.ops.lean_image_ai.upscale(

@@ -27,6 +27,7 @@ from lean_image_ai.models.store import library  # noqa: E402
 from lean_image_ai.models.store.catalog import Catalog, CatalogEntry  # noqa: E402
 
 WITHOUT_FALLBACK = [f.id for f in families.ALL if f.fallback_model is None]  # their buttons need an installed model
+from lean_image_ai.models.worker import host_record  # noqa: E402
 from lean_image_ai.runtime import get_runtime  # noqa: E402
 
 
@@ -183,6 +184,7 @@ def test_memory_lines_stay_short_and_the_details_keep_the_report(settings, tmp_p
         with runtime.operation("memory lines test") as op:
             handle = op.session(model, "cpu")
             op.run(handle, {"x": np.ones((1, 3, 64, 64), np.float32)}, last=True)
+        host_record.job_figures(runtime.last_timeline, runtime.last_job_memory)  # as the worker's reply hands them
         assert max(len(line) for line in op.memory["lines"]) > 60  # the report itself is long
         for panel in (panels.LEAN_IMAGE_AI_PT_view3d_memory, panels.LEAN_IMAGE_AI_PT_image_editor_memory_details):
             layout = draw(panel)

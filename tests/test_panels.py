@@ -28,6 +28,8 @@ from lean_image_ai.models import families  # noqa: E402
 from lean_image_ai.models.adapters.upscale import DEFAULT_MODEL_PATH  # noqa: E402
 from lean_image_ai.models.store import library  # noqa: E402
 from lean_image_ai.models.store.catalog import Catalog, CatalogEntry  # noqa: E402
+from lean_image_ai.models.worker import host_record  # noqa: E402
+from lean_image_ai.models.worker.remote_batch import IN_PROCESS_ENV  # noqa: E402
 from lean_image_ai.runtime import get_runtime  # noqa: E402
 
 MAIN_PANELS = ("LEAN_IMAGE_AI_PT_image_editor", "LEAN_IMAGE_AI_PT_view3d")
@@ -85,7 +87,11 @@ def clean_jobs():
 
 
 @pytest.fixture
-def runtime():
+def runtime(monkeypatch):
+    """This process's runtime: the panels show its sessions where jobs run here
+    (LEAN_IMAGE_AI_IN_PROCESS); Blender's process has none otherwise (the worker's models are named
+    from its status)."""
+    monkeypatch.setenv(IN_PROCESS_ENV, "1")
     rt = get_runtime()
     rt.clear("test setup")
     panels.invalidate_memory_snapshot()
@@ -348,6 +354,7 @@ def test_memory_dashboard_after_a_real_release(settings, models_dir, clean_jobs,
         handle = op.session(model, "cpu")
         op.run(handle, {"x": np.ones((1, 3, 64, 64), np.float32)}, last=True)
     assert op.release_events
+    host_record.job_figures(runtime.last_timeline, runtime.last_job_memory)  # as a job run here hands them over
     for name in MEMORY_PANELS:
         layout = draw(getattr(panels, name))
         text = layout.texts()
@@ -416,12 +423,10 @@ def test_memory_snapshot_is_cached_for_a_second(runtime, monkeypatch):
 
 
 def test_drawing_never_raises(settings, models_dir, clean_jobs, monkeypatch):
-    class BrokenRuntime:
-        def cached_sessions(self):
-            raise RuntimeError("runtime exploded")
+    def broken():
+        raise RuntimeError("runtime exploded")
 
-    monkeypatch.setattr(panels, "get_runtime", lambda: BrokenRuntime())
-    monkeypatch.setattr(panel_memory, "get_runtime", lambda: BrokenRuntime())
+    monkeypatch.setattr(panel_memory, "loaded_sessions", broken)
     monkeypatch.setattr(panel_memory, "memory_snapshot", lambda gpu=None: 1 / 0)
     panels.invalidate_memory_snapshot()
     for name in MAIN_PANELS + MEMORY_PANELS + DETAILS_PANELS:

@@ -255,31 +255,33 @@ def test_draw_shows_every_property_and_calls_the_catalog_hook(registered, monkey
     ],
 )
 def test_preference_reaches_the_runtime(registered, pref, setting, default, chosen):
-    from lean_image_ai.runtime import get_runtime
+    """The preference goes with each job to the model worker's runtime (Blender's process has
+    none): the worker client keeps it, and a job without a runtime of its own sends it."""
+    from lean_image_ai.models.base import RunOptions
+    from lean_image_ai.models.worker import client as worker_client
 
     addon = bpy.context.preferences.addons.new()
     addon.module = P.ADDON_ID
-    runtime = get_runtime()
-    saved = runtime.settings
+    worker = worker_client.shared()
+    saved = worker.settings
     try:
         prefs = R.get_prefs(bpy.context)
         R.configure_runtime(bpy.context)
-        assert getattr(prefs, pref) == default and getattr(runtime.settings, setting) == default
+        assert getattr(prefs, pref) == default and worker.settings[setting] == default
         setattr(prefs, pref, chosen)
         R.configure_runtime(bpy.context)
-        assert getattr(runtime.settings, setting) == chosen
+        assert worker.job_settings(RunOptions())[setting] == chosen
     finally:
-        runtime.settings = saved
+        worker.settings = saved
         bpy.context.preferences.addons.remove(addon)
 
 
 def test_preferences_name_the_release_rule_and_the_device_the_last_job_got(registered):
-    from lean_image_ai.runtime import get_runtime
+    from lean_image_ai.models.worker import host_record
 
-    runtime = get_runtime()
-    saved = runtime.last_job_memory
+    saved = host_record.last_job_memory
     try:
-        runtime.last_job_memory = None
+        host_record.last_job_memory = None
         prefs = R.DefaultPreferences(device="DIRECTML")
         assert R.release_rule_lines(prefs, ["DmlExecutionProvider", "CPUExecutionProvider"]) == [
             "Memory on DirectML: the job's sessions are unloaded when it ends; the next job loads the model again"
@@ -289,13 +291,13 @@ def test_preferences_name_the_release_rule_and_the_device_the_last_job_got(regis
             "Memory on CoreML: nothing is given back at the job's end (models stay loaded)"
         )
         cpu = R.DefaultPreferences(device="AUTO")
-        runtime.last_job_memory = {"release_rules": ["CPU: shrink (the arena shrinks in the job's last run)"]}
+        host_record.last_job_memory = {"release_rules": ["CPU: shrink (the arena shrinks in the job's last run)"]}
         assert R.release_rule_lines(cpu, ["CPUExecutionProvider"]) == [
             "Memory on CPU: the arena shrinks in the job's last run; weights stay loaded",
             "Last job ran on CPU: shrink (the arena shrinks in the job's last run)",
         ]
     finally:
-        runtime.last_job_memory = saved
+        host_record.last_job_memory = saved
 
 
 def test_the_device_menu_is_the_device_table_with_stable_numbers():

@@ -6,6 +6,7 @@ worker. After each, the next job works."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -20,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from lean_image_ai.models.batch.frame_lists import FrameRef  # noqa: E402
 from lean_image_ai.models.model_run import ModelRun  # noqa: E402
 from lean_image_ai.models.worker import client as worker_client  # noqa: E402
+from lean_image_ai.models.worker import host_record  # noqa: E402
 from lean_image_ai.models.worker.remote_batch import RemoteBatchRun  # noqa: E402
-from lean_image_ai.runtime import get_runtime  # noqa: E402
 from lean_image_ai.runtime.errors import LeanImageError  # noqa: E402
 from worker_fixtures import SLOW, image  # noqa: E402
 
@@ -75,6 +76,63 @@ def test_a_hung_worker_ends_its_job_within_the_heartbeat_deadline(client, slow_m
     assert client.pid != pid
 
 
+def test_a_worker_stopped_while_idle_is_replaced_and_the_next_job_runs(client, small_model, monkeypatch):
+    """hostrt item 2: a worker SIGSTOPped between jobs says nothing once the next job begins; at
+    the heartbeat deadline a new worker runs that job (its frames sent again), and the report and
+    the event log say in one line that the old one did not answer and was replaced. Before, the
+    job failed with "stopped answering ... and was ended"."""
+    monkeypatch.setenv(worker_client.HEARTBEAT_ENV, "2")
+    next_job_works(client, small_model)
+    pid, mark = client.pid, time.time()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        run, written, _ = batch(client, small_model, image(16), frames=2)
+        pump_until_over(run, limit=60.0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # reaped once replaced; else no stopped process stays
+            os.kill(pid, signal.SIGCONT)
+    assert len(written) == 2 and run.report.failed == [] and client.pid not in (None, pid)
+    (said,) = run.report.warnings
+    assert said.startswith("The model process did not answer for 2 s when ") and "a new one ran the job" in said
+    assert "\n" not in said
+    restarts = [e for e in host_record.events.recent("worker_restart") if e["time"] >= mark]
+    assert [e["reason"] for e in restarts] == [said]
+    next_job_works(client, small_model)  # and the job after it needs no replacing
+    assert client.spawns == 2
+
+
+def test_the_idle_timer_ends_a_worker_stopped_while_idle_and_keeps_one_that_answers(client, small_model, monkeypatch):
+    """hostrt item 2, the idle timer's side (operators/memory_ops.py idle_tick): it asks an idle
+    worker for its state at one tick and, at a tick past the heartbeat deadline, ends one that
+    never answered (no wait at either tick); the next job then starts a new worker at once."""
+    monkeypatch.setenv(worker_client.HEARTBEAT_ENV, "1")
+    next_job_works(client, small_model)
+    client.status = {}
+    assert client.check_alive() and client.running  # asked; it answers between ticks
+    deadline = time.monotonic() + 30
+    while not client.status and time.monotonic() < deadline:  # its answer is a status
+        client.messages()
+        time.sleep(0.01)
+    time.sleep(1.1)  # the next tick, past the deadline
+    assert client.status and client.check_alive() and client.running, "it answered: kept (and asked again)"
+    pid, mark = client.pid, time.time()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert client.check_alive() and client.running  # a new question; its answer cannot come
+        time.sleep(1.5)
+        began = time.monotonic()
+        assert client.check_alive() is False
+        assert time.monotonic() - began < 6  # a kill and its reap, no wait for an answer
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    assert not client.running
+    (said,) = [e["reason"] for e in host_record.events.recent("worker_restart") if e["time"] >= mark]
+    assert said.startswith("the idle model process did not answer for ") and "\n" not in said
+    next_job_works(client, small_model)
+    assert client.pid != pid
+
+
 def test_an_array_file_removed_before_it_is_read_is_one_line_and_a_reset(client, small_model):
     run, written, _ = batch(client, small_model, image(64))
     run.pump(0.01)  # the job and its frame are sent; the result comes back as a file
@@ -103,7 +161,7 @@ def test_an_exchange_folder_removed_between_jobs_restarts_the_worker(client, sma
         subprocess.run(["rm", "-rf", str(folder)], check=True)  # a cleaner of /dev/shm or /tmp
     next_job_works(client, small_model)
     assert client.pid != pid
-    restarts = [e for e in get_runtime().events.recent("worker_restart") if e["time"] >= mark]
+    restarts = [e for e in host_record.events.recent("worker_restart") if e["time"] >= mark]
     assert restarts and "exchange folder was removed" in restarts[-1]["reason"]
 
 

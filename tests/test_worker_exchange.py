@@ -50,7 +50,7 @@ from lean_image_ai.models.batch.frame_lists import FrameRef
 from lean_image_ai.models.model_run import ModelRun
 from lean_image_ai.models.worker.client import WorkerClient
 from lean_image_ai.models.worker.remote_batch import RemoteBatchRun
-from lean_image_ai.runtime import get_runtime
+from lean_image_ai.models.worker import host_record
 
 model = Path(sys.argv[1])
 client = WorkerClient()
@@ -64,7 +64,7 @@ for size in (256, 16, 256):
     left = [str(f) for folder in client.exchange.folders.values() for f in folder.iterdir() if f.suffix == ".bin"]
     print(json.dumps({"size": size, "same": same, "left": left, "spilled": client.exchange.spilled,
                       "memory": str(client.exchange.folders["m"])}))
-print(json.dumps({"notices": [e["text"] for e in get_runtime().events.recent("exchange_spill")]}))
+print(json.dumps({"notices": [e["text"] for e in host_record.events.recent("exchange_spill")]}))
 client.kill()
 """
 

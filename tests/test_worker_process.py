@@ -17,8 +17,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from lean_image_ai.models.batch.frame_lists import FrameRef  # noqa: E402
 from lean_image_ai.models.model_run import ModelRun  # noqa: E402
+from lean_image_ai.models.worker import host_record  # noqa: E402
 from lean_image_ai.models.worker.remote_batch import RemoteBatchRun  # noqa: E402
-from lean_image_ai.runtime import get_runtime  # noqa: E402
 from lean_image_ai.runtime.errors import LeanImageError  # noqa: E402
 from worker_fixtures import SLOW, image  # noqa: E402
 
@@ -56,7 +56,7 @@ def test_a_warm_worker_serves_the_next_job_with_the_same_session(client, small_m
     assert first.run.spawned and not second.run.spawned
     assert client.pid == pid and client.spawns == 1
     assert len(first.written) == len(second.written) == 1
-    reused = [e for e in get_runtime().events.recent("session_reuse") if e["time"] >= mark]
+    reused = [e for e in host_record.events.recent("session_reuse") if e["time"] >= mark]
     assert reused and reused[-1]["model"] == small_model.name  # replayed from the worker's runtime
     assert "small.onnx" in client.state() and "MiB" in client.state()
 
@@ -135,7 +135,7 @@ def test_a_worker_that_dies_mid_job_is_one_line_and_the_next_job_respawns(client
     words = "Its last words: Fatal Python error: Segmentation fault (the whole of them is in events.jsonl). "
     assert str(raised.value) == (f"Frame 1: the model process {how} while running Upscale on photo.png. "
                                  f"Nothing was written. {words if fault == 'segfault' else ''}Run it again.")
-    logged = [e for e in get_runtime().events.recent("worker_traceback") if e["time"] >= mark]
+    logged = [e for e in host_record.events.recent("worker_traceback") if e["time"] >= mark]
     assert (fault == "segfault") == bool(logged)
     assert not logged or ("Segmentation fault" in logged[-1]["traceback"] and "serve.py" in logged[-1]["traceback"])
     assert batch.written == [] and [r.number for r in batch.released] == [1]  # no result, no frame claim left

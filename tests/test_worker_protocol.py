@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -170,3 +172,64 @@ def test_a_python_313_numpy_2_worker_gives_the_pixels_of_the_hosts_own(small_mod
         foreign.kill()
         own.kill()
     assert there[0].image.dtype == here[0].image.dtype and there[0].image.tobytes() == here[0].image.tobytes()
+
+
+HOSTILE_PREFIX = struct.pack("!i", -1) + struct.pack("!Q", 1 << 40)  # multiprocessing's long form: 1 TiB follows
+
+
+@pytest.mark.parametrize("prefix", [HOSTILE_PREFIX, struct.pack("!i", 512 << 20)], ids=["1 TiB", "512 MiB"])
+def test_a_huge_length_prefix_is_refused_from_the_prefix_without_waiting_for_its_bytes(exchange, prefix):
+    """Issue #37 hostrt item 3: a peer that announces more than any message is (and sends nothing
+    more) is a ProtocolError at once. Before, recv_bytes took memory for 1 TiB (a MemoryError) and
+    read on for 512 MiB that never came: the receiver (Blender's main thread) blocked for good."""
+    pipe = Pipe()
+    pipe.a._send(prefix)
+
+    def stuck(signum, frame):
+        raise TimeoutError("receive waited for the announced bytes")
+
+    previous = signal.signal(signal.SIGALRM, stuck)
+    signal.setitimer(signal.ITIMER_REAL, 5.0)
+    try:
+        with pytest.raises(p.ProtocolError, match="a message longer than the 256 MiB no real one reaches"):
+            wire.receive(pipe.b, exchange)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def hostile_worker(tmp_path: Path) -> Path:
+    """An interpreter whose worker says hello, then answers a job with a 1 TiB length prefix."""
+    code = tmp_path / "hostile.py"
+    code.write_text(
+        "import runpy, sys\n"
+        "import lean_image_ai.models.worker.wire as wire\n"
+        "real = wire.send\n"
+        "def send(conn, message, exchange):\n"
+        "    if type(message).__name__ == 'Hello':\n"
+        "        return real(conn, message, exchange)\n"
+        f"    conn._send({HOSTILE_PREFIX!r})\n"
+        "wire.send = send\n"
+        "sys.argv = ['worker', *sys.argv[1:]]\n"
+        "runpy.run_module('lean_image_ai.models.worker', run_name='__main__')\n"
+    )
+    script = tmp_path / "hostile_python"
+    script.write_text(f'#!/bin/sh\nshift 2\nexec {sys.executable} {code} "$@"\n')
+    script.chmod(0o755)
+    return script
+
+
+def test_a_worker_sending_a_huge_length_prefix_ends_the_job_in_one_line_and_is_replaced(tmp_path, small_model):
+    client = worker_client.WorkerClient(python=hostile_worker(tmp_path))
+    pixels = np.random.default_rng(0).random((8, 8, 4), dtype=np.float32)
+    try:
+        with pytest.raises(LeanImageError) as raised:
+            run_job(client, small_model, pixels)
+        text = str(raised.value)
+        assert "could not be received" in text and "MiB no real one reaches" in text and "\n" not in text
+        assert not client.running and client.folder is None  # reset: the next job starts a fresh worker
+        client.python = ""  # the host's own Python: a worker that speaks the protocol
+        (result,) = run_job(client, small_model, pixels)
+        assert client.spawns == 2 and result.image.shape[:2] == (32, 32)
+    finally:
+        client.kill()

@@ -18,8 +18,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from lean_image_ai.models.batch.frame_lists import FrameRef  # noqa: E402
 from lean_image_ai.models.model_run import ModelRun  # noqa: E402
+from lean_image_ai.models.worker import host_record  # noqa: E402
 from lean_image_ai.models.worker.remote_batch import RemoteBatchRun  # noqa: E402
-from lean_image_ai.runtime import get_runtime  # noqa: E402
 from lean_image_ai.runtime.errors import LeanImageError  # noqa: E402
 from lean_image_ai.runtime.log import event_file  # noqa: E402
 from worker_fixtures import SLOW  # noqa: E402
@@ -44,7 +44,7 @@ def pump_until_over(run, limit=120.0):
 
 
 def test_a_python_error_in_the_worker_reaches_events_jsonl_with_its_traceback(client, slow_model, tmp_path):
-    log = event_file.start(get_runtime(), tmp_path)
+    log = event_file.start(host_record.events, tmp_path)
     try:
         run, written, stages = batch(client, slow_model, SLOW)
         while not stages:
@@ -85,13 +85,13 @@ def test_the_report_after_a_kill_counts_the_frames_kept_and_the_frames_that_neve
 def test_after_the_worker_ends_the_last_job_says_nothing_is_kept(client, small_model, how):
     run, _, _ = batch(client, small_model, 32)
     run.run()
-    job = get_runtime().last_job_memory
+    job = host_record.last_job_memory
     assert job is not None and not job.get("worker_ended")  # the job's own account: what the worker kept
     if how == "free now":
         client.free_now()
     else:
         assert client.check_idle(1.0, now=time.monotonic() + 2.0)
-    assert get_runtime().last_job_memory["worker_ended"] is True
+    assert host_record.last_job_memory["worker_ended"] is True
     assert client.state() == "Worker: not running (nothing kept)"
 
 
@@ -132,3 +132,21 @@ def test_a_job_whose_every_frame_fails_in_the_worker_ends_and_reports_each(clien
     pump_until_over(run, limit=60.0)
     assert [number for number, _ in run.report.failed] == [1, 2, 3, 4] and run.report.written == []
     assert all("(8, 8, 7)" in text for _, text in run.report.failed), run.report.failed
+
+
+def test_the_hosts_runtime_settings_go_with_each_job_to_the_workers_runtime(client, small_model):
+    """hostrt item 1: Blender's process has no runtime of its own; the preferences' settings are
+    kept by the client (operators/prefs.py configure_runtime) and the worker's runtime applies
+    them, job by job: its CPU session's release rule follows "Release CPU memory"."""
+    from lean_image_ai.runtime.providers import KEEP, SHRINK
+
+    rules = []
+    for cpu_arena in (False, True):
+        client.settings = {"cpu_arena": cpu_arena}
+        mark = time.time()
+        run, written, _ = batch(client, small_model, 16)
+        run.run()
+        assert written == [1]
+        (created,) = [e for e in host_record.events.recent("session_create") if e["time"] >= mark]
+        rules.append(created["release"])
+    assert rules == [KEEP, SHRINK]

@@ -8,10 +8,12 @@ event log) is in Details, wrapped.
 import time
 
 from ..models.worker import client as worker_client
+from ..models.worker import host_record
+from ..models.worker.remote_batch import in_process_runtime
 from ..operators import prefs
 from ..operators.jobs import manager
-from ..runtime import get_runtime, memory_snapshot
 from ..runtime.measure import memory_plot
+from ..runtime.measure.memory import memory_snapshot
 from ..runtime.measure.memory_report import mb
 from . import preferences
 
@@ -47,9 +49,22 @@ def _mb(value) -> str:
     return "n/a" if value is None else f"{value / 2**20:.0f} MiB"
 
 
+def loaded_sessions() -> list:
+    """Sessions cached in this process: only where jobs run here (LEAN_IMAGE_AI_IN_PROCESS); the
+    model worker's are its own (:func:`worker_models`)."""
+    local = in_process_runtime()
+    return local.cached_sessions() if local is not None else []
+
+
+def worker_models() -> list[str]:
+    """The models the model worker holds, as its last status said."""
+    worker = worker_client.shared()
+    return list(worker.status.get("models", ())) if worker.running else []
+
+
 def dashboard_gpu_device_id(context=None) -> int:
     """The GPU the dashboard watches: a loaded CUDA session's, else the preferred CUDA index."""
-    for handle in get_runtime().cached_sessions():
+    for handle in loaded_sessions():
         if handle.gpu_device_id is not None:
             return handle.gpu_device_id
     chosen = prefs.get_prefs(context)
@@ -106,7 +121,7 @@ def _draw_memory_stats(layout, context) -> None:
 
 
 def _draw_last_job_summary(layout, context) -> None:
-    job = get_runtime().last_job_memory
+    job = host_record.last_job_memory
     col = layout.column(align=True)
     if job is None:
         col.label(text="Last job: none yet")
@@ -127,17 +142,19 @@ def _draw_last_job_summary(layout, context) -> None:
 
 
 def _draw_sessions_summary(layout, context) -> None:
-    handles = get_runtime().cached_sessions()
+    handles, names = loaded_sessions(), worker_models()
     col = layout.column(align=True)
-    col.label(text=f"Models loaded: {len(handles)}")
+    col.label(text=f"Models loaded: {len(handles) + len(names)}")
     for h in handles:
         col.label(text=short(f"{h.model_name}: {h.device_label}, ~{_mb(_size(h))}"))
+    for name in names:
+        col.label(text=short(f"{name}: in the model process"))
     row = layout.row(align=True)
     row.enabled = manager.running() is None
     sub = row.row(align=True)
     _button(sub, "lean_image_ai.release_memory", text="Release Now", icon="FILE_REFRESH")
     sub = row.row(align=True)
-    sub.enabled = bool(handles)
+    sub.enabled = bool(handles or names)
     _button(sub, "lean_image_ai.unload_all", text="Unload All", icon="TRASH")
 
 
@@ -158,14 +175,14 @@ def draw_details(layout, context) -> None:
 
 
 def _draw_report(layout, context) -> None:
-    job = get_runtime().last_job_memory
+    job = host_record.last_job_memory
     if job is None:
         preferences.wrapped_labels(layout, "No job yet: each job reports what it grew and gave back.", width=LINE)
         return
     col = layout.column(align=True)
     for line in job["lines"]:
         _wrapped_line(col, line)
-    timeline = get_runtime().last_timeline
+    timeline = host_record.last_timeline
     if timeline:
         col = layout.column(align=True)
         for line in memory_plot.legend(timeline):
@@ -180,7 +197,7 @@ def _wrapped_line(layout, line: str) -> None:
 
 
 def _draw_session_details(layout, context) -> None:
-    handles = get_runtime().cached_sessions()
+    handles = loaded_sessions()
     col = layout.column(align=True)
     now = time.time()
     for h in handles:

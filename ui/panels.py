@@ -16,7 +16,6 @@ from ..models import families
 from ..models.adapters import shot_depth
 from ..operators import options, prefs, sources
 from ..operators.jobs import manager
-from ..runtime import get_runtime
 from . import panel_memory, preferences, runtime_probe
 from . import settings as scene_settings
 from .panel_memory import cached_memory_snapshot, invalidate_memory_snapshot  # noqa: F401 (the panel's API)
@@ -218,9 +217,11 @@ def _draw_job(layout, context) -> None:
 def _draw_device(layout, context) -> None:
     box = layout.box()
     box.label(text=f"Device setting: {prefs.device_string(prefs.get_prefs(context))}", icon="PREFERENCES")
-    handles = get_runtime().cached_sessions()
-    if not handles:
+    handles, names = panel_memory.loaded_sessions(), panel_memory.worker_models()
+    if not handles and not names:
         box.label(text="No model loaded.")
+    for name in names:
+        box.label(text=f"{name}: in the model process")
     for handle in handles:
         box.label(text=f"{handle.model_name}: {handle.device_label}")
         if handle.fallback_warning:

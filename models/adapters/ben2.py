@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...runtime import SessionHandle, TensorInfo
 from ...runtime.errors import InvalidModelOutputError, ModelContractError
 from ..base import FLOAT_TYPES, RunOptions, check_contract, check_finite, squeeze_batch
 from ..family import Family, Option, Output, Setting, rgb_triple_or_none, size_or_none
@@ -31,6 +31,9 @@ from ..imaging import (
 )
 from ..result_images import MASK
 from .resampling import pil_lanczos, torch_bilinear
+
+if TYPE_CHECKING:  # the families' table loads this module in Blender's process too, which loads no runtime
+    from ...runtime import SessionHandle, TensorInfo
 
 MODEL_NAME = "BEN2"
 DEFAULT_INPUT_SIZE = 1024

@@ -24,10 +24,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...runtime import SessionHandle, TensorInfo
 from ...runtime.errors import InvalidModelOutputError, ModelContractError
 from ..base import FLOAT_TYPES, RunOptions, check_contract, check_finite, squeeze_batch
 from ..family import Family, Option, Output, Setting, one_of, positive_int, rgb_triple_or_none
@@ -44,6 +44,9 @@ from ..imaging import (
 )
 from ..result_images import DEPTH
 from .resampling import cv2_resize
+
+if TYPE_CHECKING:  # the families' table loads this module in Blender's process too, which loads no runtime
+    from ...runtime import SessionHandle, TensorInfo
 
 MODEL_NAME = "Depth Anything 3"
 SKY_ACTIVATIONS = ("auto", "sigmoid", "none")

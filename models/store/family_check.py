@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...runtime import Runtime, get_runtime
 from ...runtime.errors import LeanImageError, ModelContractError, first_line
 from .. import family as _family
 from ..family import command_of
@@ -159,6 +158,8 @@ def require(family: str, handle, *, probe: bool = False) -> Verdict:
 def probe_privately(family: str, path: Path) -> Verdict:
     """``check_file`` on a runtime made for it and cleared after: one more CPU load of the file,
     once per process, instead of a run that would count in the job's memory figures."""
+    from ...runtime import Runtime  # the runtime loads where a file is checked (a child, the worker, the CLI)
+
     runtime = Runtime()
     try:
         return check_file(family, path, runtime)[0]
@@ -173,7 +174,10 @@ def loaded_on_cpu(path, reason: str, runtime=None) -> Iterator:
     """``path``'s session handle on the CPU, through the shared runtime, for a look at it
     (ModelFileError when onnxruntime cannot load it). A session this opens is evicted again (a
     check must not keep weights in memory); one already cached for a job is left alone."""
-    runtime = runtime or get_runtime()
+    if runtime is None:
+        from ...runtime import get_runtime
+
+        runtime = get_runtime()
     before = {id(h) for h in runtime.cached_sessions()}
     handle = runtime.session(Path(path), "cpu")
     try:

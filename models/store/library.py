@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...runtime import get_runtime, load_errors, parse_device
+from ...runtime import load_errors, parse_device
 from ...runtime.errors import LeanImageError, ModelFileError, user_path
 from ...runtime.providers import DEVICE_BY_KIND
 from .. import families
@@ -323,12 +323,12 @@ def tensor_summary(infos) -> str:
     return ", ".join(f"{t.name} {dims(t.shape)} {t.type.removeprefix('tensor(').rstrip(')')}" for t in infos)
 
 
-def remove(entry: CatalogEntry, folder: Path) -> bool:
-    """Delete an installed model's file (its open sessions are dropped first, since an open
-    session keeps the file busy on Windows). False when there was nothing to delete."""
+def remove(entry: CatalogEntry, folder: Path, runtime=None) -> bool:
+    """Delete an installed model's file; ``runtime``'s open sessions of it are dropped first, since
+    an open session keeps the file busy on Windows (the command line's runtime; Blender has none:
+    its operator asks the model worker to unload first). False when there was nothing to delete."""
     dest = installer.model_path(entry, folder)
-    runtime = get_runtime()
-    for handle in runtime.cached_sessions():
+    for handle in runtime.cached_sessions() if runtime is not None else ():
         if handle.model_path == dest.resolve():
             runtime.evict(handle, reason="model removed")
     return installer.remove(entry, folder)

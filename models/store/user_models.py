@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...runtime import get_runtime, load_errors
+from ...runtime import load_errors
 from ...runtime.errors import LeanImageError, ModelContractError, ModelFileError, first_line, user_path
 from .. import families
 from . import family_check, library
@@ -45,8 +45,12 @@ def check(family: str, path: str | os.PathLike, *, runtime=None, progress: Calla
     load_errors.model_identity(path)  # a folder, pipe, device, link loop or no permission: named as --model names it
     report = progress or (lambda _f, _s: None)
     report(0.1, f"loading {path.name} on the CPU")
+    if runtime is None:  # loaded here, where the file is checked (a child of Blender's, the command line)
+        from ...runtime import get_runtime
+
+        runtime = get_runtime()
     try:
-        verdict, (inputs, outputs) = family_check.check_file(family, path, runtime or get_runtime())
+        verdict, (inputs, outputs) = family_check.check_file(family, path, runtime)
     except ModelFileError as exc:
         detail = first_line(exc.__cause__) if exc.__cause__ is not None else str(exc)
         raise ModelFileError(

@@ -5,7 +5,10 @@ removed), is reused (the next job), is told to cancel and then killed (:meth:`ca
 within :data:`CANCEL_GRACE_S`), ends when idle (:meth:`check_idle`), on Free Memory Now
 (:meth:`free_now`), when it crashed, when it speaks another protocol version, when it stopped
 answering (no heartbeat for :func:`heartbeat_deadline`), when it did not connect in time
-(:func:`connect_deadline`), and when a message could not be received. The remote runners
+(:func:`connect_deadline`), and when a message could not be received. A worker that says nothing
+from the moment a job begins (stopped or hung while it was idle) is replaced once, and the new one
+runs the job: the messages sent since the job began are kept until the worker's first word, and
+sent again to the new one. The remote runners
 (remote_batch.py, remote_call.py) and the operators ask it; none of them ends the process.
 
 Nothing here starts a thread or waits without a deadline: every read is ``poll(0)`` first, and
@@ -16,7 +19,9 @@ host's own); the
 messages are models/worker/protocol.py's, arrays cross through models/worker/wire.py's exchange.
 
 One client is shared by the process (:func:`shared`): the worker stays up between jobs, so a
-model's session loaded by one job serves the next.
+model's session loaded by one job serves the next. What the host keeps of the worker's jobs (their
+memory figures, its event log) is models/worker/host_record.py's; the memory requests
+(Free Memory Now, Release now, the idle end) are models/worker/memory_requests.py's.
 """
 
 from __future__ import annotations
@@ -30,25 +35,20 @@ from pathlib import Path
 
 from ...runtime.errors import LeanImageError
 from ...runtime.paths import ADDON_ROOT
-from . import engine_python, launch, outcome, wire
+from . import engine_python, host_record, launch, outcome, wire
 from . import protocol as p
-
-FREE_WAIT_S = 2.0  # Free memory now waits this long for the worker's own figures, then ends it anyway
-QUIT_WAIT_S = 1.0
-KILL_WAIT_S = 5.0  # a killed process is reaped within this; past it, it is left to the OS
-CANCEL_GRACE_S = 0.5  # a cancel the worker has not confirmed by then ends the process (the 1 s goal)
-HEARTBEAT_DEADLINE_S = 15.0  # no word from a worker with work for this long: it is hung, and killed
-CONNECT_DEADLINE_S = 60.0  # from start to its hello (a cold start imports numpy and onnxruntime)
-HEARTBEAT_ENV = "LEAN_IMAGE_AI_WORKER_HEARTBEAT_S"  # tests shorten the deadlines
-CONNECT_ENV = "LEAN_IMAGE_AI_WORKER_CONNECT_S"
-
-
-def heartbeat_deadline() -> float:
-    return min(HEARTBEAT_DEADLINE_S, float(os.environ.get(HEARTBEAT_ENV) or HEARTBEAT_DEADLINE_S))
-
-
-def connect_deadline() -> float:
-    return min(CONNECT_DEADLINE_S, float(os.environ.get(CONNECT_ENV) or CONNECT_DEADLINE_S))
+from .deadlines import (  # noqa: F401 - the client's deadlines, named where its callers and tests look
+    CANCEL_GRACE_S,
+    CONNECT_DEADLINE_S,
+    CONNECT_ENV,
+    HEARTBEAT_DEADLINE_S,
+    HEARTBEAT_ENV,
+    KILL_WAIT_S,
+    QUIT_WAIT_S,
+    connect_deadline,
+    heartbeat_deadline,
+)
+from .memory_requests import MemoryRequests
 
 
 class WorkerEnded(LeanImageError):
@@ -61,7 +61,7 @@ class WorkerEnded(LeanImageError):
         self.last_words = last_words  # the last line of its stderr (its whole end is in the event log)
 
 
-class WorkerClient:
+class WorkerClient(MemoryRequests):
     def __init__(self, *, gpu_runtime: str | os.PathLike = "", root: Path = ADDON_ROOT, env: dict | None = None,
                  python: str | os.PathLike = "", listen: bool | None = None):
         self.gpu_runtime = str(gpu_runtime or "")
@@ -74,6 +74,8 @@ class WorkerClient:
         self.status: dict = {}  # the worker's latest own account (models, memory, job)
         self.peer: p.Hello | None = None  # the worker's hello, once it came
         self.job_name = ""  # the job running there now, as the client named it
+        self.settings: dict = {}  # RuntimeSettings' fields the host's preferences set: sent with each job
+        self.job_notices: list[str] = []  # what the report of the job running now says of the worker
         self.idle_since = time.monotonic()
         self.spawns = 0
         self._started_at = self._heard_at = 0.0
@@ -81,6 +83,9 @@ class WorkerClient:
         self._cancel_at: float | None = None
         self._cancel_grace = CANCEL_GRACE_S
         self._outbox: list[p.Message] = []  # sent before a dialling worker's hello: sent after it
+        self._unanswered: list[p.Message] | None = None  # sent since the job began, while nothing was heard
+        self._replaced = False  # this job's worker was replaced once already
+        self._asked_alive_at: float | None = None  # the idle timer's last question (check_alive)
         _clients.add(self)
 
     # -- the process ---------------------------------------------------------------------------
@@ -171,7 +176,7 @@ class WorkerClient:
         if self.exchange is not None:
             self.exchange.remove()
         self.launch, self.exchange, self.job_name, self._cancel_at = None, None, "", None
-        self._outbox = []
+        self._outbox, self._unanswered, self._asked_alive_at = [], None, None
         self.idle_since = time.monotonic()
 
     # -- messages --------------------------------------------------------------------------------
@@ -180,6 +185,8 @@ class WorkerClient:
         (nothing waits for it: the outbox goes when the hello comes)."""
         if self.launch is None:
             raise OSError("the model process is not running")
+        if self._unanswered is not None:
+            self._unanswered.append(message)
         if self.conn is None or (self.peer is None and self.launch.key):
             self._outbox.append(message)
             return
@@ -203,7 +210,7 @@ class WorkerClient:
             conn = self.launch.poll_connect()
             while conn is not None and conn.poll(0):
                 message = wire.receive(conn, self.exchange)
-                self._heard_at = time.monotonic()
+                self._heard_at, self._unanswered = time.monotonic(), None
                 if self._own(message):
                     found.append(message)
         except (EOFError, ConnectionError):
@@ -224,7 +231,7 @@ class WorkerClient:
         if isinstance(message, p.Status):
             self._adopt(message.fields)
         elif isinstance(message, p.Event):
-            _replay(message.event)
+            host_record.replay(message.event)
         elif isinstance(message, p.Failed) and message.traceback:
             self._note("worker_traceback", text=message.text, traceback=message.traceback)
             return True
@@ -259,9 +266,26 @@ class WorkerClient:
             raise LeanImageError(f"The model process did not connect within {connect_deadline():.0f} s; "
                                  "it was ended. Run it again (a slow disk or antivirus may delay its start).")
         if self.job_name and self.peer is not None and now - self._heard_at > heartbeat_deadline():
+            if self._unanswered is not None and not self._replaced:
+                self._replace(now - self._heard_at)
+                return
             self.kill()
             raise WorkerEnded(f"the model process stopped answering for {heartbeat_deadline():.0f} s "
                               "(hung?) and was ended")
+
+    def _replace(self, silent_s: float) -> None:
+        """The worker said nothing since this job began (stopped or hung while idle): a new one
+        runs the job, sent what the old one was sent (once per job; said in the job's report)."""
+        name, unanswered = self.job_name, self._unanswered or []
+        self.kill()
+        text = (f"The model process did not answer for {silent_s:.0f} s when {name} began (stopped or hung "
+                "while idle); it was ended and a new one ran the job.")
+        self._note("worker_restart", reason=text)
+        self.begin(name)
+        self._replaced = True
+        self.job_notices.append(text)
+        for message in unanswered:
+            self.send(message)
 
     def _ended(self) -> WorkerEnded:
         returncode = None
@@ -285,30 +309,34 @@ class WorkerClient:
     def _adopt(self, status: dict) -> None:
         self.status = status
         if "timeline" in status:  # what the host's memory picture and Memory panel read
-            from ...runtime import get_runtime
-
-            runtime = get_runtime()
-            runtime.last_timeline, runtime.last_job_memory = status.pop("timeline"), status.pop("job_memory")
+            host_record.job_figures(status.pop("timeline"), status.pop("job_memory"))
 
     def _note(self, event: str, **fields) -> None:
-        from ...runtime import get_runtime
+        host_record.note(event, **fields)
 
-        get_runtime().events.emit(event, **fields)
+    def job_settings(self, options) -> dict:
+        """The runtime settings a job sends: those of its own runtime where a caller gave one (a
+        headless script's), else the host's preferences' (:attr:`settings`; none: the worker's own)."""
+        runtime = getattr(options, "runtime", None)
+        return p.settings_values(runtime.settings) if runtime is not None else dict(self.settings)
 
     # -- jobs ------------------------------------------------------------------------------------
     def begin(self, name: str) -> bool:
         """Before a job: the worker is up; True when it was started for this job."""
         started = self.ensure()
         self.job_name, self._cancel_at, self._heard_at = name, None, time.monotonic()
+        self._unanswered, self._replaced, self.job_notices = [], False, []
         return started
 
-    def end(self) -> None:
-        self.job_name, self._cancel_at = "", None
+    def end(self) -> list[str]:
+        """After a job; what its report says of the worker (a replaced one)."""
+        self.job_name, self._cancel_at, self._unanswered = "", None, None
         self.idle_since = time.monotonic()
         for notice in self.exchange.notices if self.exchange is not None else ():
             self._note("exchange_spill", text=notice)
         if self.exchange is not None:
             self.exchange.notices.clear()
+        return list(self.job_notices)
 
     def cancel(self, grace: float = CANCEL_GRACE_S) -> None:
         """Tell the job to stop; the worker is killed if it has not finished ``grace`` s later."""
@@ -317,105 +345,9 @@ class WorkerClient:
         self._cancel_at, self._cancel_grace = time.monotonic(), grace
         self.send(p.Cancel())
 
-    # -- memory -------------------------------------------------------------------------------
-    def state(self) -> str:
-        """One line for the panel: not running / ready, model X, N MiB / running job Y."""
-        if not self.running:
-            return "Worker: not running (nothing kept)"
-        if self.job_name:
-            return f"Worker: running {self.job_name}"
-        try:
-            self.messages()
-            if self.peer is not None:  # a worker still starting has nothing to tell yet
-                self.send(p.Ask("state"))
-        except (LeanImageError, OSError):
-            return "Worker: not running (nothing kept)"
-        models = ", ".join(self.status.get("models", ())) or "no model loaded"
-        rss = self.status.get("rss_bytes")
-        size = f", {rss / 2**20:.0f} MiB" if rss else ""
-        return f"Worker: ready, {models}{size}"
-
-    def free_now(self) -> dict:
-        """End the worker now; what it held just before (``rss_bytes``, ``vram_bytes`` where NVML
-        sees it), measured by the worker itself, or by this side where the worker cannot answer."""
-        if not self.running:
-            self._tidy()
-            self._forget_job_memory()
-            return {"rss_bytes": 0, "vram_bytes": None, "was_running": False}
-        figures = self._await(p.Free(), p.Freed)
-        figures = figures.figures if figures is not None else {"rss_bytes": _rss_of(self.process.pid), "vram_bytes": None}
-        self.kill()
-        self._forget_job_memory()
-        return {**figures, "was_running": True}
-
-    def ask(self, what: str) -> dict | None:
-        """Release now / Unload all in an idle worker: its answer (what was freed), or None when
-        it does not run or gives none within :data:`FREE_WAIT_S` (a bounded wait on a button)."""
-        if not self.running or self.job_name:
-            return None
-        answer = self._await(p.Ask(what), p.Answer)
-        return answer.value if answer is not None else None
-
-    def _await(self, message: p.Message, kind: type) -> p.Message | None:
-        deadline = time.monotonic() + FREE_WAIT_S
-        try:
-            self.messages()
-            self.send(message)
-            while time.monotonic() < deadline:
-                for found in self.messages():
-                    if isinstance(found, kind):
-                        return found
-                time.sleep(0.01)
-        except (LeanImageError, OSError):
-            pass
-        return None
-
-    def check_idle(self, idle_seconds: float, *, now: float | None = None) -> bool:
-        """The host's timer: end a worker idle for ``idle_seconds`` (0: never); True when it did."""
-        wait = self.idle_wait(idle_seconds, now=now)
-        if wait is None or wait > 0:
-            return False
-        self.stop()
-        self._forget_job_memory()
-        return True
-
-    def idle_wait(self, idle_seconds: float, *, now: float | None = None) -> float | None:
-        """Seconds until :meth:`check_idle` ends the worker (None: it will not: none runs, it has
-        a job, or idle ending is off)."""
-        if idle_seconds <= 0 or not self.running or self.job_name:
-            return None
-        now = time.monotonic() if now is None else now
-        return idle_seconds - (now - self.idle_since)
-
-    @staticmethod
-    def _forget_job_memory() -> None:
-        """The worker is gone, and with it what the Memory panel said it kept."""
-        from ...runtime import get_runtime
-
-        runtime = get_runtime()
-        if runtime.last_job_memory is not None:
-            runtime.last_job_memory = {**runtime.last_job_memory, "worker_ended": True}
-
     def inject_fault(self, how: str) -> None:
         """Tests only: a fault in the worker (honoured where serve.FAULTS_ENV is set)."""
         self.send(p.Fault(how))
-
-
-def _replay(event: dict) -> None:
-    """A worker's runtime event into this process's event log (and its listeners: the event file,
-    the panel); the runtime here is only its log, it loads nothing."""
-    from ...runtime import get_runtime
-
-    payload = {k: v for k, v in event.items() if k not in ("event", "time")}
-    get_runtime().events.emit(event["event"], **payload)
-
-
-def _rss_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError, AttributeError):
-        return None
 
 
 _shared: WorkerClient | None = None

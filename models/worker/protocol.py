@@ -330,15 +330,14 @@ def family_module(family) -> str:
 def error_of(failed: Failed) -> Exception:
     """The worker's error as this side's exception: the project's own error type where it has one
     of that name (the host's ``except ModelFileError`` keeps working), else a LeanImageError."""
-    from ...runtime import errors, load_errors
+    from ...runtime import errors
     from ...runtime.errors import LeanImageError
 
-    for module in (errors, load_errors):
-        cls = getattr(module, failed.error_type, None)
-        if isinstance(cls, type) and issubclass(cls, LeanImageError):
-            try:
-                return cls(failed.text)
-            except TypeError:
-                break
+    cls = getattr(errors, failed.error_type, None)
+    if isinstance(cls, type) and issubclass(cls, LeanImageError):
+        try:
+            return cls(failed.text)
+        except TypeError:
+            pass
     # a bug rather than a refusal: where to find the rest
     return LeanImageError(f"{failed.text} (the model process's traceback is in events.jsonl)")

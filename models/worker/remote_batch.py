@@ -32,11 +32,23 @@ from ..batch.frame_lists import FrameRef
 from ..batch.report import BatchReport
 from ..model_run import ModelRun
 from . import client as worker_client
+from . import host_record
 from . import protocol as p
 
 # "1": the model runs in this process on BatchRun's threads, as before the worker (debugging, and
-# tests that look inside the runtime of the process that runs the model)
+# tests that look inside the runtime of the process that runs the model). Only then does the host
+# process make a Runtime (runtime/core.py) and load onnxruntime.
 IN_PROCESS_ENV = "LEAN_IMAGE_AI_IN_PROCESS"
+
+
+def in_process_runtime():
+    """The runtime of jobs run in this process (:data:`IN_PROCESS_ENV`), None where models run
+    in the worker (then this process never makes one)."""
+    if os.environ.get(IN_PROCESS_ENV) != "1":
+        return None
+    from ...runtime import get_runtime
+
+    return get_runtime()
 
 
 class RemoteBatchRun:
@@ -80,8 +92,11 @@ class RemoteBatchRun:
         self.longest_pump_s = 0.0  # the longest time one pump kept its caller (Blender's main thread)
         self.longest_pump_cpu_s = 0.0
         self._local: BatchRun | None = None
-        if os.environ.get(IN_PROCESS_ENV) == "1":
+        local_runtime = in_process_runtime()
+        if local_runtime is not None:
             from ..batch.sequence import BatchRun  # its threads: only where the model runs here
+
+            local_runtime.configure(**self.client.settings)
             self._local = BatchRun(refs, job.infer, read, write, options=options, skip=skip,
                                    stop_on_error=stop_on_error, depth=depth, claim=claim, release=release)
             self.report = self._local.report
@@ -148,7 +163,14 @@ class RemoteBatchRun:
         if self._phase == "new":
             self._phase = "running"
             self._local.start()
-        return self._local.pump(budget, read=read)
+        over = True  # a pump that raises ends the batch too
+        try:
+            over = self._local.pump(budget, read=read)
+            return over
+        finally:
+            if over:  # what the Memory panel and the memory picture show, as a worker's job hands it
+                runtime = self._options.get_runtime()
+                host_record.job_figures(runtime.last_timeline, runtime.last_job_memory)
 
     # -- steps -------------------------------------------------------------------------------
     def _start(self) -> None:
@@ -160,7 +182,7 @@ class RemoteBatchRun:
             name=self.name,
             depth=self._depth,
             stop_on_error=self._stop_on_error,
-            settings=p.settings_values(self._options.get_runtime().settings),
+            settings=self.client.job_settings(self._options),
             # a plug-in's family (families.register in the host) is registered there too; its
             # module must be importable there (the host's sys.path, under the host's Python)
             family_module="" if family.id in families.BUILT_IN else p.family_module(family),
@@ -257,7 +279,7 @@ class RemoteBatchRun:
         self._release_sent()
         self.report.seconds = time.monotonic() - self._started
         if self._client is not None:
-            self._client.end()
+            self.report.warnings.extend(self._client.end())  # a worker replaced at the job's start
         error, self._error = self._error, None
         if error is not None and not self.report.cancelled:
             raise error

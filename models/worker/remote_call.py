@@ -97,5 +97,5 @@ def leak_check_call(family: str, *, device: str, folder, budgets, runs: int, opt
 
     message = p.LeakCheck(family, device, str(folder), runs,
                           {"ram_bytes": budgets.ram_bytes, "vram_bytes": budgets.vram_bytes},
-                          p.settings_values(options.get_runtime().settings))
+                          (client or worker_client.shared()).job_settings(options))
     return RemoteCall(message, options=options, name=name, client=client, result=lambda value: LeakResult(**value))

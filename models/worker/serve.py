@@ -106,7 +106,7 @@ class Worker:
                 if not ready:
                     continue
                 message = wire.receive(self.conn, self.exchange)
-            except (EOFError, OSError):  # the client went away: nothing is left to answer
+            except (EOFError, OSError, p.ProtocolError):  # the client went away or is not ours: nothing to answer
                 return
             if not self.handle(message):
                 return

@@ -31,6 +31,11 @@ from . import protocol
 PREFIX = "lean_image_ai_worker_"
 LARGE = 1 << 20
 ROOM_MARGIN = 64 << 10  # left free in a folder after an array (the OS and other files need some too)
+# The longest message either side accepts. Arrays travel as files, so a message is JSON only: the
+# longest real ones are a day-long job's memory timeline (20 samples a second, ~45 MB) and the frame
+# list of a 100,000-frame sequence (~30 MB). A length prefix beyond this is a broken or foreign
+# peer: refused from its prefix alone, before any memory is taken for it or any byte waited for.
+MAX_MESSAGE_BYTES = 256 << 20
 _serial = itertools.count()
 
 
@@ -169,8 +174,17 @@ def send(conn, message: protocol.Message, exchange: Exchange) -> None:
 def receive(conn, exchange: Exchange) -> protocol.Message:
     """The next message (call after ``conn.poll()`` said there is one). Every array file it names
     is deleted, read or not. It does not wait on the other side: a message is a small JSON document
-    (arrays travel as files) written by one ``send_bytes``, which a local socket delivers whole."""
-    data = conn.recv_bytes()
+    (arrays travel as files) written by one ``send_bytes``, which a local socket delivers whole.
+    A length prefix over :data:`MAX_MESSAGE_BYTES` is a ProtocolError (the connection is unusable
+    after it: the caller ends that peer)."""
+    try:
+        data = conn.recv_bytes(MAX_MESSAGE_BYTES)
+    except OSError as exc:
+        if exc.args != ("bad message length",):  # multiprocessing's words for a prefix over the cap
+            raise
+        raise protocol.ProtocolError(
+            f"a message longer than the {MAX_MESSAGE_BYTES >> 20} MiB no real one reaches (a broken or foreign process)"
+        ) from None
     try:
         document = json.loads(data)
         entries = list(document.pop("arrays", []))

@@ -189,15 +189,16 @@ def _locked(path: Path):
 _current: EventFile | None = None  # started, replaced and stopped on the front-end's main thread
 
 
-def start(runtime, folder, *, on_error=None, kind: type[EventFile] = EventFile) -> EventFile:
-    """Log ``runtime``'s events to ``folder`` from now on (replacing the log already started);
+def start(events, folder, *, on_error=None, kind: type[EventFile] = EventFile) -> EventFile:
+    """Log the events of ``events`` (an EventLog: the runtime's, or in Blender's process the host's,
+    models/worker/host_record.py) to ``folder`` from now on (replacing the log already started);
     ``on_error(path, text)`` is told once when the log cannot be written. ``kind``: this module's
     EventFile, whose lines the host writes from its own timer (:func:`drain`), or
     runtime/log/event_writer.py's, which has a writer thread."""
     global _current
     if _current is not None:
         _current.close()
-    _current = kind(folder, on_error=on_error).attach(runtime.events)
+    _current = kind(folder, on_error=on_error).attach(events)
     return _current
 
 

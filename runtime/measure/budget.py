@@ -26,9 +26,8 @@ from pathlib import Path
 from ..errors import LeanImageError, MemoryBudgetError, user_path
 from ..providers import measured_gpu
 from ..settings import MemoryBudgets
-from .memory import available_system_memory_bytes, gpu_snapshot, memory_snapshot, peak_rss_bytes
+from .memory import available_system_memory_bytes, figures, gpu_snapshot, memory_snapshot, peak_rss_bytes
 from .memory_report import mb
-from .timeline import figures
 
 MARGIN = 0.10  # of the estimate, on top of it
 WHAT_TO_DO = (

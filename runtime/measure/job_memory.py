@@ -12,9 +12,8 @@ from collections.abc import Callable
 from ..providers import may_use_measured_gpu
 from ..session import LIBRARY_RAM
 from .budget import elements, remember_working
-from .memory import gpu_snapshot, memory_snapshot
+from .memory import figures, gpu_snapshot, memory_snapshot
 from .memory_report import format_job_memory, job_figures
-from .timeline import figures
 
 
 class JobMemory:

@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import SettingError
-from .memory import memory_snapshot
+from .memory import figures, memory_snapshot
 from .memory_report import LABELS, mb
-from .timeline import figures
 
 DEFAULT_TOLERANCE_PER_RUN = 256 * 1024
 MIN_RUNS = 8  # two warm-up runs and the six the slope and the thirds need

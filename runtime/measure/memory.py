@@ -359,6 +359,19 @@ def memory_snapshot(gpu_device_id: int | None = None) -> dict:
     return snap
 
 
+def figures(snap: dict | None) -> dict:
+    """The two figures a snapshot holds: ``ram`` (RSS, what the OS sees) and ``vram`` (what the
+    driver sees for this process; the whole device's use when NVML can't say per process)."""
+    snap = snap or {}
+    gpu = snap.get("gpu") or {}
+    vram = None
+    if gpu.get("available"):
+        vram = gpu.get("process_used_bytes")
+        if vram is None:
+            vram = gpu.get("used_bytes")
+    return {"ram": snap.get("rss_bytes"), "vram": vram}
+
+
 def format_snapshot(snap: dict) -> str:
     def mb(value):
         return "n/a" if value is None else f"{value / 2**20:.0f} MiB"

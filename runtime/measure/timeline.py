@@ -10,22 +10,9 @@ from __future__ import annotations
 import threading
 import time
 
-from .memory import memory_snapshot, peak_rss_bytes
+from .memory import figures, memory_snapshot, peak_rss_bytes
 
 SAMPLE_INTERVAL_S = 0.05
-
-
-def figures(snap: dict | None) -> dict:
-    """The two figures a snapshot holds: ``ram`` (RSS, what the OS sees) and ``vram`` (what the
-    driver sees for this process; the whole device's use when NVML can't say per process)."""
-    snap = snap or {}
-    gpu = snap.get("gpu") or {}
-    vram = None
-    if gpu.get("available"):
-        vram = gpu.get("process_used_bytes")
-        if vram is None:
-            vram = gpu.get("used_bytes")
-    return {"ram": snap.get("rss_bytes"), "vram": vram}
 
 
 class _Sampler:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ...models import families
 from ...models.store import library, user_models
+from ...runtime import get_runtime
 from ...runtime.child_process import emit
 from ...runtime.errors import LeanImageError, OperationCancelled, printable
 from . import cli_job
@@ -183,7 +184,7 @@ def _remove(args) -> int:
         return EXIT_OK
     dest = library.installer.model_path(entry, folder)
     try:
-        removed = library.remove(entry, folder)
+        removed = library.remove(entry, folder, get_runtime())
     except OSError as exc:
         raise LeanImageError(f"Could not delete {dest}: {exc}.") from exc
     if not removed:

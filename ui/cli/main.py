@@ -384,7 +384,7 @@ def _handled(args, interrupts) -> int:
     """The command, with every way it can fail as one line and an exit code."""
     try:
         check_environment()
-        event_file.start(get_runtime(), event_file.log_folder(), on_error=_log_unwritable,  # every decision, also on disk
+        event_file.start(get_runtime().events, event_file.log_folder(), on_error=_log_unwritable,  # every decision, also on disk
                          kind=event_writer.ThreadedEventFile)
         return int(args.handler(args))
     except cli_job.Stopped:
