@@ -62,7 +62,7 @@ class GeometryResult:
     fov_x: float  # radians
     fov_y: float  # radians
     metric_scale: float
-    model_size: tuple[int, int]  # (h, w) the model ran at
+    model_size: tuple[int, int]  # (h, w) of the encoder's input: the token grid in pixels (a fixed export's size)
     warnings: list[str] = field(default_factory=list)
     num_tokens: int = 0
     focal: float = 0.0  # relative to half the image diagonal (MoGe's convention)
