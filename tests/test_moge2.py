@@ -42,6 +42,7 @@ def models(tmp_path_factory):
         "no_tokens": moge2_like_model(folder / "no_tokens.onnx", num_tokens_input=False),
         "points_rank3": moge2_like_model(folder / "points_rank3.onnx", points_rank=3),
         "nan": moge2_like_model(folder / "nan.onnx", poison="nan"),
+        "fixed": moge2_like_model(folder / "fixed.onnx", fixed_hw=(56, 84)),
     }
 
 
@@ -350,6 +351,24 @@ def test_a_picture_larger_than_the_grid_is_fed_at_its_size_and_shrinks_to_the_en
     assert np.abs(torch_bilinear(picture, result.model_size, antialias=False) - encoder).max() > 0.1
     expected = expected_depth(height, width, height, width, focal=FOCAL) * SCALE
     np.testing.assert_allclose(result.depth, expected, rtol=1e-5)
+
+
+def test_a_fixed_size_export_is_fed_the_stretched_encoder_input_and_its_maps_resized(models, recorded):
+    # a fixed input cannot take the picture's size: it gets MoGe's encoder input at its own size
+    # (stretched, and said so), and its maps are resized to the picture here (moge2_outputs.py)
+    runtime, factory = recorded
+    picture = red_image(90, 120)
+    picture[..., 1] = np.linspace(0.0, 1.0, 120)[None, :]
+    result = moge2.run(picture, models["fixed"], options=opts(runtime))
+    image = factory.sessions[0].feeds[0]["image"]
+    assert image.shape == (1, 3, 56, 84) and result.model_size == (56, 84)
+    np.testing.assert_allclose(image[0].transpose(1, 2, 0), torch_bilinear(picture, (56, 84), antialias=True), atol=1e-6)
+    assert any("fixed 84x56 input" in w and "stretched" in w for w in result.warnings)
+    assert result.points.shape == (90, 120, 3) and result.normal.shape == (90, 120, 3)
+    np.testing.assert_allclose(np.linalg.norm(result.normal, axis=2), 1.0, atol=1e-5)
+    expected = expected_depth(56, 84, 90, 120, focal=FOCAL) * SCALE
+    # z resized once, as MoGe resizes; the outermost pixels hold the edge where the plane goes on
+    np.testing.assert_allclose(result.depth[1:-1, 1:-1], expected[1:-1, 1:-1], rtol=5e-4)
 
 
 def test_scale_named_scale_rank1_tokens_and_no_normal(models, recorded):
