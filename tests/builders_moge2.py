@@ -53,6 +53,7 @@ def moge2_like_model(
     scale_name: str = "metric_scale",
     scale_rank: int = 1,
     with_normal: bool = True,
+    fixed_hw: tuple[int, int] | None = None,
 ) -> Path:
     """Write the model to `path` and return it.
 
@@ -152,7 +153,8 @@ def moge2_like_model(
 
     scale_value = np.asarray([metric_scale] if scale_rank == 1 else metric_scale, np.float32)
     scale = const("scale_const", scale_value)
-    inputs = [helper.make_tensor_value_info("image", elem, [1, 3, "H", "W"])]
+    height, width = fixed_hw or ("H", "W")  # a fixed input size, as a static export declares it
+    inputs = [helper.make_tensor_value_info("image", elem, [1, 3, height, width])]
     if num_tokens_input:
         token_shape = [] if num_tokens_rank == 0 else [1]
         inputs.append(helper.make_tensor_value_info("num_tokens", TensorProto.INT64, token_shape))

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from builders_moge2 import PLANE, expected_depth, moge2_like_model
 from lean_image_ai.models.adapters import moge2, moge2_solver
-from lean_image_ai.models.adapters.resampling import torch_bilinear
 from lean_image_ai.runtime.errors import (
     InvalidModelOutputError,
     ModelContractError,
@@ -247,8 +246,9 @@ def test_recovers_intrinsics_fov_and_depth_at_source_size(models, recorded, size
         and result.intrinsics[0, 0] == result.intrinsics[1, 1]
     )
 
-    expected = expected_depth(model_h, model_w, height, width, focal=FOCAL) * SCALE
-    np.testing.assert_allclose(result.depth, expected, rtol=5e-4)  # linear resize of a smooth 1/plane
+    # fed at the source's size (moge2.at_source_size), the scene's uv is the source's: no resize
+    expected = expected_depth(height, width, height, width, focal=FOCAL) * SCALE
+    np.testing.assert_allclose(result.depth, expected, rtol=1e-5)
     # force_projection: every point lies on its pixel's ray through the intrinsics
     j, i = np.meshgrid(np.arange(width) + 0.5, np.arange(height) + 0.5)
     np.testing.assert_allclose(
@@ -287,16 +287,16 @@ def test_mask_threshold_and_normals_renormalised(models, recorded):
     far[57:63, :] = False
     np.testing.assert_array_equal(result.mask[far], valid[far])
     assert result.mask.sum() < valid.size  # invalid pixels really came out invalid
-    # normals: unit length after the linear resize (which alone shortens them) ...
+    # normals: unit length ...
     np.testing.assert_allclose(np.linalg.norm(result.normal, axis=2), 1.0, atol=1e-5)
-    # ... and still the builder's field normalize(u, v, -1) at the source pixel centres
-    model_h, model_w = result.model_size
-    half_diagonal = math.hypot(model_h, model_w) / 2
-    u = ((np.arange(width) + 0.5) * model_w / width - model_w / 2) / half_diagonal
-    v = ((np.arange(height) + 0.5) * model_h / height - model_h / 2) / half_diagonal
+    # ... and the builder's field normalize(u, v, -1) at the source pixel centres, every pixel:
+    # the export ran at the source's size, so nothing was resized after the normalisation
+    half_diagonal = math.hypot(height, width) / 2
+    u = ((np.arange(width) + 0.5) - width / 2) / half_diagonal
+    v = ((np.arange(height) + 0.5) - height / 2) / half_diagonal
     field = np.stack(np.broadcast_arrays(u[None, :], v[:, None], -1.0), axis=-1)
     field /= np.linalg.norm(field, axis=2, keepdims=True)
-    np.testing.assert_allclose(result.normal[2:-2, 2:-2], field[2:-2, 2:-2], atol=1e-3)
+    np.testing.assert_allclose(result.normal, field, atol=1e-5)
 
 
 def test_mask_threshold_option(models, recorded):
@@ -321,13 +321,10 @@ def test_num_tokens_fed_as_int64_scalar(models, recorded, level, tokens):
     image = factory.sessions[0].feeds[0]["image"]
     rows, cols = result.model_size[0] // 14, result.model_size[1] // 14
     assert abs(rows * cols / tokens - 1) < 0.05
-    # fed at the heads' size (16 px a token), so the graph's output resize is the identity, and
-    # made so that the graph's own shrink (bilinear, no antialias) gives MoGe's encoder input:
-    # the picture bilinear with antialias at the grid's size
-    assert image.dtype == np.float32 and image.shape == (1, 3, 16 * rows, 16 * cols)
-    shrunk = torch_bilinear(image[0].transpose(1, 2, 0), result.model_size, antialias=False)
-    encoder = torch_bilinear(red_image(90, 120), result.model_size, antialias=True)
-    np.testing.assert_allclose(shrunk, encoder, atol=1e-4)
+    # smaller than every grid: fed as it is (MoGe's forward() takes the picture itself, and its
+    # antialiased enlargement to the grid is the export's plain one)
+    assert image.dtype == np.float32 and image.shape == (1, 3, 90, 120)
+    np.testing.assert_array_equal(image[0].transpose(1, 2, 0), red_image(90, 120))
     assert result.num_tokens == tokens
 
 
@@ -346,10 +343,7 @@ def test_fp16_model_gets_float16_feeds(models, recorded):
     assert factory.sessions[0].feeds[0]["image"].dtype == np.float16
     assert result.depth.dtype == np.float32
     assert abs(result.focal / FOCAL - 1) < 5e-3  # fp16 points carry ~1e-3 relative error
-    model_h, model_w = result.model_size
-    np.testing.assert_allclose(
-        result.depth, expected_depth(model_h, model_w, 64, 80, focal=FOCAL) * SCALE, rtol=1e-2
-    )
+    np.testing.assert_allclose(result.depth, expected_depth(64, 80, 64, 80, focal=FOCAL) * SCALE, rtol=1e-2)
 
 
 def test_uint8_rgba_source_and_input_warnings(models, recorded):

@@ -26,7 +26,7 @@ bh.import_package()
 
 from builders_families import ben2_like_model, da3_like_model  # noqa: E402
 from builders_upscale import resize_model  # noqa: E402
-from lean_image_ai.models.adapters import ben2, da3, moge2, upscale  # noqa: E402
+from lean_image_ai.models.adapters import ben2, da3, upscale  # noqa: E402
 from lean_image_ai.models.base import RunOptions  # noqa: E402
 from lean_image_ai.models.imaging import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402
 from lean_image_ai.models.store import catalog, library  # noqa: E402
@@ -558,11 +558,9 @@ def test_catalog_constants_reach_the_model_input(tmp_path, clean_blender, record
             filepath=str(src), model_id=_register(models_dir, "moge2", model, pre)
         )
         mean, std = np.zeros(3), np.ones(3)  # the export normalises inside the graph
-        tokens = pre["num_tokens_range"][1]
-        model_h, model_w = moge2.model_input_size(H, W, tokens, pre["patch_size"])
-        # fed at the heads' own size, 16 px a token (moge2._at_head_size: MoGe's one output resize)
-        head = moge2.HEAD_PIXELS_PER_TOKEN
-        expected_shape = (1, 3, head * (model_h // pre["patch_size"]), head * (model_w // pre["patch_size"]))
+        # fed at the picture's own size (moge2.at_source_size: MoGe's forward() takes the picture);
+        # smaller than the token grid, it is the picture itself
+        expected_shape = (1, 3, H, W)
 
     assert result == {"FINISHED"}
     assert len(recorded.runs) == 1 and recorded.shrink_entries == ["cpu:0"]
@@ -570,10 +568,6 @@ def test_catalog_constants_reach_the_model_input(tmp_path, clean_blender, record
     image = next(v for v in feeds.values() if v.ndim == 4)
     assert image.shape == expected_shape and image.dtype == np.float32
     want = (rgb - mean) / std
-    if entry.family == "moge2":  # fed the least-norm preimage: what the export's own shrink reads is the picture
-        from lean_image_ai.models.adapters.resampling import torch_bilinear
-
-        image = torch_bilinear(image[0].transpose(1, 2, 0), (model_h, model_w), antialias=False).transpose(2, 0, 1)[None]
     for channel in range(3):
         np.testing.assert_allclose(image[0, channel], want[channel], atol=2e-5, err_msg=f"channel {channel}")
     if entry.family == "moge2":

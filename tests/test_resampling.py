@@ -132,18 +132,47 @@ def test_bad_sizes_and_kinds_are_refused():
         resampling.cv2_resize(picture(), (200, 5), "area")
 
 
-def test_bilinear_preimage_shrinks_back_to_the_image_through_f_interpolate():
-    # MoGe-2's export shrinks what it is fed to its token grid (bilinear, no antialias); the
-    # adapter feeds an image whose shrink is exactly the antialiased picture MoGe's encoder reads
+def _f_interpolate(torch, image, size, antialias=False):
+    tensor = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None]
+    out = torch.nn.functional.interpolate(tensor, size, mode="bilinear", align_corners=False, antialias=antialias)
+    return out[0].permute(1, 2, 0).numpy()
+
+
+@pytest.mark.parametrize("image_size,size", [((70, 98), (80, 112)), ((30, 98), (31, 250)), ((40, 40), (40, 97))])
+def test_bilinear_preimage_shrinks_back_to_the_image_through_f_interpolate(image_size, size):
+    # MoGe-2's export shrinks what it is fed to its token grid (bilinear, no antialias): any
+    # ratio, the worst-conditioned one side larger by one pixel among them
     torch = pytest.importorskip("torch")
-    image = picture(70, 98, seed=5).astype(np.float32) / 255.0
-    fed = resampling.bilinear_preimage(image, (80, 112))
-    assert fed.shape == (80, 112, 3) and fed.dtype == np.float32
-    shrunk = (
-        torch.nn.functional.interpolate(
-            torch.from_numpy(fed).permute(2, 0, 1)[None], (70, 98), mode="bilinear", align_corners=False
-        )[0]
-        .permute(1, 2, 0)
-        .numpy()
-    )
-    np.testing.assert_allclose(shrunk, image, atol=1e-4)
+    image = picture(*image_size, seed=5).astype(np.float32) / 255.0
+    fed = resampling.bilinear_preimage(image, size)
+    assert fed.shape == (*size, 3) and fed.dtype == np.float32
+    np.testing.assert_allclose(_f_interpolate(torch, fed, image_size), image, atol=1e-4)
+
+
+@pytest.mark.parametrize("size,grid", [((120, 200), (42, 56)), ((60, 90), (56, 84)), ((50, 300), (70, 140))])
+def test_antialiased_preimage_is_read_by_a_plain_shrink_as_the_antialiased_one(size, grid):
+    # what MoGe-2's adapter feeds at the picture's size (2.9x to 1.07x shrinks, and a side that
+    # grows: kept as it is); a smooth picture keeps its preimage near itself
+    torch = pytest.importorskip("torch")
+    image = picture(*size, seed=3).astype(np.float32) / 255.0
+    fed = resampling.antialiased_preimage(image, grid)
+    assert fed.shape == image.shape and fed.dtype == np.float32
+    wanted = _f_interpolate(torch, image, grid, antialias=True)
+    np.testing.assert_allclose(_f_interpolate(torch, fed, grid), wanted, atol=1e-4)
+    assert np.abs(_f_interpolate(torch, image, grid) - wanted).max() > 1e-2  # the plain shrink alone is not
+
+
+def test_a_preimage_is_never_smaller_than_its_image():
+    with pytest.raises(ValueError, match="larger than its image"):
+        resampling.bilinear_preimage(np.zeros((10, 10, 3), np.float32), (9, 12))
+
+
+def test_a_bilinear_preimage_exists_at_every_ratio_and_stays_in_a_sane_range():
+    # each output pixel reads two neighbours, the left ones strictly increasing: A A^T is
+    # invertible at every ratio, worst just above 1x (values within ~18x of the image's)
+    image = picture(3, 14, seed=9).astype(np.float32) / 255.0
+    for width in range(15, 50):
+        fed = resampling.bilinear_preimage(image, (3, width))
+        back = resampling.torch_bilinear(fed, (3, 14), antialias=False)
+        assert np.abs(back - image).max() < 1e-5, width
+        assert np.abs(fed).max() < 20.0, width

@@ -13,10 +13,11 @@ The camera recovery that MoGe's `infer()` does in PyTorch + scipy is re-done her
   default `force_projection=True`), or `(xyz + [0, 0, shift]) * metric_scale` when that is off.
 
 Model input size rule (MoGe-2 `forward()`): for `T = num_tokens` and source aspect `a = W / H`,
-the ViT grid is `rows = round(sqrt(T / a))`, `cols = round(sqrt(T * a))` patches of 14 px, so the
-image is fed at `(14 * rows, 14 * cols)`: the aspect of the source (up to rounding of one patch),
-about `T` tokens, and the export's own resize to that grid becomes an identity (its ONNX mode
-resizes without antialiasing; ours antialiases). `T = int(1200 + level / 9 * 2400)` for
+the ViT grid is `rows = round(sqrt(T / a))`, `cols = round(sqrt(T * a))` patches of 14 px
+(`model_input_size`: the encoder's input, `(14 * rows, 14 * cols)`). A dynamic-size export is fed
+at the source's own size (`at_source_size`), so it computes what MoGe's `forward()` computes on the
+picture and its outputs come at the source's size; a fixed-size export is fed the encoder's input,
+stretched to its size, and its outputs are resized here (moge2_outputs.py). `T = int(1200 + level / 9 * 2400)` for
 `resolution_level` 0..9, as in MoGe's `infer()`.
 
 Frames: points/normals are in MoGe's camera frame (OpenCV convention: x right, y down, z
@@ -43,13 +44,12 @@ from .moge2_contract import bind_contract, mask_output, metric_scale_output, nor
 from .moge2_mesh import normal_map, write_geometry
 from .moge2_outputs import mask_to_source, normal_to_source, points_to_source
 from .moge2_solver import DegenerateGeometryError, recover_focal_shift, shift_for_focal
-from .resampling import bilinear_preimage, torch_bilinear
+from .resampling import antialiased_preimage, torch_bilinear
 
 PATCH_SIZE = 14
 NUM_TOKENS_RANGE = (1200, 3600)
 RESOLUTION_LEVELS = 10
 MASK_THRESHOLD = 0.5
-HEAD_PIXELS_PER_TOKEN = 16
 
 
 @dataclass
@@ -62,7 +62,7 @@ class GeometryResult:
     fov_x: float  # radians
     fov_y: float  # radians
     metric_scale: float
-    model_size: tuple[int, int]  # (h, w) the model ran at
+    model_size: tuple[int, int]  # (h, w) of the encoder's input: the token grid in pixels (a fixed export's size)
     warnings: list[str] = field(default_factory=list)
     num_tokens: int = 0
     focal: float = 0.0  # relative to half the image diagonal (MoGe's convention)
@@ -163,10 +163,12 @@ def _geometry(
             )
     else:
         model_h, model_w = model_input_size(source_h, source_w, tokens, patch_size)
-    # MoGe's encoder: bilinear with antialias on the [0, 1] picture (ImageNet constants inside)
-    rgb = torch_bilinear(np.clip(prepared.rgb, 0.0, 1.0), (model_h, model_w), antialias=True)
+    picture = np.clip(prepared.rgb, 0.0, 1.0)
     if fixed is None:
-        rgb = _at_head_size(rgb, model_h // patch_size, model_w // patch_size)
+        rgb = at_source_size(picture, (model_h, model_w))
+    else:  # MoGe's encoder: bilinear with antialias on the [0, 1] picture (ImageNet constants inside)
+        rgb = torch_bilinear(picture, (model_h, model_w), antialias=True)
+    del picture
     token_shape = (1,) * len(binding.tokens.shape)
     feeds = {
         binding.image.name: to_nchw(rgb, binding.image.dtype),
@@ -192,15 +194,17 @@ def _geometry(
     return result
 
 
-def _at_head_size(encoder_image: np.ndarray, rows: int, cols: int) -> np.ndarray:
-    """What to feed so the export computes what MoGe's forward() computes: the export shrinks its
-    input to the token grid (bilinear, no antialias, ONNX mode) and resizes the heads' maps to the
-    input's size before its exp/sigmoid. Fed at the heads' own size (16 px a token: the neck's four
-    2x upsamplings of the grid), its output resize is the identity, and the one resize to the
-    source is ours (moge2_outputs.py), where MoGe does it; fed `bilinear_preimage` of the encoder's
-    image, its shrink lands on exactly that image. Fed the encoder's size instead, the heads'
-    maps were resampled twice: mask IoU 0.60 against MoGe's on the seeded ViT-S at 4:3."""
-    return bilinear_preimage(encoder_image, (HEAD_PIXELS_PER_TOKEN * rows, HEAD_PIXELS_PER_TOKEN * cols))
+def at_source_size(picture: np.ndarray, encoder_size: tuple[int, int]) -> np.ndarray:
+    """What to feed a dynamic-size export so that it computes what MoGe's forward() computes on
+    the picture: forward() takes the picture itself, shrinks it to the token grid (bilinear WITH
+    antialias; the export's ONNX mode shrinks without) and resizes the heads' raw maps to the
+    picture's size before its exp/sigmoid/normalise. Fed an image at the picture's size whose
+    plain shrink is the antialiased one (`antialiased_preimage`; along a side smaller than the grid
+    the picture itself), the export's encoder input, its token grid, its uv's aspect and its one
+    output resize are MoGe's: points, mask and normals come out at the picture's size, as MoGe's
+    (issue 42: fed at the heads' size, the normals were resized after their normalisation, 1.6 to
+    3.1 degrees mean off on the seeded ViT-S)."""
+    return antialiased_preimage(picture, encoder_size)
 
 
 def _postprocess(
@@ -239,8 +243,8 @@ def _postprocess(
     if not finite.all():
         points = np.where(finite[:, :, None], points, np.float32(0.0))
     height, width = source_size
-    # the solver reads the grid's uv (the export's net was fed that grid's aspect); MoGe's
-    # intrinsics follow the source's aspect (the grid's differs by up to half a patch a side)
+    # the solver reads the uv of the map's own size: the picture's when the export ran at it, as
+    # MoGe's does; a fixed-size export's (stretched) grid's otherwise
     aspect = width / height
     focal, shift = _camera(points, valid, aspect, focal_width, model_name, label, mask_threshold)
     if not (valid & (points[:, :, 2] + np.float32(shift) > 0)).any():

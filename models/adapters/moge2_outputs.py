@@ -2,12 +2,13 @@
 
 MoGe resizes the heads' raw maps to the picture's size (one bilinear, no antialias) and only then
 applies its activations: `exp` of the point map's z (x and y scaled by it), the mask's sigmoid and
-the normals' normalisation. The export runs at the model's size, so its outputs come after the
-activations; those are undone here (log of z, x / z and y / z, the mask's logit), the raw maps
-resized once as MoGe does, and the activations applied again. Resampling after the activations
-instead (as this adapter did before issue 42) bends z between pixels and moves the mask's 0.5
-contour: on the seeded ViT-S export, mask IoU 0.54 against MoGe's.
-"""
+the normals' normalisation. A dynamic-size export is fed at the picture's size
+(moge2.at_source_size), so it does that itself and nothing here resizes. A fixed-size export runs
+at its own size, so its outputs come after the activations: those are undone here (log of z,
+x / z and y / z, the mask's logit), the raw maps resized once as MoGe does, and the activations
+applied again. Resampling after the activations instead (as this adapter did before issue 42)
+bends z between pixels and moves the mask's 0.5 contour: on the seeded ViT-S export, mask IoU
+0.54 against MoGe's."""
 
 from __future__ import annotations
 
@@ -48,7 +49,9 @@ def mask_to_source(probability: np.ndarray, size: tuple[int, int]) -> np.ndarray
 
 
 def normal_to_source(normal: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """HxWx3 unit normals at `size`: resampled, then normalised (zero vectors stay zero)."""
+    """HxWx3 unit normals at `size`: resampled, then normalised (zero vectors stay zero). The
+    export's normals are already normalised, so this is not MoGe's resize of the raw head output:
+    only a fixed-size export's normals come here resized."""
     if normal.shape[:2] != tuple(size):
         normal = torch_bilinear(normal, size, antialias=False)
     length = np.linalg.norm(normal, axis=2, keepdims=True)
