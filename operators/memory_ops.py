@@ -73,7 +73,9 @@ def _freed(action: str, ask: str, in_process) -> str:
     this process's runtime where jobs run here (LEAN_IMAGE_AI_IN_PROCESS)."""
     in_worker = worker_client.shared().ask(ask)
     local = in_process_runtime()
-    freed = in_worker or (in_process(local) if local is not None else None)
+    # where jobs run here, this process's runtime holds the models the user ran; a worker left from
+    # before is still asked to give its memory back, but its figures are not the ones to show
+    freed = in_process(local) if local is not None else in_worker
     if freed is None:
         return f"{action}: the model process is not running; no model is loaded."
     return format_freed(action, freed)
