@@ -125,7 +125,7 @@ def float_source(folder: Path) -> Path:
     return path
 
 
-def run_modal(path: Path, deflate: Deflate, *, cancel_when=None, stop_when=None) -> dict:
+def run_modal(path: Path, deflate: Deflate, *, cancel_when=None, stop_when=None, **properties) -> dict:
     """Drive one Upscale job; per timer call, the new images after it. Returns what was seen,
     with the job's own result pixels (taken as the lane ends the job). ``cancel_when()``: Esc
     once it is true while the job runs; ``stop_when()``: Blender's own cancel of the operator
@@ -160,7 +160,7 @@ def run_modal(path: Path, deflate: Deflate, *, cancel_when=None, stop_when=None)
 
     jobs.manager.on_end.append(keep_result)
     try:
-        drive(bpy.ops.lean_image_ai_test.drive_upscale_apply, script, filepath=str(path))
+        drive(bpy.ops.lean_image_ai_test.drive_upscale_apply, script, filepath=str(path), **properties)
     finally:
         jobs.manager.on_end.remove(keep_result)
     return seen
@@ -294,3 +294,23 @@ def test_blender_stopping_the_operator_during_the_jobs_end_keeps_the_result(tmp_
     assert "release" in end.ran and "heap trim" in end.ran
     assert jobs.manager.last.state == "finished" and jobs.manager.last.task is None
     assert bpy.data.images.get("photo_x2") is not None
+
+
+def test_a_result_saved_at_save_result_to_is_the_files_bytes_the_pump_wrote(tmp_path, monkeypatch):
+    """Save Result To (an 8-bit PNG for a byte source): the file there is the PNG the pump deflated
+    over several calls, written whole by the add-on's atomic writer; the image reads it (not packed).
+    Before, Blender's writer converted and compressed the whole result in the call that applied it."""
+    path = byte_source(tmp_path)
+    out = tmp_path / "saved.png"
+    deflate = Deflate(monkeypatch)
+    seen = run_modal(path, deflate, output_path=str(out))
+    row = 1 + 4 * RESULT
+    check_spread(seen, deflate, (MAX_PIXELS_PER_CALL // RESULT) * row, RESULT * row)
+
+    image = bpy.data.images[seen["images"][-1][0]]
+    assert image.packed_file is None and Path(bpy.path.abspath(image.filepath)) == out
+    decoded = np.asarray(PILImage.open(out))
+    expected = np.floor(np.clip(image_io.to_rgba(seen["result"]) * 255.0 + 0.5, 0, 255)).astype(np.uint8)
+    np.testing.assert_array_equal(decoded, expected)
+    np.testing.assert_array_equal(np.round(image_io.image_to_array(image) * 255.0).astype(np.uint8), expected)
+    assert list(tmp_path.glob("*.tmp*")) == []
