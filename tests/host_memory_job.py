@@ -3,7 +3,8 @@
     python host_memory_job.py CONFIG.json   writes CONFIG's "out" (one JSON object)
 
 CONFIG: "side" (the source's side; the built-in bicubic x2 makes it twice that), "jobs" (per
-phase), "folder" (a scratch folder), "out", "float" (optional: a float EXR source), and "phases": any of
+phase), "folder" (a scratch folder), "out", "float" (optional: a float EXR source), "modal_runs"
+and "save_to" (optional: the modal phase's job count, and Save Result To set), and "phases": any of
   removed   RSS before and after ``jobs`` Upscale jobs, each result image removed after its job
   kept      the same with every result kept: growth next to the results' own pixel bytes
   refs      with Python's cycle collector off: weak references to the job's task and every
@@ -129,7 +130,7 @@ def phase_modal(path: str) -> dict:
 
     driver = ms.driver_class(LEAN_IMAGE_AI_OT_upscale, "lean_image_ai_test.drive_upscale", "LEANTEST_OT_drive_upscale")
     bpy.utils.register_class(driver)
-    calls, collecting = [], {"began": 0.0, "spent": 0.0}
+    calls, collecting, made = [], {"began": 0.0, "spent": 0.0}, {}
 
     def on_collect(phase, info):  # the collector's time inside a call, a suspect of a long one
         if phase == "start":
@@ -153,9 +154,13 @@ def phase_modal(path: str) -> dict:
         job_calls = []
         while state == {"RUNNING_MODAL"}:
             step, collecting["spent"] = step_of(op), 0.0
+            images = len(bpy.data.images)
             started, cpu_started = time.perf_counter(), time.thread_time()
             state = op.modal(ctx, ms.TIMER)
-            job_calls.append((time.perf_counter() - started, step, collecting["spent"], time.thread_time() - cpu_started))
+            seconds = time.perf_counter() - started
+            if len(bpy.data.images) > images and "made" not in made:
+                made["made"] = seconds  # the call that made the result image
+            job_calls.append((seconds, step, collecting["spent"], time.thread_time() - cpu_started))
             time.sleep(job_operator.TIMER_INTERVAL)  # what Blender waits between two timer events
         remove([image for image in bpy.data.images if image not in before])
         calls.append(job_calls)
@@ -164,9 +169,14 @@ def phase_modal(path: str) -> dict:
     gc.callbacks.append(on_collect)
     try:
         starts = []
-        for _ in range(CONFIG.get("modal_runs", 1)):
-            state, start_s = ms.drive(bpy.ops.lean_image_ai_test.drive_upscale, script, filepath=path)
+        for run in range(CONFIG.get("modal_runs", 1)):
+            saved = {}
+            if CONFIG.get("save_to"):  # Save Result To: a file of the source's kind (PNG, or EXR for a float one)
+                saved = {"output_path": str(FOLDER / f"saved_{run}{Path(path).suffix}"), "overwrite": True}
+            made.pop("made", None)
+            state, start_s = ms.drive(bpy.ops.lean_image_ai_test.drive_upscale, script, filepath=path, **saved)
             starts.append(start_s)
+            made.setdefault("made_calls", []).append(made.get("made", 0.0))
     finally:
         gc.callbacks.remove(on_collect)
         bpy.utils.unregister_class(driver)
@@ -176,6 +186,7 @@ def phase_modal(path: str) -> dict:
     return {"state": sorted(state), "start_modal_s": max(starts), "timer_calls": len(calls[-1]),
             "longest_timer_call_s": longest[0], "last_timer_call_s": max(last)[0],
             "longest_pump_call_s": max(pumps, default=(0.0,))[0],
+            "result_call_s": max(made["made_calls"]),
             "longest_call": {"seconds": longest[0], "step": longest[1], "collector_s": longest[2], "cpu_s": longest[3]},
             "calls_over_0.1_s": [{"seconds": round(c[0], 3), "step": c[1], "collector_s": round(c[2], 3),
                                   "cpu_s": round(c[3], 3), "call": f"{index + 1} of {len(job_calls)}"}
