@@ -106,7 +106,8 @@ def _through_operators(side: int, jobs: int, *, float_source: bool = False, save
           f"{_mib(removed['rss_before'])} -> {_mib(removed['rss_after'])} MiB over {jobs} jobs, each result removed; "
           f"{_mib(kept['rss_before'])} -> {_mib(kept['rss_after'])} MiB with {jobs} kept (their pixels: "
           f"{figures['kept_pixels']} MiB)")
-    print(f"main thread, one modal Upscale job: invoke (start_modal) {modal['start_modal_s']:.3f} s, "
+    print(f"main thread, one modal Upscale job: invoke (start_modal) {modal['start_modal_s']:.3f} s "
+          f"(CPU {modal['start_modal_cpu_s']:.3f} s), "
           f"{modal['timer_calls']} timer calls, longest {modal['longest_timer_call_s']:.3f} s; the one that makes "
           f"the result image: {modal['result_call_s']:.3f} s; the last: {modal['last_timer_call_s']:.3f} s; the longest "
           f"but the last: {modal['longest_pump_call_s']:.3f} s")

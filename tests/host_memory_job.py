@@ -130,7 +130,7 @@ def phase_modal(path: str) -> dict:
 
     driver = ms.driver_class(LEAN_IMAGE_AI_OT_upscale, "lean_image_ai_test.drive_upscale", "LEANTEST_OT_drive_upscale")
     bpy.utils.register_class(driver)
-    calls, collecting, made = [], {"began": 0.0, "spent": 0.0}, {}
+    calls, collecting, made, start_cpu = [], {"began": 0.0, "spent": 0.0}, {}, []
 
     def on_collect(phase, info):  # the collector's time inside a call, a suspect of a long one
         if phase == "start":
@@ -139,6 +139,8 @@ def phase_modal(path: str) -> dict:
             collecting["spent"] += time.perf_counter() - collecting["began"]
 
     def step_of(op) -> str:
+        if getattr(op, "_end", None) is not None:
+            return "the job's end"  # applied: its end a step per call (operators/jobs.py's JobEnd)
         job = op._job
         task = getattr(job, "task", None)
         part = ("before" if getattr(task, "before", None) is not None
@@ -148,9 +150,10 @@ def phase_modal(path: str) -> dict:
     def script(op):
         ctx = ms.StandInContext()
         before = set(bpy.data.images)
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         state = op.start_modal(ctx)
         start_s = time.perf_counter() - started
+        start_cpu.append(time.thread_time() - cpu_started)
         job_calls = []
         while state == {"RUNNING_MODAL"}:
             step, collecting["spent"] = step_of(op), 0.0
@@ -183,7 +186,8 @@ def phase_modal(path: str) -> dict:
     last = [job_calls[-1] for job_calls in calls]
     pumps = [call for job_calls in calls for call in job_calls[:-1]]  # every call but the last, which applies
     longest = max(pumps + last)
-    return {"state": sorted(state), "start_modal_s": max(starts), "timer_calls": len(calls[-1]),
+    return {"state": sorted(state), "start_modal_s": max(starts), "start_modal_cpu_s": start_cpu[starts.index(max(starts))],
+            "timer_calls": len(calls[-1]),
             "longest_timer_call_s": longest[0], "last_timer_call_s": max(last)[0],
             "longest_pump_call_s": max(pumps, default=(0.0,))[0],
             "result_call_s": max(made["made_calls"]),
