@@ -314,3 +314,18 @@ def test_a_result_saved_at_save_result_to_is_the_files_bytes_the_pump_wrote(tmp_
     np.testing.assert_array_equal(decoded, expected)
     np.testing.assert_array_equal(np.round(image_io.image_to_array(image) * 255.0).astype(np.uint8), expected)
     assert list(tmp_path.glob("*.tmp*")) == []
+
+
+def test_a_float_result_saved_at_save_result_to_reads_back_exactly(tmp_path, monkeypatch):
+    """The same for a float source and an .exr file: the EXR the pump wrote, whose pixels read back
+    as the premultiplied floats Blender keeps (before: Blender's save_render of the whole result)."""
+    path = float_source(tmp_path)
+    out = tmp_path / "saved.exr"
+    deflate = Deflate(monkeypatch)
+    seen = run_modal(path, deflate, output_path=str(out))
+    check_spread(seen, deflate, MAX_PIXELS_PER_CALL * 16, RESULT * RESULT * 16)
+
+    image = bpy.data.images[seen["images"][-1][0]]
+    assert image.packed_file is None and Path(bpy.path.abspath(image.filepath)) == out and image.is_float
+    expected = colour.premultiply(colour.from_model_rgb(image_io.to_rgba(seen["result"]), True))
+    np.testing.assert_array_equal(image_io.image_to_array(image), expected)
