@@ -66,12 +66,14 @@ def _mib(value) -> float:
     return round((value or 0) / 2**20, 1)
 
 
-def _through_operators(side: int, jobs: int, *, float_source: bool = False) -> dict:
+def _through_operators(side: int, jobs: int, *, float_source: bool = False, save_to: bool = False,
+                       modal_runs: int = 1) -> dict:
     """Blender's side as artists use it (issue #37 items 5 and 9): tests/host_memory_job.py in a
     fresh bpy process, the Upscale button through ``bpy.ops`` (built-in bicubic x2, side -> 2 side),
     ``jobs`` jobs with each result removed, then ``jobs`` kept, then one driven as the UI drives it
     (start_modal, then one TIMER event at a time: each a call of the add-on on Blender's main thread).
-    ``float_source``: the source is a float EXR, so the result is a float image (packed as EXR)."""
+    ``float_source``: the source is a float EXR, so the result is a float image (packed as EXR);
+    ``save_to``: the modal jobs (``modal_runs`` of them) save their result at Save Result To."""
     import subprocess
     import tempfile
 
@@ -82,7 +84,8 @@ def _through_operators(side: int, jobs: int, *, float_source: bool = False) -> d
     env = bh.isolated_blender_env(root / "blender", pythonpath=[bh.package_search_dir(root / "pkg")])
     env.update(LEAN_IMAGE_AI_MODELS_DIR=str(root / "models"), LEAN_IMAGE_AI_LOG_DIR=str(root / "logs"))
     config = {"side": side, "jobs": jobs, "folder": str(root), "out": str(root / "out.json"),
-              "phases": ["removed", "kept", "modal"], "float": float_source}
+              "phases": ["removed", "kept", "modal"], "float": float_source,
+              "save_to": save_to, "modal_runs": modal_runs}
     (root / "config.json").write_text(json.dumps(config), encoding="utf-8")
     done = subprocess.run([sys.executable, str(ROOT / "tests" / "host_memory_job.py"), str(root / "config.json")],
                           env=env, capture_output=True, text=True, timeout=900)
@@ -96,15 +99,26 @@ def _through_operators(side: int, jobs: int, *, float_source: bool = False) -> d
         "kept_pixels": _mib(kept["result_pixel_bytes"]),
         "longest": max(modal["start_modal_s"], modal["longest_timer_call_s"]),
         "longest_pump": modal["longest_pump_call_s"],
+        "result_call": modal["result_call_s"],
+        "longest_call": modal["longest_call"],
     }
     print(f"through bpy.ops, Upscale {side}x{side} -> {kept['result_size'][0]}x{kept['result_size'][1]}: Blender's RSS "
           f"{_mib(removed['rss_before'])} -> {_mib(removed['rss_after'])} MiB over {jobs} jobs, each result removed; "
           f"{_mib(kept['rss_before'])} -> {_mib(kept['rss_after'])} MiB with {jobs} kept (their pixels: "
           f"{figures['kept_pixels']} MiB)")
-    print(f"main thread, one modal Upscale job: invoke (start_modal) {modal['start_modal_s']:.3f} s, "
-          f"{modal['timer_calls']} timer calls, longest {modal['longest_timer_call_s']:.3f} s; the last, which makes "
-          f"the result image: {modal['last_timer_call_s']:.3f} s; the longest before it: {modal['longest_pump_call_s']:.3f} s")
+    print(f"main thread, one modal Upscale job: invoke (start_modal) {modal['start_modal_s']:.3f} s "
+          f"(CPU {modal['start_modal_cpu_s']:.3f} s), "
+          f"{modal['timer_calls']} timer calls, longest {modal['longest_timer_call_s']:.3f} s; the one that makes "
+          f"the result image: {modal['result_call_s']:.3f} s; the last: {modal['last_timer_call_s']:.3f} s; the longest "
+          f"but the last: {modal['longest_pump_call_s']:.3f} s")
+    longest = modal["longest_call"]
+    print(f"the longest call ran '{longest['step']}' (its CPU time {longest['cpu_s']:.3f} s, the cycle collector "
+          f"{longest['collector_s']:.3f} s); calls over 0.1 s in {_jobs_text(modal_runs)}: {modal['calls_over_0.1_s']}")
     return figures
+
+
+def _jobs_text(runs: int) -> str:
+    return f"{runs} job{'s' if runs > 1 else ''}"
 
 
 def main(argv=None) -> int:
@@ -117,11 +131,15 @@ def main(argv=None) -> int:
     parser.add_argument("--ops-side", type=int, default=1024, help="side of the Upscale jobs through bpy.ops")
     parser.add_argument("--ops-only", action="store_true", help="only the jobs through bpy.ops (issue 37 items 5, 9)")
     parser.add_argument("--ops-float", action="store_true", help="those jobs on a float EXR source (a float result)")
+    parser.add_argument("--ops-save", action="store_true", help="the modal jobs save at Save Result To")
+    parser.add_argument("--ops-runs", type=int, default=1, help="modal jobs measured (the longest call over all)")
     args = parser.parse_args(argv)
-    operators = _through_operators(args.ops_side, 3, float_source=args.ops_float)  # first: a process of its own, this one still bare
+    operators = _through_operators(args.ops_side, 3, float_source=args.ops_float, save_to=args.ops_save,
+                                   modal_runs=args.ops_runs)  # first: a process of its own, this one still bare
     if args.ops_only:
         print(json.dumps({"longest_main_thread_call_s": round(operators["longest"], 3),
                           "longest_pump_call_s": round(operators["longest_pump"], 3),
+                          "result_call_s": round(operators["result_call"], 3),
                           "blender_rss_growth_mib_results_removed": operators["removed"],
                           "blender_rss_growth_mib_results_kept": operators["kept"]}))
         return 0

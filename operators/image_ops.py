@@ -207,13 +207,14 @@ class LEAN_IMAGE_AI_OT_upscale(ModelJobOperator, bpy.types.Operator):
     )
 
     def encode(self, inputs, result):
-        return None if inputs.output else results.file_like(result.image.shape, _model_rows(result.image, inputs.info), inputs.info)
+        if not results.made_for_output(inputs.output, inputs.info):
+            return None
+        return results.file_like(result.image.shape, _model_rows(result.image, inputs.info), inputs.info)
 
     def apply(self, context, inputs, result):
         name = f"{inputs.stem}_x{result.scale}"
         with results.created_data() as created:
-            image = created.add(bpy.data.images, _colour_image(name, result.image, inputs))
-            note = results.save_output(image, inputs.output)
+            image, note = _saved_colour_image(created, name, result.image, inputs)
         results.show(context, inputs.source, image)
         height, width = result.image.shape[:2]  # image.size would decode a packed result here
         return f"Upscaled x{result.scale} to '{image.name}' ({width}x{height}){note}"
@@ -225,6 +226,17 @@ def _model_rows(pixels, info):
     return lambda start, stop: colour.from_model_rgb(image_io.to_rgba(pixels[start:stop]), info.is_linear)
 
 
+def _saved_colour_image(created, name: str, pixels, inputs):
+    """The image of a model's colour result and the report's note: read from the file the pump
+    wrote, saved at Save Result To where that is the file it asks for, else packed; or made whole
+    and saved by Blender's writer."""
+    if inputs.encoded is not None and inputs.output:
+        image, note = results.saved_image(name, inputs.encoded, inputs.output, results.colorspace(inputs.info))
+        return created.add(bpy.data.images, image), note
+    image = created.add(bpy.data.images, _colour_image(name, pixels, inputs))
+    return image, results.save_output(image, inputs.output)
+
+
 def _colour_image(name: str, pixels, inputs):
     """The image of a model's colour result: from the packed file the pump wrote, else whole."""
     if inputs.encoded is not None:
@@ -234,9 +246,10 @@ def _colour_image(name: str, pixels, inputs):
 
 
 def _size(image, pixels) -> tuple[int, int]:
-    """Width and height of a result; a packed PNG result's from its pixels, as ``image.size``
-    would decode it on Blender's main thread (the editor does that when it first shows it)."""
-    if image.packed_file is not None and image.source == "FILE":
+    """Width and height of a result; one read from a file (packed, or saved at Save Result To)
+    from its pixels, as ``image.size`` would decode the file on Blender's main thread (the editor
+    does that when it first shows it)."""
+    if image.source == "FILE":
         return pixels.shape[1], pixels.shape[0]
     return tuple(image.size)
 
@@ -250,11 +263,11 @@ class FamilyImageOperator(ModelJobOperator):
         return self.family.output.image.product(result, ".exr", file_formats.BLENDER_WRITER.float_suffixes)
 
     def encode(self, inputs, result):
-        if inputs.output:
-            return None
         product = self._product(result)
         if product.is_data:
-            return results.value_file(product.pixels)
+            return None if inputs.output else results.value_file(product.pixels)
+        if not results.made_for_output(inputs.output, inputs.info):
+            return None
         return results.file_like(np.shape(product.pixels), _model_rows(product.pixels, inputs.info), inputs.info)
 
     def apply(self, context, inputs, result):
@@ -266,8 +279,7 @@ class FamilyImageOperator(ModelJobOperator):
                 image = created.add(bpy.data.images, _values_image(name, product.pixels, inputs.encoded))
                 note = _save_values(family, image, result, inputs.output)
             else:
-                image = created.add(bpy.data.images, _colour_image(name, product.pixels, inputs))
-                note = results.save_output(image, inputs.output)
+                image, note = _saved_colour_image(created, name, product.pixels, inputs)
         results.show(context, inputs.source, image)
         width, height = _size(image, product.pixels)
         return f"{family.action}: '{image.name}' ({width}x{height}){note}"

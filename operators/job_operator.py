@@ -10,7 +10,7 @@ import traceback
 import bpy
 
 from ..runtime.errors import LeanImageError
-from .jobs import BlenderJob, JobBusyError, JobLane, as_task, manager, record_failure, stop
+from .jobs import BlenderJob, JobBusyError, JobEnd, JobLane, as_task, manager, record_failure, stop
 
 TIMER_INTERVAL = 0.1
 
@@ -42,6 +42,9 @@ class ModalJobOperator:
     redraw_areas = frozenset({"IMAGE_EDITOR", "VIEW_3D"})
 
     _job: BlenderJob | None = None
+    _end: JobEnd | None = None  # once the job is applied: the rest of its end, a step per timer call
+    _outcome: set | None = None  # finish()'s answer, returned once the end is over
+    _teardown = None  # the job's timer, progress bar and status, removed once the end is over
 
     def prepare(self, context, job: BlenderJob):
         raise NotImplementedError
@@ -110,6 +113,8 @@ class ModalJobOperator:
         job = self._job
         if job is None:  # defensive: a handler without a job has nothing to wait for
             return {"CANCELLED"}
+        if self._end is not None:
+            return self._end_step(context, event)
         if event.type == "ESC" and event.value == "PRESS":
             job.cancel()
             return {"RUNNING_MODAL"}  # Esc is ours while the job runs: no other tool gets it
@@ -125,21 +130,54 @@ class ModalJobOperator:
             _set_status(context, f"{job.name}: {job.stage} ({job.progress:.0%}) - Esc to cancel")
             self._redraw(context)
             return {"RUNNING_MODAL"}
-        if job.teardown is not None:
-            job.teardown()
-        self._redraw(context)
+        if self.lane.current is not job and job.state == "cancelled":
+            if job.teardown is not None:  # cancel_all() already ended it and discarded its data
+                job.teardown()
+            return {"CANCELLED"}
+        return self._apply(context, job)
+
+    def _apply(self, context, job: BlenderJob):
+        """The job's outcome applied (or reported) in this call; the rest of its end in the next
+        timer calls (:meth:`_end_step`), each small: Blender's main thread is never held long."""
         try:
-            if self.lane.current is not job and job.state == "cancelled":
-                return {"CANCELLED"}  # cancel_all() already ended it and discarded its data
-            return self.finish(context, job)
-        finally:
+            outcome = self.finish(context, job)
+        except BaseException:
             job.discard()
             self.lane.end(job)
+            if job.teardown is not None:
+                job.teardown()
+            raise
+        job.discard()
+        self._teardown = job.teardown  # the job lets go of it in its end
+        self._end, self._outcome = self.lane.ending(job), outcome
+        _set_status(context, f"{job.name}: finishing")
+        self._redraw(context)
+        return {"RUNNING_MODAL"}
+
+    def _end_step(self, context, event):
+        """One step of the applied job's end per timer event; then the operator ends with what
+        finish() said. The job is over: Esc has nothing left to cancel and passes on."""
+        if event.type != "TIMER":
+            return {"PASS_THROUGH"}
+        if not self._end.step():
+            return {"RUNNING_MODAL"}
+        self._close_end()
+        self._redraw(context)
+        return self._outcome
+
+    def _close_end(self) -> None:
+        end, self._end = self._end, None
+        end.run_all()
+        if self._teardown is not None:
+            self._teardown()
 
     def cancel(self, context):
         """Blender calls this when the modal operator is stopped from outside (e.g. file load)."""
         job = self._job
         if job is None:
+            return
+        if self._end is not None:  # applied already: only its end is left, done now
+            self._close_end()
             return
         stop(job)
         self.lane.end(job)

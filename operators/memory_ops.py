@@ -166,10 +166,17 @@ PLOT_IMAGE = "Lean Image AI Memory"
 def update_plot_image():
     """Draw the last job's memory timeline into the image :data:`PLOT_IMAGE` (made on first use);
     None when no job has run yet."""
+    rgba = _rendered_plot()
+    return None if rgba is None else _plot_into_image(rgba)
+
+
+def _rendered_plot():
+    """The last job's memory timeline drawn (numpy only), or None when no job has run yet."""
     timeline = host_record.last_timeline
-    if not timeline:
-        return None
-    rgba = memory_plot.render(timeline)
+    return memory_plot.render(timeline) if timeline else None
+
+
+def _plot_into_image(rgba):
     height, width = rgba.shape[:2]
     image = bpy.data.images.get(PLOT_IMAGE)
     if image is None:
@@ -254,12 +261,17 @@ def arm_idle_unload() -> bool:
     return True
 
 
-def _after_job(job) -> None:
+def _after_job(job):
+    """The lane's listener: the idle timer armed and the memory picture drawn; the picture is put
+    into its image by the step this returns, a call of its own (operators/jobs.py's JobEnd)."""
     arm_idle_unload()
     # the picture shows the job the Memory panel reports, cancelled or failed too; only a finished
     # job makes it anew (a CANCELLED operator adds no image)
     if job.state == "finished" or _plot_exists():
-        update_plot_image()
+        rgba = _rendered_plot()
+        if rgba is not None:
+            return lambda: _plot_into_image(rgba)
+    return None
 
 
 def _plot_exists() -> bool:

@@ -10,7 +10,7 @@ from pathlib import Path
 import bpy
 import numpy as np
 
-from ..models import colour, file_bytes, file_formats, result_images
+from ..models import colour, file_bytes, file_formats, files, result_images
 from . import image_io, sources
 
 
@@ -96,6 +96,38 @@ def image_from_file(name: str, made: file_bytes.BandedFile, colorspace: str | No
         raise
     _made_packed.add(image.session_uid)
     return image
+
+
+def made_for_output(output: tuple[Path, str] | None, info: image_io.ImageInfo) -> bool:
+    """Whether a result like the source is made from the file the job's pump writes
+    (:func:`file_like`) even with Save Result To set: when that file is the one Save Result To asks
+    for (an 8-bit PNG from a byte source, a float EXR from a float one), its bytes are the saved
+    file (:func:`saved_image`); otherwise Blender's writer saves the result, made whole."""
+    return output is None or output[1] == ("OPEN_EXR" if info.is_float else "PNG")
+
+
+def saved_image(name: str, made: file_bytes.BandedFile, output: tuple[Path, str], colorspace: str | None):
+    """The result image, reading the file at Save Result To, which is ``made``'s bytes written
+    there all-or-nothing (models/files.py): Blender's writer converted and compressed the whole
+    result on the main thread (issue #37 item 3), and its image then read the file back.
+    Returns the image and the report's note."""
+    path = output[0]
+    try:
+        files.write_bytes(path, made.data)
+    except OSError as exc:
+        raise image_io.ImageSaveError(f"Could not save the result to '{path}': {exc}") from exc
+    image = bpy.data.images.load(str(path), check_existing=False)  # its pixels are read when first shown
+    try:
+        image.name = name
+        if made.is_float:  # as image_from_file: premultiplied colour, as written
+            image.alpha_mode = "PREMUL"
+        if colorspace is not None and image.colorspace_settings.name != colorspace:
+            image.colorspace_settings.name = colorspace
+        keep(image, path)
+    except Exception:
+        bpy.data.images.remove(image)
+        raise
+    return image, f"; saved {path}"
 
 
 def save_output(image, output: tuple[Path, str] | None, *, in_place: bool = False) -> str:

@@ -3,7 +3,8 @@
     python host_memory_job.py CONFIG.json   writes CONFIG's "out" (one JSON object)
 
 CONFIG: "side" (the source's side; the built-in bicubic x2 makes it twice that), "jobs" (per
-phase), "folder" (a scratch folder), "out", "float" (optional: a float EXR source), and "phases": any of
+phase), "folder" (a scratch folder), "out", "float" (optional: a float EXR source), "modal_runs"
+and "save_to" (optional: the modal phase's job count, and Save Result To set), and "phases": any of
   removed   RSS before and after ``jobs`` Upscale jobs, each result image removed after its job
   kept      the same with every result kept: growth next to the results' own pixel bytes
   refs      with Python's cycle collector off: weak references to the job's task and every
@@ -120,35 +121,80 @@ def phase_refs(path: str) -> dict:
 
 
 def phase_modal(path: str) -> dict:
-    """See module doc: the stand-ins of tests/modal_standins.py for the window manager."""
+    """See module doc: the stand-ins of tests/modal_standins.py for the window manager. Each call is
+    labelled with the step it ran (the task's part and the job's stage before the call), the time
+    Python's cycle collector took in it and the main thread's CPU time in it (a call far longer than
+    its CPU time waited for a core: other processes had them); CONFIG "modal_runs" (default 1) jobs, the figures over all."""
     import modal_standins as ms
     from lean_image_ai.operators.image_ops import LEAN_IMAGE_AI_OT_upscale
 
     driver = ms.driver_class(LEAN_IMAGE_AI_OT_upscale, "lean_image_ai_test.drive_upscale", "LEANTEST_OT_drive_upscale")
     bpy.utils.register_class(driver)
-    calls = []
+    calls, collecting, made, start_cpu = [], {"began": 0.0, "spent": 0.0}, {}, []
+
+    def on_collect(phase, info):  # the collector's time inside a call, a suspect of a long one
+        if phase == "start":
+            collecting["began"] = time.perf_counter()
+        else:
+            collecting["spent"] += time.perf_counter() - collecting["began"]
+
+    def step_of(op) -> str:
+        if getattr(op, "_end", None) is not None:
+            return "the job's end"  # applied: its end a step per call (operators/jobs.py's JobEnd)
+        job = op._job
+        task = getattr(job, "task", None)
+        part = ("before" if getattr(task, "before", None) is not None
+                else "steps" if getattr(task, "_steps", None) is not None else "batch")
+        return f"{part}: {job.stage}"
 
     def script(op):
         ctx = ms.StandInContext()
         before = set(bpy.data.images)
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         state = op.start_modal(ctx)
         start_s = time.perf_counter() - started
+        start_cpu.append(time.thread_time() - cpu_started)
+        job_calls = []
         while state == {"RUNNING_MODAL"}:
-            started = time.perf_counter()
+            step, collecting["spent"] = step_of(op), 0.0
+            images = len(bpy.data.images)
+            started, cpu_started = time.perf_counter(), time.thread_time()
             state = op.modal(ctx, ms.TIMER)
-            calls.append(time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            if len(bpy.data.images) > images and "made" not in made:
+                made["made"] = seconds  # the call that made the result image
+            job_calls.append((seconds, step, collecting["spent"], time.thread_time() - cpu_started))
             time.sleep(job_operator.TIMER_INTERVAL)  # what Blender waits between two timer events
         remove([image for image in bpy.data.images if image not in before])
+        calls.append(job_calls)
         return state, start_s
 
+    gc.callbacks.append(on_collect)
     try:
-        state, start_s = ms.drive(bpy.ops.lean_image_ai_test.drive_upscale, script, filepath=path)
+        starts = []
+        for run in range(CONFIG.get("modal_runs", 1)):
+            saved = {}
+            if CONFIG.get("save_to"):  # Save Result To: a file of the source's kind (PNG, or EXR for a float one)
+                saved = {"output_path": str(FOLDER / f"saved_{run}{Path(path).suffix}"), "overwrite": True}
+            made.pop("made", None)
+            state, start_s = ms.drive(bpy.ops.lean_image_ai_test.drive_upscale, script, filepath=path, **saved)
+            starts.append(start_s)
+            made.setdefault("made_calls", []).append(made.get("made", 0.0))
     finally:
+        gc.callbacks.remove(on_collect)
         bpy.utils.unregister_class(driver)
-    return {"state": sorted(state), "start_modal_s": start_s, "timer_calls": len(calls),
-            "longest_timer_call_s": max(calls), "last_timer_call_s": calls[-1],
-            "longest_pump_call_s": max(calls[:-1], default=0.0)}  # every call but the last, which applies
+    last = [job_calls[-1] for job_calls in calls]
+    pumps = [call for job_calls in calls for call in job_calls[:-1]]  # every call but the last, which applies
+    longest = max(pumps + last)
+    return {"state": sorted(state), "start_modal_s": max(starts), "start_modal_cpu_s": start_cpu[starts.index(max(starts))],
+            "timer_calls": len(calls[-1]),
+            "longest_timer_call_s": longest[0], "last_timer_call_s": max(last)[0],
+            "longest_pump_call_s": max(pumps, default=(0.0,))[0],
+            "result_call_s": max(made["made_calls"]),
+            "longest_call": {"seconds": longest[0], "step": longest[1], "collector_s": longest[2], "cpu_s": longest[3]},
+            "calls_over_0.1_s": [{"seconds": round(c[0], 3), "step": c[1], "collector_s": round(c[2], 3),
+                                  "cpu_s": round(c[3], 3), "call": f"{index + 1} of {len(job_calls)}"}
+                                 for job_calls in calls for index, c in enumerate(job_calls) if c[0] > 0.1]}
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ bh.import_package()
 from lean_image_ai.models import colour  # noqa: E402
 from lean_image_ai.models.file_bytes import MAX_PIXELS_PER_CALL  # noqa: E402
 from lean_image_ai.models.store import library  # noqa: E402
-from lean_image_ai.operators import image_io, image_ops, jobs  # noqa: E402
+from lean_image_ai.operators import image_io, image_ops, jobs, memory_ops  # noqa: E402
 from modal_standins import ESC, TIMER, StandInContext, drive, driver_class  # noqa: E402
 from PIL import Image as PILImage  # noqa: E402
 
@@ -125,10 +125,11 @@ def float_source(folder: Path) -> Path:
     return path
 
 
-def run_modal(path: Path, deflate: Deflate, *, cancel_when=None) -> dict:
+def run_modal(path: Path, deflate: Deflate, *, cancel_when=None, stop_when=None, **properties) -> dict:
     """Drive one Upscale job; per timer call, the new images after it. Returns what was seen,
     with the job's own result pixels (taken as the lane ends the job). ``cancel_when()``: Esc
-    once it is true while the job runs."""
+    once it is true while the job runs; ``stop_when()``: Blender's own cancel of the operator
+    (a file load, say) once it is true after a timer call."""
     seen = {"images": [], "result": None}
     cancel = [cancel_when]
 
@@ -149,13 +150,17 @@ def run_modal(path: Path, deflate: Deflate, *, cancel_when=None) -> dict:
             deflate.call += 1
             state = op.modal(ctx, TIMER)
             seen["images"].append(sorted(image.name for image in bpy.data.images if image not in before))
+            if stop_when is not None and state == {"RUNNING_MODAL"} and stop_when():
+                op.cancel(ctx)
+                seen["stopped_at"], state = deflate.call, {"CANCELLED"}
+                seen["live_timers"] = list(ctx.window_manager.live_timers)
             time.sleep(0.005)
         seen["state"] = state
         return state
 
     jobs.manager.on_end.append(keep_result)
     try:
-        drive(bpy.ops.lean_image_ai_test.drive_upscale_apply, script, filepath=str(path))
+        drive(bpy.ops.lean_image_ai_test.drive_upscale_apply, script, filepath=str(path), **properties)
     finally:
         jobs.manager.on_end.remove(keep_result)
     return seen
@@ -167,10 +172,10 @@ def check_spread(seen: dict, deflate: Deflate, bytes_per_call: int, file_bytes: 
     assert len(calls) >= 2, f"the result was deflated in one timer call: {deflate.fed}"
     assert max(deflate.fed.values()) <= bytes_per_call, deflate.fed
     assert sum(deflate.fed.values()) >= file_bytes  # the whole image went through deflate
-    last = len(seen["images"]) - 1
-    assert last not in deflate.fed, "the call that makes the image also deflates"
-    assert all(images == [] for images in seen["images"][:-1]), "an image existed before the last call"
-    assert len(seen["images"][-1]) == 1
+    applied = next(index for index, images in enumerate(seen["images"]) if images)  # the call that made it
+    assert applied not in deflate.fed, "the call that makes the image also deflates"
+    assert max(deflate.fed) < applied, "a band was written after the image was made"
+    assert len(seen["images"][applied]) == 1 and seen["images"][-1] == seen["images"][applied]
 
 
 def test_a_large_byte_result_is_deflated_over_several_calls_and_made_in_the_last(tmp_path, monkeypatch):
@@ -230,3 +235,97 @@ def test_cancel_while_the_models_input_is_converted_ends_before_the_model_runs(t
     assert seen["result"] is None and not deflate.fed
     assert all(images == [] for images in seen["images"]), seen["images"]
     assert jobs.manager.last.state == "cancelled"
+
+
+class EndSteps:
+    """The timer call (``deflate.call``) in which each part of the job's end ran: the lane's memory
+    picture drawn and put into its image (operators/memory_ops.py's listener), the job's arrays
+    let go, the heap trimmed."""
+
+    def __init__(self, monkeypatch, deflate: Deflate):
+        self.ran: dict[str, list[int]] = {}
+        for owner, name, label in ((memory_ops, "_rendered_plot", "plot drawn"),
+                                   (memory_ops, "_plot_into_image", "plot image"),
+                                   (jobs.BlenderJob, "release", "release"), (jobs, "trim_process_heap", "heap trim")):
+            monkeypatch.setattr(owner, name, self._recording(getattr(owner, name), label, deflate))
+        monkeypatch.setattr(jobs.manager, "on_end", [*jobs.manager.on_end, memory_ops._after_job])
+
+    def _recording(self, real, label: str, deflate: Deflate):
+        def recorded(*args, **kwargs):
+            self.ran.setdefault(label, []).append(deflate.call)
+            return real(*args, **kwargs)
+
+        return recorded
+
+
+def test_the_jobs_end_runs_a_step_per_call_after_the_result_is_made(tmp_path, monkeypatch):
+    """Issue #37 item 3: the job's last call held its end whole after making the result (the memory
+    picture drawn and packed, the job's arrays let go, the heap trimmed: 0.05-0.1 s on a loaded
+    machine). Now the call that makes the result does only that, each part of the end runs in a
+    timer call of its own after it, and the operator ends (FINISHED, its timer removed) after them."""
+    path = float_source(tmp_path)
+    deflate = Deflate(monkeypatch)
+    end = EndSteps(monkeypatch, deflate)
+    seen = run_modal(path, deflate)
+
+    assert seen["state"] == {"FINISHED"}
+    applied = next(index for index, images in enumerate(seen["images"]) if images)
+    calls = end.ran
+    assert sorted(calls) == ["heap trim", "plot drawn", "plot image", "release"], calls
+    assert all(len(ran) == 1 for ran in calls.values()), calls
+    ends = [ran[0] for ran in calls.values()]
+    assert len(set(ends + [applied])) == len(ends) + 1, f"two parts in one call: made {applied}, {calls}"
+    assert min(ends) > applied
+    assert memory_ops.PLOT_IMAGE in seen["images"][-1] and len(seen["images"][-1]) == 2
+    assert jobs.manager.current is None and jobs.manager.last.state == "finished"
+    assert jobs.manager.last.task is None  # let go of
+
+
+def test_blender_stopping_the_operator_during_the_jobs_end_keeps_the_result(tmp_path, monkeypatch):
+    """A file load (Blender's cancel of the operator) after the result was made: the rest of the end
+    runs at once, the result stays, the job counts as finished (it was applied), no timer is left."""
+    path = byte_source(tmp_path)
+    deflate = Deflate(monkeypatch)
+    end = EndSteps(monkeypatch, deflate)
+    seen = run_modal(path, deflate, stop_when=lambda: bpy.data.images.get("photo_x2") is not None)
+
+    assert "stopped_at" in seen, "the operator ended in the call that made the result"
+    assert seen["live_timers"] == []
+    assert "release" in end.ran and "heap trim" in end.ran
+    assert jobs.manager.last.state == "finished" and jobs.manager.last.task is None
+    assert bpy.data.images.get("photo_x2") is not None
+
+
+def test_a_result_saved_at_save_result_to_is_the_files_bytes_the_pump_wrote(tmp_path, monkeypatch):
+    """Save Result To (an 8-bit PNG for a byte source): the file there is the PNG the pump deflated
+    over several calls, written whole by the add-on's atomic writer; the image reads it (not packed).
+    Before, Blender's writer converted and compressed the whole result in the call that applied it."""
+    path = byte_source(tmp_path)
+    out = tmp_path / "saved.png"
+    deflate = Deflate(monkeypatch)
+    seen = run_modal(path, deflate, output_path=str(out))
+    row = 1 + 4 * RESULT
+    check_spread(seen, deflate, (MAX_PIXELS_PER_CALL // RESULT) * row, RESULT * row)
+
+    image = bpy.data.images[seen["images"][-1][0]]
+    assert image.packed_file is None and Path(bpy.path.abspath(image.filepath)) == out
+    decoded = np.asarray(PILImage.open(out))
+    expected = np.floor(np.clip(image_io.to_rgba(seen["result"]) * 255.0 + 0.5, 0, 255)).astype(np.uint8)
+    np.testing.assert_array_equal(decoded, expected)
+    np.testing.assert_array_equal(np.round(image_io.image_to_array(image) * 255.0).astype(np.uint8), expected)
+    assert list(tmp_path.glob("*.tmp*")) == []
+
+
+def test_a_float_result_saved_at_save_result_to_reads_back_exactly(tmp_path, monkeypatch):
+    """The same for a float source and an .exr file: the EXR the pump wrote, whose pixels read back
+    as the premultiplied floats Blender keeps (before: Blender's save_render of the whole result)."""
+    path = float_source(tmp_path)
+    out = tmp_path / "saved.exr"
+    deflate = Deflate(monkeypatch)
+    seen = run_modal(path, deflate, output_path=str(out))
+    check_spread(seen, deflate, MAX_PIXELS_PER_CALL * 16, RESULT * RESULT * 16)
+
+    image = bpy.data.images[seen["images"][-1][0]]
+    assert image.packed_file is None and Path(bpy.path.abspath(image.filepath)) == out and image.is_float
+    expected = colour.premultiply(colour.from_model_rgb(image_io.to_rgba(seen["result"]), True))
+    np.testing.assert_array_equal(image_io.image_to_array(image), expected)
