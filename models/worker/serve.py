@@ -105,7 +105,7 @@ class Worker:
                     self.send(p.Heartbeat())
                 if not ready:
                     continue
-                message = wire.receive(self.conn, self.exchange)
+                message = wire.receive(self.conn, self.exchange, wait=True)  # not Blender's process: it may wait
             except (EOFError, OSError, p.ProtocolError):  # the client went away or is not ours: nothing to answer
                 return
             if not self.handle(message):
