@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from lean_image_ai.models.batch.frame_lists import FrameRef  # noqa: E402
 from lean_image_ai.models.model_run import ModelRun  # noqa: E402
 from lean_image_ai.models.worker import client as worker_client  # noqa: E402
+from lean_image_ai.models.worker import launch, wire  # noqa: E402
 from lean_image_ai.models.worker import protocol as p  # noqa: E402
-from lean_image_ai.models.worker import wire  # noqa: E402
 from lean_image_ai.models.worker.remote_batch import RemoteBatchRun  # noqa: E402
 from lean_image_ai.runtime.errors import LeanImageError  # noqa: E402
 from worker_fixtures import image  # noqa: E402
@@ -200,3 +200,76 @@ def test_a_worker_stopped_in_the_middle_of_a_message_never_blocks_the_host(tmp_p
         assert time.monotonic() - started < 25.0
     finally:
         client.kill()
+
+
+# ---- both directions through a real worker, on both ways to connect -------------------------------
+@pytest.mark.parametrize("listen", [False, True], ids=["POSIX socket pair", "Windows branch (dials in)"])
+def test_a_real_job_with_a_long_frame_list_crosses_both_ways_through_files(small_model, monkeypatch, listen):
+    """The job's frame list (host -> worker) and the worker's status with the job's timeline and
+    marks (worker -> host) are over the frame cap: both cross as files, and the job runs whole."""
+    carried, documents = [], []
+    real_carried, real_document = wire._carried, wire._document
+    monkeypatch.setattr(wire, "_carried", lambda data, *rest: (carried.append(len(data)), real_carried(data, *rest))[1])
+    monkeypatch.setattr(wire, "_document", lambda *args: (documents.append(1), real_document(*args))[1])
+    if listen:  # Linux' Popen refuses the Windows-only flag the branch passes (tests/test_worker_windows.py)
+        real_popen = launch.subprocess.Popen
+        monkeypatch.setattr(launch.subprocess, "Popen",
+                            lambda args, creationflags=0, **kwargs: real_popen(args, **kwargs))
+    client = worker_client.WorkerClient(listen=listen)
+    frames = 200
+    refs = [FrameRef(n, Path(f"/renders/shot_010/plate_v003/plate.{n:06d}.exr")) for n in range(1, frames + 1)]
+    job = ModelRun.resolve("upscale", small_model.parent, model_path=str(small_model), device="cpu")
+    written = []
+    run = RemoteBatchRun(job, refs, lambda ref: image(8, ref.number), lambda ref, result: written.append(ref.number),
+                         options=job.options(), client=client)
+    try:
+        with bounded(120.0):
+            run.run()
+        left = [f.name for folder in set(client.exchange.folders.values()) for f in folder.glob("*.bin")]
+    finally:
+        client.kill()
+    assert sorted(written) == list(range(1, frames + 1))
+    assert carried and max(carried) > wire.MAX_MESSAGE_BYTES  # the job went as a file
+    assert documents  # and something long came back as one (the status with the job's timeline)
+    assert left == []  # every file was removed once read
+
+
+# ---- the timeline the worker sends is thinned to what a picture draws ------------------------------
+def job_timeline(samples: int, *, vram: bool) -> dict:
+    """A timeline as runtime/measure/timeline.py's as_dict gives it: a load, then runs that each
+    rise and fall, sampled every 50 ms, with a mark per run."""
+    rng = np.random.default_rng(1)
+    t = np.arange(samples) * 0.05
+    ram = 900e6 + 300e6 * (np.sin(t / 7.0) > 0) + rng.normal(0, 20e6, samples)
+    ram[samples // 3] = 2.5e9  # one short spike: the job's peak, one sample wide
+    gpu = 2e9 + 1e9 * np.cos(t / 11.0) ** 2
+    rows = [(round(float(a), 4), {"ram": int(b), "vram": int(c) if vram else None}) for a, b, c in zip(t, ram, gpu, strict=True)]
+    marks = [(round(float(a), 4), "run" if i else "before", dict(rows[int(a / 0.05)][1]))
+             for i, a in enumerate(t[:: samples // 40])]
+    return {"samples": rows, "marks": marks, "operation": "upscale", "outcome": "done", "peaks": {}}
+
+
+@pytest.mark.parametrize("vram", [False, True], ids=["CPU job", "GPU job"])
+def test_the_worker_sends_a_long_timeline_thinned_keeping_every_peak_and_mark(monkeypatch, vram):
+    from lean_image_ai.models.worker.serve import Worker
+    from lean_image_ai.runtime import get_runtime
+    from lean_image_ai.runtime.measure import memory_plot, timeline
+
+    full = job_timeline(120_000, vram=vram)  # 100 minutes at 20 samples a second
+    monkeypatch.setattr(get_runtime(), "last_timeline", full)
+    sent = Worker(None, None).status(with_job=True)["timeline"]
+    series = 2 if vram else 1
+    assert len(sent["samples"]) <= series * timeline.PLOT_POINTS < len(full["samples"]) // 50
+    assert sent["marks"] == full["marks"] and {k: v for k, v in sent.items() if k != "samples"} == \
+        {k: v for k, v in full.items() if k != "samples"}
+    times = [t for t, _ in sent["samples"]]
+    assert times == sorted(times) and set(map(tuple, map(lambda s: (s[0],), sent["samples"]))) <= \
+        {(t,) for t, _ in full["samples"]}
+    sent_at = {t: v for t, v in sent["samples"]}
+    step = -(-len(full["samples"]) // (timeline.PLOT_POINTS // 2))
+    for key in ("ram", "vram") if vram else ("ram",):
+        assert memory_plot.job_peak(sent, key) == memory_plot.job_peak(full, key)  # the one-sample spike too
+        for start in range(0, len(full["samples"]), step):  # each stretch keeps its lowest and highest figure
+            stretch = full["samples"][start:start + step]
+            kept = [sent_at[t][key] for t, _ in stretch if t in sent_at]
+            assert min(kept) == min(v[key] for _, v in stretch) and max(kept) == max(v[key] for _, v in stretch)
