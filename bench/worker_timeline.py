@@ -2,10 +2,10 @@
 by side in one run: the whole timeline as the worker sent it before, against the thinned one it
 sends now (runtime/measure/timeline.py's ``thinned``), plus what thinning costs the worker.
 
-    python bench/worker_timeline.py [--hours 10] [--repeat 3]
+    python bench/worker_timeline.py [--hours 10] [--runs 20000] [--repeat 3]
 
-A timeline of ``hours`` at the sampler's 20 samples a second (RSS only, as on a CPU job; a mark per
-minute) crosses in a Status message as the worker sends it (a file of the exchange: it is longer
+A timeline of ``hours`` at the sampler's 20 samples a second (RSS only, as on a CPU job) with a run
+mark per frame of a ``runs``-frame sequence crosses in a Status message as the worker sends it (a file of the exchange: it is longer
 than a frame) and is received as the client receives it (read, parse, decode), timed. Medians;
 ends with one JSON line.
 """
@@ -24,12 +24,12 @@ from lean_image_ai.models.worker import wire
 from lean_image_ai.runtime.measure import timeline as timelines
 
 
-def long_timeline(hours: float) -> dict:
+def long_timeline(hours: float, runs: int) -> dict:
     count = int(hours * 3600 / timelines.SAMPLE_INTERVAL_S)
     t = np.arange(count) * timelines.SAMPLE_INTERVAL_S
     ram = 1e9 + 4e8 * (np.sin(t / 30.0) > 0) + np.random.default_rng(0).normal(0, 2e7, count)
     samples = [(round(float(a), 4), {"ram": int(b), "vram": None}) for a, b in zip(t, ram, strict=True)]
-    marks = [(samples[i][0], "run", dict(samples[i][1])) for i in range(0, count, 1200)]
+    marks = [(samples[i][0], f"run {n}", dict(samples[i][1])) for n, i in enumerate(range(0, count, max(1, count // runs)), 1)]
     return {"samples": samples, "marks": marks, "operation": "upscale", "outcome": "done"}
 
 
@@ -53,9 +53,10 @@ def received(message: p.Status, exchange: wire.Exchange) -> tuple[float, int]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hours", type=float, default=10.0)
+    parser.add_argument("--runs", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    full = long_timeline(args.hours)
+    full = long_timeline(args.hours, args.runs)
     thinning = []
     for _ in range(args.repeat):
         started = time.perf_counter()
@@ -72,12 +73,13 @@ def main() -> None:
     seconds = {name: statistics.median(s for s, _ in runs) for name, runs in rows.items()}
     size = {name: runs[0][1] for name, runs in rows.items()}
     for name in rows:
-        print(f"{name}: {len((full if name == 'whole' else thin)['samples'])} samples, {size[name] / 2**20:.1f} MiB "
+        shown = full if name == "whole" else thin
+        print(f"{name}: {len(shown['samples'])} samples, {len(shown['marks'])} marks, {size[name] / 2**20:.1f} MiB "
               f"of JSON, the host's receive {seconds[name] * 1000:.1f} ms")
     print(f"thinning in the worker: {statistics.median(thinning) * 1000:.0f} ms")
     print(json.dumps({
-        "hours": args.hours, "repeat": args.repeat, "samples_whole": len(full["samples"]),
-        "samples_thinned": len(thin["samples"]), "json_bytes_whole": size["whole"], "json_bytes_thinned": size["thinned"],
+        "hours": args.hours, "runs": args.runs, "repeat": args.repeat, "samples_whole": len(full["samples"]),
+        "samples_thinned": len(thin["samples"]), "marks_whole": len(full["marks"]), "marks_thinned": len(thin["marks"]), "json_bytes_whole": size["whole"], "json_bytes_thinned": size["thinned"],
         "receive_whole_s": round(seconds["whole"], 4), "receive_thinned_s": round(seconds["thinned"], 5),
         "receive_ratio_thinned_to_whole": round(seconds["thinned"] / seconds["whole"], 5),
         "worker_thinning_s": round(statistics.median(thinning), 4),

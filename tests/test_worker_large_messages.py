@@ -237,16 +237,17 @@ def test_a_real_job_with_a_long_frame_list_crosses_both_ways_through_files(small
 # ---- the timeline the worker sends is thinned to what a picture draws ------------------------------
 def job_timeline(samples: int, *, vram: bool) -> dict:
     """A timeline as runtime/measure/timeline.py's as_dict gives it: a load, then runs that each
-    rise and fall, sampled every 50 ms, with a mark per run."""
+    rise and fall, sampled every 50 ms, with a mark per run (a frame every 0.25 s) and the edges."""
     rng = np.random.default_rng(1)
     t = np.arange(samples) * 0.05
     ram = 900e6 + 300e6 * (np.sin(t / 7.0) > 0) + rng.normal(0, 20e6, samples)
     ram[samples // 3] = 2.5e9  # one short spike: the job's peak, one sample wide
     gpu = 2e9 + 1e9 * np.cos(t / 11.0) ** 2
     rows = [(round(float(a), 4), {"ram": int(b), "vram": int(c) if vram else None}) for a, b, c in zip(t, ram, gpu, strict=True)]
-    marks = [(round(float(a), 4), "run" if i else "before", dict(rows[int(a / 0.05)][1]))
-             for i, a in enumerate(t[:: samples // 40])]
-    return {"samples": rows, "marks": marks, "operation": "upscale", "outcome": "done", "peaks": {}}
+    marks = [(rows[i][0], f"run {n}", dict(rows[i][1])) for n, i in enumerate(range(2, samples - 2, 5), 1)]
+    edges = [(rows[0][0], "before", dict(rows[0][1])), (rows[-2][0], "release", dict(rows[-2][1])),
+             (rows[-1][0], "after", dict(rows[-1][1]))]
+    return {"samples": rows, "marks": sorted(marks + edges), "operation": "upscale", "outcome": "done", "peaks": {}}
 
 
 @pytest.mark.parametrize("vram", [False, True], ids=["CPU job", "GPU job"])
@@ -260,8 +261,14 @@ def test_the_worker_sends_a_long_timeline_thinned_keeping_every_peak_and_mark(mo
     sent = Worker(None, None).status(with_job=True)["timeline"]
     series = 2 if vram else 1
     assert len(sent["samples"]) <= series * timeline.PLOT_POINTS < len(full["samples"]) // 50
-    assert sent["marks"] == full["marks"] and {k: v for k, v in sent.items() if k != "samples"} == \
-        {k: v for k, v in full.items() if k != "samples"}
+    runs = [m for m in sent["marks"] if m[1].startswith("run ")]
+    assert len(runs) <= series * timeline.PLOT_POINTS and sent["run_count"] == 24_000
+    assert [m for m in sent["marks"] if not m[1].startswith("run ")] == [m for m in full["marks"] if
+                                                                          not m[1].startswith("run ")]
+    assert {m[:2] for m in runs} <= {m[:2] for m in full["marks"]} and sent["marks"] == sorted(sent["marks"])
+    assert {k: v for k, v in sent.items() if k not in ("samples", "marks", "run_count")} == \
+        {k: v for k, v in full.items() if k not in ("samples", "marks")}
+    assert memory_plot.legend(sent) == memory_plot.legend(full)  # the runs counted, every series' low and peak
     times = [t for t, _ in sent["samples"]]
     assert times == sorted(times) and set(map(tuple, map(lambda s: (s[0],), sent["samples"]))) <= \
         {(t,) for t, _ in full["samples"]}
