@@ -11,8 +11,9 @@ runs the job: the messages sent since the job began are kept until the worker's 
 sent again to the new one. The remote runners
 (remote_batch.py, remote_call.py) and the operators ask it; none of them ends the process.
 
-Nothing here starts a thread or waits without a deadline: every read is ``poll(0)`` first, and
-each ``process.wait`` has a timeout. The worker is ``python -m lean_image_ai.models.worker``
+Nothing here starts a thread or waits without a deadline: every read is ``poll(0)`` first and takes
+a message only once all of it is there (models/worker/wire.py's receive), and each ``process.wait``
+has a timeout. The worker is ``python -m lean_image_ai.models.worker``
 (models/worker/launch.py) under the interpreter models/worker/engine_python.py chooses (the
 ``python`` given: the Worker Python preference; else ``LEAN_IMAGE_AI_WORKER_PYTHON``; else the
 host's own); the
@@ -210,6 +211,8 @@ class WorkerClient(MemoryRequests):
             conn = self.launch.poll_connect()
             while conn is not None and conn.poll(0):
                 message = wire.receive(conn, self.exchange)
+                if message is None:  # its frame is not all there yet: the next look reads it
+                    break
                 self._heard_at, self._unanswered = time.monotonic(), None
                 if self._own(message):
                     found.append(message)

@@ -23,6 +23,7 @@ from pathlib import Path
 from ...runtime import get_runtime, providers
 from ...runtime.errors import LeanImageError
 from ...runtime.measure import memory
+from ...runtime.measure.timeline import thinned
 from .. import families
 from ..base import RunOptions
 from ..batch.frame_lists import FrameRef
@@ -105,7 +106,7 @@ class Worker:
                     self.send(p.Heartbeat())
                 if not ready:
                     continue
-                message = wire.receive(self.conn, self.exchange)
+                message = wire.receive(self.conn, self.exchange, wait=True)  # not Blender's process: it may wait
             except (EOFError, OSError, p.ProtocolError):  # the client went away or is not ours: nothing to answer
                 return
             if not self.handle(message):
@@ -164,8 +165,8 @@ class Worker:
         status = {"pid": os.getpid(), "models": models, "job": self._job_name, **measure(),
                   "onnxruntime_file": getattr(ort, "__file__", None), "onnxruntime_version": getattr(ort, "__version__", None),
                   "python": sys.version.split()[0], "numpy": sys.modules["numpy"].__version__}
-        if with_job:  # the job's memory timeline and figures: the host's memory picture and panel
-            status.update(timeline=runtime.last_timeline, job_memory=runtime.last_job_memory)
+        if with_job:  # the job's memory timeline (thinned: the host only draws it) and figures
+            status.update(timeline=thinned(runtime.last_timeline), job_memory=runtime.last_job_memory)
         return status
 
     @staticmethod

@@ -60,6 +60,11 @@ def mark_kind(label: str) -> str:
     return "run" if label.startswith("run ") else "release" if label == "release" else "edge"
 
 
+def run_count(timeline: dict) -> int:
+    """The job's model runs: counted by the worker where it thinned a long sequence's run marks."""
+    return timeline.get("run_count") or sum(mark_kind(label) == "run" for _, label, _ in timeline.get("marks", ()))
+
+
 def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
     """Round tick values (1, 2 or 5 times a power of ten apart) covering [low, high]."""
     if not high > low:
@@ -245,7 +250,7 @@ def _row(value: float, low: float, high: float, top: int, bottom: int) -> int:
 
 
 def _legend(image: np.ndarray, timeline: dict, y: int, x: int) -> None:
-    runs = sum(mark_kind(label) == "run" for _, label, _ in timeline.get("marks", ()))
+    runs = run_count(timeline)
     items = [(key, f"{SHORT[key]}") for key in figures_in(timeline)]
     items += [("run", f"model runs ({runs})"), ("release", "release"), ("edge", "before / after")]
     glyph = text_height(SCALE)
@@ -355,6 +360,6 @@ def legend(timeline: dict) -> list[str]:
         values = [v for _, v in _series(timeline, key)]
         name = LABELS[key].split(" (")[0]
         lines.append(f"{name} ({COLOUR_NAMES[key]}): {mb(min(values))} to a job peak of {mb(job_peak(timeline, key))}")
-    runs = sum(mark_kind(label) == "run" for _, label, _ in timeline.get("marks", ()))
+    runs = run_count(timeline)
     lines.append(f"marks: {runs} run(s) orange, release red, before/after grey")
     return lines

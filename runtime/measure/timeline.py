@@ -139,3 +139,46 @@ class Timeline:
                 "samples": [(round(t, 4), v) for t, v in self.samples],
                 "marks": [(round(t, 4), label, v) for t, label, v in self.marks],
             }
+
+
+PLOT_POINTS = 1000  # more than the memory picture has columns (800: runtime/measure/memory_plot.py)
+
+
+def thinned(timeline: dict | None, points: int = PLOT_POINTS) -> dict | None:
+    """``timeline`` (:meth:`Timeline.as_dict`'s) with about ``points`` samples, and run marks, per
+    series, for a picture of it: the worker sends this to Blender's process, which only draws it (a
+    10-hour job's 720,000 samples are 50 MiB of JSON, seconds of Blender's main thread to receive:
+    bench/worker_timeline.py). The samples are cut into ``points / 2`` stretches in time order and
+    each keeps the ones holding its lowest and highest figure of each series, so every peak and
+    trough the picture draws stays; a long sequence's run marks (one per frame) are thinned alike,
+    their number kept as ``run_count`` for the legend. The other marks (before, release, after)
+    all stay."""
+    if timeline is None:
+        return None
+    samples, marks = timeline.get("samples") or [], timeline.get("marks") or []
+    runs = [m for m in marks if str(m[1]).startswith("run ")]
+    thin = dict(timeline)
+    if len(samples) > points:
+        thin["samples"] = [samples[i] for i in _extremes([v for _, v in samples], points)]
+    if len(runs) > points:
+        kept = [runs[i] for i in _extremes([v for _, _, v in runs], points)]
+        thin["marks"] = sorted([m for m in marks if not str(m[1]).startswith("run ")] + kept, key=lambda m: m[0])
+        thin["run_count"] = len(runs)
+    return thin
+
+
+def _extremes(figures: list[dict], points: int) -> list[int]:
+    """Which of ``figures`` (in time order) to keep: in each of ``points / 2`` stretches, the ones
+    holding its lowest and highest figure of each series (one, where a stretch holds none)."""
+    step = -(-len(figures) // max(1, points // 2))
+    keys = sorted({key for values in figures for key in values})
+    kept: list[int] = []
+    for start in range(0, len(figures), step):
+        stretch = range(start, min(start + step, len(figures)))
+        chosen: set[int] = set()
+        for key in keys:
+            held = [i for i in stretch if figures[i].get(key) is not None]
+            if held:
+                chosen.update((min(held, key=lambda i: figures[i][key]), max(held, key=lambda i: figures[i][key])))
+        kept.extend(sorted(chosen or {start}))  # a stretch of gaps (failed reads) keeps one: the gap is drawn
+    return kept
