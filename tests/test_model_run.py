@@ -136,7 +136,10 @@ def test_every_front_end_plans_the_same_tiles_for_the_same_budget(plate, tmp_pat
 
     front_ends = ["cli flag", "cli variable", "farm worker", "upscale operator", "process sequence"]
     assert len(tile_plans) == len(front_ends), tile_plans
-    assert all(plan == tile_plans[0] for plan in tile_plans), dict(zip(front_ends, tile_plans, strict=True))
+    # the working memory per pixel in the plan's words is each run's own measurement (onnxruntime's
+    # arena grows a little differently run to run: 0.1 or 0.2 KB per pixel); the plan is the rest
+    decided = [{**plan, "how": re.sub(r"[\d.]+ KB per pixel measured", "KB per pixel measured", plan["how"])} for plan in tile_plans]
+    assert all(plan == decided[0] for plan in decided), dict(zip(front_ends, tile_plans, strict=True))
     plan = tile_plans[0]
     assert plan["budget"] == budget_mb << 20  # the budget itself reached the plan, not a default
     # so it was planned from the budget: half of it per window, below the 2 GiB CPU default
