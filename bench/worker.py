@@ -117,6 +117,60 @@ def _through_operators(side: int, jobs: int, *, float_source: bool = False, save
     return figures
 
 
+def _apply_calls(args) -> None:
+    """The longest call on Blender's main thread of the two cases apply2 left made whole in one call
+    (issue #37 item 3): Remove Background with Replace on an ``--ops-side`` byte or float source (a
+    seeded BEN2-like net of tests/builders_families.py: the apply's cost is the source's size, not
+    the model's), and Process Sequence (built-in bicubic x2) over three ``--width``x``--height`` PNG
+    frames. Each case in a fresh bpy process (tests/host_memory_job.py's modal phase)."""
+    import subprocess
+    import tempfile
+
+    import blender_helpers as bh
+    from builders_families import ben2_like_model
+    from PIL import Image
+
+    figures = {}
+    cases = []
+    if args.ops_replace:
+        cases += [("replace", False), ("replace", True)]
+    if args.ops_sequence:
+        cases.append(("sequence", False))
+    for kind, float_source in cases:
+        root = Path(tempfile.mkdtemp(prefix=f"bench_worker_{kind}_"))
+        (root / "models").mkdir()
+        config = {"side": args.ops_side, "jobs": 1, "folder": str(root), "out": str(root / "out.json"),
+                  "phases": ["modal"], "float": float_source, "modal_runs": args.ops_runs, "modal_operator": kind}
+        if kind == "replace":
+            config["model"] = str(ben2_like_model(root / "ben2.onnx", size=64))
+        else:
+            frames = root / "frames"
+            frames.mkdir()
+            y, x = np.mgrid[0:args.height, 0:args.width].astype(np.float32)
+            for number in range(1, 4):
+                rgb = np.stack([x / args.width, y / args.height, ((x + y + number * 97) % 256) / 255], axis=-1)
+                Image.fromarray((rgb * 255).astype(np.uint8)).save(frames / f"shot_{number:04d}.png")
+            config["frames"] = str(frames)
+        env = bh.isolated_blender_env(root / "blender", pythonpath=[bh.package_search_dir(root / "pkg")])
+        env.update(LEAN_IMAGE_AI_MODELS_DIR=str(root / "models"), LEAN_IMAGE_AI_LOG_DIR=str(root / "logs"))
+        (root / "config.json").write_text(json.dumps(config), encoding="utf-8")
+        done = subprocess.run([sys.executable, str(ROOT / "tests" / "host_memory_job.py"), str(root / "config.json")],
+                              env=env, capture_output=True, text=True, timeout=900)
+        if done.returncode != 0:
+            raise SystemExit(f"the bpy process of the {kind} jobs failed: {done.stderr[-2000:]}")
+        modal = json.loads((root / "out.json").read_text(encoding="utf-8"))["modal"]
+        label = (f"Remove Background Replace {args.ops_side}x{args.ops_side} {'float' if float_source else 'byte'}"
+                 if kind == "replace" else f"Process Sequence (upscale x2), 3 frames {args.width}x{args.height} PNG")
+        longest = modal["longest_call"]
+        print(f"{label}: start_modal {modal['start_modal_s']:.3f} s, {modal['timer_calls']} timer calls, longest "
+              f"{modal['longest_timer_call_s']:.3f} s ('{longest['step']}', CPU {longest['cpu_s']:.3f} s), the last "
+              f"{modal['last_timer_call_s']:.3f} s; calls over 0.1 s in {_jobs_text(args.ops_runs)}: {modal['calls_over_0.1_s']}")
+        key = "sequence" if kind == "sequence" else f"replace_{'float' if float_source else 'byte'}"
+        figures[f"{key}_longest_call_s"] = round(max(modal["start_modal_s"], modal["longest_timer_call_s"]), 3)
+        figures[f"{key}_longest_cpu_s"] = round(longest["cpu_s"], 3)
+    print(json.dumps(figures))
+
+
 def _jobs_text(runs: int) -> str:
     return f"{runs} job{'s' if runs > 1 else ''}"
 
@@ -133,7 +187,12 @@ def main(argv=None) -> int:
     parser.add_argument("--ops-float", action="store_true", help="those jobs on a float EXR source (a float result)")
     parser.add_argument("--ops-save", action="store_true", help="the modal jobs save at Save Result To")
     parser.add_argument("--ops-runs", type=int, default=1, help="modal jobs measured (the longest call over all)")
+    parser.add_argument("--ops-replace", action="store_true", help="only Remove Background Replace's calls (byte, float)")
+    parser.add_argument("--ops-sequence", action="store_true", help="only Process Sequence's calls (3 PNG frames)")
     args = parser.parse_args(argv)
+    if args.ops_replace or args.ops_sequence:
+        _apply_calls(args)
+        return 0
     operators = _through_operators(args.ops_side, 3, float_source=args.ops_float, save_to=args.ops_save,
                                    modal_runs=args.ops_runs)  # first: a process of its own, this one still bare
     if args.ops_only:

@@ -120,15 +120,33 @@ def phase_refs(path: str) -> dict:
     return {"watched": sorted(refs), "alive": alive}
 
 
+def modal_operator(path: str):
+    """The operator of the modal phase and its properties: CONFIG "modal_operator" is "upscale"
+    (default), "replace" (Remove Background with Replace on the source, CONFIG "model" its ONNX
+    file) or "sequence" (Process Sequence, CONFIG "family", over the frames of CONFIG "frames")."""
+    from lean_image_ai.operators.batch_ops import LEAN_IMAGE_AI_OT_process_sequence
+    from lean_image_ai.operators.image_ops import LEAN_IMAGE_AI_OT_remove_background, LEAN_IMAGE_AI_OT_upscale
+
+    kind = CONFIG.get("modal_operator", "upscale")
+    if kind == "replace":
+        return LEAN_IMAGE_AI_OT_remove_background, {"filepath": path, "model_path": CONFIG["model"], "replace": True}
+    if kind == "sequence":
+        output = str(FOLDER / "sequence_out") + "/"
+        return LEAN_IMAGE_AI_OT_process_sequence, {"family": CONFIG.get("family", "upscale"), "source": CONFIG["frames"],
+                                                   "output": output, "overwrite": True,
+                                                   "model_path": CONFIG.get("model", "")}
+    return LEAN_IMAGE_AI_OT_upscale, {"filepath": path}
+
+
 def phase_modal(path: str) -> dict:
     """See module doc: the stand-ins of tests/modal_standins.py for the window manager. Each call is
     labelled with the step it ran (the task's part and the job's stage before the call), the time
     Python's cycle collector took in it and the main thread's CPU time in it (a call far longer than
     its CPU time waited for a core: other processes had them); CONFIG "modal_runs" (default 1) jobs, the figures over all."""
     import modal_standins as ms
-    from lean_image_ai.operators.image_ops import LEAN_IMAGE_AI_OT_upscale
 
-    driver = ms.driver_class(LEAN_IMAGE_AI_OT_upscale, "lean_image_ai_test.drive_upscale", "LEANTEST_OT_drive_upscale")
+    real, props = modal_operator(path)
+    driver = ms.driver_class(real, "lean_image_ai_test.drive_upscale", "LEANTEST_OT_drive_upscale")
     bpy.utils.register_class(driver)
     calls, collecting, made, start_cpu = [], {"began": 0.0, "spent": 0.0}, {}, []
 
@@ -177,7 +195,7 @@ def phase_modal(path: str) -> dict:
             if CONFIG.get("save_to"):  # Save Result To: a file of the source's kind (PNG, or EXR for a float one)
                 saved = {"output_path": str(FOLDER / f"saved_{run}{Path(path).suffix}"), "overwrite": True}
             made.pop("made", None)
-            state, start_s = ms.drive(bpy.ops.lean_image_ai_test.drive_upscale, script, filepath=path, **saved)
+            state, start_s = ms.drive(bpy.ops.lean_image_ai_test.drive_upscale, script, **props, **saved)
             starts.append(start_s)
             made.setdefault("made_calls", []).append(made.get("made", 0.0))
     finally:
@@ -191,6 +209,7 @@ def phase_modal(path: str) -> dict:
             "longest_timer_call_s": longest[0], "last_timer_call_s": max(last)[0],
             "longest_pump_call_s": max(pumps, default=(0.0,))[0],
             "result_call_s": max(made["made_calls"]),
+            "last_job_calls": [[round(c[0], 3), c[1], round(c[3], 3)] for c in calls[-1]],
             "longest_call": {"seconds": longest[0], "step": longest[1], "collector_s": longest[2], "cpu_s": longest[3]},
             "calls_over_0.1_s": [{"seconds": round(c[0], 3), "step": c[1], "collector_s": round(c[2], 3),
                                   "cpu_s": round(c[3], 3), "call": f"{index + 1} of {len(job_calls)}"}

@@ -6,6 +6,7 @@ a context made of those and the real ``bpy.context``, and a driver operator in w
 from __future__ import annotations
 
 import time
+import types
 
 import bpy
 
@@ -100,7 +101,14 @@ def driver_class(real, idname: str, name: str):
     }
     own.update(bl_idname=idname, bl_label=f"Drive {real.bl_label} (test)", execute=_driver_execute)
     own["__annotations__"] = dict(own.get("__annotations__", {}))
-    return type(name, real.__bases__, own)
+    driver = type(name, real.__bases__, own)
+    for key, value in own.items():  # a method calling super() must see the driver as its class, not ``real``
+        if isinstance(value, types.FunctionType) and "__class__" in value.__code__.co_freevars:
+            cells = tuple(types.CellType(driver) if free == "__class__" else cell
+                          for free, cell in zip(value.__code__.co_freevars, value.__closure__, strict=True))
+            setattr(driver, key, types.FunctionType(value.__code__, value.__globals__, value.__name__,
+                                                    value.__defaults__, cells))
+    return driver
 
 
 def drive(call, script, **props):

@@ -329,3 +329,37 @@ def test_a_float_result_saved_at_save_result_to_reads_back_exactly(tmp_path, mon
     assert image.packed_file is None and Path(bpy.path.abspath(image.filepath)) == out and image.is_float
     expected = colour.premultiply(colour.from_model_rgb(image_io.to_rgba(seen["result"]), True))
     np.testing.assert_array_equal(image_io.image_to_array(image), expected)
+
+
+def test_remove_background_replace_driven_by_timer_events_writes_the_matte_into_the_source(tmp_path):
+    """Replace through timer calls (bench/worker.py --ops-replace measures its calls): the driver
+    of tests/modal_standins.py runs the operator's own methods, ``gather``'s super() included."""
+    from builders_families import ben2_like_model
+
+    driver = driver_class(image_ops.LEAN_IMAGE_AI_OT_remove_background, "lean_image_ai_test.drive_replace",
+                          "LEANTEST_OT_drive_replace")
+    model, path = ben2_like_model(tmp_path / "ben2.onnx", size=64), byte_source(tmp_path)
+
+    def script(op):
+        ctx = StandInContext()
+        state = op.start_modal(ctx)
+        deadline = time.monotonic() + 300
+        while state == {"RUNNING_MODAL"}:
+            assert time.monotonic() < deadline, "the job did not end in time"
+            state = op.modal(ctx, TIMER)
+            time.sleep(0.005)
+        return state
+
+    bpy.utils.register_class(driver)
+    try:
+        before = set(bpy.data.images)
+        state = drive(bpy.ops.lean_image_ai_test.drive_replace, script, filepath=str(path), model_path=str(model),
+                      replace=True)
+    finally:
+        bpy.utils.unregister_class(driver)
+    assert state == {"FINISHED"}
+    [image] = [image for image in bpy.data.images if image not in before]  # the source itself, nothing new
+    assert Path(bpy.path.abspath(image.filepath_raw)) == path
+    got, stored = image_io.image_to_array(image), np.asarray(PILImage.open(path)) / 255.0
+    assert np.abs(got[..., :3] - stored[..., :3]).max() <= 1 / 255 + 1e-6  # colour untouched
+    assert np.abs(got[..., 3] - stored[..., 3]).max() > 0.1  # the matte went into its alpha
