@@ -414,3 +414,23 @@ def test_remove_background_replace_packs_the_cut_out_written_over_several_calls(
     alpha = np.floor(np.clip(seen["matte"] * 255.0 + 0.5, 0, 255)).astype(np.uint8)
     np.testing.assert_array_equal(packed[..., 3], alpha)  # the matte, as Blender rounds it into bytes
     np.testing.assert_array_equal(np.round(image_io.image_to_array(image) * 255).astype(np.uint8), packed)
+
+
+def test_remove_background_replace_gives_the_pixels_blenders_own_write_gave(tmp_path, monkeypatch):
+    """A byte source's cut-out packed from the pump's PNG reads back as the pixels written whole
+    (``foreach_set`` then Blender's pack()) gave: the same source replaced both ways."""
+    from builders_families import ben2_like_model
+
+    model, path = ben2_like_model(tmp_path / "ben2.onnx", size=64), byte_source(tmp_path)
+    pixels, formats = [], []
+    for whole in (True, False):
+        with monkeypatch.context() as patch:
+            if whole:
+                patch.setattr(image_ops, "_packs_cutout_in_place", lambda inputs: False)
+            bpy.ops.lean_image_ai.remove_background(filepath=str(path), model_path=str(model), replace=True)
+        [image] = [image for image in bpy.data.images if image.packed_file is not None]
+        pixels.append(image_io.image_to_array(image))
+        formats.append(image.file_format)
+        bpy.data.images.remove(image)
+    assert formats == ["PNG", "PNG"]
+    np.testing.assert_array_equal(pixels[1], pixels[0])
