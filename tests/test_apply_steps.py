@@ -363,3 +363,74 @@ def test_remove_background_replace_driven_by_timer_events_writes_the_matte_into_
     got, stored = image_io.image_to_array(image), np.asarray(PILImage.open(path)) / 255.0
     assert np.abs(got[..., :3] - stored[..., :3]).max() <= 1 / 255 + 1e-6  # colour untouched
     assert np.abs(got[..., 3] - stored[..., 3]).max() > 0.1  # the matte went into its alpha
+
+
+def test_remove_background_replace_packs_the_cut_out_written_over_several_calls(tmp_path, monkeypatch):
+    """Replace of a byte source: the cut-out's PNG is deflated by the job's pump over several timer
+    calls, and the call that swaps it into the source deflates nothing. Before, that call wrote the
+    pixels (foreach_set) and Blender's pack() compressed them whole (0.48 s at 2048x2048)."""
+    from builders_families import ben2_like_model
+
+    driver = driver_class(image_ops.LEAN_IMAGE_AI_OT_remove_background, "lean_image_ai_test.drive_replace_spread",
+                          "LEANTEST_OT_drive_replace_spread")
+    model, path = ben2_like_model(tmp_path / "ben2.onnx", size=64), byte_source(tmp_path)
+    deflate, seen = Deflate(monkeypatch), {}
+
+    def keep_result(job):
+        seen["matte"] = np.array(job.result.rgba[..., 3])
+
+    def script(op):
+        ctx = StandInContext()
+        state = op.start_modal(ctx)
+        deadline = time.monotonic() + 300
+        while state == {"RUNNING_MODAL"}:
+            assert time.monotonic() < deadline, "the job did not end in time"
+            deflate.call += 1
+            state = op.modal(ctx, TIMER)
+            time.sleep(0.005)
+        seen["last"] = deflate.call
+        return state
+
+    bpy.utils.register_class(driver)
+    jobs.manager.on_end.append(keep_result)
+    try:
+        state = drive(bpy.ops.lean_image_ai_test.drive_replace_spread, script, filepath=str(path),
+                      model_path=str(model), replace=True)
+    finally:
+        jobs.manager.on_end.remove(keep_result)
+        bpy.utils.unregister_class(driver)
+    assert state == {"FINISHED"}
+    row = 1 + 4 * SIDE
+    assert len(deflate.fed) >= 2, f"the cut-out was deflated in one timer call: {deflate.fed}"
+    assert max(deflate.fed.values()) <= (MAX_PIXELS_PER_CALL // SIDE) * row, deflate.fed
+    assert sum(deflate.fed.values()) >= SIDE * row  # the whole cut-out went through deflate
+    assert seen["last"] not in deflate.fed, "the call that swaps the cut-out in also deflates"
+
+    [image] = [image for image in bpy.data.images if image.packed_file is not None]
+    assert Path(bpy.path.abspath(image.filepath_raw)) == path  # the source itself, its file kept
+    packed = np.asarray(PILImage.open(io.BytesIO(image.packed_file.data)))
+    stored = np.asarray(PILImage.open(path))
+    np.testing.assert_array_equal(packed[..., :3], stored[..., :3])  # colour untouched
+    alpha = np.floor(np.clip(seen["matte"] * 255.0 + 0.5, 0, 255)).astype(np.uint8)
+    np.testing.assert_array_equal(packed[..., 3], alpha)  # the matte, as Blender rounds it into bytes
+    np.testing.assert_array_equal(np.round(image_io.image_to_array(image) * 255).astype(np.uint8), packed)
+
+
+def test_remove_background_replace_gives_the_pixels_blenders_own_write_gave(tmp_path, monkeypatch):
+    """A byte source's cut-out packed from the pump's PNG reads back as the pixels written whole
+    (``foreach_set`` then Blender's pack()) gave: the same source replaced both ways."""
+    from builders_families import ben2_like_model
+
+    model, path = ben2_like_model(tmp_path / "ben2.onnx", size=64), byte_source(tmp_path)
+    pixels, formats = [], []
+    for whole in (True, False):
+        with monkeypatch.context() as patch:
+            if whole:
+                patch.setattr(image_ops, "_packs_cutout_in_place", lambda inputs: False)
+            bpy.ops.lean_image_ai.remove_background(filepath=str(path), model_path=str(model), replace=True)
+        [image] = [image for image in bpy.data.images if image.packed_file is not None]
+        pixels.append(image_io.image_to_array(image))
+        formats.append(image.file_format)
+        bpy.data.images.remove(image)
+    assert formats == ["PNG", "PNG"]
+    np.testing.assert_array_equal(pixels[1], pixels[0])
