@@ -140,7 +140,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
             shard=frame_lists.parse_shard(self.shard), stop_on_error=self.stop_on_error,
         ).with_frames(frames)
         # a first-time hash runs on the worker; Skip Existing claims frames as the command line does
-        runner = Runner(spec, BlenderFrames(), events=RunEvents(progress=job.report), cancel=job.cancel_event,
+        runner = Runner(spec, BlenderFrames(staged=True), events=RunEvents(progress=job.report), cancel=job.cancel_event,
                         batch_factory=worker_batches(job.name))
         output_type = runner.output_type()
         if output_type:

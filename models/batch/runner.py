@@ -215,10 +215,17 @@ class Runner:
             self.refs, pass_run.infer, read, write, options=options,
             skip=(lambda ref: False) if first else self.skip.__contains__,
             stop_on_error=self.spec.stop_on_error,
-            **self.output.claim_hooks(claims),
+            **self.output.claim_hooks(claims), **self._staged_hook(),
         )
         report.append(batch.report)
         return batch
+
+    def _staged_hook(self) -> dict:
+        """A frame IO that leaves a frame's file to be written over later pumps hands it to the
+        batch (models/worker/remote_batch.py) through ``staged``."""
+        if getattr(self.io, "staged", False):
+            return {"staged": self.io.take_staged}
+        return {}
 
     def _pumped(self):
         if self._final_report is not None:
