@@ -193,3 +193,18 @@ def test_esc_while_a_frame_is_encoded_leaves_no_partial_file(tmp_path, monkeypat
     assert recorder.drive(ctx, **args, output=str(out) + "/") == {"CANCELLED"}
     assert sorted(p.name for p in out.iterdir()) == ["p_upscaled_0001.png"]  # no temporary, no half file
     assert "kept the 1 frame(s) written before it (1)" in jobs.manager.last.error_text
+
+
+def test_a_familys_own_writer_writes_a_frames_files_together_in_the_call(tmp_path, monkeypatch):
+    """MoGe-2's mesh, camera and normal map of a frame: none waits on disk for the others (its mesh is
+    written last because Skip Existing looks at it). A guard: its normal map (an 8-bit product to
+    .exr) is not one the add-on encodes today, so this passes without the runner's exclusion too."""
+    from builders_moge2 import moge2_like_model
+
+    recorder = Recorder(monkeypatch)
+    args = dict(family="moge2", source=str(byte_frames(tmp_path / "in", 2)), model_path=str(moge2_like_model(tmp_path / "m.onnx")))
+    out = tmp_path / "geometry"
+    assert recorder.drive(StandInContext(), **args, output=str(out) + "/") == {"FINISHED"}
+    names = sorted(p.name for p in out.iterdir())
+    assert any(n.endswith(".ply") for n in names) and any(n.endswith("_normal.exr") for n in names), names
+    assert recorder.encoded == []

@@ -223,9 +223,14 @@ class Runner:
     def _staged_hook(self) -> dict:
         """A frame IO that leaves a frame's file to be written over later pumps hands it to the
         batch (models/worker/remote_batch.py) through ``staged``."""
-        if getattr(self.io, "staged", False):
-            return {"staged": self.io.take_staged}
-        return {}
+        if not getattr(self.io, "staged", False):
+            return {}
+        if self.output.record.write is not None:
+            # a family's own writer makes a frame's files together (a mesh, its camera, its normal
+            # map): all of them in the call, so none waits on disk for the others
+            self.io.staged = False
+            return {}
+        return {"staged": self.io.take_staged}
 
     def _pumped(self):
         if self._final_report is not None:
