@@ -1,9 +1,11 @@
 """Process a sequence: any family over an image sequence, a folder or a numbered pattern (bpy).
 
 One operator for the four families (``family``). It builds the job (models/job_spec.py) and hands
-it to the one runner (models/batch/runner.py) with Blender's frame IO: the frames are read and the
-results written by Blender on the main thread (bpy is not thread safe) while the model runs in the
-worker process (models/worker/); the whole sequence is one runtime operation, each frame is written
+it to the one runner (models/batch/runner.py) with Blender's frame IO: the frames are read by Blender
+on the main thread (bpy is not thread safe) while the model runs in the worker process
+(models/worker/); a result is written by Blender's writer, or, as an 8-bit PNG (byte source) or a
+float EXR (float source), encoded by the add-on a band per timer call and written by its atomic
+writer (operators/model_job.py FrameFile). The whole sequence is one runtime operation, each frame is written
 all or nothing, a cancelled or failed batch keeps the frames already written. Nothing is created
 in the .blend: the results are files.
 """
@@ -140,7 +142,7 @@ class LEAN_IMAGE_AI_OT_process_sequence(BatchOperator, bpy.types.Operator):
             shard=frame_lists.parse_shard(self.shard), stop_on_error=self.stop_on_error,
         ).with_frames(frames)
         # a first-time hash runs on the worker; Skip Existing claims frames as the command line does
-        runner = Runner(spec, BlenderFrames(), events=RunEvents(progress=job.report), cancel=job.cancel_event,
+        runner = Runner(spec, BlenderFrames(staged=True), events=RunEvents(progress=job.report), cancel=job.cancel_event,
                         batch_factory=worker_batches(job.name))
         output_type = runner.output_type()
         if output_type:

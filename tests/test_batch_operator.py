@@ -22,7 +22,7 @@ from builders_families import ben2_like_model, da3_like_model  # noqa: E402
 from builders_moge2 import moge2_like_model  # noqa: E402
 from lean_image_ai.models import families  # noqa: E402
 from lean_image_ai.models.worker import host_record  # noqa: E402
-from lean_image_ai.operators import batch_ops, geometry_ops, image_ops, jobs, results  # noqa: E402
+from lean_image_ai.operators import batch_ops, geometry_ops, image_ops, jobs, model_job  # noqa: E402
 from onnx_builders import sr_model  # noqa: E402
 
 FRAMES = 12
@@ -99,15 +99,15 @@ def test_cancel_after_frame_five_keeps_complete_frames_only(tmp_path, models, mo
     write_sequence(tmp_path / "in")
     out = tmp_path / "out"
     out.mkdir()
-    real_write = results.save_product
+    real_write = model_job.FrameFile.pump  # a depth EXR: encoded a band per call, then written whole
 
-    def write_then_cancel(path, product):
-        notes = real_write(path, product)
-        if path.name.endswith("_0005.exr"):
+    def write_then_cancel(frame_file, budget):
+        done = real_write(frame_file, budget)
+        if done and frame_file.path.name.endswith("_0005.exr"):
             jobs.manager.current.cancel()  # what Esc or the panel's Cancel does
-        return notes
+        return done
 
-    monkeypatch.setattr(results, "save_product", write_then_cancel)
+    monkeypatch.setattr(model_job.FrameFile, "pump", write_then_cancel)
     before = time.time()
     result = bpy.ops.lean_image_ai.process_sequence(
         family="da3", source=str(tmp_path / "in" / "plate_####.png"), output=str(out / "d_####.exr"), model_path=str(models["da3"])

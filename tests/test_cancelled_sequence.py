@@ -20,7 +20,7 @@ bh.import_package()
 
 import modal_standins  # noqa: E402
 from lean_image_ai.models.worker import host_record  # noqa: E402
-from lean_image_ai.operators import batch_ops, jobs, memory_ops, results  # noqa: E402
+from lean_image_ai.operators import batch_ops, jobs, memory_ops, model_job  # noqa: E402
 from lean_image_ai.runtime.measure import memory_plot  # noqa: E402
 from modal_standins import ESC, StandInContext, driver_class, pump  # noqa: E402
 from onnx_builders import sr_model  # noqa: E402
@@ -66,14 +66,15 @@ def test_esc_after_frame_one_says_what_was_kept_and_the_picture_follows_the_pane
 
     ctx = StandInContext()
     live = {}
-    real_write = results.save_product
+    real_write = model_job.FrameFile.pump  # a PNG frame's file: encoded a band per call, then written whole
 
-    def write_then_esc(path, product):
-        notes = real_write(path, product)
-        live["op"].modal(ctx, ESC)  # the artist presses Esc once frame 1 is on disk
-        return notes
+    def write_then_esc(frame_file, budget):
+        done = real_write(frame_file, budget)
+        if done:
+            live["op"].modal(ctx, ESC)  # the artist presses Esc once frame 1 is on disk
+        return done
 
-    monkeypatch.setattr(results, "save_product", write_then_esc)
+    monkeypatch.setattr(model_job.FrameFile, "pump", write_then_esc)
 
     def script(op):
         live["op"] = op

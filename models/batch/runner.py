@@ -215,10 +215,22 @@ class Runner:
             self.refs, pass_run.infer, read, write, options=options,
             skip=(lambda ref: False) if first else self.skip.__contains__,
             stop_on_error=self.spec.stop_on_error,
-            **self.output.claim_hooks(claims),
+            **self.output.claim_hooks(claims), **self._staged_hook(),
         )
         report.append(batch.report)
         return batch
+
+    def _staged_hook(self) -> dict:
+        """A frame IO that leaves a frame's file to be written over later pumps hands it to the
+        batch (models/worker/remote_batch.py) through ``staged``."""
+        if not getattr(self.io, "staged", False):
+            return {}
+        if self.output.record.write is not None:
+            # a family's own writer makes a frame's files together (a mesh, its camera, its normal
+            # map): all of them in the call, so none waits on disk for the others
+            self.io.staged = False
+            return {}
+        return {"staged": self.io.take_staged}
 
     def _pumped(self):
         if self._final_report is not None:

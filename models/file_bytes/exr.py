@@ -20,32 +20,37 @@ from .bands import BandedFile, Rows
 MAGIC = 20000630
 LINES_PER_BLOCK = 16  # ZIP_COMPRESSION
 ZIP_COMPRESSION = 3
+HALF_SAMPLES = 1
 FLOAT_SAMPLES = 2
 CHANNELS = (("A", 3), ("B", 2), ("G", 1), ("R", 0))  # (name, index in RGBA), in the file's name order
 DEFLATE_LEVEL = 1
 
 
 class ExrFile(BandedFile):
+    """``half``: 16-bit half samples, as Blender's writer saves a new float image (a Process
+    Sequence frame's file must hold what Blender's writer gave); else 32-bit floats."""
+
     row_multiple = LINES_PER_BLOCK
     suffix = ".exr"
 
-    def __init__(self, height: int, width: int, rows: Rows):
+    def __init__(self, height: int, width: int, rows: Rows, *, half: bool = False):
         super().__init__(height, width, rows)
         self._blocks: list[bytes] = []  # each chunk whole: line, size, data
+        self._sample_type, self._pixel_type = ("<f2", HALF_SAMPLES) if half else ("<f4", FLOAT_SAMPLES)
 
     @property
     def is_float(self) -> bool:
         return True
 
     def _write(self, band: np.ndarray, start: int) -> None:
-        planar = np.ascontiguousarray(band[..., [index for _, index in CHANNELS]].transpose(0, 2, 1), "<f4")
+        planar = np.ascontiguousarray(band[..., [index for _, index in CHANNELS]].transpose(0, 2, 1), self._sample_type)
         for top in range(0, band.shape[0], LINES_PER_BLOCK):
             raw = planar[top : top + LINES_PER_BLOCK].view(np.uint8).reshape(-1)
             data = _zip_block(raw)
             self._blocks.append(struct.pack("<ii", start + top, len(data)) + data)
 
     def _bytes(self) -> bytes:
-        header = _header(self.width, self.height)
+        header = _header(self.width, self.height, self._pixel_type)
         offsets, position = [], len(header) + 8 * len(self._blocks)
         for block in self._blocks:
             offsets.append(position)
@@ -68,8 +73,8 @@ def _attribute(name: str, kind: str, value: bytes) -> bytes:
     return name.encode() + b"\0" + kind.encode() + b"\0" + struct.pack("<i", len(value)) + value
 
 
-def _header(width: int, height: int) -> bytes:
-    channels = b"".join(name.encode() + b"\0" + struct.pack("<iB3xii", FLOAT_SAMPLES, 0, 1, 1) for name, _ in CHANNELS)
+def _header(width: int, height: int, pixel_type: int) -> bytes:
+    channels = b"".join(name.encode() + b"\0" + struct.pack("<iB3xii", pixel_type, 0, 1, 1) for name, _ in CHANNELS)
     window = struct.pack("<iiii", 0, 0, width - 1, height - 1)
     return b"".join((
         struct.pack("<ii", MAGIC, 2),

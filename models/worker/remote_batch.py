@@ -70,9 +70,14 @@ class RemoteBatchRun:
         release: Callable[[FrameRef], None] = lambda ref: None,
         client: worker_client.WorkerClient | None = None,
         name: str = "",
+        staged: Callable[[], object] | None = None,
     ):
         self.report = BatchReport(total=len(refs))
         self._job, self._read, self._write = job, read, write
+        # what a write left to be pumped (an object with pump(budget) -> bool), or None: written in the call
+        self._staged = staged or (lambda: None)
+        self._writing: tuple | None = None  # (ref, notes, result, steps) of the frame being written
+        self._inbox: collections.deque = collections.deque()  # messages after a Result whose file is being written
         self._claim, self._release = claim, release
         self._options, self._stop_on_error, self._depth = options, stop_on_error, max(1, depth)
         self._cancel = options.cancel if isinstance(options.cancel, threading.Event) else threading.Event()
@@ -97,9 +102,20 @@ class RemoteBatchRun:
             from ..batch.sequence import BatchRun  # its threads: only where the model runs here
 
             local_runtime.configure(**self.client.settings)
-            self._local = BatchRun(refs, job.infer, read, write, options=options, skip=skip,
+            self._local = BatchRun(refs, job.infer, read, self._written_whole(write), options=options, skip=skip,
                                    stop_on_error=stop_on_error, depth=depth, claim=claim, release=release)
             self.report = self._local.report
+
+    def _written_whole(self, write):
+        """``write`` with what it left to be pumped done in the call (the in-process batch has no pump of its own)."""
+        def whole(ref, result):
+            notes = write(ref, result)
+            steps = self._staged()
+            while steps is not None and not steps.pump(1e9):
+                pass
+            return notes
+
+        return whole
 
     @property
     def needs_model(self) -> bool:
@@ -146,10 +162,10 @@ class RemoteBatchRun:
                     return self._finish()
                 self._start()
             while True:
-                progressed = self._step(read)
+                progressed = self._step(read, max(0.0, deadline - time.monotonic()))
                 if self._phase == "over":
                     return self._finish()
-                if time.monotonic() >= deadline:
+                if progressed is _WROTE_BAND or time.monotonic() >= deadline:  # one band of a file a call
                     return False
                 if not progressed:
                     time.sleep(min(0.002, max(0.0, deadline - time.monotonic())))
@@ -192,14 +208,18 @@ class RemoteBatchRun:
     def _send(self, message: p.Message) -> None:
         self.client.send(message)
 
-    def _step(self, read: bool) -> bool:
+    def _step(self, read: bool, budget: float) -> bool | str:
         if self._cancel.is_set() and self._phase == "running":
             self._phase = "cancelling"
             self.client.cancel()
+        if self._writing is not None:
+            self._pump_write(budget)
+            return _WROTE_BAND
         messages = self.client.messages()
-        for message in messages:
-            self._handle(message)
-        if read and self._phase == "running" and self._todo and len(self._sent) < self._depth:
+        self._inbox.extend(messages)
+        while self._inbox and self._writing is None:  # a file being written holds back what came after it
+            self._handle(self._inbox.popleft())
+        if read and self._phase == "running" and self._todo and len(self._sent) < self._depth and self._writing is None:
             self._feed_one()
             return True
         return bool(messages)
@@ -252,14 +272,39 @@ class RemoteBatchRun:
             self._release(ref)  # cancelled: nothing after the cancel is written, finished or not
             return
         try:
-            self.report.wrote(ref.number, self._write(ref, result), result)
+            notes = self._write(ref, result)
+            steps = self._staged()
         except Exception as exc:  # noqa: BLE001 - reported per frame
-            self._frame_failed(ref, exc)
-            if self._stop_on_error:
-                self.client.cancel()
-                self._todo.clear()
+            self._write_failed(ref, exc)
             return
+        if steps is not None:  # its file is written over the next pumps (:meth:`_pump_write`)
+            self._writing = (ref, notes, result, steps)
+            return
+        self.report.wrote(ref.number, notes, result)
         self._release(ref)
+
+    def _pump_write(self, budget: float) -> None:
+        ref, notes, result, steps = self._writing
+        if self._cancel.is_set() and not self._stopped:  # as in _result: nothing is written after a cancel
+            self._writing = None
+            self._release(ref)
+            return
+        try:
+            if not steps.pump(budget):
+                return
+        except Exception as exc:  # noqa: BLE001 - reported per frame
+            self._writing = None
+            self._write_failed(ref, exc)
+            return
+        self._writing = None
+        self.report.wrote(ref.number, notes, result)
+        self._release(ref)
+
+    def _write_failed(self, ref: FrameRef, exc: BaseException) -> None:
+        self._frame_failed(ref, exc)
+        if self._stop_on_error:
+            self.client.cancel()
+            self._todo.clear()
 
     def _frame_failed(self, ref: FrameRef, exc: BaseException) -> None:
         self._release(ref)
@@ -276,6 +321,8 @@ class RemoteBatchRun:
 
     def _finish(self) -> bool:
         self._phase = "over"
+        while self._writing is not None:  # the worker ended meanwhile: the result it sent is still written
+            self._pump_write(1e9)
         self._release_sent()
         self.report.seconds = time.monotonic() - self._started
         if self._client is not None:
@@ -307,6 +354,9 @@ class RemoteBatchRun:
                  f"Its last words: {exc.last_words} (the whole of them is in events.jsonl)." if exc.last_words else "",
                  "Run it again."]
         return " ".join(part for part in parts if part)
+
+
+_WROTE_BAND = "wrote a band"  # a step that encoded part of a frame's file: the call's share
 
 
 def _frames(count: int) -> str:
