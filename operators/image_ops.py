@@ -94,8 +94,11 @@ def _packs_cutout_in_place(inputs) -> bool:
     (float, 16-bit PNG, generated, premultiplied or channel-packed alpha, an output to save)
     take the cut-out's pixels whole in ``apply``, packed by Blender's writer."""
     image, info = inputs.source, inputs.info
-    return (image is not None and not info.is_float and info.alpha_mode == "STRAIGHT"
-            and inputs.output is None and image.source == "FILE")
+    try:
+        from_one_file = image is not None and image.source == "FILE"
+    except ReferenceError:  # removed while the job ran: the apply says so in the job's own words
+        return False
+    return from_one_file and not info.is_float and info.alpha_mode == "STRAIGHT" and inputs.output is None
 
 
 def _swap_in_cutout(image, made) -> str:
