@@ -385,6 +385,23 @@ def test_nan_points_raise_invalid_output(models, recorded):
         moge2.run(red_image(30, 40), models["nan"], options=opts(runtime))
 
 
+@pytest.mark.parametrize("which", ["normal", "mask"])
+def test_a_per_pixel_output_of_another_size_than_the_points_is_named(which):
+    from types import SimpleNamespace
+
+    from lean_image_ai.models.adapters import moge2_contract
+
+    binding = SimpleNamespace(normal=SimpleNamespace(name="normal"), mask=SimpleNamespace(name="mask"))
+    if which == "normal":
+        outputs = {"normal": np.zeros((1, 20, 30, 3), np.float32)}
+        read = lambda: moge2_contract.normal_output(outputs, binding, "m.onnx", (20, 31, 3))  # noqa: E731
+    else:
+        outputs = {"mask": np.zeros((1, 20, 30), np.float32)}
+        read = lambda: moge2_contract.mask_output(outputs, binding, "m.onnx", (21, 30), [])  # noqa: E731
+    with pytest.raises(InvalidModelOutputError, match=f"m.onnx returned '{which}' \\[20, 30.*but points.*must match"):
+        read()
+
+
 def test_all_invalid_mask_says_no_valid_geometry(models, recorded):
     runtime, _ = recorded
     black = np.zeros((30, 40, 3), np.float32)

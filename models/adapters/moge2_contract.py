@@ -136,17 +136,22 @@ def output_array(array, shape_tail: int, name: str, model_name: str) -> np.ndarr
     return array.astype(np.float32, copy=False)
 
 
+def _output_like_points(outputs, port, dims: int, model_name: str, points_shape) -> np.ndarray:
+    """An output read per pixel alongside the points: its shape must be theirs."""
+    array = output_array(outputs[port.name], dims, port.name, model_name)
+    check_finite(array, model_name, port.name)
+    if array.shape != tuple(points_shape):
+        raise InvalidModelOutputError(
+            f"{model_name} returned '{port.name}' {list(array.shape)} but points "
+            f"{list(points_shape)}; they must match."
+        )
+    return array
+
+
 def normal_output(outputs, binding, model_name: str, points_shape) -> np.ndarray | None:
     if binding.normal is None:
         return None
-    normal = output_array(outputs[binding.normal.name], 3, binding.normal.name, model_name)
-    check_finite(normal, model_name, binding.normal.name)
-    if normal.shape != points_shape:
-        raise InvalidModelOutputError(
-            f"{model_name} returned '{binding.normal.name}' {list(normal.shape)} but points "
-            f"{list(points_shape)}; they must match."
-        )
-    return normal
+    return _output_like_points(outputs, binding.normal, 3, model_name, points_shape)
 
 
 def mask_output(outputs, binding, model_name: str, model_hw, warnings: list) -> np.ndarray | None:
@@ -154,14 +159,7 @@ def mask_output(outputs, binding, model_name: str, model_hw, warnings: list) -> 
     if binding.mask is None:
         warnings.append(f"{model_name} has no mask output: every pixel is treated as valid.")
         return None
-    mask_prob = output_array(outputs[binding.mask.name], 2, binding.mask.name, model_name)
-    check_finite(mask_prob, model_name, binding.mask.name)
-    if mask_prob.shape != model_hw:
-        raise InvalidModelOutputError(
-            f"{model_name} returned '{binding.mask.name}' {list(mask_prob.shape)} but points "
-            f"{list(model_hw)}; they must match."
-        )
-    return mask_prob
+    return _output_like_points(outputs, binding.mask, 2, model_name, model_hw)
 
 
 def metric_scale_output(outputs, binding, model_name: str, warnings: list) -> float:
