@@ -236,6 +236,8 @@ def _geometry_split(args, frames: Path, model: Path) -> dict:
         print(f"  {name}: {wall:.3f} s wall, {cpu:.3f} s CPU")
     print(f"  all of it: {total[0]:.3f} s wall, {total[1]:.3f} s CPU ({len(kept['arrays'].vertices)} vertices)")
     figures["geometry_one_call_s"], figures["geometry_one_call_cpu_s"] = round(total[0], 3), round(total[1], 3)
+    if not hasattr(moge2_mesh, "GeometryFiles"):  # a tree from before the staged files (the before run)
+        return figures
     staged = moge2_mesh.GeometryFiles(out.with_name("staged.ply"), result, discontinuity=0.04)
     calls, done = [], []
     while not done:
