@@ -10,6 +10,10 @@ from, and the command line writes as PLY.
 - MoGe-2's camera axes (OpenCV: x right, y down, z forward) become Blender's camera axes
   (x right, y up, looking down -z): (x, y, z) -> (x, -y, -z). With the camera at the origin and
   unrotated, the mesh sits in front of it exactly as in the photo.
+
+A frame's files (PLY mesh, JSON camera, float EXR normal map) are written in one call
+(:func:`write_geometry`: the command line, the farm) or made a band per call of Blender's main thread
+and written together in the last (:class:`GeometryFiles`: Process Sequence), the same bytes either way.
 """
 
 from __future__ import annotations
