@@ -136,11 +136,14 @@ def _apply_calls(args) -> None:
         cases += [("replace", False), ("replace", True)]
     if args.ops_sequence:
         cases.append(("sequence", False))
+    if args.ops_sequence_geometry:
+        cases.append(("geometry", False))
     for kind, float_source in cases:
         root = Path(tempfile.mkdtemp(prefix=f"bench_worker_{kind}_"))
         (root / "models").mkdir()
         config = {"side": args.ops_side, "jobs": 1, "folder": str(root), "out": str(root / "out.json"),
-                  "phases": ["modal"], "float": float_source, "modal_runs": args.ops_runs, "modal_operator": kind}
+                  "phases": ["modal"], "float": float_source, "modal_runs": args.ops_runs,
+                  "modal_operator": "sequence" if kind == "geometry" else kind}
         if kind == "replace":
             config["model"] = str(ben2_like_model(root / "ben2.onnx", size=64))
         else:
@@ -149,8 +152,14 @@ def _apply_calls(args) -> None:
             y, x = np.mgrid[0:args.height, 0:args.width].astype(np.float32)
             for number in range(1, 4):
                 rgb = np.stack([x / args.width, y / args.height, ((x + y + number * 97) % 256) / 255], axis=-1)
+                if kind == "geometry":  # the seeded MoGe-2's mask is the red channel: geometry on most pixels
+                    rgb[..., 0] = np.where(rgb[..., 2] < 0.9, 0.8, 0.2)
                 Image.fromarray((rgb * 255).astype(np.uint8)).save(frames / f"shot_{number:04d}.png")
             config["frames"] = str(frames)
+            if kind == "geometry":
+                from builders_moge2 import moge2_like_model
+
+                config["family"], config["model"] = "moge2", str(moge2_like_model(root / "moge2.onnx"))
         env = bh.isolated_blender_env(root / "blender", pythonpath=[bh.package_search_dir(root / "pkg")])
         env.update(LEAN_IMAGE_AI_MODELS_DIR=str(root / "models"), LEAN_IMAGE_AI_LOG_DIR=str(root / "logs"))
         (root / "config.json").write_text(json.dumps(config), encoding="utf-8")
@@ -159,16 +168,86 @@ def _apply_calls(args) -> None:
         if done.returncode != 0:
             raise SystemExit(f"the bpy process of the {kind} jobs failed: {done.stderr[-2000:]}")
         modal = json.loads((root / "out.json").read_text(encoding="utf-8"))["modal"]
-        label = (f"Remove Background Replace {args.ops_side}x{args.ops_side} {'float' if float_source else 'byte'}"
-                 if kind == "replace" else f"Process Sequence (upscale x2), 3 frames {args.width}x{args.height} PNG")
+        label = {"replace": f"Remove Background Replace {args.ops_side}x{args.ops_side} {'float' if float_source else 'byte'}",
+                 "sequence": f"Process Sequence (upscale x2), 3 frames {args.width}x{args.height} PNG",
+                 "geometry": f"Process Sequence (seeded MoGe-2), 3 frames {args.width}x{args.height}"}[kind]
         longest = modal["longest_call"]
         print(f"{label}: start_modal {modal['start_modal_s']:.3f} s, {modal['timer_calls']} timer calls, longest "
               f"{modal['longest_timer_call_s']:.3f} s ('{longest['step']}', CPU {longest['cpu_s']:.3f} s), the last "
               f"{modal['last_timer_call_s']:.3f} s; calls over 0.1 s in {_jobs_text(args.ops_runs)}: {modal['calls_over_0.1_s']}")
-        key = "sequence" if kind == "sequence" else f"replace_{'float' if float_source else 'byte'}"
+        if kind == "geometry":  # each call of the job: wall, what it ran, CPU
+            print("  the job's calls (wall s, step, CPU s), longest first:",
+                  sorted(modal["last_job_calls"], reverse=True)[:12])
+            most_cpu = max(modal["last_job_calls"], key=lambda call: call[2])
+            print(f"  the call of most CPU: {most_cpu[2]:.3f} s CPU ({most_cpu[0]:.3f} s wall, '{most_cpu[1]}')")
+            figures["geometry_most_cpu_call_s"] = most_cpu[2]
+        key = kind if kind != "replace" else f"replace_{'float' if float_source else 'byte'}"
         figures[f"{key}_longest_call_s"] = round(max(modal["start_modal_s"], modal["longest_timer_call_s"]), 3)
         figures[f"{key}_longest_cpu_s"] = round(longest["cpu_s"], 3)
+        if kind == "geometry":
+            figures.update(_geometry_split(args, root / "frames", Path(config["model"])))
     print(json.dumps(figures))
+
+
+def _timed(work) -> tuple[float, float]:
+    """(wall, CPU) seconds of ``work()`` on this thread."""
+    started, cpu_started = time.perf_counter(), time.thread_time()
+    work()
+    return time.perf_counter() - started, time.thread_time() - cpu_started
+
+
+def _geometry_split(args, frames: Path, model: Path) -> dict:
+    """The parts of one frame's write in one call (models/adapters/moge2_mesh.py write_geometry
+    through Blender's writer for the normal map), each timed here (this process plays Blender's),
+    on frame 1's result computed in this process; then the same files made by the staged
+    GeometryFiles, each of its calls timed."""
+    import tempfile
+
+    from lean_image_ai.models import file_formats
+    from lean_image_ai.models.adapters import moge2, moge2_mesh
+    from lean_image_ai.models.result_images import ImageProduct
+    from lean_image_ai.operators import results
+    from PIL import Image
+
+    picture = np.asarray(Image.open(sorted(frames.iterdir())[0]).convert("RGB"))
+    result = moge2.run(picture, model)
+    out = Path(tempfile.mkdtemp(prefix="bench_geometry_split_")) / "frame.ply"
+    kept = {}
+
+    def mesh():
+        kept["arrays"] = moge2_mesh.mesh_arrays(result.points, result.mask, discontinuity=0.04)
+
+    def normals():
+        kept["normals"] = ImageProduct(moge2_mesh.normal_map(result.normal, result.mask)[..., :3], is_data=True)
+
+    parts = {
+        "mesh numpy (mesh_arrays)": mesh,
+        "PLY bytes + write": lambda: file_formats.write_ply(out, kept["arrays"].vertices, kept["arrays"].quads,
+                                                             kept["arrays"].uv, comment="bench"),
+        "JSON camera": lambda: file_formats.write_json(out.with_suffix(".json"), {"stride": kept["arrays"].stride}),
+        "normal map numpy (normal_map)": normals,
+        "normal map EXR (Blender's writer)": lambda: results.save_product(out.with_name("frame_normal.exr"), kept["normals"]),
+    }
+    figures, total = {}, [0.0, 0.0]
+    print(f"one frame's write in one call, {args.width}x{args.height} ({len(result.mask.ravel())} pixels):")
+    for name, work in parts.items():
+        wall, cpu = _timed(work)
+        total[0], total[1] = total[0] + wall, total[1] + cpu
+        print(f"  {name}: {wall:.3f} s wall, {cpu:.3f} s CPU")
+    print(f"  all of it: {total[0]:.3f} s wall, {total[1]:.3f} s CPU ({len(kept['arrays'].vertices)} vertices)")
+    figures["geometry_one_call_s"], figures["geometry_one_call_cpu_s"] = round(total[0], 3), round(total[1], 3)
+    if not hasattr(moge2_mesh, "GeometryFiles"):  # a tree from before the staged files (the before run)
+        return figures
+    staged = moge2_mesh.GeometryFiles(out.with_name("staged.ply"), result, discontinuity=0.04)
+    calls, done = [], []
+    while not done:
+        calls.append(_timed(lambda: done.append(True) if staged.pump(0.05) else None))
+    longest = max(calls)
+    print(f"the same files staged (GeometryFiles, a 0.05 s budget a call): {len(calls)} calls, longest "
+          f"{longest[0]:.3f} s wall ({longest[1]:.3f} s CPU), the last (the three files written) {calls[-1][0]:.3f} s "
+          f"wall ({calls[-1][1]:.3f} s CPU), all {sum(c[0] for c in calls):.3f} s wall, {sum(c[1] for c in calls):.3f} s CPU")
+    figures["geometry_staged_longest_s"], figures["geometry_staged_longest_cpu_s"] = round(longest[0], 3), round(longest[1], 3)
+    return figures
 
 
 def _jobs_text(runs: int) -> str:
@@ -189,8 +268,10 @@ def main(argv=None) -> int:
     parser.add_argument("--ops-runs", type=int, default=1, help="modal jobs measured (the longest call over all)")
     parser.add_argument("--ops-replace", action="store_true", help="only Remove Background Replace's calls (byte, float)")
     parser.add_argument("--ops-sequence", action="store_true", help="only Process Sequence's calls (3 PNG frames)")
+    parser.add_argument("--ops-sequence-geometry", action="store_true",
+                        help="only Process Sequence's calls with a seeded MoGe-2 (3 frames: mesh, camera, normal map)")
     args = parser.parse_args(argv)
-    if args.ops_replace or args.ops_sequence:
+    if args.ops_replace or args.ops_sequence or args.ops_sequence_geometry:
         _apply_calls(args)
         return 0
     operators = _through_operators(args.ops_side, 3, float_source=args.ops_float, save_to=args.ops_save,

@@ -92,6 +92,9 @@ class Output:
     image: Any = None  # an image result: .product(result, suffix, float_suffixes), .describe(...)
     # a result that is not one image: write(path, result, option_values, write_image) -> notes
     write: Callable[..., list[str]] | None = None
+    # ``write``'s files made over several calls of a front-end's main thread (Blender's Process
+    # Sequence): stage(path, result, option_values) -> steps, whose pump(budget) is True once written
+    stage: Callable[..., Any] | None = None
     description: str = ""  # how the report names what ``write`` writes
     preview: Callable[[Any], Any] | None = None  # the image Preview Frame shows of such a result
     product: Any = None  # a models/result_images.py ProductKind

@@ -64,24 +64,39 @@ def write_json(path: Path, data) -> Path:
 
 def write_ply(path: Path, vertices, quads, uv, *, comment: str) -> Path:
     """A binary little-endian PLY mesh: float xyz + uv per vertex, quads as 4-index faces."""
-    import numpy as np  # a data file's writer only: the table itself is read where numpy need not be
-
-    header = (
-        f"ply\nformat binary_little_endian 1.0\ncomment {comment}\n"
-        f"element vertex {len(vertices)}\nproperty float x\nproperty float y\nproperty float z\n"
-        "property float s\nproperty float t\n"
-        f"element face {len(quads)}\nproperty list uchar int vertex_indices\nend_header\n"
-    ).encode("ascii")
-    vertex = np.empty(len(vertices), [("xyz", "<f4", 3), ("uv", "<f4", 2)])
-    vertex["xyz"], vertex["uv"] = vertices, uv
-    face = np.empty(len(quads), [("n", "u1"), ("v", "<i4", 4)])
-    face["n"], face["v"] = 4, quads
     with files.atomic_path(path) as temp:
         with open(temp, "wb") as stream:
-            stream.write(header)
-            stream.write(vertex.tobytes())
-            stream.write(face.tobytes())
+            stream.write(ply_header(len(vertices), len(quads), comment=comment))
+            stream.write(ply_vertex_bytes(vertices, uv))
+            stream.write(ply_face_bytes(quads))
     return path
+
+
+def ply_header(vertex_count: int, face_count: int, *, comment: str) -> bytes:
+    """:func:`write_ply`'s header; its vertices and faces follow, each part of either in order
+    (a mesh made a band at a time gives the same file)."""
+    return (
+        f"ply\nformat binary_little_endian 1.0\ncomment {comment}\n"
+        f"element vertex {vertex_count}\nproperty float x\nproperty float y\nproperty float z\n"
+        "property float s\nproperty float t\n"
+        f"element face {face_count}\nproperty list uchar int vertex_indices\nend_header\n"
+    ).encode("ascii")
+
+
+def ply_vertex_bytes(vertices, uv) -> bytes:
+    import numpy as np  # a data file's writer only: the table itself is read where numpy need not be
+
+    vertex = np.empty(len(vertices), [("xyz", "<f4", 3), ("uv", "<f4", 2)])
+    vertex["xyz"], vertex["uv"] = vertices, uv
+    return vertex.tobytes()
+
+
+def ply_face_bytes(quads) -> bytes:
+    import numpy as np
+
+    face = np.empty(len(quads), [("n", "u1"), ("v", "<i4", 4)])
+    face["n"], face["v"] = 4, quads
+    return face.tobytes()
 
 
 _ANY = frozenset({PILLOW, OPENEXR, BLENDER})

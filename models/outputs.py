@@ -311,15 +311,23 @@ class JobOutput(OutputPolicy):
 
     def write(
         self, path: Path, result, values: dict, write_image: Callable[[Path, ImageProduct], list[str]],
-        float_suffixes=None, *, image: ImageOverride | None = None,
+        float_suffixes=None, *, image: ImageOverride | None = None, stage: Callable | None = None,
     ) -> tuple[list[str], ImageProduct | None]:
         """Write one result to ``path`` and its companions with the front-end's ``write_image``
         (each file all or nothing); returns the notes for the user and the image written (None for
-        a result that is not one). ``image``: the image to write instead of the family's own."""
+        a result that is not one). ``image``: the image to write instead of the family's own.
+        ``stage(steps)``: a front-end that pumps a frame's files over later calls takes the steps
+        of a family's own writer that makes them so (the family record's ``stage``)."""
         floats = self.writer.float_suffixes if float_suffixes is None else float_suffixes
         if image is not None:
             product, notes = image(result, path.suffix, floats)
             notes = notes + (write_image(path, product) or [])
+        elif self.record.write is not None and self.record.stage is not None and stage is not None:
+            steps = self.record.stage(path, result, values)
+            stage(steps)
+            with self._lock:
+                self.written.extend(steps.paths)  # once pumped: a cancel before that leaves none of them
+            return [], None
         elif self.record.write is not None:
             product, notes = None, self.record.write(path, result, values, write_image)
         else:

@@ -208,6 +208,10 @@ class BlenderFrames:
         self._pending.append(FrameFile(path, made))
         return result_images.range_notes(path, product)
 
+    def stage(self, steps) -> None:
+        """A family's own files of a frame (models/adapters/moge2_mesh.py GeometryFiles), pumped as a frame file."""
+        self._pending.append(steps)
+
     def take_staged(self):
         """The frame files the last write left to be pumped (one step), or None."""
         pending, self._pending = self._pending, []

@@ -250,3 +250,57 @@ def test_a_family_says_what_its_product_is_and_gets_that_kinds_files(tmp_path):
         mask.check(tmp_path / "matte.jpg")
     with pytest.raises(ValueError, match="give its product"):
         Output(tag="nothing", what="nothing")
+
+
+def geometry_of(seed: int, height: int, width: int):
+    """A MoGe-2 result of a bumpy surface with holes and depth jumps (plain data, as the adapter's)."""
+    from lean_image_ai.models.adapters.moge2 import GeometryResult
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    depth = 2.0 + 0.3 * np.sin(x / 7) + np.where(rng.random((height, width)) < 0.05, 3.0, 0.0).astype(np.float32)
+    points = np.stack([(x - width / 2) / width * depth, (y - height / 2) / width * depth, depth], axis=-1)
+    normal = rng.normal(size=(height, width, 3)).astype(np.float32)
+    normal /= np.linalg.norm(normal, axis=-1, keepdims=True)
+    mask = rng.random((height, width)) < 0.9
+    intrinsics = np.array([[width, 0, width / 2], [0, width, height / 2], [0, 0, 1]], np.float32)
+    return GeometryResult(points.astype(np.float32), depth, normal, mask, intrinsics, 0.9, 0.6, 1.5, (height, width))
+
+
+@pytest.mark.parametrize("size", [(37, 1100), (300, 410)], ids=["strided", "every-pixel"])
+def test_geometry_files_made_a_band_per_call_are_the_one_call_writes(tmp_path, monkeypatch, size):
+    """Process Sequence's MoGe-2 frame files (issue #37 item 3): mesh and normal map made a band per
+    call, at most MAX_PIXELS_PER_CALL each, then written together in the last call: the PLY and JSON
+    bytes write_geometry writes, and the normal map's floats."""
+    from lean_image_ai.models.adapters import moge2_mesh
+    from lean_image_ai.models.file_bytes import bands
+
+    monkeypatch.setattr(bands, "MAX_PIXELS_PER_CALL", 32768)  # an EXR band is 16 rows at least
+    result = geometry_of(1, *size)
+    (tmp_path / "one").mkdir(), (tmp_path / "banded").mkdir()
+    _, normals = moge2_mesh.write_geometry(tmp_path / "one" / "f.ply", result, discontinuity=0.04)
+    made = moge2_mesh.GeometryFiles(tmp_path / "banded" / "f.ply", result, discontinuity=0.04)
+    calls = 0
+    while not made.pump(0.001):
+        calls += 1
+        assert not any(p.exists() for p in made.paths)  # nothing on disk before the last call
+    assert calls >= 4 and max(made.mesh.calls + made.normals.calls) <= 32768
+    for name in ("f.ply", "f.json"):
+        assert (tmp_path / "banded" / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name
+    grid = moge2_mesh.mesh_arrays(result.points, result.mask, discontinuity=0.04)
+    assert len(grid.quads) > 1000 and grid.stride == (3 if size[1] > 1024 else 1)
+    exr = pytest.importorskip("OpenEXR")
+    with exr.File(str(tmp_path / "banded" / "f_normal.exr")) as file:
+        rgba = file.channels()["RGBA"].pixels
+    assert rgba.dtype == np.float32 and np.array_equal(rgba[..., :3], normals.pixels) and (rgba[..., 3] == 1).all()
+
+
+def test_a_geometry_frame_whose_mesh_cannot_be_written_leaves_none_of_its_files(tmp_path):
+    from lean_image_ai.models.adapters import moge2_mesh
+
+    made = moge2_mesh.GeometryFiles(tmp_path / "f.ply", geometry_of(2, 40, 50), discontinuity=0.04)
+    (tmp_path / "f.ply").mkdir()  # the mesh's name taken by a folder: its write fails, the last of the three
+    with pytest.raises(LeanImageError, match="Could not save .*f.ply"):
+        while not made.pump(1.0):
+            pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.ply"]  # the folder only: no camera, no normal map

@@ -2,7 +2,8 @@
 source, float EXR from a float one) is encoded a band per timer call, then written whole by the
 add-on's atomic writer (Blender's writer took 0.4-0.5 s of the main thread for a 3840x2160 PNG);
 the file holds what Blender's writer gave, and Esc mid-write leaves no partial file. Driven by
-timer events as tests/test_cancelled_sequence.py (real bpy 5.0.1, the real onnxruntime)."""
+timer events as tests/test_cancelled_sequence.py (real bpy 5.0.1, the real onnxruntime). So are
+MoGe-2's frame files (mesh, camera, normal map), written together in the frame's last call."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ bpy = pytest.importorskip("bpy")
 bh.import_package()
 
 import modal_standins  # noqa: E402
+from lean_image_ai.models.adapters import moge2_mesh  # noqa: E402
 from lean_image_ai.models.file_bytes import bands  # noqa: E402
 from lean_image_ai.models.result_images import ImageProduct  # noqa: E402
 from lean_image_ai.operators import batch_ops, jobs, model_job, results  # noqa: E402
@@ -195,16 +197,95 @@ def test_esc_while_a_frame_is_encoded_leaves_no_partial_file(tmp_path, monkeypat
     assert "kept the 1 frame(s) written before it (1)" in jobs.manager.last.error_text
 
 
-def test_a_familys_own_writer_writes_a_frames_files_together_in_the_call(tmp_path, monkeypatch):
-    """MoGe-2's mesh, camera and normal map of a frame: none waits on disk for the others (its mesh is
-    written last because Skip Existing looks at it). A guard: its normal map (an 8-bit product to
-    .exr) is not one the add-on encodes today, so this passes without the runner's exclusion too."""
+def geometry_frames(folder: Path, count: int) -> Path:
+    """Frames for the seeded MoGe-2 (tests/builders_moge2.py): its mask is the red channel."""
+    folder.mkdir()
+    for n in range(1, count + 1):
+        rng = np.random.default_rng(n)
+        rgb = (rng.random((48, 64, 3)) * 255).astype(np.uint8)
+        rgb[..., 0] = np.where(rng.random((48, 64)) < 0.9, 230, 10)
+        PILImage.fromarray(rgb, "RGB").save(folder / f"p_{n:04d}.png")
+    return folder
+
+
+def geometry_args(tmp_path) -> dict:
     from builders_moge2 import moge2_like_model
 
-    recorder = Recorder(monkeypatch)
-    args = dict(family="moge2", source=str(byte_frames(tmp_path / "in", 2)), model_path=str(moge2_like_model(tmp_path / "m.onnx")))
-    out = tmp_path / "geometry"
+    return dict(family="moge2", source=str(geometry_frames(tmp_path / "in", 3)),
+                model_path=str(moge2_like_model(tmp_path / "m.onnx")))
+
+
+class GeometryRecorder(Recorder):
+    """Each GeometryFiles.pump (MoGe-2's frame files): its timer call, the pixels it encoded (mesh
+    grid points and normal map pixels) and whether any of the frame's files existed after it."""
+
+    def __init__(self, monkeypatch, during=None):
+        self.timer_call, self.encoded, self.during = 0, [], during
+        real = moge2_mesh.GeometryFiles.pump
+        recorder = self
+
+        def pump(files, budget):
+            before = sum(files.mesh.calls) + sum(files.normals.calls)
+            done = real(files, budget)
+            pixels = sum(files.mesh.calls) + sum(files.normals.calls) - before
+            there = [p.name for p in files.paths if p.exists()]
+            recorder.encoded.append((files.path.name, recorder.timer_call, pixels, done, there))
+            if recorder.during is not None:
+                recorder.during(files, done)
+            return done
+
+        monkeypatch.setattr(moge2_mesh.GeometryFiles, "pump", pump)
+
+
+def test_a_geometry_frames_files_are_made_over_several_timer_calls_as_the_one_call_write_makes_them(tmp_path, monkeypatch):
+    """MoGe-2's mesh (PLY), camera (JSON) and normal map (EXR) of a frame: made a band per timer call,
+    then all written in the frame's last call (none before it): the same PLY and JSON bytes and the
+    same normal map pixels as the one-call write through Blender's writer."""
+    monkeypatch.setattr(bands, "MAX_PIXELS_PER_CALL", 1024)  # 48x64 frames: three bands of each file
+    args = geometry_args(tmp_path)
+    reference = tmp_path / "one_call"
+    with monkeypatch.context() as patch:
+        patch.setattr(model_job.BlenderFrames, "stage", None)  # as before: the family's writer in the call
+        assert bpy.ops.lean_image_ai.process_sequence(**args, output=str(reference) + "/") == {"FINISHED"}
+    recorder = GeometryRecorder(monkeypatch)
+    out = tmp_path / "banded"
     assert recorder.drive(StandInContext(), **args, output=str(out) + "/") == {"FINISHED"}
     names = sorted(p.name for p in out.iterdir())
-    assert any(n.endswith(".ply") for n in names) and any(n.endswith("_normal.exr") for n in names), names
-    assert recorder.encoded == []
+    assert names == sorted(p.name for p in reference.iterdir()) and len(names) == 9, names
+    for ply in [n for n in names if n.endswith(".ply")]:
+        calls = [(call, pixels, done, there) for name, call, pixels, done, there in recorder.encoded if name == ply]
+        assert sum(pixels for _, pixels, _, _ in calls) == 48 * 64 * 2, calls  # every grid point, every normal
+        assert len({call for call, pixels, _, _ in calls if pixels}) >= 6 and max(p for _, p, _, _ in calls) <= 1024, calls
+        assert all(there == [] for _, _, done, there in calls if not done), calls  # nothing on disk before the last call
+        assert [len(there) for _, _, done, there in calls if done] == [3], calls  # then all three in it
+        stem = ply[:-4]
+        for name in (ply, f"{stem}.json"):
+            assert (out / name).read_bytes() == (reference / name).read_bytes(), name
+        ours, blenders = exr_rgba(out / f"{stem}_normal.exr"), exr_rgba(reference / f"{stem}_normal.exr")
+        assert ours.dtype == blenders.dtype and np.array_equal(ours, blenders), stem
+
+
+def test_esc_while_a_geometry_frame_is_made_leaves_none_of_its_files_and_skip_existing_finds_the_finished(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(bands, "MAX_PIXELS_PER_CALL", 1024)
+    args = geometry_args(tmp_path)
+    ctx = StandInContext()
+
+    armed = [True]
+
+    def esc_in_frame_two(files, done):
+        if armed[0] and files.path.name.endswith("0002.ply") and not done and sum(files.normals.calls):
+            armed[0] = False
+            recorder.op.modal(ctx, ESC)  # Esc with frame 2's mesh made and its normal map half encoded
+
+    recorder = GeometryRecorder(monkeypatch, esc_in_frame_two)
+    out = tmp_path / "cancelled"
+    assert recorder.drive(ctx, **args, output=str(out) + "/") == {"CANCELLED"}
+    first = ["p_geometry_0001.json", "p_geometry_0001.ply", "p_geometry_0001_normal.exr"]
+    assert sorted(p.name for p in out.iterdir()) == first  # no temporary, none of frame 2's files
+    assert "kept the 1 frame(s) written before it (1)" in jobs.manager.last.error_text
+    kept = {name: (out / name).read_bytes() for name in first}
+    again = GeometryRecorder(monkeypatch)
+    assert again.drive(StandInContext(), **args, output=str(out) + "/", skip_existing=True) == {"FINISHED"}
+    assert {name for name, *_ in again.encoded} == {"p_geometry_0002.ply", "p_geometry_0003.ply"}  # frame 1 found
+    assert len(list(out.iterdir())) == 9 and all((out / name).read_bytes() == data for name, data in kept.items())

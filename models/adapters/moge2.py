@@ -41,7 +41,7 @@ from ..imaging import to_nchw
 from ..result_images import MESH, ImageProduct
 from . import shot_camera
 from .moge2_contract import bind_contract, mask_output, metric_scale_output, normal_output, output_array
-from .moge2_mesh import normal_map, write_geometry
+from .moge2_mesh import GeometryFiles, normal_map, write_geometry
 from .moge2_outputs import mask_to_source, normal_to_source, points_to_source
 from .moge2_solver import DegenerateGeometryError, recover_focal_shift, shift_for_focal
 from .resampling import antialiased_preimage, torch_bilinear
@@ -318,6 +318,11 @@ def _write_files(path, result, values: dict, write_image) -> list[str]:
     return []
 
 
+def _stage_files(path, result, values: dict) -> GeometryFiles:
+    """The same files, made a band per call by the front-end's pump (models/adapters/moge2_mesh.py)."""
+    return GeometryFiles(path, result, discontinuity=values.get("discontinuity", 0.04))
+
+
 def _preview(result) -> ImageProduct:
     """The normal map, or the depth scaled to 0..1 when the model gives no normals."""
     if result.normal is not None:
@@ -399,6 +404,7 @@ FAMILY = Family(
         formats_hint="a .ply mesh file (the camera goes to a .json file and the normal map to an .exr file beside it)",
         companions=("{stem}.json", "{stem}_normal.exr"),
         write=_write_files,
+        stage=_stage_files,
         description="PLY mesh, JSON camera, float EXR normals",
         preview=_preview,
     ),

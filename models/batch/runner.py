@@ -192,8 +192,9 @@ class Runner:
     def write_file(self, ref: FrameRef, result) -> list[str]:
         """One frame's result as its files (all or nothing); returns the notes for the report."""
         out = self.output.targets[ref]
+        stage = self.io.stage if getattr(self.io, "staged", False) else None
         notes, product = self.output.write(  # a shot's depth: its one range and alignment
-            out, result, self.model_run.values, self.io.write_image, image=self.shot.output_image,
+            out, result, self.model_run.values, self.io.write_image, image=self.shot.output_image, stage=stage,
         )
         if self.events.written is not None:
             return self.events.written(ref, out, result, product, notes)
@@ -222,12 +223,14 @@ class Runner:
 
     def _staged_hook(self) -> dict:
         """A frame IO that leaves a frame's file to be written over later pumps hands it to the
-        batch (models/worker/remote_batch.py) through ``staged``."""
+        batch (models/worker/remote_batch.py) through ``staged``; its ``stage(steps)`` takes the
+        steps of a family's own writer (models/outputs.py's write)."""
         if not getattr(self.io, "staged", False):
             return {}
-        if self.output.record.write is not None:
-            # a family's own writer makes a frame's files together (a mesh, its camera, its normal
-            # map): all of them in the call, so none waits on disk for the others
+        record = self.output.record
+        if record.write is not None and record.stage is None:
+            # a family's own writer that makes a frame's files together only in one call (a mesh,
+            # its camera, its normal map): all of them in the call, so none waits on disk for the others
             self.io.staged = False
             return {}
         return {"staged": self.io.take_staged}
