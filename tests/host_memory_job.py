@@ -186,6 +186,8 @@ def phase_modal(path: str) -> dict:
             seconds = time.perf_counter() - started
             if step != "the job's end" and getattr(op, "_end", None) is not None:
                 step = f"apply ({step})"  # the call that ran finish(): the job's result made in Blender
+            elif step.startswith("steps") and state == {"RUNNING_MODAL"} and op._job.stage not in step:
+                step = f"steps: {op._job.stage}"  # a step that said what it runs: the stage it set in the call
             if len(bpy.data.images) > images and "made" not in made:
                 made["made"] = seconds  # the call that made the result image
             job_calls.append((seconds, step, collecting["spent"], time.thread_time() - cpu_started))
