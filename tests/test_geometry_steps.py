@@ -254,3 +254,33 @@ def test_the_mesh_removed_while_it_is_made_is_a_clear_error(photo, model):
     assert jobs.manager.last.error_text == (
         "The mesh 'room_geometry' was removed while it was being made; nothing was made. Run it again.")
     assert counts() == before
+
+
+@pytest.mark.parametrize("through_attributes", [True, False])
+def test_mesh_steps_make_the_one_call_builds_mesh(monkeypatch, through_attributes):
+    """Written through the attributes that hold them (Blender 4.2-5.3), or through the items' own
+    foreach_set where a Blender has no such attribute: the same mesh either way."""
+    if not through_attributes:
+        monkeypatch.setattr(results.MeshSteps, "ATTRIBUTES", {})
+    height, width = 90, 130
+    ys, xs = np.mgrid[0:height, 0:width].astype(np.float32)
+    depth = 2.0 + 0.01 * xs + np.where(xs > 80, 1.0, 0.0)  # a step: a column of faces cut
+    points = np.stack([xs * depth / 300, ys * depth / 300, depth], axis=-1)
+    mask = np.ones((height, width), bool)
+    mask[20:40, 10:30] = False
+    arrays = moge2_mesh.mesh_arrays(points, mask, discontinuity=0.04)
+    steps = results.MeshSteps("steps", arrays.vertices, arrays.quads, arrays.uv)
+    parts, done = [], []
+    for _ in range(5):  # a part a call
+        done.append(steps.pump())
+        parts.append(mesh_state(steps.mesh))
+    assert done == [False, False, False, False, True]
+    n, corners, faces = len(arrays.vertices), 4 * len(arrays.quads), len(arrays.quads)
+    assert [part[:4] for part in parts] == [(n, 0, 0, 0), (n, corners, 0, 0), (n, corners, faces, 0),
+                                            (n, corners, faces, 1), (n, corners, faces, 1)]
+    assert parts[3][4] == 0 < parts[4][4]  # the edges last
+    got = mesh_facts(steps.mesh)
+    expected = mesh_facts(one_call_mesh("before", arrays.vertices, arrays.quads, arrays.uv))
+    for key in ("co", "uv", "edges"):
+        np.testing.assert_array_equal(got[key], expected[key])
+    assert got["faces"] == expected["faces"] and got["uv_layers"] == expected["uv_layers"]
