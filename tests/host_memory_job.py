@@ -220,6 +220,8 @@ def phase_modal(path: str) -> dict:
             "result_call_s": max(made["made_calls"]),
             "last_job_calls": [[round(c[0], 3), c[1], round(c[3], 3)] for c in calls[-1]],
             "longest_call": {"seconds": longest[0], "step": longest[1], "collector_s": longest[2], "cpu_s": longest[3]},
+            "most_cpu_call": dict(zip(("seconds", "step", "collector_s", "cpu_s"), max(pumps + last, key=lambda c: c[3]),
+                                      strict=True)),
             "calls_over_0.1_s": [{"seconds": round(c[0], 3), "step": c[1], "collector_s": round(c[2], 3),
                                   "cpu_s": round(c[3], 3), "call": f"{index + 1} of {len(job_calls)}"}
                                  for job_calls in calls for index, c in enumerate(job_calls) if c[0] > 0.1]}
