@@ -3,9 +3,9 @@
 The model's point map comes back from the worker process; the job's pump then turns it into the
 mesh's arrays (models/adapters/moge2_mesh.py), the normal map (a band of rows per call) and its
 packed file, and the Blender mesh a part per call (results.MeshSteps), each in a timer call of its
-own (issue #37 item 3: made whole, Blender's main thread was held 0.13-0.16 s). The mesh gets its
-object, material and camera in the last call: nothing shows a half-made mesh, and a cancel or a
-failure before then removes it.
+own (issue #37 item 3: made whole, they took 0.13-0.26 s of CPU in one call of Blender's main
+thread). The mesh gets its object, material and camera in the last call: nothing shows a half-made
+mesh, and a cancel or a failure before then removes it.
 """
 
 # No ``from __future__ import annotations``: Blender reads property annotations as objects.
