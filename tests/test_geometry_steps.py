@@ -285,3 +285,22 @@ def test_mesh_steps_make_the_one_call_builds_mesh(monkeypatch, through_attribute
         np.testing.assert_array_equal(got[key], expected[key])
     assert got["faces"] == expected["faces"] and got["uv_layers"] == expected["uv_layers"]
     assert not steps.mesh.validate(verbose=True)  # nothing for Blender to fix
+
+
+def test_one_undo_step_takes_the_whole_result_away(photo, model):
+    """The mesh made over several timer calls is in the job's one undo step: undo removes the object,
+    its mesh, material and camera; redo gives them back whole (a script's call pushes no step of
+    its own: the pushes are Blender's after a button, as tests/results_job.py does)."""
+    window = bpy.context.window_manager.windows[0]
+    with bpy.context.temp_override(window=window):
+        bpy.ops.ed.undo_push(message="before")
+        seen = run_modal(photo, model)
+        assert seen["state"] == {"FINISHED"}
+        bpy.ops.ed.undo_push(message="reconstruct_geometry")
+        made = (len(bpy.data.meshes["room_geometry"].vertices), len(bpy.data.meshes["room_geometry"].polygons))
+        bpy.ops.ed.undo()
+        assert "room_geometry" not in bpy.data.objects and "room_geometry" not in bpy.data.meshes
+        assert "room_camera" not in bpy.data.objects and "room_geometry" not in bpy.data.materials
+        bpy.ops.ed.redo()
+    mesh = bpy.data.objects["room_geometry"].data
+    assert (len(mesh.vertices), len(mesh.polygons)) == made and "room_camera" in bpy.data.objects
