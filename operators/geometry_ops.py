@@ -1,16 +1,23 @@
 """Reconstruct geometry (MoGe-2): a mesh, a material, a normal map and a matching camera (bpy).
 
-The mesh arrays are built from MoGe-2's point map in the worker thread (models/adapters/moge2_mesh.py) and
-turned into Blender data on the main thread with ``foreach_set``.
+The model's point map comes back from the worker process; the job's pump then turns it into the
+mesh's arrays (models/adapters/moge2_mesh.py), the normal map (a band of rows per call) and its
+packed file, and the Blender mesh a part per call (results.MeshSteps), each in a timer call of its
+own (issue #37 item 3: made whole, they took 0.13-0.26 s of CPU in one call of Blender's main
+thread). The mesh gets its object, material and camera in the last call: nothing shows a half-made
+mesh, and a cancel or a failure before then removes it.
 """
 
 # No ``from __future__ import annotations``: Blender reads property annotations as objects.
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import bpy
 import numpy as np
 
+from ..models import file_bytes
 from ..models.adapters import moge2
 from ..models.adapters.moge2_mesh import MeshArrays, mesh_arrays, normal_map
 from ..runtime.errors import InvalidModelOutputError
@@ -22,9 +29,33 @@ from .options import with_family_options
 @dataclass
 class Reconstruction:
     geometry: object  # moge2.GeometryResult
-    mesh: MeshArrays
-    normal_rgba: np.ndarray | None  # H x W x 4 in 0..1, or None when the model has no normals
     warnings: list = field(default_factory=list)
+    # made by the job's pump (GeometryOperator.finishing_steps), in this order:
+    mesh: MeshArrays | None = None
+    normal_rgba: np.ndarray | None = None  # H x W x 4 in 0..1, or None when the model has no normals
+    depth_range: tuple[float, float] | None = None  # nearest and farthest valid depth: the camera's clipping
+    built: results.MeshSteps | None = None  # the Blender mesh, no user yet
+
+
+class _OneByOne:
+    """Steps pumped one after another, each made when its turn comes: ``(stage, make)``, where
+    ``make()`` gives an object with ``pump(budget) -> bool`` (pumped from this call on) or None
+    (making it was the step); ``report(stage)`` says which runs."""
+
+    def __init__(self, makers: list[tuple[str, Callable[[], object]]], report: Callable[[str], None]):
+        self._makers, self._report = list(makers), report
+        self._current = None
+
+    def pump(self, budget: float) -> bool:
+        if self._current is None and self._makers:
+            stage, make = self._makers.pop(0)
+            self._report(stage)
+            self._current = make()
+            if self._current is None:
+                return not self._makers
+        if self._current is not None and self._current.pump(budget):
+            self._current = None
+        return self._current is None and not self._makers
 
 
 @with_family_options(moge2.FAMILY)
@@ -41,28 +72,59 @@ class LEAN_IMAGE_AI_OT_reconstruct_geometry(ModelJobOperator, bpy.types.Operator
         return True  # the mesh's material shows it
 
     def shape(self, inputs, geometry, report):
-        report(0.9, "building mesh")
-        mesh = mesh_arrays(geometry.points, geometry.mask, discontinuity=inputs.options["discontinuity"])
-        normals = None if geometry.normal is None else normal_map(geometry.normal, geometry.mask)
-        report(1.0, "done")
-        return Reconstruction(geometry, mesh, normals, list(geometry.warnings))
+        return Reconstruction(geometry, list(geometry.warnings))
 
-    def encode(self, inputs, result):
-        """The normal map (alpha 1) as a packed float EXR, unless it is saved to a file."""
-        return None if result.normal_rgba is None or inputs.output else results.value_file(result.normal_rgba)
+    def finishing_steps(self, inputs, result, job):
+        """The mesh's arrays, the normal map and its packed file (unless it is saved to a file, which
+        Blender's writer does in ``apply``), the camera's clipping and the Blender mesh, a step per call;
+        the mesh is removed again if the job ends without being applied."""
+        geometry, stem = result.geometry, inputs.stem
+        height, width = geometry.mask.shape
+
+        def faces():
+            result.mesh = mesh_arrays(geometry.points, geometry.mask, discontinuity=inputs.options["discontinuity"])
+            if len(result.mesh.vertices) == 0:
+                raise InvalidModelOutputError(f"MoGe-2 found no geometry in '{stem}'; nothing was made.")
+
+        def normals():
+            def rows(start, stop):
+                return normal_map(geometry.normal[start:stop], geometry.mask[start:stop])
+
+            made = file_bytes.BandedArray((height, width, 4), np.float32, rows)
+            result.normal_rgba = made.out  # filled once the steps are over
+            return made
+
+        def normal_file():
+            inputs.encoded = results.value_file(result.normal_rgba)
+            return inputs.encoded
+
+        def clipping():
+            if geometry.mask.any():
+                result.depth_range = (float(np.min(geometry.depth, where=geometry.mask, initial=np.inf)),
+                                      float(np.max(geometry.depth, where=geometry.mask, initial=-np.inf)))
+
+        def blender_mesh():
+            made = result.mesh
+            result.built = results.MeshSteps(f"{stem}_geometry", made.vertices, made.quads, made.uv)
+            job.on_discard.append(result.built.remove)
+            return result.built
+
+        makers = [("finding the mesh's faces", faces)]
+        if geometry.normal is not None:
+            makers.append(("making the normal map", normals))
+            if not inputs.output:  # else Blender's writer saves it in apply
+                makers.append(("packing the normal map", normal_file))
+        if inputs.options["make_camera"]:
+            makers.append(("the camera's clipping", clipping))
+        makers.append(("building the mesh", blender_mesh))
+        return _OneByOne(makers, lambda stage: job.report(1.0, stage))
 
     def apply(self, context, inputs, result):
         stem = inputs.stem
-        geometry, arrays = result.geometry, result.mesh
-        if len(arrays.vertices) == 0:
-            raise InvalidModelOutputError(f"MoGe-2 found no geometry in '{stem}'; nothing was made.")
+        geometry, arrays, mesh = result.geometry, result.mesh, result.built.mesh
         height, width = geometry.mask.shape
         note = ""
         with results.created_data() as created:
-            mesh = created.add(
-                bpy.data.meshes,
-                results.build_mesh(f"{stem}_geometry", arrays.vertices, arrays.quads, arrays.uv),
-            )
             mesh.materials.append(
                 created.add(bpy.data.materials, make_material(f"{stem}_geometry", inputs.source))
             )
@@ -83,7 +145,10 @@ class LEAN_IMAGE_AI_OT_reconstruct_geometry(ModelJobOperator, bpy.types.Operator
                 note = "; not saved: this model gives no normal map"
             camera = None
             if inputs.options["make_camera"]:
-                camera = created.add(bpy.data.objects, make_camera(f"{stem}_camera", geometry, created))
+                near_far = result.depth_range or ()
+                clipping = SimpleNamespace(fov_x=geometry.fov_x, depth=np.array(near_far, np.float32),
+                                           mask=np.ones(len(near_far), bool))
+                camera = created.add(bpy.data.objects, make_camera(f"{stem}_camera", clipping, created))
             if camera is not None:
                 collection = getattr(context, "collection", None) or context.scene.collection
                 collection.objects.link(camera)

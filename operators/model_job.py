@@ -343,12 +343,13 @@ class ModelJobOperator(ModelOperatorProperties, ModalJobOperator):
 
     def prepare(self, context, job: BlenderJob):
         inputs = job.inputs = self.gather(context, job)
-        shape, encode = self.shape, self.encode  # bound here: both run after the operator's call has returned
+        # bound here: they run after the operator's call has returned
+        shape, encode, finishing = self.shape, self.encode, self.finishing_steps
         ref = FrameRef(0, Path(inputs.info.name))  # the image's name: what a message about it says
 
         def stage(result):
             inputs.encoded = encode(inputs, result)
-            return inputs.encoded
+            return finishing(inputs, result, job)
 
         task = one_frame_task(job, inputs.job, ref, inputs.model_rgba, lambda result: shape(inputs, result, job.report),
                               stage)
@@ -365,6 +366,12 @@ class ModelJobOperator(ModelOperatorProperties, ModalJobOperator):
         so no call of Blender's main thread converts and compresses a whole result; None: ``apply``
         makes the result whole (a result saved to a file through Blender's writer, one not an image)."""
         return None
+
+    def finishing_steps(self, inputs: JobInputs, result, job: BlenderJob):
+        """What the result still needs before :meth:`apply`, pumped by the job a step per timer call
+        (operators/jobs.py PumpedTask's ``stage``): by default the result image's file of
+        :meth:`encode`. It runs after the operator's call has returned: it must not read the operator."""
+        return inputs.encoded
 
     def apply(self, context, inputs: JobInputs, result) -> str:
         """Create Blender data from the result; returns a one-line summary for the report.

@@ -123,8 +123,10 @@ def phase_refs(path: str) -> dict:
 def modal_operator(path: str):
     """The operator of the modal phase and its properties: CONFIG "modal_operator" is "upscale"
     (default), "replace" (Remove Background with Replace on the source, CONFIG "model" its ONNX
-    file) or "sequence" (Process Sequence, CONFIG "family", over the frames of CONFIG "frames")."""
+    file), "sequence" (Process Sequence, CONFIG "family", over the frames of CONFIG "frames") or
+    "geometry" (Reconstruct Geometry of CONFIG "photo" with the MoGe-2 model CONFIG "model")."""
     from lean_image_ai.operators.batch_ops import LEAN_IMAGE_AI_OT_process_sequence
+    from lean_image_ai.operators.geometry_ops import LEAN_IMAGE_AI_OT_reconstruct_geometry
     from lean_image_ai.operators.image_ops import LEAN_IMAGE_AI_OT_remove_background, LEAN_IMAGE_AI_OT_upscale
 
     kind = CONFIG.get("modal_operator", "upscale")
@@ -135,6 +137,9 @@ def modal_operator(path: str):
         return LEAN_IMAGE_AI_OT_process_sequence, {"family": CONFIG.get("family", "upscale"), "source": CONFIG["frames"],
                                                    "output": output, "overwrite": True,
                                                    "model_path": CONFIG.get("model", "")}
+    if kind == "geometry":
+        return LEAN_IMAGE_AI_OT_reconstruct_geometry, {"filepath": CONFIG["photo"], "model_path": CONFIG["model"],
+                                                       "resolution_level": 0}
     return LEAN_IMAGE_AI_OT_upscale, {"filepath": path}
 
 
@@ -179,6 +184,10 @@ def phase_modal(path: str) -> dict:
             started, cpu_started = time.perf_counter(), time.thread_time()
             state = op.modal(ctx, ms.TIMER)
             seconds = time.perf_counter() - started
+            if step != "the job's end" and getattr(op, "_end", None) is not None:
+                step = f"apply ({step})"  # the call that ran finish(): the job's result made in Blender
+            elif step.startswith("steps") and state == {"RUNNING_MODAL"} and op._job.stage not in step:
+                step = f"steps: {op._job.stage}"  # a step that said what it runs: the stage it set in the call
             if len(bpy.data.images) > images and "made" not in made:
                 made["made"] = seconds  # the call that made the result image
             job_calls.append((seconds, step, collecting["spent"], time.thread_time() - cpu_started))
@@ -211,6 +220,8 @@ def phase_modal(path: str) -> dict:
             "result_call_s": max(made["made_calls"]),
             "last_job_calls": [[round(c[0], 3), c[1], round(c[3], 3)] for c in calls[-1]],
             "longest_call": {"seconds": longest[0], "step": longest[1], "collector_s": longest[2], "cpu_s": longest[3]},
+            "most_cpu_call": dict(zip(("seconds", "step", "collector_s", "cpu_s"), max(pumps + last, key=lambda c: c[3]),
+                                      strict=True)),
             "calls_over_0.1_s": [{"seconds": round(c[0], 3), "step": c[1], "collector_s": round(c[2], 3),
                                   "cpu_s": round(c[3], 3), "call": f"{index + 1} of {len(job_calls)}"}
                                  for job_calls in calls for index, c in enumerate(job_calls) if c[0] > 0.1]}
