@@ -14,6 +14,7 @@ time of a call depends on the machine (bench/worker.py --ops-only measures it).
 from __future__ import annotations
 
 import io
+import struct
 import sys
 import time
 import zlib
@@ -416,21 +417,45 @@ def test_remove_background_replace_packs_the_cut_out_written_over_several_calls(
     np.testing.assert_array_equal(np.round(image_io.image_to_array(image) * 255).astype(np.uint8), packed)
 
 
-def test_remove_background_replace_gives_the_pixels_blenders_own_write_gave(tmp_path, monkeypatch):
-    """A byte source's cut-out packed from the pump's PNG reads back as the pixels written whole
-    (``foreach_set`` then Blender's pack()) gave: the same source replaced both ways."""
+def rgba16_source(folder: Path) -> Path:
+    """A 16-bit RGBA PNG (Blender reads it into a float buffer, linearised, alpha straight in the file)."""
+    y, x = np.mgrid[0:SIDE, 0:SIDE] / SIDE
+    values = np.round(np.stack([x, y, (x + y) / 2, 0.25 + 0.75 * y], axis=-1) * 65535).astype(">u2")
+    rows = b"".join(b"\0" + row.tobytes() for row in values)
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", SIDE, SIDE, 16, 6, 0, 0, 0)  # 16 bits, RGBA
+    path = folder / "plate16.png"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+    return path
+
+
+@pytest.mark.parametrize("source", [byte_source, float_source, rgba16_source])
+def test_remove_background_replace_gives_the_pixels_blenders_own_write_gave(tmp_path, monkeypatch, source):
+    """A source's cut-out packed from the pump's file (an 8-bit PNG for a byte source, a float EXR
+    for a float one) reads back as the pixels written whole (``foreach_set`` then Blender's pack())
+    gave: the same source replaced both ways, read again from the packed file too (as after undo,
+    redo or reopen). ``float_source`` is an EXR Blender reads as sRGB, the 16-bit PNG is sRGB with
+    straight alpha: the packed EXR of linear, premultiplied colour was decoded as the source was
+    (colour linearised or premultiplied a second time), even Blender's own pack once re-read."""
     from builders_families import ben2_like_model
 
-    model, path = ben2_like_model(tmp_path / "ben2.onnx", size=64), byte_source(tmp_path)
-    pixels, formats = [], []
+    model, path = ben2_like_model(tmp_path / "ben2.onnx", size=64), source(tmp_path)
+    written, reread, formats = [], [], []
     for whole in (True, False):
         with monkeypatch.context() as patch:
             if whole:
                 patch.setattr(image_ops, "_packs_cutout_in_place", lambda inputs: False)
             bpy.ops.lean_image_ai.remove_background(filepath=str(path), model_path=str(model), replace=True)
         [image] = [image for image in bpy.data.images if image.packed_file is not None]
-        pixels.append(image_io.image_to_array(image))
+        written.append(image_io.image_to_array(image))
+        image.buffers_free()
+        reread.append(image_io.image_to_array(image))
         formats.append(image.file_format)
         bpy.data.images.remove(image)
-    assert formats == ["PNG", "PNG"]
-    np.testing.assert_array_equal(pixels[1], pixels[0])
+    assert formats == ["PNG" if source is byte_source else "OPEN_EXR"] * 2
+    np.testing.assert_array_equal(written[1], written[0])
+    np.testing.assert_array_equal(reread[0], written[0])  # Blender's own pack read back
+    np.testing.assert_array_equal(reread[1], written[0])
