@@ -162,7 +162,7 @@ def _apply_calls(args) -> None:
         label = (f"Remove Background Replace {args.ops_side}x{args.ops_side} {'float' if float_source else 'byte'}"
                  if kind == "replace" else f"Process Sequence (upscale x2), 3 frames {args.width}x{args.height} PNG")
         longest = modal["longest_call"]
-        print(f"{label}: start_modal {modal['start_modal_s']:.3f} s, {modal['timer_calls']} timer calls, longest "
+        print(f"{label}: start_modal {modal['start_modal_s']:.3f} s (CPU {modal['start_modal_cpu_s']:.3f} s), {modal['timer_calls']} timer calls, longest "
               f"{modal['longest_timer_call_s']:.3f} s ('{longest['step']}', CPU {longest['cpu_s']:.3f} s), the last "
               f"{modal['last_timer_call_s']:.3f} s; calls over 0.1 s in {_jobs_text(args.ops_runs)}: {modal['calls_over_0.1_s']}")
         key = "sequence" if kind == "sequence" else f"replace_{'float' if float_source else 'byte'}"
