@@ -366,16 +366,13 @@ def test_remove_background_replace_driven_by_timer_events_writes_the_matte_into_
     assert np.abs(got[..., 3] - stored[..., 3]).max() > 0.1  # the matte went into its alpha
 
 
-def test_remove_background_replace_packs_the_cut_out_written_over_several_calls(tmp_path, monkeypatch):
-    """Replace of a byte source: the cut-out's PNG is deflated by the job's pump over several timer
-    calls, and the call that swaps it into the source deflates nothing. Before, that call wrote the
-    pixels (foreach_set) and Blender's pack() compressed them whole (0.48 s at 2048x2048)."""
+def replace_driven(tmp_path, path: Path, deflate: Deflate) -> dict:
+    """Replace on ``path`` through timer calls, counting deflate per call; the matte and the last call."""
     from builders_families import ben2_like_model
 
     driver = driver_class(image_ops.LEAN_IMAGE_AI_OT_remove_background, "lean_image_ai_test.drive_replace_spread",
                           "LEANTEST_OT_drive_replace_spread")
-    model, path = ben2_like_model(tmp_path / "ben2.onnx", size=64), byte_source(tmp_path)
-    deflate, seen = Deflate(monkeypatch), {}
+    model, seen = ben2_like_model(tmp_path / "ben2.onnx", size=64), {}
 
     def keep_result(job):
         seen["matte"] = np.array(job.result.rgba[..., 3])
@@ -395,12 +392,21 @@ def test_remove_background_replace_packs_the_cut_out_written_over_several_calls(
     bpy.utils.register_class(driver)
     jobs.manager.on_end.append(keep_result)
     try:
-        state = drive(bpy.ops.lean_image_ai_test.drive_replace_spread, script, filepath=str(path),
-                      model_path=str(model), replace=True)
+        seen["state"] = drive(bpy.ops.lean_image_ai_test.drive_replace_spread, script, filepath=str(path),
+                              model_path=str(model), replace=True)
     finally:
         jobs.manager.on_end.remove(keep_result)
         bpy.utils.unregister_class(driver)
-    assert state == {"FINISHED"}
+    return seen
+
+
+def test_remove_background_replace_packs_the_cut_out_written_over_several_calls(tmp_path, monkeypatch):
+    """Replace of a byte source: the cut-out's PNG is deflated by the job's pump over several timer
+    calls, and the call that swaps it into the source deflates nothing. Before, that call wrote the
+    pixels (foreach_set) and Blender's pack() compressed them whole (0.48 s at 2048x2048)."""
+    path, deflate = byte_source(tmp_path), Deflate(monkeypatch)
+    seen = replace_driven(tmp_path, path, deflate)
+    assert seen["state"] == {"FINISHED"}
     row = 1 + 4 * SIDE
     assert len(deflate.fed) >= 2, f"the cut-out was deflated in one timer call: {deflate.fed}"
     assert max(deflate.fed.values()) <= (MAX_PIXELS_PER_CALL // SIDE) * row, deflate.fed
@@ -415,6 +421,27 @@ def test_remove_background_replace_packs_the_cut_out_written_over_several_calls(
     alpha = np.floor(np.clip(seen["matte"] * 255.0 + 0.5, 0, 255)).astype(np.uint8)
     np.testing.assert_array_equal(packed[..., 3], alpha)  # the matte, as Blender rounds it into bytes
     np.testing.assert_array_equal(np.round(image_io.image_to_array(image) * 255).astype(np.uint8), packed)
+
+
+def test_remove_background_replace_of_a_float_source_packs_the_exr_written_over_several_calls(tmp_path, monkeypatch):
+    """Replace of a float EXR source: the cut-out's float EXR is deflated by the job's pump over
+    several timer calls, none in the call that packs it into the source; the source then reads it
+    as written (scene-linear, premultiplied) and its alpha is the matte. Before, that call wrote
+    the pixels (foreach_set) and Blender's pack() wrote the EXR whole (0.54-0.98 s at 2048x2048)."""
+    path, deflate = float_source(tmp_path), Deflate(monkeypatch)
+    seen = replace_driven(tmp_path, path, deflate)
+    assert seen["state"] == {"FINISHED"}
+    row = 4 * 4 * SIDE  # RGBA, 32-bit floats
+    assert len(deflate.fed) >= 2, f"the cut-out was deflated in one timer call: {deflate.fed}"
+    assert max(deflate.fed.values()) <= (MAX_PIXELS_PER_CALL // SIDE) * row, deflate.fed
+    assert sum(deflate.fed.values()) >= SIDE * row  # the whole cut-out went through deflate
+    assert seen["last"] not in deflate.fed, "the call that swaps the cut-out in also deflates"
+
+    [image] = [image for image in bpy.data.images if image.packed_file is not None]
+    assert Path(bpy.path.abspath(image.filepath_raw)) == path  # the source itself, its file kept
+    assert image.packed_file.data[:4] == (20000630).to_bytes(4, "little") and image.file_format == "OPEN_EXR"
+    assert (image.alpha_mode, image.colorspace_settings.name) == ("PREMUL", "Linear Rec.709")
+    np.testing.assert_allclose(image_io.image_to_array(image)[..., 3], seen["matte"], atol=1e-6)
 
 
 def rgba16_source(folder: Path) -> Path:
