@@ -194,7 +194,7 @@ def reads_packed_exr(image) -> None:
     if image.alpha_mode == "STRAIGHT":  # channel-packed and no-alpha buffers are not premultiplied
         image.alpha_mode = "PREMUL"
     settings = image.colorspace_settings
-    if not settings.is_data:
+    if not getattr(settings, "is_data", settings.name == "Non-Color"):  # as image_io.image_info
         linear = scene_linear_colorspace()
         if settings.name != linear:
             settings.name = linear
