@@ -177,7 +177,7 @@ def _apply_calls(args) -> None:
                  "sequence": f"Process Sequence (upscale x2), 3 frames {args.width}x{args.height} PNG",
                  "geometry": f"Process Sequence (seeded MoGe-2), 3 frames {args.width}x{args.height}"}[kind]
         longest = modal["longest_call"]
-        print(f"{label}: start_modal {modal['start_modal_s']:.3f} s, {modal['timer_calls']} timer calls, longest "
+        print(f"{label}: start_modal {modal['start_modal_s']:.3f} s (CPU {modal['start_modal_cpu_s']:.3f} s), {modal['timer_calls']} timer calls, longest "
               f"{modal['longest_timer_call_s']:.3f} s ('{longest['step']}', CPU {longest['cpu_s']:.3f} s), the last "
               f"{modal['last_timer_call_s']:.3f} s; calls over 0.1 s in {_jobs_text(args.ops_runs)}: {modal['calls_over_0.1_s']}")
         if kind == "geometry":  # each call of the job: wall, what it ran, CPU

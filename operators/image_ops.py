@@ -67,12 +67,12 @@ class LEAN_IMAGE_AI_OT_remove_background(ModelJobOperator, bpy.types.Operator):
             image = inputs.source
             out = colour.premultiply(straight) if info.premultiplied else straight
             image_io.write_array_to_image(image, out)
+            image.update()  # before the pack: a float image's may drop this buffer (results.reads_packed_exr)
             try:
                 note = results.save_output(image, inputs.output, in_place=True)
             except BaseException:
                 image_io.write_array_to_image(image, source_rgba)  # as it was
                 raise
-            image.update()
             results.remember_replaced(image)
             return f"Removed the background of '{image.name}' in place{note}"
         name = f"{inputs.stem}_cutout"
@@ -89,26 +89,34 @@ class LEAN_IMAGE_AI_OT_remove_background(ModelJobOperator, bpy.types.Operator):
 
 
 def _packs_cutout_in_place(inputs) -> bool:
-    """Whether Replace's cut-out can be the 8-bit PNG the job's pump writes, packed into the source
-    as its file: a byte image read from one file, alpha straight, no Save Result To. Other sources
-    (float, 16-bit PNG, generated, premultiplied or channel-packed alpha, an output to save)
-    take the cut-out's pixels whole in ``apply``, packed by Blender's writer."""
+    """Whether Replace's cut-out can be the file the job's pump writes (results.file_like), packed
+    into the source as its file: an image read from one file, no Save Result To, a byte one with
+    straight alpha (an 8-bit PNG) or a float one with premultiplied colour (a 32-bit float EXR,
+    as Blender's pack() wrote it: EXR, 16-bit PNG, ...). Other sources (generated, byte with
+    premultiplied alpha, channel-packed alpha, an output to save) take the cut-out's pixels whole
+    in ``apply``, packed by Blender's writer."""
     image, info = inputs.source, inputs.info
     try:
         from_one_file = image is not None and image.source == "FILE"
     except ReferenceError:  # removed while the job ran: the apply says so in the job's own words
         return False
-    return from_one_file and not info.is_float and info.alpha_mode == "STRAIGHT" and inputs.output is None
+    if not from_one_file or inputs.output is not None:
+        return False
+    return info.premultiplied if info.is_float else info.alpha_mode == "STRAIGHT"
 
 
 def _swap_in_cutout(image, made) -> str:
-    """The source reads the cut-out's finished PNG, packed into the .blend: no call of Blender's
+    """The source reads the cut-out's finished file, packed into the .blend: no call of Blender's
     main thread writes its pixels and compresses them whole (issue #37 item 3: 0.5 s at 2048x2048);
     Blender decodes the file when the image is next shown. Undo and redo: as the old path's pack
     (results.remember_replaced)."""
     data = made.data
     image.pack(data=data, data_len=len(data))
-    image.file_format = "PNG"  # what it holds now, as results.keep says for a packed byte image
+    if made.is_float:  # what it holds now, as results.keep says for a packed float image
+        image.file_format, image.use_half_precision = "OPEN_EXR", False
+        results.reads_packed_exr(image)
+    else:
+        image.file_format = "PNG"
     image.buffers_free()  # the buffer of the source's pixels: read again from the packed cut-out
     results.remember_replaced(image)
     return f"Removed the background of '{image.name}' in place"

@@ -175,12 +175,40 @@ def keep(image, path: Path | None = None, *, result: bool = True) -> None:
             image.pixels.foreach_get(buffer)
             image.pixels.foreach_set(buffer)
         image.pack()
+        if image.is_float:
+            reads_packed_exr(image)
         return
     # set explicitly, whatever Image.save did to the datablock (4.2 could leave a FILE image
     # without a path)
     image.filepath_raw = sources.blend_path(path)
     image.source = "FILE"
     image.reload()
+
+
+def reads_packed_exr(image) -> None:
+    """``image`` now holds a packed float EXR of its float buffer as it was: scene-linear colour,
+    premultiplied (raw values for data). Its colour space and alpha mode must say so, or Blender
+    decodes that file as it decoded the source once the buffer is read again (undo, redo, reopen):
+    an EXR or 16-bit PNG tagged sRGB got its colour linearised a second time (red 59 for 4.4), a
+    straight one (a 16-bit PNG, a new float image) its colour premultiplied again. A change of
+    either drops the buffer: it is read back from the packed file, the same pixels."""
+    if image.alpha_mode == "STRAIGHT":  # channel-packed and no-alpha buffers are not premultiplied
+        image.alpha_mode = "PREMUL"
+    settings = image.colorspace_settings
+    if not getattr(settings, "is_data", settings.name == "Non-Color"):  # as image_io.image_info
+        linear = scene_linear_colorspace()
+        if settings.name != linear:
+            settings.name = linear
+
+
+def scene_linear_colorspace() -> str:
+    """The colour space Blender gives a new float image: the blend file's scene-linear working
+    space (Linear Rec.709 unless the file picks another), which float buffers hold."""
+    probe = bpy.data.images.new("lean_image_ai_linear", width=1, height=1, float_buffer=True)
+    try:
+        return probe.colorspace_settings.name
+    finally:
+        bpy.data.images.remove(probe)
 
 
 # Replace (Remove Background) packs new pixels into the source image itself. Undo and redo bring

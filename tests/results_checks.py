@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 
 RESULTS = ("photo_cutout", "photo_depth", "photo_normal", "photo_x2")
-REOPENED = (*RESULTS, "photo_cutout.001", "Lean Image AI Memory", "plate.png")
+REPLACED = ("plate.png", "plate.exr")  # a byte source and a float one (tests/results_job.py)
+REOPENED = (*RESULTS, "photo_cutout.001", "Lean Image AI Memory", *REPLACED)
 W, H = 40, 28
 
 
@@ -113,9 +114,10 @@ def check_replace_undo_redo(session: dict) -> None:
     """Undo after Replace shows the pixels the image had (the datablock alone came back before),
     redo the cut-out again; and the .blend saved after keeps the cut-out (check_reopened_pixels)."""
     made = session["made_pixels"]
-    assert not np.array_equal(made["plate.png"], made["plate.png@before"])
-    np.testing.assert_array_equal(made["plate.png@undo"], made["plate.png@before"], err_msg="after undo")
-    np.testing.assert_array_equal(made["plate.png@redo"], made["plate.png"], err_msg="after redo")
+    for name in REPLACED:
+        assert not np.array_equal(made[name], made[f"{name}@before"]), name
+        np.testing.assert_array_equal(made[f"{name}@undo"], made[f"{name}@before"], err_msg=f"{name} after undo")
+        np.testing.assert_array_equal(made[f"{name}@redo"], made[name], err_msg=f"{name} after redo")
 
 
 def check_loaded_source_relative(session: dict) -> None:

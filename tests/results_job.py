@@ -92,17 +92,12 @@ def make(config: dict, folder: Path, package: str = "lean_image_ai") -> None:
         )
         arrays["photo_cutout.001"] = pixels(bpy.data.images["photo_cutout.001"])
         # Replace: the source's new pixels are packed; it keeps its own file and users. Undo gives
-        # back the pixels it had, redo the cut-out (issue #39 item 12)
-        area.spaces.active.image = bpy.data.images.load("//plate.png")
-        arrays["plate.png@before"] = pixels(bpy.data.images["plate.png"])
-        bpy.ops.ed.undo_push(message="plate opened")
-        bpy.ops.lean_image_ai.remove_background(replace=True, model_path=config["models"]["ben2"])
-        bpy.ops.ed.undo_push(message="remove_background replace")
-        arrays["plate.png"] = pixels(bpy.data.images["plate.png"])
-        bpy.ops.ed.undo()
-        arrays["plate.png@undo"] = pixels(bpy.data.images["plate.png"])
-        bpy.ops.ed.redo()
-        arrays["plate.png@redo"] = pixels(bpy.data.images["plate.png"])
+        # back the pixels it had, redo the cut-out (issue #39 item 12). A byte plate and a float one
+        # (an EXR Blender reads as sRGB: its packed cut-out must not be linearised again)
+        write_float_plate(folder / "plate.exr")
+        for plate in ("plate.exr", "plate.png"):  # the byte plate stays shown (its users: the editor)
+            replace_in_editor(area, arrays, plate, config["models"]["ben2"])
+        bpy.data.images["plate.exr"].use_fake_user = True  # no longer shown: kept for the reopen
         # a source the add-on loads and keeps (the mesh's material shows it) is stored `//`-relative
         bpy.ops.lean_image_ai.reconstruct_geometry(
             filepath=str(folder / "room.png"), model_path=config["models"]["moge2"]
@@ -113,6 +108,33 @@ def make(config: dict, folder: Path, package: str = "lean_image_ai") -> None:
     bpy.ops.wm.save_mainfile()
     np.savez(folder / "make.npz", **arrays)
     (folder / "make.json").write_text(json.dumps(facts))
+
+
+def write_float_plate(path: Path) -> None:
+    """An RGBA EXR written by Blender's Image.save from a new float image (tagged sRGB: Blender reads
+    it as sRGB), colour above 1 and alpha below 1."""
+    y, x = np.mgrid[0:28, 0:40].astype(np.float32) / 40
+    alpha = 0.25 + 0.75 * y
+    premultiplied = np.stack([3 * x * alpha, y * alpha, (x + y) / 2 * alpha, alpha], axis=-1)
+    image = bpy.data.images.new("plate_writer", 40, 28, alpha=True, float_buffer=True)
+    image.pixels.foreach_set(np.ascontiguousarray(premultiplied[::-1], np.float32).ravel())
+    image.filepath_raw, image.file_format = str(path), "OPEN_EXR"
+    image.save()
+    bpy.data.images.remove(image)
+
+
+def replace_in_editor(area, arrays: dict, name: str, model: str) -> None:
+    """Replace on ``//name`` shown in the editor, undone and redone; its pixels at each step."""
+    area.spaces.active.image = bpy.data.images.load(f"//{name}")
+    arrays[f"{name}@before"] = pixels(bpy.data.images[name])
+    bpy.ops.ed.undo_push(message=f"{name} opened")
+    bpy.ops.lean_image_ai.remove_background(replace=True, model_path=model)
+    bpy.ops.ed.undo_push(message="remove_background replace")
+    arrays[name] = pixels(bpy.data.images[name])
+    bpy.ops.ed.undo()
+    arrays[f"{name}@undo"] = pixels(bpy.data.images[name])
+    bpy.ops.ed.redo()
+    arrays[f"{name}@redo"] = pixels(bpy.data.images[name])
 
 
 def read(config: dict, folder: Path) -> None:

@@ -14,6 +14,7 @@ time of a call depends on the machine (bench/worker.py --ops-only measures it).
 from __future__ import annotations
 
 import io
+import struct
 import sys
 import time
 import zlib
@@ -365,16 +366,13 @@ def test_remove_background_replace_driven_by_timer_events_writes_the_matte_into_
     assert np.abs(got[..., 3] - stored[..., 3]).max() > 0.1  # the matte went into its alpha
 
 
-def test_remove_background_replace_packs_the_cut_out_written_over_several_calls(tmp_path, monkeypatch):
-    """Replace of a byte source: the cut-out's PNG is deflated by the job's pump over several timer
-    calls, and the call that swaps it into the source deflates nothing. Before, that call wrote the
-    pixels (foreach_set) and Blender's pack() compressed them whole (0.48 s at 2048x2048)."""
+def replace_driven(tmp_path, path: Path, deflate: Deflate) -> dict:
+    """Replace on ``path`` through timer calls, counting deflate per call; the matte and the last call."""
     from builders_families import ben2_like_model
 
     driver = driver_class(image_ops.LEAN_IMAGE_AI_OT_remove_background, "lean_image_ai_test.drive_replace_spread",
                           "LEANTEST_OT_drive_replace_spread")
-    model, path = ben2_like_model(tmp_path / "ben2.onnx", size=64), byte_source(tmp_path)
-    deflate, seen = Deflate(monkeypatch), {}
+    model, seen = ben2_like_model(tmp_path / "ben2.onnx", size=64), {}
 
     def keep_result(job):
         seen["matte"] = np.array(job.result.rgba[..., 3])
@@ -394,12 +392,21 @@ def test_remove_background_replace_packs_the_cut_out_written_over_several_calls(
     bpy.utils.register_class(driver)
     jobs.manager.on_end.append(keep_result)
     try:
-        state = drive(bpy.ops.lean_image_ai_test.drive_replace_spread, script, filepath=str(path),
-                      model_path=str(model), replace=True)
+        seen["state"] = drive(bpy.ops.lean_image_ai_test.drive_replace_spread, script, filepath=str(path),
+                              model_path=str(model), replace=True)
     finally:
         jobs.manager.on_end.remove(keep_result)
         bpy.utils.unregister_class(driver)
-    assert state == {"FINISHED"}
+    return seen
+
+
+def test_remove_background_replace_packs_the_cut_out_written_over_several_calls(tmp_path, monkeypatch):
+    """Replace of a byte source: the cut-out's PNG is deflated by the job's pump over several timer
+    calls, and the call that swaps it into the source deflates nothing. Before, that call wrote the
+    pixels (foreach_set) and Blender's pack() compressed them whole (0.48 s at 2048x2048)."""
+    path, deflate = byte_source(tmp_path), Deflate(monkeypatch)
+    seen = replace_driven(tmp_path, path, deflate)
+    assert seen["state"] == {"FINISHED"}
     row = 1 + 4 * SIDE
     assert len(deflate.fed) >= 2, f"the cut-out was deflated in one timer call: {deflate.fed}"
     assert max(deflate.fed.values()) <= (MAX_PIXELS_PER_CALL // SIDE) * row, deflate.fed
@@ -416,21 +423,66 @@ def test_remove_background_replace_packs_the_cut_out_written_over_several_calls(
     np.testing.assert_array_equal(np.round(image_io.image_to_array(image) * 255).astype(np.uint8), packed)
 
 
-def test_remove_background_replace_gives_the_pixels_blenders_own_write_gave(tmp_path, monkeypatch):
-    """A byte source's cut-out packed from the pump's PNG reads back as the pixels written whole
-    (``foreach_set`` then Blender's pack()) gave: the same source replaced both ways."""
+def test_remove_background_replace_of_a_float_source_packs_the_exr_written_over_several_calls(tmp_path, monkeypatch):
+    """Replace of a float EXR source: the cut-out's float EXR is deflated by the job's pump over
+    several timer calls, none in the call that packs it into the source; the source then reads it
+    as written (scene-linear, premultiplied) and its alpha is the matte. Before, that call wrote
+    the pixels (foreach_set) and Blender's pack() wrote the EXR whole (0.54-0.98 s at 2048x2048)."""
+    path, deflate = float_source(tmp_path), Deflate(monkeypatch)
+    seen = replace_driven(tmp_path, path, deflate)
+    assert seen["state"] == {"FINISHED"}
+    row = 4 * 4 * SIDE  # RGBA, 32-bit floats
+    assert len(deflate.fed) >= 2, f"the cut-out was deflated in one timer call: {deflate.fed}"
+    assert max(deflate.fed.values()) <= (MAX_PIXELS_PER_CALL // SIDE) * row, deflate.fed
+    assert sum(deflate.fed.values()) >= SIDE * row  # the whole cut-out went through deflate
+    assert seen["last"] not in deflate.fed, "the call that swaps the cut-out in also deflates"
+
+    [image] = [image for image in bpy.data.images if image.packed_file is not None]
+    assert Path(bpy.path.abspath(image.filepath_raw)) == path  # the source itself, its file kept
+    assert image.packed_file.data[:4] == (20000630).to_bytes(4, "little") and image.file_format == "OPEN_EXR"
+    assert (image.alpha_mode, image.colorspace_settings.name) == ("PREMUL", "Linear Rec.709")
+    np.testing.assert_allclose(image_io.image_to_array(image)[..., 3], seen["matte"], atol=1e-6)
+
+
+def rgba16_source(folder: Path) -> Path:
+    """A 16-bit RGBA PNG (Blender reads it into a float buffer, linearised, alpha straight in the file)."""
+    y, x = np.mgrid[0:SIDE, 0:SIDE] / SIDE
+    values = np.round(np.stack([x, y, (x + y) / 2, 0.25 + 0.75 * y], axis=-1) * 65535).astype(">u2")
+    rows = b"".join(b"\0" + row.tobytes() for row in values)
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", SIDE, SIDE, 16, 6, 0, 0, 0)  # 16 bits, RGBA
+    path = folder / "plate16.png"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+    return path
+
+
+@pytest.mark.parametrize("source", [byte_source, float_source, rgba16_source])
+def test_remove_background_replace_gives_the_pixels_blenders_own_write_gave(tmp_path, monkeypatch, source):
+    """A source's cut-out packed from the pump's file (an 8-bit PNG for a byte source, a float EXR
+    for a float one) reads back as the pixels written whole (``foreach_set`` then Blender's pack())
+    gave: the same source replaced both ways, read again from the packed file too (as after undo,
+    redo or reopen). ``float_source`` is an EXR Blender reads as sRGB, the 16-bit PNG is sRGB with
+    straight alpha: the packed EXR of linear, premultiplied colour was decoded as the source was
+    (colour linearised or premultiplied a second time), even Blender's own pack once re-read."""
     from builders_families import ben2_like_model
 
-    model, path = ben2_like_model(tmp_path / "ben2.onnx", size=64), byte_source(tmp_path)
-    pixels, formats = [], []
+    model, path = ben2_like_model(tmp_path / "ben2.onnx", size=64), source(tmp_path)
+    written, reread, formats = [], [], []
     for whole in (True, False):
         with monkeypatch.context() as patch:
             if whole:
                 patch.setattr(image_ops, "_packs_cutout_in_place", lambda inputs: False)
             bpy.ops.lean_image_ai.remove_background(filepath=str(path), model_path=str(model), replace=True)
         [image] = [image for image in bpy.data.images if image.packed_file is not None]
-        pixels.append(image_io.image_to_array(image))
+        written.append(image_io.image_to_array(image))
+        image.buffers_free()
+        reread.append(image_io.image_to_array(image))
         formats.append(image.file_format)
         bpy.data.images.remove(image)
-    assert formats == ["PNG", "PNG"]
-    np.testing.assert_array_equal(pixels[1], pixels[0])
+    assert formats == ["PNG" if source is byte_source else "OPEN_EXR"] * 2
+    np.testing.assert_array_equal(written[1], written[0])
+    np.testing.assert_array_equal(reread[0], written[0])  # Blender's own pack read back
+    np.testing.assert_array_equal(reread[1], written[0])

@@ -154,3 +154,35 @@ def test_unregister_leaves_no_undo_handler_of_replace():
         assert results._renew_replaced not in handlers.undo_post and results._renew_replaced not in handlers.redo_post
     finally:
         bpy.data.images.remove(image)
+
+
+def test_a_float_result_saved_to_a_png_is_packed_and_reads_back_its_pixels(tmp_path):
+    """A float source's cut-out saved to an 8-bit PNG (which cannot hold it) is packed as a float EXR
+    of its buffer, premultiplied: read again from the packed file (as after undo, redo or reopen)
+    it gives the same pixels. Before, the new image's alpha mode said straight: Blender
+    premultiplied the packed colour a second time."""
+    bpy = pytest.importorskip("bpy")
+    bh.import_package()
+    from builders_families import ben2_like_model
+    from lean_image_ai.operators import image_io, image_ops, jobs
+
+    bh.reset_blender()
+    height, width = rc.H, rc.W
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32) / width
+    alpha = 0.25 + 0.75 * y
+    plate = bpy.data.images.new("plate", width, height, alpha=True, float_buffer=True)
+    plate.pixels.foreach_set(np.stack([2 * x * alpha, y * alpha, x * alpha, alpha], -1)[::-1].ravel().astype(np.float32))
+    image_io.save_image_atomically(plate, tmp_path / "plate.exr", "OPEN_EXR")
+    bpy.data.images.remove(plate)
+    model = ben2_like_model(tmp_path / "ben2.onnx", size=64)
+    with bh.registered_classes([*jobs.classes, *image_ops.classes]):
+        bpy.ops.lean_image_ai.remove_background(
+            filepath=str(tmp_path / "plate.exr"), model_path=str(model), output_path=str(tmp_path / "cutout.png")
+        )
+        image = bpy.data.images["plate_cutout"]
+        assert image.is_float and image.packed_file is not None and (tmp_path / "cutout.png").is_file()
+        made = image_io.image_to_array(image)
+        assert made[..., 3].min() < 0.9  # the matte: premultiplying twice would show
+        image.buffers_free()
+        np.testing.assert_array_equal(image_io.image_to_array(image), made)
+    bh.reset_blender()
