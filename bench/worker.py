@@ -151,6 +151,7 @@ def _apply_calls(args) -> None:
                 rgb = np.stack([x / args.width, y / args.height, ((x + y + number * 97) % 256) / 255], axis=-1)
                 Image.fromarray((rgb * 255).astype(np.uint8)).save(frames / f"shot_{number:04d}.png")
             config["frames"] = str(frames)
+            config["output_pattern"] = "f_####.jpg" if args.ops_jpeg else ""
         env = bh.isolated_blender_env(root / "blender", pythonpath=[bh.package_search_dir(root / "pkg")])
         env.update(LEAN_IMAGE_AI_MODELS_DIR=str(root / "models"), LEAN_IMAGE_AI_LOG_DIR=str(root / "logs"))
         (root / "config.json").write_text(json.dumps(config), encoding="utf-8")
@@ -160,14 +161,18 @@ def _apply_calls(args) -> None:
             raise SystemExit(f"the bpy process of the {kind} jobs failed: {done.stderr[-2000:]}")
         modal = json.loads((root / "out.json").read_text(encoding="utf-8"))["modal"]
         label = (f"Remove Background Replace {args.ops_side}x{args.ops_side} {'float' if float_source else 'byte'}"
-                 if kind == "replace" else f"Process Sequence (upscale x2), 3 frames {args.width}x{args.height} PNG")
+                 if kind == "replace" else f"Process Sequence (upscale x2), 3 frames {args.width}x{args.height} PNG"
+                 f" -> {'JPEG' if args.ops_jpeg else 'PNG'}")
         longest = modal["longest_call"]
-        print(f"{label}: start_modal {modal['start_modal_s']:.3f} s, {modal['timer_calls']} timer calls, longest "
+        print(f"{label}: the job {modal['job_wall_s']:.1f} s, start_modal {modal['start_modal_s']:.3f} s, "
+              f"{modal['timer_calls']} timer calls, longest "
               f"{modal['longest_timer_call_s']:.3f} s ('{longest['step']}', CPU {longest['cpu_s']:.3f} s), the last "
               f"{modal['last_timer_call_s']:.3f} s; calls over 0.1 s in {_jobs_text(args.ops_runs)}: {modal['calls_over_0.1_s']}")
         key = "sequence" if kind == "sequence" else f"replace_{'float' if float_source else 'byte'}"
         figures[f"{key}_longest_call_s"] = round(max(modal["start_modal_s"], modal["longest_timer_call_s"]), 3)
         figures[f"{key}_longest_cpu_s"] = round(longest["cpu_s"], 3)
+        figures[f"{key}_most_cpu_in_a_call_s"] = round(max(call[2] for call in modal["last_job_calls"]), 3)  # the last job's
+        figures[f"{key}_job_s"] = round(modal["job_wall_s"], 1)
     print(json.dumps(figures))
 
 
@@ -189,6 +194,7 @@ def main(argv=None) -> int:
     parser.add_argument("--ops-runs", type=int, default=1, help="modal jobs measured (the longest call over all)")
     parser.add_argument("--ops-replace", action="store_true", help="only Remove Background Replace's calls (byte, float)")
     parser.add_argument("--ops-sequence", action="store_true", help="only Process Sequence's calls (3 PNG frames)")
+    parser.add_argument("--ops-jpeg", action="store_true", help="--ops-sequence writes .jpg frames (else PNG)")
     args = parser.parse_args(argv)
     if args.ops_replace or args.ops_sequence:
         _apply_calls(args)
