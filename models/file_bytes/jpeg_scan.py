@@ -67,7 +67,6 @@ _AC_CODES, _AC_LENGTHS = _by_table(_AC_LUMINANCE, _AC_CHROMINANCE)
 _SIZE = np.zeros(1 << 16, np.int64)
 for _bits in range(1, 17):
     _SIZE[1 << (_bits - 1) : 1 << _bits] = _bits
-WINDOW_BITS = 40  # a symbol (at most 16 + 11 bits) at any bit of its first byte fits 5 bytes
 
 
 def _amplitude(values: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -92,7 +91,9 @@ def scan_rows(blocks: np.ndarray, tables: np.ndarray, first_row: int, last_row: 
     ac_rows, ac_columns = np.nonzero(flat[:, 1:])
     values, zrls, ac_symbols = _ac_runs(flat, ac_rows, ac_columns)
     # each block: its DC, per nonzero AC its ZRLs and its symbol, then EOB unless coefficient 63 is nonzero
-    ac_in_block = np.bincount(ac_rows, weights=zrls + 1, minlength=len(flat)).astype(np.int64)
+    ac_in_block = np.bincount(ac_rows, minlength=len(flat))
+    if zrls.any():
+        ac_in_block += np.bincount(ac_rows, weights=zrls, minlength=len(flat)).astype(np.int64)
     last = np.zeros(len(flat), np.int64)
     ends = np.append(ac_rows[1:] != ac_rows[:-1], True) if len(ac_rows) else np.zeros(0, bool)
     last[ac_rows[ends]] = ac_columns[ends] + 1
@@ -113,8 +114,9 @@ def scan_rows(blocks: np.ndarray, tables: np.ndarray, first_row: int, last_row: 
     within = _exclusive_sum(steps) - _exclusive_sum(ac_in_block)[ac_rows]  # symbols before it in its block
     place = start[ac_rows] + 1 + within + zrls
     sizes = ac_symbols & 15
-    bits[place] = (_AC_CODES[ac_table, ac_symbols] << sizes.astype(np.uint64)) | _amplitude(values, sizes).astype(np.uint64)
-    lengths[place] = _AC_LENGTHS[ac_table, ac_symbols] + sizes
+    symbol = ac_table * 256 + ac_symbols  # into the tables' flat (2 * 256) views
+    bits[place] = (_AC_CODES.ravel().take(symbol) << sizes.astype(np.uint64)) | _amplitude(values, sizes).astype(np.uint64)
+    lengths[place] = _AC_LENGTHS.ravel().take(symbol) + sizes
     if zrls.any():
         with_zrl = np.flatnonzero(zrls)
         repeated = np.repeat(with_zrl, zrls[with_zrl])
@@ -147,16 +149,20 @@ def _ac_runs(flat: np.ndarray, ac_rows: np.ndarray, ac_columns: np.ndarray):
 
 
 def _packed(bits: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The bytes of the symbols one after another, most significant bit first."""
+    """The bytes of the symbols one after another, most significant bit first: each symbol's
+    bits shifted to their place in a 64-bit word (the part past the word's end into the next),
+    the words' parts summed (no two share a bit), the words written big-endian."""
     offsets = _exclusive_sum(lengths)
     byte_count = int(offsets[-1] + lengths[-1]) // 8
-    window = bits << (WINDOW_BITS - (offsets & 7) - lengths).astype(np.uint64)
-    first = offsets >> 3
-    out = np.zeros(byte_count + WINDOW_BITS // 8, np.float64)
-    for k in range(WINDOW_BITS // 8):
-        lane = (window >> np.uint64(WINDOW_BITS - 8 - 8 * k)) & np.uint64(0xFF)
-        out += np.bincount(first + k, weights=lane.astype(np.float64), minlength=len(out))
-    return out[:byte_count].astype(np.uint8)
+    word = offsets >> 6
+    shift = 64 - (offsets & 63) - lengths  # below 0: the symbol runs -shift bits into the next word
+    inside = np.where(shift >= 0, bits << np.maximum(shift, 0).astype(np.uint64), bits >> np.maximum(-shift, 0).astype(np.uint64))
+    words = np.zeros(int(word[-1]) + 2, np.uint64)
+    firsts = np.flatnonzero(np.r_[True, word[1:] != word[:-1]])
+    words[word[firsts]] = np.add.reduceat(inside, firsts)
+    spill = np.flatnonzero(shift < 0)  # at most one a word: the one across its start
+    words[word[spill] + 1] += bits[spill] << (64 + shift[spill]).astype(np.uint64)
+    return words.astype(">u8").view(np.uint8)[:byte_count]
 
 
 def _with_markers(data: np.ndarray, row_bytes: np.ndarray, first_row: int, last_row: int) -> bytes:
