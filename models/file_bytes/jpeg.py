@@ -92,8 +92,7 @@ class JpegFile(BandedFile):
     def _levels(self, band: np.ndarray) -> np.ndarray:
         """The band's Y, Cb and Cr planes of levels (0..255, as float32), the pixels repeated at
         the right and at the bottom to whole MCUs. Every channel given is scaled (alpha too: a
-        contiguous pass is ten times faster than one over RGB of RGBA) and alpha is left out by
-        its zero column in the conversion."""
+        contiguous pass is ten times faster than one over RGB of RGBA); alpha is not read after."""
         rows, width, channels = band.shape
         shape = (-(-rows // MCU_SIDE) * MCU_SIDE, self._mcu_columns * MCU_SIDE, channels)
         if self._samples.size < np.prod(shape):
@@ -106,12 +105,17 @@ class JpegFile(BandedFile):
         np.floor(inside, out=inside)  # Blender's bytes: truncated after + 0.5
         samples[:rows, width:] = samples[:rows, width - 1 : width]
         samples[rows:] = samples[rows - 1 : rows]
-        to_ycc = np.zeros((3, channels), np.float32)
-        to_ycc[:, :3] = _TO_YCC
-        planes = to_ycc @ samples.reshape(-1, channels).T  # exact: integer products and sums under 2**24, over 2**16
-        planes += _YCC_OFFSET[:, None]
-        np.floor(planes, out=planes)
-        return planes.reshape(3, *samples.shape[:2])
+        # exact: integer products and sums under 2**24, over 2**16; no matrix product, whose BLAS
+        # threads would spin on the cores the model worker computes on
+        red, green, blue = (samples[..., channel] for channel in range(3))
+        planes = np.empty((3, *samples.shape[:2]), np.float32)
+        for plane, (to_red, to_green, to_blue), offset in zip(planes, _TO_YCC, _YCC_OFFSET, strict=True):
+            np.multiply(red, to_red, out=plane)
+            plane += green * to_green
+            plane += blue * to_blue
+            plane += offset
+            np.floor(plane, out=plane)
+        return planes
 
     def _bytes(self) -> bytes:
         scans, self._scans, self._samples = self._scans, [], np.empty(0, np.float32)
