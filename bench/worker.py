@@ -165,6 +165,7 @@ def _apply_calls(args) -> None:
                 from builders_moge2 import moge2_like_model
 
                 config["family"], config["model"] = "moge2", str(moge2_like_model(root / "moge2.onnx"))
+            config["output_pattern"] = "f_####.jpg" if args.ops_jpeg else ""
         env = bh.isolated_blender_env(root / "blender", pythonpath=[bh.package_search_dir(root / "pkg")])
         env.update(LEAN_IMAGE_AI_MODELS_DIR=str(root / "models"), LEAN_IMAGE_AI_LOG_DIR=str(root / "logs"))
         (root / "config.json").write_text(json.dumps(config), encoding="utf-8")
@@ -174,10 +175,12 @@ def _apply_calls(args) -> None:
             raise SystemExit(f"the bpy process of the {kind} jobs failed: {done.stderr[-2000:]}")
         modal = json.loads((root / "out.json").read_text(encoding="utf-8"))["modal"]
         label = {"replace": f"Remove Background Replace {args.ops_side}x{args.ops_side} {'float' if float_source else 'byte'}",
-                 "sequence": f"Process Sequence (upscale x2), 3 frames {args.width}x{args.height} PNG",
+                 "sequence": f"Process Sequence (upscale x2), 3 frames {args.width}x{args.height} PNG"
+                             f" -> {'JPEG' if args.ops_jpeg else 'PNG'}",
                  "geometry": f"Process Sequence (seeded MoGe-2), 3 frames {args.width}x{args.height}"}[kind]
         longest = modal["longest_call"]
-        print(f"{label}: start_modal {modal['start_modal_s']:.3f} s (CPU {modal['start_modal_cpu_s']:.3f} s), {modal['timer_calls']} timer calls, longest "
+        print(f"{label}: the job {modal['job_wall_s']:.1f} s, start_modal {modal['start_modal_s']:.3f} s "
+              f"(CPU {modal['start_modal_cpu_s']:.3f} s), {modal['timer_calls']} timer calls, longest "
               f"{modal['longest_timer_call_s']:.3f} s ('{longest['step']}', CPU {longest['cpu_s']:.3f} s), the last "
               f"{modal['last_timer_call_s']:.3f} s; calls over 0.1 s in {_jobs_text(args.ops_runs)}: {modal['calls_over_0.1_s']}")
         if kind == "geometry":  # each call of the job: wall, what it ran, CPU
@@ -189,6 +192,8 @@ def _apply_calls(args) -> None:
         key = kind if kind != "replace" else f"replace_{'float' if float_source else 'byte'}"
         figures[f"{key}_longest_call_s"] = round(max(modal["start_modal_s"], modal["longest_timer_call_s"]), 3)
         figures[f"{key}_longest_cpu_s"] = round(longest["cpu_s"], 3)
+        figures[f"{key}_most_cpu_in_a_call_s"] = round(max(call[2] for call in modal["last_job_calls"]), 3)  # the last job's
+        figures[f"{key}_job_s"] = round(modal["job_wall_s"], 1)
         if kind == "geometry":
             figures.update(_geometry_split(args, root / "frames", Path(config["model"])))
     print(json.dumps(figures))
@@ -328,6 +333,7 @@ def main(argv=None) -> int:
                         help="only Process Sequence's calls with a seeded MoGe-2 (3 frames: mesh, camera, normal map)")
     parser.add_argument("--ops-geometry", action="store_true",
                         help="only Reconstruct Geometry's calls (MoGe-2-like net, 1024x768 and 1920x1080)")
+    parser.add_argument("--ops-jpeg", action="store_true", help="--ops-sequence writes .jpg frames (else PNG)")
     args = parser.parse_args(argv)
     if args.ops_replace or args.ops_sequence or args.ops_sequence_geometry or args.ops_geometry:
         _apply_calls(args)

@@ -150,11 +150,13 @@ def _model_input(rgba: np.ndarray, info: image_io.ImageInfo) -> file_bytes.Bande
 def banded_frame_file(path: Path, product) -> file_bytes.BandedFile | None:
     """The file Blender's writer would make of ``product`` at ``path``, as a models/file_bytes/ file
     the job's pump encodes a band at a time, where the add-on writes that format: an 8-bit PNG, a
-    float EXR (colour premultiplied, as save_product gives Blender). None: Blender's writer saves it."""
+    float EXR (colour premultiplied, as save_product gives Blender), a JPEG. None: Blender's writer saves it."""
     suffix, pixels = path.suffix.lower(), product.pixels
     height, width = pixels.shape[:2]
     if suffix == ".png" and product.bits == "8-bit":
         return file_bytes.PngFile(height, width, lambda start, stop: image_io.to_rgba(pixels[start:stop]))
+    if suffix in (".jpg", ".jpeg") and product.bits == "8-bit":  # RGB, alpha dropped, quality 90: as Blender writes it
+        return file_bytes.JpegFile(height, width, lambda start, stop: image_io.to_rgba(pixels[start:stop]))
     if suffix == ".exr" and product.bits == "float":
         def rows(start: int, stop: int) -> np.ndarray:
             band = image_io.to_rgba(pixels[start:stop])

@@ -123,8 +123,9 @@ def phase_refs(path: str) -> dict:
 def modal_operator(path: str):
     """The operator of the modal phase and its properties: CONFIG "modal_operator" is "upscale"
     (default), "replace" (Remove Background with Replace on the source, CONFIG "model" its ONNX
-    file), "sequence" (Process Sequence, CONFIG "family", over the frames of CONFIG "frames") or
-    "geometry" (Reconstruct Geometry of CONFIG "photo" with the MoGe-2 model CONFIG "model")."""
+    file), "sequence" (Process Sequence, CONFIG "family", over the frames of CONFIG "frames", named as
+    CONFIG "output_pattern" says, else the default names) or "geometry" (Reconstruct Geometry of CONFIG
+    "photo" with the MoGe-2 model CONFIG "model")."""
     from lean_image_ai.operators.batch_ops import LEAN_IMAGE_AI_OT_process_sequence
     from lean_image_ai.operators.geometry_ops import LEAN_IMAGE_AI_OT_reconstruct_geometry
     from lean_image_ai.operators.image_ops import LEAN_IMAGE_AI_OT_remove_background, LEAN_IMAGE_AI_OT_upscale
@@ -133,7 +134,7 @@ def modal_operator(path: str):
     if kind == "replace":
         return LEAN_IMAGE_AI_OT_remove_background, {"filepath": path, "model_path": CONFIG["model"], "replace": True}
     if kind == "sequence":
-        output = str(FOLDER / "sequence_out") + "/"
+        output = str(FOLDER / "sequence_out") + "/" + CONFIG.get("output_pattern", "")  # e.g. "f_####.jpg"
         return LEAN_IMAGE_AI_OT_process_sequence, {"family": CONFIG.get("family", "upscale"), "source": CONFIG["frames"],
                                                    "output": output, "overwrite": True,
                                                    "model_path": CONFIG.get("model", "")}
@@ -174,6 +175,7 @@ def phase_modal(path: str) -> dict:
         ctx = ms.StandInContext()
         before = set(bpy.data.images)
         started, cpu_started = time.perf_counter(), time.thread_time()
+        job_started = started
         state = op.start_modal(ctx)
         start_s = time.perf_counter() - started
         start_cpu.append(time.thread_time() - cpu_started)
@@ -192,6 +194,7 @@ def phase_modal(path: str) -> dict:
                 made["made"] = seconds  # the call that made the result image
             job_calls.append((seconds, step, collecting["spent"], time.thread_time() - cpu_started))
             time.sleep(job_operator.TIMER_INTERVAL)  # what Blender waits between two timer events
+        made.setdefault("job_walls", []).append(time.perf_counter() - job_started)  # start_modal to the end
         remove([image for image in bpy.data.images if image not in before])
         calls.append(job_calls)
         return state, start_s
@@ -217,7 +220,7 @@ def phase_modal(path: str) -> dict:
             "timer_calls": len(calls[-1]),
             "longest_timer_call_s": longest[0], "last_timer_call_s": max(last)[0],
             "longest_pump_call_s": max(pumps, default=(0.0,))[0],
-            "result_call_s": max(made["made_calls"]),
+            "result_call_s": max(made["made_calls"]), "job_wall_s": max(made["job_walls"]),
             "last_job_calls": [[round(c[0], 3), c[1], round(c[3], 3)] for c in calls[-1]],
             "longest_call": {"seconds": longest[0], "step": longest[1], "collector_s": longest[2], "cpu_s": longest[3]},
             "most_cpu_call": dict(zip(("seconds", "step", "collector_s", "cpu_s"), max(pumps + last, key=lambda c: c[3]),

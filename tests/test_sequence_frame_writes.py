@@ -1,5 +1,5 @@
 """Issue 37 item 3: a Process Sequence frame whose file the add-on writes (8-bit PNG from a byte
-source, float EXR from a float one) is encoded a band per timer call, then written whole by the
+source, float EXR from a float one, JPEG) is encoded a band per timer call, then written whole by the
 add-on's atomic writer (Blender's writer took 0.4-0.5 s of the main thread for a 3840x2160 PNG);
 the file holds what Blender's writer gave, and Esc mid-write leaves no partial file. Driven by
 timer events as tests/test_cancelled_sequence.py (real bpy 5.0.1, the real onnxruntime). So are
@@ -7,6 +7,7 @@ MoGe-2's frame files (mesh, camera, normal map), written together in the frame's
 
 from __future__ import annotations
 
+import platform
 import sys
 from pathlib import Path
 
@@ -47,10 +48,10 @@ def clean(tmp_path, monkeypatch):
     jobs.manager.cancel_all()
 
 
-def byte_frames(folder: Path, count: int) -> Path:
+def byte_frames(folder: Path, count: int, size: tuple[int, int] = (48, 64)) -> Path:
     folder.mkdir()
     for n in range(1, count + 1):
-        rgba = (np.random.default_rng(n).random((48, 64, 4)) * 255).astype(np.uint8)
+        rgba = (np.random.default_rng(n).random((*size, 4)) * 255).astype(np.uint8)
         PILImage.fromarray(rgba, "RGBA").save(folder / f"p_{n:04d}.png")
     return folder
 
@@ -101,12 +102,13 @@ class Recorder:
         return modal_standins.drive(bpy.ops.lean_image_ai_test.drive_frame_writes, script, **props)
 
 
-def blender_written(tmp_path, monkeypatch, args, name: str) -> Path:
-    """The same frames written by Blender's writer (save_product), as before."""
+def blender_written(tmp_path, monkeypatch, args, name: str, pattern: str = "") -> Path:
+    """The same frames written by Blender's writer (save_product), as before; ``pattern``: their
+    names in the folder (its suffix their format), else the default names."""
     out = tmp_path / name
     with monkeypatch.context() as patch:
         patch.setattr(model_job, "banded_frame_file", lambda path, product: None)
-        assert bpy.ops.lean_image_ai.process_sequence(**args, output=str(out) + "/") == {"FINISHED"}
+        assert bpy.ops.lean_image_ai.process_sequence(**args, output=str(out) + "/" + pattern) == {"FINISHED"}
     return out
 
 
@@ -289,3 +291,53 @@ def test_esc_while_a_geometry_frame_is_made_leaves_none_of_its_files_and_skip_ex
     assert again.drive(StandInContext(), **args, output=str(out) + "/", skip_existing=True) == {"FINISHED"}
     assert {name for name, *_ in again.encoded} == {"p_geometry_0002.ply", "p_geometry_0003.ply"}  # frame 1 found
     assert len(list(out.iterdir())) == 9 and all((out / name).read_bytes() == data for name, data in kept.items())
+
+
+
+def test_jpeg_frames_are_encoded_over_several_timer_calls_and_decode_to_blenders_pixels(tmp_path, monkeypatch):
+    """Odd sizes (25x37 frames, x2: 50x74, not whole 16x16 MCUs); RGBA frames, alpha dropped as Blender does."""
+    model = sr_model(tmp_path / "sr.onnx", scale=2)
+    args = dict(family="upscale", source=str(byte_frames(tmp_path / "in", 3, size=(25, 37))), model_path=str(model))
+    reference = blender_written(tmp_path, monkeypatch, args, "blender", "f_####.jpg")
+    recorder = Recorder(monkeypatch)
+    out = tmp_path / "banded"
+    assert recorder.drive(StandInContext(), **args, output=str(out / "f_####.jpg")) == {"FINISHED"}
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted(p.name for p in reference.iterdir()) == ["f_0001.jpg", "f_0002.jpg", "f_0003.jpg"]
+    for name in names:
+        per_call: dict[int, int] = {}
+        for written, call, pixels in recorder.encoded:
+            if written == name:
+                per_call[call] = per_call.get(call, 0) + pixels
+        assert sum(per_call.values()) == 50 * 74 and max(per_call.values()) <= SMALL_CALL, per_call
+        assert len([c for c, p in per_call.items() if p]) >= 2, per_call  # 16-row bands: no frame in one call
+        ours, blenders = PILImage.open(out / name), PILImage.open(reference / name)
+        assert ours.format == blenders.format == "JPEG" and ours.mode == blenders.mode == "RGB"
+        ours, blenders = np.asarray(ours, np.int16), np.asarray(blenders, np.int16)
+        if platform.machine().lower() in ("x86_64", "amd64"):  # Blender's libjpeg-turbo SIMD rounding (tests/test_jpeg_bytes.py)
+            assert np.array_equal(ours, blenders), name
+        else:
+            assert np.abs(ours - blenders).mean() < 0.5, name
+
+
+def test_esc_while_a_jpeg_frame_is_encoded_leaves_no_partial_file(tmp_path, monkeypatch):
+    model = sr_model(tmp_path / "sr.onnx", scale=2)
+    args = dict(family="upscale", source=str(byte_frames(tmp_path / "in", 3)), model_path=str(model))
+    ctx = StandInContext()
+    recorder = Recorder(monkeypatch)
+    real = model_job.FrameFile.pump
+    pressed = []
+
+    def esc_in_frame_two(frame_file, budget):
+        done = real(frame_file, budget)
+        if frame_file.path.name == "f_0002.jpg" and not done and sum(frame_file.made.calls) and not pressed:
+            pressed.append(sum(frame_file.made.calls))
+            recorder.op.modal(ctx, ESC)  # the artist presses Esc half way through frame 2's file
+        return done
+
+    monkeypatch.setattr(model_job.FrameFile, "pump", esc_in_frame_two)
+    out = tmp_path / "cancelled"
+    assert recorder.drive(ctx, **args, output=str(out / "f_####.jpg")) == {"CANCELLED"}
+    assert pressed and pressed[0] < 96 * 128  # it was pressed with frame 2 part-encoded
+    assert sorted(p.name for p in out.iterdir()) == ["f_0001.jpg"]  # no temporary, no half file
+    assert PILImage.open(out / "f_0001.jpg").size == (128, 96)
