@@ -174,6 +174,8 @@ def test_blenders_cancel_while_a_frames_mesh_is_half_made_leaves_nothing_of_the_
 
 
 def test_a_failure_in_a_frames_last_step_leaves_nothing_of_the_shot(shot, model, monkeypatch):
+    """Frame 2's keys refused after its mesh and first frame were made: an ERROR naming the frame, the
+    scene as it was (a guard: add_frame's failure did the same before the frames were stepped)."""
     real_key = shot_ops.key_visible_on
 
     def refused_on_frame_2(obj, number, previous, following):
