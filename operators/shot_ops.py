@@ -112,9 +112,11 @@ def _frame_steps(ref, geometry, made, discontinuity: float, neighbours: tuple, r
         mesh = frame.mesh.mesh
         mesh.materials.append(created.add(bpy.data.materials, geometry_ops.make_material(name, texture)))
         obj = created.add(bpy.data.objects, bpy.data.objects.new(name, mesh))
-        key_visible_on(obj, ref.number, *neighbours)
-        if obj.animation_data is not None and obj.animation_data.action is not None:
-            created.add(bpy.data.actions, obj.animation_data.action)
+        try:
+            key_visible_on(obj, ref.number, *neighbours)
+        finally:  # the action the keys made, even when a later key failed
+            if obj.animation_data is not None and obj.animation_data.action is not None:
+                created.add(bpy.data.actions, obj.animation_data.action)
         made.objects.append(obj)
         depth = geometry.depth[geometry.mask]
         made.near, made.far = min(made.near, float(depth.min())), max(made.far, float(depth.max()))

@@ -174,12 +174,13 @@ def test_blenders_cancel_while_a_frames_mesh_is_half_made_leaves_nothing_of_the_
 
 
 def test_a_failure_in_a_frames_last_step_leaves_nothing_of_the_shot(shot, model, monkeypatch):
-    """Frame 2's keys refused after its mesh and first frame were made: an ERROR naming the frame, the
-    scene as it was (a guard: add_frame's failure did the same before the frames were stepped)."""
+    """Frame 2's keys refused after its first key, its mesh and the first frame were made: an ERROR
+    naming the frame, the scene as it was, the action of the key made included."""
     real_key = shot_ops.key_visible_on
 
     def refused_on_frame_2(obj, number, previous, following):
-        if number == 2:
+        if number == 2:  # after its first key: the action is made
+            obj.keyframe_insert("hide_viewport", frame=previous)
             raise RuntimeError("keys refused")
         real_key(obj, number, previous, following)
 
