@@ -140,9 +140,14 @@ def _apply_calls(args) -> None:
         cases.append(("geometry", False))
     if args.ops_geometry:
         cases.append(("reconstruct", False))
+    if args.ops_shot:
+        cases.append(("shot", False))
     for kind, float_source in cases:
         if kind == "reconstruct":
             figures.update(_geometry_calls(args))
+            continue
+        if kind == "shot":
+            figures.update(_shot_calls(args))
             continue
         root = Path(tempfile.mkdtemp(prefix=f"bench_worker_{kind}_"))
         (root / "models").mkdir()
@@ -311,6 +316,54 @@ def _geometry_calls(args) -> dict:
     return figures
 
 
+def _shot_calls(args) -> dict:
+    """Reconstruct Shot through bpy.ops (issue #37 item 3): the seeded MoGe-2-like net of
+    :func:`_geometry_calls` (every pixel valid) on three ``--width``x``--height`` PNG frames, a mesh
+    per frame, in a fresh bpy process; every main-thread call of the last job printed with its wall
+    and CPU time and the step it ran (the stage the job was at, and the one the call reached)."""
+    import subprocess
+    import tempfile
+
+    import blender_helpers as bh
+    from builders_moge2 import moge2_like_model
+    from PIL import Image
+
+    width, height = args.width, args.height
+    root = Path(tempfile.mkdtemp(prefix="bench_worker_shot_"))
+    (root / "models").mkdir()
+    frames = root / "frames"
+    frames.mkdir()
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    for number in range(1, 4):  # red: valid everywhere (the net's mask); the frames differ in green and blue
+        rgb = np.stack([np.ones_like(x), ((x + number * 97) % width) / width, y / height], axis=-1)
+        Image.fromarray((rgb * 255).astype(np.uint8)).save(frames / f"shot_{number:04d}.png")
+    config = {"side": 64, "jobs": 1, "folder": str(root), "out": str(root / "out.json"), "phases": ["modal"],
+              "modal_runs": args.ops_runs, "modal_operator": "shot", "frames": str(frames),
+              "model": str(moge2_like_model(root / "moge2.onnx"))}
+    env = bh.isolated_blender_env(root / "blender", pythonpath=[bh.package_search_dir(root / "pkg")])
+    env.update(LEAN_IMAGE_AI_MODELS_DIR=str(root / "models"), LEAN_IMAGE_AI_LOG_DIR=str(root / "logs"))
+    (root / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "host_memory_job.py"), str(root / "config.json")],
+                          env=env, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise SystemExit(f"the bpy process of the shot jobs failed: {done.stderr[-2000:]}")
+    modal = json.loads((root / "out.json").read_text(encoding="utf-8"))["modal"]
+    print(f"Reconstruct Shot, 3 frames {width}x{height}: start_modal {modal['start_modal_s']:.3f} s "
+          f"(CPU {modal['start_modal_cpu_s']:.3f} s), {modal['timer_calls']} timer calls; the last job's calls "
+          "(wall s, CPU s, step):")
+    for seconds, step, cpu in modal["last_job_calls"]:
+        print(f"  {seconds:7.3f} {cpu:7.3f}  {step}")
+    longest, busiest = modal["longest_call"], modal["most_cpu_call"]
+    print(f"  longest: {longest['seconds']:.3f} s ('{longest['step']}', CPU {longest['cpu_s']:.3f} s); the most CPU: "
+          f"{busiest['cpu_s']:.3f} s ('{busiest['step']}', {busiest['seconds']:.3f} s); calls over 0.1 s in "
+          f"{_jobs_text(args.ops_runs)}: {len(modal['calls_over_0.1_s'])}")
+    key = f"shot_{width}x{height}"
+    return {f"{key}_longest_call_s": round(max(modal["start_modal_s"], modal["longest_timer_call_s"]), 3),
+            f"{key}_most_cpu_s": round(max(busiest["cpu_s"], modal["start_modal_cpu_s"]), 3),
+            f"{key}_most_cpu_step": busiest["step"] if busiest["cpu_s"] >= modal["start_modal_cpu_s"] else "start_modal",
+            f"{key}_timer_calls": modal["timer_calls"]}
+
+
 def _jobs_text(runs: int) -> str:
     return f"{runs} job{'s' if runs > 1 else ''}"
 
@@ -334,8 +387,10 @@ def main(argv=None) -> int:
     parser.add_argument("--ops-geometry", action="store_true",
                         help="only Reconstruct Geometry's calls (MoGe-2-like net, 1024x768 and 1920x1080)")
     parser.add_argument("--ops-jpeg", action="store_true", help="--ops-sequence writes .jpg frames (else PNG)")
+    parser.add_argument("--ops-shot", action="store_true",
+                        help="only Reconstruct Shot's calls (MoGe-2-like net, 3 frames --width x --height)")
     args = parser.parse_args(argv)
-    if args.ops_replace or args.ops_sequence or args.ops_sequence_geometry or args.ops_geometry:
+    if args.ops_replace or args.ops_sequence or args.ops_sequence_geometry or args.ops_geometry or args.ops_shot:
         _apply_calls(args)
         return 0
     operators = _through_operators(args.ops_side, 3, float_source=args.ops_float, save_to=args.ops_save,

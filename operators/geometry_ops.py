@@ -10,7 +10,6 @@ mesh, and a cancel or a failure before then removes it.
 
 # No ``from __future__ import annotations``: Blender reads property annotations as objects.
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -22,6 +21,7 @@ from ..models.adapters import moge2
 from ..models.adapters.moge2_mesh import MeshArrays, mesh_arrays, normal_map
 from ..runtime.errors import InvalidModelOutputError
 from . import image_io, results
+from .jobs import OneByOne
 from .model_job import ModelJobOperator
 from .options import with_family_options
 
@@ -35,27 +35,6 @@ class Reconstruction:
     normal_rgba: np.ndarray | None = None  # H x W x 4 in 0..1, or None when the model has no normals
     depth_range: tuple[float, float] | None = None  # nearest and farthest valid depth: the camera's clipping
     built: results.MeshSteps | None = None  # the Blender mesh, no user yet
-
-
-class _OneByOne:
-    """Steps pumped one after another, each made when its turn comes: ``(stage, make)``, where
-    ``make()`` gives an object with ``pump(budget) -> bool`` (pumped from this call on) or None
-    (making it was the step); ``report(stage)`` says which runs."""
-
-    def __init__(self, makers: list[tuple[str, Callable[[], object]]], report: Callable[[str], None]):
-        self._makers, self._report = list(makers), report
-        self._current = None
-
-    def pump(self, budget: float) -> bool:
-        if self._current is None and self._makers:
-            stage, make = self._makers.pop(0)
-            self._report(stage)
-            self._current = make()
-            if self._current is None:
-                return not self._makers
-        if self._current is not None and self._current.pump(budget):
-            self._current = None
-        return self._current is None and not self._makers
 
 
 @with_family_options(moge2.FAMILY)
@@ -117,7 +96,7 @@ class LEAN_IMAGE_AI_OT_reconstruct_geometry(ModelJobOperator, bpy.types.Operator
         if inputs.options["make_camera"]:
             makers.append(("the camera's clipping", clipping))
         makers.append(("building the mesh", blender_mesh))
-        return _OneByOne(makers, lambda stage: job.report(1.0, stage))
+        return OneByOne(makers, lambda stage: job.report(1.0, stage))
 
     def apply(self, context, inputs, result):
         stem = inputs.stem

@@ -353,6 +353,38 @@ class PumpedTask:
         self.batch.cancel()
 
 
+class OneByOne:
+    """Steps pumped one after another, each made when its turn comes (a result made a part per timer
+    call, issue #37 item 3): ``makers`` are ``(stage, make)`` pairs, ``make()`` giving an object with
+    ``pump(budget) -> bool`` (pumped from this call on) or None (making it was the step);
+    ``report(stage)`` hears which one runs. :meth:`of`: steps made already, pumped in turn."""
+
+    def __init__(self, makers: list[tuple[str, Callable[[], object]]], report: Callable[[str], None] | None = None):
+        self._makers, self._report = deque(makers), report
+        self._current = None
+
+    @classmethod
+    def of(cls, steps) -> OneByOne:
+        return cls([("", partial(_itself, step)) for step in steps])
+
+    def pump(self, budget: float) -> bool:
+        """Make or pump the next step; True once none is left."""
+        if self._current is None and self._makers:
+            stage, make = self._makers.popleft()
+            if self._report is not None:
+                self._report(stage)
+            self._current = make()
+            if self._current is None:
+                return not self._makers
+        if self._current is not None and self._current.pump(budget):
+            self._current = None
+        return self._current is None and not self._makers
+
+
+def _itself(step):
+    return step
+
+
 def as_task(job: BlenderJob, prepared) -> object:
     """``prepare``'s answer as a task (see module doc)."""
     return prepared if hasattr(prepared, "pump") else InlineTask(job, prepared)

@@ -30,7 +30,7 @@ from ..models.worker.remote_batch import RemoteBatchRun
 from ..runtime.errors import LeanImageError
 from . import gpu_ops, image_io, prefs, results, sources
 from .job_operator import ModalJobOperator
-from .jobs import BlenderJob, PumpedTask
+from .jobs import BlenderJob, OneByOne, PumpedTask
 from .options import path_options
 
 
@@ -219,25 +219,13 @@ class BlenderFrames:
         pending, self._pending = self._pending, []
         if not pending:
             return None
-        return pending[0] if len(pending) == 1 else _AllOf(pending)
+        return pending[0] if len(pending) == 1 else OneByOne.of(pending)
 
     def check_format(self, path: Path) -> None:
         _blender_can_write(path)
 
     def input_kind(self, ref) -> str:
         return input_kind(ref)
-
-
-class _AllOf:
-    """Several frame files (a result and its companions) pumped one after another."""
-
-    def __init__(self, steps):
-        self._steps = list(steps)
-
-    def pump(self, budget: float) -> bool:
-        if self._steps and self._steps[0].pump(budget):
-            self._steps.pop(0)
-        return not self._steps
 
 
 def one_frame_task(job: BlenderJob, model_run: ModelRun, ref: FrameRef, pixels, shape=lambda result: result,

@@ -5,6 +5,8 @@ meshes, linked objects, and the removal of all of it when a later step fails.
 """
 
 import contextlib
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import bpy
@@ -267,19 +269,23 @@ class Created:
     """Datablocks made by one ``apply``: all removed again if it fails before the end."""
 
     def __init__(self):
-        self._items: list[tuple[object, object]] = []
+        self._removals: list[Callable[[], None]] = []
 
     def add(self, collection, datablock):
-        self._items.append((collection, datablock))
+        self._removals.append(partial(collection.remove, datablock))
         return datablock
 
+    def add_removal(self, remove: Callable[[], None]) -> None:
+        """What is made over later calls (a :class:`MeshSteps`' mesh): ``remove()`` drops what there is of it."""
+        self._removals.append(remove)
+
     def remove_all(self) -> None:
-        for collection, datablock in reversed(self._items):
+        for remove in reversed(self._removals):
             try:
-                collection.remove(datablock)
+                remove()
             except (ReferenceError, RuntimeError):
                 pass
-        self._items.clear()
+        self._removals.clear()
 
 
 @contextlib.contextmanager

@@ -6,13 +6,17 @@ own mesh object whose visibility is keyed to its frame, rather than a mesh seque
 topology changes from frame to frame (the mask and the depth-edge cut differ), which shape keys
 cannot hold, and Blender's mesh sequence (Mesh Sequence Cache) reads only Alembic/USD files that
 would have to be written and kept beside the .blend; per-frame objects work with any topology,
-keep each frame's texture, and live in the .blend.
+keep each frame's texture, and live in the .blend. The job's pump makes a frame's object a step per
+timer call (its arrays, its Blender mesh a part per call, then its texture, material, object and
+keys; the frames after it wait), so no call of Blender's main thread makes a frame whole (issue #37
+item 3).
 
 Preview Frame: the Process Sequence settings on one frame (the scene's current frame by
 default), shown in an Image Editor, nothing written to disk.
 """
 
 # No ``from __future__ import annotations``: Blender reads property annotations as objects.
+from functools import partial
 from types import SimpleNamespace
 
 import bpy
@@ -29,7 +33,7 @@ from ..models.result_images import ImageProduct
 from ..runtime.errors import LeanImageError
 from . import batch_ops, geometry_ops, image_io, options, prefs, results, sources
 from .job_operator import BatchOperator, ModalJobOperator
-from .jobs import BlenderJob, PumpedTask
+from .jobs import BlenderJob, OneByOne, PumpedTask
 from .model_job import BlenderFrames, one_frame_task, read_frame, worker_batches
 
 PREVIEW_IMAGE = "Lean Image AI Preview"
@@ -83,6 +87,54 @@ def _frame_texture(path, created):
     return created.add(bpy.data.images, sources.store_relative(texture))
 
 
+def _frame_steps(ref, geometry, made, discontinuity: float, neighbours: tuple, report) -> OneByOne:
+    """A frame's mesh object, a step per timer call (issue #37 item 3: made in one call, a 1920x1080
+    frame held Blender's main thread 0.1-0.2 s of CPU): its arrays, its Blender mesh a part per call
+    (results.MeshSteps), then its texture, material and object, keyed visible on its frame. What it
+    makes goes in ``made.created`` from the first step: Esc, a cancel or a failure before the frame's
+    last step leaves a half-made mesh that the shot's finish removes with the rest."""
+    name, created, frame = f"{ref.path.stem}_geometry", results.Created(), SimpleNamespace(arrays=None, mesh=None)
+    made.created.append(created)
+
+    def faces():
+        frame.arrays = mesh_arrays(geometry.points, geometry.mask, discontinuity=discontinuity)
+        if len(frame.arrays.vertices) == 0:
+            raise LeanImageError(f"MoGe-2 found no geometry in frame {ref.number}; it has no mesh.")
+
+    def blender_mesh():
+        arrays, frame.arrays = frame.arrays, None
+        frame.mesh = results.MeshSteps(name, arrays.vertices, arrays.quads, arrays.uv)
+        created.add_removal(frame.mesh.remove)
+        return frame.mesh
+
+    def keyed_object():
+        texture = _frame_texture(ref.path, created)
+        mesh = frame.mesh.mesh
+        mesh.materials.append(created.add(bpy.data.materials, geometry_ops.make_material(name, texture)))
+        obj = created.add(bpy.data.objects, bpy.data.objects.new(name, mesh))
+        try:
+            key_visible_on(obj, ref.number, *neighbours)
+        finally:  # the action the keys made, even when a later key failed
+            if obj.animation_data is not None and obj.animation_data.action is not None:
+                created.add(bpy.data.actions, obj.animation_data.action)
+        made.objects.append(obj)
+        depth = geometry.depth[geometry.mask]
+        made.near, made.far = min(made.near, float(depth.min())), max(made.far, float(depth.max()))
+        made.fov_x, made.size = geometry.fov_x, geometry.mask.shape
+
+    return OneByOne([(f"frame {ref.number}: finding the mesh's faces", faces),
+                     (f"frame {ref.number}: building the mesh", blender_mesh),
+                     (f"frame {ref.number}: its texture, material and keyed object", keyed_object)], report)
+
+
+def _remove_made(made) -> None:
+    """What the shot made so far (objects, actions, materials, meshes, textures), half-made frames too."""
+    for created in reversed(made.created):
+        created.remove_all()
+    made.created.clear()
+    made.objects.clear()
+
+
 @options.with_properties({**options.family_properties(moge2.FAMILY), **_source_properties(), **options.shot_properties()})
 class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
     """Reconstruct every frame of a shot with MoGe-2 under one camera"""
@@ -102,7 +154,8 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
         frames = frame_lists.parse_frames(self.frames) if self.frames.strip() else None
         spec = batch_ops.job_spec(context, self, moge2.FAMILY.id, source=str(_source(self)), writes_files=False)
         events = RunEvents(progress=job.report)  # each result becomes a mesh (add_frame, below), never a file
-        runner = Runner(spec.with_frames(frames), BlenderFrames(), events=events, cancel=job.cancel_event,
+        frames_io = BlenderFrames(staged=True)  # a frame's mesh: steps the batch pumps, later frames waiting
+        runner = Runner(spec.with_frames(frames), frames_io, events=events, cancel=job.cancel_event,
                         batch_factory=worker_batches(self.job_title))
         refs, values = runner.refs, runner.model_run.values
         numbers = [r.number for r in refs]
@@ -111,26 +164,12 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
         made = SimpleNamespace(
             objects=[], created=[], near=np.inf, far=0.0, fov_x=None, size=None, stem=refs[0].path.stem if refs else "shot"
         )
+        job.on_discard.append(partial(_remove_made, made))  # Blender's own cancel (a file load): as finish's
         discontinuity = values["discontinuity"]
 
         def add_frame(ref, geometry):
-            arrays = mesh_arrays(geometry.points, geometry.mask, discontinuity=discontinuity)
-            if len(arrays.vertices) == 0:
-                raise LeanImageError(f"MoGe-2 found no geometry in frame {ref.number}; it has no mesh.")
-            name = f"{ref.path.stem}_geometry"
-            with results.created_data() as created:
-                texture = _frame_texture(ref.path, created)
-                mesh = created.add(bpy.data.meshes, results.build_mesh(name, arrays.vertices, arrays.quads, arrays.uv))
-                mesh.materials.append(created.add(bpy.data.materials, geometry_ops.make_material(name, texture)))
-                obj = created.add(bpy.data.objects, bpy.data.objects.new(name, mesh))
-                key_visible_on(obj, ref.number, previous[ref.number], following[ref.number])
-                if obj.animation_data is not None and obj.animation_data.action is not None:
-                    created.add(bpy.data.actions, obj.animation_data.action)
-            made.objects.append(obj)
-            made.created.append(created)
-            depth = geometry.depth[geometry.mask]
-            made.near, made.far = min(made.near, float(depth.min())), max(made.far, float(depth.max()))
-            made.fov_x, made.size = geometry.fov_x, geometry.mask.shape
+            frames_io.stage(_frame_steps(ref, geometry, made, discontinuity, (previous[ref.number], following[ref.number]),
+                                         lambda stage: job.report(job.progress, stage)))
             return []
 
         events.take = add_frame
@@ -147,10 +186,9 @@ class LEAN_IMAGE_AI_OT_reconstruct_shot(BatchOperator, bpy.types.Operator):
         cancelled = report.cancelled or job.state == "cancelled"
         whole = len(report.written) == report.total and not report.failed and job.state != "failed"
         if cancelled or not whole or not made.objects:  # all or nothing: the frames made so far go
-            for created in reversed(made.created):  # objects, actions, materials, meshes, textures this job made
-                created.remove_all()
-            made.objects.clear()
+            _remove_made(made)
             return self._nothing_added(job, report, cancelled)
+        made.created.clear()  # the shot's now: the job's discard must leave it
         scene = context.scene
         collection = getattr(context, "collection", None) or scene.collection
         for obj in made.objects:

@@ -124,11 +124,13 @@ def modal_operator(path: str):
     """The operator of the modal phase and its properties: CONFIG "modal_operator" is "upscale"
     (default), "replace" (Remove Background with Replace on the source, CONFIG "model" its ONNX
     file), "sequence" (Process Sequence, CONFIG "family", over the frames of CONFIG "frames", named as
-    CONFIG "output_pattern" says, else the default names) or "geometry" (Reconstruct Geometry of CONFIG
-    "photo" with the MoGe-2 model CONFIG "model")."""
+    CONFIG "output_pattern" says, else the default names), "geometry" (Reconstruct Geometry of CONFIG
+    "photo" with the MoGe-2 model CONFIG "model") or "shot" (Reconstruct Shot of the frames of CONFIG
+    "frames" with that model)."""
     from lean_image_ai.operators.batch_ops import LEAN_IMAGE_AI_OT_process_sequence
     from lean_image_ai.operators.geometry_ops import LEAN_IMAGE_AI_OT_reconstruct_geometry
     from lean_image_ai.operators.image_ops import LEAN_IMAGE_AI_OT_remove_background, LEAN_IMAGE_AI_OT_upscale
+    from lean_image_ai.operators.shot_ops import LEAN_IMAGE_AI_OT_reconstruct_shot
 
     kind = CONFIG.get("modal_operator", "upscale")
     if kind == "replace":
@@ -141,6 +143,9 @@ def modal_operator(path: str):
     if kind == "geometry":
         return LEAN_IMAGE_AI_OT_reconstruct_geometry, {"filepath": CONFIG["photo"], "model_path": CONFIG["model"],
                                                        "resolution_level": 0}
+    if kind == "shot":
+        return LEAN_IMAGE_AI_OT_reconstruct_shot, {"source": CONFIG["frames"], "model_path": CONFIG["model"],
+                                                   "resolution_level": 0}
     return LEAN_IMAGE_AI_OT_upscale, {"filepath": path}
 
 
@@ -190,6 +195,9 @@ def phase_modal(path: str) -> dict:
                 step = f"apply ({step})"  # the call that ran finish(): the job's result made in Blender
             elif step.startswith("steps") and state == {"RUNNING_MODAL"} and op._job.stage not in step:
                 step = f"steps: {op._job.stage}"  # a step that said what it runs: the stage it set in the call
+            elif (CONFIG.get("modal_operator") == "shot" and step.startswith("batch") and state == {"RUNNING_MODAL"}
+                  and op._job.stage not in step):
+                step = f"{step} -> {op._job.stage}"  # a frame's result made in the batch's pump: the stage it reached
             if len(bpy.data.images) > images and "made" not in made:
                 made["made"] = seconds  # the call that made the result image
             job_calls.append((seconds, step, collecting["spent"], time.thread_time() - cpu_started))
