@@ -1,0 +1,147 @@
+"""Issue #37 item 3: a model operator's start on a large source does Blender's read of the pixels and
+nothing more on Blender's main thread; the model still sees exactly the pixels it saw before.
+
+The real Upscale operator (bpy 5.0.1, the built-in bicubic x2 in the model worker) driven as Blender's
+UI drives it (tests/modal_standins.py: ``start_modal``, then one TIMER event at a time). Memory is
+traced while ``start_modal`` runs: Blender's pixels copied out once (``pixels.foreach_get``) and the
+model input's buffer (filled later, a band per timer call) are all it may hold; before, it also
+made a whole top-row-first copy of the pixels (0.01-0.05 s at 2048x2048, bench/start_parts.py).
+Behaviour, not seconds.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import blender_helpers as bh  # noqa: E402
+
+bpy = pytest.importorskip("bpy")
+bh.import_package()
+
+from lean_image_ai.models import colour  # noqa: E402
+from lean_image_ai.models.store import library  # noqa: E402
+from lean_image_ai.operators import image_io, image_ops, jobs  # noqa: E402
+from modal_standins import TIMER, StandInContext, drive, driver_class  # noqa: E402
+
+SIDE = 512
+
+LEANTEST_OT_drive_upscale_start = driver_class(
+    image_ops.LEAN_IMAGE_AI_OT_upscale, "lean_image_ai_test.drive_upscale_start", "LEANTEST_OT_drive_upscale_start"
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    mine = [cls for cls in (*jobs.classes, *image_ops.classes) if not cls.is_registered]
+    for cls in mine:
+        bpy.utils.register_class(cls)
+    bpy.utils.register_class(LEANTEST_OT_drive_upscale_start)
+    yield
+    bpy.utils.unregister_class(LEANTEST_OT_drive_upscale_start)
+    for cls in reversed(mine):
+        if cls.is_registered:
+            bpy.utils.unregister_class(cls)
+
+
+@pytest.fixture(autouse=True)
+def clean(tmp_path, monkeypatch):
+    (tmp_path / "models").mkdir()  # empty: the built-in bicubic x2
+    monkeypatch.setenv(library.MODELS_DIR_ENV, str(tmp_path / "models"))
+    bh.reset_blender()
+    yield
+    jobs.manager.cancel_all()
+    bh.reset_blender()
+
+
+def source_file(folder: Path, is_float: bool) -> Path:
+    """A PNG (a byte image) or a float EXR with colour above 1 and alpha below 1 (premultiplied and
+    linear: the model's input is converted), saved by Blender."""
+    y, x = np.mgrid[0:SIDE, 0:SIDE].astype(np.float32) / SIDE
+    straight = np.stack([(3 if is_float else 1) * x, y, (x + y) / 2, 0.25 + 0.75 * y], axis=-1)
+    pixels = colour.premultiply(straight) if is_float else straight
+    image = bpy.data.images.new("plate", SIDE, SIDE, alpha=True, float_buffer=is_float)
+    image.pixels.foreach_set(np.ascontiguousarray(pixels[::-1]).ravel())
+    path = folder / ("plate.exr" if is_float else "plate.png")
+    image.filepath_raw, image.file_format = str(path), "OPEN_EXR" if is_float else "PNG"
+    image.save()
+    bpy.data.images.remove(image)
+    return path
+
+
+def run_modal(path: Path) -> dict:
+    """One Upscale job on ``path``: the most memory traced during its start, and the model's input
+    as the job handed it to the batch (taken as the lane ends the job)."""
+    seen = {}
+
+    def keep_input(job):
+        seen["model_input"] = np.array(job.inputs.model_rgba)
+
+    def script(op):
+        ctx = StandInContext()
+        tracemalloc.start()
+        try:
+            state = op.start_modal(ctx)
+            seen["start_peak"] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        deadline = time.monotonic() + 120
+        while state == {"RUNNING_MODAL"}:
+            assert time.monotonic() < deadline, "the job did not end in time"
+            state = op.modal(ctx, TIMER)
+            time.sleep(0.005)
+        seen["state"] = state
+        return state
+
+    jobs.manager.on_end.append(keep_input)
+    try:
+        drive(bpy.ops.lean_image_ai_test.drive_upscale_start, script, filepath=str(path))
+    finally:
+        jobs.manager.on_end.remove(keep_input)
+    return seen
+
+
+def whole_model_input(path: Path) -> np.ndarray:
+    """The model's input as the start made it before: the pixels copied whole, top row first, then
+    converted whole (a byte image's values as uint8)."""
+    image = bpy.data.images.load(str(path), check_existing=False)
+    try:
+        info = image_io.image_info(image)
+        rgba = np.ascontiguousarray(image_io.image_to_array(image))
+    finally:
+        bpy.data.images.remove(image)
+    converted = colour.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied)
+    if info.is_float:
+        return converted
+    return (np.clip(converted, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+
+
+@pytest.mark.parametrize("is_float", [True, False], ids=["float", "byte"])
+def test_the_start_holds_no_second_whole_copy_of_the_sources_pixels(tmp_path, is_float):
+    """Traced during ``start_modal``: Blender's pixels as float32 (1 x the source's float bytes) and
+    the model input's buffer (1 x for a float source, 1/4 x for a byte one's uint8) at most, with a
+    margin of a quarter; a whole top-row-first copy of the pixels would add 1 x more."""
+    path = source_file(tmp_path, is_float)
+    seen = run_modal(path)
+    assert seen["state"] == {"FINISHED"}
+    pixels = SIDE * SIDE * 4 * 4  # float32 RGBA
+    model_buffer = pixels if is_float else pixels // 4
+    assert seen["start_peak"] < pixels + model_buffer + pixels // 4, (seen["start_peak"], pixels)
+
+
+@pytest.mark.parametrize("is_float", [True, False], ids=["float", "byte"])
+def test_the_model_sees_the_pixels_the_whole_copy_gave(tmp_path, is_float):
+    path = source_file(tmp_path, is_float)
+    seen = run_modal(path)
+    assert seen["state"] == {"FINISHED"}
+    expected = whole_model_input(path)
+    assert seen["model_input"].dtype == expected.dtype and seen["model_input"].shape == (SIDE, SIDE, 4)
+    if is_float:
+        assert float(expected[..., 0].max()) > 1.0 and float(expected[..., 3].min()) < 0.5  # what was converted
+    np.testing.assert_array_equal(seen["model_input"], expected)
