@@ -306,6 +306,16 @@ class ModelJobOperator(ModelOperatorProperties, ModalJobOperator):
         """Whether a source loaded from ``filepath`` stays (the result refers to it)."""
         return False
 
+    def image_to_decode(self, context):
+        """The Image Editor's or texture node's image while Blender has not decoded it (see the
+        base's doc; an image the Image Editor shows is decoded already). A ``filepath`` source keeps
+        its decode in the start: loading it checks that Blender can read the file, before the job
+        exists (scripts pass it, mostly in background mode, where no timer runs)."""
+        image = None if self.filepath else sources.shown_image(context)
+        if image is None or image.type != "IMAGE" or image.source == "SEQUENCE" or image.has_data:
+            return None
+        return image
+
     def gather(self, context, job: BlenderJob) -> JobInputs:
         """Read the source, the model and the preferences (see module doc). A source loaded from
         ``filepath`` is removed again at once unless :meth:`keeps_source` (then when the job fails)."""

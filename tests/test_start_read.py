@@ -6,6 +6,8 @@ UI drives it (tests/modal_standins.py: ``start_modal``, then one TIMER event at 
 traced while ``start_modal`` runs: Blender's pixels copied out once (``pixels.foreach_get``) and the
 model input's buffer (filled later, a band per timer call) are all it may hold; before, it also
 made a whole top-row-first copy of the pixels (0.01-0.05 s at 2048x2048, bench/start_parts.py).
+An image the Image Editor (or a texture node) names but Blender has not decoded yet is decoded in
+the first timer call, alone, and the job prepared in the next: the start itself decodes nothing.
 Behaviour, not seconds.
 """
 
@@ -15,6 +17,7 @@ import sys
 import time
 import tracemalloc
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -28,7 +31,7 @@ bh.import_package()
 from lean_image_ai.models import colour  # noqa: E402
 from lean_image_ai.models.store import library  # noqa: E402
 from lean_image_ai.operators import image_io, image_ops, jobs  # noqa: E402
-from modal_standins import TIMER, StandInContext, drive, driver_class  # noqa: E402
+from modal_standins import ESC, TIMER, StandInContext, drive, driver_class  # noqa: E402
 
 SIDE = 512
 
@@ -145,3 +148,81 @@ def test_the_model_sees_the_pixels_the_whole_copy_gave(tmp_path, is_float):
     if is_float:
         assert float(expected[..., 0].max()) > 1.0 and float(expected[..., 3].min()) < 0.5  # what was converted
     np.testing.assert_array_equal(seen["model_input"], expected)
+
+
+def run_on_editor_image(image, *, cancel_at: int | None = None) -> dict:
+    """One Upscale job on the Image Editor's ``image`` (no ``filepath``): after the start and after
+    each timer call, whether Blender has decoded the image and whether the job is prepared (has its
+    task); Esc before timer call ``cancel_at``."""
+    seen = {"after": []}
+
+    def keep_input(job):
+        seen["model_input"] = None if job.inputs is None else np.array(job.inputs.model_rgba)
+
+    def state_now():
+        job = jobs.manager.current
+        return image.has_data, job is not None and job.task is not None
+
+    def script(op):
+        ctx = StandInContext()
+        ctx.space_data = SimpleNamespace(type="IMAGE_EDITOR", image=image)
+        before = set(bpy.data.images)
+        state = op.start_modal(ctx)
+        seen["after"].append(state_now())
+        deadline = time.monotonic() + 120
+        while state == {"RUNNING_MODAL"}:
+            assert time.monotonic() < deadline, "the job did not end in time"
+            if cancel_at == len(seen["after"]):
+                op.modal(ctx, ESC)
+            state = op.modal(ctx, TIMER)
+            seen["after"].append(state_now())
+            time.sleep(0.005)
+        seen["state"], seen["made"] = state, [made.name for made in bpy.data.images if made not in before]
+        return state
+
+    jobs.manager.on_end.append(keep_input)
+    try:
+        drive(bpy.ops.lean_image_ai_test.drive_upscale_start, script)
+    finally:
+        jobs.manager.on_end.remove(keep_input)
+    return seen
+
+
+@pytest.mark.parametrize("is_float", [True, False], ids=["float", "byte"])
+def test_an_editor_image_not_yet_decoded_is_decoded_in_a_timer_call_of_its_own(tmp_path, is_float):
+    path = source_file(tmp_path, is_float)
+    image = bpy.data.images.load(str(path), check_existing=False)
+    assert not image.has_data  # loading only names the file
+    seen = run_on_editor_image(image)
+    assert seen["state"] == {"FINISHED"} and len(seen["made"]) == 1, seen
+    # (decoded, prepared): the start neither; the first call decodes; the second prepares the job
+    assert seen["after"][:3] == [(False, False), (True, False), (True, True)], seen["after"]
+    np.testing.assert_array_equal(seen["model_input"], whole_model_input(path))
+
+
+def test_an_editor_image_already_decoded_is_read_in_the_start(tmp_path):
+    image = bpy.data.images.load(str(source_file(tmp_path, True)), check_existing=False)
+    assert tuple(image.size) == (SIDE, SIDE) and image.has_data  # as an image the Image Editor shows
+    seen = run_on_editor_image(image)
+    assert seen["state"] == {"FINISHED"}
+    assert seen["after"][0] == (True, True), seen["after"]
+
+
+def test_an_editor_image_whose_file_is_gone_fails_the_job_with_the_clear_message(tmp_path):
+    path = source_file(tmp_path, False)
+    image = bpy.data.images.load(str(path), check_existing=False)
+    path.unlink()
+    # the job's error, reported as it ends (bpy.ops raises an operator's ERROR report in background mode)
+    with pytest.raises(RuntimeError, match=r"is empty \(0 x 0 pixels\): its file could not be loaded"):
+        run_on_editor_image(image)
+    last = jobs.manager.last
+    assert last.state == "failed" and "its file could not be loaded" in last.error_text
+    assert jobs.manager.current is None and list(bpy.data.images) == [image]
+
+
+def test_esc_before_the_job_is_prepared_cancels_it_with_nothing_made(tmp_path):
+    image = bpy.data.images.load(str(source_file(tmp_path, True)), check_existing=False)
+    seen = run_on_editor_image(image, cancel_at=2)  # after the decode, before the job is prepared
+    assert seen["state"] == {"CANCELLED"} and seen["made"] == [], seen
+    assert seen["after"][1] == (True, False) and seen["model_input"] is None
+    assert jobs.manager.last.state == "cancelled" and jobs.manager.current is None
