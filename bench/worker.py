@@ -1,6 +1,7 @@
 """The model worker process against the same job run in Blender's process (issue #30 item 8).
 
     python bench/worker.py [--width 1920 --height 1080] [--small 256] [--model FILE] [--ops-only]
+    python bench/worker.py --ops-start [--ops-side 2048]   (the model operators' start, issue #37 item 3)
 
 This process plays Blender's: it imports bpy (the bpy 5.0.1 wheel of the dev venv) and the add-on,
 and drives jobs as the operators do (models/worker/remote_batch.py's RemoteBatchRun, pumped from
@@ -122,7 +123,9 @@ def _apply_calls(args) -> None:
     (issue #37 item 3): Remove Background with Replace on an ``--ops-side`` byte or float source (a
     seeded BEN2-like net of tests/builders_families.py: the apply's cost is the source's size, not
     the model's), and Process Sequence (built-in bicubic x2) over three ``--width``x``--height`` PNG
-    frames. Each case in a fresh bpy process (tests/host_memory_job.py's modal phase)."""
+    frames. With ``--ops-start``: Upscale's start (``start_modal``) and its first calls on a byte PNG and
+    a float EXR, the source given as ``filepath``, as the Image Editor's image not yet decoded, and
+    decoded. Each case in a fresh bpy process (tests/host_memory_job.py's modal phase)."""
     import subprocess
     import tempfile
 
@@ -133,17 +136,21 @@ def _apply_calls(args) -> None:
     figures = {}
     cases = []
     if args.ops_replace:
-        cases += [("replace", False), ("replace", True)]
+        cases += [("replace", False, "file"), ("replace", True, "file")]
     if args.ops_sequence:
-        cases.append(("sequence", False))
-    for kind, float_source in cases:
+        cases.append(("sequence", False, "file"))
+    if args.ops_start:
+        cases += [("upscale", float_source, source) for float_source in (False, True)
+                  for source in ("file", "editor", "editor_decoded")]
+    for kind, float_source, source in cases:
         root = Path(tempfile.mkdtemp(prefix=f"bench_worker_{kind}_"))
         (root / "models").mkdir()
         config = {"side": args.ops_side, "jobs": 1, "folder": str(root), "out": str(root / "out.json"),
-                  "phases": ["modal"], "float": float_source, "modal_runs": args.ops_runs, "modal_operator": kind}
+                  "phases": ["modal"], "float": float_source, "modal_runs": args.ops_runs, "modal_operator": kind,
+                  "modal_source": source}
         if kind == "replace":
             config["model"] = str(ben2_like_model(root / "ben2.onnx", size=64))
-        else:
+        elif kind == "sequence":
             frames = root / "frames"
             frames.mkdir()
             y, x = np.mgrid[0:args.height, 0:args.width].astype(np.float32)
@@ -159,13 +166,21 @@ def _apply_calls(args) -> None:
         if done.returncode != 0:
             raise SystemExit(f"the bpy process of the {kind} jobs failed: {done.stderr[-2000:]}")
         modal = json.loads((root / "out.json").read_text(encoding="utf-8"))["modal"]
-        label = (f"Remove Background Replace {args.ops_side}x{args.ops_side} {'float' if float_source else 'byte'}"
-                 if kind == "replace" else f"Process Sequence (upscale x2), 3 frames {args.width}x{args.height} PNG")
+        bits = "float" if float_source else "byte"
+        label = {"replace": f"Remove Background Replace {args.ops_side}x{args.ops_side} {bits}",
+                 "upscale": f"Upscale {args.ops_side}x{args.ops_side} {bits}, source: {source}",
+                 "sequence": f"Process Sequence (upscale x2), 3 frames {args.width}x{args.height} PNG"}[kind]
         longest = modal["longest_call"]
         print(f"{label}: start_modal {modal['start_modal_s']:.3f} s, {modal['timer_calls']} timer calls, longest "
               f"{modal['longest_timer_call_s']:.3f} s ('{longest['step']}', CPU {longest['cpu_s']:.3f} s), the last "
               f"{modal['last_timer_call_s']:.3f} s; calls over 0.1 s in {_jobs_text(args.ops_runs)}: {modal['calls_over_0.1_s']}")
-        key = "sequence" if kind == "sequence" else f"replace_{'float' if float_source else 'byte'}"
+        if kind == "upscale":  # --ops-start: the start's own call, and the longest after it
+            print(f"  start_modal CPU {modal['start_modal_cpu_s']:.3f} s; the first calls: {modal['last_job_calls'][:4]}")
+            figures[f"start_{bits}_{source}_s"] = round(modal["start_modal_s"], 3)
+            figures[f"start_{bits}_{source}_cpu_s"] = round(modal["start_modal_cpu_s"], 3)
+            figures[f"start_{bits}_{source}_longest_timer_call_s"] = round(modal["longest_timer_call_s"], 3)
+            continue
+        key = "sequence" if kind == "sequence" else f"replace_{bits}"
         figures[f"{key}_longest_call_s"] = round(max(modal["start_modal_s"], modal["longest_timer_call_s"]), 3)
         figures[f"{key}_longest_cpu_s"] = round(longest["cpu_s"], 3)
     print(json.dumps(figures))
@@ -189,8 +204,11 @@ def main(argv=None) -> int:
     parser.add_argument("--ops-runs", type=int, default=1, help="modal jobs measured (the longest call over all)")
     parser.add_argument("--ops-replace", action="store_true", help="only Remove Background Replace's calls (byte, float)")
     parser.add_argument("--ops-sequence", action="store_true", help="only Process Sequence's calls (3 PNG frames)")
+    parser.add_argument("--ops-start", action="store_true",
+                        help="only the Upscale job's start (start_modal) and calls: byte and float, the source as "
+                             "filepath, as the Image Editor's image not decoded, and decoded")
     args = parser.parse_args(argv)
-    if args.ops_replace or args.ops_sequence:
+    if args.ops_replace or args.ops_sequence or args.ops_start:
         _apply_calls(args)
         return 0
     operators = _through_operators(args.ops_side, 3, float_source=args.ops_float, save_to=args.ops_save,
