@@ -43,6 +43,7 @@ __all__ = [
     "ImageInfo",
     "ImageSaveError",
     "array_to_new_image",
+    "decode",
     "image_info",
     "image_rows",
     "image_to_array",
@@ -109,6 +110,15 @@ def _checked_size(image) -> tuple[int, int]:
             hint = "it holds no pixels. Open or create an image with pixels, then run again."
         raise InvalidImageError(f"Image {_image_label(image)} is empty (0 x 0 pixels): {hint}")
     return width, height
+
+
+def decode(image) -> None:
+    """Blender decodes an image's file when its size is first asked for: done here, in a call of
+    its own, so that the call which reads the pixels does not also decode them."""
+    try:
+        image.size[0]
+    except ReferenceError:  # removed since it was picked
+        raise InvalidImageError("The image was removed before the job read it; nothing was changed.") from None
 
 
 def image_info(image) -> ImageInfo:

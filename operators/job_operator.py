@@ -9,7 +9,7 @@ import traceback
 
 import bpy
 
-from ..runtime.errors import InvalidImageError, LeanImageError
+from ..runtime.errors import LeanImageError
 from .jobs import BlenderJob, JobBusyError, JobEnd, JobLane, as_task, manager, record_failure, stop
 
 TIMER_INTERVAL = 0.1
@@ -45,7 +45,7 @@ class ModalJobOperator:
     _end: JobEnd | None = None  # once the job is applied: the rest of its end, a step per timer call
     _outcome: set | None = None  # finish()'s answer, returned once the end is over
     _teardown = None  # the job's timer, progress bar and status, removed once the end is over
-    _start_steps: list | None = None  # a start left to the first timer calls (image_to_decode)
+    _start_steps: list | None = None  # a start left to the first timer calls (read_first)
 
     def prepare(self, context, job: BlenderJob):
         raise NotImplementedError
@@ -56,12 +56,13 @@ class ModalJobOperator:
     def job_key(self) -> str:
         return ""
 
-    def image_to_decode(self, context):
-        """The image the job will read when Blender has not decoded it yet (only its file is named),
-        else None. Then the modal start claims the lane and returns; the first timer call decodes
-        the image and the next one prepares the job: Blender's decode took 0.08-0.13 s of its main
-        thread for a 2048x2048 float EXR, 0.23 s at 3840x2160 (bench/start_parts.py), on top of
-        the rest of the start. Errors ``prepare`` finds are then the job's, reported as it ends."""
+    def read_first(self, context):
+        """A step ``(context, job)`` the modal start leaves to the first timer call, or None: Blender's
+        decode of a source it has not read yet (0.06-0.13 s of its main thread for a 2048x2048 image,
+        0.07-0.23 s at 3840x2160, bench/start_parts.py). The start then only claims the lane and
+        returns; the first timer call runs the step and the next prepares the job. Errors found then
+        are the job's, reported as it ends; what the step made for the job it registers with
+        ``job.on_discard``."""
         return None
 
     def pump(self, context, job: BlenderJob, budget: float) -> bool:
@@ -93,8 +94,8 @@ class ModalJobOperator:
 
     def start_modal(self, context):
         """Start the job under a modal timer; what ``invoke`` does when Blender has a UI."""
-        undecoded = self.image_to_decode(context)
-        job = self._begin(context) if undecoded is None else self._claim()
+        first = self.read_first(context)
+        job = self._begin(context) if first is None else self._claim()
         if job is None:
             return {"CANCELLED"}
         wm = context.window_manager
@@ -117,8 +118,8 @@ class ModalJobOperator:
             self.report({"ERROR"}, job.error_text)
             return {"CANCELLED"}
         self._job = job
-        if undecoded is not None:
-            self._start_steps = [lambda context, job: _decode(undecoded), self._prepare_now]
+        if first is not None:
+            self._start_steps = [first, self._prepare_now]
             job.report(0.0, "reading the image")
         return {"RUNNING_MODAL"}
 
@@ -226,7 +227,7 @@ class ModalJobOperator:
         job.task = as_task(job, self.prepare(context, job))
 
     def _start_step(self, context, job: BlenderJob) -> bool:
-        """The next step of a start left to the timer calls (see :meth:`image_to_decode`), one a
+        """The next step of a start left to the timer calls (see :meth:`read_first`), one a
         call; True once the job is over: cancelled before it was prepared, or failed in a step
         (then it ends as a job whose task failed: ``finish`` reports it)."""
         if job.cancel_event.is_set():
@@ -249,14 +250,6 @@ class ModalJobOperator:
             for area in getattr(screen, "areas", ()):
                 if area.type in self.redraw_areas:
                     area.tag_redraw()
-
-
-def _decode(image) -> None:
-    """Blender decodes an image's file when its size is first asked for."""
-    try:
-        image.size[0]
-    except ReferenceError:  # removed since the start
-        raise InvalidImageError("The image was removed before the job read it; nothing was changed.") from None
 
 
 def _set_status(context, text):

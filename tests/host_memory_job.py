@@ -142,6 +142,12 @@ def modal_operator(path: str):
     return LEAN_IMAGE_AI_OT_upscale, {"filepath": path}
 
 
+def made_count(path: str) -> int:
+    """Images but the source file's, which a ``filepath`` job's first timer call loads (and its read
+    removes again)."""
+    return sum(image.filepath != path for image in bpy.data.images)
+
+
 def editor_source(path: str):
     """The Image Editor's image of the modal phase (CONFIG "modal_source"), or None: ``filepath``."""
     kind = CONFIG.get("modal_source", "file")
@@ -196,11 +202,11 @@ def phase_modal(path: str) -> dict:
         job_calls = []
         while state == {"RUNNING_MODAL"}:
             step, collecting["spent"] = step_of(op), 0.0
-            images = len(bpy.data.images)
+            images = made_count(path)
             started, cpu_started = time.perf_counter(), time.thread_time()
             state = op.modal(ctx, ms.TIMER)
             seconds = time.perf_counter() - started
-            if len(bpy.data.images) > images and "made" not in made:
+            if made_count(path) > images and "made" not in made:
                 made["made"] = seconds  # the call that made the result image
             job_calls.append((seconds, step, collecting["spent"], time.thread_time() - cpu_started))
             time.sleep(job_operator.TIMER_INTERVAL)  # what Blender waits between two timer events

@@ -78,33 +78,54 @@ def source_file(folder: Path, is_float: bool) -> Path:
     return path
 
 
-def run_modal(path: Path) -> dict:
-    """One Upscale job on ``path``: the most memory traced during its start, and the model's input
-    as the job handed it to the batch (taken as the lane ends the job)."""
-    seen = {}
+def run_job(*, path: Path | None = None, image=None, cancel_at: int | None = None) -> dict:
+    """One Upscale job on the file ``path`` (``filepath``) or on the Image Editor's ``image``. Seen:
+    after the start and after each timer call, whether Blender has decoded the source and whether
+    the job is prepared (has its task); the most memory traced from the start until the job is
+    prepared; the model's input as the job handed it to the batch (taken as the lane ends the job);
+    Esc before timer call ``cancel_at``."""
+    seen = {"after": []}
 
     def keep_input(job):
-        seen["model_input"] = np.array(job.inputs.model_rgba)
+        seen["model_input"] = None if job.inputs is None else np.array(job.inputs.model_rgba)
+
+    def state_now():
+        job = jobs.manager.current
+        if image is not None:
+            decoded = image.has_data
+        else:
+            decoded = any(made.has_data for made in bpy.data.images if Path(made.filepath) == path)
+        return decoded, job is not None and job.task is not None
 
     def script(op):
         ctx = StandInContext()
+        if image is not None:
+            ctx.space_data = SimpleNamespace(type="IMAGE_EDITOR", image=image)
+        before = set(bpy.data.images)
         tracemalloc.start()
         try:
             state = op.start_modal(ctx)
-            seen["start_peak"] = tracemalloc.get_traced_memory()[1]
+            seen["after"].append(state_now())
+            deadline = time.monotonic() + 120
+            while state == {"RUNNING_MODAL"}:
+                assert time.monotonic() < deadline, "the job did not end in time"
+                if tracemalloc.is_tracing() and seen["after"][-1][1]:  # prepared: its read is over
+                    seen["start_peak"] = tracemalloc.get_traced_memory()[1]
+                    tracemalloc.stop()
+                if cancel_at == len(seen["after"]):
+                    op.modal(ctx, ESC)
+                state = op.modal(ctx, TIMER)
+                seen["after"].append(state_now())
+                time.sleep(0.005)
         finally:
             tracemalloc.stop()
-        deadline = time.monotonic() + 120
-        while state == {"RUNNING_MODAL"}:
-            assert time.monotonic() < deadline, "the job did not end in time"
-            state = op.modal(ctx, TIMER)
-            time.sleep(0.005)
-        seen["state"] = state
+        seen["state"], seen["made"] = state, [made.name for made in bpy.data.images if made not in before]
         return state
 
     jobs.manager.on_end.append(keep_input)
     try:
-        drive(bpy.ops.lean_image_ai_test.drive_upscale_start, script, filepath=str(path))
+        props = {"filepath": str(path)} if image is None else {}
+        drive(bpy.ops.lean_image_ai_test.drive_upscale_start, script, **props)
     finally:
         jobs.manager.on_end.remove(keep_input)
     return seen
@@ -127,11 +148,11 @@ def whole_model_input(path: Path) -> np.ndarray:
 
 @pytest.mark.parametrize("is_float", [True, False], ids=["float", "byte"])
 def test_the_start_holds_no_second_whole_copy_of_the_sources_pixels(tmp_path, is_float):
-    """Traced during ``start_modal``: Blender's pixels as float32 (1 x the source's float bytes) and
+    """Traced from ``start_modal`` until the job is prepared: Blender's pixels as float32 (1 x the source's float bytes) and
     the model input's buffer (1 x for a float source, 1/4 x for a byte one's uint8) at most, with a
     margin of a quarter; a whole top-row-first copy of the pixels would add 1 x more."""
     path = source_file(tmp_path, is_float)
-    seen = run_modal(path)
+    seen = run_job(path=path)
     assert seen["state"] == {"FINISHED"}
     pixels = SIDE * SIDE * 4 * 4  # float32 RGBA
     model_buffer = pixels if is_float else pixels // 4
@@ -141,7 +162,7 @@ def test_the_start_holds_no_second_whole_copy_of_the_sources_pixels(tmp_path, is
 @pytest.mark.parametrize("is_float", [True, False], ids=["float", "byte"])
 def test_the_model_sees_the_pixels_the_whole_copy_gave(tmp_path, is_float):
     path = source_file(tmp_path, is_float)
-    seen = run_modal(path)
+    seen = run_job(path=path)
     assert seen["state"] == {"FINISHED"}
     expected = whole_model_input(path)
     assert seen["model_input"].dtype == expected.dtype and seen["model_input"].shape == (SIDE, SIDE, 4)
@@ -150,50 +171,12 @@ def test_the_model_sees_the_pixels_the_whole_copy_gave(tmp_path, is_float):
     np.testing.assert_array_equal(seen["model_input"], expected)
 
 
-def run_on_editor_image(image, *, cancel_at: int | None = None) -> dict:
-    """One Upscale job on the Image Editor's ``image`` (no ``filepath``): after the start and after
-    each timer call, whether Blender has decoded the image and whether the job is prepared (has its
-    task); Esc before timer call ``cancel_at``."""
-    seen = {"after": []}
-
-    def keep_input(job):
-        seen["model_input"] = None if job.inputs is None else np.array(job.inputs.model_rgba)
-
-    def state_now():
-        job = jobs.manager.current
-        return image.has_data, job is not None and job.task is not None
-
-    def script(op):
-        ctx = StandInContext()
-        ctx.space_data = SimpleNamespace(type="IMAGE_EDITOR", image=image)
-        before = set(bpy.data.images)
-        state = op.start_modal(ctx)
-        seen["after"].append(state_now())
-        deadline = time.monotonic() + 120
-        while state == {"RUNNING_MODAL"}:
-            assert time.monotonic() < deadline, "the job did not end in time"
-            if cancel_at == len(seen["after"]):
-                op.modal(ctx, ESC)
-            state = op.modal(ctx, TIMER)
-            seen["after"].append(state_now())
-            time.sleep(0.005)
-        seen["state"], seen["made"] = state, [made.name for made in bpy.data.images if made not in before]
-        return state
-
-    jobs.manager.on_end.append(keep_input)
-    try:
-        drive(bpy.ops.lean_image_ai_test.drive_upscale_start, script)
-    finally:
-        jobs.manager.on_end.remove(keep_input)
-    return seen
-
-
 @pytest.mark.parametrize("is_float", [True, False], ids=["float", "byte"])
 def test_an_editor_image_not_yet_decoded_is_decoded_in_a_timer_call_of_its_own(tmp_path, is_float):
     path = source_file(tmp_path, is_float)
     image = bpy.data.images.load(str(path), check_existing=False)
     assert not image.has_data  # loading only names the file
-    seen = run_on_editor_image(image)
+    seen = run_job(image=image)
     assert seen["state"] == {"FINISHED"} and len(seen["made"]) == 1, seen
     # (decoded, prepared): the start neither; the first call decodes; the second prepares the job
     assert seen["after"][:3] == [(False, False), (True, False), (True, True)], seen["after"]
@@ -203,7 +186,7 @@ def test_an_editor_image_not_yet_decoded_is_decoded_in_a_timer_call_of_its_own(t
 def test_an_editor_image_already_decoded_is_read_in_the_start(tmp_path):
     image = bpy.data.images.load(str(source_file(tmp_path, True)), check_existing=False)
     assert tuple(image.size) == (SIDE, SIDE) and image.has_data  # as an image the Image Editor shows
-    seen = run_on_editor_image(image)
+    seen = run_job(image=image)
     assert seen["state"] == {"FINISHED"}
     assert seen["after"][0] == (True, True), seen["after"]
 
@@ -214,7 +197,7 @@ def test_an_editor_image_whose_file_is_gone_fails_the_job_with_the_clear_message
     path.unlink()
     # the job's error, reported as it ends (bpy.ops raises an operator's ERROR report in background mode)
     with pytest.raises(RuntimeError, match=r"is empty \(0 x 0 pixels\): its file could not be loaded"):
-        run_on_editor_image(image)
+        run_job(image=image)
     last = jobs.manager.last
     assert last.state == "failed" and "its file could not be loaded" in last.error_text
     assert jobs.manager.current is None and list(bpy.data.images) == [image]
@@ -222,7 +205,33 @@ def test_an_editor_image_whose_file_is_gone_fails_the_job_with_the_clear_message
 
 def test_esc_before_the_job_is_prepared_cancels_it_with_nothing_made(tmp_path):
     image = bpy.data.images.load(str(source_file(tmp_path, True)), check_existing=False)
-    seen = run_on_editor_image(image, cancel_at=2)  # after the decode, before the job is prepared
+    seen = run_job(image=image, cancel_at=2)  # after the decode, before the job is prepared
     assert seen["state"] == {"CANCELLED"} and seen["made"] == [], seen
     assert seen["after"][1] == (True, False) and seen["model_input"] is None
     assert jobs.manager.last.state == "cancelled" and jobs.manager.current is None
+
+
+@pytest.mark.parametrize("is_float", [True, False], ids=["float", "byte"])
+def test_a_filepath_source_is_loaded_and_decoded_in_a_timer_call_of_its_own(tmp_path, is_float):
+    path = source_file(tmp_path, is_float)
+    seen = run_job(path=path)
+    assert seen["state"] == {"FINISHED"} and len(seen["made"]) == 1, seen  # the result; the source removed again
+    # (decoded, prepared): the start loads nothing; the first call loads and decodes; the second
+    # prepares the job (its read done, the loaded source is removed again at once, as before)
+    assert seen["after"][:3] == [(False, False), (True, False), (False, True)], seen["after"]
+    np.testing.assert_array_equal(seen["model_input"], whole_model_input(path))
+
+
+def test_a_filepath_blender_cannot_read_fails_the_job_with_the_loads_message(tmp_path):
+    path = tmp_path / "broken.png"
+    path.write_bytes(b"not a picture")
+    with pytest.raises(RuntimeError, match="Blender cannot read .* as an image"):
+        run_job(path=path)
+    assert jobs.manager.last.state == "failed" and list(bpy.data.images) == []
+
+
+def test_esc_after_a_filepath_source_is_loaded_removes_it_again(tmp_path):
+    path = source_file(tmp_path, False)
+    seen = run_job(path=path, cancel_at=2)  # after the load, before the job is prepared
+    assert seen["state"] == {"CANCELLED"} and seen["after"][1] == (True, False), seen
+    assert jobs.manager.last.state == "cancelled" and list(bpy.data.images) == []
