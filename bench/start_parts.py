@@ -9,10 +9,10 @@ timed one after the other: Blender's decode (the first ``image.size``), ``image_
 ``pixels.foreach_get`` into float32 (cold: the first after the decode; warm: again; a byte image's
 bytes become floats inside Blender here), the whole top-row-first copy the start made before this
 branch (``np.ascontiguousarray`` of the flipped rows), the start's read as it is now
-(``image_io.read_image``) and as it was (``image_to_array``'s copy), and the model input's banded
+(``image_io.read_image``: a flipped view) and as it was (``image_to_array``: that view copied),
+both on the decoded image (as for an image the Image Editor shows), and the model input's banded
 conversion (the job's pump, ``operators/model_job.py``'s ``_model_input``): its longest band and
-its whole. Then the same read on an image already decoded (an image the Image Editor shows).
-Medians over the repeats; prints a table, then one JSON line.
+its whole. Medians over the repeats; prints a table, then one JSON line.
 """
 
 from __future__ import annotations
