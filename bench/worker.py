@@ -1,6 +1,7 @@
 """The model worker process against the same job run in Blender's process (issue #30 item 8).
 
     python bench/worker.py [--width 1920 --height 1080] [--small 256] [--model FILE] [--ops-only]
+    python bench/worker.py --ops-start [--ops-side 2048]   (the model operators' start, issue #37 item 3)
 
 This process plays Blender's: it imports bpy (the bpy 5.0.1 wheel of the dev venv) and the add-on,
 and drives jobs as the operators do (models/worker/remote_batch.py's RemoteBatchRun, pumped from
@@ -122,7 +123,9 @@ def _apply_calls(args) -> None:
     (issue #37 item 3): Remove Background with Replace on an ``--ops-side`` byte or float source (a
     seeded BEN2-like net of tests/builders_families.py: the apply's cost is the source's size, not
     the model's), and Process Sequence (built-in bicubic x2) over three ``--width``x``--height`` PNG
-    frames. Each case in a fresh bpy process (tests/host_memory_job.py's modal phase)."""
+    frames. With ``--ops-start``: Upscale's start (``start_modal``) and its first calls on a byte PNG and
+    a float EXR, the source given as ``filepath``, as the Image Editor's image not yet decoded, and
+    decoded. Each case in a fresh bpy process (tests/host_memory_job.py's modal phase)."""
     import subprocess
     import tempfile
 
@@ -133,16 +136,19 @@ def _apply_calls(args) -> None:
     figures = {}
     cases = []
     if args.ops_replace:
-        cases += [("replace", False), ("replace", True)]
+        cases += [("replace", False, "file"), ("replace", True, "file")]
     if args.ops_sequence:
-        cases.append(("sequence", False))
+        cases.append(("sequence", False, "file"))
     if args.ops_sequence_geometry:
-        cases.append(("geometry", False))
+        cases.append(("geometry", False, "file"))
     if args.ops_geometry:
-        cases.append(("reconstruct", False))
+        cases.append(("reconstruct", False, "file"))
     if args.ops_shot:
-        cases.append(("shot", False))
-    for kind, float_source in cases:
+        cases.append(("shot", False, "file"))
+    if args.ops_start:
+        cases += [("upscale", float_source, source) for float_source in (False, True)
+                  for source in ("file", "editor", "editor_decoded")]
+    for kind, float_source, source in cases:
         if kind == "reconstruct":
             figures.update(_geometry_calls(args))
             continue
@@ -153,10 +159,10 @@ def _apply_calls(args) -> None:
         (root / "models").mkdir()
         config = {"side": args.ops_side, "jobs": 1, "folder": str(root), "out": str(root / "out.json"),
                   "phases": ["modal"], "float": float_source, "modal_runs": args.ops_runs,
-                  "modal_operator": "sequence" if kind == "geometry" else kind}
+                  "modal_operator": "sequence" if kind == "geometry" else kind, "modal_source": source}
         if kind == "replace":
             config["model"] = str(ben2_like_model(root / "ben2.onnx", size=64))
-        else:
+        elif kind in ("sequence", "geometry"):
             frames = root / "frames"
             frames.mkdir()
             y, x = np.mgrid[0:args.height, 0:args.width].astype(np.float32)
@@ -179,7 +185,9 @@ def _apply_calls(args) -> None:
         if done.returncode != 0:
             raise SystemExit(f"the bpy process of the {kind} jobs failed: {done.stderr[-2000:]}")
         modal = json.loads((root / "out.json").read_text(encoding="utf-8"))["modal"]
-        label = {"replace": f"Remove Background Replace {args.ops_side}x{args.ops_side} {'float' if float_source else 'byte'}",
+        bits = "float" if float_source else "byte"
+        label = {"replace": f"Remove Background Replace {args.ops_side}x{args.ops_side} {bits}",
+                 "upscale": f"Upscale {args.ops_side}x{args.ops_side} {bits}, source: {source}",
                  "sequence": f"Process Sequence (upscale x2), 3 frames {args.width}x{args.height} PNG"
                              f" -> {'JPEG' if args.ops_jpeg else 'PNG'}",
                  "geometry": f"Process Sequence (seeded MoGe-2), 3 frames {args.width}x{args.height}"}[kind]
@@ -194,7 +202,13 @@ def _apply_calls(args) -> None:
             most_cpu = max(modal["last_job_calls"], key=lambda call: call[2])
             print(f"  the call of most CPU: {most_cpu[2]:.3f} s CPU ({most_cpu[0]:.3f} s wall, '{most_cpu[1]}')")
             figures["geometry_most_cpu_call_s"] = most_cpu[2]
-        key = kind if kind != "replace" else f"replace_{'float' if float_source else 'byte'}"
+        if kind == "upscale":  # --ops-start: the start's own call, and the longest after it
+            print(f"  start_modal CPU {modal['start_modal_cpu_s']:.3f} s; the first calls: {modal['last_job_calls'][:4]}")
+            figures[f"start_{bits}_{source}_s"] = round(modal["start_modal_s"], 3)
+            figures[f"start_{bits}_{source}_cpu_s"] = round(modal["start_modal_cpu_s"], 3)
+            figures[f"start_{bits}_{source}_longest_timer_call_s"] = round(modal["longest_timer_call_s"], 3)
+            continue
+        key = kind if kind != "replace" else f"replace_{bits}"
         figures[f"{key}_longest_call_s"] = round(max(modal["start_modal_s"], modal["longest_timer_call_s"]), 3)
         figures[f"{key}_longest_cpu_s"] = round(longest["cpu_s"], 3)
         figures[f"{key}_most_cpu_in_a_call_s"] = round(max(call[2] for call in modal["last_job_calls"]), 3)  # the last job's
@@ -389,8 +403,12 @@ def main(argv=None) -> int:
     parser.add_argument("--ops-jpeg", action="store_true", help="--ops-sequence writes .jpg frames (else PNG)")
     parser.add_argument("--ops-shot", action="store_true",
                         help="only Reconstruct Shot's calls (MoGe-2-like net, 3 frames --width x --height)")
+    parser.add_argument("--ops-start", action="store_true",
+                        help="only the Upscale job's start (start_modal) and calls: byte and float, the source as "
+                             "filepath, as the Image Editor's image not decoded, and decoded")
     args = parser.parse_args(argv)
-    if args.ops_replace or args.ops_sequence or args.ops_sequence_geometry or args.ops_geometry or args.ops_shot:
+    if (args.ops_replace or args.ops_sequence or args.ops_sequence_geometry or args.ops_geometry or args.ops_shot
+            or args.ops_start):
         _apply_calls(args)
         return 0
     operators = _through_operators(args.ops_side, 3, float_source=args.ops_float, save_to=args.ops_save,

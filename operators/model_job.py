@@ -300,6 +300,25 @@ class ModelJobOperator(ModelOperatorProperties, ModalJobOperator):
         """Whether a source loaded from ``filepath`` stays (the result refers to it)."""
         return False
 
+    _source = None  # the source the first timer call loaded (read_first), for gather
+
+    def read_first(self, context):
+        """The source's decode (see the base's doc), when Blender has not read it: a ``filepath``
+        file (loaded and decoded in that call: the load checks that Blender can read it), or the
+        Image Editor's / texture node's image while not decoded (an image the Image Editor shows is)."""
+        if self.filepath:
+            return self._load_source if sources.absolute_path(self.filepath).is_file() else None
+        image = sources.shown_image(context)
+        if image is None or image.type != "IMAGE" or image.source == "SEQUENCE" or image.has_data:
+            return None
+        return lambda context, job: image_io.decode(image)
+
+    def _load_source(self, context, job: BlenderJob) -> None:
+        source = sources.resolve_source(context, self.filepath)
+        if source.loaded:
+            job.on_discard.append(sources.remove_image_later(source.image))
+        self._source = source
+
     def gather(self, context, job: BlenderJob) -> JobInputs:
         """Read the source, the model and the preferences (see module doc). A source loaded from
         ``filepath`` is removed again at once unless :meth:`keeps_source` (then when the job fails)."""
@@ -312,9 +331,9 @@ class ModelJobOperator(ModelOperatorProperties, ModalJobOperator):
         source = None if self.filepath else sources.resolve_source(context, "")
         model_run = prefs.operator_model_run(context, self, self.family.id)  # a first-time hash is the worker's
         if source is None:
-            source = sources.resolve_source(context, self.filepath)
+            source = self._source or sources.resolve_source(context, self.filepath)
         keep = self.keeps_source()
-        if source.loaded:
+        if source.loaded and source is not self._source:  # else registered as it was loaded
             job.on_discard.append(sources.remove_image_later(source.image))
         rgba, info = image_io.read_image(source.image)
         model_input = _model_input(rgba, info)

@@ -55,6 +55,11 @@ def _texture_node_image(context):
     return None
 
 
+def shown_image(context):
+    """The Image Editor's image, else the active Image Texture node's (None: neither)."""
+    return _editor_image(context) or _texture_node_image(context)
+
+
 SEQUENCE_HINT = "to process every frame use Process Sequence (lean_image_ai.process_sequence) or the command line"
 
 
@@ -102,7 +107,7 @@ def resolve_source(context, filepath: str) -> Source:
         before = set(bpy.data.images)
         image = image_io.load_image_file(path, check_existing=True)
         return _loaded(image) if image not in before else Source(image, False, image_stem(image))
-    image = _editor_image(context) or _texture_node_image(context)
+    image = shown_image(context)
     if image is None:
         raise InvalidImageError(NO_SOURCE_MESSAGE)
     if image.source == "SEQUENCE":

@@ -11,7 +11,10 @@ and "save_to" (optional: the modal phase's job count, and Save Result To set), a
             array it held (source pixels, model input, the result) are dead once the job is over
             and its result image removed, i.e. no reference cycle holds them
   modal     the job driven as Blender's UI drives it (start_modal, then a TIMER event at a time):
-            the longest single call of the add-on on the main thread while the job runs
+            the longest single call of the add-on on the main thread while the job runs; CONFIG
+            "modal_source" (optional): "file" (default: the source as ``filepath``), "editor" (the
+            Image Editor's image, loaded but not decoded) or "editor_decoded" (decoded, as an
+            image the Image Editor shows)
 Every phase runs after one warm-up job (the worker's start, first imports), whose result is removed.
 The models folder is empty, so Upscale uses the built-in bicubic x2 (no model file needed). Used by
 tests/test_host_memory.py and bench/worker.py.
@@ -23,6 +26,7 @@ import sys
 import time
 import weakref
 from pathlib import Path
+from types import SimpleNamespace
 
 import bpy
 import numpy as np
@@ -149,6 +153,23 @@ def modal_operator(path: str):
     return LEAN_IMAGE_AI_OT_upscale, {"filepath": path}
 
 
+def made_count(path: str) -> int:
+    """Images but the source file's, which a ``filepath`` job's first timer call loads (and its read
+    removes again)."""
+    return sum(image.filepath != path for image in bpy.data.images)
+
+
+def editor_source(path: str):
+    """The Image Editor's image of the modal phase (CONFIG "modal_source"), or None: ``filepath``."""
+    kind = CONFIG.get("modal_source", "file")
+    if kind == "file":
+        return None
+    image = bpy.data.images.load(path, check_existing=False)
+    if kind == "editor_decoded":
+        image.size[0]  # Blender decodes the file here, as for an image the Image Editor shows
+    return image
+
+
 def phase_modal(path: str) -> dict:
     """See module doc: the stand-ins of tests/modal_standins.py for the window manager. Each call is
     labelled with the step it ran (the task's part and the job's stage before the call), the time
@@ -157,6 +178,8 @@ def phase_modal(path: str) -> dict:
     import modal_standins as ms
 
     real, props = modal_operator(path)
+    if CONFIG.get("modal_source", "file") != "file":
+        props = {key: value for key, value in props.items() if key != "filepath"}
     driver = ms.driver_class(real, "lean_image_ai_test.drive_upscale", "LEANTEST_OT_drive_upscale")
     bpy.utils.register_class(driver)
     calls, collecting, made, start_cpu = [], {"began": 0.0, "spent": 0.0}, {}, []
@@ -172,12 +195,16 @@ def phase_modal(path: str) -> dict:
             return "the job's end"  # applied: its end a step per call (operators/jobs.py's JobEnd)
         job = op._job
         task = getattr(job, "task", None)
-        part = ("before" if getattr(task, "before", None) is not None
+        part = ("start" if getattr(op, "_start_steps", None)
+                else "before" if getattr(task, "before", None) is not None
                 else "steps" if getattr(task, "_steps", None) is not None else "batch")
         return f"{part}: {job.stage}"
 
     def script(op):
         ctx = ms.StandInContext()
+        source = editor_source(path)
+        if source is not None:
+            ctx.space_data = SimpleNamespace(type="IMAGE_EDITOR", image=source)
         before = set(bpy.data.images)
         started, cpu_started = time.perf_counter(), time.thread_time()
         job_started = started
@@ -187,7 +214,7 @@ def phase_modal(path: str) -> dict:
         job_calls = []
         while state == {"RUNNING_MODAL"}:
             step, collecting["spent"] = step_of(op), 0.0
-            images = len(bpy.data.images)
+            images = made_count(path)
             started, cpu_started = time.perf_counter(), time.thread_time()
             state = op.modal(ctx, ms.TIMER)
             seconds = time.perf_counter() - started
@@ -198,12 +225,12 @@ def phase_modal(path: str) -> dict:
             elif (CONFIG.get("modal_operator") == "shot" and step.startswith("batch") and state == {"RUNNING_MODAL"}
                   and op._job.stage not in step):
                 step = f"{step} -> {op._job.stage}"  # a frame's result made in the batch's pump: the stage it reached
-            if len(bpy.data.images) > images and "made" not in made:
+            if made_count(path) > images and "made" not in made:
                 made["made"] = seconds  # the call that made the result image
             job_calls.append((seconds, step, collecting["spent"], time.thread_time() - cpu_started))
             time.sleep(job_operator.TIMER_INTERVAL)  # what Blender waits between two timer events
         made.setdefault("job_walls", []).append(time.perf_counter() - job_started)  # start_modal to the end
-        remove([image for image in bpy.data.images if image not in before])
+        remove([image for image in bpy.data.images if image not in before] + ([source] if source else []))
         calls.append(job_calls)
         return state, start_s
 

@@ -150,7 +150,9 @@ def run_modal(path: Path, deflate: Deflate, *, cancel_when=None, stop_when=None,
                 seen["cancelled_at"] = deflate.call
             deflate.call += 1
             state = op.modal(ctx, TIMER)
-            seen["images"].append(sorted(image.name for image in bpy.data.images if image not in before))
+            # the made ones: not the source, which the job's first call loads (and its read removes again)
+            seen["images"].append(sorted(image.name for image in bpy.data.images
+                                         if image not in before and image.filepath != str(path)))
             if stop_when is not None and state == {"RUNNING_MODAL"} and stop_when():
                 op.cancel(ctx)
                 seen["stopped_at"], state = deflate.call, {"CANCELLED"}
@@ -232,7 +234,8 @@ def test_cancel_while_the_models_input_is_converted_ends_before_the_model_runs(t
     path = float_source(tmp_path)
     deflate = Deflate(monkeypatch)
     seen = run_modal(path, deflate, cancel_when=lambda: deflate.converted)
-    assert seen["cancelled_at"] == 0 and seen["state"] == {"CANCELLED"}  # after the first band
+    # Esc right after the call of the first band (the calls before it decoded and read the source)
+    assert seen["cancelled_at"] == min(deflate.converted) and seen["state"] == {"CANCELLED"}
     assert seen["result"] is None and not deflate.fed
     assert all(images == [] for images in seen["images"]), seen["images"]
     assert jobs.manager.last.state == "cancelled"

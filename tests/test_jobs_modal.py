@@ -154,8 +154,10 @@ def test_modal_job_reports_progress_and_finishes(monkeypatch, model, source):
         assert started == {"RUNNING_MODAL"}
         assert wm.handlers == [op] and len(wm.live_timers) == 1
         job = jobs.manager.current
-        assert job is not None and isinstance(job.task, jobs.PumpedTask)  # no thread
+        assert job is not None and job.task is None  # the source's load, then the job's preparing: timer calls
         assert op.modal(ctx, Event("MOUSEMOVE")) == {"PASS_THROUGH"}  # other events are not ours
+        assert [op.modal(ctx, TIMER) for _ in range(2)] == [{"RUNNING_MODAL"}] * 2
+        assert isinstance(job.task, jobs.PumpedTask)  # no thread
         gate.wait(op, ctx)
         return pump(op, ctx, timeout=120)
 
