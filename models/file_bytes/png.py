@@ -24,7 +24,11 @@ class PngFile(BandedFile):
     def __init__(self, height: int, width: int, rows: Rows):
         super().__init__(height, width, rows)
         self._deflate = zlib.compressobj(DEFLATE_LEVEL)
-        self._idat: list[bytes] = []
+        header = struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0)  # 8 bits, RGBA, no interlace
+        self._out.write(SIGNATURE + _chunk(b"IHDR", header))
+        # one IDAT chunk, its length filled in at the end and its CRC kept as its data comes
+        self._idat_at, self._idat_size, self._idat_crc = self._out.tell(), 0, zlib.crc32(b"IDAT")
+        self._out.write(b"\0\0\0\0IDAT")
 
     def _write(self, band: np.ndarray, start: int) -> None:
         count = band.shape[0]
@@ -34,13 +38,17 @@ class PngFile(BandedFile):
         scaled += 0.5
         np.clip(scaled, 0.0, 255.0, out=scaled)
         rows[:, 1:] = scaled.reshape(count, -1)  # truncation after +0.5: round half up
-        self._idat.append(self._deflate.compress(rows))
+        self._idat(self._deflate.compress(rows))
 
-    def _bytes(self) -> bytes:
-        self._idat.append(self._deflate.flush())
-        idat, self._idat = b"".join(self._idat), []
-        header = struct.pack(">IIBBBBB", self.width, self.height, 8, 6, 0, 0, 0)  # 8 bits, RGBA, no interlace
-        return b"".join((SIGNATURE, _chunk(b"IHDR", header), _chunk(b"IDAT", idat), _chunk(b"IEND", b"")))
+    def _idat(self, data: bytes) -> None:
+        self._out.write(data)
+        self._idat_size += len(data)
+        self._idat_crc = zlib.crc32(data, self._idat_crc)
+
+    def _end(self) -> None:
+        self._idat(self._deflate.flush())
+        self._out.write(struct.pack(">I", self._idat_crc) + _chunk(b"IEND", b""))
+        self._fill(self._idat_at, struct.pack(">I", self._idat_size))
 
 
 def _chunk(kind: bytes, data: bytes) -> bytes:
