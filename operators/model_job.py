@@ -18,7 +18,7 @@ import bpy
 import numpy as np
 from bpy.props import BoolProperty, StringProperty
 
-from ..models import colour, file_bytes, file_formats, files, image_meta, result_images
+from ..models import colour, file_bytes, file_formats, image_meta, result_images
 from ..models.batch.frame_lists import FrameRef
 from ..models.batch.runner import RunEvents, Runner
 from ..models.family import Family
@@ -169,20 +169,26 @@ def banded_frame_file(path: Path, product) -> file_bytes.BandedFile | None:
 
 class FrameFile:
     """A frame's file encoded by the pump a band at a time (Blender's writer took 0.4-0.5 s of the
-    main thread in one call for a 3840x2160 PNG, issue #37 item 3), then written whole by the
-    add-on's atomic writer (models/files.py): a cancel before the last call leaves no file."""
+    main thread in one call for a 3840x2160 PNG, issue #37 item 3) and written to disk as the bands
+    come, through the add-on's atomic writer (models/files.py StagedFile): the last call flushes
+    and renames it; a cancel before it (:meth:`discard`, or the step dropped) leaves no file."""
 
     def __init__(self, path: Path, made: file_bytes.BandedFile):
         self.path, self.made = path, made
+        self._writing = False
 
     def pump(self, budget: float) -> bool:
-        if not self.made.pump(budget):
-            return False
         try:
-            files.write_bytes(self.path, self.made.data)
+            if not self._writing:
+                self.made.write_to(self.path)
+                self._writing = True
+            return self.made.pump(budget)
         except OSError as exc:
+            self.made.discard()
             raise image_io.ImageSaveError(f"Could not save '{self.path}': {exc}") from exc
-        return True
+
+    def discard(self) -> None:
+        self.made.discard()
 
 
 class BlenderFrames:

@@ -4,16 +4,19 @@ float EXR's join took a call of its own over 0.1 s).
 
 The bytes are those of the file joined whole at the end, as before: the references below build each
 file from the format's pieces in one go (header, the one deflate stream or every block, the scan of
-every MCU row), independent of how the pump split the rows."""
+every MCU row), independent of how the pump split the rows. A file written to disk (``write_to``: Process Sequence
+frames) goes to its temporary file a band at a time and is renamed whole by the last call."""
 
 from __future__ import annotations
 
+import gc
 import struct
 import tracemalloc
 import zlib
 
 import numpy as np
 import pytest
+from lean_image_ai.models import files
 from lean_image_ai.models.file_bytes import ExrFile, JpegFile, PngFile, exr, jpeg, png
 from lean_image_ai.models.file_bytes import bands as bands_module
 
@@ -101,3 +104,44 @@ def test_the_last_call_allocates_no_whole_file(kind):
         tracemalloc.stop()
     assert len(made.data) > 200_000
     assert peak - before < len(made.data) / 20
+
+
+def noise(height: int, width: int) -> np.ndarray:
+    return np.random.default_rng(height + width).random((height, width, 4)).astype(np.float32)
+
+
+@pytest.mark.parametrize("kind", [PngFile, ExrFile, JpegFile])
+def test_write_to_puts_the_file_on_disk_across_calls_and_installs_it_in_the_last(tmp_path, kind):
+    """A frame's (or Save Result To's) file goes to its temporary file as the bands come, the
+    target untouched until the last call renames it whole: no call writes the whole file."""
+    straight = noise(256, 256)
+    target = tmp_path / f"frame{kind.suffix}"
+    made = kind(256, 256, lambda a, b: straight[a:b])
+    made.write_to(target)
+    sizes = []
+    while not made.pump(1e-9):
+        assert not target.exists()
+        (temporary,) = files.leftover_temps(target)
+        sizes.append(temporary.stat().st_size)
+    assert len(set(sizes)) > 2 and sizes == sorted(sizes)  # written a part at a time
+    assert made.data is None and files.leftover_temps(target) == []
+    assert target.read_bytes() == pumped(kind(256, 256, lambda a, b: straight[a:b])).data
+
+
+@pytest.mark.parametrize("drop", ["discard", "dropped"])
+def test_a_file_cancelled_half_way_leaves_no_temporary_and_the_target_as_it_was(tmp_path, drop):
+    straight = noise(256, 256)
+    target = tmp_path / "frame.exr"
+    target.write_bytes(b"the frame before")
+    made = ExrFile(256, 256, lambda a, b: straight[a:b])
+    made.write_to(target)
+    for _ in range(3):
+        assert not made.pump(1e-9)
+    assert len(files.leftover_temps(target)) == 1
+    if drop == "discard":
+        made.discard()
+    else:  # a cancelled job's steps are just let go
+        del made
+        gc.collect()
+    assert files.leftover_temps(target) == []
+    assert target.read_bytes() == b"the frame before"

@@ -1,6 +1,6 @@
 """Issue 37 item 3: a Process Sequence frame whose file the add-on writes (8-bit PNG from a byte
-source, float EXR from a float one, JPEG) is encoded a band per timer call, then written whole by the
-add-on's atomic writer (Blender's writer took 0.4-0.5 s of the main thread for a 3840x2160 PNG);
+source, float EXR from a float one, JPEG) is encoded a band per timer call and written to its temporary
+file as the bands come, renamed whole by the add-on's atomic writer in the last call (Blender's writer took 0.4-0.5 s of the main thread for a 3840x2160 PNG);
 the file holds what Blender's writer gave, and Esc mid-write leaves no partial file. Driven by
 timer events as tests/test_cancelled_sequence.py (real bpy 5.0.1, the real onnxruntime). So are
 MoGe-2's frame files (mesh, camera, normal map), written together in the frame's last call."""
@@ -22,6 +22,7 @@ bpy = pytest.importorskip("bpy")
 bh.import_package()
 
 import modal_standins  # noqa: E402
+from lean_image_ai.models import files  # noqa: E402
 from lean_image_ai.models.adapters import moge2_mesh  # noqa: E402
 from lean_image_ai.models.file_bytes import bands  # noqa: E402
 from lean_image_ai.models.result_images import ImageProduct  # noqa: E402
@@ -185,10 +186,12 @@ def test_esc_while_a_frame_is_encoded_leaves_no_partial_file(tmp_path, monkeypat
     ctx = StandInContext()
     recorder = Recorder(monkeypatch)
     real = model_job.FrameFile.pump
+    written_at_esc = []
 
     def esc_in_frame_two(frame_file, budget):
         done = real(frame_file, budget)
         if frame_file.path.name.endswith("0002.png") and not done and sum(frame_file.made.calls):
+            written_at_esc.extend(files.leftover_temps(frame_file.path))  # its bands on disk so far
             recorder.op.modal(ctx, ESC)  # the artist presses Esc half way through frame 2's file
         return done
 
@@ -197,6 +200,7 @@ def test_esc_while_a_frame_is_encoded_leaves_no_partial_file(tmp_path, monkeypat
     assert recorder.drive(ctx, **args, output=str(out) + "/") == {"CANCELLED"}
     assert sorted(p.name for p in out.iterdir()) == ["p_upscaled_0001.png"]  # no temporary, no half file
     assert "kept the 1 frame(s) written before it (1)" in jobs.manager.last.error_text
+    assert len(written_at_esc) == 1  # the frame's file was being written, and the cancel removed it
 
 
 def geometry_frames(folder: Path, count: int) -> Path:

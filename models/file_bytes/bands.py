@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .. import files
+
 # Rows of the first band of a file, before the time a row takes is known.
 FIRST_BAND_ROWS = 16
 # The most pixels one call converts and compresses, whatever its budget says: the time of a row is
@@ -89,7 +91,8 @@ class BandedFile(BandedSteps):
 
     A whole-file join at the end took 0.05-0.16 s for a 2048x2048 float EXR (65 MB) in one call:
     here each band's bytes are copied once as they come, and :attr:`data` is the very buffer they
-    went to (``BytesIO.getvalue`` hands it over uncopied when no view of it is held)."""
+    went to (``BytesIO.getvalue`` hands it over uncopied when no view of it is held). Or, after
+    :meth:`write_to`, the bands go to a file on disk as they come."""
 
     suffix = ""
 
@@ -97,6 +100,7 @@ class BandedFile(BandedSteps):
         super().__init__(height, width, rows)
         self.data: bytes | None = None
         self._out = io.BytesIO()
+        self._staged: files.StagedFile | None = None
 
     @property
     def is_float(self) -> bool:
@@ -106,9 +110,29 @@ class BandedFile(BandedSteps):
         super().finish_now()
         return self.data
 
+    def write_to(self, target) -> None:
+        """Write the file to ``target`` as its bands come (:attr:`data` stays None): a temporary
+        file beside it (models/files.py StagedFile), flushed to disk and renamed over ``target`` by
+        the last call, so no call writes the whole file (0.2-0.5 s for a 4096x4096 float EXR);
+        :meth:`discard`, or dropping this object, removes it. Before any row is written."""
+        if self._next or self._staged is not None:
+            raise RuntimeError("write_to() comes before the first row")
+        self._staged = files.StagedFile(target)
+        self._staged.handle.write(self._out.getvalue())
+        self._out = self._staged.handle
+
+    def discard(self) -> None:
+        """Remove what :meth:`write_to` has written so far (a cancel); ``target`` is untouched."""
+        if self._staged is not None:
+            self._staged.discard()
+
     def _close(self) -> None:
         self._end()
-        self.data, self._out = self._out.getvalue(), None
+        if self._staged is not None:
+            self._staged.commit()
+            self._out = None
+        else:
+            self.data, self._out = self._out.getvalue(), None
 
     def _fill(self, offset: int, data: bytes) -> None:
         """Write ``data`` at ``offset`` of the bytes written so far (room kept for it)."""
