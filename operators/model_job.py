@@ -168,7 +168,7 @@ def banded_frame_file(path: Path, product) -> file_bytes.BandedFile | None:
 
 
 class FrameFile:
-    """A frame's file encoded by the pump a band at a time (Blender's writer took 0.4-0.5 s of the
+    """A frame's file (or Save Result To's) encoded by the pump a band at a time (Blender's writer took 0.4-0.5 s of the
     main thread in one call for a 3840x2160 PNG, issue #37 item 3) and written to disk as the bands
     come, through the add-on's atomic writer (models/files.py StagedFile): the last call flushes
     and renames it; a cancel before it (:meth:`discard`, or the step dropped) leaves no file."""
@@ -385,7 +385,12 @@ class ModelJobOperator(ModelOperatorProperties, ModalJobOperator):
     def finishing_steps(self, inputs: JobInputs, result, job: BlenderJob):
         """What the result still needs before :meth:`apply`, pumped by the job a step per timer call
         (operators/jobs.py PumpedTask's ``stage``): by default the result image's file of
-        :meth:`encode`. It runs after the operator's call has returned: it must not read the operator."""
+        :meth:`encode`; with Save Result To, that file is the one saved there (results.saved_image), so
+        it goes to disk as its bands come. It runs after the operator's call has returned: it must not
+        read the operator."""
+        if inputs.encoded is not None and inputs.output is not None:
+            job.on_discard.append(inputs.encoded.discard)  # a cancel: its temporary file goes at once
+            return FrameFile(inputs.output[0], inputs.encoded)
         return inputs.encoded
 
     def apply(self, context, inputs: JobInputs, result) -> str:

@@ -111,12 +111,13 @@ def made_for_output(output: tuple[Path, str] | None, info: image_io.ImageInfo) -
 
 def saved_image(name: str, made: file_bytes.BandedFile, output: tuple[Path, str], colorspace: str | None):
     """The result image, reading the file at Save Result To, which is ``made``'s bytes written
-    there all-or-nothing (models/files.py): Blender's writer converted and compressed the whole
+    there all-or-nothing (models/files.py; by the job's pump, a band a call, when it wrote them there): Blender's writer converted and compressed the whole
     result on the main thread (issue #37 item 3), and its image then read the file back.
     Returns the image and the report's note."""
     path = output[0]
     try:
-        files.write_bytes(path, made.data)
+        if made.written_to != path:  # else the job's pump wrote it there as its bands came (model_job.FrameFile)
+            files.write_bytes(path, made.data)
     except OSError as exc:
         raise image_io.ImageSaveError(f"Could not save the result to '{path}': {exc}") from exc
     image = bpy.data.images.load(str(path), check_existing=False)  # its pixels are read when first shown

@@ -101,6 +101,7 @@ class BandedFile(BandedSteps):
         self.data: bytes | None = None
         self._out = io.BytesIO()
         self._staged: files.StagedFile | None = None
+        self.written_to = None  # the path the last call installed the file at (write_to)
 
     @property
     def is_float(self) -> bool:
@@ -130,7 +131,7 @@ class BandedFile(BandedSteps):
         self._end()
         if self._staged is not None:
             self._staged.commit()
-            self._out = None
+            self._out, self.written_to = None, self._staged.target
         else:
             self.data, self._out = self._out.getvalue(), None
 
