@@ -1,7 +1,9 @@
 """The end of a result's file (issue #37 item 3): the call that puts its bytes together
 (models/file_bytes/ ``_close``) and the parts of the call that makes the result from them
 (operators/results.py: ``image.pack(data=...)``; Save Result To and sequence frames:
-models/files.py ``write_bytes``, i.e. the temporary file's write, its fsync, the rename).
+models/files.py ``write_bytes``, i.e. the temporary file's write, its fsync, the rename), and,
+where the code has it (``BandedFile.write_to``), the file written to disk as its bands come: its
+longest band call and its last call (flush to disk, rename).
 
     .venv/bin/python bench/result_assembly.py [--side 4096] [--kind exr|png] [--runs 1]
 
@@ -70,7 +72,24 @@ def one_run(pixels: np.ndarray, kind: str, folder: Path) -> dict:
         _, row["fsync_s"], row["fsync_cpu_s"] = timed(lambda: os.fsync(handle.fileno()))
     raw.unlink()
     target.unlink()
+    if hasattr(made, "write_to"):
+        row.update(_written_across_calls(pixels, kind, target))
     return row
+
+
+def _written_across_calls(pixels: np.ndarray, kind: str, target: Path) -> dict:
+    """Save Result To's and a sequence frame's way: the file written to disk as its bands come
+    (BandedFile.write_to), the last call flushing it to disk and renaming it."""
+    made = (ExrFile if kind == "exr" else PngFile)(*pixels.shape[:2], lambda start, stop: pixels[start:stop])
+    made.write_to(target)
+    longest = longest_cpu = 0.0
+    while made._next < made.height:
+        _, wall, cpu = timed(lambda: made.pump(BUDGET))
+        longest, longest_cpu = max(longest, wall), max(longest_cpu, cpu)
+    _, last, last_cpu = timed(lambda: made.pump(BUDGET))
+    target.unlink()
+    return {"to_disk_longest_band_call_s": round(longest, 4), "to_disk_longest_band_call_cpu_s": round(longest_cpu, 4),
+            "to_disk_last_call_s": last, "to_disk_last_call_cpu_s": last_cpu}
 
 
 def _pack(data: bytes) -> dict:
