@@ -168,10 +168,11 @@ def banded_frame_file(path: Path, product) -> file_bytes.BandedFile | None:
 
 
 class FrameFile:
-    """A frame's file (or Save Result To's) encoded by the pump a band at a time (Blender's writer took 0.4-0.5 s of the
-    main thread in one call for a 3840x2160 PNG, issue #37 item 3) and written to disk as the bands
-    come, through the add-on's atomic writer (models/files.py StagedFile): the last call flushes
-    and renames it; a cancel before it (:meth:`discard`, or the step dropped) leaves no file."""
+    """A frame's file (or Save Result To's) encoded by the pump a band at a time (Blender's writer
+    took 0.4-0.5 s of the main thread in one call for a 3840x2160 PNG, issue #37 item 3) and
+    written to disk as the bands come, through the add-on's atomic writer (models/files.py
+    StagedFile): the last call flushes and renames it; a cancel before it (:meth:`discard`, or the
+    step dropped) leaves no file."""
 
     def __init__(self, path: Path, made: file_bytes.BandedFile):
         self.path, self.made = path, made
