@@ -1,9 +1,11 @@
-"""A result image's file (PNG, EXR) written by numpy and zlib a band of rows at a time (bpy-free), so
+"""A result image's file (PNG, EXR, TIFF) written by numpy and zlib a band of rows at a time (bpy-free), so
 Blender's main thread makes a result over several short timer calls (issue #37 item 3); the same
 stepping converts a picture for a model (:class:`BandedArray`)."""
 
+from . import blender_samples
 from .bands import MAX_PIXELS_PER_CALL, BandedArray, BandedFile, BandedSteps
 from .exr import ExrFile
 from .png import PngFile
+from .tiff import TiffFile
 
-__all__ = ["MAX_PIXELS_PER_CALL", "BandedArray", "BandedFile", "BandedSteps", "ExrFile", "PngFile"]
+__all__ = ["MAX_PIXELS_PER_CALL", "BandedArray", "BandedFile", "BandedSteps", "ExrFile", "PngFile", "TiffFile", "blender_samples"]
