@@ -122,20 +122,21 @@ def _apply_calls(args) -> None:
     (issue #37 item 3): Remove Background with Replace on an ``--ops-side`` byte or float source (a
     seeded BEN2-like net of tests/builders_families.py: the apply's cost is the source's size, not
     the model's), and Process Sequence (built-in bicubic x2) over three ``--width``x``--height`` PNG
-    frames. Each case in a fresh bpy process (tests/host_memory_job.py's modal phase)."""
+    frames of ``--ops-frame-bits`` to ``--ops-frame-suffix`` files (with ``--ops-blender-writer``, first
+    the same with every frame saved by Blender's writer: before and after side by side). Each case in
+    a fresh bpy process (tests/host_memory_job.py's modal phase)."""
     import subprocess
     import tempfile
 
     import blender_helpers as bh
     from builders_families import ben2_like_model
-    from PIL import Image
 
     figures = {}
     cases = []
     if args.ops_replace:
         cases += [("replace", False), ("replace", True)]
     if args.ops_sequence:
-        cases.append(("sequence", False))
+        cases += [("sequence_blender_writer", False), ("sequence", False)] if args.ops_blender_writer else [("sequence", False)]
     for kind, float_source in cases:
         root = Path(tempfile.mkdtemp(prefix=f"bench_worker_{kind}_"))
         (root / "models").mkdir()
@@ -144,13 +145,10 @@ def _apply_calls(args) -> None:
         if kind == "replace":
             config["model"] = str(ben2_like_model(root / "ben2.onnx", size=64))
         else:
-            frames = root / "frames"
-            frames.mkdir()
-            y, x = np.mgrid[0:args.height, 0:args.width].astype(np.float32)
-            for number in range(1, 4):
-                rgb = np.stack([x / args.width, y / args.height, ((x + y + number * 97) % 256) / 255], axis=-1)
-                Image.fromarray((rgb * 255).astype(np.uint8)).save(frames / f"shot_{number:04d}.png")
-            config["frames"] = str(frames)
+            config["frames"] = str(_sequence_frames(root / "frames", args))
+            config["sequence_suffix"] = args.ops_frame_suffix
+            config["blender_writer"] = kind == "sequence_blender_writer"
+            config["modal_operator"] = "sequence"
         env = bh.isolated_blender_env(root / "blender", pythonpath=[bh.package_search_dir(root / "pkg")])
         env.update(LEAN_IMAGE_AI_MODELS_DIR=str(root / "models"), LEAN_IMAGE_AI_LOG_DIR=str(root / "logs"))
         (root / "config.json").write_text(json.dumps(config), encoding="utf-8")
@@ -160,15 +158,37 @@ def _apply_calls(args) -> None:
             raise SystemExit(f"the bpy process of the {kind} jobs failed: {done.stderr[-2000:]}")
         modal = json.loads((root / "out.json").read_text(encoding="utf-8"))["modal"]
         label = (f"Remove Background Replace {args.ops_side}x{args.ops_side} {'float' if float_source else 'byte'}"
-                 if kind == "replace" else f"Process Sequence (upscale x2), 3 frames {args.width}x{args.height} PNG")
+                 if kind == "replace" else f"Process Sequence (upscale x2), 3 frames {args.width}x{args.height} "
+                 f"{args.ops_frame_bits}-bit PNG -> {args.ops_frame_suffix or '.png'}"
+                 f"{' (Blender writer)' if kind == 'sequence_blender_writer' else ''}")
         longest = modal["longest_call"]
         print(f"{label}: start_modal {modal['start_modal_s']:.3f} s, {modal['timer_calls']} timer calls, longest "
               f"{modal['longest_timer_call_s']:.3f} s ('{longest['step']}', CPU {longest['cpu_s']:.3f} s), the last "
               f"{modal['last_timer_call_s']:.3f} s; calls over 0.1 s in {_jobs_text(args.ops_runs)}: {modal['calls_over_0.1_s']}")
-        key = "sequence" if kind == "sequence" else f"replace_{'float' if float_source else 'byte'}"
+        key = kind if kind.startswith("sequence") else f"replace_{'float' if float_source else 'byte'}"
         figures[f"{key}_longest_call_s"] = round(max(modal["start_modal_s"], modal["longest_timer_call_s"]), 3)
         figures[f"{key}_longest_cpu_s"] = round(longest["cpu_s"], 3)
     print(json.dumps(figures))
+
+
+def _sequence_frames(folder: Path, args) -> Path:
+    """Three ``--width``x``--height`` RGB frames, PNG of ``--ops-frame-bits`` (16: the add-on's own
+    16-bit PNG encoder, opaque; their results are 16-bit too)."""
+    from lean_image_ai.models import file_bytes
+    from PIL import Image
+
+    folder.mkdir()
+    y, x = np.mgrid[0:args.height, 0:args.width].astype(np.float32)
+    for number in range(1, 4):
+        rgb = np.stack([x / args.width, y / args.height, ((x + y + number * 97) % 256) / 255], axis=-1)
+        path = folder / f"shot_{number:04d}.png"
+        if args.ops_frame_bits == 8:
+            Image.fromarray((rgb * 255).astype(np.uint8)).save(path)
+            continue
+        rgba = np.dstack([rgb, np.ones_like(x)])
+        samples = file_bytes.blender_samples.quantised(rgba, 65535, np.uint16)
+        path.write_bytes(file_bytes.PngFile(args.height, args.width, lambda a, b, samples=samples: samples[a:b], sixteen_bit=True).finish_now())
+    return folder
 
 
 def _jobs_text(runs: int) -> str:
@@ -189,6 +209,10 @@ def main(argv=None) -> int:
     parser.add_argument("--ops-runs", type=int, default=1, help="modal jobs measured (the longest call over all)")
     parser.add_argument("--ops-replace", action="store_true", help="only Remove Background Replace's calls (byte, float)")
     parser.add_argument("--ops-sequence", action="store_true", help="only Process Sequence's calls (3 PNG frames)")
+    parser.add_argument("--ops-frame-bits", type=int, choices=(8, 16), default=8, help="bits of those PNG frames")
+    parser.add_argument("--ops-frame-suffix", default="", help="their results' format (.tif; default: PNG)")
+    parser.add_argument("--ops-blender-writer", action="store_true",
+                        help="also the same sequence with every frame saved by Blender's writer (before the banded encoders)")
     args = parser.parse_args(argv)
     if args.ops_replace or args.ops_sequence:
         _apply_calls(args)

@@ -123,7 +123,8 @@ def phase_refs(path: str) -> dict:
 def modal_operator(path: str):
     """The operator of the modal phase and its properties: CONFIG "modal_operator" is "upscale"
     (default), "replace" (Remove Background with Replace on the source, CONFIG "model" its ONNX
-    file) or "sequence" (Process Sequence, CONFIG "family", over the frames of CONFIG "frames")."""
+    file) or "sequence" (Process Sequence, CONFIG "family", over the frames of CONFIG "frames", to
+    files of CONFIG "sequence_suffix"; CONFIG "blender_writer": Blender's writer saves every frame)."""
     from lean_image_ai.operators.batch_ops import LEAN_IMAGE_AI_OT_process_sequence
     from lean_image_ai.operators.image_ops import LEAN_IMAGE_AI_OT_remove_background, LEAN_IMAGE_AI_OT_upscale
 
@@ -132,6 +133,13 @@ def modal_operator(path: str):
         return LEAN_IMAGE_AI_OT_remove_background, {"filepath": path, "model_path": CONFIG["model"], "replace": True}
     if kind == "sequence":
         output = str(FOLDER / "sequence_out") + "/"
+        if CONFIG.get("sequence_suffix"):  # a pattern of that format (else the folder: default names, PNG)
+            (FOLDER / "sequence_out").mkdir(exist_ok=True)
+            output = str(FOLDER / "sequence_out" / f"shot_####{CONFIG['sequence_suffix']}")
+        if CONFIG.get("blender_writer"):  # every frame saved by Blender's writer in one call, as before the banded encoders
+            from lean_image_ai.operators import model_job
+
+            model_job.banded_frame_file = lambda path, product: None
         return LEAN_IMAGE_AI_OT_process_sequence, {"family": CONFIG.get("family", "upscale"), "source": CONFIG["frames"],
                                                    "output": output, "overwrite": True,
                                                    "model_path": CONFIG.get("model", "")}
