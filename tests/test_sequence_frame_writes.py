@@ -298,3 +298,27 @@ def test_a_familys_own_writer_writes_a_frames_files_together_in_the_call(tmp_pat
     names = sorted(p.name for p in out.iterdir())
     assert any(n.endswith(".ply") for n in names) and any(n.endswith("_normal.exr") for n in names), names
     assert recorder.encoded == []
+
+
+def test_frames_written_after_the_worker_is_done_end_the_job_without_a_heartbeat_kill(tmp_path, monkeypatch):
+    """A frame's file written over more time than the heartbeat deadline (a 4K 16-bit frame on a
+    loaded machine) while the worker has finished and said so: the job ends as done, the
+    worker is not taken for hung (it was: its last messages waited behind the write)."""
+    import time
+
+    from lean_image_ai.models.worker import client as worker_client
+
+    monkeypatch.setenv(worker_client.HEARTBEAT_ENV, "2")
+    model = sr_model(tmp_path / "sr.onnx", scale=2)
+    args = dict(family="upscale", source=str(byte_frames(tmp_path / "in", 3)), model_path=str(model))
+    recorder = Recorder(monkeypatch)
+    recorded = model_job.FrameFile.pump
+
+    def slow(frame_file, budget):
+        time.sleep(0.8)  # a frame's write spans about 3 s: over the deadline after the worker said it is done
+        return recorded(frame_file, budget)
+
+    monkeypatch.setattr(model_job.FrameFile, "pump", slow)
+    out = tmp_path / "slow"
+    assert recorder.drive(StandInContext(), **args, output=str(out) + "/") == {"FINISHED"}, jobs.manager.last.error_text
+    assert len(list(out.iterdir())) == 3
