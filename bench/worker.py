@@ -138,6 +138,7 @@ def _apply_calls(args) -> None:
     if args.ops_replace:
         cases += [("replace", False, "file"), ("replace", True, "file")]
     if args.ops_sequence:
+        cases += [("sequence_blender_writer", False, "file")] if args.ops_blender_writer else []
         cases.append(("sequence", False, "file"))
     if args.ops_sequence_geometry:
         cases.append(("geometry", False, "file"))
@@ -162,7 +163,13 @@ def _apply_calls(args) -> None:
                   "modal_operator": "sequence" if kind == "geometry" else kind, "modal_source": source}
         if kind == "replace":
             config["model"] = str(ben2_like_model(root / "ben2.onnx", size=64))
-        elif kind in ("sequence", "geometry"):
+        elif kind.startswith("sequence"):
+            config["frames"] = str(_sequence_frames(root / "frames", args))
+            config["modal_operator"] = "sequence"
+            config["blender_writer"] = kind == "sequence_blender_writer"
+            config["output_pattern"] = ("f_####.jpg" if args.ops_jpeg
+                                        else f"shot_####{args.ops_frame_suffix}" if args.ops_frame_suffix else "")
+        elif kind == "geometry":
             frames = root / "frames"
             frames.mkdir()
             y, x = np.mgrid[0:args.height, 0:args.width].astype(np.float32)
@@ -176,7 +183,6 @@ def _apply_calls(args) -> None:
                 from builders_moge2 import moge2_like_model
 
                 config["family"], config["model"] = "moge2", str(moge2_like_model(root / "moge2.onnx"))
-            config["output_pattern"] = "f_####.jpg" if args.ops_jpeg else ""
         env = bh.isolated_blender_env(root / "blender", pythonpath=[bh.package_search_dir(root / "pkg")])
         env.update(LEAN_IMAGE_AI_MODELS_DIR=str(root / "models"), LEAN_IMAGE_AI_LOG_DIR=str(root / "logs"))
         (root / "config.json").write_text(json.dumps(config), encoding="utf-8")
@@ -188,8 +194,10 @@ def _apply_calls(args) -> None:
         bits = "float" if float_source else "byte"
         label = {"replace": f"Remove Background Replace {args.ops_side}x{args.ops_side} {bits}",
                  "upscale": f"Upscale {args.ops_side}x{args.ops_side} {bits}, source: {source}",
-                 "sequence": f"Process Sequence (upscale x2), 3 frames {args.width}x{args.height} PNG"
-                             f" -> {'JPEG' if args.ops_jpeg else 'PNG'}",
+                 "sequence": f"Process Sequence (upscale x2), 3 frames {args.width}x{args.height} "
+                             f"{args.ops_frame_bits}-bit PNG -> {'.jpg' if args.ops_jpeg else args.ops_frame_suffix or '.png'}",
+                 "sequence_blender_writer": f"Process Sequence (upscale x2), 3 frames {args.width}x{args.height} "
+                                            f"{args.ops_frame_bits}-bit PNG, every frame saved by Blender's writer",
                  "geometry": f"Process Sequence (seeded MoGe-2), 3 frames {args.width}x{args.height}"}[kind]
         longest = modal["longest_call"]
         print(f"{label}: the job {modal['job_wall_s']:.1f} s, start_modal {modal['start_modal_s']:.3f} s "
@@ -216,6 +224,27 @@ def _apply_calls(args) -> None:
         if kind == "geometry":
             figures.update(_geometry_split(args, root / "frames", Path(config["model"])))
     print(json.dumps(figures))
+
+
+def _sequence_frames(folder: Path, args) -> Path:
+    """Three ``--width``x``--height`` RGB frames, PNG of ``--ops-frame-bits`` (16: the add-on's own
+    16-bit PNG encoder, opaque; their results are 16-bit too)."""
+    from lean_image_ai.models import file_bytes
+    from PIL import Image
+
+    folder.mkdir()
+    y, x = np.mgrid[0:args.height, 0:args.width].astype(np.float32)
+    for number in range(1, 4):
+        rgb = np.stack([x / args.width, y / args.height, ((x + y + number * 97) % 256) / 255], axis=-1)
+        path = folder / f"shot_{number:04d}.png"
+        if args.ops_frame_bits == 8:
+            Image.fromarray((rgb * 255).astype(np.uint8)).save(path)
+            continue
+        rgba = np.dstack([rgb, np.ones_like(x)])
+        samples = file_bytes.blender_samples.quantised(rgba, 65535, np.uint16)
+        path.write_bytes(file_bytes.PngFile(args.height, args.width, lambda a, b, samples=samples: samples[a:b],
+                                            sixteen_bit=True).finish_now())
+    return folder
 
 
 def _timed(work) -> tuple[float, float]:
@@ -401,6 +430,10 @@ def main(argv=None) -> int:
     parser.add_argument("--ops-geometry", action="store_true",
                         help="only Reconstruct Geometry's calls (MoGe-2-like net, 1024x768 and 1920x1080)")
     parser.add_argument("--ops-jpeg", action="store_true", help="--ops-sequence writes .jpg frames (else PNG)")
+    parser.add_argument("--ops-frame-bits", type=int, choices=(8, 16), default=8, help="bits of those PNG frames")
+    parser.add_argument("--ops-frame-suffix", default="", help="their results' format (.tif; default: PNG)")
+    parser.add_argument("--ops-blender-writer", action="store_true",
+                        help="also the same sequence with every frame saved by Blender's writer (before the banded encoders)")
     parser.add_argument("--ops-shot", action="store_true",
                         help="only Reconstruct Shot's calls (MoGe-2-like net, 3 frames --width x --height)")
     parser.add_argument("--ops-start", action="store_true",

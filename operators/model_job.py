@@ -149,21 +149,41 @@ def _model_input(rgba: np.ndarray, info: image_io.ImageInfo) -> file_bytes.Bande
 
 def banded_frame_file(path: Path, product) -> file_bytes.BandedFile | None:
     """The file Blender's writer would make of ``product`` at ``path``, as a models/file_bytes/ file
-    the job's pump encodes a band at a time, where the add-on writes that format: an 8-bit PNG, a
-    float EXR (colour premultiplied, as save_product gives Blender), a JPEG. None: Blender's writer saves it."""
-    suffix, pixels = path.suffix.lower(), product.pixels
+    the job's pump encodes a band at a time, where the add-on writes that format: an 8- or 16-bit
+    PNG, an 8- or 16-bit TIFF, a float EXR, each with the samples Blender's writer stores
+    (models/file_bytes/blender_samples.py), an 8-bit JPEG (RGB, alpha dropped, quality 90, as Blender
+    writes it). None: Blender's writer saves it."""
+    suffix, pixels, bits = path.suffix.lower(), product.pixels, product.bits
     height, width = pixels.shape[:2]
-    if suffix == ".png" and product.bits == "8-bit":
-        return file_bytes.PngFile(height, width, lambda start, stop: image_io.to_rgba(pixels[start:stop]))
-    if suffix in (".jpg", ".jpeg") and product.bits == "8-bit":  # RGB, alpha dropped, quality 90: as Blender writes it
-        return file_bytes.JpegFile(height, width, lambda start, stop: image_io.to_rgba(pixels[start:stop]))
-    if suffix == ".exr" and product.bits == "float":
-        def rows(start: int, stop: int) -> np.ndarray:
-            band = image_io.to_rgba(pixels[start:stop])
-            return band if product.is_data else colour.from_model_rgb(band, True, premultiplied=True)
 
+    def byte_rows(start: int, stop: int) -> np.ndarray:
+        return image_io.to_rgba(pixels[start:stop])
+
+    def buffer_rows(start: int, stop: int) -> np.ndarray:
+        """save_product's float buffer: colour linear and premultiplied, values as they are."""
+        band = image_io.to_rgba(pixels[start:stop])
+        return band if product.is_data else colour.from_model_rgb(band, True, premultiplied=True)
+
+    def eight_bit_rows(start: int, stop: int) -> np.ndarray:
+        return file_bytes.blender_samples.eight_bit(byte_rows(start, stop))
+
+    def sixteen_bit_rows(associated_alpha: bool):
+        return lambda start, stop: file_bytes.blender_samples.sixteen_bit(
+            buffer_rows(start, stop), is_data=product.is_data, associated_alpha=associated_alpha)
+
+    if suffix == ".png" and bits == "8-bit":
+        return file_bytes.PngFile(height, width, byte_rows)
+    if suffix in (".jpg", ".jpeg") and bits == "8-bit":
+        return file_bytes.JpegFile(height, width, byte_rows)
+    if suffix == ".png" and bits == "16-bit":
+        return file_bytes.PngFile(height, width, sixteen_bit_rows(False), sixteen_bit=True)
+    if suffix in (".tif", ".tiff") and bits == "8-bit":  # Blender: straight alpha
+        return file_bytes.TiffFile(height, width, eight_bit_rows, sixteen_bit=False, associated_alpha=False)
+    if suffix in (".tif", ".tiff") and bits == "16-bit":  # Blender: premultiplied colour
+        return file_bytes.TiffFile(height, width, sixteen_bit_rows(True), sixteen_bit=True, associated_alpha=True)
+    if suffix == ".exr" and bits == "float":
         # as Blender's writer saves save_product's image: colour through save_render in half floats, values in floats
-        return file_bytes.ExrFile(height, width, rows, half=not product.is_data)
+        return file_bytes.ExrFile(height, width, buffer_rows, half=not product.is_data)
     return None
 
 

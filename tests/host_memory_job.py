@@ -128,7 +128,8 @@ def modal_operator(path: str):
     """The operator of the modal phase and its properties: CONFIG "modal_operator" is "upscale"
     (default), "replace" (Remove Background with Replace on the source, CONFIG "model" its ONNX
     file), "sequence" (Process Sequence, CONFIG "family", over the frames of CONFIG "frames", named as
-    CONFIG "output_pattern" says, else the default names), "geometry" (Reconstruct Geometry of CONFIG
+    CONFIG "output_pattern" says, else the default names; CONFIG "blender_writer": Blender's writer saves
+    every frame, as before the banded encoders), "geometry" (Reconstruct Geometry of CONFIG
     "photo" with the MoGe-2 model CONFIG "model") or "shot" (Reconstruct Shot of the frames of CONFIG
     "frames" with that model)."""
     from lean_image_ai.operators.batch_ops import LEAN_IMAGE_AI_OT_process_sequence
@@ -141,6 +142,10 @@ def modal_operator(path: str):
         return LEAN_IMAGE_AI_OT_remove_background, {"filepath": path, "model_path": CONFIG["model"], "replace": True}
     if kind == "sequence":
         output = str(FOLDER / "sequence_out") + "/" + CONFIG.get("output_pattern", "")  # e.g. "f_####.jpg"
+        if CONFIG.get("blender_writer"):  # every frame saved by Blender's writer in one call, as before the banded encoders
+            from lean_image_ai.operators import model_job
+
+            model_job.banded_frame_file = lambda path, product: None
         return LEAN_IMAGE_AI_OT_process_sequence, {"family": CONFIG.get("family", "upscale"), "source": CONFIG["frames"],
                                                    "output": output, "overwrite": True,
                                                    "model_path": CONFIG.get("model", "")}

@@ -1,10 +1,15 @@
-"""A result image's file (PNG, EXR; a sequence frame's JPEG) written by numpy and zlib a band of rows
-at a time (bpy-free), so Blender's main thread makes a result over several short timer calls (issue #37 item 3); the same
+"""A result image's file (PNG, EXR, TIFF, JPEG) written by numpy and zlib a band of rows at a time
+(bpy-free), so Blender's main thread makes a result over several short timer calls (issue #37 item 3); the same
 stepping converts a picture for a model (:class:`BandedArray`)."""
 
+from . import blender_samples
 from .bands import MAX_PIXELS_PER_CALL, BandedArray, BandedFile, BandedSteps
 from .exr import ExrFile
 from .jpeg import JpegFile
 from .png import PngFile
+from .tiff import TiffFile
 
-__all__ = ["MAX_PIXELS_PER_CALL", "BandedArray", "BandedFile", "BandedSteps", "ExrFile", "JpegFile", "PngFile"]
+__all__ = [
+    "MAX_PIXELS_PER_CALL", "BandedArray", "BandedFile", "BandedSteps", "ExrFile", "JpegFile", "PngFile", "TiffFile",
+    "blender_samples",
+]

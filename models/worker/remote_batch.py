@@ -215,14 +215,18 @@ class RemoteBatchRun:
         if self._writing is not None:
             self._pump_write(budget)
             return _WROTE_BAND
-        messages = self.client.messages()
+        # what a file's write held back is handled before the worker is looked at again: the worker
+        # may have said its last word (the job's end) before a write that outlasted the heartbeat
+        # deadline, and was taken for hung after it
+        held = bool(self._inbox)
+        messages = [] if held else self.client.messages()
         self._inbox.extend(messages)
         while self._inbox and self._writing is None:  # a file being written holds back what came after it
             self._handle(self._inbox.popleft())
         if read and self._phase == "running" and self._todo and len(self._sent) < self._depth and self._writing is None:
             self._feed_one()
             return True
-        return bool(messages)
+        return held or bool(messages)
 
     def _feed_one(self) -> None:
         ref = self._todo.popleft()
