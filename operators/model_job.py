@@ -46,6 +46,7 @@ class JobInputs:
     job: ModelRun  # the model, the option values, the device and the budgets (models/model_run.py)
     output: tuple[Path, str] | None  # (path, Blender file format)
     encoded: object = None  # the result image's packed file, written by the pump (ModelJobOperator.encode)
+    saved: object = None  # the file at Save Result To, encoded by the pump (ModelJobOperator.save_file)
     model_input: object = None  # the steps that fill ``model_rgba`` (_model_input); None once done
 
     @property
@@ -217,15 +218,21 @@ class BlenderFrames:
     def take_staged(self):
         """The frame files the last write left to be pumped (one step), or None."""
         pending, self._pending = self._pending, []
-        if not pending:
-            return None
-        return pending[0] if len(pending) == 1 else _AllOf(pending)
+        return one_step(pending)
 
     def check_format(self, path: Path) -> None:
         _blender_can_write(path)
 
     def input_kind(self, ref) -> str:
         return input_kind(ref)
+
+
+def one_step(steps):
+    """``steps`` (objects with ``pump(budget) -> bool``; None: none) pumped as one, or None."""
+    steps = [step for step in steps if step is not None]
+    if not steps:
+        return None
+    return steps[0] if len(steps) == 1 else _AllOf(steps)
 
 
 class _AllOf:
@@ -346,10 +353,11 @@ class ModelJobOperator(ModelOperatorProperties, ModalJobOperator):
     def prepare(self, context, job: BlenderJob):
         inputs = job.inputs = self.gather(context, job)
         # bound here: they run after the operator's call has returned
-        shape, encode, finishing = self.shape, self.encode, self.finishing_steps
+        shape, encode, save_file, finishing = self.shape, self.encode, self.save_file, self.finishing_steps
         ref = FrameRef(0, Path(inputs.info.name))  # the image's name: what a message about it says
 
         def stage(result):
+            inputs.saved = save_file(inputs, result)
             inputs.encoded = encode(inputs, result)
             return finishing(inputs, result, job)
 
@@ -369,11 +377,17 @@ class ModelJobOperator(ModelOperatorProperties, ModalJobOperator):
         makes the result whole (a result saved to a file through Blender's writer, one not an image)."""
         return None
 
+    def save_file(self, inputs: JobInputs, result):
+        """The file at Save Result To as a results.OutputFile (:func:`banded_frame_file`'s formats) the
+        job's pump encodes before :meth:`encode`'s and :meth:`apply` writes; None: ``apply`` saves it."""
+        return None
+
     def finishing_steps(self, inputs: JobInputs, result, job: BlenderJob):
         """What the result still needs before :meth:`apply`, pumped by the job a step per timer call
         (operators/jobs.py PumpedTask's ``stage``): by default the result image's file of
-        :meth:`encode`. It runs after the operator's call has returned: it must not read the operator."""
-        return inputs.encoded
+        :meth:`encode` and the file of :meth:`save_file`. It runs after the operator's call has
+        returned: it must not read the operator."""
+        return one_step([inputs.encoded, inputs.saved])
 
     def apply(self, context, inputs: JobInputs, result) -> str:
         """Create Blender data from the result; returns a one-line summary for the report.

@@ -113,10 +113,7 @@ def saved_image(name: str, made: file_bytes.BandedFile, output: tuple[Path, str]
     result on the main thread (issue #37 item 3), and its image then read the file back.
     Returns the image and the report's note."""
     path = output[0]
-    try:
-        files.write_bytes(path, made.data)
-    except OSError as exc:
-        raise image_io.ImageSaveError(f"Could not save the result to '{path}': {exc}") from exc
+    note = OutputFile(path, made).write()
     image = bpy.data.images.load(str(path), check_existing=False)  # its pixels are read when first shown
     try:
         image.name = name
@@ -128,7 +125,38 @@ def saved_image(name: str, made: file_bytes.BandedFile, output: tuple[Path, str]
     except Exception:
         bpy.data.images.remove(image)
         raise
-    return image, f"; saved {path}"
+    return image, note
+
+
+class OutputFile:
+    """The file at Save Result To in a format the add-on encodes (operators/model_job.py
+    banded_frame_file) while the result image is made from its own packed file: pumped a band per
+    call by the job, written all-or-nothing by the applying call (:func:`save_result`), so a cancel
+    before then writes nothing. ``notes``: what the file does not keep (result_images.range_notes),
+    said in the report in brackets; None: nothing to say."""
+
+    def __init__(self, path: Path, made: file_bytes.BandedFile, notes: list[str] | None = None):
+        self.path, self.made, self.notes = path, made, notes
+
+    def pump(self, budget: float) -> bool:
+        return self.made.pump(budget)
+
+    def write(self) -> str:
+        try:
+            files.write_bytes(self.path, self.made.data)
+        except OSError as exc:
+            raise image_io.ImageSaveError(f"Could not save the result to '{self.path}': {exc}") from exc
+        return f"; saved {self.path}" + ("" if self.notes is None else f" ({' '.join(self.notes)})")
+
+
+def save_result(image, output: tuple[Path, str] | None, saved: OutputFile | None) -> str:
+    """:func:`save_output`, or, where the pump encoded the file at Save Result To (``saved``), that
+    file written and the image kept as it is (packed from the pump's own file)."""
+    if saved is None:
+        return save_output(image, output)
+    note = saved.write()
+    keep(image)
+    return note
 
 
 def save_output(image, output: tuple[Path, str] | None, *, in_place: bool = False) -> str:
