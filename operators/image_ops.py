@@ -57,7 +57,7 @@ class LEAN_IMAGE_AI_OT_remove_background(ModelJobOperator, bpy.types.Operator):
         if inputs.options["replace"]:
             if not _packs_cutout_in_place(inputs):
                 return None
-        elif inputs.output and inputs.saved is None:
+        elif inputs.saved is None and not results.made_for_output(inputs.output, inputs.info.is_float):
             return None
         cutout = _cutout_rows(inputs.info, inputs.rgba, result.rgba)
         return results.file_like(inputs.rgba.shape, cutout, inputs.info)
@@ -82,12 +82,7 @@ class LEAN_IMAGE_AI_OT_remove_background(ModelJobOperator, bpy.types.Operator):
             return f"Removed the background of '{image.name}' in place{note}"
         name = f"{inputs.stem}_cutout"
         with results.created_data() as created:
-            if inputs.encoded is not None:
-                image = created.add(bpy.data.images, results.image_from_file(name, inputs.encoded, results.colorspace(info)))
-            else:
-                straight = _cutout_rows(info, inputs.rgba, result.rgba)(0, inputs.rgba.shape[0])
-                image = created.add(bpy.data.images, results.new_image_like(name, straight, info))
-            note = results.save_result(image, inputs.output, inputs.saved)
+            image, note = _saved_colour_image(created, name, _cutout_rows(info, inputs.rgba, result.rgba), inputs)
         results.show(context, inputs.source, image)
         kept = float((result.matte > 0.5).mean())
         return f"Removed the background: '{image.name}' ({kept:.0%} of the pixels kept){note}"
@@ -154,14 +149,13 @@ class LEAN_IMAGE_AI_OT_estimate_depth(ModelJobOperator, bpy.types.Operator):
         return _values_output_file(da3.FAMILY, da3.DepthResult(np.asarray(result.depth, np.float32)), inputs.output)
 
     def encode(self, inputs, result):
-        return None if inputs.output and inputs.saved is None else results.value_file(result.depth)
+        return _value_file(inputs, result.depth)
 
     def apply(self, context, inputs, result):
         depth = np.asarray(result.depth, np.float32)
         stem = inputs.stem
         with results.created_data() as created:
-            image = created.add(bpy.data.images, _values_image(f"{stem}_depth", depth, inputs.encoded))
-            note = _save_values(da3.FAMILY, image, da3.DepthResult(depth), inputs)
+            image, note = _saved_values_image(created, da3.FAMILY, f"{stem}_depth", da3.DepthResult(depth), inputs)
             plane = None
             if inputs.options["make_plane"]:
                 plane = make_depth_plane(context, created, f"{stem}_depth_plane", image, depth)
@@ -171,6 +165,26 @@ class LEAN_IMAGE_AI_OT_estimate_depth(ModelJobOperator, bpy.types.Operator):
         if plane is not None:
             summary += f", plane '{plane.name}'"
         return summary + note
+
+
+def _value_file(inputs, values):
+    """The packed EXR of an image of values, which is also the file at Save Result To when that is
+    an EXR (results.made_for_output); None: the image is made whole (Blender's writer saves it)."""
+    if inputs.saved is None and not results.made_for_output(inputs.output, True):
+        return None
+    return results.value_file(values)
+
+
+def _saved_values_image(created, family, name: str, result, inputs, values=None):
+    """The image of ``result``'s values (``values``, else its depth) and the report's note: reading
+    the EXR the pump wrote at Save Result To, else as :func:`_values_image` makes it, saved by
+    :func:`_save_values`."""
+    values = result.depth if values is None else values
+    if inputs.encoded is not None and inputs.output and inputs.saved is None:
+        image, note = results.saved_image(name, inputs.encoded, inputs.output, "Non-Color")
+        return created.add(bpy.data.images, image), note
+    image = created.add(bpy.data.images, _values_image(name, values, inputs.encoded))
+    return image, _save_values(family, image, result, inputs)
 
 
 def _values_image(name: str, values, encoded):
@@ -272,7 +286,7 @@ class LEAN_IMAGE_AI_OT_upscale(ModelJobOperator, bpy.types.Operator):
         return _colour_output_file(inputs, result.image.shape, _model_rows(result.image, inputs.info))
 
     def encode(self, inputs, result):
-        if inputs.saved is None and not results.made_for_output(inputs.output, inputs.info):
+        if inputs.saved is None and not results.made_for_output(inputs.output, inputs.info.is_float):
             return None
         return results.file_like(result.image.shape, _model_rows(result.image, inputs.info), inputs.info)
 
@@ -292,10 +306,10 @@ def _model_rows(pixels, info):
 
 
 def _saved_colour_image(created, name: str, rows, inputs):
-    """The image of a model's colour result (``rows``: :func:`_model_rows`) and the report's note:
-    read from the file the pump wrote, saved at Save Result To where that is the file it asks for,
-    else packed (the file at Save Result To, if any, the pump's too: inputs.saved); or made whole
-    and saved by Blender's writer."""
+    """The image of a colour result (``rows``: its straight rows, :func:`_model_rows` or
+    :func:`_cutout_rows`) and the report's note: read from the file the pump wrote, saved at Save
+    Result To where that is the file it asks for, else packed (the file at Save Result To, if any,
+    the pump's too: inputs.saved); or made whole and saved by Blender's writer."""
     colorspace = results.colorspace(inputs.info)
     if inputs.encoded is not None and inputs.output and inputs.saved is None:
         image, note = results.saved_image(name, inputs.encoded, inputs.output, colorspace)
@@ -324,7 +338,7 @@ def _colour_output_file(inputs, shape, rows):
     PNG the image itself reads (results.made_for_output). None: Blender's writer saves the image (a
     float result in a format other than EXR, a byte one as EXR or a format the add-on does not write)."""
     output, info = inputs.output, inputs.info
-    if output is None or info.is_float or results.made_for_output(output, info):
+    if output is None or info.is_float or results.made_for_output(output, False):
         return None
     made = banded_frame_file(output[0], result_images.ImageProduct(_RowsOf(shape, rows), is_data=False))
     return None if made is None else results.OutputFile(output[0], made)
@@ -356,8 +370,8 @@ class FamilyImageOperator(ModelJobOperator):
     def encode(self, inputs, result):
         product = self._product(result)
         if product.is_data:
-            return None if inputs.output and inputs.saved is None else results.value_file(product.pixels)
-        if inputs.saved is None and not results.made_for_output(inputs.output, inputs.info):
+            return _value_file(inputs, product.pixels)
+        if inputs.saved is None and not results.made_for_output(inputs.output, inputs.info.is_float):
             return None
         return results.file_like(np.shape(product.pixels), _model_rows(product.pixels, inputs.info), inputs.info)
 
@@ -367,8 +381,7 @@ class FamilyImageOperator(ModelJobOperator):
         name = f"{inputs.stem}_{family.output.tag}"
         with results.created_data() as created:
             if product.is_data:
-                image = created.add(bpy.data.images, _values_image(name, product.pixels, inputs.encoded))
-                note = _save_values(family, image, result, inputs)
+                image, note = _saved_values_image(created, family, name, result, inputs, product.pixels)
             else:
                 image, note = _saved_colour_image(created, name, _model_rows(product.pixels, inputs.info), inputs)
         results.show(context, inputs.source, image)

@@ -99,12 +99,14 @@ def image_from_file(name: str, made: file_bytes.BandedFile, colorspace: str | No
     return image
 
 
-def made_for_output(output: tuple[Path, str] | None, info: image_io.ImageInfo) -> bool:
-    """Whether a result like the source is made from the file the job's pump writes
-    (:func:`file_like`) even with Save Result To set: when that file is the one Save Result To asks
-    for (an 8-bit PNG from a byte source, a float EXR from a float one), its bytes are the saved
-    file (:func:`saved_image`); otherwise Blender's writer saves the result, made whole."""
-    return output is None or output[1] == ("OPEN_EXR" if info.is_float else "PNG")
+def made_for_output(output: tuple[Path, str] | None, is_float: bool) -> bool:
+    """Whether a result like the source (``is_float``: a float one; an image of values is one) is
+    made from the file the job's pump writes (:func:`file_like`, :func:`value_file`) even with Save
+    Result To set: when that file is the one Save Result To asks for (an 8-bit PNG from a byte
+    source, a float EXR from a float one: Blender's writer saves a Non-Color float image's pixels as
+    full floats too), its bytes are the saved file (:func:`saved_image`); otherwise the file there
+    is another (:class:`OutputFile`, or Blender's writer saves the result, made whole)."""
+    return output is None or output[1] == ("OPEN_EXR" if is_float else "PNG")
 
 
 def saved_image(name: str, made: file_bytes.BandedFile, output: tuple[Path, str], colorspace: str | None):

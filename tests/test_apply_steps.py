@@ -550,13 +550,13 @@ def test_cancel_while_the_jpeg_at_save_result_to_is_encoded_writes_nothing(tmp_p
 
 def depth_driven(tmp_path, path: Path, out: Path, monkeypatch, tag: str, *, old_path: bool = False) -> dict:
     """Estimate Depth (a DA3-like net) on ``path`` through timer calls, saving at ``out``: the
-    depth image's pixels, the report's summary, the JPEG rows coded per call. ``old_path``: as
-    before this step existed (save_file gives None: Blender's writer saves in the applying call)."""
+    depth image's pixels, the report's summary, the JPEG rows coded per call, the bytes deflated per
+    call. ``old_path``: as before this step existed (save_file gives None, and an EXR is not the
+    pump's file: Blender's writer saves in the applying call)."""
     from builders_families import da3_like_model
 
     real = image_ops.LEAN_IMAGE_AI_OT_estimate_depth
-    seen, deflate = {"call": -1}, Deflate(monkeypatch)
-    jpeg_rows = JpegRows(monkeypatch, deflate)
+    seen = {}
     with monkeypatch.context() as patch:
         if old_path:
             patch.setattr(real, "save_file", lambda self, inputs, result: None, raising=False)
@@ -564,28 +564,35 @@ def depth_driven(tmp_path, path: Path, out: Path, monkeypatch, tag: str, *, old_
         patch.setattr(real, "apply", lambda self, context, inputs, result: seen.setdefault(
             "summary", apply(self, context, inputs, result)))
         driver = driver_class(real, f"lean_image_ai_test.drive_depth_{tag}", f"LEANTEST_OT_drive_depth_{tag}")
-
-    def script(op):
-        ctx = StandInContext()
-        before = set(bpy.data.images)
-        state = op.start_modal(ctx)
-        while state == {"RUNNING_MODAL"}:
-            deflate.call += 1
-            state = op.modal(ctx, TIMER)
-            if "applied" not in seen and any(image not in before for image in bpy.data.images):
-                seen["applied"] = deflate.call
-            time.sleep(0.005)
-        return state
-
     model = da3_like_model(tmp_path / "da3.onnx")
-    bpy.utils.register_class(driver)
-    try:
-        seen["state"] = drive(getattr(bpy.ops.lean_image_ai_test, f"drive_depth_{tag}"), script, filepath=str(path),
-                              model_path=str(model), make_plane=False, output_path=str(out), overwrite=True)
-    finally:
-        bpy.utils.unregister_class(driver)
+    with monkeypatch.context() as counting:  # this run's counters only
+        deflate = Deflate(counting)
+        jpeg_rows = JpegRows(counting, deflate)
+        if old_path:
+            counting.setattr(image_ops.results, "made_for_output", lambda output, *_: output is None)
+
+        def script(op):
+            ctx = StandInContext()
+            before = set(bpy.data.images)
+            state = op.start_modal(ctx)
+            while state == {"RUNNING_MODAL"}:
+                deflate.call += 1
+                state = op.modal(ctx, TIMER)
+                if "applied" not in seen and any(image not in before for image in bpy.data.images):
+                    seen["applied"] = deflate.call
+                time.sleep(0.005)
+            return state
+
+        bpy.utils.register_class(driver)
+        try:
+            seen["state"] = drive(getattr(bpy.ops.lean_image_ai_test, f"drive_depth_{tag}"), script,
+                                  filepath=str(path), model_path=str(model), make_plane=False,
+                                  output_path=str(out), overwrite=True)
+        finally:
+            bpy.utils.unregister_class(driver)
     image = next(image for image in bpy.data.images if image.name.endswith("_depth"))
-    seen["pixels"], seen["jpeg_rows"] = image_io.image_to_array(image), jpeg_rows.rows
+    seen["pixels"], seen["jpeg_rows"], seen["fed"] = image_io.image_to_array(image), jpeg_rows.rows, deflate.fed
+    seen["reads"] = None if image.packed_file is not None else Path(bpy.path.abspath(image.filepath))
     bpy.data.images.remove(image)
     return seen
 
@@ -611,3 +618,81 @@ def test_depth_saved_normalised_is_what_blenders_writer_saved(tmp_path, monkeypa
     if suffix == ".jpg":
         rows = new["jpeg_rows"]
         assert sum(rows.values()) == 1536 and len(rows) >= 2 and max(rows) < new["applied"], rows
+
+
+def test_depth_saved_as_exr_is_the_file_the_pump_wrote_with_blenders_pixels(tmp_path, monkeypatch):
+    """Depth at Save Result To an .exr: the EXR the pump deflated over several calls is the file
+    there (Blender's writer kept a Non-Color float image's values as full floats: the same pixels),
+    and the depth image reads it as before. Before, Blender's writer saved the whole image in the
+    call that applied it."""
+    pixels = (np.random.default_rng(7).random((1536, 2048, 4)) * 255).astype(np.uint8)
+    path = tmp_path / "wide.png"
+    PILImage.fromarray(pixels, "RGBA").save(path)
+    old = depth_driven(tmp_path, path, tmp_path / "blender.exr", monkeypatch, "old_exr", old_path=True)
+    new = depth_driven(tmp_path, path, tmp_path / "saved.exr", monkeypatch, "new_exr")
+
+    assert old["state"] == new["state"] == {"FINISHED"}
+    assert old["summary"].replace("blender", "saved") == new["summary"]
+    assert old["reads"] == tmp_path / "blender.exr" and new["reads"] == tmp_path / "saved.exr"
+    np.testing.assert_array_equal(new["pixels"], old["pixels"])
+    assert len(new["fed"]) >= 2 and max(new["fed"]) < new["applied"], new["fed"]
+
+
+def cutout_driven(tmp_path, path: Path, out: Path, monkeypatch, tag: str, *, old_path: bool = False) -> dict:
+    """Remove Background (a new cut-out image) on ``path`` through timer calls, saving at ``out``:
+    the cut-out's pixels, whether it reads ``out``, the bytes deflated and JPEG rows coded per call.
+    ``old_path``: save_file gives None and no file at Save Result To is the pump's (Blender's writer)."""
+    from builders_families import ben2_like_model
+
+    real = image_ops.LEAN_IMAGE_AI_OT_remove_background
+    with monkeypatch.context() as patch:
+        if old_path:
+            patch.setattr(real, "save_file", lambda self, inputs, result: None, raising=False)
+        driver = driver_class(real, f"lean_image_ai_test.drive_cutout_{tag}", f"LEANTEST_OT_drive_cutout_{tag}")
+    model, seen = ben2_like_model(tmp_path / "ben2.onnx", size=64), {}
+    with monkeypatch.context() as counting:
+        deflate = Deflate(counting)
+        jpeg_rows = JpegRows(counting, deflate)
+        if old_path:
+            counting.setattr(image_ops.results, "made_for_output", lambda output, *_: output is None)
+
+        def script(op):
+            ctx = StandInContext()
+            before = set(bpy.data.images)
+            state = op.start_modal(ctx)
+            while state == {"RUNNING_MODAL"}:
+                deflate.call += 1
+                state = op.modal(ctx, TIMER)
+                if "applied" not in seen and any(image not in before for image in bpy.data.images):
+                    seen["applied"] = deflate.call
+                time.sleep(0.005)
+            return state
+
+        bpy.utils.register_class(driver)
+        try:
+            seen["state"] = drive(getattr(bpy.ops.lean_image_ai_test, f"drive_cutout_{tag}"), script,
+                                  filepath=str(path), model_path=str(model), output_path=str(out), overwrite=True)
+        finally:
+            bpy.utils.unregister_class(driver)
+    image = bpy.data.images["photo_cutout"]
+    seen["pixels"], seen["jpeg_rows"], seen["fed"] = image_io.image_to_array(image), jpeg_rows.rows, deflate.fed
+    seen["reads"] = None if image.packed_file is not None else Path(bpy.path.abspath(image.filepath))
+    bpy.data.images.remove(image)
+    return seen
+
+
+def test_a_cut_out_saved_as_png_is_the_file_the_pump_deflated_with_blenders_pixels(tmp_path, monkeypatch):
+    """Remove Background's cut-out at Save Result To a .png (a byte source): the PNG the pump
+    deflated, which the cut-out reads, with the file pixels and the image Blender's writer gave (the
+    old path, forced); the applying call deflates nothing. Before, Blender's writer saved the whole
+    cut-out in the applying call."""
+    path = byte_source(tmp_path)
+    old = cutout_driven(tmp_path, path, tmp_path / "blender.png", monkeypatch, "old", old_path=True)
+    new = cutout_driven(tmp_path, path, tmp_path / "saved.png", monkeypatch, "new")
+
+    assert old["state"] == new["state"] == {"FINISHED"}
+    np.testing.assert_array_equal(np.asarray(PILImage.open(tmp_path / "saved.png")),
+                                  np.asarray(PILImage.open(tmp_path / "blender.png")))
+    np.testing.assert_array_equal(new["pixels"], old["pixels"])
+    assert new["fed"] and max(new["fed"]) < new["applied"] and new["applied"] not in new["fed"], new["fed"]
+    assert old["reads"] == tmp_path / "blender.png" and new["reads"] == tmp_path / "saved.png"
