@@ -102,6 +102,7 @@ def _through_operators(side: int, jobs: int, *, float_source: bool = False, save
         "longest_pump": modal["longest_pump_call_s"],
         "result_call": modal["result_call_s"],
         "longest_call": modal["longest_call"],
+        "most_cpu_call": max(modal["last_job_calls"], key=lambda call: call[2]),  # [wall, step, CPU], the last job's
     }
     print(f"through bpy.ops, Upscale {side}x{side} -> {kept['result_size'][0]}x{kept['result_size'][1]}: Blender's RSS "
           f"{_mib(removed['rss_before'])} -> {_mib(removed['rss_after'])} MiB over {jobs} jobs, each result removed; "
@@ -115,6 +116,8 @@ def _through_operators(side: int, jobs: int, *, float_source: bool = False, save
     longest = modal["longest_call"]
     print(f"the longest call ran '{longest['step']}' (its CPU time {longest['cpu_s']:.3f} s, the cycle collector "
           f"{longest['collector_s']:.3f} s); calls over 0.1 s in {_jobs_text(modal_runs)}: {modal['calls_over_0.1_s']}")
+    wall, step, cpu = figures["most_cpu_call"]
+    print(f"the last job's call of most CPU: {cpu:.3f} s CPU ({wall:.3f} s wall, '{step}')")
     return figures
 
 
@@ -346,6 +349,7 @@ def main(argv=None) -> int:
         print(json.dumps({"longest_main_thread_call_s": round(operators["longest"], 3),
                           "longest_pump_call_s": round(operators["longest_pump"], 3),
                           "result_call_s": round(operators["result_call"], 3),
+                          "most_cpu_in_a_call_s": operators["most_cpu_call"][2],
                           "blender_rss_growth_mib_results_removed": operators["removed"],
                           "blender_rss_growth_mib_results_kept": operators["kept"]}))
         return 0
