@@ -68,13 +68,14 @@ def _mib(value) -> float:
 
 
 def _through_operators(side: int, jobs: int, *, float_source: bool = False, save_to: bool = False,
-                       modal_runs: int = 1) -> dict:
+                       modal_runs: int = 1, save_suffix: str = "") -> dict:
     """Blender's side as artists use it (issue #37 items 5 and 9): tests/host_memory_job.py in a
     fresh bpy process, the Upscale button through ``bpy.ops`` (built-in bicubic x2, side -> 2 side),
     ``jobs`` jobs with each result removed, then ``jobs`` kept, then one driven as the UI drives it
     (start_modal, then one TIMER event at a time: each a call of the add-on on Blender's main thread).
     ``float_source``: the source is a float EXR, so the result is a float image (packed as EXR);
-    ``save_to``: the modal jobs (``modal_runs`` of them) save their result at Save Result To."""
+    ``save_to``: the modal jobs (``modal_runs`` of them) save their result at Save Result To, as a
+    file of ``save_suffix`` (e.g. ".jpg"; empty: the source's kind, PNG or EXR)."""
     import subprocess
     import tempfile
 
@@ -86,7 +87,7 @@ def _through_operators(side: int, jobs: int, *, float_source: bool = False, save
     env.update(LEAN_IMAGE_AI_MODELS_DIR=str(root / "models"), LEAN_IMAGE_AI_LOG_DIR=str(root / "logs"))
     config = {"side": side, "jobs": jobs, "folder": str(root), "out": str(root / "out.json"),
               "phases": ["removed", "kept", "modal"], "float": float_source,
-              "save_to": save_to, "modal_runs": modal_runs}
+              "save_to": save_to, "save_suffix": save_suffix, "modal_runs": modal_runs}
     (root / "config.json").write_text(json.dumps(config), encoding="utf-8")
     done = subprocess.run([sys.executable, str(ROOT / "tests" / "host_memory_job.py"), str(root / "config.json")],
                           env=env, capture_output=True, text=True, timeout=900)
@@ -102,6 +103,7 @@ def _through_operators(side: int, jobs: int, *, float_source: bool = False, save
         "longest_pump": modal["longest_pump_call_s"],
         "result_call": modal["result_call_s"],
         "longest_call": modal["longest_call"],
+        "most_cpu_call": max(modal["last_job_calls"], key=lambda call: call[2]),  # [wall, step, CPU], the last job's
     }
     print(f"through bpy.ops, Upscale {side}x{side} -> {kept['result_size'][0]}x{kept['result_size'][1]}: Blender's RSS "
           f"{_mib(removed['rss_before'])} -> {_mib(removed['rss_after'])} MiB over {jobs} jobs, each result removed; "
@@ -115,6 +117,8 @@ def _through_operators(side: int, jobs: int, *, float_source: bool = False, save
     longest = modal["longest_call"]
     print(f"the longest call ran '{longest['step']}' (its CPU time {longest['cpu_s']:.3f} s, the cycle collector "
           f"{longest['collector_s']:.3f} s); calls over 0.1 s in {_jobs_text(modal_runs)}: {modal['calls_over_0.1_s']}")
+    wall, step, cpu = figures["most_cpu_call"]
+    print(f"the last job's call of most CPU: {cpu:.3f} s CPU ({wall:.3f} s wall, '{step}')")
     return figures
 
 
@@ -422,6 +426,7 @@ def main(argv=None) -> int:
     parser.add_argument("--ops-only", action="store_true", help="only the jobs through bpy.ops (issue 37 items 5, 9)")
     parser.add_argument("--ops-float", action="store_true", help="those jobs on a float EXR source (a float result)")
     parser.add_argument("--ops-save", action="store_true", help="the modal jobs save at Save Result To")
+    parser.add_argument("--ops-save-suffix", default="", help="--ops-save's file format, e.g. .jpg (else the source's)")
     parser.add_argument("--ops-runs", type=int, default=1, help="modal jobs measured (the longest call over all)")
     parser.add_argument("--ops-replace", action="store_true", help="only Remove Background Replace's calls (byte, float)")
     parser.add_argument("--ops-sequence", action="store_true", help="only Process Sequence's calls (3 PNG frames)")
@@ -445,11 +450,12 @@ def main(argv=None) -> int:
         _apply_calls(args)
         return 0
     operators = _through_operators(args.ops_side, 3, float_source=args.ops_float, save_to=args.ops_save,
-                                   modal_runs=args.ops_runs)  # first: a process of its own, this one still bare
+                                   modal_runs=args.ops_runs, save_suffix=args.ops_save_suffix)  # first: a process of its own, this one still bare
     if args.ops_only:
         print(json.dumps({"longest_main_thread_call_s": round(operators["longest"], 3),
                           "longest_pump_call_s": round(operators["longest_pump"], 3),
                           "result_call_s": round(operators["result_call"], 3),
+                          "most_cpu_in_a_call_s": operators["most_cpu_call"][2],
                           "blender_rss_growth_mib_results_removed": operators["removed"],
                           "blender_rss_growth_mib_results_kept": operators["kept"]}))
         return 0

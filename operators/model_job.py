@@ -46,6 +46,7 @@ class JobInputs:
     job: ModelRun  # the model, the option values, the device and the budgets (models/model_run.py)
     output: tuple[Path, str] | None  # (path, Blender file format)
     encoded: object = None  # the result image's packed file, written by the pump (ModelJobOperator.encode)
+    saved: object = None  # the file at Save Result To, encoded by the pump (ModelJobOperator.save_file)
     model_input: object = None  # the steps that fill ``model_rgba`` (_model_input); None once done
 
     @property
@@ -147,46 +148,6 @@ def _model_input(rgba: np.ndarray, info: image_io.ImageInfo) -> file_bytes.Bande
     return file_bytes.BandedArray(rgba.shape, np.float32 if info.is_float else np.uint8, rows)
 
 
-def banded_frame_file(path: Path, product) -> file_bytes.BandedFile | None:
-    """The file Blender's writer would make of ``product`` at ``path``, as a models/file_bytes/ file
-    the job's pump encodes a band at a time, where the add-on writes that format: an 8- or 16-bit
-    PNG, an 8- or 16-bit TIFF, a float EXR, each with the samples Blender's writer stores
-    (models/file_bytes/blender_samples.py), an 8-bit JPEG (RGB, alpha dropped, quality 90, as Blender
-    writes it). None: Blender's writer saves it."""
-    suffix, pixels, bits = path.suffix.lower(), product.pixels, product.bits
-    height, width = pixels.shape[:2]
-
-    def byte_rows(start: int, stop: int) -> np.ndarray:
-        return image_io.to_rgba(pixels[start:stop])
-
-    def buffer_rows(start: int, stop: int) -> np.ndarray:
-        """save_product's float buffer: colour linear and premultiplied, values as they are."""
-        band = image_io.to_rgba(pixels[start:stop])
-        return band if product.is_data else colour.from_model_rgb(band, True, premultiplied=True)
-
-    def eight_bit_rows(start: int, stop: int) -> np.ndarray:
-        return file_bytes.blender_samples.eight_bit(byte_rows(start, stop))
-
-    def sixteen_bit_rows(associated_alpha: bool):
-        return lambda start, stop: file_bytes.blender_samples.sixteen_bit(
-            buffer_rows(start, stop), is_data=product.is_data, associated_alpha=associated_alpha)
-
-    if suffix == ".png" and bits == "8-bit":
-        return file_bytes.PngFile(height, width, byte_rows)
-    if suffix in (".jpg", ".jpeg") and bits == "8-bit":
-        return file_bytes.JpegFile(height, width, byte_rows)
-    if suffix == ".png" and bits == "16-bit":
-        return file_bytes.PngFile(height, width, sixteen_bit_rows(False), sixteen_bit=True)
-    if suffix in (".tif", ".tiff") and bits == "8-bit":  # Blender: straight alpha
-        return file_bytes.TiffFile(height, width, eight_bit_rows, sixteen_bit=False, associated_alpha=False)
-    if suffix in (".tif", ".tiff") and bits == "16-bit":  # Blender: premultiplied colour
-        return file_bytes.TiffFile(height, width, sixteen_bit_rows(True), sixteen_bit=True, associated_alpha=True)
-    if suffix == ".exr" and bits == "float":
-        # as Blender's writer saves save_product's image: colour through save_render in half floats, values in floats
-        return file_bytes.ExrFile(height, width, buffer_rows, half=not product.is_data)
-    return None
-
-
 class FrameFile:
     """A frame's file encoded by the pump a band at a time (Blender's writer took 0.4-0.5 s of the
     main thread in one call for a 3840x2160 PNG, issue #37 item 3), then written whole by the
@@ -210,7 +171,7 @@ class BlenderFrames:
     read and results saved by Blender, on the main thread. Given the ``gathered`` pixels of an
     image Blender has already read (the Image Editor's image, a texture node's, a frame read for
     Preview Frame), its one frame is those pixels. With ``staged``, a frame whose file the add-on
-    writes (:func:`banded_frame_file`) is left to the batch as a :class:`FrameFile` it pumps
+    writes (models/file_bytes/products.py) is left to the batch as a :class:`FrameFile` it pumps
     (:meth:`take_staged`) instead of being saved in the call."""
 
     writer = file_formats.BLENDER_WRITER
@@ -224,7 +185,7 @@ class BlenderFrames:
         return self.gathered if self.gathered is not None else read_frame(ref, warn)
 
     def write_image(self, path: Path, product) -> list[str]:
-        made = banded_frame_file(path, product) if self.staged else None
+        made = file_bytes.product_file(path, product) if self.staged else None
         if made is None:
             return results.save_product(path, product)
         self._pending.append(FrameFile(path, made))
@@ -237,9 +198,7 @@ class BlenderFrames:
     def take_staged(self):
         """The frame files the last write left to be pumped (one step), or None."""
         pending, self._pending = self._pending, []
-        if not pending:
-            return None
-        return pending[0] if len(pending) == 1 else OneByOne.of(pending)
+        return OneByOne.of_some(pending)
 
     def check_format(self, path: Path) -> None:
         _blender_can_write(path)
@@ -373,10 +332,11 @@ class ModelJobOperator(ModelOperatorProperties, ModalJobOperator):
     def prepare(self, context, job: BlenderJob):
         inputs = job.inputs = self.gather(context, job)
         # bound here: they run after the operator's call has returned
-        shape, encode, finishing = self.shape, self.encode, self.finishing_steps
+        shape, encode, save_file, finishing = self.shape, self.encode, self.save_file, self.finishing_steps
         ref = FrameRef(0, Path(inputs.info.name))  # the image's name: what a message about it says
 
         def stage(result):
+            inputs.saved = save_file(inputs, result)
             inputs.encoded = encode(inputs, result)
             return finishing(inputs, result, job)
 
@@ -396,11 +356,17 @@ class ModelJobOperator(ModelOperatorProperties, ModalJobOperator):
         makes the result whole (a result saved to a file through Blender's writer, one not an image)."""
         return None
 
+    def save_file(self, inputs: JobInputs, result):
+        """The file at Save Result To as a results.OutputFile (file_bytes.product_file's formats) the
+        job's pump encodes before :meth:`encode`'s and :meth:`apply` writes; None: ``apply`` saves it."""
+        return None
+
     def finishing_steps(self, inputs: JobInputs, result, job: BlenderJob):
         """What the result still needs before :meth:`apply`, pumped by the job a step per timer call
         (operators/jobs.py PumpedTask's ``stage``): by default the result image's file of
-        :meth:`encode`. It runs after the operator's call has returned: it must not read the operator."""
-        return inputs.encoded
+        :meth:`encode` and the file of :meth:`save_file`. It runs after the operator's call has
+        returned: it must not read the operator."""
+        return OneByOne.of_some([inputs.encoded, inputs.saved])
 
     def apply(self, context, inputs: JobInputs, result) -> str:
         """Create Blender data from the result; returns a one-line summary for the report.

@@ -22,6 +22,7 @@ bpy = pytest.importorskip("bpy")
 bh.import_package()
 
 import modal_standins  # noqa: E402
+from lean_image_ai.models import file_bytes  # noqa: E402
 from lean_image_ai.models.adapters import moge2_mesh  # noqa: E402
 from lean_image_ai.models.file_bytes import bands  # noqa: E402
 from lean_image_ai.models.result_images import ImageProduct  # noqa: E402
@@ -168,7 +169,7 @@ def blender_written(tmp_path, monkeypatch, args, name: str, suffix: str = "") ->
     """The same frames written by Blender's writer (save_product), as before; ``suffix``: as output_of's ``name``."""
     out = tmp_path / name
     with monkeypatch.context() as patch:
-        patch.setattr(model_job, "banded_frame_file", lambda path, product: None)
+        patch.setattr(file_bytes, "product_file", lambda path, product: None)
         assert bpy.ops.lean_image_ai.process_sequence(**args, output=output_of(out, suffix)) == {"FINISHED"}
     return out
 
@@ -238,7 +239,7 @@ def test_a_float_products_file_holds_what_blenders_writer_gives(tmp_path, is_dat
     pixels = (rng.random((40, 24), np.float32) * 7) if is_data else rng.random((40, 24, 3)).astype(np.float32)
     product = ImageProduct(pixels, is_data, bits="float")
     results.save_product(tmp_path / "blender.exr", product)
-    made = model_job.banded_frame_file(tmp_path / "ours.exr", product)
+    made = file_bytes.product_file(tmp_path / "ours.exr", product)
     frame_file = model_job.FrameFile(tmp_path / "ours.exr", made)
     while not frame_file.pump(0.01):
         pass
@@ -259,7 +260,7 @@ def test_a_png_or_tiff_products_file_holds_what_blenders_writer_gives(tmp_path, 
         pixels[16:32, :, :3] = pixels[16:32, :, :3] ** 6 * 1.3 - 0.1
     product = ImageProduct(pixels, is_data, bits=bits)
     results.save_product(tmp_path / f"blender{suffix}", product)
-    made = model_job.banded_frame_file(tmp_path / f"ours{suffix}", product)
+    made = file_bytes.product_file(tmp_path / f"ours{suffix}", product)
     frame_file = model_job.FrameFile(tmp_path / f"ours{suffix}", made)
     while not frame_file.pump(0.01):
         pass

@@ -7,9 +7,10 @@ from .bands import MAX_PIXELS_PER_CALL, BandedArray, BandedFile, BandedSteps
 from .exr import ExrFile
 from .jpeg import JpegFile
 from .png import PngFile
+from .products import product_file
 from .tiff import TiffFile
 
 __all__ = [
     "MAX_PIXELS_PER_CALL", "BandedArray", "BandedFile", "BandedSteps", "ExrFile", "JpegFile", "PngFile", "TiffFile",
-    "blender_samples",
+    "blender_samples", "product_file",
 ]
