@@ -581,7 +581,8 @@ def depth_driven(tmp_path, path: Path, out: Path, monkeypatch, tag: str, *, old_
             while state == {"RUNNING_MODAL"}:
                 deflate.call += 1
                 state = op.modal(ctx, TIMER)
-                if "applied" not in seen and any(image not in before for image in bpy.data.images):
+                if "applied" not in seen and any(image not in before and image.filepath != str(path)  # not the source
+                                                 for image in bpy.data.images):
                     seen["applied"] = deflate.call
                 time.sleep(0.005)
             return state
@@ -666,7 +667,8 @@ def cutout_driven(tmp_path, path: Path, out: Path, monkeypatch, tag: str, *, old
             while state == {"RUNNING_MODAL"}:
                 deflate.call += 1
                 state = op.modal(ctx, TIMER)
-                if "applied" not in seen and any(image not in before for image in bpy.data.images):
+                if "applied" not in seen and any(image not in before and image.filepath != str(path)  # not the source
+                                                 for image in bpy.data.images):
                     seen["applied"] = deflate.call
                 time.sleep(0.005)
             return state
