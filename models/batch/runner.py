@@ -212,11 +212,14 @@ class Runner:
         def read(ref):
             return self.io.read(ref, None if first else report[0].warnings.append)
 
+        # a frame IO that reads a frame over several pumps (Blender's, operators/model_job.py) gives its steps
+        steps = getattr(self.io, "read_steps", None)
+        stepped = {} if steps is None else {"read_steps": lambda ref: steps(ref, None if first else report[0].warnings.append)}
         batch = self._factory(
             self.refs, pass_run.infer, read, write, options=options,
             skip=(lambda ref: False) if first else self.skip.__contains__,
             stop_on_error=self.spec.stop_on_error,
-            **self.output.claim_hooks(claims), **self._staged_hook(),
+            **self.output.claim_hooks(claims), **self._staged_hook(), **stepped,
         )
         report.append(batch.report)
         return batch
