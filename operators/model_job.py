@@ -152,6 +152,7 @@ class BlenderFrames:
         self.gathered = gathered
         self.staged = staged
         self._pending: list[FrameFile] = []
+        self._kinds: dict = {}  # path -> input_kind: the runner asks twice at its start, and each answer is a decode
 
     def read(self, ref, warn=None):
         return self.gathered if self.gathered is not None else read_frame(ref, warn)
@@ -182,7 +183,9 @@ class BlenderFrames:
         _blender_can_write(path)
 
     def input_kind(self, ref) -> str:
-        return input_kind(ref)
+        if ref.path not in self._kinds:
+            self._kinds[ref.path] = input_kind(ref)
+        return self._kinds[ref.path]
 
 
 def one_frame_task(job: BlenderJob, model_run: ModelRun, ref: FrameRef, pixels, shape=lambda result: result,

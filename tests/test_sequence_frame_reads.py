@@ -194,3 +194,14 @@ def test_esc_mid_read_leaves_no_datablock(tmp_path, monkeypatch):
     assert seen == [before + 1]
     assert len(bpy.data.images) == before, list(bpy.data.images)
     assert 2 not in recorder.sent
+
+
+def test_the_first_frames_kind_costs_one_decode_at_the_start(tmp_path, monkeypatch):
+    """The runner asks the frame IO for the first frame's kind twice (its plan, then the job's name):
+    each answer was Blender's load and decode of the frame in the start's call; now the second is the first's."""
+    loads = []
+    real = image_io.load_image_file
+    monkeypatch.setattr(image_io, "load_image_file", lambda path, **kw: loads.append(Path(path).name) or real(path, **kw))
+    recorder, out = run_sequence(tmp_path, monkeypatch, byte_frames(tmp_path / "in", 3))
+    assert len(list(out.iterdir())) == 3
+    assert sorted(loads) == ["p_0001.png", "p_0001.png", "p_0002.png", "p_0003.png"], loads  # its kind, then the 3 reads
