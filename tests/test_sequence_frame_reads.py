@@ -25,12 +25,15 @@ import modal_standins  # noqa: E402
 from lean_image_ai.models import colour  # noqa: E402
 from lean_image_ai.models.file_bytes import bands, read_steps  # noqa: E402
 from lean_image_ai.models.worker import protocol, remote_batch  # noqa: E402
-from lean_image_ai.operators import batch_ops, image_io, jobs, model_job, sources  # noqa: E402
+from lean_image_ai.operators import batch_ops, image_io, jobs, model_job, shot_ops, sources  # noqa: E402
 from modal_standins import ESC, TIMER, StandInContext, driver_class  # noqa: E402
 from onnx_builders import sr_model  # noqa: E402
 
 LEANTEST_OT_drive_frame_reads = driver_class(
     batch_ops.LEAN_IMAGE_AI_OT_process_sequence, "lean_image_ai_test.drive_frame_reads", "LEANTEST_OT_drive_frame_reads"
+)
+LEANTEST_OT_drive_preview_read = driver_class(
+    shot_ops.LEAN_IMAGE_AI_OT_preview_frame, "lean_image_ai_test.drive_preview_read", "LEANTEST_OT_drive_preview_read"
 )
 SMALL_CALL = 1024  # pixels a call: a 48x64 frame's conversion takes three calls or more
 HEIGHT, WIDTH = 48, 64
@@ -38,7 +41,8 @@ HEIGHT, WIDTH = 48, 64
 
 @pytest.fixture(scope="module", autouse=True)
 def registered():
-    with bh.registered_classes([*jobs.classes, *batch_ops.classes, LEANTEST_OT_drive_frame_reads]):
+    with bh.registered_classes([*jobs.classes, *batch_ops.classes, *shot_ops.classes, LEANTEST_OT_drive_frame_reads,
+                                LEANTEST_OT_drive_preview_read]):
         yield
 
 
@@ -117,7 +121,7 @@ class Recorder:
         monkeypatch.setattr(model_job.FrameFile, "pump", write)
         monkeypatch.setattr(remote_batch.RemoteBatchRun, "_send", send)
 
-    def drive(self, ctx, **props):
+    def drive(self, ctx, operator=None, **props):
         def script(op):
             self.op = op
             assert op.start_modal(ctx) == {"RUNNING_MODAL"}
@@ -128,7 +132,7 @@ class Recorder:
                     return result
             raise AssertionError("the job did not end in time")
 
-        return modal_standins.drive(bpy.ops.lean_image_ai_test.drive_frame_reads, script, **props)
+        return modal_standins.drive(operator or bpy.ops.lean_image_ai_test.drive_frame_reads, script, **props)
 
 
 def run_sequence(tmp_path, monkeypatch, source: Path):
@@ -205,3 +209,23 @@ def test_the_first_frames_kind_costs_one_decode_at_the_start(tmp_path, monkeypat
     recorder, out = run_sequence(tmp_path, monkeypatch, byte_frames(tmp_path / "in", 3))
     assert len(list(out.iterdir())) == 3
     assert sorted(loads) == ["p_0001.png", "p_0001.png", "p_0002.png", "p_0003.png"], loads  # its kind, then the 3 reads
+
+
+def test_preview_frame_reads_its_frame_in_the_batchs_timer_calls(tmp_path, monkeypatch):
+    """Preview Frame read its frame whole in the job's preparing call; now its batch reads it in steps."""
+    loads = []
+    real = image_io.load_image_file
+    monkeypatch.setattr(image_io, "load_image_file", lambda path, **kw: loads.append(Path(path).name) or real(path, **kw))
+    recorder = Recorder(monkeypatch)
+    source = byte_frames(tmp_path / "in", 3)
+    model = sr_model(tmp_path / "sr.onnx", scale=2)
+    result = recorder.drive(StandInContext(), bpy.ops.lean_image_ai_test.drive_preview_read, family="upscale",
+                            source=str(source), model_path=str(model), frame=2)
+    assert result == {"FINISHED"}
+    assert loads == ["p_0002.png"], loads  # read once, by the steps
+    assert [step for _, step, _ in recorder.events][:2] == ["load", "take"], recorder.events
+    per_call = collections.Counter(call for call, _, _ in recorder.events)
+    assert all(count == 1 for count in per_call.values()), per_call
+    converted = [pixels for _, step, pixels in recorder.events if step == "convert" and pixels]
+    assert sum(converted) == HEIGHT * WIDTH and max(converted) <= SMALL_CALL, recorder.events
+    assert np.array_equal(recorder.sent[2], one_call_read(source / "p_0002.png"))
