@@ -12,6 +12,8 @@ The front-end gives only what only it can do, as a frame IO (duck-typed):
 - ``write_image(path, product) -> notes``: one image file, all or nothing;
 - ``check_format(path)``: raises when it cannot write that format;
 - ``input_kind(ref) -> "8-bit" | "16-bit" | "float"``: the samples of an input frame;
+- optionally ``read_steps(ref, warn)``: the frame's read as steps a worker batch pumps one a call
+  (Blender's, so no call of its main thread reads a frame whole), None where ``read`` is to be used;
 
 and ``batch_factory``, a callable with models/batch/sequence.py BatchRun's signature (BatchRun for
 the command line and the farm; a worker process's batch for Blender). It is given ``infer``, the

@@ -4,7 +4,8 @@ of models/batch/sequence.py's BatchRun: ``pump(budget, read=...)``, ``report``, 
 in models/batch/shot_batch.py's TwoPassBatch, a headless script) swaps it in for a BatchRun.
 
 Frames are read, claimed, written and released here, in the caller's process (Blender reads and
-writes with its own image IO on its main thread); only ``job.infer`` runs in the worker, the whole
+writes with its own image IO on its main thread, a frame's read and its file each over several
+pumps where the frame IO gives them as steps); only ``job.infer`` runs in the worker, the whole
 batch as one runtime operation there (models/worker/serve.py). Nothing here starts a thread or
 waits on the worker: each pump reads what the worker has said so far.
 
