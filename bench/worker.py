@@ -208,12 +208,14 @@ def _apply_calls(args) -> None:
               f"(CPU {modal['start_modal_cpu_s']:.3f} s), {modal['timer_calls']} timer calls, longest "
               f"{modal['longest_timer_call_s']:.3f} s ('{longest['step']}', CPU {longest['cpu_s']:.3f} s), the last "
               f"{modal['last_timer_call_s']:.3f} s; calls over 0.1 s in {_jobs_text(args.ops_runs)}: {modal['calls_over_0.1_s']}")
-        if kind == "geometry":  # each call of the job: wall, what it ran, CPU
+        if kind in ("geometry", "sequence"):  # each call of the job: wall, what it ran, CPU
             print("  the job's calls (wall s, step, CPU s), longest first:",
                   sorted(modal["last_job_calls"], reverse=True)[:12])
             most_cpu = max(modal["last_job_calls"], key=lambda call: call[2])
             print(f"  the call of most CPU: {most_cpu[2]:.3f} s CPU ({most_cpu[0]:.3f} s wall, '{most_cpu[1]}')")
-            figures["geometry_most_cpu_call_s"] = most_cpu[2]
+            print("  the calls of most CPU (CPU s, wall s, step):",
+                  sorted(((call[2], call[0], call[1]) for call in modal["last_job_calls"]), reverse=True)[:8])
+            figures[f"{kind}_most_cpu_call_s"] = most_cpu[2]
         if kind == "upscale":  # --ops-start: the start's own call, and the longest after it
             print(f"  start_modal CPU {modal['start_modal_cpu_s']:.3f} s; the first calls: {modal['last_job_calls'][:4]}")
             figures[f"start_{bits}_{source}_s"] = round(modal["start_modal_s"], 3)

@@ -14,11 +14,10 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-import bpy
 import numpy as np
 from bpy.props import BoolProperty, StringProperty
 
-from ..models import colour, file_bytes, file_formats, files, image_meta, result_images
+from ..models import colour, file_bytes, file_formats, files, result_images
 from ..models.batch.frame_lists import FrameRef
 from ..models.batch.runner import RunEvents, Runner
 from ..models.family import Family
@@ -32,6 +31,7 @@ from . import gpu_ops, image_io, prefs, results, sources
 from .job_operator import ModalJobOperator
 from .jobs import BlenderJob, OneByOne, PumpedTask
 from .options import path_options
+from .sources import as_kind, frame_read, input_kind, read_frame
 
 
 @dataclass
@@ -88,53 +88,6 @@ def _blender_can_write(path: Path) -> None:
         raise LeanImageError(f"Cannot save '{path.name}': Blender writes {file_formats.BLENDER_WRITER.advice()} here.")
 
 
-def _kind(image) -> str:
-    """"float", "16-bit" or "8-bit": Blender keeps 16-bit PNG/TIFF in float buffers too, so the
-    file format tells float files apart."""
-    if image.file_format in file_formats.BLENDER_FLOAT_FILES:
-        return "float"
-    return "16-bit" if image.is_float else "8-bit"
-
-
-def _as_kind(rgba, kind: str):
-    """Model values as the source's sample type, so results are written with the source's bits
-    (models/outputs.py): 8-bit frames come back exactly as stored."""
-    if kind == "float":
-        return rgba
-    top = 255.0 if kind == "8-bit" else 65535.0
-    return (np.clip(rgba, 0.0, 1.0) * top + 0.5).astype(np.uint8 if kind == "8-bit" else np.uint16)
-
-
-def input_kind(ref: FrameRef) -> str:
-    """Main thread: the kind of the first frame's samples (the output type follows it)."""
-    if not ref.path.is_file():
-        return "8-bit"
-    before = set(bpy.data.images)
-    image = image_io.load_image_file(str(ref.path), check_existing=False)
-    try:
-        return _kind(image)
-    finally:
-        if image not in before:
-            bpy.data.images.remove(image)
-
-
-def read_frame(ref: FrameRef, warn=None):
-    """Main thread: the frame's pixels as models take them, in the source's sample type, turned
-    upright as its EXIF orientation says (as the command line reads it: Blender itself does not);
-    the datablock is removed again. A multi-page TIFF gives its first page and a warning."""
-    before = set(bpy.data.images)
-    image = image_io.load_image_file(str(ref.path), check_existing=False)
-    try:
-        rgba, info = image_io.read_image(image)
-        pixels = _as_kind(colour.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied), _kind(image))
-    finally:
-        if image not in before:
-            bpy.data.images.remove(image)
-    if warn is not None and ref.path.suffix.lower() in (".tif", ".tiff") and (pages := image_meta.tiff_pages(ref.path)) > 1:
-        warn(f"{ref.path.name} has {pages} pages; the first (the main image by TIFF convention) was used.")
-    return image_meta.upright(pixels, image_meta.exif_orientation(ref.path))
-
-
 def _model_input(rgba: np.ndarray, info: image_io.ImageInfo) -> file_bytes.BandedArray:
     """The model's input from Blender's pixels (straight, sRGB-encoded; a byte image's stored values
     as uint8, so the family resizes them on uint8 as upstream does), converted by the job's pump a
@@ -143,7 +96,7 @@ def _model_input(rgba: np.ndarray, info: image_io.ImageInfo) -> file_bytes.Bande
 
     def rows(start: int, stop: int) -> np.ndarray:
         band = colour.to_model_rgb(rgba[start:stop], info.is_linear, premultiplied=info.premultiplied)
-        return band if info.is_float else _as_kind(band, "8-bit")
+        return band if info.is_float else as_kind(band, "8-bit")
 
     return file_bytes.BandedArray(rgba.shape, np.float32 if info.is_float else np.uint8, rows)
 
@@ -180,9 +133,14 @@ class BlenderFrames:
         self.gathered = gathered
         self.staged = staged
         self._pending: list[FrameFile] = []
+        self._kinds: dict = {}  # path -> input_kind: the runner asks twice at its start, and each answer is a decode
 
     def read(self, ref, warn=None):
         return self.gathered if self.gathered is not None else read_frame(ref, warn)
+
+    def read_steps(self, ref, warn=None):
+        """The frame's read as steps the batch pumps one a call (:func:`frame_read`); None: ``read`` it."""
+        return None if self.gathered is not None else frame_read(ref, warn)
 
     def write_image(self, path: Path, product) -> list[str]:
         made = file_bytes.product_file(path, product) if self.staged else None
@@ -204,7 +162,9 @@ class BlenderFrames:
         _blender_can_write(path)
 
     def input_kind(self, ref) -> str:
-        return input_kind(ref)
+        if ref.path not in self._kinds:
+            self._kinds[ref.path] = input_kind(ref)
+        return self._kinds[ref.path]
 
 
 def one_frame_task(job: BlenderJob, model_run: ModelRun, ref: FrameRef, pixels, shape=lambda result: result,
