@@ -68,13 +68,14 @@ def _mib(value) -> float:
 
 
 def _through_operators(side: int, jobs: int, *, float_source: bool = False, save_to: bool = False,
-                       modal_runs: int = 1) -> dict:
+                       modal_runs: int = 1, save_suffix: str = "") -> dict:
     """Blender's side as artists use it (issue #37 items 5 and 9): tests/host_memory_job.py in a
     fresh bpy process, the Upscale button through ``bpy.ops`` (built-in bicubic x2, side -> 2 side),
     ``jobs`` jobs with each result removed, then ``jobs`` kept, then one driven as the UI drives it
     (start_modal, then one TIMER event at a time: each a call of the add-on on Blender's main thread).
     ``float_source``: the source is a float EXR, so the result is a float image (packed as EXR);
-    ``save_to``: the modal jobs (``modal_runs`` of them) save their result at Save Result To."""
+    ``save_to``: the modal jobs (``modal_runs`` of them) save their result at Save Result To, as a
+    file of ``save_suffix`` (e.g. ".jpg"; empty: the source's kind, PNG or EXR)."""
     import subprocess
     import tempfile
 
@@ -86,7 +87,7 @@ def _through_operators(side: int, jobs: int, *, float_source: bool = False, save
     env.update(LEAN_IMAGE_AI_MODELS_DIR=str(root / "models"), LEAN_IMAGE_AI_LOG_DIR=str(root / "logs"))
     config = {"side": side, "jobs": jobs, "folder": str(root), "out": str(root / "out.json"),
               "phases": ["removed", "kept", "modal"], "float": float_source,
-              "save_to": save_to, "modal_runs": modal_runs}
+              "save_to": save_to, "save_suffix": save_suffix, "modal_runs": modal_runs}
     (root / "config.json").write_text(json.dumps(config), encoding="utf-8")
     done = subprocess.run([sys.executable, str(ROOT / "tests" / "host_memory_job.py"), str(root / "config.json")],
                           env=env, capture_output=True, text=True, timeout=900)
@@ -102,6 +103,7 @@ def _through_operators(side: int, jobs: int, *, float_source: bool = False, save
         "longest_pump": modal["longest_pump_call_s"],
         "result_call": modal["result_call_s"],
         "longest_call": modal["longest_call"],
+        "most_cpu_call": max(modal["last_job_calls"], key=lambda call: call[2]),  # [wall, step, CPU], the last job's
     }
     print(f"through bpy.ops, Upscale {side}x{side} -> {kept['result_size'][0]}x{kept['result_size'][1]}: Blender's RSS "
           f"{_mib(removed['rss_before'])} -> {_mib(removed['rss_after'])} MiB over {jobs} jobs, each result removed; "
@@ -115,6 +117,8 @@ def _through_operators(side: int, jobs: int, *, float_source: bool = False, save
     longest = modal["longest_call"]
     print(f"the longest call ran '{longest['step']}' (its CPU time {longest['cpu_s']:.3f} s, the cycle collector "
           f"{longest['collector_s']:.3f} s); calls over 0.1 s in {_jobs_text(modal_runs)}: {modal['calls_over_0.1_s']}")
+    wall, step, cpu = figures["most_cpu_call"]
+    print(f"the last job's call of most CPU: {cpu:.3f} s CPU ({wall:.3f} s wall, '{step}')")
     return figures
 
 
@@ -138,6 +142,7 @@ def _apply_calls(args) -> None:
     if args.ops_replace:
         cases += [("replace", False, "file"), ("replace", True, "file")]
     if args.ops_sequence:
+        cases += [("sequence_blender_writer", False, "file")] if args.ops_blender_writer else []
         cases.append(("sequence", False, "file"))
     if args.ops_sequence_geometry:
         cases.append(("geometry", False, "file"))
@@ -162,7 +167,13 @@ def _apply_calls(args) -> None:
                   "modal_operator": "sequence" if kind == "geometry" else kind, "modal_source": source}
         if kind == "replace":
             config["model"] = str(ben2_like_model(root / "ben2.onnx", size=64))
-        elif kind in ("sequence", "geometry"):
+        elif kind.startswith("sequence"):
+            config["frames"] = str(_sequence_frames(root / "frames", args))
+            config["modal_operator"] = "sequence"
+            config["blender_writer"] = kind == "sequence_blender_writer"
+            config["output_pattern"] = ("f_####.jpg" if args.ops_jpeg
+                                        else f"shot_####{args.ops_frame_suffix}" if args.ops_frame_suffix else "")
+        elif kind == "geometry":
             frames = root / "frames"
             frames.mkdir()
             y, x = np.mgrid[0:args.height, 0:args.width].astype(np.float32)
@@ -176,7 +187,6 @@ def _apply_calls(args) -> None:
                 from builders_moge2 import moge2_like_model
 
                 config["family"], config["model"] = "moge2", str(moge2_like_model(root / "moge2.onnx"))
-            config["output_pattern"] = "f_####.jpg" if args.ops_jpeg else ""
         env = bh.isolated_blender_env(root / "blender", pythonpath=[bh.package_search_dir(root / "pkg")])
         env.update(LEAN_IMAGE_AI_MODELS_DIR=str(root / "models"), LEAN_IMAGE_AI_LOG_DIR=str(root / "logs"))
         (root / "config.json").write_text(json.dumps(config), encoding="utf-8")
@@ -188,20 +198,24 @@ def _apply_calls(args) -> None:
         bits = "float" if float_source else "byte"
         label = {"replace": f"Remove Background Replace {args.ops_side}x{args.ops_side} {bits}",
                  "upscale": f"Upscale {args.ops_side}x{args.ops_side} {bits}, source: {source}",
-                 "sequence": f"Process Sequence (upscale x2), 3 frames {args.width}x{args.height} PNG"
-                             f" -> {'JPEG' if args.ops_jpeg else 'PNG'}",
+                 "sequence": f"Process Sequence (upscale x2), 3 frames {args.width}x{args.height} "
+                             f"{args.ops_frame_bits}-bit PNG -> {'.jpg' if args.ops_jpeg else args.ops_frame_suffix or '.png'}",
+                 "sequence_blender_writer": f"Process Sequence (upscale x2), 3 frames {args.width}x{args.height} "
+                                            f"{args.ops_frame_bits}-bit PNG, every frame saved by Blender's writer",
                  "geometry": f"Process Sequence (seeded MoGe-2), 3 frames {args.width}x{args.height}"}[kind]
         longest = modal["longest_call"]
         print(f"{label}: the job {modal['job_wall_s']:.1f} s, start_modal {modal['start_modal_s']:.3f} s "
               f"(CPU {modal['start_modal_cpu_s']:.3f} s), {modal['timer_calls']} timer calls, longest "
               f"{modal['longest_timer_call_s']:.3f} s ('{longest['step']}', CPU {longest['cpu_s']:.3f} s), the last "
               f"{modal['last_timer_call_s']:.3f} s; calls over 0.1 s in {_jobs_text(args.ops_runs)}: {modal['calls_over_0.1_s']}")
-        if kind == "geometry":  # each call of the job: wall, what it ran, CPU
+        if kind in ("geometry", "sequence"):  # each call of the job: wall, what it ran, CPU
             print("  the job's calls (wall s, step, CPU s), longest first:",
                   sorted(modal["last_job_calls"], reverse=True)[:12])
             most_cpu = max(modal["last_job_calls"], key=lambda call: call[2])
             print(f"  the call of most CPU: {most_cpu[2]:.3f} s CPU ({most_cpu[0]:.3f} s wall, '{most_cpu[1]}')")
-            figures["geometry_most_cpu_call_s"] = most_cpu[2]
+            print("  the calls of most CPU (CPU s, wall s, step):",
+                  sorted(((call[2], call[0], call[1]) for call in modal["last_job_calls"]), reverse=True)[:8])
+            figures[f"{kind}_most_cpu_call_s"] = most_cpu[2]
         if kind == "upscale":  # --ops-start: the start's own call, and the longest after it
             print(f"  start_modal CPU {modal['start_modal_cpu_s']:.3f} s; the first calls: {modal['last_job_calls'][:4]}")
             figures[f"start_{bits}_{source}_s"] = round(modal["start_modal_s"], 3)
@@ -216,6 +230,27 @@ def _apply_calls(args) -> None:
         if kind == "geometry":
             figures.update(_geometry_split(args, root / "frames", Path(config["model"])))
     print(json.dumps(figures))
+
+
+def _sequence_frames(folder: Path, args) -> Path:
+    """Three ``--width``x``--height`` RGB frames, PNG of ``--ops-frame-bits`` (16: the add-on's own
+    16-bit PNG encoder, opaque; their results are 16-bit too)."""
+    from lean_image_ai.models import file_bytes
+    from PIL import Image
+
+    folder.mkdir()
+    y, x = np.mgrid[0:args.height, 0:args.width].astype(np.float32)
+    for number in range(1, 4):
+        rgb = np.stack([x / args.width, y / args.height, ((x + y + number * 97) % 256) / 255], axis=-1)
+        path = folder / f"shot_{number:04d}.png"
+        if args.ops_frame_bits == 8:
+            Image.fromarray((rgb * 255).astype(np.uint8)).save(path)
+            continue
+        rgba = np.dstack([rgb, np.ones_like(x)])
+        samples = file_bytes.blender_samples.quantised(rgba, 65535, np.uint16)
+        path.write_bytes(file_bytes.PngFile(args.height, args.width, lambda a, b, samples=samples: samples[a:b],
+                                            sixteen_bit=True).finish_now())
+    return folder
 
 
 def _timed(work) -> tuple[float, float]:
@@ -393,6 +428,7 @@ def main(argv=None) -> int:
     parser.add_argument("--ops-only", action="store_true", help="only the jobs through bpy.ops (issue 37 items 5, 9)")
     parser.add_argument("--ops-float", action="store_true", help="those jobs on a float EXR source (a float result)")
     parser.add_argument("--ops-save", action="store_true", help="the modal jobs save at Save Result To")
+    parser.add_argument("--ops-save-suffix", default="", help="--ops-save's file format, e.g. .jpg (else the source's)")
     parser.add_argument("--ops-runs", type=int, default=1, help="modal jobs measured (the longest call over all)")
     parser.add_argument("--ops-replace", action="store_true", help="only Remove Background Replace's calls (byte, float)")
     parser.add_argument("--ops-sequence", action="store_true", help="only Process Sequence's calls (3 PNG frames)")
@@ -401,6 +437,10 @@ def main(argv=None) -> int:
     parser.add_argument("--ops-geometry", action="store_true",
                         help="only Reconstruct Geometry's calls (MoGe-2-like net, 1024x768 and 1920x1080)")
     parser.add_argument("--ops-jpeg", action="store_true", help="--ops-sequence writes .jpg frames (else PNG)")
+    parser.add_argument("--ops-frame-bits", type=int, choices=(8, 16), default=8, help="bits of those PNG frames")
+    parser.add_argument("--ops-frame-suffix", default="", help="their results' format (.tif; default: PNG)")
+    parser.add_argument("--ops-blender-writer", action="store_true",
+                        help="also the same sequence with every frame saved by Blender's writer (before the banded encoders)")
     parser.add_argument("--ops-shot", action="store_true",
                         help="only Reconstruct Shot's calls (MoGe-2-like net, 3 frames --width x --height)")
     parser.add_argument("--ops-start", action="store_true",
@@ -412,11 +452,12 @@ def main(argv=None) -> int:
         _apply_calls(args)
         return 0
     operators = _through_operators(args.ops_side, 3, float_source=args.ops_float, save_to=args.ops_save,
-                                   modal_runs=args.ops_runs)  # first: a process of its own, this one still bare
+                                   modal_runs=args.ops_runs, save_suffix=args.ops_save_suffix)  # first: a process of its own, this one still bare
     if args.ops_only:
         print(json.dumps({"longest_main_thread_call_s": round(operators["longest"], 3),
                           "longest_pump_call_s": round(operators["longest_pump"], 3),
                           "result_call_s": round(operators["result_call"], 3),
+                          "most_cpu_in_a_call_s": operators["most_cpu_call"][2],
                           "blender_rss_growth_mib_results_removed": operators["removed"],
                           "blender_rss_growth_mib_results_kept": operators["kept"]}))
         return 0

@@ -265,3 +265,30 @@ def clip_for_model(rgb: np.ndarray, high: float, model: str, *, hdr_hint: str = 
         f"{outside} pixel(s) outside [0, 1] (lowest {low:.6g}, highest {top:.6g}) were clipped to [0, 1] for "
         f"{model}, which takes [0, 1]" + (f"; {hdr_hint}." if hdr_hint else ".")
     )
+
+
+def to_rgba(array: np.ndarray) -> np.ndarray:
+    """``(H, W)`` or ``(H, W, C)`` with C in 1..4 -> float32 ``(H, W, 4)`` (grey -> RGB, alpha 1)."""
+    arr = np.asarray(array)
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    if arr.ndim != 3 or arr.shape[2] not in (1, 2, 3, 4):
+        raise InvalidImageError(
+            f"Expected an image array of shape (H, W) or (H, W, 1..4), got shape {tuple(np.shape(array))}."
+        )
+    h, w, c = arr.shape
+    if h == 0 or w == 0:
+        raise InvalidImageError(f"The image array is empty (shape {tuple(arr.shape)}).")
+    if c == 4:
+        return np.ascontiguousarray(arr, dtype=np.float32)
+    out = np.empty((h, w, 4), dtype=np.float32)
+    if c == 3:
+        out[..., :3] = arr
+        out[..., 3] = 1.0
+    elif c == 2:
+        out[..., :3] = arr[..., :1]
+        out[..., 3] = arr[..., 1]
+    else:
+        out[..., :3] = arr
+        out[..., 3] = 1.0
+    return out

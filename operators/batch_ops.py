@@ -3,11 +3,13 @@
 One operator for the four families (``family``). It builds the job (models/job_spec.py) and hands
 it to the one runner (models/batch/runner.py) with Blender's frame IO: the frames are read by Blender
 on the main thread (bpy is not thread safe) while the model runs in the worker process
-(models/worker/); a result is written by Blender's writer, or, as an 8-bit PNG (byte source) or a
-float EXR (float source), encoded by the add-on a band per timer call and written by its atomic
-writer (operators/model_job.py FrameFile). The whole sequence is one runtime operation, each frame is written
-all or nothing, a cancelled or failed batch keeps the frames already written. Nothing is created
-in the .blend: the results are files.
+(models/worker/); a result that is an 8- or 16-bit PNG, an 8- or 16-bit TIFF or a float EXR is
+encoded by the add-on a band per timer call, with the samples Blender's writer would store, and
+written by its atomic writer (operators/model_job.py FrameFile); JPEG (the one other format written
+here) and a family's own files (MoGe-2's mesh, camera, normal map) keep Blender's writer. The
+whole sequence is one runtime operation, each frame is written all or nothing, a cancelled or
+failed batch keeps the frames already written. Nothing is created in the .blend: the results are
+files.
 """
 
 # No ``from __future__ import annotations``: Blender reads property annotations as objects.

@@ -91,7 +91,7 @@ class LEAN_IMAGE_AI_OT_reconstruct_geometry(ModelJobOperator, bpy.types.Operator
         makers = [("finding the mesh's faces", faces)]
         if geometry.normal is not None:
             makers.append(("making the normal map", normals))
-            if not inputs.output:  # else Blender's writer saves it in apply
+            if results.made_for_output(inputs.output, True):  # else Blender's writer saves it in apply
                 makers.append(("packing the normal map", normal_file))
         if inputs.options["make_camera"]:
             makers.append(("the camera's clipping", clipping))
@@ -102,26 +102,12 @@ class LEAN_IMAGE_AI_OT_reconstruct_geometry(ModelJobOperator, bpy.types.Operator
         stem = inputs.stem
         geometry, arrays, mesh = result.geometry, result.mesh, result.built.mesh
         height, width = geometry.mask.shape
-        note = ""
         with results.created_data() as created:
             mesh.materials.append(
                 created.add(bpy.data.materials, make_material(f"{stem}_geometry", inputs.source))
             )
             obj = created.add(bpy.data.objects, bpy.data.objects.new(f"{stem}_geometry", mesh))
-            normal_image = None
-            if inputs.encoded is not None:
-                normal_image = created.add(bpy.data.images, results.image_from_file(f"{stem}_normal", inputs.encoded, "Non-Color"))
-            elif result.normal_rgba is not None:
-                normal_image = created.add(
-                    bpy.data.images,
-                    image_io.array_to_new_image(
-                        f"{stem}_normal", result.normal_rgba, float_buffer=True, colorspace="Non-Color"
-                    ),
-                )
-            if normal_image is not None:
-                note = results.save_output(normal_image, inputs.output)
-            elif inputs.output:
-                note = "; not saved: this model gives no normal map"
+            normal_image, note = _normal_image(created, f"{stem}_normal", inputs, result)
             camera = None
             if inputs.options["make_camera"]:
                 near_far = result.depth_range or ()
@@ -144,6 +130,22 @@ class LEAN_IMAGE_AI_OT_reconstruct_geometry(ModelJobOperator, bpy.types.Operator
         if camera is not None:
             summary += f"; camera '{camera.name}' with a {math.degrees(geometry.fov_x):.1f} deg field of view"
         return summary + note
+
+
+def _normal_image(created, name: str, inputs, result):
+    """The normal map's image and the report's note: reading the EXR the pump wrote at Save Result
+    To, else from its packed file, else made whole and saved by Blender's writer (another format)."""
+    if inputs.encoded is not None and inputs.output:
+        image, note = results.saved_image(name, inputs.encoded, inputs.output, "Non-Color")
+        return created.add(bpy.data.images, image), note
+    if inputs.encoded is not None:
+        image = results.image_from_file(name, inputs.encoded, "Non-Color")
+    elif result.normal_rgba is not None:
+        image = image_io.array_to_new_image(name, result.normal_rgba, float_buffer=True, colorspace="Non-Color")
+    else:
+        return None, "; not saved: this model gives no normal map" if inputs.output else ""
+    created.add(bpy.data.images, image)
+    return image, results.save_output(image, inputs.output)
 
 
 def make_material(name, image):

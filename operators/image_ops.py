@@ -12,7 +12,7 @@ import math
 import bpy
 import numpy as np
 
-from ..models import colour, families, file_formats
+from ..models import colour, families, file_bytes, file_formats, result_images
 from ..models.adapters import ben2, da3, upscale
 from ..models.outputs import OutputPolicy
 from ..runtime.errors import InvalidImageError
@@ -48,11 +48,16 @@ class LEAN_IMAGE_AI_OT_remove_background(ModelJobOperator, bpy.types.Operator):
             )
         return inputs
 
+    def save_file(self, inputs, result):
+        if inputs.options["replace"]:
+            return None
+        return _colour_output_file(inputs, inputs.rgba.shape, _cutout_rows(inputs.info, inputs.rgba, result.rgba))
+
     def encode(self, inputs, result):
         if inputs.options["replace"]:
             if not _packs_cutout_in_place(inputs):
                 return None
-        elif inputs.output:
+        elif inputs.saved is None and not results.made_for_output(inputs.output, inputs.info.is_float):
             return None
         cutout = _cutout_rows(inputs.info, inputs.rgba, result.rgba)
         return results.file_like(inputs.rgba.shape, cutout, inputs.info)
@@ -77,12 +82,7 @@ class LEAN_IMAGE_AI_OT_remove_background(ModelJobOperator, bpy.types.Operator):
             return f"Removed the background of '{image.name}' in place{note}"
         name = f"{inputs.stem}_cutout"
         with results.created_data() as created:
-            if inputs.encoded is not None:
-                image = created.add(bpy.data.images, results.image_from_file(name, inputs.encoded, results.colorspace(info)))
-            else:
-                straight = _cutout_rows(info, inputs.rgba, result.rgba)(0, inputs.rgba.shape[0])
-                image = created.add(bpy.data.images, results.new_image_like(name, straight, info))
-            note = results.save_output(image, inputs.output)
+            image, note = _saved_colour_image(created, name, _cutout_rows(info, inputs.rgba, result.rgba), inputs)
         results.show(context, inputs.source, image)
         kept = float((result.matte > 0.5).mean())
         return f"Removed the background: '{image.name}' ({kept:.0%} of the pixels kept){note}"
@@ -145,15 +145,17 @@ class LEAN_IMAGE_AI_OT_estimate_depth(ModelJobOperator, bpy.types.Operator):
         "every colour channel), optionally a displaced plane that shows it in 3D"
     )
 
+    def save_file(self, inputs, result):
+        return _values_output_file(da3.FAMILY, da3.DepthResult(np.asarray(result.depth, np.float32)), inputs.output)
+
     def encode(self, inputs, result):
-        return None if inputs.output else results.value_file(result.depth)
+        return _value_file(inputs, result.depth)
 
     def apply(self, context, inputs, result):
         depth = np.asarray(result.depth, np.float32)
         stem = inputs.stem
         with results.created_data() as created:
-            image = created.add(bpy.data.images, _values_image(f"{stem}_depth", depth, inputs.encoded))
-            note = _save_depth(image, depth, inputs.output)
+            image, note = _saved_values_image(created, da3.FAMILY, f"{stem}_depth", da3.DepthResult(depth), inputs)
             plane = None
             if inputs.options["make_plane"]:
                 plane = make_depth_plane(context, created, f"{stem}_depth_plane", image, depth)
@@ -163,6 +165,26 @@ class LEAN_IMAGE_AI_OT_estimate_depth(ModelJobOperator, bpy.types.Operator):
         if plane is not None:
             summary += f", plane '{plane.name}'"
         return summary + note
+
+
+def _value_file(inputs, values):
+    """The packed EXR of an image of values, which is also the file at Save Result To when that is
+    an EXR (results.made_for_output); None: the image is made whole (Blender's writer saves it)."""
+    if inputs.saved is None and not results.made_for_output(inputs.output, True):
+        return None
+    return results.value_file(values)
+
+
+def _saved_values_image(created, family, name: str, result, inputs, values=None):
+    """The image of ``result``'s values (``values``, else its depth) and the report's note: reading
+    the EXR the pump wrote at Save Result To, else as :func:`_values_image` makes it, saved by
+    :func:`_save_values`."""
+    values = result.depth if values is None else values
+    if inputs.encoded is not None and inputs.output and inputs.saved is None:
+        image, note = results.saved_image(name, inputs.encoded, inputs.output, "Non-Color")
+        return created.add(bpy.data.images, image), note
+    image = created.add(bpy.data.images, _values_image(name, values, inputs.encoded))
+    return image, _save_values(family, image, result, inputs)
 
 
 def _values_image(name: str, values, encoded):
@@ -176,17 +198,32 @@ def _values_image(name: str, values, encoded):
     return image_io.array_to_new_image(name, rgba, float_buffer=True, colorspace="Non-Color")
 
 
-def _save_depth(image, depth, output) -> str:
-    return _save_values(da3.FAMILY, image, da3.DepthResult(depth), output)
-
-
-def _save_values(family, image, result, output) -> str:
-    """An image of values keeps them in EXR; another format gets them normalised to 0..1, and the
-    note says from which range (models/outputs.py's policy)."""
+def _values_product(family, result, output):
+    """What a file at Save Result To keeps of an image of values (models/outputs.py's policy):
+    None for EXR, which keeps them as they are (the image saved); another format gets them
+    normalised to 0..1, and the note says from which range."""
     if not output or output[0].suffix.lower() in file_formats.BLENDER_WRITER.float_suffixes:
+        return None
+    return OutputPolicy.of(family.id, file_formats.BLENDER_WRITER).image(result, output[0].suffix)
+
+
+def _values_output_file(family, result, output):
+    """The normalised values at Save Result To, where the add-on encodes that file."""
+    product = _values_product(family, result, output)
+    made = None if product is None else file_bytes.product_file(output[0], product)
+    if made is None:
+        return None
+    return results.OutputFile(output[0], made, result_images.range_notes(output[0], product))
+
+
+def _save_values(family, image, result, inputs) -> str:
+    output = inputs.output
+    if inputs.saved is not None:
+        return results.save_result(image, output, inputs.saved)
+    product = _values_product(family, result, output)
+    if product is None:
         return results.save_output(image, output)
     path = output[0]
-    product = OutputPolicy.of(family.id, file_formats.BLENDER_WRITER).image(result, path.suffix)
     notes = results.save_product(path, product)
     results.keep(image)  # the file holds the depth normalised: the image keeps the values, packed
     return f"; saved {path} ({' '.join(notes)})"
@@ -245,15 +282,18 @@ class LEAN_IMAGE_AI_OT_upscale(ModelJobOperator, bpy.types.Operator):
         "bicubic x2 when none is installed): a new '<image>_x<scale>' image"
     )
 
+    def save_file(self, inputs, result):
+        return _colour_output_file(inputs, result.image.shape, _model_rows(result.image, inputs.info))
+
     def encode(self, inputs, result):
-        if not results.made_for_output(inputs.output, inputs.info):
+        if inputs.saved is None and not results.made_for_output(inputs.output, inputs.info.is_float):
             return None
         return results.file_like(result.image.shape, _model_rows(result.image, inputs.info), inputs.info)
 
     def apply(self, context, inputs, result):
         name = f"{inputs.stem}_x{result.scale}"
         with results.created_data() as created:
-            image, note = _saved_colour_image(created, name, result.image, inputs)
+            image, note = _saved_colour_image(created, name, _model_rows(result.image, inputs.info), inputs)
         results.show(context, inputs.source, image)
         height, width = result.image.shape[:2]  # image.size would decode a packed result here
         return f"Upscaled x{result.scale} to '{image.name}' ({width}x{height}){note}"
@@ -265,23 +305,43 @@ def _model_rows(pixels, info):
     return lambda start, stop: colour.from_model_rgb(image_io.to_rgba(pixels[start:stop]), info.is_linear)
 
 
-def _saved_colour_image(created, name: str, pixels, inputs):
-    """The image of a model's colour result and the report's note: read from the file the pump
-    wrote, saved at Save Result To where that is the file it asks for, else packed; or made whole
-    and saved by Blender's writer."""
-    if inputs.encoded is not None and inputs.output:
-        image, note = results.saved_image(name, inputs.encoded, inputs.output, results.colorspace(inputs.info))
+def _saved_colour_image(created, name: str, rows, inputs):
+    """The image of a colour result (``rows``: its straight rows, :func:`_model_rows` or
+    :func:`_cutout_rows`) and the report's note: read from the file the pump wrote, saved at Save
+    Result To where that is the file it asks for, else packed (the file at Save Result To, if any,
+    the pump's too: inputs.saved); or made whole and saved by Blender's writer."""
+    colorspace = results.colorspace(inputs.info)
+    if inputs.encoded is not None and inputs.output and inputs.saved is None:
+        image, note = results.saved_image(name, inputs.encoded, inputs.output, colorspace)
         return created.add(bpy.data.images, image), note
-    image = created.add(bpy.data.images, _colour_image(name, pixels, inputs))
-    return image, results.save_output(image, inputs.output)
-
-
-def _colour_image(name: str, pixels, inputs):
-    """The image of a model's colour result: from the packed file the pump wrote, else whole."""
     if inputs.encoded is not None:
-        return results.image_from_file(name, inputs.encoded, results.colorspace(inputs.info))
-    straight = _model_rows(pixels, inputs.info)(0, pixels.shape[0])
-    return results.new_image_like(name, straight, inputs.info)
+        image = created.add(bpy.data.images, results.image_from_file(name, inputs.encoded, colorspace))
+    else:
+        image = created.add(bpy.data.images, results.new_image_like(name, rows(0, None), inputs.info))
+    return image, results.save_result(image, inputs.output, inputs.saved)
+
+
+class _RowsOf:
+    """Rows made when a band is sliced out, as file_bytes.product_file reads a product's pixels."""
+
+    def __init__(self, shape, rows):
+        self.shape, self._rows = shape, rows
+
+    def __getitem__(self, band: slice):
+        return self._rows(band.start, band.stop)
+
+
+def _colour_output_file(inputs, shape, rows):
+    """The file at Save Result To of a colour result (``rows``: the result image's straight rows)
+    where the add-on encodes it as Blender's writer saves the image (file_bytes.product_file): a
+    byte source's result, whose image holds these rows as bytes, in a format other than the 8-bit
+    PNG the image itself reads (results.made_for_output). None: Blender's writer saves the image (a
+    float result in a format other than EXR, a byte one as EXR or a format the add-on does not write)."""
+    output, info = inputs.output, inputs.info
+    if output is None or info.is_float or results.made_for_output(output, False):
+        return None
+    made = file_bytes.product_file(output[0], result_images.ImageProduct(_RowsOf(shape, rows), is_data=False))
+    return None if made is None else results.OutputFile(output[0], made)
 
 
 def _size(image, pixels) -> tuple[int, int]:
@@ -301,11 +361,17 @@ class FamilyImageOperator(ModelJobOperator):
         # the whole values: a float file's product never clips or normalises
         return self.family.output.image.product(result, ".exr", file_formats.BLENDER_WRITER.float_suffixes)
 
+    def save_file(self, inputs, result):
+        product = self._product(result)
+        if product.is_data:
+            return _values_output_file(self.family, result, inputs.output)
+        return _colour_output_file(inputs, np.shape(product.pixels), _model_rows(product.pixels, inputs.info))
+
     def encode(self, inputs, result):
         product = self._product(result)
         if product.is_data:
-            return None if inputs.output else results.value_file(product.pixels)
-        if not results.made_for_output(inputs.output, inputs.info):
+            return _value_file(inputs, product.pixels)
+        if inputs.saved is None and not results.made_for_output(inputs.output, inputs.info.is_float):
             return None
         return results.file_like(np.shape(product.pixels), _model_rows(product.pixels, inputs.info), inputs.info)
 
@@ -315,10 +381,9 @@ class FamilyImageOperator(ModelJobOperator):
         name = f"{inputs.stem}_{family.output.tag}"
         with results.created_data() as created:
             if product.is_data:
-                image = created.add(bpy.data.images, _values_image(name, product.pixels, inputs.encoded))
-                note = _save_values(family, image, result, inputs.output)
+                image, note = _saved_values_image(created, family, name, result, inputs, product.pixels)
             else:
-                image, note = _saved_colour_image(created, name, product.pixels, inputs)
+                image, note = _saved_colour_image(created, name, _model_rows(product.pixels, inputs.info), inputs)
         results.show(context, inputs.source, image)
         width, height = _size(image, product.pixels)
         return f"{family.action}: '{image.name}' ({width}x{height}){note}"

@@ -367,6 +367,14 @@ class OneByOne:
     def of(cls, steps) -> OneByOne:
         return cls([("", partial(_itself, step)) for step in steps])
 
+    @classmethod
+    def of_some(cls, steps):
+        """``steps`` (None: no step) pumped as one: the one step itself, or None when there is none."""
+        steps = [step for step in steps if step is not None]
+        if len(steps) < 2:
+            return steps[0] if steps else None
+        return cls.of(steps)
+
     def pump(self, budget: float) -> bool:
         """Make or pump the next step; True once none is left."""
         if self._current is None and self._makers:

@@ -14,11 +14,10 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-import bpy
 import numpy as np
 from bpy.props import BoolProperty, StringProperty
 
-from ..models import colour, file_bytes, file_formats, image_meta, result_images
+from ..models import colour, file_bytes, file_formats, result_images
 from ..models.batch.frame_lists import FrameRef
 from ..models.batch.runner import RunEvents, Runner
 from ..models.family import Family
@@ -32,6 +31,7 @@ from . import gpu_ops, image_io, prefs, results, sources
 from .job_operator import ModalJobOperator
 from .jobs import BlenderJob, OneByOne, PumpedTask
 from .options import path_options
+from .sources import as_kind, frame_read, input_kind, read_frame
 
 
 @dataclass
@@ -46,6 +46,7 @@ class JobInputs:
     job: ModelRun  # the model, the option values, the device and the budgets (models/model_run.py)
     output: tuple[Path, str] | None  # (path, Blender file format)
     encoded: object = None  # the result image's packed file, written by the pump (ModelJobOperator.encode)
+    saved: object = None  # the file at Save Result To, encoded by the pump (ModelJobOperator.save_file)
     model_input: object = None  # the steps that fill ``model_rgba`` (_model_input); None once done
 
     @property
@@ -87,53 +88,6 @@ def _blender_can_write(path: Path) -> None:
         raise LeanImageError(f"Cannot save '{path.name}': Blender writes {file_formats.BLENDER_WRITER.advice()} here.")
 
 
-def _kind(image) -> str:
-    """"float", "16-bit" or "8-bit": Blender keeps 16-bit PNG/TIFF in float buffers too, so the
-    file format tells float files apart."""
-    if image.file_format in file_formats.BLENDER_FLOAT_FILES:
-        return "float"
-    return "16-bit" if image.is_float else "8-bit"
-
-
-def _as_kind(rgba, kind: str):
-    """Model values as the source's sample type, so results are written with the source's bits
-    (models/outputs.py): 8-bit frames come back exactly as stored."""
-    if kind == "float":
-        return rgba
-    top = 255.0 if kind == "8-bit" else 65535.0
-    return (np.clip(rgba, 0.0, 1.0) * top + 0.5).astype(np.uint8 if kind == "8-bit" else np.uint16)
-
-
-def input_kind(ref: FrameRef) -> str:
-    """Main thread: the kind of the first frame's samples (the output type follows it)."""
-    if not ref.path.is_file():
-        return "8-bit"
-    before = set(bpy.data.images)
-    image = image_io.load_image_file(str(ref.path), check_existing=False)
-    try:
-        return _kind(image)
-    finally:
-        if image not in before:
-            bpy.data.images.remove(image)
-
-
-def read_frame(ref: FrameRef, warn=None):
-    """Main thread: the frame's pixels as models take them, in the source's sample type, turned
-    upright as its EXIF orientation says (as the command line reads it: Blender itself does not);
-    the datablock is removed again. A multi-page TIFF gives its first page and a warning."""
-    before = set(bpy.data.images)
-    image = image_io.load_image_file(str(ref.path), check_existing=False)
-    try:
-        rgba, info = image_io.read_image(image)
-        pixels = _as_kind(colour.to_model_rgb(rgba, info.is_linear, premultiplied=info.premultiplied), _kind(image))
-    finally:
-        if image not in before:
-            bpy.data.images.remove(image)
-    if warn is not None and ref.path.suffix.lower() in (".tif", ".tiff") and (pages := image_meta.tiff_pages(ref.path)) > 1:
-        warn(f"{ref.path.name} has {pages} pages; the first (the main image by TIFF convention) was used.")
-    return image_meta.upright(pixels, image_meta.exif_orientation(ref.path))
-
-
 def _model_input(rgba: np.ndarray, info: image_io.ImageInfo) -> file_bytes.BandedArray:
     """The model's input from Blender's pixels (straight, sRGB-encoded; a byte image's stored values
     as uint8, so the family resizes them on uint8 as upstream does), converted by the job's pump a
@@ -142,29 +96,9 @@ def _model_input(rgba: np.ndarray, info: image_io.ImageInfo) -> file_bytes.Bande
 
     def rows(start: int, stop: int) -> np.ndarray:
         band = colour.to_model_rgb(rgba[start:stop], info.is_linear, premultiplied=info.premultiplied)
-        return band if info.is_float else _as_kind(band, "8-bit")
+        return band if info.is_float else as_kind(band, "8-bit")
 
     return file_bytes.BandedArray(rgba.shape, np.float32 if info.is_float else np.uint8, rows)
-
-
-def banded_frame_file(path: Path, product) -> file_bytes.BandedFile | None:
-    """The file Blender's writer would make of ``product`` at ``path``, as a models/file_bytes/ file
-    the job's pump encodes a band at a time, where the add-on writes that format: an 8-bit PNG, a
-    float EXR (colour premultiplied, as save_product gives Blender), a JPEG. None: Blender's writer saves it."""
-    suffix, pixels = path.suffix.lower(), product.pixels
-    height, width = pixels.shape[:2]
-    if suffix == ".png" and product.bits == "8-bit":
-        return file_bytes.PngFile(height, width, lambda start, stop: image_io.to_rgba(pixels[start:stop]))
-    if suffix in (".jpg", ".jpeg") and product.bits == "8-bit":  # RGB, alpha dropped, quality 90: as Blender writes it
-        return file_bytes.JpegFile(height, width, lambda start, stop: image_io.to_rgba(pixels[start:stop]))
-    if suffix == ".exr" and product.bits == "float":
-        def rows(start: int, stop: int) -> np.ndarray:
-            band = image_io.to_rgba(pixels[start:stop])
-            return band if product.is_data else colour.from_model_rgb(band, True, premultiplied=True)
-
-        # as Blender's writer saves save_product's image: colour through save_render in half floats, values in floats
-        return file_bytes.ExrFile(height, width, rows, half=not product.is_data)
-    return None
 
 
 class FrameFile:
@@ -197,7 +131,7 @@ class BlenderFrames:
     read and results saved by Blender, on the main thread. Given the ``gathered`` pixels of an
     image Blender has already read (the Image Editor's image, a texture node's, a frame read for
     Preview Frame), its one frame is those pixels. With ``staged``, a frame whose file the add-on
-    writes (:func:`banded_frame_file`) is left to the batch as a :class:`FrameFile` it pumps
+    writes (models/file_bytes/products.py) is left to the batch as a :class:`FrameFile` it pumps
     (:meth:`take_staged`) instead of being saved in the call."""
 
     writer = file_formats.BLENDER_WRITER
@@ -206,12 +140,17 @@ class BlenderFrames:
         self.gathered = gathered
         self.staged = staged
         self._pending: list[FrameFile] = []
+        self._kinds: dict = {}  # path -> input_kind: the runner asks twice at its start, and each answer is a decode
 
     def read(self, ref, warn=None):
         return self.gathered if self.gathered is not None else read_frame(ref, warn)
 
+    def read_steps(self, ref, warn=None):
+        """The frame's read as steps the batch pumps one a call (:func:`frame_read`); None: ``read`` it."""
+        return None if self.gathered is not None else frame_read(ref, warn)
+
     def write_image(self, path: Path, product) -> list[str]:
-        made = banded_frame_file(path, product) if self.staged else None
+        made = file_bytes.product_file(path, product) if self.staged else None
         if made is None:
             return results.save_product(path, product)
         self._pending.append(FrameFile(path, made))
@@ -224,15 +163,15 @@ class BlenderFrames:
     def take_staged(self):
         """The frame files the last write left to be pumped (one step), or None."""
         pending, self._pending = self._pending, []
-        if not pending:
-            return None
-        return pending[0] if len(pending) == 1 else OneByOne.of(pending)
+        return OneByOne.of_some(pending)
 
     def check_format(self, path: Path) -> None:
         _blender_can_write(path)
 
     def input_kind(self, ref) -> str:
-        return input_kind(ref)
+        if ref.path not in self._kinds:
+            self._kinds[ref.path] = input_kind(ref)
+        return self._kinds[ref.path]
 
 
 def one_frame_task(job: BlenderJob, model_run: ModelRun, ref: FrameRef, pixels, shape=lambda result: result,
@@ -360,10 +299,11 @@ class ModelJobOperator(ModelOperatorProperties, ModalJobOperator):
     def prepare(self, context, job: BlenderJob):
         inputs = job.inputs = self.gather(context, job)
         # bound here: they run after the operator's call has returned
-        shape, encode, finishing = self.shape, self.encode, self.finishing_steps
+        shape, encode, save_file, finishing = self.shape, self.encode, self.save_file, self.finishing_steps
         ref = FrameRef(0, Path(inputs.info.name))  # the image's name: what a message about it says
 
         def stage(result):
+            inputs.saved = save_file(inputs, result)
             inputs.encoded = encode(inputs, result)
             return finishing(inputs, result, job)
 
@@ -383,16 +323,26 @@ class ModelJobOperator(ModelOperatorProperties, ModalJobOperator):
         makes the result whole (a result saved to a file through Blender's writer, one not an image)."""
         return None
 
+    def save_file(self, inputs: JobInputs, result):
+        """The file at Save Result To as a results.OutputFile (file_bytes.product_file's formats) the
+        job's pump encodes before :meth:`encode`'s and :meth:`apply` writes; None: ``apply`` saves it."""
+        return None
+
     def finishing_steps(self, inputs: JobInputs, result, job: BlenderJob):
         """What the result still needs before :meth:`apply`, pumped by the job a step per timer call
         (operators/jobs.py PumpedTask's ``stage``): by default the result image's file of
-        :meth:`encode`; with Save Result To, that file is the one saved there (results.saved_image), so
-        it goes to disk as its bands come. It runs after the operator's call has returned: it must not
-        read the operator."""
-        if inputs.encoded is not None and inputs.output is not None:
-            job.on_discard.append(inputs.encoded.discard)  # a cancel: its temporary file goes at once
-            return FrameFile(inputs.output[0], inputs.encoded)
-        return inputs.encoded
+        :meth:`encode` and the file of :meth:`save_file`. With Save Result To, the file saved there
+        (:meth:`save_file`'s, else :meth:`encode`'s, which results.saved_image then reads) goes to
+        disk as its bands come. It runs after the operator's call has returned: it must not read the
+        operator."""
+        encoded, saved = inputs.encoded, inputs.saved
+        if saved is not None:
+            job.on_discard.append(saved.made.discard)  # a cancel: its temporary file goes at once
+            saved = FrameFile(saved.path, saved.made)
+        elif encoded is not None and inputs.output is not None:
+            job.on_discard.append(encoded.discard)
+            encoded = FrameFile(inputs.output[0], encoded)
+        return OneByOne.of_some([encoded, saved])
 
     def apply(self, context, inputs: JobInputs, result) -> str:
         """Create Blender data from the result; returns a one-line summary for the report.

@@ -101,12 +101,14 @@ def image_from_file(name: str, made: file_bytes.BandedFile, colorspace: str | No
     return image
 
 
-def made_for_output(output: tuple[Path, str] | None, info: image_io.ImageInfo) -> bool:
-    """Whether a result like the source is made from the file the job's pump writes
-    (:func:`file_like`) even with Save Result To set: when that file is the one Save Result To asks
-    for (an 8-bit PNG from a byte source, a float EXR from a float one), its bytes are the saved
-    file (:func:`saved_image`); otherwise Blender's writer saves the result, made whole."""
-    return output is None or output[1] == ("OPEN_EXR" if info.is_float else "PNG")
+def made_for_output(output: tuple[Path, str] | None, is_float: bool) -> bool:
+    """Whether a result like the source (``is_float``: a float one; an image of values is one) is
+    made from the file the job's pump writes (:func:`file_like`, :func:`value_file`) even with Save
+    Result To set: when that file is the one Save Result To asks for (an 8-bit PNG from a byte
+    source, a float EXR from a float one: Blender's writer saves a Non-Color float image's pixels as
+    full floats too), its bytes are the saved file (:func:`saved_image`); otherwise the file there
+    is another (:class:`OutputFile`, or Blender's writer saves the result, made whole)."""
+    return output is None or output[1] == ("OPEN_EXR" if is_float else "PNG")
 
 
 def saved_image(name: str, made: file_bytes.BandedFile, output: tuple[Path, str], colorspace: str | None):
@@ -115,11 +117,7 @@ def saved_image(name: str, made: file_bytes.BandedFile, output: tuple[Path, str]
     result on the main thread (issue #37 item 3), and its image then read the file back.
     Returns the image and the report's note."""
     path = output[0]
-    try:
-        if made.written_to != path:  # else the job's pump wrote it there as its bands came (model_job.FrameFile)
-            files.write_bytes(path, made.data)
-    except OSError as exc:
-        raise image_io.ImageSaveError(f"Could not save the result to '{path}': {exc}") from exc
+    note = OutputFile(path, made).write()
     image = bpy.data.images.load(str(path), check_existing=False)  # its pixels are read when first shown
     try:
         image.name = name
@@ -131,7 +129,39 @@ def saved_image(name: str, made: file_bytes.BandedFile, output: tuple[Path, str]
     except Exception:
         bpy.data.images.remove(image)
         raise
-    return image, f"; saved {path}"
+    return image, note
+
+
+class OutputFile:
+    """The file at Save Result To in a format the add-on encodes (operators/model_job.py
+    file_bytes.product_file) while the result image is made from its own packed file: pumped a band per
+    call by the job to a temporary file beside it (model_job.FrameFile), renamed whole by its last call,
+    so a cancel before then writes nothing. ``notes``: what the file does not keep
+    (result_images.range_notes), said in the report in brackets; None: nothing to say."""
+
+    def __init__(self, path: Path, made: file_bytes.BandedFile, notes: list[str] | None = None):
+        self.path, self.made, self.notes = path, made, notes
+
+    def pump(self, budget: float) -> bool:
+        return self.made.pump(budget)
+
+    def write(self) -> str:
+        try:
+            if self.made.written_to != self.path:  # else the job's pump wrote it there as its bands came (model_job.FrameFile)
+                files.write_bytes(self.path, self.made.data)
+        except OSError as exc:
+            raise image_io.ImageSaveError(f"Could not save the result to '{self.path}': {exc}") from exc
+        return f"; saved {self.path}" + ("" if self.notes is None else f" ({' '.join(self.notes)})")
+
+
+def save_result(image, output: tuple[Path, str] | None, saved: OutputFile | None) -> str:
+    """:func:`save_output`, or, where the pump encoded the file at Save Result To (``saved``), that
+    file written and the image kept as it is (packed from the pump's own file)."""
+    if saved is None:
+        return save_output(image, output)
+    note = saved.write()
+    keep(image)
+    return note
 
 
 def save_output(image, output: tuple[Path, str] | None, *, in_place: bool = False) -> str:

@@ -34,7 +34,7 @@ from ..runtime.errors import LeanImageError
 from . import batch_ops, geometry_ops, image_io, options, prefs, results, sources
 from .job_operator import BatchOperator, ModalJobOperator
 from .jobs import BlenderJob, OneByOne, PumpedTask
-from .model_job import BlenderFrames, one_frame_task, read_frame, worker_batches
+from .model_job import BlenderFrames, one_frame_task, worker_batches
 
 PREVIEW_IMAGE = "Lean Image AI Preview"
 
@@ -276,7 +276,6 @@ class LEAN_IMAGE_AI_OT_preview_frame(ModalJobOperator, bpy.types.Operator):
         model_run = prefs.operator_model_run(context, self, family.id)
         shot = options.shot_settings_of(self, family.id)
         model_run.extra.update(shot.adapter_kwargs())  # a given field of view; a fitted shot focal needs the shot
-        pixels = read_frame(refs[0])  # main thread: Blender reads the file
         inputs = job.inputs = SimpleNamespace(number=number, shot=shot, family=family, product=None, encoded=None)
 
         def stage(result):  # the image's file, written by the pump a band at a time (ModelJobOperator.encode)
@@ -284,7 +283,8 @@ class LEAN_IMAGE_AI_OT_preview_frame(ModalJobOperator, bpy.types.Operator):
             inputs.encoded = results.float_file(inputs.product.pixels)
             return inputs.encoded
 
-        return one_frame_task(job, model_run, refs[0], pixels, stage=stage)
+        # no pixels: the batch reads the frame over its first timer calls (model_job.frame_read)
+        return one_frame_task(job, model_run, refs[0], None, stage=stage)
 
     def finish(self, context, job: BlenderJob):
         if job.state != "finished":

@@ -1,7 +1,8 @@
 """Where a model operator's image comes from and where its result goes (bpy, main thread).
 
 The source: the ``filepath`` property, else the Image Editor's image, else the active Image
-Texture node of the active object's active material. The output: ``output_path`` with its format
+Texture node of the active object's active material; a sequence's frame, read by Blender
+over several calls (:func:`frame_read`). The output: ``output_path`` with its format
 from the suffix, checked before any model runs.
 """
 
@@ -12,8 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import bpy
+import numpy as np
 
-from ..models import file_formats
+from ..models import colour, file_bytes, file_formats, image_meta
+from ..models.batch.frame_lists import FrameRef
 from ..models.outputs import OutputPolicy
 from ..runtime.errors import InvalidImageError, LeanImageError, user_path
 from . import image_io
@@ -138,6 +141,74 @@ def remove_image_later(image) -> Callable[[], None]:
             pass
 
     return remove
+
+
+def _kind(image) -> str:
+    """"float", "16-bit" or "8-bit": Blender keeps 16-bit PNG/TIFF in float buffers too, so the
+    file format tells float files apart."""
+    if image.file_format in file_formats.BLENDER_FLOAT_FILES:
+        return "float"
+    return "16-bit" if image.is_float else "8-bit"
+
+
+def as_kind(rgba, kind: str):
+    """Model values as the source's sample type, so results are written with the source's bits
+    (models/outputs.py): 8-bit frames come back exactly as stored."""
+    if kind == "float":
+        return rgba
+    top = 255.0 if kind == "8-bit" else 65535.0
+    return (np.clip(rgba, 0.0, 1.0) * top + 0.5).astype(np.uint8 if kind == "8-bit" else np.uint16)
+
+
+def input_kind(ref: FrameRef) -> str:
+    """Main thread: the kind of the first frame's samples (the output type follows it)."""
+    if not ref.path.is_file():
+        return "8-bit"
+    before = set(bpy.data.images)
+    image = image_io.load_image_file(str(ref.path), check_existing=False)
+    try:
+        return _kind(image)
+    finally:
+        if image not in before:
+            bpy.data.images.remove(image)
+
+
+def frame_read(ref: FrameRef, warn=None) -> file_bytes.ReadSteps:
+    """Main thread: the frame's pixels as models take them, in the source's sample type, turned
+    upright as its EXIF orientation says (as the command line reads it: Blender itself does not),
+    read over several calls (models/file_bytes/read_steps.py): Blender's load and decode, its pixels
+    taken (the datablock removed in that call), the conversion a band a call. A multi-page TIFF
+    gives its first page and a warning."""
+    before = set(bpy.data.images)
+
+    def let_go(image) -> None:
+        if image not in before:
+            bpy.data.images.remove(image)
+
+    def take(image):
+        try:
+            rgba, info = image_io.read_image(image)
+            kind = _kind(image)
+        finally:
+            let_go(image)
+
+        def convert(band):
+            return as_kind(colour.to_model_rgb(band, info.is_linear, premultiplied=info.premultiplied), kind)
+
+        return rgba, convert, {"float": np.float32, "16-bit": np.uint16}.get(kind, np.uint8)
+
+    def finish(pixels):
+        if warn is not None and ref.path.suffix.lower() in (".tif", ".tiff") and (pages := image_meta.tiff_pages(ref.path)) > 1:
+            warn(f"{ref.path.name} has {pages} pages; the first (the main image by TIFF convention) was used.")
+        return image_meta.upright(pixels, image_meta.exif_orientation(ref.path))
+
+    return file_bytes.ReadSteps(lambda: image_io.load_image_file(str(ref.path), check_existing=False), take, finish,
+                                let_go)
+
+
+def read_frame(ref: FrameRef, warn=None):
+    """:func:`frame_read` in one call (a frame Blender's main thread reads whole)."""
+    return frame_read(ref, warn).finish_now()
 
 
 def output_target(output_path: str, *, family_id: str, source_file: str = "", overwrite: bool = False):

@@ -4,7 +4,8 @@
 
 CONFIG: "side" (the source's side; the built-in bicubic x2 makes it twice that), "jobs" (per
 phase), "folder" (a scratch folder), "out", "float" (optional: a float EXR source), "modal_runs"
-and "save_to" (optional: the modal phase's job count, and Save Result To set), and "phases": any of
+and "save_to" (optional: the modal phase's job count, and Save Result To set; "save_suffix": its
+format, else the source's), and "phases": any of
   removed   RSS before and after ``jobs`` Upscale jobs, each result image removed after its job
   kept      the same with every result kept: growth next to the results' own pixel bytes
   refs      with Python's cycle collector off: weak references to the job's task and every
@@ -128,7 +129,8 @@ def modal_operator(path: str):
     """The operator of the modal phase and its properties: CONFIG "modal_operator" is "upscale"
     (default), "replace" (Remove Background with Replace on the source, CONFIG "model" its ONNX
     file), "sequence" (Process Sequence, CONFIG "family", over the frames of CONFIG "frames", named as
-    CONFIG "output_pattern" says, else the default names), "geometry" (Reconstruct Geometry of CONFIG
+    CONFIG "output_pattern" says, else the default names; CONFIG "blender_writer": Blender's writer saves
+    every frame, as before the banded encoders), "geometry" (Reconstruct Geometry of CONFIG
     "photo" with the MoGe-2 model CONFIG "model") or "shot" (Reconstruct Shot of the frames of CONFIG
     "frames" with that model)."""
     from lean_image_ai.operators.batch_ops import LEAN_IMAGE_AI_OT_process_sequence
@@ -141,6 +143,10 @@ def modal_operator(path: str):
         return LEAN_IMAGE_AI_OT_remove_background, {"filepath": path, "model_path": CONFIG["model"], "replace": True}
     if kind == "sequence":
         output = str(FOLDER / "sequence_out") + "/" + CONFIG.get("output_pattern", "")  # e.g. "f_####.jpg"
+        if CONFIG.get("blender_writer"):  # every frame saved by Blender's writer in one call, as before the banded encoders
+            from lean_image_ai.models import file_bytes
+
+            file_bytes.product_file = lambda path, product: None
         return LEAN_IMAGE_AI_OT_process_sequence, {"family": CONFIG.get("family", "upscale"), "source": CONFIG["frames"],
                                                    "output": output, "overwrite": True,
                                                    "model_path": CONFIG.get("model", "")}
@@ -240,7 +246,8 @@ def phase_modal(path: str) -> dict:
         for run in range(CONFIG.get("modal_runs", 1)):
             saved = {}
             if CONFIG.get("save_to"):  # Save Result To: a file of the source's kind (PNG, or EXR for a float one)
-                saved = {"output_path": str(FOLDER / f"saved_{run}{Path(path).suffix}"), "overwrite": True}
+                suffix = CONFIG.get("save_suffix") or Path(path).suffix  # or another format (a .jpg, say)
+                saved = {"output_path": str(FOLDER / f"saved_{run}{suffix}"), "overwrite": True}
             made.pop("made", None)
             state, start_s = ms.drive(bpy.ops.lean_image_ai_test.drive_upscale, script, **props, **saved)
             starts.append(start_s)

@@ -489,3 +489,215 @@ def test_remove_background_replace_gives_the_pixels_blenders_own_write_gave(tmp_
     np.testing.assert_array_equal(written[1], written[0])
     np.testing.assert_array_equal(reread[0], written[0])  # Blender's own pack read back
     np.testing.assert_array_equal(reread[1], written[0])
+
+
+class JpegRows:
+    """Rows the add-on's JPEG encoder codes per timer call (``deflate.call``: the driver's count)."""
+
+    def __init__(self, monkeypatch, deflate: Deflate):
+        from lean_image_ai.models.file_bytes import jpeg
+
+        self.rows: dict[int, int] = {}
+        real_write = jpeg.JpegFile._write
+
+        def write(encoder, band, start):
+            self.rows[deflate.call] = self.rows.get(deflate.call, 0) + band.shape[0]
+            return real_write(encoder, band, start)
+
+        monkeypatch.setattr(jpeg.JpegFile, "_write", write)
+
+
+def test_an_upscale_saved_to_jpeg_is_encoded_over_several_calls_with_blenders_pixels(tmp_path, monkeypatch):
+    """Save Result To a .jpg (a format other than the result's packed PNG): the pump encodes the
+    JPEG a band per call beside the packed file, the applying call only writes its bytes, and the
+    file decodes to the pixels Blender's writer saved (the old path, forced: save_file gives None).
+    Before, Blender's writer converted and encoded the whole result in the call that applied it."""
+    path = byte_source(tmp_path)
+    old_out, out = tmp_path / "blender.jpg", tmp_path / "saved.jpg"
+    with monkeypatch.context() as old_path:
+        old_path.setattr(image_ops.LEAN_IMAGE_AI_OT_upscale, "save_file", lambda self, inputs, result: None,
+                         raising=False)  # before: no such step
+        before = run_modal(path, Deflate(old_path), output_path=str(old_out))
+    old_image = bpy.data.images[before["images"][-1][0]]
+    old_pixels = image_io.image_to_array(old_image)
+    bpy.data.images.remove(old_image)
+
+    deflate = Deflate(monkeypatch)
+    jpeg_rows = JpegRows(monkeypatch, deflate)
+    seen = run_modal(path, deflate, output_path=str(out))
+    assert seen["state"] == {"FINISHED"}
+    applied = next(index for index, images in enumerate(seen["images"]) if images)
+    assert sum(jpeg_rows.rows.values()) == RESULT and len(jpeg_rows.rows) >= 2, jpeg_rows.rows
+    assert max(jpeg_rows.rows.values()) <= max(16, MAX_PIXELS_PER_CALL // RESULT), jpeg_rows.rows
+    assert max(jpeg_rows.rows) < applied and applied not in deflate.fed, "the applying call encoded"
+    check_spread(seen, deflate, (MAX_PIXELS_PER_CALL // RESULT) * (1 + 4 * RESULT), RESULT * (1 + 4 * RESULT))
+
+    np.testing.assert_array_equal(np.asarray(PILImage.open(out)), np.asarray(PILImage.open(old_out)))
+    image = bpy.data.images[seen["images"][-1][0]]
+    assert image.packed_file is not None and image.use_fake_user  # kept, as the old path packed it
+    np.testing.assert_array_equal(image_io.image_to_array(image), old_pixels)
+    assert list(tmp_path.glob("*.tmp*")) == []
+
+
+def test_cancel_while_the_jpeg_at_save_result_to_is_encoded_writes_nothing(tmp_path, monkeypatch):
+    path = byte_source(tmp_path)
+    out = tmp_path / "saved.jpg"
+    deflate = Deflate(monkeypatch)
+    jpeg_rows = JpegRows(monkeypatch, deflate)
+    seen = run_modal(path, deflate, output_path=str(out), cancel_when=lambda: jpeg_rows.rows)
+    assert "cancelled_at" in seen and seen["state"] == {"CANCELLED"}
+    assert sum(jpeg_rows.rows.values()) < RESULT, "the JPEG was whole before Esc"
+    assert not out.exists() and list(tmp_path.glob("*.tmp*")) == []
+    assert all(images == [] for images in seen["images"]), seen["images"]
+
+
+def depth_driven(tmp_path, path: Path, out: Path, monkeypatch, tag: str, *, old_path: bool = False) -> dict:
+    """Estimate Depth (a DA3-like net) on ``path`` through timer calls, saving at ``out``: the
+    depth image's pixels, the report's summary, the JPEG rows coded per call, the bytes deflated per
+    call. ``old_path``: as before this step existed (save_file gives None, and an EXR is not the
+    pump's file: Blender's writer saves in the applying call)."""
+    from builders_families import da3_like_model
+
+    real = image_ops.LEAN_IMAGE_AI_OT_estimate_depth
+    seen = {}
+    with monkeypatch.context() as patch:
+        if old_path:
+            patch.setattr(real, "save_file", lambda self, inputs, result: None, raising=False)
+        apply = real.apply
+        patch.setattr(real, "apply", lambda self, context, inputs, result: seen.setdefault(
+            "summary", apply(self, context, inputs, result)))
+        driver = driver_class(real, f"lean_image_ai_test.drive_depth_{tag}", f"LEANTEST_OT_drive_depth_{tag}")
+    model = da3_like_model(tmp_path / "da3.onnx")
+    with monkeypatch.context() as counting:  # this run's counters only
+        deflate = Deflate(counting)
+        jpeg_rows = JpegRows(counting, deflate)
+        if old_path:
+            counting.setattr(image_ops.results, "made_for_output", lambda output, *_: output is None)
+
+        def script(op):
+            ctx = StandInContext()
+            before = set(bpy.data.images)
+            state = op.start_modal(ctx)
+            while state == {"RUNNING_MODAL"}:
+                deflate.call += 1
+                state = op.modal(ctx, TIMER)
+                if "applied" not in seen and any(image not in before and image.filepath != str(path)  # not the source
+                                                 for image in bpy.data.images):
+                    seen["applied"] = deflate.call
+                time.sleep(0.005)
+            return state
+
+        bpy.utils.register_class(driver)
+        try:
+            seen["state"] = drive(getattr(bpy.ops.lean_image_ai_test, f"drive_depth_{tag}"), script,
+                                  filepath=str(path), model_path=str(model), make_plane=False,
+                                  output_path=str(out), overwrite=True)
+        finally:
+            bpy.utils.unregister_class(driver)
+    image = next(image for image in bpy.data.images if image.name.endswith("_depth"))
+    seen["pixels"], seen["jpeg_rows"], seen["fed"] = image_io.image_to_array(image), jpeg_rows.rows, deflate.fed
+    seen["reads"] = None if image.packed_file is not None else Path(bpy.path.abspath(image.filepath))
+    bpy.data.images.remove(image)
+    return seen
+
+
+@pytest.mark.parametrize("suffix", [".jpg", ".png"])
+def test_depth_saved_normalised_is_what_blenders_writer_saved(tmp_path, monkeypatch, suffix):
+    """Depth at Save Result To in a format that normalises it: the same file pixels, depth image and
+    range note as Blender's writer gave (the old path, forced); a .jpg is encoded by the pump over
+    several calls, none of them the applying one (a 16-bit .png: Blender's writer, until
+    file_bytes.product_file writes 16-bit PNG)."""
+    pixels = (np.random.default_rng(7).random((1536, 2048, 4)) * 255).astype(np.uint8)
+    path = tmp_path / "wide.png"
+    PILImage.fromarray(pixels, "RGBA").save(path)
+    old = depth_driven(tmp_path, path, tmp_path / f"blender{suffix}", monkeypatch, "old", old_path=True)
+    new = depth_driven(tmp_path, path, tmp_path / f"saved{suffix}", monkeypatch, "new")
+
+    assert old["state"] == new["state"] == {"FINISHED"}
+    assert old["summary"].replace("blender", "saved") == new["summary"]
+    assert "were mapped to 0..1 (write .exr to keep them)" in new["summary"]
+    np.testing.assert_array_equal(new["pixels"], old["pixels"])
+    np.testing.assert_array_equal(np.asarray(PILImage.open(tmp_path / f"saved{suffix}")),
+                                  np.asarray(PILImage.open(tmp_path / f"blender{suffix}")))
+    if suffix == ".jpg":
+        rows = new["jpeg_rows"]
+        assert sum(rows.values()) == 1536 and len(rows) >= 2 and max(rows) < new["applied"], rows
+
+
+def test_depth_saved_as_exr_is_the_file_the_pump_wrote_with_blenders_pixels(tmp_path, monkeypatch):
+    """Depth at Save Result To an .exr: the EXR the pump deflated over several calls is the file
+    there (Blender's writer kept a Non-Color float image's values as full floats: the same pixels),
+    and the depth image reads it as before. Before, Blender's writer saved the whole image in the
+    call that applied it."""
+    pixels = (np.random.default_rng(7).random((1536, 2048, 4)) * 255).astype(np.uint8)
+    path = tmp_path / "wide.png"
+    PILImage.fromarray(pixels, "RGBA").save(path)
+    old = depth_driven(tmp_path, path, tmp_path / "blender.exr", monkeypatch, "old_exr", old_path=True)
+    new = depth_driven(tmp_path, path, tmp_path / "saved.exr", monkeypatch, "new_exr")
+
+    assert old["state"] == new["state"] == {"FINISHED"}
+    assert old["summary"].replace("blender", "saved") == new["summary"]
+    assert old["reads"] == tmp_path / "blender.exr" and new["reads"] == tmp_path / "saved.exr"
+    np.testing.assert_array_equal(new["pixels"], old["pixels"])
+    assert len(new["fed"]) >= 2 and max(new["fed"]) < new["applied"], new["fed"]
+
+
+def cutout_driven(tmp_path, path: Path, out: Path, monkeypatch, tag: str, *, old_path: bool = False) -> dict:
+    """Remove Background (a new cut-out image) on ``path`` through timer calls, saving at ``out``:
+    the cut-out's pixels, whether it reads ``out``, the bytes deflated and JPEG rows coded per call.
+    ``old_path``: save_file gives None and no file at Save Result To is the pump's (Blender's writer)."""
+    from builders_families import ben2_like_model
+
+    real = image_ops.LEAN_IMAGE_AI_OT_remove_background
+    with monkeypatch.context() as patch:
+        if old_path:
+            patch.setattr(real, "save_file", lambda self, inputs, result: None, raising=False)
+        driver = driver_class(real, f"lean_image_ai_test.drive_cutout_{tag}", f"LEANTEST_OT_drive_cutout_{tag}")
+    model, seen = ben2_like_model(tmp_path / "ben2.onnx", size=64), {}
+    with monkeypatch.context() as counting:
+        deflate = Deflate(counting)
+        jpeg_rows = JpegRows(counting, deflate)
+        if old_path:
+            counting.setattr(image_ops.results, "made_for_output", lambda output, *_: output is None)
+
+        def script(op):
+            ctx = StandInContext()
+            before = set(bpy.data.images)
+            state = op.start_modal(ctx)
+            while state == {"RUNNING_MODAL"}:
+                deflate.call += 1
+                state = op.modal(ctx, TIMER)
+                if "applied" not in seen and any(image not in before and image.filepath != str(path)  # not the source
+                                                 for image in bpy.data.images):
+                    seen["applied"] = deflate.call
+                time.sleep(0.005)
+            return state
+
+        bpy.utils.register_class(driver)
+        try:
+            seen["state"] = drive(getattr(bpy.ops.lean_image_ai_test, f"drive_cutout_{tag}"), script,
+                                  filepath=str(path), model_path=str(model), output_path=str(out), overwrite=True)
+        finally:
+            bpy.utils.unregister_class(driver)
+    image = bpy.data.images["photo_cutout"]
+    seen["pixels"], seen["jpeg_rows"], seen["fed"] = image_io.image_to_array(image), jpeg_rows.rows, deflate.fed
+    seen["reads"] = None if image.packed_file is not None else Path(bpy.path.abspath(image.filepath))
+    bpy.data.images.remove(image)
+    return seen
+
+
+def test_a_cut_out_saved_as_png_is_the_file_the_pump_deflated_with_blenders_pixels(tmp_path, monkeypatch):
+    """Remove Background's cut-out at Save Result To a .png (a byte source): the PNG the pump
+    deflated, which the cut-out reads, with the file pixels and the image Blender's writer gave (the
+    old path, forced); the applying call deflates nothing. Before, Blender's writer saved the whole
+    cut-out in the applying call."""
+    path = byte_source(tmp_path)
+    old = cutout_driven(tmp_path, path, tmp_path / "blender.png", monkeypatch, "old", old_path=True)
+    new = cutout_driven(tmp_path, path, tmp_path / "saved.png", monkeypatch, "new")
+
+    assert old["state"] == new["state"] == {"FINISHED"}
+    np.testing.assert_array_equal(np.asarray(PILImage.open(tmp_path / "saved.png")),
+                                  np.asarray(PILImage.open(tmp_path / "blender.png")))
+    np.testing.assert_array_equal(new["pixels"], old["pixels"])
+    assert new["fed"] and max(new["fed"]) < new["applied"] and new["applied"] not in new["fed"], new["fed"]
+    assert old["reads"] == tmp_path / "blender.png" and new["reads"] == tmp_path / "saved.png"

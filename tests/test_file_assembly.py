@@ -17,7 +17,7 @@ import zlib
 import numpy as np
 import pytest
 from lean_image_ai.models import files
-from lean_image_ai.models.file_bytes import ExrFile, JpegFile, PngFile, exr, jpeg, png
+from lean_image_ai.models.file_bytes import ExrFile, JpegFile, PngFile, TiffFile, exr, jpeg, png, tiff
 from lean_image_ai.models.file_bytes import bands as bands_module
 
 SIZES = [(1, 1), (15, 29), (16, 16), (17, 33), (53, 7), (301, 123)]
@@ -37,6 +37,47 @@ def png_whole(straight: np.ndarray) -> bytes:
     header = struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0)
     chunks = ((b"IHDR", header), (b"IDAT", zlib.compress(rows.tobytes(), png.DEFLATE_LEVEL)), (b"IEND", b""))
     return png.SIGNATURE + b"".join(png._chunk(kind, data) for kind, data in chunks)
+
+
+def png16_whole(samples: np.ndarray) -> bytes:
+    """16-bit RGBA, every row filtered "Sub" (each byte minus the same byte of the pixel before)."""
+    height, width = samples.shape[:2]
+    data = samples.astype(">u2").view(np.uint8).reshape(height, -1).astype(np.int16)
+    rows = np.zeros((height, 1 + 8 * width), np.uint8)
+    rows[:, 0] = 1
+    rows[:, 1:] = (data - np.pad(data, ((0, 0), (8, 0)))[:, :-8]) % 256
+    header = struct.pack(">IIBBBBB", width, height, 16, 6, 0, 0, 0)
+    chunks = ((b"IHDR", header), (b"IDAT", zlib.compress(rows.tobytes(), png.DEFLATE_LEVEL)), (b"IEND", b""))
+    return png.SIGNATURE + b"".join(png._chunk(kind, data) for kind, data in chunks)
+
+
+def tiff_whole(samples: np.ndarray, associated_alpha: bool) -> bytes:
+    """The header, every strip of the whole image (each sample minus the same one of the pixel before, deflated), the IFD on a word
+    boundary, then the arrays its entries point at."""
+    height, width = samples.shape[:2]
+    wide = samples.reshape(height, -1).astype(np.int64)
+    differenced = (wide - np.pad(wide, ((0, 0), (4, 0)))[:, :-4]) % (1 << (8 * samples.dtype.itemsize))  # minus the pixel before's
+    differenced = differenced.astype(samples.dtype.newbyteorder("<"))
+    strips = [zlib.compress(differenced[top : top + tiff.ROWS_PER_STRIP].tobytes(), tiff.DEFLATE_LEVEL)
+              for top in range(0, height, tiff.ROWS_PER_STRIP)]
+    offsets = list(np.cumsum([8] + [len(strip) for strip in strips[:-1]]))
+    ifd_at = 8 + sum(len(strip) for strip in strips)
+    padding = b"\0" * (ifd_at % 2)
+    ifd_at += len(padding)
+    bits = 8 * samples.dtype.itemsize
+    entries = [(256, 4, [width]), (257, 4, [height]), (258, 3, [bits] * 4), (259, 3, [8]), (262, 3, [2]),
+               (273, 4, offsets), (277, 3, [4]), (278, 4, [tiff.ROWS_PER_STRIP]), (279, 4, [len(s) for s in strips]),
+               (284, 3, [1]), (317, 3, [2]), (338, 3, [1 if associated_alpha else 2]), (339, 3, [1] * 4)]
+    fields, arrays, at = [], b"", ifd_at + 2 + 12 * len(entries) + 4
+    for tag, kind, items in entries:
+        data = struct.pack(f"<{len(items)}{'H' if kind == 3 else 'I'}", *(int(item) for item in items))
+        if len(data) <= 4:
+            fields.append(struct.pack("<HHI", tag, kind, len(items)) + data.ljust(4, b"\0"))
+        else:
+            fields.append(struct.pack("<HHII", tag, kind, len(items), at + len(arrays)))
+            arrays += data
+    ifd = struct.pack("<H", len(entries)) + b"".join(fields) + struct.pack("<I", 0)
+    return b"II*\0" + struct.pack("<I", ifd_at) + b"".join(strips) + padding + ifd + arrays
 
 
 def exr_whole(rgba: np.ndarray, half: bool) -> bytes:
@@ -81,6 +122,13 @@ def test_the_files_bytes_are_those_of_the_file_joined_whole(height, width, monke
         assert made.data == exr_whole(straight, half)
     expected_jpeg = jpeg_whole(straight, monkeypatch)
     assert pumped(JpegFile(height, width, lambda a, b: straight[a:b])).data == expected_jpeg
+    sixteen = (straight * 65535).astype(np.uint16)
+    assert pumped(PngFile(height, width, lambda a, b: sixteen[a:b], sixteen_bit=True)).data == png16_whole(sixteen)
+    eight = (straight * 255).astype(np.uint8)
+    for samples, associated in ((eight, False), (sixteen, True)):
+        made = TiffFile(height, width, lambda a, b, samples=samples: samples[a:b],
+                        sixteen_bit=samples.dtype == np.uint16, associated_alpha=associated)
+        assert pumped(made).data == tiff_whole(samples, associated)
 
 
 @pytest.mark.parametrize("kind", [PngFile, ExrFile, JpegFile])

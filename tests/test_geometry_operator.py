@@ -204,3 +204,31 @@ def test_mesh_arrays_subsample_and_discontinuity():
     x, y, z = points[0, stride]
     np.testing.assert_allclose(arrays.vertices[0], (x, -y, -z), rtol=1e-6)
     assert arrays.uv[0] == pytest.approx(((stride + 0.5) / width, 1 - 0.5 / height))
+
+
+def test_a_normal_map_saved_as_exr_is_the_pumps_file_with_blenders_pixels(tmp_path, models, photo, monkeypatch):
+    """Save Result To an .exr: the normal map's file is the EXR the job's pump wrote (not made whole
+    and saved by Blender's writer in the applying call), with the pixels Blender's writer saved
+    (the old path, forced), and the normal map reads it, as before."""
+    path, _ = photo
+
+    def reconstruct(out: Path) -> np.ndarray:
+        assert bpy.ops.lean_image_ai.reconstruct_geometry(
+            filepath=str(path), model_path=str(models["good"]), resolution_level=0, output_path=str(out)
+        ) == {"FINISHED"}
+        image = bpy.data.images["room_normal"]
+        assert image.packed_file is None and Path(bpy.path.abspath(image.filepath)) == out
+        pixels = image_io.image_to_array(image)
+        bpy.data.images.remove(image)
+        return pixels
+
+    written = []
+    with monkeypatch.context() as old_path:
+        old_path.setattr(geometry_ops.results, "made_for_output", lambda output, *_: output is None)
+        before = reconstruct(tmp_path / "blender.exr")
+    real_write = geometry_ops.results.OutputFile.write
+    monkeypatch.setattr(geometry_ops.results.OutputFile, "write", lambda self: written.append(self.path) or real_write(self))
+    after = reconstruct(tmp_path / "saved.exr")
+    assert written == [tmp_path / "saved.exr"]  # the pump's file, written by the add-on
+    np.testing.assert_array_equal(after, before)
+    assert np.ptp(after[..., :3]) > 0.1  # a real normal map, not a flat one

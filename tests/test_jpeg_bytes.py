@@ -45,7 +45,7 @@ def picture(height: int, width: int, kind: str) -> np.ndarray:
 
 
 def encoded(pixels: np.ndarray, budget: float = 1e-6) -> JpegFile:
-    """The add-on's file of ``pixels`` (as banded_frame_file gives a product's rows), pumped with a
+    """The add-on's file of ``pixels`` (as file_bytes.product_file gives a product's rows), pumped with a
     tiny budget: a band of whole MCU rows a call."""
     made = JpegFile(*pixels.shape[:2], lambda start, stop: image_io.to_rgba(pixels[start:stop]))
     while not made.pump(budget):

@@ -407,7 +407,13 @@ def test_failed_save_removes_the_result(tmp_path, models, monkeypatch):
     def refuse(image, path, file_format):
         raise image_io.ImageSaveError(f"Cannot save '{path}': disk full (test)")
 
+    def refuse_bytes(path, data):
+        raise OSError("disk full (test)")
+
+    from lean_image_ai.models import files
+
     monkeypatch.setattr(image_io, "save_image_atomically", refuse)
+    monkeypatch.setattr(files, "write_bytes", refuse_bytes)  # the EXR the pump wrote, saved by the add-on
     with pytest.raises(RuntimeError, match="disk full"):
         bpy.ops.lean_image_ai.estimate_depth(
             filepath=str(src),

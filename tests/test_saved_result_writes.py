@@ -59,3 +59,23 @@ def test_esc_while_save_result_to_is_written_leaves_no_file(tmp_path, monkeypatc
     assert "cancelled_at" in seen and seen["state"] == {"CANCELLED"}
     assert not out.exists() and files.leftover_temps(out) == []
     assert all(images == [] for images in seen["images"])
+
+
+def test_save_result_to_in_another_format_is_written_across_timer_calls(tmp_path, monkeypatch):
+    """A file at Save Result To other than the image's own (results.OutputFile: a byte source's
+    result as .jpg) goes to its temporary file as its bands come too; the image stays packed."""
+    path = byte_source(tmp_path)
+    out = tmp_path / "saved.jpg"
+    written_whole = []
+    real_write = files.write_bytes
+    monkeypatch.setattr(files, "write_bytes", lambda target, data: written_whole.append(target) or real_write(target, data))
+    calls = []
+    seen = run_modal(path, Deflate(monkeypatch), output_path=str(out), stop_when=watching(out, calls))
+    assert seen["state"] == {"FINISHED"}
+    assert out not in written_whole  # no call wrote the whole file
+    assert sum(1 for temporaries, there in calls if temporaries == 1 and not there) >= 2  # on disk over calls
+    assert calls[-1] == (0, True) and files.leftover_temps(out) == []
+    image = bpy.data.images[seen["images"][-1][0]]
+    assert image.packed_file is not None
+    with PILImage.open(out) as saved:
+        assert saved.format == "JPEG" and saved.size == tuple(image.size)

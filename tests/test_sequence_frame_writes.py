@@ -1,6 +1,7 @@
-"""Issue 37 item 3: a Process Sequence frame whose file the add-on writes (8-bit PNG from a byte
-source, float EXR from a float one, JPEG) is encoded a band per timer call and written to its temporary
-file as the bands come, renamed whole by the add-on's atomic writer in the last call (Blender's writer took 0.4-0.5 s of the main thread for a 3840x2160 PNG);
+"""Issue 37 item 3: a Process Sequence frame whose file the add-on writes (8- or 16-bit PNG, 8- or
+16-bit TIFF, float EXR from a float source, JPEG) is encoded a band per timer call and written to its
+temporary file as the bands come, renamed whole by the add-on's atomic writer in the last call (Blender's
+writer took 0.4-0.5 s of the main thread for a 3840x2160 PNG);
 the file holds what Blender's writer gave, and Esc mid-write leaves no partial file. Driven by
 timer events as tests/test_cancelled_sequence.py (real bpy 5.0.1, the real onnxruntime). So are
 MoGe-2's frame files (mesh, camera, normal map), written together in the frame's last call."""
@@ -22,7 +23,7 @@ bpy = pytest.importorskip("bpy")
 bh.import_package()
 
 import modal_standins  # noqa: E402
-from lean_image_ai.models import files  # noqa: E402
+from lean_image_ai.models import file_bytes, files  # noqa: E402
 from lean_image_ai.models.adapters import moge2_mesh  # noqa: E402
 from lean_image_ai.models.file_bytes import bands  # noqa: E402
 from lean_image_ai.models.result_images import ImageProduct  # noqa: E402
@@ -71,6 +72,59 @@ def float_frames(folder: Path, count: int) -> Path:
     return folder
 
 
+def sixteen_bit_frames(folder: Path, count: int) -> Path:
+    """16-bit RGBA PNG frames (Blender's writer), partly transparent: the results are 16-bit too."""
+    folder.mkdir()
+    for n in range(1, count + 1):
+        rgba = np.random.default_rng(n).random((48, 64, 4)).astype(np.float32)
+        rgba[..., 3] = 0.2 + 0.8 * rgba[..., 3]
+        results.save_product(folder / f"p_{n:04d}.png", ImageProduct(rgba, False, bits="16-bit"))
+    return folder
+
+
+FRAMES = {"8-bit": byte_frames, "16-bit": sixteen_bit_frames}
+
+
+def stored_samples(path: Path) -> tuple[str, np.ndarray]:
+    """(Pillow's raw mode, the samples as stored): a 16-bit file's read from Pillow's own decoders
+    twice (high bytes, then low), as models/batch/image_files.py does; premultiplied stays so."""
+    with PILImage.open(path) as image:
+        rawmode = image.tile[0].args[0] if isinstance(image.tile[0].args, tuple) else image.tile[0].args
+        if ";16" not in rawmode:
+            return rawmode, np.asarray(image)
+    order = {"N": "L" if sys.byteorder == "little" else "B"}.get(rawmode[-1], rawmode[-1])
+    halves = []
+    for byte_order in (order, {"B": "L", "L": "B"}[order]):
+        with PILImage.open(path) as image:
+            args = image.tile[0].args
+            args = (f"RGBA;16{byte_order}", *args[1:]) if isinstance(args, tuple) else f"RGBA;16{byte_order}"
+            image.tile = [image.tile[0]._replace(args=args)]
+            image.load()
+            halves.append(np.asarray(image).astype(np.uint16))
+    return rawmode[:-1], (halves[0] << 8) | halves[1]
+
+
+def blender_reads(path: Path) -> np.ndarray:
+    image = bpy.data.images.load(str(path), check_existing=False)
+    try:
+        pixels = np.empty(len(image.pixels), np.float32)
+        image.pixels.foreach_get(pixels)
+        return pixels
+    finally:
+        bpy.data.images.remove(image)
+
+
+def assert_same_file_pixels(ours: Path, blenders: Path) -> None:
+    """The same samples stored the same way (bits, alpha associated or not), and so the same pixels
+    for Pillow and for Blender itself."""
+    (our_mode, our_samples), (their_mode, their_samples) = stored_samples(ours), stored_samples(blenders)
+    assert our_mode == their_mode and our_samples.dtype == their_samples.dtype, (our_mode, their_mode)
+    assert np.array_equal(our_samples, their_samples), (ours.name, np.argwhere(our_samples != their_samples)[:5])
+    with PILImage.open(ours) as a, PILImage.open(blenders) as b:
+        assert np.array_equal(np.asarray(a.convert("RGBA")), np.asarray(b.convert("RGBA")))
+    assert np.array_equal(blender_reads(ours), blender_reads(blenders))
+
+
 class Recorder:
     """Each FrameFile.pump: the timer call it ran in and the pixels it encoded."""
 
@@ -103,25 +157,41 @@ class Recorder:
         return modal_standins.drive(bpy.ops.lean_image_ai_test.drive_frame_writes, script, **props)
 
 
-def blender_written(tmp_path, monkeypatch, args, name: str, pattern: str = "") -> Path:
-    """The same frames written by Blender's writer (save_product), as before; ``pattern``: their
-    names in the folder (its suffix their format), else the default names."""
+def output_of(folder: Path, name: str = "") -> str:
+    """Process Sequence's output: the folder (default names: PNG), a pattern (``f_####.jpg``), or a
+    pattern of the suffix ``name`` (``.tif``)."""
+    if not name:
+        return str(folder) + "/"
+    folder.mkdir(exist_ok=True)
+    return str(folder / (name if "#" in name else f"p_####{name}"))
+
+
+def blender_written(tmp_path, monkeypatch, args, name: str, suffix: str = "") -> Path:
+    """The same frames written by Blender's writer (save_product), as before; ``suffix``: as output_of's ``name``."""
     out = tmp_path / name
     with monkeypatch.context() as patch:
-        patch.setattr(model_job, "banded_frame_file", lambda path, product: None)
-        assert bpy.ops.lean_image_ai.process_sequence(**args, output=str(out) + "/" + pattern) == {"FINISHED"}
+        patch.setattr(file_bytes, "product_file", lambda path, product: None)
+        assert bpy.ops.lean_image_ai.process_sequence(**args, output=output_of(out, suffix)) == {"FINISHED"}
     return out
 
 
-def test_png_frames_are_encoded_over_several_timer_calls_and_match_blenders_writer(tmp_path, monkeypatch):
+# (input frames, output suffix): 8-bit PNG (the default for byte frames), 16-bit PNG (the default
+# for 16-bit frames), 8- and 16-bit TIFF
+FRAME_FILES = [("8-bit", ""), ("16-bit", ""), ("8-bit", ".tif"), ("16-bit", ".tif")]
+FRAME_FILE_IDS = ["8-bit-png", "16-bit-png", "8-bit-tif", "16-bit-tif"]
+
+
+@pytest.mark.parametrize(("kind", "suffix"), FRAME_FILES, ids=FRAME_FILE_IDS)
+def test_frames_are_encoded_over_several_timer_calls_and_match_blenders_writer(tmp_path, monkeypatch, kind, suffix):
     model = sr_model(tmp_path / "sr.onnx", scale=2)
-    args = dict(family="upscale", source=str(byte_frames(tmp_path / "in", 3)), model_path=str(model))
-    reference = blender_written(tmp_path, monkeypatch, args, "blender")
+    args = dict(family="upscale", source=str(FRAMES[kind](tmp_path / "in", 3)), model_path=str(model))
+    reference = blender_written(tmp_path, monkeypatch, args, "blender", suffix)
     recorder = Recorder(monkeypatch)
     out = tmp_path / "banded"
-    assert recorder.drive(StandInContext(), **args, output=str(out) + "/") == {"FINISHED"}
+    assert recorder.drive(StandInContext(), **args, output=output_of(out, suffix)) == {"FINISHED"}
     names = sorted(p.name for p in out.iterdir())
     assert names == sorted(p.name for p in reference.iterdir()) and len(names) == 3
+    assert all(name.endswith(suffix or ".png") for name in names), names
     for name in names:
         per_call: dict[int, int] = {}
         for written, call, pixels in recorder.encoded:
@@ -130,9 +200,7 @@ def test_png_frames_are_encoded_over_several_timer_calls_and_match_blenders_writ
         assert sum(per_call.values()) == 96 * 128, name
         assert len([c for c, p in per_call.items() if p]) >= 96 * 128 // SMALL_CALL, per_call
         assert max(per_call.values()) <= SMALL_CALL, per_call
-        ours = np.asarray(PILImage.open(out / name).convert("RGBA"))
-        blenders = np.asarray(PILImage.open(reference / name).convert("RGBA"))
-        assert np.array_equal(ours, blenders), name
+        assert_same_file_pixels(out / name, reference / name)
 
 
 def test_exr_frames_of_a_float_source_match_blenders_writer(tmp_path, monkeypatch):
@@ -172,7 +240,7 @@ def test_a_float_products_file_holds_what_blenders_writer_gives(tmp_path, is_dat
     pixels = (rng.random((40, 24), np.float32) * 7) if is_data else rng.random((40, 24, 3)).astype(np.float32)
     product = ImageProduct(pixels, is_data, bits="float")
     results.save_product(tmp_path / "blender.exr", product)
-    made = model_job.banded_frame_file(tmp_path / "ours.exr", product)
+    made = file_bytes.product_file(tmp_path / "ours.exr", product)
     frame_file = model_job.FrameFile(tmp_path / "ours.exr", made)
     while not frame_file.pump(0.01):
         pass
@@ -180,9 +248,31 @@ def test_a_float_products_file_holds_what_blenders_writer_gives(tmp_path, is_dat
     assert ours.dtype == blenders.dtype and np.array_equal(ours, blenders)
 
 
-def test_esc_while_a_frame_is_encoded_leaves_no_partial_file(tmp_path, monkeypatch):
+@pytest.mark.parametrize("is_data", [True, False], ids=["values", "colour"])
+@pytest.mark.parametrize(("suffix", "bits"), [(".png", "16-bit"), (".tif", "8-bit"), (".tif", "16-bit"), (".tiff", "16-bit")])
+def test_a_png_or_tiff_products_file_holds_what_blenders_writer_gives(tmp_path, is_data, suffix, bits):
+    """Colour partly transparent (alpha 0 and 1 too), dark and out of range; values out of range."""
+    rng = np.random.default_rng(5)
+    if is_data:
+        pixels = rng.random((80, 40), np.float32) * 1.4 - 0.2
+    else:
+        pixels = rng.random((80, 40, 4), np.float32)
+        pixels[:8, :, 3], pixels[8:16, :, 3] = 0.0, 1.0
+        pixels[16:32, :, :3] = pixels[16:32, :, :3] ** 6 * 1.3 - 0.1
+    product = ImageProduct(pixels, is_data, bits=bits)
+    results.save_product(tmp_path / f"blender{suffix}", product)
+    made = file_bytes.product_file(tmp_path / f"ours{suffix}", product)
+    frame_file = model_job.FrameFile(tmp_path / f"ours{suffix}", made)
+    while not frame_file.pump(0.01):
+        pass
+    assert len([pixels for pixels in made.calls if pixels]) >= 80 * 40 // SMALL_CALL and max(made.calls) <= SMALL_CALL
+    assert_same_file_pixels(tmp_path / f"ours{suffix}", tmp_path / f"blender{suffix}")
+
+
+@pytest.mark.parametrize(("kind", "suffix"), FRAME_FILES, ids=FRAME_FILE_IDS)
+def test_esc_while_a_frame_is_encoded_leaves_no_partial_file(tmp_path, monkeypatch, kind, suffix):
     model = sr_model(tmp_path / "sr.onnx", scale=2)
-    args = dict(family="upscale", source=str(byte_frames(tmp_path / "in", 3)), model_path=str(model))
+    args = dict(family="upscale", source=str(FRAMES[kind](tmp_path / "in", 3)), model_path=str(model))
     ctx = StandInContext()
     recorder = Recorder(monkeypatch)
     real = model_job.FrameFile.pump
@@ -190,15 +280,16 @@ def test_esc_while_a_frame_is_encoded_leaves_no_partial_file(tmp_path, monkeypat
 
     def esc_in_frame_two(frame_file, budget):
         done = real(frame_file, budget)
-        if frame_file.path.name.endswith("0002.png") and not done and sum(frame_file.made.calls):
+        if frame_file.path.stem.endswith("0002") and not done and sum(frame_file.made.calls):
             written_at_esc.extend(files.leftover_temps(frame_file.path))  # its bands on disk so far
             recorder.op.modal(ctx, ESC)  # the artist presses Esc half way through frame 2's file
         return done
 
     monkeypatch.setattr(model_job.FrameFile, "pump", esc_in_frame_two)
     out = tmp_path / "cancelled"
-    assert recorder.drive(ctx, **args, output=str(out) + "/") == {"CANCELLED"}
-    assert sorted(p.name for p in out.iterdir()) == ["p_upscaled_0001.png"]  # no temporary, no half file
+    assert recorder.drive(ctx, **args, output=output_of(out, suffix)) == {"CANCELLED"}
+    first = f"p_0001{suffix}" if suffix else "p_upscaled_0001.png"
+    assert sorted(p.name for p in out.iterdir()) == [first]  # no temporary, no half file
     assert "kept the 1 frame(s) written before it (1)" in jobs.manager.last.error_text
     assert len(written_at_esc) == 1  # the frame's file was being written, and the cancel removed it
 
@@ -345,3 +436,27 @@ def test_esc_while_a_jpeg_frame_is_encoded_leaves_no_partial_file(tmp_path, monk
     assert pressed and pressed[0] < 96 * 128  # it was pressed with frame 2 part-encoded
     assert sorted(p.name for p in out.iterdir()) == ["f_0001.jpg"]  # no temporary, no half file
     assert PILImage.open(out / "f_0001.jpg").size == (128, 96)
+
+
+def test_frames_written_after_the_worker_is_done_end_the_job_without_a_heartbeat_kill(tmp_path, monkeypatch):
+    """A frame's file written over more time than the heartbeat deadline (a 4K 16-bit frame on a
+    loaded machine) while the worker has finished and said so: the job ends as done, the
+    worker is not taken for hung (it was: its last messages waited behind the write)."""
+    import time
+
+    from lean_image_ai.models.worker import client as worker_client
+
+    monkeypatch.setenv(worker_client.HEARTBEAT_ENV, "2")
+    model = sr_model(tmp_path / "sr.onnx", scale=2)
+    args = dict(family="upscale", source=str(byte_frames(tmp_path / "in", 3)), model_path=str(model))
+    recorder = Recorder(monkeypatch)
+    recorded = model_job.FrameFile.pump
+
+    def slow(frame_file, budget):
+        time.sleep(0.8)  # a frame's write spans about 3 s: over the deadline after the worker said it is done
+        return recorded(frame_file, budget)
+
+    monkeypatch.setattr(model_job.FrameFile, "pump", slow)
+    out = tmp_path / "slow"
+    assert recorder.drive(StandInContext(), **args, output=str(out) + "/") == {"FINISHED"}, jobs.manager.last.error_text
+    assert len(list(out.iterdir())) == 3

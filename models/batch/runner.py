@@ -12,6 +12,8 @@ The front-end gives only what only it can do, as a frame IO (duck-typed):
 - ``write_image(path, product) -> notes``: one image file, all or nothing;
 - ``check_format(path)``: raises when it cannot write that format;
 - ``input_kind(ref) -> "8-bit" | "16-bit" | "float"``: the samples of an input frame;
+- optionally ``read_steps(ref, warn)``: the frame's read as steps a worker batch pumps one a call
+  (Blender's, so no call of its main thread reads a frame whole), None where ``read`` is to be used;
 
 and ``batch_factory``, a callable with models/batch/sequence.py BatchRun's signature (BatchRun for
 the command line and the farm; a worker process's batch for Blender). It is given ``infer``, the
@@ -212,11 +214,14 @@ class Runner:
         def read(ref):
             return self.io.read(ref, None if first else report[0].warnings.append)
 
+        # a frame IO that reads a frame over several pumps (Blender's, operators/model_job.py) gives its steps
+        steps = getattr(self.io, "read_steps", None)
+        stepped = {} if steps is None else {"read_steps": lambda ref: steps(ref, None if first else report[0].warnings.append)}
         batch = self._factory(
             self.refs, pass_run.infer, read, write, options=options,
             skip=(lambda ref: False) if first else self.skip.__contains__,
             stop_on_error=self.spec.stop_on_error,
-            **self.output.claim_hooks(claims), **self._staged_hook(),
+            **self.output.claim_hooks(claims), **self._staged_hook(), **stepped,
         )
         report.append(batch.report)
         return batch

@@ -1,4 +1,5 @@
-"""An 8-bit RGBA PNG of straight float pixels, deflated a band of rows at a time (models/file_bytes/bands.py).
+"""An RGBA PNG deflated a band of rows at a time (models/file_bytes/bands.py): 8 bits a sample from
+straight float pixels, or 16 bits from the samples Blender's writer stores (blender_samples.py).
 
 Deflate level 1: Blender's own pack() compresses the whole image in one call (about 0.7 s for
 2048x2048); level 1 takes a tenth of that on a smooth image, and the packed copy stays far smaller
@@ -13,18 +14,23 @@ import zlib
 import numpy as np
 
 from .bands import BandedFile, Rows
+from .blender_samples import eight_bit
 
 SIGNATURE = b"\x89PNG\r\n\x1a\n"
 DEFLATE_LEVEL = 1
 
 
 class PngFile(BandedFile):
+    """``sixteen_bit``: ``rows`` gives uint16 RGBA samples, written with 16 bits (big-endian, as PNG
+    stores them); else float pixels, written with 8 bits."""
+
     suffix = ".png"
 
-    def __init__(self, height: int, width: int, rows: Rows):
+    def __init__(self, height: int, width: int, rows: Rows, *, sixteen_bit: bool = False):
         super().__init__(height, width, rows)
+        self._bit_depth = 16 if sixteen_bit else 8
         self._deflate = zlib.compressobj(DEFLATE_LEVEL)
-        header = struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0)  # 8 bits, RGBA, no interlace
+        header = struct.pack(">IIBBBBB", width, height, self._bit_depth, 6, 0, 0, 0)  # RGBA, no interlace
         self._out.write(SIGNATURE + _chunk(b"IHDR", header))
         # one IDAT chunk, its length filled in at the end and its CRC kept as its data comes
         self._idat_at, self._idat_size, self._idat_crc = self._out.tell(), 0, zlib.crc32(b"IDAT")
@@ -32,12 +38,19 @@ class PngFile(BandedFile):
 
     def _write(self, band: np.ndarray, start: int) -> None:
         count = band.shape[0]
-        rows = np.empty((count, 1 + 4 * self.width), np.uint8)
-        rows[:, 0] = 0  # filter "None" on every row
-        scaled = np.multiply(band, 255.0, dtype=np.float32)
-        scaled += 0.5
-        np.clip(scaled, 0.0, 255.0, out=scaled)
-        rows[:, 1:] = scaled.reshape(count, -1)  # truncation after +0.5: round half up
+        if self._bit_depth == 16:
+            samples = band.astype(">u2").view(np.uint8).reshape(count, -1)
+            rows = np.empty((count, 1 + samples.shape[1]), np.uint8)
+            # filter "Sub" (each byte minus the same byte of the pixel before): a band of a smooth 4K
+            # gradient deflated in 0.18 s to 47% of its bytes with "None", in 0.02 s to 1.4% with
+            # "Sub" (a noisy one: 0.19 s, 54% -> 0.14 s, 31%)
+            rows[:, 0] = 1
+            rows[:, 1:9] = samples[:, :8]
+            np.subtract(samples[:, 8:], samples[:, :-8], out=rows[:, 9:])
+        else:
+            rows = np.empty((count, 1 + 4 * self.width), np.uint8)
+            rows[:, 0] = 0  # filter "None" on every row
+            rows[:, 1:] = eight_bit(band).reshape(count, -1)
         self._idat(self._deflate.compress(rows))
 
     def _idat(self, data: bytes) -> None:

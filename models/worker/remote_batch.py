@@ -4,7 +4,8 @@ of models/batch/sequence.py's BatchRun: ``pump(budget, read=...)``, ``report``, 
 in models/batch/shot_batch.py's TwoPassBatch, a headless script) swaps it in for a BatchRun.
 
 Frames are read, claimed, written and released here, in the caller's process (Blender reads and
-writes with its own image IO on its main thread); only ``job.infer`` runs in the worker, the whole
+writes with its own image IO on its main thread, a frame's read and its file each over several
+pumps where the frame IO gives them as steps); only ``job.infer`` runs in the worker, the whole
 batch as one runtime operation there (models/worker/serve.py). Nothing here starts a thread or
 waits on the worker: each pump reads what the worker has said so far.
 
@@ -71,6 +72,7 @@ class RemoteBatchRun:
         client: worker_client.WorkerClient | None = None,
         name: str = "",
         staged: Callable[[], object] | None = None,
+        read_steps: Callable[[FrameRef], object] | None = None,
     ):
         self.report = BatchReport(total=len(refs))
         self._job, self._read, self._write = job, read, write
@@ -78,6 +80,9 @@ class RemoteBatchRun:
         self._staged = staged or (lambda: None)
         self._writing: tuple | None = None  # (ref, notes, result, steps) of the frame being written
         self._inbox: collections.deque = collections.deque()  # messages after a Result whose file is being written
+        # a frame's read as steps (pump(budget) -> bool, .pixels, close()) pumped one a call, or None: ``read`` it
+        self._read_steps = read_steps or (lambda ref: None)
+        self._reading: tuple | None = None  # (ref, steps) of the frame being read
         self._claim, self._release = claim, release
         self._options, self._stop_on_error, self._depth = options, stop_on_error, max(1, depth)
         self._cancel = options.cancel if isinstance(options.cancel, threading.Event) else threading.Event()
@@ -215,34 +220,74 @@ class RemoteBatchRun:
         if self._writing is not None:
             self._pump_write(budget)
             return _WROTE_BAND
-        messages = self.client.messages()
+        if self._reading is not None:
+            self._pump_read(budget)
+            return _WROTE_BAND
+        # what a file's write held back is handled before the worker is looked at again: the worker
+        # may have said its last word (the job's end) before a write that outlasted the heartbeat
+        # deadline, and was taken for hung after it
+        held = bool(self._inbox)
+        messages = [] if held else self.client.messages()
         self._inbox.extend(messages)
         while self._inbox and self._writing is None:  # a file being written holds back what came after it
             self._handle(self._inbox.popleft())
         if read and self._phase == "running" and self._todo and len(self._sent) < self._depth and self._writing is None:
-            self._feed_one()
-            return True
-        return bool(messages)
+            # a read in steps ends the call: its decode, next, has a call to itself
+            return _WROTE_BAND if self._feed_one() else True
+        return held or bool(messages)
 
-    def _feed_one(self) -> None:
+    def _feed_one(self) -> bool:
+        """Send the next frame, or start its read in steps (True)."""
         ref = self._todo.popleft()
         try:
             claimed = self._claim(ref)
+            steps = self._read_steps(ref) if claimed else None
+            if steps is not None:  # read over the next pumps (:meth:`_pump_read`)
+                self._reading = (ref, steps)
+                return True
             pixels = self._read(ref) if claimed else None
         except Exception as exc:  # noqa: BLE001 - any unreadable frame is reported, never raised
-            self._frame_failed(ref, exc)
-            self._send(p.Skip(ref.number))
-            if self._stop_on_error:
-                for rest in self._todo:
-                    self._send(p.Skip(rest.number))
-                self._todo.clear()
-            return
+            self._read_failed(ref, exc)
+            return False
         if not claimed:
             self.report.skipped.append(ref.number)
             self._send(p.Skip(ref.number))
-            return
+            return False
         self._sent[ref.number] = ref
         self._send(p.Frame(ref.number, pixels))
+        return False
+
+    def _pump_read(self, budget: float) -> None:
+        """One step of the frame being read (its decode, its pixels taken, a band of its conversion),
+        then sent; a cancel lets go of what it loaded."""
+        ref, steps = self._reading
+        if self._cancel.is_set():
+            self._drop_read()
+            return
+        try:
+            if not steps.pump(budget):
+                return
+        except Exception as exc:  # noqa: BLE001 - as in _feed_one
+            self._drop_read()
+            self._read_failed(ref, exc)
+            return
+        self._reading = None
+        self._sent[ref.number] = ref
+        self._send(p.Frame(ref.number, steps.pixels))
+
+    def _drop_read(self) -> None:
+        ref, steps = self._reading
+        self._reading = None
+        steps.close()
+        self._release(ref)
+
+    def _read_failed(self, ref: FrameRef, exc: BaseException) -> None:
+        self._frame_failed(ref, exc)
+        self._send(p.Skip(ref.number))
+        if self._stop_on_error:
+            for rest in self._todo:
+                self._send(p.Skip(rest.number))
+            self._todo.clear()
 
     def _handle(self, message: p.Message) -> None:
         if isinstance(message, p.Progress):
@@ -323,6 +368,8 @@ class RemoteBatchRun:
         self._phase = "over"
         while self._writing is not None:  # the worker ended meanwhile: the result it sent is still written
             self._pump_write(1e9)
+        if self._reading is not None:  # never sent: what its read loaded goes
+            self._drop_read()
         self._release_sent()
         self.report.seconds = time.monotonic() - self._started
         if self._client is not None:
@@ -347,7 +394,7 @@ class RemoteBatchRun:
         head += f" while running {self.name}"
         on = f" on {where.path.name}" if where is not None and getattr(where, "path", None) else ""
         kept = len(self.report.written)
-        never = len(self._todo) + len(self._sent) - (where is not None)
+        never = len(self._todo) + len(self._sent) + (self._reading is not None) - (where is not None)
         parts = [f"{head}{on}.",
                  f"{_frames(kept)} written before it {'is' if kept == 1 else 'are'} kept." if kept else "Nothing was written.",
                  f"{_frames(never)} never ran." if never else "",
@@ -356,7 +403,7 @@ class RemoteBatchRun:
         return " ".join(part for part in parts if part)
 
 
-_WROTE_BAND = "wrote a band"  # a step that encoded part of a frame's file: the call's share
+_WROTE_BAND = "wrote a band"  # a step of a frame's file or of a frame's read: the call's share
 
 
 def _frames(count: int) -> str:
