@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from bpy.props import BoolProperty, StringProperty
 
-from ..models import colour, file_bytes, file_formats, files, result_images
+from ..models import colour, file_bytes, file_formats, result_images
 from ..models.batch.frame_lists import FrameRef
 from ..models.batch.runner import RunEvents, Runner
 from ..models.family import Family
@@ -102,21 +102,28 @@ def _model_input(rgba: np.ndarray, info: image_io.ImageInfo) -> file_bytes.Bande
 
 
 class FrameFile:
-    """A frame's file encoded by the pump a band at a time (Blender's writer took 0.4-0.5 s of the
-    main thread in one call for a 3840x2160 PNG, issue #37 item 3), then written whole by the
-    add-on's atomic writer (models/files.py): a cancel before the last call leaves no file."""
+    """A frame's file (or Save Result To's) encoded by the pump a band at a time (Blender's writer
+    took 0.4-0.5 s of the main thread in one call for a 3840x2160 PNG, issue #37 item 3) and
+    written to disk as the bands come, through the add-on's atomic writer (models/files.py
+    StagedFile): the last call flushes and renames it; a cancel before it (:meth:`discard`, or the
+    step dropped) leaves no file."""
 
     def __init__(self, path: Path, made: file_bytes.BandedFile):
         self.path, self.made = path, made
+        self._writing = False
 
     def pump(self, budget: float) -> bool:
-        if not self.made.pump(budget):
-            return False
         try:
-            files.write_bytes(self.path, self.made.data)
+            if not self._writing:
+                self.made.write_to(self.path)
+                self._writing = True
+            return self.made.pump(budget)
         except OSError as exc:
+            self.made.discard()
             raise image_io.ImageSaveError(f"Could not save '{self.path}': {exc}") from exc
-        return True
+
+    def discard(self) -> None:
+        self.made.discard()
 
 
 class BlenderFrames:
@@ -324,9 +331,18 @@ class ModelJobOperator(ModelOperatorProperties, ModalJobOperator):
     def finishing_steps(self, inputs: JobInputs, result, job: BlenderJob):
         """What the result still needs before :meth:`apply`, pumped by the job a step per timer call
         (operators/jobs.py PumpedTask's ``stage``): by default the result image's file of
-        :meth:`encode` and the file of :meth:`save_file`. It runs after the operator's call has
-        returned: it must not read the operator."""
-        return OneByOne.of_some([inputs.encoded, inputs.saved])
+        :meth:`encode` and the file of :meth:`save_file`. With Save Result To, the file saved there
+        (:meth:`save_file`'s, else :meth:`encode`'s, which results.saved_image then reads) goes to
+        disk as its bands come. It runs after the operator's call has returned: it must not read the
+        operator."""
+        encoded, saved = inputs.encoded, inputs.saved
+        if saved is not None:
+            job.on_discard.append(saved.made.discard)  # a cancel: its temporary file goes at once
+            saved = FrameFile(saved.path, saved.made)
+        elif encoded is not None and inputs.output is not None:
+            job.on_discard.append(encoded.discard)
+            encoded = FrameFile(inputs.output[0], encoded)
+        return OneByOne.of_some([encoded, saved])
 
     def apply(self, context, inputs: JobInputs, result) -> str:
         """Create Blender data from the result; returns a one-line summary for the report.

@@ -113,7 +113,7 @@ def made_for_output(output: tuple[Path, str] | None, is_float: bool) -> bool:
 
 def saved_image(name: str, made: file_bytes.BandedFile, output: tuple[Path, str], colorspace: str | None):
     """The result image, reading the file at Save Result To, which is ``made``'s bytes written
-    there all-or-nothing (models/files.py): Blender's writer converted and compressed the whole
+    there all-or-nothing (models/files.py; by the job's pump, a band a call, when it wrote them there): Blender's writer converted and compressed the whole
     result on the main thread (issue #37 item 3), and its image then read the file back.
     Returns the image and the report's note."""
     path = output[0]
@@ -135,9 +135,9 @@ def saved_image(name: str, made: file_bytes.BandedFile, output: tuple[Path, str]
 class OutputFile:
     """The file at Save Result To in a format the add-on encodes (operators/model_job.py
     file_bytes.product_file) while the result image is made from its own packed file: pumped a band per
-    call by the job, written all-or-nothing by the applying call (:func:`save_result`), so a cancel
-    before then writes nothing. ``notes``: what the file does not keep (result_images.range_notes),
-    said in the report in brackets; None: nothing to say."""
+    call by the job to a temporary file beside it (model_job.FrameFile), renamed whole by its last call,
+    so a cancel before then writes nothing. ``notes``: what the file does not keep
+    (result_images.range_notes), said in the report in brackets; None: nothing to say."""
 
     def __init__(self, path: Path, made: file_bytes.BandedFile, notes: list[str] | None = None):
         self.path, self.made, self.notes = path, made, notes
@@ -147,7 +147,8 @@ class OutputFile:
 
     def write(self) -> str:
         try:
-            files.write_bytes(self.path, self.made.data)
+            if self.made.written_to != self.path:  # else the job's pump wrote it there as its bands came (model_job.FrameFile)
+                files.write_bytes(self.path, self.made.data)
         except OSError as exc:
             raise image_io.ImageSaveError(f"Could not save the result to '{self.path}': {exc}") from exc
         return f"; saved {self.path}" + ("" if self.notes is None else f" ({' '.join(self.notes)})")

@@ -1,6 +1,7 @@
 """Issue 37 item 3: a Process Sequence frame whose file the add-on writes (8- or 16-bit PNG, 8- or
-16-bit TIFF, float EXR from a float source, JPEG) is encoded a band per timer call, then written whole
-by the add-on's atomic writer (Blender's writer took 0.4-0.5 s of the main thread for a 3840x2160 PNG);
+16-bit TIFF, float EXR from a float source, JPEG) is encoded a band per timer call and written to its
+temporary file as the bands come, renamed whole by the add-on's atomic writer in the last call (Blender's
+writer took 0.4-0.5 s of the main thread for a 3840x2160 PNG);
 the file holds what Blender's writer gave, and Esc mid-write leaves no partial file. Driven by
 timer events as tests/test_cancelled_sequence.py (real bpy 5.0.1, the real onnxruntime). So are
 MoGe-2's frame files (mesh, camera, normal map), written together in the frame's last call."""
@@ -22,7 +23,7 @@ bpy = pytest.importorskip("bpy")
 bh.import_package()
 
 import modal_standins  # noqa: E402
-from lean_image_ai.models import file_bytes  # noqa: E402
+from lean_image_ai.models import file_bytes, files  # noqa: E402
 from lean_image_ai.models.adapters import moge2_mesh  # noqa: E402
 from lean_image_ai.models.file_bytes import bands  # noqa: E402
 from lean_image_ai.models.result_images import ImageProduct  # noqa: E402
@@ -275,10 +276,12 @@ def test_esc_while_a_frame_is_encoded_leaves_no_partial_file(tmp_path, monkeypat
     ctx = StandInContext()
     recorder = Recorder(monkeypatch)
     real = model_job.FrameFile.pump
+    written_at_esc = []
 
     def esc_in_frame_two(frame_file, budget):
         done = real(frame_file, budget)
         if frame_file.path.stem.endswith("0002") and not done and sum(frame_file.made.calls):
+            written_at_esc.extend(files.leftover_temps(frame_file.path))  # its bands on disk so far
             recorder.op.modal(ctx, ESC)  # the artist presses Esc half way through frame 2's file
         return done
 
@@ -288,6 +291,7 @@ def test_esc_while_a_frame_is_encoded_leaves_no_partial_file(tmp_path, monkeypat
     first = f"p_0001{suffix}" if suffix else "p_upscaled_0001.png"
     assert sorted(p.name for p in out.iterdir()) == [first]  # no temporary, no half file
     assert "kept the 1 frame(s) written before it (1)" in jobs.manager.last.error_text
+    assert len(written_at_esc) == 1  # the frame's file was being written, and the cancel removed it
 
 
 def geometry_frames(folder: Path, count: int) -> Path:

@@ -35,8 +35,11 @@ class ExrFile(BandedFile):
 
     def __init__(self, height: int, width: int, rows: Rows, *, half: bool = False):
         super().__init__(height, width, rows)
-        self._blocks: list[bytes] = []  # each chunk whole: line, size, data
-        self._sample_type, self._pixel_type = ("<f2", HALF_SAMPLES) if half else ("<f4", FLOAT_SAMPLES)
+        self._sample_type, pixel_type = ("<f2", HALF_SAMPLES) if half else ("<f4", FLOAT_SAMPLES)
+        self._out.write(_header(width, height, pixel_type))
+        # the table of chunk offsets, filled in at the end: one chunk a block, their count known now
+        self._table_at, self._offsets = self._out.tell(), []
+        self._out.write(bytes(8 * -(-height // LINES_PER_BLOCK)))
 
     @property
     def is_float(self) -> bool:
@@ -47,16 +50,12 @@ class ExrFile(BandedFile):
         for top in range(0, band.shape[0], LINES_PER_BLOCK):
             raw = planar[top : top + LINES_PER_BLOCK].view(np.uint8).reshape(-1)
             data = _zip_block(raw)
-            self._blocks.append(struct.pack("<ii", start + top, len(data)) + data)
+            self._offsets.append(self._out.tell())
+            self._out.write(struct.pack("<ii", start + top, len(data)))
+            self._out.write(data)
 
-    def _bytes(self) -> bytes:
-        header = _header(self.width, self.height, self._pixel_type)
-        offsets, position = [], len(header) + 8 * len(self._blocks)
-        for block in self._blocks:
-            offsets.append(position)
-            position += len(block)
-        blocks, self._blocks = self._blocks, []
-        return b"".join((header, struct.pack(f"<{len(offsets)}Q", *offsets), *blocks))
+    def _end(self) -> None:
+        self._fill(self._table_at, struct.pack(f"<{len(self._offsets)}Q", *self._offsets))
 
 
 def _zip_block(raw: np.ndarray) -> bytes:

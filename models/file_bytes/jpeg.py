@@ -69,7 +69,7 @@ class JpegFile(BandedFile):
         self._row_tables = np.tile(_TABLE_OF_BLOCK, self._mcu_columns)
         self._chroma_bias = np.resize(_CHROMA_BIAS, self._mcu_columns * 8)
         self._samples = np.empty(0, np.float32)  # reused by every band: fresh pages cost as much as the arithmetic
-        self._scans: list[bytes] = []
+        self._out.write(_header(width, height, self._tables, self._mcu_columns, quality))
 
     def _write(self, band: np.ndarray, start: int) -> None:
         luminance, *chroma = self._levels(band)
@@ -86,7 +86,7 @@ class JpegFile(BandedFile):
             samples = plane.reshape(mcu_rows, 8, columns, 8).transpose(1, 3, 0, 2).reshape(8, 8, -1)
             blocks[:, :, index] = jpeg_dct.quantised(samples, self._chrominance, ZIGZAG).reshape(mcu_rows, columns, 64)
         _dc_differences(blocks)
-        self._scans.append(scan_rows(blocks.reshape(mcu_rows, columns * 6, 64), self._row_tables,
+        self._out.write(scan_rows(blocks.reshape(mcu_rows, columns * 6, 64), self._row_tables,
                                      start // MCU_SIDE, self._last_mcu_row))
 
     def _levels(self, band: np.ndarray) -> np.ndarray:
@@ -117,10 +117,9 @@ class JpegFile(BandedFile):
             np.floor(plane, out=plane)
         return planes
 
-    def _bytes(self) -> bytes:
-        scans, self._scans, self._samples = self._scans, [], np.empty(0, np.float32)
-        header = _header(self.width, self.height, self._tables, self._mcu_columns, self.quality)
-        return b"".join((header, *scans, b"\xff\xd9"))  # EOI
+    def _end(self) -> None:
+        self._samples = np.empty(0, np.float32)
+        self._out.write(b"\xff\xd9")  # EOI
 
 
 def _subsampled(plane: np.ndarray, bias: np.ndarray) -> np.ndarray:

@@ -30,7 +30,11 @@ class PngFile(BandedFile):
         super().__init__(height, width, rows)
         self._bit_depth = 16 if sixteen_bit else 8
         self._deflate = zlib.compressobj(DEFLATE_LEVEL)
-        self._idat: list[bytes] = []
+        header = struct.pack(">IIBBBBB", width, height, self._bit_depth, 6, 0, 0, 0)  # RGBA, no interlace
+        self._out.write(SIGNATURE + _chunk(b"IHDR", header))
+        # one IDAT chunk, its length filled in at the end and its CRC kept as its data comes
+        self._idat_at, self._idat_size, self._idat_crc = self._out.tell(), 0, zlib.crc32(b"IDAT")
+        self._out.write(b"\0\0\0\0IDAT")
 
     def _write(self, band: np.ndarray, start: int) -> None:
         count = band.shape[0]
@@ -47,13 +51,17 @@ class PngFile(BandedFile):
             rows = np.empty((count, 1 + 4 * self.width), np.uint8)
             rows[:, 0] = 0  # filter "None" on every row
             rows[:, 1:] = eight_bit(band).reshape(count, -1)
-        self._idat.append(self._deflate.compress(rows))
+        self._idat(self._deflate.compress(rows))
 
-    def _bytes(self) -> bytes:
-        self._idat.append(self._deflate.flush())
-        idat, self._idat = b"".join(self._idat), []
-        header = struct.pack(">IIBBBBB", self.width, self.height, self._bit_depth, 6, 0, 0, 0)  # RGBA, no interlace
-        return b"".join((SIGNATURE, _chunk(b"IHDR", header), _chunk(b"IDAT", idat), _chunk(b"IEND", b"")))
+    def _idat(self, data: bytes) -> None:
+        self._out.write(data)
+        self._idat_size += len(data)
+        self._idat_crc = zlib.crc32(data, self._idat_crc)
+
+    def _end(self) -> None:
+        self._idat(self._deflate.flush())
+        self._out.write(struct.pack(">I", self._idat_crc) + _chunk(b"IEND", b""))
+        self._fill(self._idat_at, struct.pack(">I", self._idat_size))
 
 
 def _chunk(kind: bytes, data: bytes) -> bytes:

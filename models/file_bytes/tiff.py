@@ -4,7 +4,8 @@ Blender's own TIFFs are (libtiff's "Adobe deflate"). The samples are given as Bl
 stores them (blender_samples.py).
 
 The layout follows the TIFF 6.0 specification: a little-endian header, the strips, then the one
-image file directory (IFD) whose StripOffsets and StripByteCounts point at them."""
+image file directory (IFD) whose StripOffsets and StripByteCounts point at them (the header's offset
+of the IFD is filled in once the strips are written)."""
 
 from __future__ import annotations
 
@@ -36,22 +37,25 @@ class TiffFile(BandedFile):
         super().__init__(height, width, rows)
         self._dtype = np.dtype("<u2" if sixteen_bit else "u1")
         self._associated_alpha = associated_alpha
-        self._strips: list[bytes] = []
+        # the header's IFD offset, filled in at the end: the IFD follows the strips
+        self._out.write(b"II*\0\0\0\0\0")
+        self._offsets: list[int] = []
+        self._counts: list[int] = []
 
     def _write(self, band: np.ndarray, start: int) -> None:
         samples = np.ascontiguousarray(band, self._dtype)
         differenced = samples.copy()
         np.subtract(samples[:, 1:], samples[:, :-1], out=differenced[:, 1:])  # each sample minus its left neighbour's, wrapping
         for top in range(0, len(differenced), ROWS_PER_STRIP):
-            self._strips.append(zlib.compress(differenced[top : top + ROWS_PER_STRIP], DEFLATE_LEVEL))
+            strip = zlib.compress(differenced[top : top + ROWS_PER_STRIP], DEFLATE_LEVEL)
+            self._offsets.append(self._out.tell())
+            self._counts.append(len(strip))
+            self._out.write(strip)
 
-    def _bytes(self) -> bytes:
-        strips, self._strips = self._strips, []
-        offsets, position = [], 8
-        for strip in strips:
-            offsets.append(position)
-            position += len(strip)
-        position += position % 2  # the IFD starts on a word boundary
+    def _end(self) -> None:
+        position = self._out.tell()
+        padding = b"\0" * (position % 2)  # the IFD starts on a word boundary
+        position += len(padding)
         bits = 8 * self._dtype.itemsize
         # values of more than 4 bytes follow the IFD, each at the offset its entry gives
         entries = (
@@ -60,10 +64,10 @@ class TiffFile(BandedFile):
             (258, SHORT, [bits] * 4),  # BitsPerSample
             (259, SHORT, [ADOBE_DEFLATE]),  # Compression
             (262, SHORT, [RGB]),  # PhotometricInterpretation
-            (273, LONG, offsets),  # StripOffsets
+            (273, LONG, self._offsets),  # StripOffsets
             (277, SHORT, [4]),  # SamplesPerPixel
             (278, LONG, [ROWS_PER_STRIP]),  # RowsPerStrip
-            (279, LONG, [len(strip) for strip in strips]),  # StripByteCounts
+            (279, LONG, self._counts),  # StripByteCounts
             (284, SHORT, [1]),  # PlanarConfiguration: samples of a pixel together
             (317, SHORT, [HORIZONTAL_DIFFERENCING]),  # Predictor
             (338, SHORT, [ASSOCIATED_ALPHA if self._associated_alpha else UNASSOCIATED_ALPHA]),  # ExtraSamples
@@ -79,7 +83,6 @@ class TiffFile(BandedFile):
             fields.append(struct.pack("<HHII", tag, kind, len(items), value_position))
             values.append(data)
             value_position += len(data)  # every array here has an even length
-        header = b"II*\0" + struct.pack("<I", position)
-        padding = b"\0" * (position - offsets[-1] - len(strips[-1])) if strips else b""
         ifd = struct.pack("<H", len(entries)) + b"".join(fields) + struct.pack("<I", 0)
-        return b"".join((header, *strips, padding, ifd, *values))
+        self._out.write(padding + ifd + b"".join(values))
+        self._fill(4, struct.pack("<I", position))
