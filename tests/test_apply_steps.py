@@ -758,14 +758,15 @@ def saved_pixels(path: Path) -> np.ndarray:
         bpy.data.images.remove(image)
 
 
-@pytest.mark.parametrize(("source", "suffix"), [(byte_source, ".png"), (float_source, ".exr")])
+@pytest.mark.parametrize(("source", "suffix"), [(byte_source, ".png"), (float_source, ".exr"), (byte_source, ".tif")])
 def test_replace_saved_at_save_result_to_is_the_file_the_pump_wrote_with_blenders_pixels(
         tmp_path, monkeypatch, source, suffix):
     """Replace with Save Result To the file the pump makes anyway (an 8-bit PNG for a byte source, a
     float EXR for a float one): that file, deflated over several timer calls, none in the applying
     call, is written there and packed into the source; the saved file and the source give the pixels
-    Blender's writer gave (the old path, forced). Before, the applying call wrote the cut-out whole
-    and Blender's writer saved and packed it (0.5-1 s at 2048x2048)."""
+    Blender's writer gave (the old path, forced). A .tif (a format the add-on encodes): the pump
+    encodes it too, and the source gets the packed PNG. Before, the applying call wrote the cut-out
+    whole and Blender's writer saved and packed it (0.5-1 s at 2048x2048)."""
     path = source(tmp_path)
     old = replace_saved(tmp_path, path, tmp_path / f"blender{suffix}", monkeypatch, "old_" + suffix[1:], old_path=True)
     new = replace_saved(tmp_path, path, tmp_path / f"saved{suffix}", monkeypatch, "new_" + suffix[1:])
