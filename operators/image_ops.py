@@ -114,9 +114,11 @@ def _cutout_packs_into(inputs) -> bool:
 def _replaced_output_file(inputs, rows):
     """The file at Save Result To of a Replace the pump encodes apart from the cut-out packed into
     the source: :func:`_colour_output_file`'s, or a half-float EXR where Blender's writer saved the
-    source's float pixels so (its use_half_precision, as image_io.save_image_atomically says)."""
-    output, (height, width) = inputs.output, inputs.rgba.shape[:2]
-    if output is None or not inputs.info.is_float or output[1] != "OPEN_EXR" or not inputs.source.use_half_precision:
+    source's colour so (its use_half_precision, as image_io.save_image_atomically says; a Non-Color
+    image's values it saved as full floats all the same, measured with bpy 5.0.1)."""
+    output, info, (height, width) = inputs.output, inputs.info, inputs.rgba.shape[:2]
+    exr = output is not None and output[1] == "OPEN_EXR" and info.is_float
+    if not (exr and not info.is_data and inputs.source.use_half_precision):
         return _colour_output_file(inputs, inputs.rgba.shape, rows)
     half = file_bytes.ExrFile(height, width, lambda start, stop: colour.premultiply(rows(start, stop)), half=True)
     return results.OutputFile(output[0], half)

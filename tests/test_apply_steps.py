@@ -704,14 +704,17 @@ def test_a_cut_out_saved_as_png_is_the_file_the_pump_deflated_with_blenders_pixe
 
 
 def replace_saved(tmp_path, path: Path, out: Path, monkeypatch, tag: str, *, old_path: bool = False,
-                  cancel_mid_encode: bool = False) -> dict:
+                  cancel_mid_encode: bool = False, non_color: bool = False) -> dict:
     """Replace on ``path`` through timer calls with Save Result To ``out``: the bytes deflated per
     call, the call that applied it, the source's pixels (as written, and read again from its packed
     file, as after undo or reopen). ``old_path``: the cut-out written whole, saved and packed by
-    Blender's writer (as before). ``cancel_mid_encode``: Esc once a call has deflated some of it."""
+    Blender's writer (as before). ``cancel_mid_encode``: Esc once a call has deflated some of it.
+    ``non_color``: the source opened before as a Non-Color image (values, not colour)."""
     from builders_families import ben2_like_model
 
     model, seen = ben2_like_model(tmp_path / "ben2.onnx", size=64), {}
+    if non_color:  # the job takes the image already open (check_existing)
+        bpy.data.images.load(str(path), check_existing=True).colorspace_settings.name = "Non-Color"
     driver = driver_class(image_ops.LEAN_IMAGE_AI_OT_remove_background, f"lean_image_ai_test.drive_replace_{tag}",
                           f"LEANTEST_OT_drive_replace_{tag}")
     with monkeypatch.context() as patch:
@@ -789,3 +792,16 @@ def test_esc_while_replaces_saved_file_is_encoded_writes_nothing(tmp_path, monke
     assert not out.exists() and list(tmp_path.glob("*.tmp*")) == [] and not seen["packed"]
     stored = np.asarray(PILImage.open(path))
     np.testing.assert_array_equal(np.round(seen["pixels"] * 255).astype(np.uint8), stored)
+
+
+def test_replace_of_a_non_color_float_source_saved_as_exr_keeps_blenders_full_floats(tmp_path, monkeypatch):
+    """A Non-Color float source (use_half_precision set, as Blender opens an EXR): Blender's writer
+    saved its values as full floats, so the file at Save Result To is the pump's full-float EXR, not
+    the half-float one a colour source gets: the file's values and the source's equal the old path's."""
+    path = float_source(tmp_path)
+    old = replace_saved(tmp_path, path, tmp_path / "blender.exr", monkeypatch, "old_data", old_path=True, non_color=True)
+    new = replace_saved(tmp_path, path, tmp_path / "saved.exr", monkeypatch, "new_data", non_color=True)
+    assert old["state"] == new["state"] == {"FINISHED"}
+    np.testing.assert_array_equal(saved_pixels(tmp_path / "saved.exr"), saved_pixels(tmp_path / "blender.exr"))
+    np.testing.assert_array_equal(new["pixels"], old["pixels"])
+    assert max(new["fed"]) < new["applied"], new["fed"]
