@@ -140,7 +140,9 @@ def _apply_calls(args) -> None:
     figures = {}
     cases = []
     if args.ops_replace:
-        cases += [("replace", False, "file"), ("replace", True, "file")]
+        for float_source in (False, True):  # with --ops-blender-writer: each after Blender's writer's (before)
+            cases += [("replace_blender_writer", float_source, "file")] if args.ops_blender_writer else []
+            cases.append(("replace", float_source, "file"))
     if args.ops_sequence:
         cases += [("sequence_blender_writer", False, "file")] if args.ops_blender_writer else []
         cases.append(("sequence", False, "file"))
@@ -165,8 +167,10 @@ def _apply_calls(args) -> None:
         config = {"side": args.ops_side, "jobs": 1, "folder": str(root), "out": str(root / "out.json"),
                   "phases": ["modal"], "float": float_source, "modal_runs": args.ops_runs,
                   "modal_operator": "sequence" if kind == "geometry" else kind, "modal_source": source}
-        if kind == "replace":
+        if kind.startswith("replace"):
             config["model"] = str(ben2_like_model(root / "ben2.onnx", size=64))
+            config["modal_operator"], config["blender_writer"] = "replace", kind == "replace_blender_writer"
+            config["save_to"], config["save_suffix"] = args.ops_save, args.ops_save_suffix
         elif kind.startswith("sequence"):
             config["frames"] = str(_sequence_frames(root / "frames", args))
             config["modal_operator"] = "sequence"
@@ -196,7 +200,10 @@ def _apply_calls(args) -> None:
             raise SystemExit(f"the bpy process of the {kind} jobs failed: {done.stderr[-2000:]}")
         modal = json.loads((root / "out.json").read_text(encoding="utf-8"))["modal"]
         bits = "float" if float_source else "byte"
-        label = {"replace": f"Remove Background Replace {args.ops_side}x{args.ops_side} {bits}",
+        saving = f", Save Result To {args.ops_save_suffix or 'the source format'}" if args.ops_save else ""
+        label = {"replace": f"Remove Background Replace {args.ops_side}x{args.ops_side} {bits}{saving}",
+                 "replace_blender_writer": f"Remove Background Replace {args.ops_side}x{args.ops_side} {bits}{saving}, "
+                                           "the cut-out written whole and saved/packed by Blender's writer",
                  "upscale": f"Upscale {args.ops_side}x{args.ops_side} {bits}, source: {source}",
                  "sequence": f"Process Sequence (upscale x2), 3 frames {args.width}x{args.height} "
                              f"{args.ops_frame_bits}-bit PNG -> {'.jpg' if args.ops_jpeg else args.ops_frame_suffix or '.png'}",
@@ -222,7 +229,7 @@ def _apply_calls(args) -> None:
             figures[f"start_{bits}_{source}_cpu_s"] = round(modal["start_modal_cpu_s"], 3)
             figures[f"start_{bits}_{source}_longest_timer_call_s"] = round(modal["longest_timer_call_s"], 3)
             continue
-        key = kind if kind != "replace" else f"replace_{bits}"
+        key = f"{kind}_{bits}" if kind.startswith("replace") else kind
         figures[f"{key}_longest_call_s"] = round(max(modal["start_modal_s"], modal["longest_timer_call_s"]), 3)
         figures[f"{key}_longest_cpu_s"] = round(longest["cpu_s"], 3)
         figures[f"{key}_most_cpu_in_a_call_s"] = round(max(call[2] for call in modal["last_job_calls"]), 3)  # the last job's
@@ -430,7 +437,7 @@ def main(argv=None) -> int:
     parser.add_argument("--ops-save", action="store_true", help="the modal jobs save at Save Result To")
     parser.add_argument("--ops-save-suffix", default="", help="--ops-save's file format, e.g. .jpg (else the source's)")
     parser.add_argument("--ops-runs", type=int, default=1, help="modal jobs measured (the longest call over all)")
-    parser.add_argument("--ops-replace", action="store_true", help="only Remove Background Replace's calls (byte, float)")
+    parser.add_argument("--ops-replace", action="store_true", help="only Remove Background Replace's calls (byte, float; with --ops-save: saved at Save Result To)")
     parser.add_argument("--ops-sequence", action="store_true", help="only Process Sequence's calls (3 PNG frames)")
     parser.add_argument("--ops-sequence-geometry", action="store_true",
                         help="only Process Sequence's calls with a seeded MoGe-2 (3 frames: mesh, camera, normal map)")
@@ -440,7 +447,7 @@ def main(argv=None) -> int:
     parser.add_argument("--ops-frame-bits", type=int, choices=(8, 16), default=8, help="bits of those PNG frames")
     parser.add_argument("--ops-frame-suffix", default="", help="their results' format (.tif; default: PNG)")
     parser.add_argument("--ops-blender-writer", action="store_true",
-                        help="also the same sequence with every frame saved by Blender's writer (before the banded encoders)")
+                        help="also the same sequence (or Replace) with every frame (the cut-out) saved by Blender's writer, as before the banded encoders")
     parser.add_argument("--ops-shot", action="store_true",
                         help="only Reconstruct Shot's calls (MoGe-2-like net, 3 frames --width x --height)")
     parser.add_argument("--ops-start", action="store_true",

@@ -5,7 +5,8 @@ mesh's arrays (models/adapters/moge2_mesh.py), the normal map (a band of rows pe
 packed file, and the Blender mesh a part per call (results.MeshSteps), each in a timer call of its
 own (issue #37 item 3: made whole, they took 0.13-0.26 s of CPU in one call of Blender's main
 thread). The mesh gets its object, material and camera in the last call: nothing shows a half-made
-mesh, and a cancel or a failure before then removes it.
+mesh, and a cancel or a failure before then removes it. Also the plane Estimate Depth displaces
+with its depth image (:func:`make_depth_plane`).
 """
 
 # No ``from __future__ import annotations``: Blender reads property annotations as objects.
@@ -24,6 +25,12 @@ from . import image_io, results
 from .jobs import OneByOne
 from .model_job import ModelJobOperator
 from .options import with_family_options
+
+# The depth plane: grid resolution on its long side, and how far the nearest point stands out
+# of it, as a fraction of the plane's long side (2 m).
+PLANE_SEGMENTS = 256
+PLANE_SIZE = 2.0
+PLANE_RELIEF = 0.25
 
 
 @dataclass
@@ -186,3 +193,46 @@ def make_camera(name, geometry, created):
 
 
 classes = (LEAN_IMAGE_AI_OT_reconstruct_geometry,)
+
+
+def grid_mesh(name: str, width: float, height: float, nx: int, ny: int):
+    """A flat grid in XY centred on the origin, (nx x ny) quads, UVs spanning 0..1 (numpy)."""
+    xs = np.linspace(-width / 2, width / 2, nx + 1, dtype=np.float32)
+    ys = np.linspace(-height / 2, height / 2, ny + 1, dtype=np.float32)
+    gx, gy = np.meshgrid(xs, ys)  # row r = y index (bottom to top)
+    co = np.stack([gx.ravel(), gy.ravel(), np.zeros(gx.size, np.float32)], axis=1)
+    index = np.arange((nx + 1) * (ny + 1), dtype=np.int32).reshape(ny + 1, nx + 1)
+    # counter-clockwise seen from +Z: the face normals point up
+    quads = np.stack([index[:-1, :-1], index[:-1, 1:], index[1:, 1:], index[1:, :-1]], axis=-1).reshape(-1, 4)
+    uv = np.stack([(gx.ravel() + width / 2) / width, (gy.ravel() + height / 2) / height], axis=1)
+    return results.build_mesh(name, co, quads, uv.astype(np.float32))
+
+
+def make_depth_plane(context, created, name, depth_image, depth):
+    """A grid with the image's aspect and a Displace modifier reading the depth image by UV.
+
+    Depth grows away from the viewer, so the displacement is inverted: the farthest depth stays
+    in the plane and the nearest stands PLANE_RELIEF * PLANE_SIZE above it.
+    """
+    height_px, width_px = depth.shape
+    long_px = max(width_px, height_px)
+    width, height = PLANE_SIZE * width_px / long_px, PLANE_SIZE * height_px / long_px
+    segments = min(PLANE_SEGMENTS, long_px)
+    nx = max(1, round(segments * width_px / long_px))
+    ny = max(1, round(segments * height_px / long_px))
+    mesh = created.add(bpy.data.meshes, grid_mesh(name, width, height, nx, ny))
+    obj = created.add(bpy.data.objects, bpy.data.objects.new(name, mesh))
+    texture = created.add(bpy.data.textures, bpy.data.textures.new(name, type="IMAGE"))
+    texture.image = depth_image
+    texture.extension = "EXTEND"  # no wrap-around at the plane's border
+    modifier = obj.modifiers.new("Depth", "DISPLACE")
+    modifier.texture = texture
+    modifier.texture_coords = "UV"
+    modifier.uv_layer = mesh.uv_layers[0].name
+    modifier.direction = "Z"
+    low, high = float(depth.min()), float(depth.max())
+    span = high - low
+    modifier.mid_level = high
+    modifier.strength = -PLANE_RELIEF * PLANE_SIZE / span if span > 0 and math.isfinite(span) else 0.0
+    results.link_object(context, obj)
+    return obj

@@ -7,8 +7,6 @@ image output but no class here gets :class:`FamilyImageOperator` (:func:`made_fr
 """
 
 # No ``from __future__ import annotations``: Blender reads property annotations as objects.
-import math
-
 import bpy
 import numpy as np
 
@@ -16,15 +14,9 @@ from ..models import colour, families, file_bytes, file_formats, result_images
 from ..models.adapters import ben2, da3, upscale
 from ..models.outputs import OutputPolicy
 from ..runtime.errors import InvalidImageError
-from . import image_io, results
+from . import geometry_ops, image_io, results
 from .model_job import ModelJobOperator
 from .options import operator_idname, with_family_options
-
-# The depth plane: grid resolution on its long side, and how far the nearest point stands out
-# of it, as a fraction of the plane's long side (2 m).
-PLANE_SEGMENTS = 256
-PLANE_SIZE = 2.0
-PLANE_RELIEF = 0.25
 
 
 @with_family_options(ben2.FAMILY)
@@ -49,9 +41,10 @@ class LEAN_IMAGE_AI_OT_remove_background(ModelJobOperator, bpy.types.Operator):
         return inputs
 
     def save_file(self, inputs, result):
-        if inputs.options["replace"]:
-            return None
-        return _colour_output_file(inputs, inputs.rgba.shape, _cutout_rows(inputs.info, inputs.rgba, result.rgba))
+        rows = _cutout_rows(inputs.info, inputs.rgba, result.rgba)
+        if not inputs.options["replace"]:
+            return _colour_output_file(inputs, inputs.rgba.shape, rows)
+        return _replaced_output_file(inputs, rows) if _cutout_packs_into(inputs) else None
 
     def encode(self, inputs, result):
         if inputs.options["replace"]:
@@ -66,7 +59,8 @@ class LEAN_IMAGE_AI_OT_remove_background(ModelJobOperator, bpy.types.Operator):
         info = inputs.info
         if inputs.options["replace"]:
             if inputs.encoded is not None and _packs_cutout_in_place(inputs):
-                return _swap_in_cutout(inputs.source, inputs.encoded)
+                note = _write_replaced_output(inputs)  # first: a failed write leaves the source as it was
+                return _swap_in_cutout(inputs.source, inputs.encoded) + note
             source_rgba = inputs.rgba
             straight = _cutout_rows(info, source_rgba, result.rgba)(0, source_rgba.shape[0])
             image = inputs.source
@@ -90,19 +84,55 @@ class LEAN_IMAGE_AI_OT_remove_background(ModelJobOperator, bpy.types.Operator):
 
 def _packs_cutout_in_place(inputs) -> bool:
     """Whether Replace's cut-out can be the file the job's pump writes (results.file_like), packed
-    into the source as its file: an image read from one file, no Save Result To, a byte one with
-    straight alpha (an 8-bit PNG) or a float one with premultiplied colour (a 32-bit float EXR,
-    as Blender's pack() wrote it: EXR, 16-bit PNG, ...). Other sources (generated, byte with
-    premultiplied alpha, channel-packed alpha, an output to save) take the cut-out's pixels whole
-    in ``apply``, packed by Blender's writer."""
+    into the source as its file (:func:`_cutout_packs_into`), with Save Result To, if set, asking
+    for that very file (an 8-bit PNG from a byte source, a float EXR from a float one:
+    results.made_for_output) or one the pump encoded too (``inputs.saved``, as for a new cut-out).
+    Other outputs (a byte source as EXR, a float one as PNG, ...) take the cut-out's pixels whole
+    in ``apply``, saved and packed by Blender's writer."""
+    if not _cutout_packs_into(inputs):
+        return False
+    output = inputs.output
+    return output is None or inputs.saved is not None or results.made_for_output(output, inputs.info.is_float)
+
+
+def _cutout_packs_into(inputs) -> bool:
+    """Whether the source can read the pump's cut-out file packed as its own: an image read from
+    one file, a byte one with straight alpha (an 8-bit PNG) or a float one with premultiplied
+    colour (a 32-bit float EXR, as Blender's pack() wrote it: EXR, 16-bit PNG, ...). Other sources
+    (generated, byte with premultiplied alpha, channel-packed alpha) take the cut-out's pixels
+    whole in ``apply``, packed by Blender's writer."""
     image, info = inputs.source, inputs.info
     try:
         from_one_file = image is not None and image.source == "FILE"
     except ReferenceError:  # removed while the job ran: the apply says so in the job's own words
         return False
-    if not from_one_file or inputs.output is not None:
+    if not from_one_file:
         return False
     return info.premultiplied if info.is_float else info.alpha_mode == "STRAIGHT"
+
+
+def _replaced_output_file(inputs, rows):
+    """The file at Save Result To of a Replace the pump encodes apart from the cut-out packed into
+    the source: :func:`_colour_output_file`'s, or a half-float EXR where Blender's writer saved the
+    source's colour so (its use_half_precision, as image_io.save_image_atomically says; a Non-Color
+    image's values it saved as full floats all the same, measured with bpy 5.0.1)."""
+    output, info, (height, width) = inputs.output, inputs.info, inputs.rgba.shape[:2]
+    exr = output is not None and output[1] == "OPEN_EXR" and info.is_float
+    if not (exr and not info.is_data and inputs.source.use_half_precision):
+        return _colour_output_file(inputs, inputs.rgba.shape, rows)
+    half = file_bytes.ExrFile(height, width, lambda start, stop: colour.premultiply(rows(start, stop)), half=True)
+    return results.OutputFile(output[0], half)
+
+
+def _write_replaced_output(inputs) -> str:
+    """The file at Save Result To of a Replace, written whole by the add-on's atomic writer: the
+    one the pump encoded for it, else the cut-out's own file (the format asked for). Returns the
+    report's note."""
+    if inputs.saved is not None:
+        return inputs.saved.write()
+    if inputs.output is None:
+        return ""
+    return results.OutputFile(inputs.output[0], inputs.encoded).write()
 
 
 def _swap_in_cutout(image, made) -> str:
@@ -158,7 +188,7 @@ class LEAN_IMAGE_AI_OT_estimate_depth(ModelJobOperator, bpy.types.Operator):
             image, note = _saved_values_image(created, da3.FAMILY, f"{stem}_depth", da3.DepthResult(depth), inputs)
             plane = None
             if inputs.options["make_plane"]:
-                plane = make_depth_plane(context, created, f"{stem}_depth_plane", image, depth)
+                plane = geometry_ops.make_depth_plane(context, created, f"{stem}_depth_plane", image, depth)
         results.show(context, inputs.source, image)
         low, high = float(depth.min()), float(depth.max())
         summary = f"Depth '{image.name}' ({depth.shape[1]}x{depth.shape[0]}, {low:.3g} to {high:.3g})"
@@ -227,49 +257,6 @@ def _save_values(family, image, result, inputs) -> str:
     notes = results.save_product(path, product)
     results.keep(image)  # the file holds the depth normalised: the image keeps the values, packed
     return f"; saved {path} ({' '.join(notes)})"
-
-
-def grid_mesh(name: str, width: float, height: float, nx: int, ny: int):
-    """A flat grid in XY centred on the origin, (nx x ny) quads, UVs spanning 0..1 (numpy)."""
-    xs = np.linspace(-width / 2, width / 2, nx + 1, dtype=np.float32)
-    ys = np.linspace(-height / 2, height / 2, ny + 1, dtype=np.float32)
-    gx, gy = np.meshgrid(xs, ys)  # row r = y index (bottom to top)
-    co = np.stack([gx.ravel(), gy.ravel(), np.zeros(gx.size, np.float32)], axis=1)
-    index = np.arange((nx + 1) * (ny + 1), dtype=np.int32).reshape(ny + 1, nx + 1)
-    # counter-clockwise seen from +Z: the face normals point up
-    quads = np.stack([index[:-1, :-1], index[:-1, 1:], index[1:, 1:], index[1:, :-1]], axis=-1).reshape(-1, 4)
-    uv = np.stack([(gx.ravel() + width / 2) / width, (gy.ravel() + height / 2) / height], axis=1)
-    return results.build_mesh(name, co, quads, uv.astype(np.float32))
-
-
-def make_depth_plane(context, created, name, depth_image, depth):
-    """A grid with the image's aspect and a Displace modifier reading the depth image by UV.
-
-    Depth grows away from the viewer, so the displacement is inverted: the farthest depth stays
-    in the plane and the nearest stands PLANE_RELIEF * PLANE_SIZE above it.
-    """
-    height_px, width_px = depth.shape
-    long_px = max(width_px, height_px)
-    width, height = PLANE_SIZE * width_px / long_px, PLANE_SIZE * height_px / long_px
-    segments = min(PLANE_SEGMENTS, long_px)
-    nx = max(1, round(segments * width_px / long_px))
-    ny = max(1, round(segments * height_px / long_px))
-    mesh = created.add(bpy.data.meshes, grid_mesh(name, width, height, nx, ny))
-    obj = created.add(bpy.data.objects, bpy.data.objects.new(name, mesh))
-    texture = created.add(bpy.data.textures, bpy.data.textures.new(name, type="IMAGE"))
-    texture.image = depth_image
-    texture.extension = "EXTEND"  # no wrap-around at the plane's border
-    modifier = obj.modifiers.new("Depth", "DISPLACE")
-    modifier.texture = texture
-    modifier.texture_coords = "UV"
-    modifier.uv_layer = mesh.uv_layers[0].name
-    modifier.direction = "Z"
-    low, high = float(depth.min()), float(depth.max())
-    span = high - low
-    modifier.mid_level = high
-    modifier.strength = -PLANE_RELIEF * PLANE_SIZE / span if span > 0 and math.isfinite(span) else 0.0
-    results.link_object(context, obj)
-    return obj
 
 
 @with_family_options(upscale.FAMILY)

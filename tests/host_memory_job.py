@@ -128,7 +128,8 @@ def phase_refs(path: str) -> dict:
 def modal_operator(path: str):
     """The operator of the modal phase and its properties: CONFIG "modal_operator" is "upscale"
     (default), "replace" (Remove Background with Replace on the source, CONFIG "model" its ONNX
-    file), "sequence" (Process Sequence, CONFIG "family", over the frames of CONFIG "frames", named as
+    file; CONFIG "blender_writer": the cut-out saved and packed by Blender's writer, as before the pump
+    wrote its file), "sequence" (Process Sequence, CONFIG "family", over the frames of CONFIG "frames", named as
     CONFIG "output_pattern" says, else the default names; CONFIG "blender_writer": Blender's writer saves
     every frame, as before the banded encoders), "geometry" (Reconstruct Geometry of CONFIG
     "photo" with the MoGe-2 model CONFIG "model") or "shot" (Reconstruct Shot of the frames of CONFIG
@@ -140,6 +141,10 @@ def modal_operator(path: str):
 
     kind = CONFIG.get("modal_operator", "upscale")
     if kind == "replace":
+        if CONFIG.get("blender_writer"):  # the cut-out written whole, saved and packed by Blender's writer (as before)
+            from lean_image_ai.operators import image_ops
+
+            image_ops._packs_cutout_in_place = lambda inputs: False
         return LEAN_IMAGE_AI_OT_remove_background, {"filepath": path, "model_path": CONFIG["model"], "replace": True}
     if kind == "sequence":
         output = str(FOLDER / "sequence_out") + "/" + CONFIG.get("output_pattern", "")  # e.g. "f_####.jpg"

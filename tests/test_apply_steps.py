@@ -701,3 +701,107 @@ def test_a_cut_out_saved_as_png_is_the_file_the_pump_deflated_with_blenders_pixe
     np.testing.assert_array_equal(new["pixels"], old["pixels"])
     assert new["fed"] and max(new["fed"]) < new["applied"] and new["applied"] not in new["fed"], new["fed"]
     assert old["reads"] == tmp_path / "blender.png" and new["reads"] == tmp_path / "saved.png"
+
+
+def replace_saved(tmp_path, path: Path, out: Path, monkeypatch, tag: str, *, old_path: bool = False,
+                  cancel_mid_encode: bool = False, non_color: bool = False) -> dict:
+    """Replace on ``path`` through timer calls with Save Result To ``out``: the bytes deflated per
+    call, the call that applied it, the source's pixels (as written, and read again from its packed
+    file, as after undo or reopen). ``old_path``: the cut-out written whole, saved and packed by
+    Blender's writer (as before). ``cancel_mid_encode``: Esc once a call has deflated some of it.
+    ``non_color``: the source opened before as a Non-Color image (values, not colour)."""
+    from builders_families import ben2_like_model
+
+    model, seen = ben2_like_model(tmp_path / "ben2.onnx", size=64), {}
+    if non_color:  # the job takes the image already open (check_existing)
+        bpy.data.images.load(str(path), check_existing=True).colorspace_settings.name = "Non-Color"
+    driver = driver_class(image_ops.LEAN_IMAGE_AI_OT_remove_background, f"lean_image_ai_test.drive_replace_{tag}",
+                          f"LEANTEST_OT_drive_replace_{tag}")
+    with monkeypatch.context() as patch:
+        deflate = Deflate(patch)
+        if old_path:
+            patch.setattr(image_ops, "_packs_cutout_in_place", lambda inputs: False)
+
+        def script(op):
+            ctx = StandInContext()
+            state = op.start_modal(ctx)
+            while state == {"RUNNING_MODAL"}:
+                if cancel_mid_encode and deflate.fed and "fed_before_esc" not in seen:
+                    seen["fed_before_esc"] = dict(deflate.fed)
+                    op.modal(ctx, ESC)
+                deflate.call += 1
+                state = op.modal(ctx, TIMER)
+                if "applied" not in seen and (out.exists() or any(i.packed_file for i in bpy.data.images)):
+                    seen["applied"] = deflate.call
+                time.sleep(0.005)
+            return state
+
+        bpy.utils.register_class(driver)
+        try:
+            seen["state"] = drive(getattr(bpy.ops.lean_image_ai_test, f"drive_replace_{tag}"), script,
+                                  filepath=str(path), model_path=str(model), replace=True, output_path=str(out),
+                                  overwrite=True)
+        finally:
+            bpy.utils.unregister_class(driver)
+    seen["fed"] = deflate.fed
+    [image] = [image for image in bpy.data.images if Path(bpy.path.abspath(image.filepath_raw)) == path]
+    seen["packed"] = image.packed_file is not None
+    seen["pixels"] = image_io.image_to_array(image)
+    image.buffers_free()
+    seen["reread"] = image_io.image_to_array(image)
+    bpy.data.images.remove(image)
+    return seen
+
+
+def saved_pixels(path: Path) -> np.ndarray:
+    image = bpy.data.images.load(str(path), check_existing=False)
+    try:
+        return image_io.image_to_array(image)
+    finally:
+        bpy.data.images.remove(image)
+
+
+@pytest.mark.parametrize(("source", "suffix"), [(byte_source, ".png"), (float_source, ".exr"), (byte_source, ".tif")])
+def test_replace_saved_at_save_result_to_is_the_file_the_pump_wrote_with_blenders_pixels(
+        tmp_path, monkeypatch, source, suffix):
+    """Replace with Save Result To the file the pump makes anyway (an 8-bit PNG for a byte source, a
+    float EXR for a float one): that file, deflated over several timer calls, none in the applying
+    call, is written there and packed into the source; the saved file and the source give the pixels
+    Blender's writer gave (the old path, forced). A .tif (a format the add-on encodes): the pump
+    encodes it too, and the source gets the packed PNG. Before, the applying call wrote the cut-out
+    whole and Blender's writer saved and packed it (0.5-1 s at 2048x2048)."""
+    path = source(tmp_path)
+    old = replace_saved(tmp_path, path, tmp_path / f"blender{suffix}", monkeypatch, "old_" + suffix[1:], old_path=True)
+    new = replace_saved(tmp_path, path, tmp_path / f"saved{suffix}", monkeypatch, "new_" + suffix[1:])
+    assert old["state"] == new["state"] == {"FINISHED"} and old["packed"] and new["packed"]
+    np.testing.assert_array_equal(saved_pixels(tmp_path / f"saved{suffix}"), saved_pixels(tmp_path / f"blender{suffix}"))
+    np.testing.assert_array_equal(new["pixels"], old["pixels"])
+    np.testing.assert_array_equal(new["reread"], old["reread"])
+    assert len(new["fed"]) >= 2, f"the cut-out was deflated in one timer call: {new['fed']}"
+    assert max(new["fed"]) < new["applied"], new["fed"]  # none in the applying call, none after
+    assert list(tmp_path.glob("*.tmp*")) == []
+
+
+def test_esc_while_replaces_saved_file_is_encoded_writes_nothing(tmp_path, monkeypatch):
+    """Esc while the pump deflates Replace's cut-out for Save Result To: no file there, the source
+    neither packed nor changed."""
+    path, out = byte_source(tmp_path), tmp_path / "saved.png"
+    bpy.data.images.load(str(path), check_existing=True)  # open before: the job keeps it (else removes it)
+    seen = replace_saved(tmp_path, path, out, monkeypatch, "esc", cancel_mid_encode=True)
+    assert seen["state"] == {"CANCELLED"} and seen["fed_before_esc"], seen
+    assert not out.exists() and list(tmp_path.glob("*.tmp*")) == [] and not seen["packed"]
+    stored = np.asarray(PILImage.open(path))
+    np.testing.assert_array_equal(np.round(seen["pixels"] * 255).astype(np.uint8), stored)
+
+
+def test_replace_of_a_non_color_float_source_saved_as_exr_keeps_blenders_full_floats(tmp_path, monkeypatch):
+    """A Non-Color float source (use_half_precision set, as Blender opens an EXR): Blender's writer
+    saved its values as full floats, so the file at Save Result To is the pump's full-float EXR, not
+    the half-float one a colour source gets: the file's values and the source's equal the old path's."""
+    path = float_source(tmp_path)
+    old = replace_saved(tmp_path, path, tmp_path / "blender.exr", monkeypatch, "old_data", old_path=True, non_color=True)
+    new = replace_saved(tmp_path, path, tmp_path / "saved.exr", monkeypatch, "new_data", non_color=True)
+    assert old["state"] == new["state"] == {"FINISHED"}
+    np.testing.assert_array_equal(saved_pixels(tmp_path / "saved.exr"), saved_pixels(tmp_path / "blender.exr"))
+    np.testing.assert_array_equal(new["pixels"], old["pixels"])
+    assert max(new["fed"]) < new["applied"], new["fed"]

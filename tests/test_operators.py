@@ -225,7 +225,7 @@ def test_estimate_depth_from_texture_node_with_plane(tmp_path, models, private_r
     relief = np.ptp(z.reshape(-1, 3)[:, 2])
     plane.evaluated_get(bpy.context.evaluated_depsgraph_get()).to_mesh_clear()
     # the nearest depth stands PLANE_RELIEF * PLANE_SIZE out of the plane (sampled at vertices)
-    assert 0.25 < relief <= image_ops.PLANE_RELIEF * image_ops.PLANE_SIZE + 1e-4
+    assert 0.25 < relief <= geometry_ops.PLANE_RELIEF * geometry_ops.PLANE_SIZE + 1e-4
 
 
 def test_estimate_depth_uses_installed_catalog_model(clean_blender, tmp_path, models):
