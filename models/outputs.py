@@ -52,7 +52,7 @@ from . import file_formats, files
 from .batch import frame_claims, frame_lists
 from .batch.frame_lists import output_paths, shard_slice
 from .family import Output
-from .result_images import ImageProduct
+from .result_images import ColourImage, ImageProduct
 
 # image(result, suffix, float_suffixes) -> (product, notes): the image a job writes instead of the
 # family's own (a shot's depth, with one range for every frame: models/batch/shot_batch.py)
@@ -183,7 +183,7 @@ class OutputPolicy:
         if self.record.image is None:
             raise ValueError(f"{self.title or self.record.what} results are not one image")
         floats = self.writer.float_suffixes if float_suffixes is None else float_suffixes
-        if count_clipped:
+        if count_clipped or not isinstance(self.record.image, ColourImage):  # a plug-in's image counts its own
             return self.record.image.product(result, suffix, floats)
         return self.record.image.product(result, suffix, floats, count_clipped=False)
 

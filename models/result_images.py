@@ -83,7 +83,7 @@ class ValueImage:
 
     attribute: str
 
-    def product(self, result, suffix: str, float_suffixes=FLOAT_SUFFIXES, *, count_clipped: bool = True) -> ImageProduct:
+    def product(self, result, suffix: str, float_suffixes=FLOAT_SUFFIXES) -> ImageProduct:
         values = np.asarray(getattr(result, self.attribute), np.float32)
         if suffix.lower() in float_suffixes:
             return ImageProduct(values, is_data=True, bits="float")
