@@ -52,7 +52,7 @@ from . import file_formats, files
 from .batch import frame_claims, frame_lists
 from .batch.frame_lists import output_paths, shard_slice
 from .family import Output
-from .result_images import ImageProduct
+from .result_images import ColourImage, ImageProduct
 
 # image(result, suffix, float_suffixes) -> (product, notes): the image a job writes instead of the
 # family's own (a shot's depth, with one range for every frame: models/batch/shot_batch.py)
@@ -177,12 +177,15 @@ class OutputPolicy:
                 f"{record.what} needs it. Use {self.writer.advice(alpha=True)}."
             )
 
-    def image(self, result, suffix: str, float_suffixes=None) -> ImageProduct:
-        """The image a result is written as, for a file with ``suffix``."""
+    def image(self, result, suffix: str, float_suffixes=None, *, count_clipped: bool = True) -> ImageProduct:
+        """The image a result is written as, for a file with ``suffix``; ``count_clipped`` False:
+        its colours above 1 are left for a banded writer to count (ImageProduct.clip_uncounted)."""
         if self.record.image is None:
             raise ValueError(f"{self.title or self.record.what} results are not one image")
         floats = self.writer.float_suffixes if float_suffixes is None else float_suffixes
-        return self.record.image.product(result, suffix, floats)
+        if count_clipped or not isinstance(self.record.image, ColourImage):  # a plug-in's image counts its own
+            return self.record.image.product(result, suffix, floats)
+        return self.record.image.product(result, suffix, floats, count_clipped=False)
 
     def preview(self, result, float_suffixes=None) -> ImageProduct:
         """The image shown for a result: the family's preview of a result that is not one image,
@@ -312,12 +315,15 @@ class JobOutput(OutputPolicy):
     def write(
         self, path: Path, result, values: dict, write_image: Callable[[Path, ImageProduct], list[str]],
         float_suffixes=None, *, image: ImageOverride | None = None, stage: Callable | None = None,
+        count_clipped: bool = True,
     ) -> tuple[list[str], ImageProduct | None]:
         """Write one result to ``path`` and its companions with the front-end's ``write_image``
         (each file all or nothing); returns the notes for the user and the image written (None for
         a result that is not one). ``image``: the image to write instead of the family's own.
         ``stage(steps)``: a front-end that pumps a frame's files over later calls takes the steps
-        of a family's own writer that makes them so (the family record's ``stage``)."""
+        of a family's own writer that makes them so (the family record's ``stage``). ``count_clipped``
+        False: a ``write_image`` that counts a colour image's clipped pixels a band at a time gets it
+        uncounted, and the notes it returns are the list it completes once the file is written."""
         floats = self.writer.float_suffixes if float_suffixes is None else float_suffixes
         if image is not None:
             product, notes = image(result, path.suffix, floats)
@@ -331,8 +337,9 @@ class JobOutput(OutputPolicy):
         elif self.record.write is not None:
             product, notes = None, self.record.write(path, result, values, write_image)
         else:
-            product = self.image(result, path.suffix, floats)
-            notes = write_image(path, product) or []
+            product = self.image(result, path.suffix, floats, count_clipped=count_clipped)
+            notes = write_image(path, product)
+            notes = [] if notes is None else notes  # the writer's own list: a staged one completes it later
         self._wrote(path if product is not None else None, path)
         return notes, product
 

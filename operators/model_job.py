@@ -108,19 +108,25 @@ class FrameFile:
     StagedFile): the last call flushes and renames it; a cancel before it (:meth:`discard`, or the
     step dropped) leaves no file."""
 
-    def __init__(self, path: Path, made: file_bytes.BandedFile):
+    def __init__(self, path: Path, made: file_bytes.BandedFile, product=None, notes: list | None = None):
         self.path, self.made = path, made
         self._writing = False
+        # the product's clipped colours are counted in the bands: its notes are complete once they are all pulled
+        self.product, self.notes = product, notes
 
     def pump(self, budget: float) -> bool:
         try:
             if not self._writing:
                 self.made.write_to(self.path)
                 self._writing = True
-            return self.made.pump(budget)
+            if not self.made.pump(budget):
+                return False
         except OSError as exc:
             self.made.discard()
             raise image_io.ImageSaveError(f"Could not save '{self.path}': {exc}") from exc
+        if self.notes is not None:
+            self.notes[:] = result_images.range_notes(self.path, self.product)
+        return True
 
     def discard(self) -> None:
         self.made.discard()
@@ -150,11 +156,15 @@ class BlenderFrames:
         return None if self.gathered is not None else frame_read(ref, warn)
 
     def write_image(self, path: Path, product) -> list[str]:
+        """The frame's notes; a staged file's are the list completed when the file is written
+        (its clipped colours counted in the bands the encoder pulls)."""
         made = file_bytes.product_file(path, product) if self.staged else None
         if made is None:
+            result_images.count_clipped(product, path.suffix)
             return results.save_product(path, product)
-        self._pending.append(FrameFile(path, made))
-        return result_images.range_notes(path, product)
+        notes = result_images.range_notes(path, product)
+        self._pending.append(FrameFile(path, made, product, notes))
+        return notes
 
     def stage(self, steps) -> None:
         """A family's own files of a frame (models/adapters/moge2_mesh.py GeometryFiles), pumped as a frame file."""

@@ -194,9 +194,11 @@ class Runner:
     def write_file(self, ref: FrameRef, result) -> list[str]:
         """One frame's result as its files (all or nothing); returns the notes for the report."""
         out = self.output.targets[ref]
-        stage = self.io.stage if getattr(self.io, "staged", False) else None
+        staged = getattr(self.io, "staged", False)
+        stage = self.io.stage if staged else None
         notes, product = self.output.write(  # a shot's depth: its one range and alignment
             out, result, self.model_run.values, self.io.write_image, image=self.shot.output_image, stage=stage,
+            count_clipped=not staged,  # a staged write counts clipped colours in the bands it pulls
         )
         if self.events.written is not None:
             return self.events.written(ref, out, result, product, notes)

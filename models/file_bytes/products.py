@@ -10,7 +10,7 @@ import numpy as np
 
 from ..colour import from_model_rgb
 from ..imaging import to_rgba
-from ..result_images import ImageProduct
+from ..result_images import ClippedCount, ImageProduct, record_clipped
 from . import blender_samples
 from .bands import BandedFile
 from .exr import ExrFile
@@ -24,16 +24,26 @@ def product_file(path: Path, product: ImageProduct) -> BandedFile | None:
     the job's pump encodes a band at a time, where the add-on writes that format: an 8- or 16-bit
     PNG, an 8- or 16-bit TIFF, a float EXR, each with the samples Blender's writer stores
     (blender_samples.py), an 8-bit JPEG (RGB, alpha dropped, quality 90, as Blender
-    writes it). None: Blender's writer saves it."""
+    writes it). A product whose clipped colours are uncounted (``clip_uncounted``) is counted in
+    the bands pulled, and its note recorded once the last is. None: Blender's writer saves it."""
     suffix, pixels, bits = path.suffix.lower(), product.pixels, product.bits
     height, width = pixels.shape[:2]
+    clipped = ClippedCount() if product.clip_uncounted else None
+
+    def source(start: int, stop: int):
+        band = pixels[start:stop]
+        if clipped is not None:
+            clipped.add(band)
+            if stop >= height:
+                record_clipped(product, path.suffix, clipped.over)
+        return band
 
     def byte_rows(start: int, stop: int) -> np.ndarray:
-        return to_rgba(pixels[start:stop])
+        return to_rgba(source(start, stop))
 
     def buffer_rows(start: int, stop: int) -> np.ndarray:
         """save_product's float buffer: colour linear and premultiplied, values as they are."""
-        band = to_rgba(pixels[start:stop])
+        band = to_rgba(source(start, stop))
         return band if product.is_data else from_model_rgb(band, True, premultiplied=True)
 
     def eight_bit_rows(start: int, stop: int) -> np.ndarray:
