@@ -140,7 +140,8 @@ def _swap_in_cutout(image, made) -> str:
     main thread writes its pixels and compresses them whole (issue #37 item 3: 0.5 s at 2048x2048);
     Blender decodes the file when the image is next shown. Undo and redo: as the old path's pack
     (results.remember_replaced)."""
-    data = made.data
+    # the same file written at Save Result To a band per call has its bytes there, not in memory
+    data = made.data if made.data is not None else made.written_to.read_bytes()
     image.pack(data=data, data_len=len(data))
     if made.is_float:  # what it holds now, as results.keep says for a packed float image
         image.file_format, image.use_half_precision = "OPEN_EXR", False

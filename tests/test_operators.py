@@ -413,7 +413,12 @@ def test_failed_save_removes_the_result(tmp_path, models, monkeypatch):
     from lean_image_ai.models import files
 
     monkeypatch.setattr(image_io, "save_image_atomically", refuse)
+    def refuse_commit(staged):
+        staged.discard()
+        raise OSError("disk full (test)")
+
     monkeypatch.setattr(files, "write_bytes", refuse_bytes)  # the EXR the pump wrote, saved by the add-on
+    monkeypatch.setattr(files.StagedFile, "commit", refuse_commit)  # ... or written there a band per call
     with pytest.raises(RuntimeError, match="disk full"):
         bpy.ops.lean_image_ai.estimate_depth(
             filepath=str(src),
