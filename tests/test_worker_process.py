@@ -107,8 +107,10 @@ def test_cancel_in_the_middle_of_one_long_tile_ends_the_job_well_before_the_tile
     took = time.monotonic() - cancelled_at
 
     assert batch.run.report.cancelled and batch.written == [] and [r.number for r in batch.released] == [1]
-    # over before the uncancelled job would have been, and within the 1 s of the Esc
-    assert cancelled_at - begun + took < 0.8 * tile_seconds and took < 1.0, (took, tile_seconds)
+    # over before the uncancelled job would have been (a cancel that waited for the tile's end would
+    # not be; 0.8 of it failed once under a load of 8 on 2 cores: a 0.89 s tile, 0.52 s to end it),
+    # and within the 1 s of the Esc
+    assert cancelled_at - begun + took < tile_seconds and took < 1.0, (took, tile_seconds)
     # inside the tile it cannot answer within the grace time and is ended (on a loaded machine the
     # cancel may land before the tile began: then it answers, and stays warm)
     ended = not _alive(pid)
