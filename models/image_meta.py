@@ -177,16 +177,17 @@ def _exr_header_window(data: bytes, pos: int) -> tuple[tuple[int, int, int, int]
     return window, pos + 1
 
 
-_TIFF_BITS, _TIFF_COMPRESSION, _TIFF_PHOTOMETRIC, _TIFF_SAMPLE_FORMAT = 258, 259, 262, 339
-_TIFF_PLAIN_PHOTOMETRIC = (0, 1, 2, 3)  # grey (either way), RGB, palette
-_TIFF_LOG_COMPRESSION = (34676, 34677)  # SGILog: Blender decodes such "float" files as bytes
+_TIFF_BITS, _TIFF_PHOTOMETRIC, _TIFF_SAMPLE_FORMAT = 258, 262, 339
+# grey (either way) and RGB: the ones checked against Blender's reader; not palette, CMYK, YCbCr, or
+# SGILog (32844/32845: Blender decodes such "float" files to bytes)
+_TIFF_PLAIN_PHOTOMETRIC = (0, 1, 2)
 
 
 def header_kind(path: str | Path) -> str | None:
     """"float", "16-bit" or "8-bit" as operators/sources.py's kind of Blender's loaded image says,
     from the file's first bytes: PNG (IHDR bit depth), JPEG, OpenEXR, Radiance HDR, and TIFF of
-    8/16-bit unsigned samples. None for anything else, a float TIFF (Blender's reader turns some
-    into bytes, SGILog ones) or an unreadable header: then Blender's decode tells."""
+    8/16-bit unsigned grey or RGB(A) samples. None for anything else, a float TIFF (Blender's
+    reader turns some into bytes, SGILog ones) or an unreadable header: Blender's decode tells."""
     try:
         with open(path, "rb") as stream:
             data = stream.read(64)
@@ -212,18 +213,16 @@ def _tiff_kind(stream, header: bytes) -> str | None:
         return None  # BigTIFF and others
     tags = _tiff_first_ifd(stream, order, struct.unpack(order + "I", header[4:8])[0])
     bits = tags.get(_TIFF_BITS, (1,))
-    if tags.get(_TIFF_SAMPLE_FORMAT, (1,))[0] != 1 or len(set(bits)) != 1 or bits[0] > 16:
-        return None
-    if tags.get(_TIFF_COMPRESSION, (1,))[0] in _TIFF_LOG_COMPRESSION:
+    if tags.get(_TIFF_SAMPLE_FORMAT, (1,))[0] != 1 or len(set(bits)) != 1 or bits[0] not in (8, 16):
         return None
     if tags.get(_TIFF_PHOTOMETRIC, (1,))[0] not in _TIFF_PLAIN_PHOTOMETRIC:
         return None
-    return "16-bit" if bits[0] > 8 else "8-bit"
+    return "16-bit" if bits[0] == 16 else "8-bit"
 
 
 def _tiff_first_ifd(stream, order: str, offset: int) -> dict[int, tuple[int, ...]]:
     """The SHORT-valued tags of the IFD at ``offset`` that tell its samples."""
-    wanted = (_TIFF_BITS, _TIFF_COMPRESSION, _TIFF_PHOTOMETRIC, _TIFF_SAMPLE_FORMAT)
+    wanted = (_TIFF_BITS, _TIFF_PHOTOMETRIC, _TIFF_SAMPLE_FORMAT)
     stream.seek(offset)
     count = struct.unpack(order + "H", stream.read(2))[0]
     entries = stream.read(12 * count)

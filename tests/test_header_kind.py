@@ -70,6 +70,7 @@ def _files(folder: Path) -> dict[str, Path]:
         "exr float": _blender(folder / "f.exr", "OPEN_EXR", "32"),
         "exr half": _blender(folder / "h.exr", "OPEN_EXR", "16"),
         "hdr": _blender(folder / "f.hdr", "HDR", "", "RGB"),
+        "tiff 8 grey": _pillow(folder / "g8.tif", byte[..., 0]),
         "tiff 8 rgb": _pillow(folder / "rgb8.tif", byte[..., :3]),
         "tiff 8 rgba": _blender(folder / "rgba8.tif", "TIFF", "8"),
         "tiff 16 grey": _pillow(folder / "g16.tif", wide),
@@ -109,5 +110,8 @@ def test_unknown_or_damaged_headers_are_left_to_blender(tmp_path):
     cut_tiff = tmp_path / "cut.tif"
     cut_tiff.write_bytes(b"II*\x00\xff\x00\x00\x00")
     bmp = _pillow(tmp_path / "b.bmp", np.zeros((4, 4, 3), np.uint8))
-    for path in (cut_png, big_tiff, cut_tiff, bmp, tmp_path / "missing.png"):
+    palette_tiff = _pillow(tmp_path / "p.tif", np.zeros((4, 4, 3), np.uint8), palette=True)
+    bilevel_tiff = tmp_path / "bw.tif"
+    PILImage.fromarray(np.zeros((4, 4), bool)).save(bilevel_tiff)
+    for path in (cut_png, big_tiff, cut_tiff, bmp, palette_tiff, bilevel_tiff, tmp_path / "missing.png"):
         assert image_meta.header_kind(path) is None, path.name
