@@ -206,7 +206,7 @@ def _apply_calls(args) -> None:
                                            "the cut-out written whole and saved/packed by Blender's writer",
                  "upscale": f"Upscale {args.ops_side}x{args.ops_side} {bits}, source: {source}",
                  "sequence": f"Process Sequence (upscale x2), 3 frames {args.width}x{args.height} "
-                             f"{args.ops_frame_bits}-bit PNG -> {'.jpg' if args.ops_jpeg else args.ops_frame_suffix or '.png'}",
+                             f"{_frames_label(args)} -> {'.jpg' if args.ops_jpeg else args.ops_frame_suffix or ('.exr' if args.ops_frame_exr else '.png')}",
                  "sequence_blender_writer": f"Process Sequence (upscale x2), 3 frames {args.width}x{args.height} "
                                             f"{args.ops_frame_bits}-bit PNG, every frame saved by Blender's writer",
                  "geometry": f"Process Sequence (seeded MoGe-2), 3 frames {args.width}x{args.height}"}[kind]
@@ -239,9 +239,14 @@ def _apply_calls(args) -> None:
     print(json.dumps(figures))
 
 
+def _frames_label(args) -> str:
+    return "float EXR" if args.ops_frame_exr else f"{args.ops_frame_bits}-bit PNG"
+
+
 def _sequence_frames(folder: Path, args) -> Path:
     """Three ``--width``x``--height`` RGB frames, PNG of ``--ops-frame-bits`` (16: the add-on's own
-    16-bit PNG encoder, opaque; their results are 16-bit too)."""
+    16-bit PNG encoder, opaque; their results are 16-bit too), or with ``--ops-frame-exr`` 32-bit
+    float EXR (the add-on's own encoder, opaque; their results are EXR)."""
     from lean_image_ai.models import file_bytes
     from PIL import Image
 
@@ -250,6 +255,11 @@ def _sequence_frames(folder: Path, args) -> Path:
     for number in range(1, 4):
         rgb = np.stack([x / args.width, y / args.height, ((x + y + number * 97) % 256) / 255], axis=-1)
         path = folder / f"shot_{number:04d}.png"
+        if args.ops_frame_exr:
+            rgba = np.dstack([rgb, np.ones_like(x)]).astype(np.float32)
+            path.with_suffix(".exr").write_bytes(
+                file_bytes.ExrFile(args.height, args.width, lambda a, b, rgba=rgba: rgba[a:b]).finish_now())
+            continue
         if args.ops_frame_bits == 8:
             Image.fromarray((rgb * 255).astype(np.uint8)).save(path)
             continue
@@ -445,6 +455,7 @@ def main(argv=None) -> int:
                         help="only Reconstruct Geometry's calls (MoGe-2-like net, 1024x768 and 1920x1080)")
     parser.add_argument("--ops-jpeg", action="store_true", help="--ops-sequence writes .jpg frames (else PNG)")
     parser.add_argument("--ops-frame-bits", type=int, choices=(8, 16), default=8, help="bits of those PNG frames")
+    parser.add_argument("--ops-frame-exr", action="store_true", help="--ops-sequence reads float EXR frames")
     parser.add_argument("--ops-frame-suffix", default="", help="their results' format (.tif; default: PNG)")
     parser.add_argument("--ops-blender-writer", action="store_true",
                         help="also the same sequence (or Replace) with every frame (the cut-out) saved by Blender's writer, as before the banded encoders")

@@ -6,7 +6,9 @@ orientation itself, checked with bpy 5.0.1).
   :func:`upright` turns an array the way the tag says, as image viewers show the photo;
 - :func:`tiff_pages`: how many pages (IFDs) a TIFF holds; only the first is read;
 - :func:`exr_pixels`: how many pixels an OpenEXR file's data windows declare, from its header
-  alone (the decompression-bomb limit is checked before the library allocates any of them).
+  alone (the decompression-bomb limit is checked before the library allocates any of them);
+- :func:`header_kind`: the kind of samples ("float", "16-bit", "8-bit") Blender's load of the
+  file gives, told without decoding it (a 4K EXR's decode is a second on Blender's main thread).
 """
 
 from __future__ import annotations
@@ -173,3 +175,66 @@ def _exr_header_window(data: bytes, pos: int) -> tuple[tuple[int, int, int, int]
             window = struct.unpack("<4i", value)
         pos = type_end + 5 + size
     return window, pos + 1
+
+
+_TIFF_BITS, _TIFF_PHOTOMETRIC, _TIFF_SAMPLE_FORMAT = 258, 262, 339
+# grey (either way) and RGB: the ones checked against Blender's reader; not palette, CMYK, YCbCr, or
+# SGILog (32844/32845: Blender decodes such "float" files to bytes)
+_TIFF_PLAIN_PHOTOMETRIC = (0, 1, 2)
+
+
+def header_kind(path: str | Path) -> str | None:
+    """"float", "16-bit" or "8-bit" as operators/sources.py's kind of Blender's loaded image says,
+    from the file's first bytes: PNG (IHDR bit depth), JPEG, OpenEXR, Radiance HDR, and TIFF of
+    8/16-bit unsigned grey or RGB(A) samples. None for anything else, a float TIFF (Blender's
+    reader turns some into bytes, SGILog ones) or an unreadable header: Blender's decode tells."""
+    try:
+        with open(path, "rb") as stream:
+            data = stream.read(64)
+            if data[:2] in (b"II", b"MM"):
+                return _tiff_kind(stream, data)
+    except (OSError, struct.error):
+        return None
+    if data.startswith(b"\x89PNG\r\n\x1a\n") and data[12:16] == b"IHDR" and len(data) >= 25:
+        return "16-bit" if data[24] == 16 else "8-bit"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "8-bit"
+    if len(data) >= 4 and struct.unpack("<i", data[:4])[0] == EXR_MAGIC:
+        return "float"
+    if data.startswith((b"#?RADIANCE", b"#?RGBE")):
+        return "float"
+    return None
+
+
+def _tiff_kind(stream, header: bytes) -> str | None:
+    """The first IFD's kind; None where Blender's reader is not plain (see :func:`header_kind`)."""
+    order = "<" if header[:2] == b"II" else ">"
+    if len(header) < 8 or struct.unpack(order + "H", header[2:4])[0] != 42:
+        return None  # BigTIFF and others
+    tags = _tiff_first_ifd(stream, order, struct.unpack(order + "I", header[4:8])[0])
+    bits = tags.get(_TIFF_BITS, (1,))
+    if tags.get(_TIFF_SAMPLE_FORMAT, (1,))[0] != 1 or len(set(bits)) != 1 or bits[0] not in (8, 16):
+        return None
+    if tags.get(_TIFF_PHOTOMETRIC, (1,))[0] not in _TIFF_PLAIN_PHOTOMETRIC:
+        return None
+    return "16-bit" if bits[0] == 16 else "8-bit"
+
+
+def _tiff_first_ifd(stream, order: str, offset: int) -> dict[int, tuple[int, ...]]:
+    """The SHORT-valued tags of the IFD at ``offset`` that tell its samples."""
+    wanted = (_TIFF_BITS, _TIFF_PHOTOMETRIC, _TIFF_SAMPLE_FORMAT)
+    stream.seek(offset)
+    count = struct.unpack(order + "H", stream.read(2))[0]
+    entries = stream.read(12 * count)
+    tags = {}
+    for index in range(min(count, len(entries) // 12)):
+        tag, kind, number = struct.unpack(order + "HHI", entries[12 * index : 12 * index + 8])
+        if tag not in wanted or kind != 3 or number < 1:
+            continue
+        if number <= 2:  # the values fit in the entry itself
+            raw = entries[12 * index + 8 : 12 * index + 8 + 2 * number]
+        else:
+            stream.seek(struct.unpack(order + "I", entries[12 * index + 8 : 12 * index + 12])[0])
+            raw = stream.read(2 * number)
+        tags[tag] = struct.unpack(order + "H" * (len(raw) // 2), raw)
+    return tags

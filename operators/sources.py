@@ -161,9 +161,13 @@ def as_kind(rgba, kind: str):
 
 
 def input_kind(ref: FrameRef) -> str:
-    """Main thread: the kind of the first frame's samples (the output type follows it)."""
+    """Main thread: the kind of the first frame's samples (the output type follows it), from its
+    header where that tells it (a 4K EXR's decode is a second), else from Blender's load."""
     if not ref.path.is_file():
         return "8-bit"
+    told = image_meta.header_kind(ref.path)
+    if told is not None:
+        return told
     before = set(bpy.data.images)
     image = image_io.load_image_file(str(ref.path), check_existing=False)
     try:

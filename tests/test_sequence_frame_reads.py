@@ -200,15 +200,26 @@ def test_esc_mid_read_leaves_no_datablock(tmp_path, monkeypatch):
     assert 2 not in recorder.sent
 
 
-def test_the_first_frames_kind_costs_one_decode_at_the_start(tmp_path, monkeypatch):
-    """The runner asks the frame IO for the first frame's kind twice (its plan, then the job's name):
-    each answer was Blender's load and decode of the frame in the start's call; now the second is the first's."""
-    loads = []
+@pytest.mark.parametrize("frames", ["png", "exr"])
+def test_the_start_decodes_no_frame(tmp_path, monkeypatch, frames):
+    """The runner asks for the first frame's kind at its start (its plan, then the job's name): each
+    answer was Blender's load and decode of the frame in the start's call (1.0 s for a 4K EXR); the
+    frame's header tells it now, and the results still follow it (EXR for a float source)."""
+    source = byte_frames(tmp_path / "in", 3) if frames == "png" else float_frames(tmp_path / "in", 3)
+    recorder, loads = Recorder(monkeypatch), []
     real = image_io.load_image_file
-    monkeypatch.setattr(image_io, "load_image_file", lambda path, **kw: loads.append(Path(path).name) or real(path, **kw))
-    recorder, out = run_sequence(tmp_path, monkeypatch, byte_frames(tmp_path / "in", 3))
-    assert len(list(out.iterdir())) == 3
-    assert sorted(loads) == ["p_0001.png", "p_0001.png", "p_0002.png", "p_0003.png"], loads  # its kind, then the 3 reads
+
+    def load(path, **kw):
+        loads.append((recorder.timer_call, Path(path).name))
+        return real(path, **kw)
+
+    monkeypatch.setattr(image_io, "load_image_file", load)
+    model = sr_model(tmp_path / "sr.onnx", scale=2)
+    args = dict(family="upscale", source=str(source), model_path=str(model), output=str(tmp_path / "out") + "/")
+    assert recorder.drive(StandInContext(), **args) == {"FINISHED"}
+    assert [name for call, name in loads if call == 0] == [], loads  # timer_call 0: start_modal
+    assert sorted(name for _, name in loads) == [f"p_000{n}.{frames}" for n in (1, 2, 3)], loads
+    assert {path.suffix for path in (tmp_path / "out").iterdir()} == {f".{frames}"}
 
 
 def test_preview_frame_reads_its_frame_in_the_batchs_timer_calls(tmp_path, monkeypatch):
