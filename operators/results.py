@@ -13,7 +13,6 @@ import bpy
 import numpy as np
 
 from ..models import colour, file_bytes, file_formats, files, result_images
-from ..runtime.errors import LeanImageError
 from . import image_io, sources
 
 
@@ -307,7 +306,7 @@ class Created:
         return datablock
 
     def add_removal(self, remove: Callable[[], None]) -> None:
-        """What is made over later calls (a :class:`MeshSteps`' mesh): ``remove()`` drops what there is of it."""
+        """What is made over later calls (a geometry_ops.MeshSteps' mesh): ``remove()`` drops what there is of it."""
         self._removals.append(remove)
 
     def remove_all(self) -> None:
@@ -327,105 +326,6 @@ def created_data():
     except BaseException:
         created.remove_all()
         raise
-
-
-class MeshSteps:
-    """A mesh of quads from numpy arrays (``foreach_set``, far faster than ``from_pydata``), made a
-    part per :meth:`pump` call: its vertices, its corners, its faces, its UVs, its edges (issue #37
-    item 3: a 196k-vertex mesh made whole held Blender's main thread 0.13 s). :attr:`mesh` has no
-    user until the caller gives it one; :meth:`remove` drops one made in part (a cancel, a failure)."""
-
-    def __init__(self, name: str, vertices: np.ndarray, quads: np.ndarray, vertex_uv: np.ndarray | None = None):
-        self.name, self.mesh = name, None
-        self._vertices, self._uv = vertices, vertex_uv
-        self._corners = np.ascontiguousarray(quads, np.int32).ravel()
-        self._steps = [self._add_vertices, self._add_corners, self._add_faces, self._add_uv, self._add_edges]
-        if vertex_uv is None:
-            self._steps.remove(self._add_uv)
-
-    def pump(self, budget: float = 0.0) -> bool:
-        """Make the next part (one a call, whatever ``budget``); True once the mesh is whole."""
-        if self._steps:
-            try:
-                self._steps.pop(0)()
-            except ReferenceError as exc:  # Blender's word for a datablock removed meanwhile (a purge of orphans)
-                self.mesh = None
-                raise LeanImageError(f"The mesh '{self.name}' was removed while it was being made; nothing was "
-                                     "made. Run it again.") from exc
-            except BaseException:
-                self.remove()
-                raise
-        return not self._steps
-
-    def finish_now(self):
-        """The whole mesh in one call (no main thread to keep free, or a mesh small enough)."""
-        while not self.pump():
-            pass
-        return self.mesh
-
-    def remove(self) -> None:
-        mesh, self.mesh = self.mesh, None
-        if mesh is not None:
-            try:
-                bpy.data.meshes.remove(mesh)
-            except ReferenceError:  # removed already (a file loaded meanwhile, say)
-                pass
-
-    def _add_vertices(self) -> None:
-        self.mesh = bpy.data.meshes.new(self.name)
-        self.mesh.vertices.add(len(self._vertices))
-        self._set(self.mesh.vertices, "co", np.ascontiguousarray(self._vertices, np.float32).ravel())
-
-    def _add_corners(self) -> None:
-        self.mesh.loops.add(len(self._corners))
-        self._set(self.mesh.loops, "vertex_index", self._corners)
-
-    def _add_faces(self) -> None:
-        faces = len(self._corners) // 4
-        self.mesh.polygons.add(faces)
-        self.mesh.polygons.foreach_set("loop_start", np.arange(0, 4 * faces, 4, dtype=np.int32))
-        self.mesh.polygons.foreach_set("loop_total", np.full(faces, 4, np.int32))
-
-    def _add_uv(self) -> None:
-        layer = self.mesh.uv_layers.new(name="UVMap")
-        uv = np.ascontiguousarray(self._uv[self._corners], np.float32).ravel()
-        self._set(layer.data, "uv", uv, layer.name)
-
-    def _add_edges(self) -> None:
-        self.mesh.update(calc_edges=True)
-
-    # The attribute Blender (4.2 to 5.3) keeps an item's value in: (its name, "" for the UV map's own;
-    # its type; its key). Written there with one copy (0.001 s for a million corners), where
-    # ``loops.foreach_set("vertex_index")`` converts a value at a time (0.05-0.1 s).
-    ATTRIBUTES = {"co": ("position", "FLOAT_VECTOR", "vector"), "vertex_index": (".corner_vert", "INT", "value"),
-                  "uv": ("", "FLOAT2", "vector")}
-
-    def _set(self, items, item_key: str, values: np.ndarray, name: str = "") -> None:
-        """``items.foreach_set(item_key, values)``, through the attribute that holds them where there is one."""
-        attribute, data_type, key = self.ATTRIBUTES.get(item_key, (None, None, None))
-        found = self.mesh.attributes.get(attribute or name) if data_type else None
-        if found is not None and found.data_type == data_type and len(found.data) == len(items):
-            found.data.foreach_set(key, values)
-        else:
-            items.foreach_set(item_key, values)
-
-
-def build_mesh(name: str, vertices: np.ndarray, quads: np.ndarray, vertex_uv: np.ndarray | None = None):
-    """A mesh of quads from numpy arrays, made in one call (:class:`MeshSteps`)."""
-    return MeshSteps(name, vertices, quads, vertex_uv).finish_now()
-
-
-def link_object(context, obj) -> None:
-    """Link ``obj`` into the active collection and make it the active, selected object."""
-    collection = getattr(context, "collection", None) or context.scene.collection
-    collection.objects.link(obj)
-    view_layer = getattr(context, "view_layer", None)
-    if view_layer is not None:
-        for other in view_layer.objects:
-            if other is not obj and other.select_get(view_layer=view_layer):
-                other.select_set(False, view_layer=view_layer)
-        obj.select_set(True, view_layer=view_layer)
-        view_layer.objects.active = obj
 
 
 def save_product(path: Path, product: result_images.ImageProduct) -> list[str]:

@@ -90,7 +90,7 @@ def _frame_texture(path, created):
 def _frame_steps(ref, geometry, made, discontinuity: float, neighbours: tuple, report) -> OneByOne:
     """A frame's mesh object, a step per timer call (issue #37 item 3: made in one call, a 1920x1080
     frame held Blender's main thread 0.1-0.2 s of CPU): its arrays, its Blender mesh a part per call
-    (results.MeshSteps), then its texture, material and object, keyed visible on its frame. What it
+    (geometry_ops.MeshSteps), then its texture, material and object, keyed visible on its frame. What it
     makes goes in ``made.created`` from the first step: Esc, a cancel or a failure before the frame's
     last step leaves a half-made mesh that the shot's finish removes with the rest."""
     name, created, frame = f"{ref.path.stem}_geometry", results.Created(), SimpleNamespace(arrays=None, mesh=None)
@@ -103,7 +103,7 @@ def _frame_steps(ref, geometry, made, discontinuity: float, neighbours: tuple, r
 
     def blender_mesh():
         arrays, frame.arrays = frame.arrays, None
-        frame.mesh = results.MeshSteps(name, arrays.vertices, arrays.quads, arrays.uv)
+        frame.mesh = geometry_ops.MeshSteps(name, arrays.vertices, arrays.quads, arrays.uv)
         created.add_removal(frame.mesh.remove)
         return frame.mesh
 

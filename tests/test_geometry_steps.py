@@ -67,7 +67,7 @@ def photo(tmp_path):
 
 
 def one_call_mesh(name, vertices, quads, vertex_uv):
-    """results.build_mesh as it was before the mesh was made a part per call (main 6e905c1)."""
+    """geometry_ops.build_mesh as it was before the mesh was made a part per call (main 6e905c1)."""
     mesh = bpy.data.meshes.new(name)
     mesh.vertices.add(len(vertices))
     mesh.vertices.foreach_set("co", np.ascontiguousarray(vertices, np.float32).ravel())
@@ -215,7 +215,7 @@ def test_a_failure_after_the_mesh_was_made_leaves_no_mesh(photo, model, monkeypa
     def broken_link(context, obj):
         raise RuntimeError("link refused")
 
-    monkeypatch.setattr(results, "link_object", broken_link)
+    monkeypatch.setattr(geometry_ops, "link_object", broken_link)
     before = counts()
     with pytest.raises(RuntimeError, match="Unexpected error: RuntimeError: link refused"):  # the ERROR report
         run_modal(photo, model)
@@ -261,7 +261,7 @@ def test_mesh_steps_make_the_one_call_builds_mesh(monkeypatch, through_attribute
     """Written through the attributes that hold them (Blender 4.2-5.3), or through the items' own
     foreach_set where a Blender has no such attribute: the same mesh either way."""
     if not through_attributes:
-        monkeypatch.setattr(results.MeshSteps, "ATTRIBUTES", {})
+        monkeypatch.setattr(geometry_ops.MeshSteps, "ATTRIBUTES", {})
     height, width = 90, 130
     ys, xs = np.mgrid[0:height, 0:width].astype(np.float32)
     depth = 2.0 + 0.01 * xs + np.where(xs > 80, 1.0, 0.0)  # a step: a column of faces cut
@@ -269,7 +269,7 @@ def test_mesh_steps_make_the_one_call_builds_mesh(monkeypatch, through_attribute
     mask = np.ones((height, width), bool)
     mask[20:40, 10:30] = False
     arrays = moge2_mesh.mesh_arrays(points, mask, discontinuity=0.04)
-    steps = results.MeshSteps("steps", arrays.vertices, arrays.quads, arrays.uv)
+    steps = geometry_ops.MeshSteps("steps", arrays.vertices, arrays.quads, arrays.uv)
     parts, done = [], []
     for _ in range(5):  # a part a call
         done.append(steps.pump())
